@@ -1,0 +1,143 @@
+"""The KV-cache manager protocol shared by the paged and contiguous managers.
+
+Units: every size is in *token slots* unless named ``*_blocks``. A slot holds the K and V
+of one token for all layers; the byte size of a slot is the model's business
+(``sim.catalog``), not the manager's.
+
+Ask-then-commit: a caller asks ``can_allocate`` / ``can_append`` / ``can_swap_in`` /
+``can_swap_out`` and only then calls the committing verb. A committing verb called when
+its question would have said no raises :class:`KVCacheError` (the state is unchanged).
+
+Sequences are identified by ``seq_id`` (unique within one scheduler). Group-level verbs
+take a :class:`~core.request.SequenceGroup`; they act on the group's live sequences.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from core.request import SequenceGroup
+
+
+class KVCacheError(RuntimeError):
+    """A manager verb was misused (no room, unknown sequence, broken invariant)."""
+
+
+class AllocStatus(enum.Enum):
+    OK = "ok"  # can be allocated now
+    LATER = "later"  # not now, but would fit in an empty cache
+    NEVER = "never"  # would not fit even in an empty cache
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    """Where the device KV slots are at one instant; the five parts sum to ``total``.
+
+    - ``token_states``: slots holding K/V of tokens (prompt and generated so far);
+      a physical slot shared by several sequences counts once.
+    - ``reserved``: slots set aside for tokens the request *will* generate (its true
+      output, not yet produced). Zero for paged allocation.
+    - ``internal_frag``: slots allocated that will never hold a token: over-reservation
+      beyond the true output (contiguous) or the unfilled tail of each last block (paged)
+      once the sequence has finished growing into it.
+    - ``allocator_padding``: slots lost to the allocator's size classes (buddy rounding
+      of a reservation up to a power of two). Zero for paged allocation.
+    - ``free``: slots not allocated to anyone.
+
+    Paged blocks that are allocated but not yet filled by a still-growing sequence count
+    as ``internal_frag`` (they are the paper's "within one block per sequence" waste).
+    """
+
+    token_states: int
+    reserved: int
+    internal_frag: int
+    allocator_padding: int
+    free: int
+
+    @property
+    def total(self) -> int:
+        return (
+            self.token_states
+            + self.reserved
+            + self.internal_frag
+            + self.allocator_padding
+            + self.free
+        )
+
+
+@runtime_checkable
+class KVCacheManager(Protocol):
+    """What schedulers and executors may ask of a KV-cache manager."""
+
+    block_size: int  # slots per block (paged) or the allocation granule (contiguous)
+    num_device_blocks: int  # device capacity in blocks (capacity in slots = x * block_size)
+
+    # -- admission ------------------------------------------------------------------
+    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
+        """Whether the group's prompt (or, for a preempted-by-recompute group, its prompt
+        plus generated tokens) can get slots now, and for contiguous policies its whole
+        reservation for every sequence the group will fork into."""
+        ...
+
+    def allocate(self, group: SequenceGroup) -> int:
+        """Give the waiting group's live sequence slots for its ``num_tokens`` tokens
+        (contiguous: reserve regions for all ``sampling.num_seqs`` sequences up front).
+        Returns how many leading tokens already have their K/V cached (a prefix-cache
+        hit; always 0 without prefix caching); the scheduler starts prefill there."""
+        ...
+
+    # -- growth ---------------------------------------------------------------------
+    def can_append(self, group: SequenceGroup) -> bool:
+        """Whether every live sequence of the group can take one more token slot."""
+        ...
+
+    def append(self, group: SequenceGroup) -> list[tuple[int, int]]:
+        """Give every live sequence a slot for its next token (so that its stored length
+        equals ``seq.num_tokens``). Returns copy-on-write block copies ``(src, dst)``
+        the executor must perform before the step (paged; empty for contiguous)."""
+        ...
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> list[tuple[int, int]]:
+        """Make ``child`` hold the same tokens as ``parent``. Paged: share every block
+        (ref counts +1). Contiguous: move into one of the group's reserved regions and
+        return the block copies ``(src, dst)`` the executor must perform."""
+        ...
+
+    def free(self, seq_id: int) -> None:
+        """Release the sequence's device (or swapped CPU) slots. Unknown ids raise."""
+        ...
+
+    # -- swapping -------------------------------------------------------------------
+    def can_swap_out(self, group: SequenceGroup) -> bool: ...
+
+    def swap_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
+        """Move the group's device blocks to the CPU pool: returns ``(device, cpu)``."""
+        ...
+
+    def can_swap_in(self, group: SequenceGroup) -> bool: ...
+
+    def swap_in(self, group: SequenceGroup) -> list[tuple[int, int]]:
+        """Move the group's CPU blocks back to the device: returns ``(cpu, device)``."""
+        ...
+
+    # -- inspection -----------------------------------------------------------------
+    def block_table(self, seq_id: int) -> list[int]:
+        """Device block ids holding the sequence's slots, in token order."""
+        ...
+
+    def num_slots(self, seq_id: int) -> int:
+        """Token slots the sequence holds K/V for (or has been given for its next token)."""
+        ...
+
+    def breakdown(self) -> MemoryBreakdown:
+        """The device memory breakdown now. O(1): managers keep running counters."""
+        ...
+
+    def num_free_blocks(self) -> int: ...
+
+    def check_integrity(self) -> None:
+        """Recompute every counter from scratch and raise KVCacheError on a mismatch
+        (overlaps, ref counts, free lists, breakdown). For tests; may be slow."""
+        ...

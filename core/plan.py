@@ -1,0 +1,137 @@
+"""Step plans (scheduler -> executor) and step outcomes (executor -> scheduler).
+
+A :class:`StepPlan` names everything an executor needs for one engine iteration: the
+prefill chunks and decode sequences to compute (their block tables come from the KV-cache
+manager, ``manager.block_table(seq_id)``), the block swaps and copies to perform before
+computing, and what was preempted. :class:`BatchShape` condenses the plan into the
+numbers a cost model needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.request import Sequence, SequenceGroup
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    """Compute K/V for tokens ``[start, start + length)`` of ``seq`` (``start`` tokens are
+    already cached). If the chunk reaches ``seq.num_tokens`` the step samples a token."""
+
+    seq: Sequence
+    start: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    @property
+    def samples(self) -> bool:
+        return self.end >= self.seq.num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """The work of one step, as a cost model sees it.
+
+    - ``prefill_tokens``: new tokens computed by prefill chunks;
+    - ``prefill_attn_pairs``: causal (query, key) pairs of those chunks,
+      sum over chunks of ``length * start + length * (length + 1) / 2``;
+    - ``prefill_kv_read_tokens``: cached tokens the chunks attend to, sum of ``start``;
+    - ``decode_seqs``: sequences decoding one token each;
+    - ``decode_ctx_tokens``: sum of their context lengths (K/V read per layer);
+    - ``swap_in_blocks`` / ``swap_out_blocks`` / ``copy_blocks``: block moves.
+    """
+
+    prefill_tokens: int = 0
+    prefill_seqs: int = 0
+    prefill_attn_pairs: int = 0
+    prefill_kv_read_tokens: int = 0
+    decode_seqs: int = 0
+    decode_ctx_tokens: int = 0
+    swap_in_blocks: int = 0
+    swap_out_blocks: int = 0
+    copy_blocks: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prefill_tokens + self.decode_seqs
+
+    @property
+    def is_empty(self) -> bool:
+        return (
+            self.num_tokens == 0
+            and self.swap_in_blocks == 0
+            and self.swap_out_blocks == 0
+            and self.copy_blocks == 0
+        )
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One iteration's work. Executors perform ``swap_out``, ``swap_in`` and ``copies``
+    (in that order) before computing ``prefill`` and ``decode``."""
+
+    prefill: list[PrefillChunk] = field(default_factory=list)
+    decode: list[Sequence] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, device)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) device blocks
+    preempted: list[SequenceGroup] = field(default_factory=list)
+    preempted_by_swap: list[SequenceGroup] = field(default_factory=list)
+    num_waiting: int = 0  # groups still queued for admission after this plan
+    num_swapped: int = 0
+
+    def shape(self) -> BatchShape:
+        p_tokens = p_pairs = p_read = 0
+        for c in self.prefill:
+            p_tokens += c.length
+            p_pairs += c.length * c.start + c.length * (c.length + 1) // 2
+            p_read += c.start
+        d_ctx = 0
+        for s in self.decode:
+            d_ctx += s.num_tokens
+        return BatchShape(
+            prefill_tokens=p_tokens,
+            prefill_seqs=len(self.prefill),
+            prefill_attn_pairs=p_pairs,
+            prefill_kv_read_tokens=p_read,
+            decode_seqs=len(self.decode),
+            decode_ctx_tokens=d_ctx,
+            swap_in_blocks=len(self.swap_in),
+            swap_out_blocks=len(self.swap_out),
+            copy_blocks=len(self.copies),
+        )
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.prefill or self.decode or self.swap_in or self.swap_out or self.copies)
+
+    def scheduled_seqs(self) -> list[Sequence]:
+        return [c.seq for c in self.prefill] + self.decode
+
+
+@dataclass(slots=True)
+class BeamChoice:
+    """Beam search result for one group at one step: each new beam is ``(parent_seq_id,
+    token_id)``; the scheduler forks/frees sequences so the group holds these beams."""
+
+    group: SequenceGroup
+    beams: list[tuple[int, int]]
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What the executor reports back.
+
+    ``duration_s`` is the step's time (modelled or measured). ``token_ids`` maps seq_id to
+    the sampled token for every sequence that sampled (engine); ``None`` means the executor
+    does not produce token ids (simulator): every sampling sequence advances one token.
+    ``beams`` carries beam-search reselection for beam groups (engine or a seeded model).
+    """
+
+    duration_s: float
+    token_ids: dict[int, int] | None = None
+    beams: list[BeamChoice] = field(default_factory=list)

@@ -1,0 +1,233 @@
+"""Requests, sampling parameters, sequences and sequence groups.
+
+A :class:`Request` is what a workload produces: an arrival time, a prompt (its length,
+and token ids when the engine needs them), the output length to generate (EOS is
+ignored, as in the vLLM paper and its benchmarks) and :class:`SamplingParams`.
+
+When a request is added to a scheduler it becomes a :class:`SequenceGroup`. The group
+starts with one :class:`Sequence` (the prompt). After the prompt's prefill produces
+the first token, a group with ``n > 1`` parallel samples or ``beam_width > 1`` beams is
+forked into that many sequences, which share the prompt's KV blocks (paged) or get their
+own reserved regions (contiguous). All sequences of a group are gang-scheduled.
+
+Token accounting of a sequence (``num_tokens = prompt_len + num_generated``):
+
+- ``num_computed`` tokens have their K/V in the cache;
+- a sequence *needs prefill* while ``num_computed < num_tokens - 1`` or before its
+  first token (prompt not fully computed); a prefill chunk that reaches ``num_tokens``
+  samples the next token;
+- a *decode* step computes the one token whose K/V is missing (the last sampled one)
+  and samples the next.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+
+class RequestError(ValueError):
+    """A request (or a trace row that would make one) is malformed or cannot be served."""
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How a request samples. ``n`` parallel samples or beam search of ``beam_width``.
+
+    ``temperature == 0`` means greedy. ``seed`` makes random sampling reproducible.
+    """
+
+    n: int = 1
+    beam_width: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise RequestError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.beam_width < 1:
+            raise RequestError(f"SamplingParams.beam_width must be >= 1, got {self.beam_width}")
+        if self.n > 1 and self.beam_width > 1:
+            raise RequestError("use either n > 1 (parallel sampling) or beam_width > 1, not both")
+        if self.temperature < 0:
+            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise RequestError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences the group holds once forked (parallel samples or beams)."""
+        return max(self.n, self.beam_width)
+
+    @property
+    def use_beam_search(self) -> bool:
+        return self.beam_width > 1
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One inference request. Lengths are in tokens; ``arrival_time`` in seconds."""
+
+    request_id: int
+    arrival_time: float
+    prompt_len: int
+    output_len: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    prompt_token_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.arrival_time) or self.arrival_time < 0:
+            raise RequestError(
+                f"request {self.request_id}: arrival_time must be finite and >= 0, "
+                f"got {self.arrival_time}"
+            )
+        if self.prompt_len < 1:
+            raise RequestError(
+                f"request {self.request_id}: prompt_len must be >= 1, got {self.prompt_len}"
+            )
+        if self.output_len < 1:
+            raise RequestError(
+                f"request {self.request_id}: output_len must be >= 1, got {self.output_len}"
+            )
+        if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_len:
+            raise RequestError(
+                f"request {self.request_id}: {len(self.prompt_token_ids)} prompt token ids "
+                f"but prompt_len={self.prompt_len}"
+            )
+
+    @property
+    def total_len(self) -> int:
+        return self.prompt_len + self.output_len
+
+
+class Sequence:
+    """One token stream of a group. ``seq_id`` is unique within a scheduler."""
+
+    __slots__ = (
+        "group",
+        "num_computed",
+        "num_generated",
+        "output_token_ids",
+        "parent_seq_id",
+        "seq_id",
+        "status",
+    )
+
+    def __init__(self, seq_id: int, group: SequenceGroup) -> None:
+        self.seq_id = seq_id
+        self.group = group
+        self.num_generated = 0
+        self.num_computed = 0
+        self.output_token_ids: list[int] = []
+        self.status = SequenceStatus.WAITING
+        self.parent_seq_id: int | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return self.group.request.prompt_len
+
+    @property
+    def num_tokens(self) -> int:
+        return self.group.request.prompt_len + self.num_generated
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def needs_prefill(self) -> bool:
+        """True until every token except the last sampled one has its K/V cached."""
+        if self.num_generated == 0:
+            return True
+        return self.num_computed < self.num_tokens - 1
+
+    def token_ids(self) -> list[int]:
+        """Prompt plus generated token ids (engine only; needs prompt_token_ids)."""
+        prompt = self.group.request.prompt_token_ids
+        if prompt is None:
+            raise RequestError(f"request {self.group.request_id} has no prompt token ids")
+        return [*prompt, *self.output_token_ids]
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, req={self.group.request_id}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed}, {self.status.value})"
+        )
+
+
+class SequenceGroup:
+    """A request being served: its sequences plus the timestamps the recorder needs.
+
+    Times are in seconds on the driver's clock; step indices count engine steps from 0.
+    """
+
+    __slots__ = (
+        "finish_step",
+        "finish_time",
+        "first_scheduled_time",
+        "first_token_step",
+        "first_token_time",
+        "num_preemptions",
+        "reject_reason",
+        "request",
+        "seqs",
+        "token_times",
+    )
+
+    def __init__(self, request: Request, first_seq_id: int) -> None:
+        self.request = request
+        self.seqs: list[Sequence] = [Sequence(first_seq_id, self)]
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.first_token_step: int | None = None
+        self.finish_time: float | None = None
+        self.finish_step: int | None = None
+        self.num_preemptions = 0
+        self.reject_reason: str | None = None
+        self.token_times: list[float] = []
+
+    @property
+    def request_id(self) -> int:
+        return self.request.request_id
+
+    @property
+    def arrival_time(self) -> float:
+        return self.request.arrival_time
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.request.sampling
+
+    def live_seqs(self) -> list[Sequence]:
+        """Sequences not finished (what the group still computes)."""
+        return [s for s in self.seqs if s.status is not SequenceStatus.FINISHED]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_time is not None or self.reject_reason is not None
+
+    @property
+    def num_generated(self) -> int:
+        """Tokens generated per sequence (all sequences of a group advance together)."""
+        return self.seqs[0].num_generated
+
+    def set_status(self, status: SequenceStatus) -> None:
+        for seq in self.seqs:
+            if seq.status is not SequenceStatus.FINISHED:
+                seq.status = status
+
+    def __repr__(self) -> str:
+        return f"SequenceGroup(req={self.request_id}, seqs={self.seqs})"
