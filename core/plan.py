@@ -129,9 +129,12 @@ class StepOutcome:
     ``duration_s`` is the step's time (modelled or measured). ``token_ids`` maps seq_id to
     the sampled token for every sequence that sampled (engine); ``None`` means the executor
     does not produce token ids (simulator): every sampling sequence advances one token.
+    ``extra_samples`` maps the seq_id of a prompt that just finished prefill in a group
+    with ``n > 1`` to the first tokens of its other ``n - 1`` samples (engine).
     ``beams`` carries beam-search reselection for beam groups (engine or a seeded model).
     """
 
     duration_s: float
     token_ids: dict[int, int] | None = None
+    extra_samples: dict[int, list[int]] | None = None
     beams: list[BeamChoice] = field(default_factory=list)

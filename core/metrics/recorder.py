@@ -1,0 +1,154 @@
+"""The recorder both bodies (simulator and engine) write into.
+
+Per step: start time, duration, the plan's composition and token counts, queue lengths and
+the KV memory breakdown *during* the step (after the scheduler's allocations). Per request:
+arrival, first scheduled, first token, finish (times and step indices), preemptions, or the
+reason it was rejected. ``steps_frame()`` / ``requests_frame()`` give the tables written to
+``steps.csv`` / ``requests.csv``; :mod:`core.metrics.summary` turns them into metrics.
+
+Rows are kept as tuples (cheap on the hot path) and become DataFrames only at the end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from core.kv.base import MemoryBreakdown
+from core.plan import BatchShape, StepPlan
+from core.request import SequenceGroup
+
+STEP_COLUMNS = (
+    "step",
+    "start_s",
+    "duration_s",
+    "num_prefill_seqs",
+    "prefill_tokens",
+    "prefill_attn_pairs",
+    "prefill_kv_read_tokens",
+    "decode_seqs",
+    "decode_ctx_tokens",
+    "batch_requests",
+    "running_requests",
+    "num_waiting",
+    "num_swapped",
+    "num_preempted",
+    "swap_in_blocks",
+    "swap_out_blocks",
+    "copy_blocks",
+    "kv_token_states",
+    "kv_reserved",
+    "kv_internal_frag",
+    "kv_allocator_padding",
+    "kv_free",
+)
+
+REQUEST_COLUMNS = (
+    "request_id",
+    "arrival_s",
+    "prompt_len",
+    "output_len",
+    "num_seqs",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "first_token_step",
+    "finish_step",
+    "num_preemptions",
+    "ttft_s",
+    "e2el_s",
+    "tpot_s",
+    "status",
+    "reject_reason",
+)
+
+
+class Recorder:
+    """Collects step and request rows. ``keep_token_times`` keeps every request's token
+    timestamps for inter-token latency (ITL) statistics."""
+
+    def __init__(self, keep_token_times: bool = True) -> None:
+        self._steps: list[tuple] = []
+        self._requests: list[tuple] = []
+        self._itl: list[np.ndarray] = []
+        self.keep_token_times = keep_token_times
+
+    def record_step(
+        self,
+        step: int,
+        start_s: float,
+        duration_s: float,
+        plan: StepPlan,
+        shape: BatchShape,
+        memory: MemoryBreakdown,
+        running_requests: int,
+    ) -> None:
+        groups = {id(c.seq.group) for c in plan.prefill}
+        groups.update(id(s.group) for s in plan.decode)
+        self._steps.append(
+            (
+                step,
+                start_s,
+                duration_s,
+                shape.prefill_seqs,
+                shape.prefill_tokens,
+                shape.prefill_attn_pairs,
+                shape.prefill_kv_read_tokens,
+                shape.decode_seqs,
+                shape.decode_ctx_tokens,
+                len(groups),
+                running_requests,
+                plan.num_waiting,
+                plan.num_swapped,
+                len(plan.preempted) + len(plan.preempted_by_swap),
+                shape.swap_in_blocks,
+                shape.swap_out_blocks,
+                shape.copy_blocks,
+                memory.token_states,
+                memory.reserved,
+                memory.internal_frag,
+                memory.allocator_padding,
+                memory.free,
+            )
+        )
+
+    def record_request(self, group: SequenceGroup) -> None:
+        r = group.request
+        if group.reject_reason is not None:
+            self._requests.append(
+                (r.request_id, r.arrival_time, r.prompt_len, r.output_len, r.sampling.num_seqs,
+                 group.first_scheduled_time, None, None, None, None, group.num_preemptions,
+                 None, None, None, "rejected", group.reject_reason)
+            )  # fmt: skip
+            return
+        ttft = group.first_token_time - r.arrival_time
+        e2el = group.finish_time - r.arrival_time
+        tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else None
+        self._requests.append(
+            (r.request_id, r.arrival_time, r.prompt_len, r.output_len, r.sampling.num_seqs,
+             group.first_scheduled_time, group.first_token_time, group.finish_time,
+             group.first_token_step, group.finish_step, group.num_preemptions,
+             ttft, e2el, tpot, "finished", "")
+        )  # fmt: skip
+        if self.keep_token_times and len(group.token_times) > 1:
+            self._itl.append(np.diff(np.asarray(group.token_times)))
+
+    @property
+    def num_steps(self) -> int:
+        return len(self._steps)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    def steps_frame(self) -> pd.DataFrame:
+        return pd.DataFrame.from_records(self._steps, columns=list(STEP_COLUMNS))
+
+    def requests_frame(self) -> pd.DataFrame:
+        df = pd.DataFrame.from_records(self._requests, columns=list(REQUEST_COLUMNS))
+        return df.sort_values("request_id", kind="stable").reset_index(drop=True)
+
+    def inter_token_latencies(self) -> np.ndarray:
+        if not self._itl:
+            return np.empty(0)
+        return np.concatenate(self._itl)

@@ -1,0 +1,121 @@
+"""Summary metrics from the recorder's tables.
+
+Key names follow ``vllm bench serve``: ``request_throughput`` (req/s),
+``output_throughput`` (tok/s), ``mean_/median_/p99_{ttft,tpot,itl,e2el}_ms``, plus
+``goodput`` (req/s meeting every given SLO). kvlab adds:
+
+- ``normalized_latency``: the vLLM paper's metric (§6.1), mean over finished requests of
+  end-to-end latency / output length, in s/token;
+- ``mean_batch_size``: time-weighted mean number of requests holding KV in the running
+  batch over busy steps (the paper's Fig. 13 "batched requests"); ``mean_step_batch`` is
+  the plain per-step mean of requests computed in a step;
+- ``kv_*_pct``: the time-weighted (by step duration) KV memory breakdown, in percent of
+  device KV slots. ``kv_external_frag_pct`` is "external fragmentation & other": slots the
+  allocator's size classes waste plus free slots *while requests wait for admission*
+  (memory that exists but cannot serve them); free slots with nobody waiting are
+  ``kv_free_pct``. The five parts sum to 100.
+
+Throughput duration is from the first arrival to the last finish.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+
+def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
+    if values_s.size == 0:
+        nan = math.nan
+        return {f"mean_{prefix}_ms": nan, f"median_{prefix}_ms": nan, f"p99_{prefix}_ms": nan}
+    ms = values_s * 1000.0
+    return {
+        f"mean_{prefix}_ms": float(np.mean(ms)),
+        f"median_{prefix}_ms": float(np.median(ms)),
+        f"p99_{prefix}_ms": float(np.percentile(ms, 99)),
+    }
+
+
+def memory_shares(steps: pd.DataFrame) -> dict[str, float]:
+    """Time-weighted KV breakdown in percent (see module doc)."""
+    keys = ("token_states", "reserved", "internal_frag", "external_frag", "free")
+    if steps.empty or steps["duration_s"].sum() <= 0:
+        return {f"kv_{k}_pct": math.nan for k in keys}
+    w = steps["duration_s"].to_numpy()
+    waiting = steps["num_waiting"].to_numpy() > 0
+    free = steps["kv_free"].to_numpy(dtype=float)
+    parts = {
+        "token_states": steps["kv_token_states"].to_numpy(dtype=float),
+        "reserved": steps["kv_reserved"].to_numpy(dtype=float),
+        "internal_frag": steps["kv_internal_frag"].to_numpy(dtype=float),
+        "external_frag": steps["kv_allocator_padding"].to_numpy(dtype=float)
+        + np.where(waiting, free, 0.0),
+        "free": np.where(waiting, 0.0, free),
+    }
+    total = sum(parts.values())
+    return {
+        f"kv_{k}_pct": float(100.0 * np.sum(w * v / total) / np.sum(w)) for k, v in parts.items()
+    }
+
+
+def summarize(
+    requests: pd.DataFrame,
+    steps: pd.DataFrame,
+    itl_s: np.ndarray | None = None,
+    slo_ms: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """Compute the summary dict. ``slo_ms`` maps ``ttft``/``tpot``/``e2el`` to limits for
+    goodput (requests meeting all of them, per second)."""
+    done = requests[requests["status"] == "finished"]
+    out: dict[str, float] = {
+        "num_requests": int(len(requests)),
+        "completed": int(len(done)),
+        "rejected": int((requests["status"] == "rejected").sum()),
+    }
+    if len(done):
+        start = float(requests["arrival_s"].min())
+        duration = float(done["finish_s"].max()) - start
+    else:
+        duration = 0.0
+    out["duration_s"] = duration
+    total_out = float((done["output_len"] * done["num_seqs"]).sum())
+    out["total_input_tokens"] = int(done["prompt_len"].sum())
+    out["total_output_tokens"] = int(total_out)
+    out["request_throughput"] = len(done) / duration if duration > 0 else math.nan
+    out["output_throughput"] = total_out / duration if duration > 0 else math.nan
+    out.update(_stats("ttft", done["ttft_s"].to_numpy(dtype=float)))
+    out.update(_stats("tpot", done["tpot_s"].dropna().to_numpy(dtype=float)))
+    out.update(_stats("itl", np.asarray(itl_s if itl_s is not None else [], dtype=float)))
+    out.update(_stats("e2el", done["e2el_s"].to_numpy(dtype=float)))
+    norm = done["e2el_s"] / done["output_len"]
+    out["normalized_latency"] = float(norm.mean()) if len(done) else math.nan
+    out["num_preemptions"] = int(requests["num_preemptions"].sum())
+    if slo_ms:
+        ok = np.ones(len(done), dtype=bool)
+        for key, limit in slo_ms.items():
+            col = {"ttft": "ttft_s", "tpot": "tpot_s", "e2el": "e2el_s"}.get(key)
+            if col is None:
+                raise ValueError(f"unknown SLO {key!r}; use ttft, tpot or e2el")
+            ok &= (done[col].fillna(0.0).to_numpy() * 1000.0) <= limit
+        out["goodput"] = float(ok.sum() / duration) if duration > 0 else math.nan
+        out["slo_attainment"] = float(ok.mean()) if len(done) else math.nan
+    out.update(_batch_stats(steps))
+    out.update(memory_shares(steps))
+    return out
+
+
+def _batch_stats(steps: pd.DataFrame) -> dict[str, float]:
+    if steps.empty:
+        return {"num_steps": 0, "mean_batch_size": math.nan, "mean_step_batch": math.nan}
+    w = steps["duration_s"].to_numpy()
+    wsum = w.sum()
+    running = steps["running_requests"].to_numpy(dtype=float)
+    return {
+        "num_steps": int(len(steps)),
+        "mean_batch_size": float(np.sum(w * running) / wsum) if wsum > 0 else math.nan,
+        "mean_step_batch": float(steps["batch_requests"].mean()),
+        "busy_time_s": float(wsum),
+    }

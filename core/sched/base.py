@@ -1,0 +1,317 @@
+"""The scheduler protocol and the bookkeeping every scheduler shares.
+
+A scheduler owns the request queues and a KV-cache manager. The driver (simulator or
+engine) calls, in a loop::
+
+    group = scheduler.add(request, now)        # at arrival; may come back rejected
+    plan = scheduler.schedule(now)             # decide this step's work
+    outcome = executor.run(plan)               # model or measure it
+    done = scheduler.update(plan, outcome, t)  # advance sequences, free finished ones
+
+``update`` is shared (:class:`BaseScheduler`); the policies differ in ``schedule`` only.
+Timestamps are the driver's clock; ``update`` is called with the step's end time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+from core.kv.base import AllocStatus, KVCacheManager
+from core.plan import BeamChoice, StepOutcome, StepPlan
+from core.request import Request, Sequence, SequenceGroup, SequenceStatus
+
+
+class SchedulerConfigError(ValueError):
+    """An impossible scheduler configuration."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Knobs shared by the policies (defaults: vLLM v0.1 as described in PAPER.md).
+
+    - ``max_num_seqs``: most sequences in one batch (vLLM default 256);
+    - ``max_num_batched_tokens``: most tokens computed in one step (vLLM default 2560);
+    - ``max_model_len``: longest prompt + output a request may have (OPT: 2048);
+    - ``preemption_mode``: ``recompute`` or ``swap`` (paged only); groups with several
+      live sequences are always swapped, as in vLLM v0, and fall back to recompute when the
+      CPU pool cannot take them;
+    - ``chunked_prefill``: paged only; mix decodes and prompt chunks under the token budget
+      instead of vLLM v0.1's prompt-only / decode-only iterations.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2560
+    max_model_len: int = 2048
+    preemption_mode: str = "recompute"
+    chunked_prefill: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise SchedulerConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_model_len < 2:
+            raise SchedulerConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.max_num_batched_tokens < 1:
+            raise SchedulerConfigError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if not self.chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise SchedulerConfigError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} is below "
+                f"max_model_len={self.max_model_len}: a long prompt (or a recomputed "
+                "sequence) could never be scheduled; raise it or enable chunked_prefill"
+            )
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise SchedulerConfigError(
+                f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
+            )
+
+
+class Scheduler(Protocol):
+    manager: KVCacheManager
+    step_index: int
+
+    def add(self, request: Request, now: float) -> SequenceGroup: ...
+
+    def schedule(self, now: float) -> StepPlan: ...
+
+    def update(self, plan: StepPlan, outcome: StepOutcome, now: float) -> list[SequenceGroup]: ...
+
+    def _blocks_needed(self, request: Request) -> int:
+        """Blocks the request occupies at its longest: the full sequence, plus each extra
+        sample's or beam's private output (one partial block of slack each)."""
+        bs = self.manager.block_size
+        first = -(-request.total_len // bs)
+        extra = (request.sampling.num_seqs - 1) * (-(-request.output_len // bs) + 1)
+        return first + extra
+
+    def has_unfinished(self) -> bool: ...
+
+
+class BaseScheduler:
+    """Queues, admission checks and the shared ``update``. Subclasses write ``schedule``.
+
+    Invariants (checked by ``check_integrity``): every group added is in exactly one of
+    waiting / running / swapped until it finishes or is rejected; running groups hold KV
+    slots for their live sequences; waiting ones hold none.
+    """
+
+    name = "base"
+
+    def __init__(self, manager: KVCacheManager, config: SchedulerConfig | None = None) -> None:
+        self.manager = manager
+        self.config = config or SchedulerConfig()
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        self.swapped: list[SequenceGroup] = []
+        self.step_index = 0
+        self._next_seq_id = 0
+        self._pending_copies: list[tuple[int, int]] = []
+        self._aborted: list[SequenceGroup] = []
+
+    # -- intake -----------------------------------------------------------------------
+    def add(self, request: Request, now: float) -> SequenceGroup:
+        """Queue a request. A request that can never be served comes back with
+        ``reject_reason`` set (and ``finish_time`` unset) instead of being queued."""
+        group = SequenceGroup(request, self._new_seq_id())
+        limit = self.config.max_model_len
+        if request.total_len > limit:
+            group.reject_reason = (
+                f"prompt_len + output_len = {request.prompt_len} + {request.output_len} = "
+                f"{request.total_len} exceeds max_model_len={limit}"
+            )
+        elif self._blocks_needed(request) > self.manager.num_device_blocks or (
+            self.manager.can_allocate(group) is AllocStatus.NEVER
+        ):
+            group.reject_reason = (
+                f"needs more KV-cache memory than the whole cache holds "
+                f"({self.manager.num_device_blocks} blocks of {self.manager.block_size} slots) "
+                f"for prompt_len={request.prompt_len}, output_len={request.output_len}, "
+                f"{request.sampling.num_seqs} sequence(s)"
+            )
+        if group.reject_reason is not None:
+            group.set_status(SequenceStatus.REJECTED)
+            return group
+        self.waiting.append(group)
+        return group
+
+    def _blocks_needed(self, request: Request) -> int:
+        """Blocks the request occupies at its longest: the full sequence, plus each extra
+        sample's or beam's private output (one partial block of slack each)."""
+        bs = self.manager.block_size
+        first = -(-request.total_len // bs)
+        extra = (request.sampling.num_seqs - 1) * (-(-request.output_len // bs) + 1)
+        return first + extra
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def schedule(self, now: float) -> StepPlan:
+        raise NotImplementedError
+
+    # -- helpers for subclasses -------------------------------------------------------
+    def _new_seq_id(self) -> int:
+        sid = self._next_seq_id
+        self._next_seq_id += 1
+        return sid
+
+    def _admit(self, group: SequenceGroup, now: float) -> int:
+        """Allocate KV for a waiting group and mark it running. Returns cached tokens."""
+        cached = self.manager.allocate(group)
+        for seq in group.live_seqs():
+            seq.num_computed = cached
+            seq.status = SequenceStatus.RUNNING
+        if group.first_scheduled_time is None:
+            group.first_scheduled_time = now
+        return cached
+
+    def _new_plan(self) -> StepPlan:
+        plan = StepPlan()
+        if self._pending_copies:
+            plan.copies.extend(self._pending_copies)
+            self._pending_copies.clear()
+        return plan
+
+    def _finish_plan(self, plan: StepPlan) -> StepPlan:
+        plan.num_waiting = len(self.waiting)
+        plan.num_swapped = len(self.swapped)
+        return plan
+
+    def _abort(self, group: SequenceGroup, reason: str) -> None:
+        """Fail one group without touching the others (frees what it holds)."""
+        for seq in group.live_seqs():
+            if seq.status is SequenceStatus.RUNNING or seq.status is SequenceStatus.SWAPPED:
+                self.manager.free(seq.seq_id)
+        group.reject_reason = reason
+        group.set_status(SequenceStatus.REJECTED)
+        self._aborted.append(group)
+
+    def pop_aborted(self) -> list[SequenceGroup]:
+        """Groups failed since the last call (the driver records them as rejected)."""
+        if not self._aborted:
+            return []
+        out, self._aborted = self._aborted, []
+        return out
+
+    # -- the shared update ------------------------------------------------------------
+    def update(self, plan: StepPlan, outcome: StepOutcome, now: float) -> list[SequenceGroup]:
+        """Advance every scheduled sequence by the step's result; return groups finished
+        in this step (their KV already freed). ``now`` is the step's end time."""
+        step = self.step_index
+        self.step_index += 1
+        tokens = outcome.token_ids
+        sampled_groups: dict[int, SequenceGroup] = {}
+        for chunk in plan.prefill:
+            seq = chunk.seq
+            seq.num_computed = chunk.end
+            if chunk.end >= seq.num_tokens:
+                self._emit(seq, tokens)
+                sampled_groups[id(seq.group)] = seq.group
+        for seq in plan.decode:
+            seq.num_computed = seq.num_tokens
+            self._emit(seq, tokens)
+            sampled_groups[id(seq.group)] = seq.group
+
+        beams = {id(b.group): b for b in outcome.beams}
+        finished: list[SequenceGroup] = []
+        for key, group in sampled_groups.items():
+            choice = beams.get(key)
+            if choice is not None:
+                self._apply_beams(group, choice)
+            elif len(group.seqs) == 1 and group.sampling.num_seqs > 1:
+                self._fork_samples(group, outcome)
+            if group.first_token_time is None:
+                group.first_token_time = now
+                group.first_token_step = step
+            group.token_times.append(now)
+            if group.num_generated >= group.request.output_len:
+                self._finish(group, now, step)
+                finished.append(group)
+        if finished:
+            self._drop_finished()
+        return finished
+
+    def _emit(self, seq: Sequence, tokens: dict[int, int] | None) -> None:
+        seq.num_generated += 1
+        if tokens is not None:
+            seq.output_token_ids.append(tokens[seq.seq_id])
+
+    def _fork_samples(self, group: SequenceGroup, outcome: StepOutcome) -> None:
+        """After the prompt's first token, split the group into ``n`` parallel samples."""
+        parent = group.seqs[0]
+        extra = outcome.extra_samples.get(parent.seq_id) if outcome.extra_samples else None
+        for i in range(group.sampling.num_seqs - 1):
+            child = self._spawn_child(parent)
+            if extra is not None:
+                child.output_token_ids[-1] = extra[i]
+            self._pending_copies.extend(self.manager.fork(parent.seq_id, child.seq_id))
+
+    def _spawn_child(self, parent: Sequence) -> Sequence:
+        group = parent.group
+        child = Sequence(self._new_seq_id(), group)
+        child.num_generated = parent.num_generated
+        child.num_computed = parent.num_computed
+        child.output_token_ids = list(parent.output_token_ids)
+        child.status = parent.status
+        child.parent_seq_id = parent.seq_id
+        group.seqs.append(child)
+        return child
+
+    def _apply_beams(self, group: SequenceGroup, choice: BeamChoice) -> None:
+        """Make the group hold exactly the chosen beams. Each beam is ``(parent, token)``;
+        the first beam of a parent reuses it, later ones fork it; unchosen parents are
+        freed. Tokens in ``choice`` replace the token the step appended."""
+        by_id = {s.seq_id: s for s in group.live_seqs()}
+        used: set[int] = set()
+        new_seqs: list[tuple[Sequence, int]] = []
+        forks: list[tuple[Sequence, int]] = []
+        for parent_id, token in choice.beams:
+            parent = by_id[parent_id]
+            if parent_id in used:
+                forks.append((parent, token))
+            else:
+                used.add(parent_id)
+                new_seqs.append((parent, token))
+        for seq in list(by_id.values()):  # free first: a contiguous fork reuses the region
+            if seq.seq_id not in used:
+                self.manager.free(seq.seq_id)
+                group.seqs.remove(seq)
+        for parent, token in forks:
+            child = self._spawn_child(parent)
+            self._pending_copies.extend(self.manager.fork(parent.seq_id, child.seq_id))
+            new_seqs.append((child, token))
+        for seq, token in new_seqs:
+            if seq.output_token_ids:
+                seq.output_token_ids[-1] = token
+
+    def _finish(self, group: SequenceGroup, now: float, step: int) -> None:
+        for seq in group.live_seqs():
+            self.manager.free(seq.seq_id)
+            seq.status = SequenceStatus.FINISHED
+        group.finish_time = now
+        group.finish_step = step
+
+    def _drop_finished(self) -> None:
+        self.running = [g for g in self.running if g.finish_time is None]
+
+    # -- invariants -------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Raise AssertionError if queues and sequence states disagree."""
+        seen: set[int] = set()
+        for where, groups, status in (
+            ("waiting", self.waiting, SequenceStatus.WAITING),
+            ("running", self.running, SequenceStatus.RUNNING),
+            ("swapped", self.swapped, SequenceStatus.SWAPPED),
+        ):
+            for g in groups:
+                assert id(g) not in seen, f"request {g.request_id} is in two queues"
+                seen.add(id(g))
+                assert not g.is_finished, f"finished request {g.request_id} still in {where}"
+                for s in g.live_seqs():
+                    assert s.status is status, f"{s} in {where} has status {s.status}"
+        self.manager.check_integrity()

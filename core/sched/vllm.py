@@ -1,0 +1,156 @@
+"""Paged continuous batching, as vLLM (SOSP 2023, §4.5; v0.1 scheduler) does it.
+
+Each ``schedule`` call, in this order:
+
+1. If nothing is swapped out, admit waiting groups first-come-first-served while the KV
+   manager can allocate their prompt, the step's token budget and the sequence cap allow.
+   If any was admitted, the step is *prompt-only* (vLLM v0.1 never mixed prompts with
+   decodes). The queue stops at the first group that does not fit (no skipping ahead).
+2. Otherwise, a decode step: every running group (oldest first) gets a slot for its next
+   token. When the cache is out of blocks the *latest-arrived* running group is preempted
+   (all-or-nothing) — by recomputation (its KV freed, the group goes back to the front of
+   the waiting queue) or by swapping its blocks to the CPU pool.
+3. If nothing was preempted in this step, swapped groups come back (oldest first) while
+   their blocks fit. Swapped groups block admissions (step 1) until all are back.
+
+With ``chunked_prefill`` the step instead mixes every running decode with prompt chunks
+that fill the remaining token budget (later vLLM versions; off by default).
+"""
+
+from __future__ import annotations
+
+from core.kv.base import AllocStatus
+from core.plan import PrefillChunk, StepPlan
+from core.request import SequenceGroup, SequenceStatus
+from core.sched.base import BaseScheduler
+
+
+class VLLMScheduler(BaseScheduler):
+    name = "vllm"
+
+    def schedule(self, now: float) -> StepPlan:
+        plan = self._new_plan()
+        if self.config.chunked_prefill:
+            self._schedule_mixed(plan, now)
+        elif not self.swapped and self._admit_prompts(plan, now):
+            pass
+        else:
+            self._schedule_decodes(plan)
+        return self._finish_plan(plan)
+
+    # -- step kinds -----------------------------------------------------------------
+    def _admit_prompts(self, plan: StepPlan, now: float, budget: int | None = None) -> bool:
+        """Admit FCFS into ``plan.prefill``; True if anything was admitted."""
+        budget = self.config.max_num_batched_tokens if budget is None else budget
+        num_seqs = sum(len(g.live_seqs()) for g in self.running)
+        admitted = False
+        while self.waiting:
+            group = self.waiting[0]
+            status = self.manager.can_allocate(group)
+            if status is AllocStatus.NEVER:
+                self.waiting.popleft()
+                self._abort(group, "no longer fits in the KV cache")
+                continue
+            if status is AllocStatus.LATER:
+                break
+            seqs = group.live_seqs()
+            need = sum(s.num_tokens for s in seqs)
+            if not self.config.chunked_prefill and need > budget:
+                break
+            if num_seqs + len(seqs) > self.config.max_num_seqs or budget <= 0:
+                break
+            self.waiting.popleft()
+            cached = self._admit(group, now)
+            self.running.append(group)
+            num_seqs += len(seqs)
+            for seq in seqs:
+                length = min(seq.num_tokens - cached, budget)
+                plan.prefill.append(PrefillChunk(seq, cached, length))
+                budget -= length
+            admitted = True
+        return admitted
+
+    def _schedule_decodes(self, plan: StepPlan) -> None:
+        self._reserve_decode_slots(plan)
+        if not plan.preempted and not plan.preempted_by_swap:
+            self._swap_in(plan)
+        for group in self.running:
+            plan.decode.extend(group.live_seqs())
+
+    def _schedule_mixed(self, plan: StepPlan, now: float) -> None:
+        """Chunked prefill: decodes first, then continue partial prompts, then admit."""
+        self._reserve_decode_slots(plan, decode_only=True)
+        if not plan.preempted and not plan.preempted_by_swap:
+            self._swap_in(plan)
+        budget = self.config.max_num_batched_tokens
+        for group in self.running:
+            for seq in group.live_seqs():
+                if seq.needs_prefill:
+                    if budget <= 0:
+                        continue
+                    length = min(seq.num_tokens - seq.num_computed, budget)
+                    plan.prefill.append(PrefillChunk(seq, seq.num_computed, length))
+                    budget -= length
+                else:
+                    plan.decode.append(seq)
+                    budget -= 1
+        if not self.swapped and not plan.preempted and budget > 0:
+            self._admit_prompts(plan, now, budget)
+
+    # -- memory -----------------------------------------------------------------------
+    def _reserve_decode_slots(self, plan: StepPlan, decode_only: bool = False) -> None:
+        """Give each running group a slot per live sequence, preempting latest-first."""
+        queue = sorted(self.running, key=_arrival)
+        kept: list[SequenceGroup] = []
+        while queue:
+            group = queue.pop(0)
+            if decode_only and any(s.needs_prefill for s in group.live_seqs()):
+                kept.append(group)
+                continue
+            while not self.manager.can_append(group):
+                victim = queue.pop() if queue else group
+                self._preempt(victim, plan)
+                if victim is group:
+                    break
+            else:
+                plan.copies.extend(self.manager.append(group))
+                kept.append(group)
+        self.running = kept
+
+    def _preempt(self, group: SequenceGroup, plan: StepPlan) -> None:
+        group.num_preemptions += 1
+        multi = len(group.live_seqs()) > 1
+        want_swap = self.config.preemption_mode == "swap" or multi
+        if want_swap and self.manager.can_swap_out(group):
+            plan.swap_out.extend(self.manager.swap_out(group))
+            group.set_status(SequenceStatus.SWAPPED)
+            self.swapped.append(group)
+            self.swapped.sort(key=_arrival)
+            plan.preempted_by_swap.append(group)
+            return
+        for seq in group.live_seqs():
+            self.manager.free(seq.seq_id)
+            seq.num_computed = 0
+            seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(group)
+        plan.preempted.append(group)
+
+    def _swap_in(self, plan: StepPlan) -> None:
+        num_seqs = sum(len(g.live_seqs()) for g in self.running)
+        while self.swapped:
+            group = self.swapped[0]
+            seqs = group.live_seqs()
+            if num_seqs + len(seqs) > self.config.max_num_seqs:
+                break
+            if not self.manager.can_swap_in(group):
+                break
+            self.swapped.pop(0)
+            plan.swap_in.extend(self.manager.swap_in(group))
+            group.set_status(SequenceStatus.RUNNING)
+            plan.copies.extend(self.manager.append(group))
+            self.running.append(group)
+            num_seqs += len(seqs)
+
+
+def _arrival(group: SequenceGroup) -> tuple[float, int]:
+    return (group.arrival_time, group.request_id)

@@ -1,0 +1,119 @@
+"""System presets: a scheduling policy paired with a KV-cache manager (vLLM paper §6.1).
+
+==================  ==========================  ===============================
+system              scheduler                   KV-cache manager
+==================  ==========================  ===============================
+vllm                paged continuous batching   paged blocks (block_size 16)
+orca_max            iteration-level (Orca)      contiguous, reserve max_model_len
+orca_pow2           iteration-level (Orca)      contiguous, reserve pow2(output)
+orca_oracle         iteration-level (Orca)      contiguous, reserve true output
+fastertransformer   request-level               contiguous, reserve max_model_len
+==================  ==========================  ===============================
+
+``build_scheduler`` is what both the simulator and the engine call, so the two bodies
+run the very same policy objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.kv.base import KVCacheManager
+from core.kv.contiguous import ContiguousKVCacheManager
+from core.kv.paged import PagedKVCacheManager
+from core.sched.base import BaseScheduler, SchedulerConfig
+from core.sched.fastertransformer import FasterTransformerScheduler
+from core.sched.orca import OrcaScheduler
+from core.sched.vllm import VLLMScheduler
+
+
+class SystemConfigError(ValueError):
+    """Unknown system name or an impossible system configuration."""
+
+
+@dataclass(frozen=True, slots=True)
+class SystemSpec:
+    name: str
+    scheduler: type[BaseScheduler]
+    kv: str  # "paged" or "contiguous"
+    reservation: str | None = None  # contiguous policy
+
+
+SYSTEMS: dict[str, SystemSpec] = {
+    "vllm": SystemSpec("vllm", VLLMScheduler, "paged"),
+    "orca_max": SystemSpec("orca_max", OrcaScheduler, "contiguous", "max"),
+    "orca_pow2": SystemSpec("orca_pow2", OrcaScheduler, "contiguous", "pow2"),
+    "orca_oracle": SystemSpec("orca_oracle", OrcaScheduler, "contiguous", "oracle"),
+    "fastertransformer": SystemSpec(
+        "fastertransformer", FasterTransformerScheduler, "contiguous", "max"
+    ),
+}
+
+
+def get_system(name: str) -> SystemSpec:
+    try:
+        return SYSTEMS[name]
+    except KeyError:
+        raise SystemConfigError(
+            f"unknown system {name!r}; choose one of {', '.join(SYSTEMS)}"
+        ) from None
+
+
+def build_manager(
+    spec: SystemSpec,
+    num_slots: int,
+    block_size: int = 16,
+    max_model_len: int = 2048,
+    num_cpu_slots: int = 0,
+    watermark: float = 0.01,
+    enable_prefix_caching: bool = False,
+) -> KVCacheManager:
+    """A KV-cache manager over ``num_slots`` device token slots (rounded down to whole
+    blocks) and, for paged systems, ``num_cpu_slots`` of CPU swap space."""
+    if block_size < 1 or block_size & (block_size - 1):
+        raise SystemConfigError(f"block_size must be a power of two, got {block_size}")
+    num_blocks = num_slots // block_size
+    if num_blocks < 1:
+        raise SystemConfigError(
+            f"KV cache of {num_slots} slots holds no block of {block_size} slots"
+        )
+    if spec.kv == "paged":
+        return PagedKVCacheManager(
+            num_device_blocks=num_blocks,
+            block_size=block_size,
+            num_cpu_blocks=num_cpu_slots // block_size,
+            watermark=watermark,
+            enable_prefix_caching=enable_prefix_caching,
+        )
+    return ContiguousKVCacheManager(
+        capacity_slots=num_blocks * block_size,
+        policy=spec.reservation or "max",
+        max_model_len=max_model_len,
+        block_size=block_size,
+    )
+
+
+def build_scheduler(
+    system: str,
+    num_slots: int,
+    config: SchedulerConfig | None = None,
+    block_size: int = 16,
+    num_cpu_slots: int = 0,
+    watermark: float = 0.01,
+    enable_prefix_caching: bool = False,
+) -> BaseScheduler:
+    """The scheduler (owning its KV-cache manager) for a named system preset."""
+    spec = get_system(system)
+    config = config or SchedulerConfig()
+    if spec.kv != "paged" and config.chunked_prefill:
+        raise SystemConfigError(f"chunked_prefill applies to paged systems only, not {system}")
+    manager = build_manager(
+        spec,
+        num_slots,
+        block_size=block_size,
+        max_model_len=config.max_model_len,
+        num_cpu_slots=num_cpu_slots,
+        watermark=watermark,
+        enable_prefix_caching=enable_prefix_caching,
+    )
+    return spec.scheduler(manager, config)

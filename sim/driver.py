@@ -1,0 +1,152 @@
+"""The discrete-event simulator: SimPy processes around ``core``'s scheduler.
+
+Per replica there is an *engine* process: it asks the scheduler for a step plan, asks the
+cost model how long the plan takes, advances the clock by one ``timeout`` and feeds the
+outcome back (every scheduled sequence that samples produces one token; output lengths
+come from the trace, EOS ignored). An *arrival* process adds requests at their arrival
+times and wakes idle engines. One event per step and per arrival; never one per token.
+
+Replicas (data parallelism) each own a scheduler; arrivals go round-robin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+from tqdm import tqdm
+
+from core.metrics.recorder import Recorder
+from core.plan import BeamChoice, StepOutcome, StepPlan
+from core.request import Request
+from core.sched.base import BaseScheduler
+from sim.cost.base import CostModel
+
+
+class SimulationError(RuntimeError):
+    """The simulation cannot proceed (a scheduler stalled with work left)."""
+
+
+@dataclass
+class SimResult:
+    recorder: Recorder
+    end_time_s: float
+    num_steps: int
+
+
+def _sim_beams(plan: StepPlan, rng: np.random.Generator) -> list[BeamChoice]:
+    """Seeded stand-in for beam search's reselection: each new beam picks a random
+    surviving parent (the simulator has no logits)."""
+    groups = {}
+    for seq in plan.scheduled_seqs():
+        g = seq.group
+        if g.sampling.use_beam_search and g.num_generated + 1 < g.request.output_len:
+            groups[id(g)] = g
+    choices = []
+    for g in groups.values():
+        live = [s.seq_id for s in g.live_seqs()]
+        width = g.sampling.beam_width
+        parents = rng.choice(live, size=width, replace=True)
+        choices.append(BeamChoice(g, [(int(p), 0) for p in parents]))
+    return choices
+
+
+def simulate(
+    requests: Sequence[Request],
+    make_scheduler: Callable[[], BaseScheduler],
+    cost_model: CostModel,
+    num_replicas: int = 1,
+    seed: int = 0,
+    progress: bool = False,
+    check_integrity_every: int = 0,
+) -> SimResult:
+    """Run ``requests`` to completion and return the recorder with every step and request.
+
+    ``make_scheduler`` builds one scheduler per replica. ``check_integrity_every > 0`` runs
+    the scheduler's and manager's invariant checks every that many steps (tests).
+    """
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+    ordered = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
+    env = simpy.Environment()
+    recorder = Recorder()
+    schedulers = [make_scheduler() for _ in range(num_replicas)]
+    wakeups: list[simpy.Event | None] = [None] * num_replicas
+    state = {"arrivals_done": False, "steps": 0}
+    rng = np.random.default_rng(seed)
+    bar = tqdm(total=len(ordered), unit="req", disable=not progress, desc="simulate")
+
+    def arrivals():
+        for i, req in enumerate(ordered):
+            delay = req.arrival_time - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            r = i % num_replicas
+            group = schedulers[r].add(req, env.now)
+            if group.reject_reason is not None:
+                recorder.record_request(group)
+                bar.update(1)
+                continue
+            event = wakeups[r]
+            if event is not None and not event.triggered:
+                event.succeed()
+        state["arrivals_done"] = True
+        for event in wakeups:
+            if event is not None and not event.triggered:
+                event.succeed()
+
+    def engine(r: int):
+        sched = schedulers[r]
+        manager = sched.manager
+        while True:
+            plan = sched.schedule(env.now)
+            for group in sched.pop_aborted():
+                recorder.record_request(group)
+                bar.update(1)
+            if plan.is_empty:
+                if plan.preempted:
+                    continue  # everything running was preempted; re-admit at once
+                if sched.has_unfinished():
+                    raise SimulationError(
+                        f"replica {r}: scheduler {sched.name} has {len(sched.waiting)} "
+                        f"waiting, {len(sched.running)} running and {len(sched.swapped)} "
+                        "swapped requests but scheduled nothing"
+                    )
+                if state["arrivals_done"]:
+                    return
+                wakeups[r] = env.event()
+                yield wakeups[r]
+                wakeups[r] = None
+                continue
+            shape = plan.shape()
+            start = env.now
+            duration = cost_model.step_time(shape)
+            memory = manager.breakdown()
+            running = len(sched.running)
+            yield env.timeout(duration)
+            outcome = StepOutcome(duration_s=duration)
+            if any(g.sampling.use_beam_search for g in sched.running):
+                outcome.beams = _sim_beams(plan, rng)
+            step = sched.step_index
+            finished = sched.update(plan, outcome, env.now)
+            recorder.record_step(step, start, duration, plan, shape, memory, running)
+            for group in finished:
+                recorder.record_request(group)
+            if finished:
+                bar.update(len(finished))
+            state["steps"] += 1
+            if check_integrity_every and state["steps"] % check_integrity_every == 0:
+                sched.check_integrity()
+
+    env.process(arrivals())
+    procs = [env.process(engine(r)) for r in range(num_replicas)]
+    env.run(until=simpy.AllOf(env, procs))
+    bar.close()
+    if recorder.num_requests != len(ordered):
+        raise SimulationError(
+            f"{len(ordered) - recorder.num_requests} requests neither finished nor were "
+            "rejected (a scheduler lost them)"
+        )
+    return SimResult(recorder=recorder, end_time_s=env.now, num_steps=state["steps"])
