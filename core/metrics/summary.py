@@ -71,8 +71,8 @@ def summarize(
     goodput (requests meeting all of them, per second)."""
     done = requests[requests["status"] == "finished"]
     out: dict[str, float] = {
-        "num_requests": int(len(requests)),
-        "completed": int(len(done)),
+        "num_requests": len(requests),
+        "completed": len(done),
         "rejected": int((requests["status"] == "rejected").sum()),
     }
     if len(done):
@@ -114,7 +114,7 @@ def _batch_stats(steps: pd.DataFrame) -> dict[str, float]:
     wsum = w.sum()
     running = steps["running_requests"].to_numpy(dtype=float)
     return {
-        "num_steps": int(len(steps)),
+        "num_steps": len(steps),
         "mean_batch_size": float(np.sum(w * running) / wsum) if wsum > 0 else math.nan,
         "mean_step_batch": float(steps["batch_requests"].mean()),
         "busy_time_s": float(wsum),
