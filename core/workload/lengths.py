@@ -1,0 +1,226 @@
+"""Synthetic prompt/output length distributions fitted to the published dataset statistics.
+
+Targets (Kwon et al., SOSP 2023, §6.1; PAPER.md "Setup"): after vLLM's benchmark filter
+(:mod:`core.workload.filters`, max model length 2048) ShareGPT has mean input 161.31 and
+mean output 337.99 tokens; Alpaca has mean input 19.31 and mean output 58.45 tokens. The
+paper gives only these means, that ShareGPT has "higher variance", and histograms that span
+0-2000 tokens.
+
+Family (a choice; the paper is silent): prompt and output lengths are independent, each
+``max(1, round(exp(mu + sigma * Z)))`` with ``Z ~ N(0, 1)``, and the pair is then put
+through the benchmark filter (rejection sampling). The sigmas are assumptions, chosen so
+that ShareGPT is wider than Alpaca in both absolute and relative spread:
+
+=========  ========  =========  ==========================================
+dataset    sigma_in  sigma_out  reason
+=========  ========  =========  ==========================================
+sharegpt   1.2       1.0        user turns range from one line to long pastes
+alpaca     0.6       0.9        short instructions, answers of varied length
+=========  ========  =========  ==========================================
+
+Procedure that derives the mus (run by :func:`fit`, cached): with the sigmas fixed, the
+filtered means are computed *exactly* from the discretized lognormal pmfs over the filter's
+region ``4 <= p <= 1024, 4 <= o, p + o <= 2048``; ``mu_in`` and ``mu_out`` are then solved
+so both filtered means equal the published ones (alternating bisection; each filtered mean is
+increasing in its own mu). The fit always uses the paper's filter (2048); synthesizing with
+another ``max_model_len`` changes only the filter, so the means then drift from the targets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache, partial
+
+import numpy as np
+
+from core.request import RequestError
+from core.workload.filters import MAX_MODEL_LEN, MAX_PROMPT_LEN, MIN_LEN, keep_mask
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetStats:
+    """Published post-filter mean lengths and the assumed log-space spreads."""
+
+    mean_input: float
+    mean_output: float
+    sigma_input: float
+    sigma_output: float
+
+
+# Means: Kwon et al. 2023, §6.1. Sigmas: assumptions documented in the module docstring.
+PUBLISHED: dict[str, DatasetStats] = {
+    "sharegpt": DatasetStats(161.31, 337.99, 1.2, 1.0),
+    "alpaca": DatasetStats(19.31, 58.45, 0.6, 0.9),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LengthModel:
+    """Independent discretized lognormals for prompt and output lengths (before filtering)."""
+
+    mu_input: float
+    sigma_input: float
+    mu_output: float
+    sigma_output: float
+
+    def sample_raw(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` unfiltered (prompt_len, output_len) pairs, each >= 1."""
+        prompt = _draw(self.mu_input, self.sigma_input, n, rng)
+        output = _draw(self.mu_output, self.sigma_output, n, rng)
+        return prompt, output
+
+    def sample(
+        self,
+        n: int,
+        rng: np.random.Generator,
+        max_model_len: int = MAX_MODEL_LEN,
+        max_prompt_len: int = MAX_PROMPT_LEN,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` pairs that pass the benchmark filter (rejection sampling)."""
+        if n < 0:
+            raise RequestError(f"number of samples must be >= 0, got {n}")
+        prompts: list[np.ndarray] = []
+        outputs: list[np.ndarray] = []
+        have = 0
+        for _ in range(1000):
+            if have >= n:
+                break
+            p, o = self.sample_raw(max(64, 2 * (n - have)), rng)
+            mask = keep_mask(p, o, max_model_len, max_prompt_len)
+            prompts.append(p[mask])
+            outputs.append(o[mask])
+            have += int(mask.sum())
+        else:
+            raise RequestError("length model rarely passes the filter; check max_model_len")
+        prompt = np.concatenate(prompts)[:n] if prompts else np.zeros(0, dtype=np.int64)
+        output = np.concatenate(outputs)[:n] if outputs else np.zeros(0, dtype=np.int64)
+        return prompt, output
+
+
+def _draw(mu: float, sigma: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    values = np.rint(np.exp(mu + sigma * rng.standard_normal(n)))
+    return np.maximum(values, 1).astype(np.int64)
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _pmf(mu: float, sigma: float, kmax: int) -> np.ndarray:
+    """P(L = k) for k = 0..kmax of ``L = max(1, round(exp(mu + sigma Z)))``."""
+    edges = np.log(np.arange(1, kmax + 1) + 0.5)  # upper edge of k = 1..kmax
+    cdf = 0.5 * (1.0 + _erf((edges - mu) / (sigma * math.sqrt(2.0))).astype(np.float64))
+    pmf = np.zeros(kmax + 1)
+    pmf[1:] = np.diff(cdf, prepend=0.0)
+    return pmf
+
+
+def filtered_means(
+    model: LengthModel,
+    max_model_len: int = MAX_MODEL_LEN,
+    max_prompt_len: int = MAX_PROMPT_LEN,
+    min_len: int = MIN_LEN,
+) -> tuple[float, float]:
+    """Exact (prompt, output) means of ``model`` conditioned on passing the filter."""
+    p = _pmf(model.mu_input, model.sigma_input, max_prompt_len)
+    q = _pmf(model.mu_output, model.sigma_output, max_model_len)
+    q[:min_len] = 0.0
+    k = np.arange(max_model_len + 1)
+    q_cum = np.cumsum(q)  # q_cum[m] = P(min_len <= O <= m)
+    oq_cum = np.cumsum(k * q)
+    i = np.arange(min_len, max_prompt_len + 1)
+    room = max_model_len - i
+    w = p[i] * q_cum[room]
+    total = w.sum()
+    if total <= 0:
+        raise RequestError("length model puts no probability inside the filter")
+    mean_in = float((i * w).sum() / total)
+    mean_out = float((p[i] * oq_cum[room]).sum() / total)
+    return mean_in, mean_out
+
+
+def _bisect(f: Callable[[float], float], target: float, lo: float, hi: float) -> float:
+    """Root of increasing ``f(x) = target`` in [lo, hi]."""
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if f(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12:
+            break
+    return 0.5 * (lo + hi)
+
+
+def solve_mus(stats: DatasetStats, tol: float = 1e-9, max_iter: int = 200) -> LengthModel:
+    """Solve ``mu_input, mu_output`` so the filtered means equal ``stats``' means.
+
+    The paper's filter (max_model_len 2048, max prompt 1024, min 4) is assumed. Raises
+    RequestError when the targets cannot be met (e.g. a mean outside the filter's range).
+    """
+    for name, target, lo, hi in (
+        ("mean_input", stats.mean_input, MIN_LEN, MAX_PROMPT_LEN),
+        ("mean_output", stats.mean_output, MIN_LEN, MAX_MODEL_LEN - MIN_LEN),
+    ):
+        if not lo < target < hi:
+            raise RequestError(f"{name} target {target} outside the filter's range ({lo}, {hi})")
+    sig_in, sig_out = stats.sigma_input, stats.sigma_output
+    if not (sig_in > 0 and sig_out > 0):
+        raise RequestError(f"sigmas must be > 0, got {sig_in}, {sig_out}")
+    mu_in, mu_out = math.log(stats.mean_input), math.log(stats.mean_output)
+    lo, hi = -5.0, 15.0
+
+    def mean_in_at(mu_input: float, mu_output: float) -> float:
+        return filtered_means(LengthModel(mu_input, sig_in, mu_output, sig_out))[0]
+
+    def mean_out_at(mu_input: float, mu_output: float) -> float:
+        return filtered_means(LengthModel(mu_input, sig_in, mu_output, sig_out))[1]
+
+    for _ in range(max_iter):
+        mu_in = _bisect(partial(mean_in_at, mu_output=mu_out), stats.mean_input, lo, hi)
+        mu_out = _bisect(partial(mean_out_at, mu_in), stats.mean_output, lo, hi)
+        got_in, got_out = filtered_means(LengthModel(mu_in, sig_in, mu_out, sig_out))
+        if abs(got_in - stats.mean_input) < tol and abs(got_out - stats.mean_output) < tol:
+            return LengthModel(mu_in, sig_in, mu_out, sig_out)
+    raise RequestError(f"length fit did not converge for {stats}")
+
+
+@cache
+def fit(dataset: str) -> LengthModel:
+    """The fitted length model of a published dataset ("sharegpt" or "alpaca")."""
+    key = dataset.lower()
+    if key not in PUBLISHED:
+        raise RequestError(f"unknown dataset {dataset!r}; expected one of {sorted(PUBLISHED)}")
+    return solve_mus(PUBLISHED[key])
+
+
+def describe(dataset: str, n: int = 20000, seed: int = 0) -> dict[str, float]:
+    """Statistics of ``n`` filtered samples next to the published targets.
+
+    Keys: ``{input,output}_{mean,std,p50,p90,p99,max}``, ``target_{input,output}_mean``,
+    ``mu_{input,output}``, ``sigma_{input,output}``.
+    """
+    model = fit(dataset)
+    prompt, output = model.sample(n, np.random.default_rng(seed))
+    stats = PUBLISHED[dataset.lower()]
+    out: dict[str, float] = {
+        "target_input_mean": stats.mean_input,
+        "target_output_mean": stats.mean_output,
+        "mu_input": model.mu_input,
+        "sigma_input": model.sigma_input,
+        "mu_output": model.mu_output,
+        "sigma_output": model.sigma_output,
+    }
+    for name, arr in (("input", prompt), ("output", output)):
+        out[f"{name}_mean"] = float(arr.mean())
+        out[f"{name}_std"] = float(arr.std())
+        for pct in (50, 90, 99):
+            out[f"{name}_p{pct}"] = float(np.percentile(arr, pct))
+        out[f"{name}_max"] = float(arr.max())
+    return out
+
+
+if __name__ == "__main__":
+    for name in PUBLISHED:
+        print(name, {k: round(v, 3) for k, v in describe(name).items()})

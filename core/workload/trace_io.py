@@ -1,0 +1,496 @@
+"""Trace files: the native kvlab format (round-trips exactly) and readers for public traces.
+
+Native format, CSV with a first line ``# kvlab-trace v1`` and then the header::
+
+    request_id,arrival_time,prompt_len,output_len,n,beam_width,temperature,top_p,top_k,seed,
+    prompt_token_ids
+
+Floats are written with ``repr`` (shortest string that parses back to the same double), ``seed``
+is empty for None, ``prompt_token_ids`` is space-separated ids or empty. Rows keep their ids
+and order.
+
+Readers of public traces (Azure LLM-inference CSV, Mooncake JSONL, Vidur CSV) share one policy:
+rows are sorted by arrival time (stable; out-of-order rows are accepted, not an error), arrival
+times are made relative to the earliest row and multiplied by ``time_scale`` (0.5 replays
+twice as fast), vLLM's benchmark filter is applied unless ``apply_filter=False`` (then a row
+with zero tokens is an error), ``limit`` keeps the first requests that pass, and request ids
+are 0, 1, ... in arrival order. Malformed input raises :class:`TraceFormatError` naming the
+file, the line (JSON datasets: the entry index) and the problem.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from core.request import Request, RequestError, SamplingParams
+from core.workload.filters import MAX_MODEL_LEN, MAX_PROMPT_LEN, keep_mask
+
+NATIVE_MAGIC = "# kvlab-trace v1"
+NATIVE_COLUMNS: tuple[str, ...] = (
+    "request_id",
+    "arrival_time",
+    "prompt_len",
+    "output_len",
+    "n",
+    "beam_width",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "prompt_token_ids",
+)
+PathLike = str | Path
+_EPOCH = datetime(1970, 1, 1)
+Tokenizer = Callable[[str], list[int]]
+
+
+class TraceFormatError(RequestError):
+    """A trace file is malformed; the message names the file, the line and the problem."""
+
+    def __init__(self, path: PathLike, where: int | str, problem: str) -> None:
+        loc = f"line {where}" if isinstance(where, int) else where
+        super().__init__(f"{path}, {loc}: {problem}")
+        self.path = str(path)
+        self.where = where
+        self.problem = problem
+
+
+# ---------------------------------------------------------------- field parsing
+
+
+def _int(path: PathLike, line: int, name: str, text: str, exact: bool = True) -> int:
+    """A non-negative integer; with ``exact=False`` an integral float like ``12.0`` too."""
+    s = text.strip()
+    try:
+        value = int(s)
+    except ValueError:
+        try:
+            f = float(s)
+        except ValueError:
+            raise TraceFormatError(path, line, f"{name} is not a number: {text!r}") from None
+        if exact or not math.isfinite(f) or f != int(f):
+            raise TraceFormatError(path, line, f"{name} is not an integer: {text!r}") from None
+        value = int(f)
+    if value < 0:
+        raise TraceFormatError(path, line, f"{name} is negative: {text!r}")
+    return value
+
+
+def _float(path: PathLike, line: int, name: str, text: str) -> float:
+    """A finite non-negative float."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceFormatError(path, line, f"{name} is not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise TraceFormatError(path, line, f"{name} must be finite and >= 0, got {text!r}")
+    return value
+
+
+def _read_text(path: PathLike) -> list[str]:
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise TraceFormatError(path, "file", "no such file") from None
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(path, "file", f"not UTF-8 text ({exc.reason})") from None
+
+
+def _csv_rows(
+    path: PathLike, lines: list[str], header_line: int, required: Sequence[str]
+) -> Iterable[tuple[int, dict[str, str]]]:
+    """(line number, {column: text}) for each non-blank row after the header line."""
+    if len(lines) < header_line:
+        raise TraceFormatError(path, header_line, "missing header row")
+    header = next(csv.reader([lines[header_line - 1]]))
+    header = [h.strip() for h in header]
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise TraceFormatError(path, header_line, f"missing column(s) {', '.join(missing)}")
+    for idx in range(header_line, len(lines)):
+        if not lines[idx].strip():
+            continue
+        fields = next(csv.reader([lines[idx]]))
+        if len(fields) != len(header):
+            raise TraceFormatError(
+                path, idx + 1, f"expected {len(header)} fields, got {len(fields)}"
+            )
+        yield idx + 1, dict(zip(header, fields, strict=True))
+
+
+# ---------------------------------------------------------------- native format
+
+
+def _fmt_float(x: float) -> str:
+    return repr(float(x))
+
+
+def write_trace(path: PathLike, requests: Iterable[Request]) -> None:
+    """Write requests in the native format (exact round trip with :func:`read_trace`)."""
+    with Path(path).open("w", encoding="utf-8", newline="") as f:
+        f.write(NATIVE_MAGIC + "\n")
+        f.write(",".join(NATIVE_COLUMNS) + "\n")
+        for r in requests:
+            s = r.sampling
+            ids = "" if r.prompt_token_ids is None else " ".join(map(str, r.prompt_token_ids))
+            row = (
+                str(r.request_id),
+                _fmt_float(r.arrival_time),
+                str(r.prompt_len),
+                str(r.output_len),
+                str(s.n),
+                str(s.beam_width),
+                _fmt_float(s.temperature),
+                _fmt_float(s.top_p),
+                str(s.top_k),
+                "" if s.seed is None else str(s.seed),
+                ids,
+            )
+            f.write(",".join(row) + "\n")
+
+
+def _native_row(path: PathLike, line: int, row: dict[str, str]) -> Request:
+    def signed_int(name: str) -> int:
+        try:
+            return int(row[name])
+        except ValueError:
+            raise TraceFormatError(path, line, f"{name} is not an integer: {row[name]!r}") from None
+
+    ids_text = row["prompt_token_ids"].strip()
+    ids = None
+    if ids_text:
+        ids = tuple(_int(path, line, "prompt_token_ids", tok) for tok in ids_text.split())
+    seed = None if not row["seed"].strip() else signed_int("seed")
+    try:
+        sampling = SamplingParams(
+            n=_int(path, line, "n", row["n"]),
+            beam_width=_int(path, line, "beam_width", row["beam_width"]),
+            temperature=_float(path, line, "temperature", row["temperature"]),
+            top_p=_float(path, line, "top_p", row["top_p"]),
+            top_k=signed_int("top_k"),
+            seed=seed,
+        )
+        return Request(
+            request_id=_int(path, line, "request_id", row["request_id"]),
+            arrival_time=_float(path, line, "arrival_time", row["arrival_time"]),
+            prompt_len=_int(path, line, "prompt_len", row["prompt_len"]),
+            output_len=_int(path, line, "output_len", row["output_len"]),
+            sampling=sampling,
+            prompt_token_ids=ids,
+        )
+    except TraceFormatError:
+        raise
+    except RequestError as exc:
+        raise TraceFormatError(path, line, str(exc)) from None
+
+
+def read_trace(path: PathLike) -> list[Request]:
+    """Read a native trace written by :func:`write_trace`."""
+    lines = _read_text(path)
+    if not lines or lines[0].strip() != NATIVE_MAGIC:
+        raise TraceFormatError(path, 1, f"first line must be {NATIVE_MAGIC!r}")
+    header = [h.strip() for h in next(csv.reader([lines[1]]))] if len(lines) > 1 else []
+    extra = [h for h in header if h not in NATIVE_COLUMNS]
+    if extra:
+        raise TraceFormatError(path, 2, f"unknown column(s) {', '.join(extra)}")
+    return [_native_row(path, ln, row) for ln, row in _csv_rows(path, lines, 2, NATIVE_COLUMNS)]
+
+
+# ---------------------------------------------------------------- public traces
+
+
+def _to_requests(
+    path: PathLike,
+    rows: list[tuple[int, float, int, int]],
+    time_scale: float,
+    max_model_len: int,
+    max_prompt_len: int,
+    limit: int | None,
+    apply_filter: bool,
+    sampling: SamplingParams | None,
+    token_ids: list[tuple[int, ...] | None] | None = None,
+) -> list[Request]:
+    """Shared policy of the readers. ``rows``: (line, arrival seconds, prompt, output)."""
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise RequestError(f"time_scale must be finite and > 0, got {time_scale}")
+    if limit is not None and limit < 0:
+        raise RequestError(f"limit must be >= 0, got {limit}")
+    order = sorted(range(len(rows)), key=lambda k: rows[k][1])
+    t0 = rows[order[0]][1] if rows else 0.0
+    prompt = [rows[k][2] for k in order]
+    output = [rows[k][3] for k in order]
+    if apply_filter:
+        keep = keep_mask(prompt, output, max_model_len, max_prompt_len).tolist()
+    else:
+        for k in order:
+            line, _, p, o = rows[k]
+            if p < 1 or o < 1:
+                raise TraceFormatError(
+                    path, line, f"{p} prompt / {o} output tokens cannot make a request"
+                )
+        keep = [True] * len(order)
+    params = sampling if sampling is not None else SamplingParams()
+    out: list[Request] = []
+    for k, kept in zip(order, keep, strict=True):
+        if not kept:
+            continue
+        if limit is not None and len(out) >= limit:
+            break
+        _, t, p, o = rows[k]
+        ids = token_ids[k] if token_ids is not None else None
+        out.append(Request(len(out), (t - t0) * time_scale, p, o, params, ids))
+    return out
+
+
+def _timestamp_ns(path: PathLike, line: int, text: str) -> int:
+    """``YYYY-MM-DD HH:MM:SS[.fraction]`` (up to 9 fraction digits) as integer ns (naive)."""
+    s = text.strip()
+    main, _, frac = s.partition(".")
+    try:
+        dt = datetime.fromisoformat(main)
+    except ValueError:
+        raise TraceFormatError(path, line, f"unparsable TIMESTAMP {text!r}") from None
+    if frac and (not frac.isdigit() or len(frac) > 9):
+        raise TraceFormatError(path, line, f"unparsable TIMESTAMP fraction in {text!r}")
+    seconds = (dt.replace(tzinfo=None) - _EPOCH) // timedelta(seconds=1)
+    return seconds * 10**9 + int(frac.ljust(9, "0") or "0")
+
+
+def read_azure_trace(
+    path: PathLike,
+    max_model_len: int = MAX_MODEL_LEN,
+    limit: int | None = None,
+    time_scale: float = 1.0,
+    apply_filter: bool = True,
+    max_prompt_len: int = MAX_PROMPT_LEN,
+    sampling: SamplingParams | None = None,
+) -> list[Request]:
+    """Azure LLM-inference trace CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
+
+    Patel et al., "Splitwise", ISCA 2024 (AzurePublicDataset, CC-BY 4.0). Timestamps are
+    naive date-times; arrivals are seconds after the earliest one.
+    """
+    lines = _read_text(path)
+    cols = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+    parsed = [
+        (
+            ln,
+            _timestamp_ns(path, ln, row["TIMESTAMP"]),
+            _int(path, ln, "ContextTokens", row["ContextTokens"]),
+            _int(path, ln, "GeneratedTokens", row["GeneratedTokens"]),
+        )
+        for ln, row in _csv_rows(path, lines, 1, cols)
+    ]
+    t0 = min((r[1] for r in parsed), default=0)
+    rows = [(ln, (ns - t0) / 1e9, p, o) for ln, ns, p, o in parsed]
+    return _to_requests(
+        path, rows, time_scale, max_model_len, max_prompt_len, limit, apply_filter, sampling
+    )
+
+
+def read_vidur_trace(
+    path: PathLike,
+    max_model_len: int = MAX_MODEL_LEN,
+    limit: int | None = None,
+    time_scale: float = 1.0,
+    apply_filter: bool = True,
+    max_prompt_len: int = MAX_PROMPT_LEN,
+    sampling: SamplingParams | None = None,
+) -> list[Request]:
+    """Vidur request trace CSV (``arrived_at`` seconds, ``num_prefill_tokens``,
+    ``num_decode_tokens``; other columns ignored). Integral floats (``12.0``) are accepted."""
+    lines = _read_text(path)
+    cols = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+    rows = [
+        (
+            ln,
+            _float(path, ln, "arrived_at", row["arrived_at"]),
+            _int(path, ln, "num_prefill_tokens", row["num_prefill_tokens"], exact=False),
+            _int(path, ln, "num_decode_tokens", row["num_decode_tokens"], exact=False),
+        )
+        for ln, row in _csv_rows(path, lines, 1, cols)
+    ]
+    return _to_requests(
+        path, rows, time_scale, max_model_len, max_prompt_len, limit, apply_filter, sampling
+    )
+
+
+def read_mooncake_trace(
+    path: PathLike,
+    max_model_len: int = MAX_MODEL_LEN,
+    limit: int | None = None,
+    time_scale: float = 1.0,
+    apply_filter: bool = True,
+    max_prompt_len: int = MAX_PROMPT_LEN,
+    sampling: SamplingParams | None = None,
+) -> list[Request]:
+    """Mooncake JSONL: one object per line with ``timestamp`` (ms), ``input_length``,
+    ``output_length``; other keys (e.g. ``hash_ids``) are ignored."""
+    rows: list[tuple[int, float, int, int]] = []
+    for idx, text in enumerate(_read_text(path)):
+        line = idx + 1
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(path, line, f"invalid JSON: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise TraceFormatError(path, line, "expected a JSON object")
+        missing = [k for k in ("timestamp", "input_length", "output_length") if k not in obj]
+        if missing:
+            raise TraceFormatError(path, line, f"missing key(s) {', '.join(missing)}")
+        for key in ("timestamp", "input_length", "output_length"):
+            if isinstance(obj[key], bool) or not isinstance(obj[key], int | float):
+                raise TraceFormatError(path, line, f"{key} is not a number: {obj[key]!r}")
+        ms = _float(path, line, "timestamp", str(obj["timestamp"]))
+        p = _int(path, line, "input_length", str(obj["input_length"]), exact=False)
+        o = _int(path, line, "output_length", str(obj["output_length"]), exact=False)
+        rows.append((line, ms / 1000.0, p, o))
+    t0 = min((r[1] for r in rows), default=0.0)
+    rows = [(ln, t - t0, p, o) for ln, t, p, o in rows]
+    return _to_requests(
+        path, rows, time_scale, max_model_len, max_prompt_len, limit, apply_filter, sampling
+    )
+
+
+# ---------------------------------------------------------------- JSON datasets
+
+
+def whitespace_tokenize(text: str, vocab_size: int = 50272) -> list[int]:
+    """APPROXIMATION of a tokenizer: one token per whitespace-separated word.
+
+    Ids are ``crc32(word) % vocab_size`` (stable across runs). Real BPE tokenizers give
+    more tokens than words (roughly 1.3 per English word), so lengths come out shorter than
+    the paper's; pass a real tokenizer's ``encode`` for faithful lengths.
+    """
+    return [zlib.crc32(w.encode("utf-8")) % vocab_size for w in text.split()]
+
+
+def _load_json_list(path: PathLike) -> list[object]:
+    try:
+        data = json.loads("\n".join(_read_text(path)))
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(path, exc.lineno, f"invalid JSON: {exc.msg}") from None
+    if not isinstance(data, list):
+        raise TraceFormatError(path, 1, "expected a JSON list of entries")
+    return data
+
+
+def _dataset_requests(
+    path: PathLike,
+    pairs: list[tuple[int, str, str]],
+    tokenize: Tokenizer | None,
+    max_model_len: int,
+    max_prompt_len: int,
+    limit: int | None,
+    apply_filter: bool,
+    with_token_ids: bool,
+    sampling: SamplingParams | None,
+) -> list[Request]:
+    """(entry index, prompt text, completion text) → requests at t = 0, in file order."""
+    tok = tokenize if tokenize is not None else whitespace_tokenize
+    rows: list[tuple[int, float, int, int]] = []
+    ids: list[tuple[int, ...] | None] = []
+    for entry, prompt, completion in pairs:
+        p_ids = list(tok(prompt))
+        o_len = len(tok(completion))
+        if not apply_filter and (not p_ids or o_len == 0):
+            raise TraceFormatError(
+                path, f"entry {entry}", "empty prompt or completion cannot make a request"
+            )
+        rows.append((entry, 0.0, len(p_ids), o_len))
+        ids.append(tuple(int(t) for t in p_ids) if with_token_ids else None)
+    return _to_requests(
+        path, rows, 1.0, max_model_len, max_prompt_len, limit, apply_filter, sampling, ids
+    )
+
+
+def _text(path: PathLike, entry: int, obj: dict[str, object], key: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise TraceFormatError(path, f"entry {entry}", f"{key!r} must be a string")
+    return value
+
+
+def read_sharegpt_json(
+    path: PathLike,
+    tokenize: Tokenizer | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
+    limit: int | None = None,
+    apply_filter: bool = True,
+    with_token_ids: bool = False,
+    max_prompt_len: int = MAX_PROMPT_LEN,
+    sampling: SamplingParams | None = None,
+) -> list[Request]:
+    """ShareGPT JSON: ``[{"conversations": [{"from": ..., "value": text}, ...]}, ...]``.
+
+    As in vLLM's benchmark, the first turn is the prompt and the second the completion;
+    entries with fewer than two turns are skipped. All arrivals are t = 0 (the dataset has
+    no timestamps); ``tokenize`` defaults to :func:`whitespace_tokenize` (an approximation).
+    """
+    pairs: list[tuple[int, str, str]] = []
+    for i, obj in enumerate(_load_json_list(path)):
+        if not isinstance(obj, dict) or not isinstance(obj.get("conversations"), list):
+            raise TraceFormatError(path, f"entry {i}", "expected an object with 'conversations'")
+        turns = obj["conversations"]
+        if len(turns) < 2:
+            continue
+        if not all(isinstance(t, dict) for t in turns[:2]):
+            raise TraceFormatError(path, f"entry {i}", "conversation turns must be objects")
+        pairs.append((i, _text(path, i, turns[0], "value"), _text(path, i, turns[1], "value")))
+    return _dataset_requests(
+        path,
+        pairs,
+        tokenize,
+        max_model_len,
+        max_prompt_len,
+        limit,
+        apply_filter,
+        with_token_ids,
+        sampling,
+    )
+
+
+def read_alpaca_json(
+    path: PathLike,
+    tokenize: Tokenizer | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
+    limit: int | None = None,
+    apply_filter: bool = True,
+    with_token_ids: bool = False,
+    max_prompt_len: int = MAX_PROMPT_LEN,
+    sampling: SamplingParams | None = None,
+) -> list[Request]:
+    """Alpaca JSON: ``[{"instruction": ..., "input": ..., "output": ...}, ...]``.
+
+    Prompt = instruction, plus a newline and the input when the input is non-empty (a
+    choice; the paper does not give its template). Completion = output. Arrivals t = 0.
+    """
+    pairs: list[tuple[int, str, str]] = []
+    for i, obj in enumerate(_load_json_list(path)):
+        if not isinstance(obj, dict):
+            raise TraceFormatError(path, f"entry {i}", "expected a JSON object")
+        instruction = _text(path, i, obj, "instruction")
+        extra = obj.get("input", "")
+        if not isinstance(extra, str):
+            raise TraceFormatError(path, f"entry {i}", "'input' must be a string")
+        prompt = f"{instruction}\n{extra}" if extra else instruction
+        pairs.append((i, prompt, _text(path, i, obj, "output")))
+    return _dataset_requests(
+        path,
+        pairs,
+        tokenize,
+        max_model_len,
+        max_prompt_len,
+        limit,
+        apply_filter,
+        with_token_ids,
+        sampling,
+    )
