@@ -1,0 +1,211 @@
+"""KV-cache capacity of a model on ``tp`` GPUs, and the paper's Table 1 recomputed.
+
+Per GPU: ``kv_bytes = gpu_memory_utilization × memory − weights / tp − peak activations``.
+``gpu_memory_utilization = 0.9`` is vLLM's documented default for its
+``gpu_memory_utilization`` engine argument; it is not tuned to match Table 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.catalog import GIB, GPUSpec, ModelSpec, get_gpu, get_model
+
+LOGITS_BYTES = 4  # samplers upcast logits to fp32
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs (PAPER.md, §"vLLM design facts")
+
+
+def check_tp(model: ModelSpec, tp: int) -> None:
+    """Raise unless ``tp`` is a positive divisor of the attention heads (and of the KV
+    heads, or a multiple of them: KV heads are then replicated)."""
+    if tp < 1:
+        raise ValueError(f"tensor-parallel size must be >= 1, got {tp}")
+    if model.num_heads % tp:
+        raise ValueError(
+            f"{model.name}: {model.num_heads} attention heads cannot be split over tp={tp} GPUs"
+        )
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise ValueError(
+            f"{model.name}: {model.num_kv_heads} KV heads cannot be split or "
+            f"replicated over tp={tp} GPUs"
+        )
+
+
+def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
+    """KV heads each GPU stores: ``kv_heads / tp``, at least 1 (replicated when
+    ``tp > kv_heads``)."""
+    check_tp(model, tp)
+    return max(1, model.num_kv_heads // tp)
+
+
+def activation_bytes(
+    model: ModelSpec,
+    tp: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    dtype_bytes: int = 2,
+) -> int:
+    """Peak activation memory per GPU of the largest prefill batch.
+
+    With ``T = max_num_batched_tokens`` tokens in flight, the live tensors at the peak are
+    the residual stream and its normed copy (``2 × T × hidden``), the largest per-layer
+    intermediate — the QKV output ``T × (q + 2 kv)/tp`` or the MLP's ``T × ffn/tp``
+    (×2 for the gate and up halves of a gated MLP) plus its activated output
+    ``T × ffn/tp`` — all in ``dtype_bytes``, plus fp32 logits for the sampled rows,
+    ``min(T, max_num_seqs) × vocab``. Attention scores are not materialized
+    (memory-efficient attention), so there is no ``T²`` term.
+    """
+    t = max_num_batched_tokens
+    qkv = (model.q_size + 2 * model.kv_size) // tp
+    mlp = ((2 if model.gated_mlp else 1) + 1) * model.ffn_hidden_size // tp
+    hidden = 2 * model.hidden_size
+    logits = min(t, max_num_seqs) * model.vocab_size * LOGITS_BYTES
+    return t * (hidden + max(qkv, mlp)) * dtype_bytes + logits
+
+
+@dataclass(frozen=True, slots=True)
+class KVCapacity:
+    """KV-cache budget. Byte fields are per GPU; ``num_slots`` counts tokens (each token's
+    K/V is spread over the ``tp`` GPUs, so slots are the same on every GPU)."""
+
+    tp: int
+    total_bytes: int
+    weight_bytes: int
+    activation_bytes: int
+    kv_bytes: int
+    bytes_per_token_per_gpu: int
+    num_slots: int
+
+    def num_blocks(self, block_size: int) -> int:
+        """Whole KV blocks of ``block_size`` token slots."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        return self.num_slots // block_size
+
+    @property
+    def kv_bytes_total(self) -> int:
+        return self.kv_bytes * self.tp
+
+    @property
+    def weight_bytes_total(self) -> int:
+        return self.weight_bytes * self.tp
+
+
+def kv_capacity(
+    model: ModelSpec | str,
+    gpu: GPUSpec | str,
+    tp: int = 1,
+    dtype_bytes: int = 2,
+    gpu_memory_utilization: float = 0.9,
+    max_num_batched_tokens: int = 2560,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    kv_cache_bytes: int | None = None,
+) -> KVCapacity:
+    """KV slots for ``model`` on ``tp`` × ``gpu``.
+
+    ``kv_cache_bytes`` overrides the computed budget with a total over all ``tp`` GPUs
+    (e.g. the paper's 12 GB for OPT-13B); the weights must still fit.
+    Raises ``ValueError`` when the weights and activations exceed the usable memory or when
+    the KV budget cannot hold one ``max_model_len`` sequence.
+    """
+    model, gpu = get_model(model), get_gpu(gpu)
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    per_token = 2 * model.num_layers * kv_heads_per_gpu(model, tp) * model.head_dim * dtype_bytes
+    weights = -(-model.num_params() * dtype_bytes // tp)
+    acts = activation_bytes(model, tp, max_num_batched_tokens, max_num_seqs, dtype_bytes)
+    usable = int(gpu_memory_utilization * gpu.memory_bytes)
+    if weights + acts >= usable:
+        raise ValueError(
+            f"{model.name} does not fit on {tp} × {gpu.name}: weights {weights / GIB:.2f} GiB "
+            f"+ activations {acts / GIB:.2f} GiB per GPU exceed {usable / GIB:.2f} GiB "
+            f"({gpu_memory_utilization:.0%} of {gpu.memory_bytes / GIB:.0f} GiB)"
+        )
+    kv = usable - weights - acts if kv_cache_bytes is None else kv_cache_bytes // tp
+    slots = kv // per_token
+    if slots < model.max_model_len:
+        raise ValueError(
+            f"KV cache of {model.name} on {tp} × {gpu.name} holds {slots} tokens, "
+            f"fewer than one max-length sequence ({model.max_model_len})"
+        )
+    return KVCapacity(tp, gpu.memory_bytes, weights, acts, kv, per_token, slots)
+
+
+@dataclass(frozen=True, slots=True)
+class Table1Row:
+    """One row of Kwon et al. 2023 Table 1 (§6.1), computed beside the paper's numbers.
+
+    The paper mixes units: parameters are decimal GB (OPT-13B: 12.85e9 × 2 B = 26 GB) while
+    the KV cache is GiB (12 GiB / 800 KiB per token = 15.7K slots), so ``params_gb`` is
+    1e9 bytes and ``kv_gib`` is 2^30 bytes.
+    """
+
+    model: str
+    gpu: str
+    num_gpus: int
+    total_mem_gib: float
+    params_gb: float
+    kv_gib: float
+    max_slots: int
+    paper_params_gb: float
+    paper_kv_gib: float
+    paper_slots: int
+
+    @property
+    def slots_rel_diff(self) -> float:
+        return self.max_slots / self.paper_slots - 1.0
+
+    @property
+    def kv_rel_diff(self) -> float:
+        return self.kv_gib / self.paper_kv_gib - 1.0
+
+    @property
+    def params_rel_diff(self) -> float:
+        return self.params_gb / self.paper_params_gb - 1.0
+
+
+PAPER_TABLE1: tuple[tuple[str, str, int, float, float, int], ...] = (
+    ("opt-13b", "a100-40gb", 1, 26.0, 12.0, 15_700),
+    ("opt-66b", "a100-40gb", 4, 132.0, 21.0, 9_700),
+    ("opt-175b", "a100-80gb", 8, 346.0, 264.0, 60_100),
+)
+
+
+def table1(**capacity_kw: float) -> list[Table1Row]:
+    """Table 1 recomputed with :func:`kv_capacity` (keyword arguments pass through)."""
+    rows = []
+    for name, gpu_name, n, p_params, p_kv, p_slots in PAPER_TABLE1:
+        model, gpu = get_model(name), get_gpu(gpu_name)
+        cap = kv_capacity(model, gpu, tp=n, **capacity_kw)  # type: ignore[arg-type]
+        rows.append(
+            Table1Row(
+                name,
+                gpu_name,
+                n,
+                n * gpu.memory_bytes / GIB,
+                model.num_params() * 2 / 1e9,
+                cap.kv_bytes_total / GIB,
+                cap.num_slots,
+                p_params,
+                p_kv,
+                p_slots,
+            )
+        )
+    return rows
+
+
+def format_table1(rows: list[Table1Row]) -> str:
+    """Printable Table 1: computed values, the paper's, and the relative differences."""
+    head = (
+        f"{'model':<9} {'GPUs':<12} {'mem GiB':>8} {'params GB':>10} {'(paper)':>8} "
+        f"{'KV GiB':>7} {'(paper)':>8} {'slots':>7} {'(paper)':>8} {'Δslots':>7}"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r.model:<9} {f'{r.num_gpus}×{r.gpu}':<12} {r.total_mem_gib:>8.0f} "
+            f"{r.params_gb:>10.1f} {r.paper_params_gb:>8.0f} {r.kv_gib:>7.1f} "
+            f"{r.paper_kv_gib:>8.0f} {r.max_slots:>7} {r.paper_slots:>8} "
+            f"{r.slots_rel_diff:>+7.1%}"
+        )
+    return "\n".join(lines)
