@@ -1,0 +1,53 @@
+"""Cost models: roofline (datasheet + efficiency factors), calibrated (fitted to engine
+steps), recorded (replays measured step times)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.catalog import GPUSpec, ModelSpec
+from sim.cost.base import CostModel
+from sim.cost.calibrated import CalibratedCostModel
+from sim.cost.efficiency import Efficiency
+from sim.cost.recorded import RecordedCostModel
+from sim.cost.roofline import RooflineCostModel
+
+__all__ = [
+    "CalibratedCostModel",
+    "CostModel",
+    "Efficiency",
+    "RecordedCostModel",
+    "RooflineCostModel",
+    "build_cost_model",
+]
+
+KINDS = ("roofline", "calibrated", "recorded")
+
+
+def build_cost_model(
+    kind: str, model: ModelSpec | str, gpu: GPUSpec | str, tp: int = 1, **kw: Any
+) -> CostModel:
+    """Build a cost model by kind.
+
+    - ``"roofline"``: ``kw`` goes to :class:`RooflineCostModel` (``dtype_bytes``,
+      ``efficiency`` — an :class:`Efficiency` or a dict of its fields —, ``block_size``);
+    - ``"calibrated"``: ``steps=`` a steps DataFrame to fit, or ``coefficients=`` (and
+      optionally ``fit_stats=``) from a previous fit; other ``kw`` as for the constructor;
+    - ``"recorded"``: ``step_times=`` the measured step seconds in order.
+    """
+    if kind == "roofline":
+        eff = kw.pop("efficiency", None)
+        if isinstance(eff, dict):
+            eff = Efficiency(**eff)
+        return RooflineCostModel(model, gpu, tp, efficiency=eff, **kw)
+    if kind == "calibrated":
+        if "steps" in kw:
+            return CalibratedCostModel.fit(kw.pop("steps"), model, gpu, tp, **kw)
+        if "coefficients" in kw:
+            return CalibratedCostModel(model, gpu, kw.pop("coefficients"), tp, **kw)
+        raise ValueError("calibrated cost model needs steps= (to fit) or coefficients=")
+    if kind == "recorded":
+        if "step_times" not in kw:
+            raise ValueError("recorded cost model needs step_times=")
+        return RecordedCostModel(kw["step_times"])
+    raise ValueError(f"unknown cost model kind {kind!r}; valid kinds: {', '.join(KINDS)}")

@@ -1,0 +1,234 @@
+"""Step-time model fitted to measured engine steps on roofline basis terms.
+
+``duration ≈ c0 + c1 · t_linear + c2 · t_attn + c3 · t_bytes`` with all ``c ≥ 0``, where
+the basis times are at datasheet peak (efficiency 1): ``t_linear`` = linear-layer FLOPs /
+peak, ``t_attn`` = attention FLOPs / peak, ``t_bytes`` = (weights + K/V read and written)
+/ bandwidth (see :mod:`sim.cost.roofline` for the counts). ``c0`` is the per-step overhead
+and ``1 / c1`` reads as the matmul efficiency. Swaps and block copies are not fitted; they
+are priced by the roofline model at default efficiency and added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core.plan import BatchShape
+from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
+from sim.cost.roofline import RooflineCostModel
+
+TERMS = ("constant", "linear_flop_time", "attn_flop_time", "byte_time")
+REQUIRED_COLUMNS = (
+    "prefill_tokens",
+    "prefill_attn_pairs",
+    "prefill_kv_read_tokens",
+    "decode_seqs",
+    "decode_ctx_tokens",
+    "duration_s",
+)
+
+
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
+    """Solve ``min ||a x − b||₂`` subject to ``x ≥ 0`` (Lawson–Hanson active set).
+
+    Variables enter the passive set one at a time by largest gradient; an unconstrained
+    least-squares solve on the passive set is accepted if positive, otherwise the step is
+    cut back to the boundary and the variables that hit zero leave.
+    """
+    m, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    tol = 10 * np.finfo(float).eps * np.linalg.norm(a, 1) * max(m, n)
+    for _ in range(max_iter or 3 * n):
+        w = a.T @ (b - a @ x)
+        if passive.all() or w[~passive].max() <= tol:
+            break
+        j = np.flatnonzero(~passive)[np.argmax(w[~passive])]
+        passive[j] = True
+        for _ in range(n + 1):
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > tol).all():
+                x = z
+                break
+            shrinking = passive & (z <= tol) & (x > z)
+            if not shrinking.any():  # the entering variable cannot grow: numerically optimal
+                passive &= z > tol
+                break
+            alpha = np.min(x[shrinking] / (x[shrinking] - z[shrinking]))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+        else:
+            break
+    return x
+
+
+class CalibratedCostModel:
+    """Linear model on roofline basis terms; build it with :meth:`fit`."""
+
+    def __init__(
+        self,
+        model: ModelSpec | str,
+        gpu: GPUSpec | str,
+        coefficients: Mapping[str, float],
+        tp: int = 1,
+        dtype_bytes: int = 2,
+        block_size: int = 16,
+        fit_stats: Mapping[str, float] | None = None,
+    ) -> None:
+        missing = [t for t in TERMS if t not in coefficients]
+        if missing:
+            raise ValueError(f"calibrated coefficients lack {missing}; need {TERMS}")
+        self.roofline = RooflineCostModel(
+            get_model(model), get_gpu(gpu), tp, dtype_bytes, block_size=block_size
+        )
+        self.coefficients = {t: float(coefficients[t]) for t in TERMS}
+        self.fit_stats = dict(fit_stats or {})
+        rf = self.roofline
+        self._c = tuple(self.coefficients[t] for t in TERMS)
+        self._peak, self._bw = rf.gpu.peak_flops, rf.gpu.mem_bandwidth
+
+    def basis(
+        self,
+        prefill_tokens: Any,
+        prefill_seqs: Any,
+        prefill_attn_pairs: Any,
+        prefill_kv_read_tokens: Any,
+        decode_seqs: Any,
+        decode_ctx_tokens: Any,
+    ) -> tuple[Any, Any, Any, Any]:
+        """The four basis times (scalars or numpy arrays, elementwise)."""
+        rf = self.roofline
+        tokens = prefill_tokens + decode_seqs
+        lin = (
+            tokens * rf.flops_per_token + (prefill_seqs + decode_seqs) * rf.flops_per_logit
+        ) / self._peak
+        attn = (prefill_attn_pairs + decode_ctx_tokens) * rf.flops_per_pair / self._peak
+        kv = (decode_ctx_tokens + prefill_kv_read_tokens + tokens) * rf.kv_bytes_per_token
+        byte = (rf.weight_bytes * (tokens > 0) + kv) / self._bw
+        return 1.0 + 0.0 * lin, lin, attn, byte
+
+    @classmethod
+    def fit(
+        cls,
+        steps: pd.DataFrame,
+        model: ModelSpec | str,
+        gpu: GPUSpec | str,
+        tp: int = 1,
+        dtype_bytes: int = 2,
+        block_size: int = 16,
+    ) -> CalibratedCostModel:
+        """Non-negative least squares of ``steps.duration_s`` on the basis terms.
+
+        ``steps`` needs the columns in ``REQUIRED_COLUMNS``; ``prefill_seqs`` is optional
+        (missing: 0, so prefill LM-head FLOPs go uncounted). Rows with no tokens (swap-only
+        steps) are dropped. ``fit_stats`` records ``r2``, ``mape`` and ``n_steps``.
+        """
+        missing = [c for c in REQUIRED_COLUMNS if c not in steps.columns]
+        if missing:
+            raise ValueError(f"steps table lacks columns {missing}; need {REQUIRED_COLUMNS}")
+        df = steps[(steps["prefill_tokens"] + steps["decode_seqs"]) > 0]
+        if len(df) < len(TERMS):
+            raise ValueError(f"need at least {len(TERMS)} non-empty steps to fit, got {len(df)}")
+        probe = cls(model, gpu, dict.fromkeys(TERMS, 0.0), tp, dtype_bytes, block_size)
+        col = {c: df[c].to_numpy(dtype=float) for c in REQUIRED_COLUMNS}
+        prefill_seqs = (
+            df["prefill_seqs"].to_numpy(dtype=float) if "prefill_seqs" in df else np.zeros(len(df))
+        )
+        a = np.column_stack(
+            probe.basis(
+                col["prefill_tokens"],
+                prefill_seqs,
+                col["prefill_attn_pairs"],
+                col["prefill_kv_read_tokens"],
+                col["decode_seqs"],
+                col["decode_ctx_tokens"],
+            )
+        )
+        y = col["duration_s"]
+        scale = np.linalg.norm(a, axis=0)
+        scale[scale == 0] = 1.0
+        coef = nnls(a / scale, y) / scale
+        pred = a @ coef
+        ss_res = float(np.sum((y - pred) ** 2))
+        ss_tot = float(np.sum((y - y.mean()) ** 2))
+        pos = y > 0
+        stats = {
+            "n_steps": float(len(df)),
+            "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
+            "mape": float(np.mean(np.abs(pred[pos] - y[pos]) / y[pos])) if pos.any() else 0.0,
+        }
+        return cls(
+            model, gpu, dict(zip(TERMS, coef, strict=True)), tp, dtype_bytes, block_size, stats
+        )
+
+    def step_time(self, shape: BatchShape) -> float:
+        """Fitted seconds for ``shape`` plus roofline swap/copy time; 0 when empty."""
+        if shape.is_empty:
+            return 0.0
+        t = self.roofline.transfer_time(shape)
+        if shape.prefill_tokens + shape.decode_seqs:
+            b = self.basis(
+                shape.prefill_tokens,
+                shape.prefill_seqs,
+                shape.prefill_attn_pairs,
+                shape.prefill_kv_read_tokens,
+                shape.decode_seqs,
+                shape.decode_ctx_tokens,
+            )
+            c = self._c
+            t += c[0] + c[1] * b[1] + c[2] * b[2] + c[3] * b[3]
+        return t
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready parameters; ``from_dict`` rebuilds the model."""
+        rf = self.roofline
+        return {
+            "kind": "calibrated",
+            "model": rf.model.name,
+            "gpu": rf.gpu.name,
+            "tp": rf.tp,
+            "dtype_bytes": rf.dtype_bytes,
+            "block_size": rf.block_size,
+            "coefficients": dict(self.coefficients),
+            "fit_stats": dict(self.fit_stats),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CalibratedCostModel:
+        return cls(
+            d["model"],
+            d["gpu"],
+            d["coefficients"],
+            d.get("tp", 1),
+            d.get("dtype_bytes", 2),
+            d.get("block_size", 16),
+            d.get("fit_stats"),
+        )
+
+    def describe(self) -> str:
+        """Coefficients with their reading, and the fit error."""
+        rf, c = self.roofline, self.coefficients
+        lines = [
+            f"calibrated cost model: {rf.model.name} on {rf.tp} × {rf.gpu.name}, "
+            "NNLS fit on engine step measurements"
+        ]
+        lines.append(f"  constant (per-step overhead) {c['constant'] * 1e3:10.4f} ms")
+        for term, reading in (
+            ("linear_flop_time", "1/matmul efficiency"),
+            ("attn_flop_time", "1/attention compute efficiency"),
+            ("byte_time", "1/memory efficiency"),
+        ):
+            lines.append(f"  {term:<28} {c[term]:10.4f}  ({reading})")
+        if self.fit_stats:
+            s = self.fit_stats
+            lines.append(
+                f"  fit: n_steps={s.get('n_steps', float('nan')):.0f} "
+                f"R²={s.get('r2', float('nan')):.4f} "
+                f"MAPE={s.get('mape', float('nan')):.2%}"
+            )
+        return "\n".join(lines)

@@ -1,0 +1,79 @@
+"""Efficiency factors of the roofline cost model, each with the place its value comes from.
+
+PAPER.md's rule: every factor names its source (a measurement, a cited report, or a
+calibration on ONE named published data point) and is printed beside any reproduced figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+_FIELDS = ("compute", "memory", "per_step_overhead_s", "allreduce_latency_s", "pcie_bandwidth")
+
+
+def _default_sources() -> dict[str, str]:
+    return {
+        "compute": "H200 measurement (PAPER.md): 8192^3 bf16 torch matmul 770-800 TFLOP/s "
+        "of 989 peak -> 0.79",
+        "memory": "H200 measurement (PAPER.md): device-to-device copy 4.3 TB/s of 4.8 -> 0.90",
+        "per_step_overhead_s": "0: roofline lower bound, no scheduling/sampling overhead; a "
+        "calibrated model replaces it",
+        "allreduce_latency_s": "0: not measured; bandwidth term only (lower bound)",
+        "pcie_bandwidth": "None: the GPU's datasheet host link per direction (PCIe Gen4 x16 "
+        "32 GB/s on A100, Gen5 x16 64 GB/s on H100/H200)",
+    }
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of datasheet peaks a step achieves, and fixed costs.
+
+    - ``compute``: fraction of ``GPUSpec.peak_flops`` matmuls reach, in (0, 1];
+    - ``memory``: fraction of ``GPUSpec.mem_bandwidth`` streaming kernels reach, in (0, 1];
+    - ``per_step_overhead_s``: seconds added to every non-empty step;
+    - ``allreduce_latency_s``: seconds added to every all-reduce call (tp > 1);
+    - ``pcie_bandwidth``: host-link bytes/s for swaps; ``None`` uses the GPU's.
+    ``source`` holds one text per field saying where its value comes from.
+    """
+
+    compute: float = 0.79
+    memory: float = 0.90
+    per_step_overhead_s: float = 0.0
+    allreduce_latency_s: float = 0.0
+    pcie_bandwidth: float | None = None
+    source: dict[str, str] = field(default_factory=_default_sources)
+
+    def __post_init__(self) -> None:
+        for name in ("compute", "memory"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"efficiency {name} must be in (0, 1], got {value}")
+        for name in ("per_step_overhead_s", "allreduce_latency_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"efficiency {name} must be >= 0, got {getattr(self, name)}")
+        if self.pcie_bandwidth is not None and self.pcie_bandwidth <= 0:
+            raise ValueError(f"pcie_bandwidth must be positive, got {self.pcie_bandwidth}")
+        missing = [f for f in _FIELDS if f not in self.source]
+        if missing:
+            raise ValueError(f"efficiency source lacks an entry for {', '.join(missing)}")
+
+    def with_values(self, sources: dict[str, str], **values: float | None) -> Efficiency:
+        """A copy with ``values`` changed; each changed field needs its new source text."""
+        unknown = set(values) - set(_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown efficiency fields {sorted(unknown)}; valid: {_FIELDS}")
+        undocumented = set(values) - set(sources)
+        if undocumented:
+            raise ValueError(f"give a source for {sorted(undocumented)}")
+        return replace(self, **values, source={**self.source, **sources})  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        """A printable table: field, value, source."""
+        rows = [f"{'factor':<20} {'value':>10}  source"]
+        for f in fields(self):
+            if f.name == "source":
+                continue
+            value = getattr(self, f.name)
+            shown = "None" if value is None else f"{value:.4g}"
+            rows.append(f"{f.name:<20} {shown:>10}  {self.source.get(f.name, '?')}")
+        return "\n".join(rows)
