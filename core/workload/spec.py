@@ -1,0 +1,182 @@
+"""Build a workload from a plain mapping, so Hydra configs can describe any workload.
+
+``cfg["kind"]`` picks the source; every other key is optional, and ``None`` means "use the
+default". Keys outside :data:`KNOWN_KEYS` raise (typos do not pass silently); known keys
+that a kind does not use are ignored, so one config schema can serve every kind.
+
+- ``synthetic``: fitted ``dataset`` lengths with an arrival process (see
+  :func:`core.workload.synthetic.synthesize`).
+- ``shared_prefix`` / ``multi_turn``: the Fig. 16 / Fig. 17 generators.
+- ``native`` / ``azure`` / ``mooncake`` / ``vidur``: trace files with their own arrival times;
+  ``num_requests`` keeps the first that many, ``duration_s`` keeps arrivals before it.
+- ``sharegpt_json`` / ``alpaca_json``: dataset files without timestamps; requests are drawn
+  (seeded, without replacement while the file lasts) and given arrivals from the arrival
+  process, or all at t = 0 when ``rate`` is None.
+
+``n`` / ``beam_width`` set the sampling of every kind except ``native``, which keeps the
+sampling stored per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from core.request import Request, RequestError, SamplingParams
+from core.workload.arrivals import make_arrivals
+from core.workload.filters import MAX_MODEL_LEN
+from core.workload.synthetic import OPT_VOCAB_SIZE, multi_turn, shared_prefix, synthesize
+from core.workload.trace_io import (
+    read_alpaca_json,
+    read_azure_trace,
+    read_mooncake_trace,
+    read_sharegpt_json,
+    read_trace,
+    read_vidur_trace,
+    whitespace_tokenize,
+)
+
+KINDS: tuple[str, ...] = (
+    "synthetic",
+    "native",
+    "azure",
+    "sharegpt_json",
+    "alpaca_json",
+    "mooncake",
+    "vidur",
+    "shared_prefix",
+    "multi_turn",
+)
+FILE_KINDS = frozenset({"native", "azure", "sharegpt_json", "alpaca_json", "mooncake", "vidur"})
+
+DEFAULTS: dict[str, Any] = {
+    "dataset": "sharegpt",
+    "rate": None,
+    "duration_s": None,
+    "num_requests": None,
+    "arrival": "poisson",
+    "burstiness": 1.0,
+    "n": 1,
+    "beam_width": 1,
+    "temperature": 0.0,
+    "path": None,
+    "time_scale": 1.0,
+    "apply_filter": True,
+    "with_token_ids": False,
+    "vocab_size": OPT_VOCAB_SIZE,
+    "prefix_len": 80,  # Fig. 16's 1-shot prefix
+    "suffix_len_mean": 30.0,
+    "output_len_mean": 30.0,
+    "num_conversations": None,
+    "rounds": 4,
+    "think_time_s": 10.0,
+}
+KNOWN_KEYS = frozenset({"kind", *DEFAULTS})
+
+
+def _resolve(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    if "kind" not in cfg or cfg["kind"] is None:
+        raise RequestError(f"workload config needs a 'kind'; one of {', '.join(KINDS)}")
+    if cfg["kind"] not in KINDS:
+        raise RequestError(f"unknown workload kind {cfg['kind']!r}; one of {', '.join(KINDS)}")
+    unknown = sorted(str(k) for k in cfg if k not in KNOWN_KEYS)
+    if unknown:
+        raise RequestError(f"unknown workload key(s) {', '.join(unknown)}")
+    out = dict(DEFAULTS)
+    out.update({k: v for k, v in cfg.items() if v is not None})
+    if out["kind"] in FILE_KINDS and out["path"] is None:
+        raise RequestError(f"workload kind {out['kind']!r} needs a 'path'")
+    return out
+
+
+def _window(requests: list[Request], c: Mapping[str, Any]) -> list[Request]:
+    """Apply ``duration_s`` then ``num_requests`` to a trace sorted by arrival."""
+    if c["duration_s"] is not None:
+        requests = [r for r in requests if r.arrival_time < c["duration_s"]]
+    if c["num_requests"] is not None:
+        requests = requests[: int(c["num_requests"])]
+    return requests
+
+
+def _with_sampling(requests: list[Request], sampling: SamplingParams) -> list[Request]:
+    return [replace(r, sampling=sampling) for r in requests]
+
+
+def _resample_with_arrivals(
+    pool: list[Request], c: Mapping[str, Any], seed: int, path: str
+) -> list[Request]:
+    """Draw requests from a timestamp-free dataset and give them arrival times."""
+    if not pool:
+        raise RequestError(f"{path}: no request passes the filter")
+    if c["num_requests"] is None and c["duration_s"] is None:
+        c = {**c, "num_requests": len(pool)}
+    rng_arr, rng_pick = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+    times = make_arrivals(
+        c["arrival"], c["rate"], c["num_requests"], c["duration_s"], c["burstiness"], rng_arr
+    )
+    rounds = -(-len(times) // len(pool))
+    picks = np.concatenate([rng_pick.permutation(len(pool)) for _ in range(rounds)])
+    return [
+        replace(pool[int(k)], request_id=i, arrival_time=float(t))
+        for i, (t, k) in enumerate(zip(times, picks, strict=False))
+    ]
+
+
+def build_workload(
+    cfg: Mapping[str, Any], max_model_len: int = MAX_MODEL_LEN, seed: int = 0
+) -> list[Request]:
+    """Requests described by ``cfg`` (see the module docstring for keys and kinds)."""
+    c = _resolve(cfg)
+    kind = c["kind"]
+    sampling = SamplingParams(
+        n=int(c["n"]), beam_width=int(c["beam_width"]), temperature=float(c["temperature"])
+    )
+    count = None if c["num_requests"] is None else int(c["num_requests"])
+    if kind == "synthetic":
+        return synthesize(
+            c["dataset"], c["rate"], count, c["duration_s"], c["arrival"], c["burstiness"],
+            max_model_len, seed, sampling, bool(c["with_token_ids"]), int(c["vocab_size"]),
+        )  # fmt: skip
+    if kind == "shared_prefix":
+        return shared_prefix(
+            int(c["prefix_len"]), c["rate"], count, c["duration_s"], c["arrival"],
+            c["burstiness"], float(c["suffix_len_mean"]), float(c["output_len_mean"]),
+            max_model_len=max_model_len, seed=seed, sampling=sampling,
+            vocab_size=int(c["vocab_size"]),
+        )  # fmt: skip
+    if kind == "multi_turn":
+        if c["num_conversations"] is None:
+            raise RequestError("workload kind 'multi_turn' needs 'num_conversations'")
+        return multi_turn(
+            int(c["num_conversations"]), int(c["rounds"]), c["rate"], c["arrival"],
+            c["burstiness"], float(c["think_time_s"]), c["dataset"],
+            max_model_len=max_model_len, seed=seed, sampling=sampling,
+            with_token_ids=bool(c["with_token_ids"]), vocab_size=int(c["vocab_size"]),
+        )  # fmt: skip
+    path = str(c["path"])
+    if kind == "native":
+        return _window(read_trace(path), c)
+    timed: dict[str, Callable[..., list[Request]]] = {
+        "azure": read_azure_trace,
+        "mooncake": read_mooncake_trace,
+        "vidur": read_vidur_trace,
+    }
+    if kind in timed:
+        requests = timed[kind](
+            path, max_model_len, None, float(c["time_scale"]), bool(c["apply_filter"])
+        )
+        return _with_sampling(_window(requests, c), sampling)
+    reader = read_sharegpt_json if kind == "sharegpt_json" else read_alpaca_json
+    pool = reader(
+        path,
+        tokenize=partial(whitespace_tokenize, vocab_size=int(c["vocab_size"])),
+        max_model_len=max_model_len,
+        apply_filter=bool(c["apply_filter"]),
+        with_token_ids=bool(c["with_token_ids"]),
+        sampling=sampling,
+    )
+    return _resample_with_arrivals(pool, c, seed, path)
