@@ -1,0 +1,190 @@
+"""Catalog shapes, parameter counts, HF config round trips and KV capacity (Table 1)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sim.capacity import format_table1, kv_capacity, kv_heads_per_gpu, table1
+from sim.catalog import GIB, GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model
+
+# Published sizes: OPT paper (Zhang et al. 2022) and LLaMA paper (Touvron et al. 2023) model
+# names, with the exact counts of the released checkpoints.
+PUBLISHED_PARAMS = {
+    "opt-13b": 12.85e9,
+    "opt-66b": 65.7e9,
+    "opt-175b": 174.6e9,
+    "llama-7b": 6.74e9,
+    "llama-13b": 13.0e9,
+    "llama-3-8b": 8.03e9,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_param_counts_match_published_sizes(name: str) -> None:
+    assert get_model(name).num_params() == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)
+
+
+def test_kv_bytes_per_token_follows_the_paper() -> None:
+    # PAPER.md §6.1: OPT-13B 2 × 40 × 5120 × 2 B = 800 KiB per token.
+    assert get_model("opt-13b").kv_bytes_per_token() == 800 * 1024
+    assert get_model("opt-13b").kv_bytes_per_token(dtype_bytes=4) == 1600 * 1024
+    # GQA stores only the KV heads: Llama-3-8B 2 × 32 × 8 × 128 × 2 B.
+    assert get_model("llama-3-8b").kv_bytes_per_token() == 2 * 32 * 8 * 128 * 2
+
+
+def test_lookup_is_case_insensitive_and_passes_specs_through() -> None:
+    assert get_model("OPT-13B") is MODELS["opt-13b"]
+    spec = MODELS["tiny-llama"]
+    assert get_model(spec) is spec
+    assert get_gpu("A100-40GB").memory_bytes == 40 * GIB
+
+
+def test_unknown_names_list_the_valid_ones() -> None:
+    with pytest.raises(KeyError, match=r"unknown model 'gpt-5'.*opt-13b"):
+        get_model("gpt-5")
+    with pytest.raises(KeyError, match=r"unknown GPU 'v100'.*a100-40gb.*h200"):
+        get_gpu("v100")
+
+
+def test_gpu_catalog_uses_datasheet_numbers() -> None:
+    assert set(GPUS) == {"a100-40gb", "a100-80gb", "h100", "h200"}
+    assert get_gpu("a100-40gb").mem_bandwidth == 1555e9
+    assert get_gpu("a100-80gb").mem_bandwidth == 2039e9
+    assert get_gpu("h100").peak_flops == get_gpu("h200").peak_flops == 989e12
+    assert get_gpu("h200").mem_bandwidth == 4800e9
+
+
+def test_invalid_shapes_are_rejected() -> None:
+    base = MODELS["tiny-llama"]
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        dataclasses.replace(base, num_kv_heads=3)
+    with pytest.raises(ValueError, match="hidden_size must be positive"):
+        dataclasses.replace(base, hidden_size=0)
+    with pytest.raises(ValueError, match="family"):
+        dataclasses.replace(base, family="gpt2")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="peak_flops"):
+        GPUSpec("bad", 1, 1.0, 0.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_hf_config_round_trip(name: str) -> None:
+    spec = MODELS[name]
+    assert ModelSpec.from_hf_config(spec.to_hf_config()) == spec
+
+
+def test_from_hf_config_reads_opt_and_llama_dicts() -> None:
+    opt = ModelSpec.from_hf_config(
+        {
+            "model_type": "opt",
+            "hidden_size": 5120,
+            "num_hidden_layers": 40,
+            "num_attention_heads": 40,
+            "ffn_dim": 20480,
+            "vocab_size": 50272,
+            "max_position_embeddings": 2048,
+        },
+        name="opt-13b",
+    )
+    assert opt == MODELS["opt-13b"]
+    llama = ModelSpec.from_hf_config(
+        {
+            "model_type": "llama",
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "intermediate_size": 14336,
+            "vocab_size": 128256,
+            "max_position_embeddings": 8192,
+            "rope_theta": 500000.0,
+            "rms_norm_eps": 1e-5,
+        },
+        name="llama-3-8b",
+    )
+    assert llama == MODELS["llama-3-8b"]
+    assert llama.extra["rope_theta"] == 500000.0
+
+
+def test_from_hf_config_errors_name_the_problem() -> None:
+    with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
+        ModelSpec.from_hf_config({"model_type": "gpt2"})
+    with pytest.raises(ValueError, match="lacks key 'ffn_dim'"):
+        ModelSpec.from_hf_config(
+            {
+                "model_type": "opt",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "vocab_size": 512,
+                "max_position_embeddings": 256,
+            }
+        )
+
+
+@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama"])
+def test_param_formula_matches_transformers(name: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    spec = MODELS[name]
+    config = transformers.AutoConfig.for_model(**spec.to_hf_config())
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert spec.num_params() == sum(p.numel() for p in model.parameters())
+
+
+def test_table1_slots_within_ten_percent_of_the_paper() -> None:
+    rows = table1()
+    print("\n" + format_table1(rows))
+    assert [r.model for r in rows] == ["opt-13b", "opt-66b", "opt-175b"]
+    for r in rows:
+        assert abs(r.slots_rel_diff) < 0.10, r
+        assert abs(r.kv_rel_diff) < 0.10, r
+        assert abs(r.params_rel_diff) < 0.02, r
+
+
+def test_paper_kv_override_gives_15_7k_slots() -> None:
+    cap = kv_capacity("opt-13b", "a100-40gb", kv_cache_bytes=12 * GIB)
+    assert cap.num_slots == 12 * GIB // (800 * 1024) == 15728
+    assert cap.num_blocks(16) == 15728 // 16
+
+
+def test_capacity_budget_adds_up_per_gpu() -> None:
+    gpu = get_gpu("a100-40gb")
+    cap = kv_capacity("opt-66b", gpu, tp=4)
+    assert cap.weight_bytes + cap.activation_bytes + cap.kv_bytes == int(0.9 * gpu.memory_bytes)
+    assert cap.weight_bytes == pytest.approx(get_model("opt-66b").num_params() * 2 / 4, abs=1)
+    assert cap.bytes_per_token_per_gpu * 4 == get_model("opt-66b").kv_bytes_per_token()
+    assert cap.num_slots == cap.kv_bytes // cap.bytes_per_token_per_gpu
+    assert cap.kv_bytes_total == 4 * cap.kv_bytes
+
+
+def test_capacity_grows_with_utilization_and_shrinks_with_batch_budget() -> None:
+    low = kv_capacity("opt-13b", "a100-40gb", gpu_memory_utilization=0.85)
+    high = kv_capacity("opt-13b", "a100-40gb", gpu_memory_utilization=0.95)
+    assert low.num_slots < high.num_slots
+    big_batch = kv_capacity("opt-13b", "a100-40gb", max_num_batched_tokens=8192)
+    assert big_batch.activation_bytes > high.activation_bytes
+    assert big_batch.num_slots < kv_capacity("opt-13b", "a100-40gb").num_slots
+
+
+def test_gqa_heads_are_split_then_replicated() -> None:
+    m = get_model("llama-3-8b")
+    assert kv_heads_per_gpu(m, 1) == 8
+    assert kv_heads_per_gpu(m, 8) == 1
+    assert kv_heads_per_gpu(m, 16) == 1
+    with pytest.raises(ValueError, match="40 attention heads cannot be split over tp=3"):
+        kv_heads_per_gpu(get_model("opt-13b"), 3)
+    with pytest.raises(ValueError, match="tensor-parallel size must be >= 1"):
+        kv_heads_per_gpu(m, 0)
+
+
+def test_capacity_errors_name_the_problem() -> None:
+    with pytest.raises(ValueError, match=r"opt-175b does not fit on 1 × a100-40gb"):
+        kv_capacity("opt-175b", "a100-40gb")
+    with pytest.raises(ValueError, match="fewer than one max-length sequence"):
+        kv_capacity("opt-13b", "a100-40gb", kv_cache_bytes=1 * GIB)
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        kv_capacity("opt-13b", "a100-40gb", gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="block_size"):
+        kv_capacity("tiny-opt", "a100-40gb").num_blocks(0)
