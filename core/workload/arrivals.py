@@ -45,22 +45,23 @@ def _renewal(
     n: int | None,
     duration: float | None,
 ) -> np.ndarray:
-    """Cumulative sums of gaps from ``draw(size)`` for n arrivals or until ``duration``."""
+    """Cumulative sums of gaps from ``draw(size)`` for n arrivals or until ``duration``.
+
+    Gaps are drawn in chunks but summed once, so the arrivals before a duration are exactly
+    the first arrivals of the counted process with the same generator state.
+    """
     if n is not None:
         return np.cumsum(draw(int(n)))
     assert duration is not None
-    chunks: list[np.ndarray] = []
+    gaps: list[np.ndarray] = []
     t = 0.0
-    while True:
+    while t < duration:
         expected = (duration - t) / mean_gap
         size = int(min(max(64.0, 1.2 * expected + 4 * math.sqrt(expected)), 1e7))
-        times = t + np.cumsum(draw(size))
-        chunks.append(times)
-        t = float(times[-1])
-        if t >= duration:
-            break
-    all_times = np.concatenate(chunks)
-    return all_times[all_times < duration]
+        gaps.append(draw(size))
+        t = float(np.cumsum(np.concatenate(gaps))[-1])
+    times = np.cumsum(np.concatenate(gaps))
+    return times[times < duration]
 
 
 def poisson(

@@ -1,0 +1,165 @@
+"""A pool of fixed-size KV blocks: free list, reference counts, fills, prefix-cache index.
+
+Every block is in exactly one state:
+
+- *free*: on the free list, ref 0, fill 0;
+- *used*: ref >= 1 (held by that many block tables);
+- *evictable*: ref 0 but registered in the prefix-cache index under a hash; it keeps
+  its contents and can be revived by :meth:`BlockPool.incref`, or reclaimed (least
+  recently released first) by :meth:`BlockPool.allocate` when the free list is empty.
+
+``fill[b]`` counts the slots of block ``b`` that have been written. The pool keeps running
+totals (used blocks, sum of fills of used blocks, sum of refs) so that memory breakdowns
+are O(1). The pool knows nothing of sequences; callers keep block tables.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from core.kv.base import KVCacheError
+
+
+class BlockPool:
+    """Blocks ``0 .. num_blocks-1`` of ``block_size`` slots each."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 0:
+            raise ValueError(f"BlockPool num_blocks must be >= 0, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"BlockPool block_size must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.ref: list[int] = [0] * num_blocks
+        self.fill: list[int] = [0] * num_blocks
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() gives block 0 first
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest release first
+        self._hash_of: dict[int, int] = {}  # block -> hash, for registered blocks
+        self._block_of: dict[int, int] = {}  # hash -> block
+        self.num_used = 0  # blocks with ref >= 1
+        self.num_filled = 0  # sum of fill over used blocks
+        self.ref_total = 0  # sum of ref over all blocks
+
+    # -- queries ----------------------------------------------------------------------
+    def num_free(self) -> int:
+        """Blocks that :meth:`allocate` can hand out (free plus evictable)."""
+        return len(self._free) + len(self._evictable)
+
+    def num_evictable(self) -> int:
+        return len(self._evictable)
+
+    def is_evictable(self, block: int) -> bool:
+        return block in self._evictable
+
+    def lookup(self, block_hash: int) -> int | None:
+        """The block registered under ``block_hash`` (used or evictable), if any."""
+        return self._block_of.get(block_hash)
+
+    def hash_of(self, block: int) -> int | None:
+        return self._hash_of.get(block)
+
+    # -- verbs ------------------------------------------------------------------------
+    def allocate(self) -> int:
+        """Take a block (ref 1, fill 0): from the free list, else evict the least recently
+        released cached block. Raises KVCacheError when none is left."""
+        if self._free:
+            block = self._free.pop()
+        elif self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            del self._block_of[self._hash_of.pop(block)]
+            self.fill[block] = 0
+        else:
+            raise KVCacheError(f"block pool exhausted ({self.num_blocks} blocks all in use)")
+        self.ref[block] = 1
+        self.num_used += 1
+        self.ref_total += 1
+        return block
+
+    def incref(self, block: int) -> None:
+        """Add a holder to a used block, or revive an evictable one."""
+        if self.ref[block] == 0:
+            if block not in self._evictable:
+                raise KVCacheError(f"incref of free block {block}; allocate it instead")
+            del self._evictable[block]
+            self.num_used += 1
+            self.num_filled += self.fill[block]
+        self.ref[block] += 1
+        self.ref_total += 1
+
+    def decref(self, block: int) -> None:
+        """Drop a holder. At ref 0 a registered block becomes evictable (most recently
+        released), any other block returns to the free list."""
+        r = self.ref[block]
+        if r == 0:
+            raise KVCacheError(f"decref of block {block}, which has no holder")
+        self.ref[block] = r - 1
+        self.ref_total -= 1
+        if r > 1:
+            return
+        self.num_used -= 1
+        self.num_filled -= self.fill[block]
+        if block in self._hash_of:
+            self._evictable[block] = None
+        else:
+            self.fill[block] = 0
+            self._free.append(block)
+
+    def add_fill(self, block: int, slots: int) -> None:
+        """Record ``slots`` more written slots in a used block."""
+        f = self.fill[block] + slots
+        if f > self.block_size or self.ref[block] == 0:
+            raise KVCacheError(
+                f"block {block}: fill {f} exceeds block_size={self.block_size} or block unused"
+            )
+        self.fill[block] = f
+        self.num_filled += slots
+
+    def register(self, block: int, block_hash: int) -> bool:
+        """Index a full used block under ``block_hash`` for prefix reuse. Returns False
+        (and indexes nothing) if the hash already names a block or this block has a hash."""
+        if self.fill[block] != self.block_size or self.ref[block] == 0:
+            raise KVCacheError(f"only full used blocks can be cached; block {block} is not")
+        if block_hash in self._block_of or block in self._hash_of:
+            return False
+        self._block_of[block_hash] = block
+        self._hash_of[block] = block_hash
+        return True
+
+    # -- invariants -------------------------------------------------------------------
+    def check_integrity(self, expected_refs: list[int] | None = None) -> None:
+        """Raise KVCacheError unless every block is in exactly one state, fills are within
+        ``[0, block_size]`` and the running totals match a recount. With
+        ``expected_refs``, also compare every ref count with it."""
+        free = set(self._free)
+        if len(free) != len(self._free):
+            raise KVCacheError("block pool: a block is on the free list twice")
+        for b in range(self.num_blocks):
+            r, f = self.ref[b], self.fill[b]
+            in_free, in_evict = b in free, b in self._evictable
+            if r < 0 or not 0 <= f <= self.block_size:
+                raise KVCacheError(f"block pool: block {b} has ref {r}, fill {f}")
+            if r > 0 and (in_free or in_evict):
+                raise KVCacheError(f"block pool: block {b} is referenced ({r}) and also free")
+            if r == 0 and in_free == in_evict:
+                raise KVCacheError(f"block pool: unreferenced block {b} is lost or listed twice")
+            if in_free and (f != 0 or b in self._hash_of):
+                raise KVCacheError(f"block pool: free block {b} has fill {f} or a hash")
+            if in_evict and (f != self.block_size or b not in self._hash_of):
+                raise KVCacheError(f"block pool: evictable block {b} is not a full cached block")
+            if expected_refs is not None and r != expected_refs[b]:
+                raise KVCacheError(
+                    f"block pool: block {b} has ref {r} but {expected_refs[b]} tables hold it"
+                )
+        for b, h in self._hash_of.items():
+            if self._block_of.get(h) != b:
+                raise KVCacheError(f"block pool: hash index disagrees for block {b}")
+        if len(self._block_of) != len(self._hash_of):
+            raise KVCacheError("block pool: hash index and block index differ in size")
+        used = [b for b in range(self.num_blocks) if self.ref[b] > 0]
+        if len(used) != self.num_used:
+            raise KVCacheError(f"block pool: num_used={self.num_used}, recount {len(used)}")
+        filled = sum(self.fill[b] for b in used)
+        if filled != self.num_filled:
+            raise KVCacheError(f"block pool: num_filled={self.num_filled}, recount {filled}")
+        if sum(self.ref) != self.ref_total:
+            raise KVCacheError(f"block pool: ref_total={self.ref_total}, recount {sum(self.ref)}")

@@ -1,0 +1,377 @@
+"""Paged KV-cache manager: fixed-size blocks, block tables, ref counts, copy-on-write.
+
+The PagedAttention scheme of Kwon et al., SOSP 2023 (§4.2-§4.5): each sequence has a
+block table; a new block is taken only when the last one is full, so at most one
+partly-filled block per sequence; ``fork`` shares every block (ref + 1) and a write into a
+shared, partly-filled last block first copies it (copy-on-write at block granularity).
+Preempted groups can be swapped to a CPU pool of blocks (§4.5).
+
+Choices where the paper is silent:
+
+- Admission keeps ``watermark * num_device_blocks`` blocks free (vLLM v0's 1% watermark);
+  a group needing more blocks than the device has beyond that watermark is NEVER.
+- A waiting group with several live sequences (a forked group preempted by recompute)
+  gets separate blocks for each sequence; the sharing is not rebuilt.
+- ``can_swap_in`` asks for one spare block per live sequence beyond the swapped blocks,
+  as vLLM v0 does, so each sequence can append right after swap-in. Swap-in does not
+  re-share blocks with the prefix cache.
+- Prefix caching (off by default) indexes a *full* block under the chained hash of
+  (previous block's hash, its token ids) once all its tokens are computed (checked on
+  ``append`` from ``seq.num_computed``), so a later request never skips tokens whose K/V is
+  not written yet. A hit never covers the last token: at least one token is computed.
+  Unreferenced cached blocks stay cached, are evicted least recently released first, and
+  count as free. A sequence releases its blocks last-to-first so that prompt-prefix blocks
+  are evicted last.
+"""
+
+from __future__ import annotations
+
+from core.kv.base import AllocStatus, KVCacheError, MemoryBreakdown
+from core.kv.block_pool import BlockPool
+from core.request import RequestError, Sequence, SequenceGroup
+
+_ROOT_HASH = 0  # the "previous block hash" of a sequence's first block
+
+
+class _SeqState:
+    """One sequence's blocks. ``table`` holds device blocks, or CPU blocks when swapped."""
+
+    __slots__ = ("last_hash", "n_hashed", "on_cpu", "slots", "table")
+
+    def __init__(self, table: list[int], slots: int, n_hashed: int = 0, last_hash: int = 0):
+        self.table = table
+        self.slots = slots
+        self.on_cpu = False
+        self.n_hashed = n_hashed  # leading blocks already offered to the prefix cache
+        self.last_hash = last_hash  # chained hash of block n_hashed - 1
+
+
+class PagedKVCacheManager:
+    """Implements :class:`core.kv.base.KVCacheManager` with paged blocks."""
+
+    def __init__(
+        self,
+        num_device_blocks: int,
+        block_size: int = 16,
+        num_cpu_blocks: int = 0,
+        watermark: float = 0.01,
+        enable_prefix_caching: bool = False,
+    ) -> None:
+        if num_device_blocks < 1:
+            raise ValueError(f"num_device_blocks must be >= 1, got {num_device_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if num_cpu_blocks < 0:
+            raise ValueError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
+        if not 0 <= watermark < 1:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark}")
+        self.block_size = block_size
+        self.num_device_blocks = num_device_blocks
+        self.num_cpu_blocks = num_cpu_blocks
+        self.watermark = watermark
+        self.watermark_blocks = int(watermark * num_device_blocks)
+        self.enable_prefix_caching = enable_prefix_caching
+        self._device = BlockPool(num_device_blocks, block_size)
+        self._cpu = BlockPool(num_cpu_blocks, block_size)
+        self._seqs: dict[int, _SeqState] = {}
+
+    # -- helpers ----------------------------------------------------------------------
+    def _state(self, seq_id: int) -> _SeqState:
+        st = self._seqs.get(seq_id)
+        if st is None:
+            raise KVCacheError(f"unknown seq_id {seq_id}: it holds no KV blocks")
+        return st
+
+    def _device_state(self, seq_id: int) -> _SeqState:
+        st = self._state(seq_id)
+        if st.on_cpu:
+            raise KVCacheError(f"seq {seq_id} is swapped out to the CPU pool")
+        return st
+
+    @staticmethod
+    def _live(group: SequenceGroup) -> list[Sequence]:
+        seqs = group.live_seqs()
+        if not seqs:
+            raise KVCacheError(f"request {group.request_id} has no live sequence")
+        return seqs
+
+    def _blocks_for(self, slots: int) -> int:
+        return -(-slots // self.block_size)
+
+    def _token_ids(self, seq: Sequence) -> list[int]:
+        try:
+            return seq.token_ids()
+        except RequestError as e:
+            raise KVCacheError(f"prefix caching needs prompt token ids: {e}") from e
+
+    def _prefix_hits(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Leading cached blocks ``(block, hash)`` of the sequence, never covering its last
+        token."""
+        tokens = self._token_ids(seq)
+        bs = self.block_size
+        limit = min((seq.num_tokens - 1) // bs, len(tokens) // bs)
+        hits = []
+        prev = _ROOT_HASH
+        for i in range(limit):
+            prev = hash((prev, tuple(tokens[i * bs : (i + 1) * bs])))
+            block = self._device.lookup(prev)
+            if block is None:
+                break
+            hits.append((block, prev))
+        return hits
+
+    def _grow(self, st: _SeqState, target: int) -> None:
+        """Give ``st`` slots up to ``target``; its last block must not be shared."""
+        pool, bs, table = self._device, self.block_size, st.table
+        s = st.slots
+        while s < target:
+            off = s % bs
+            block = table[-1] if off else pool.allocate()
+            if not off:
+                table.append(block)
+            k = min(bs - off, target - s)
+            pool.add_fill(block, k)
+            s += k
+        st.slots = s
+
+    def _register_computed(self, seq: Sequence, st: _SeqState) -> None:
+        """Offer the sequence's newly computed full blocks to the prefix cache."""
+        bs = self.block_size
+        upto = min(seq.num_computed, st.slots) // bs
+        if upto <= st.n_hashed:
+            return
+        tokens = self._token_ids(seq)
+        upto = min(upto, len(tokens) // bs)
+        prev = st.last_hash
+        for i in range(st.n_hashed, upto):
+            prev = hash((prev, tuple(tokens[i * bs : (i + 1) * bs])))
+            self._device.register(st.table[i], prev)
+        if upto > st.n_hashed:
+            st.n_hashed, st.last_hash = upto, prev
+
+    def _append_need(self, seqs: list[Sequence]) -> int:
+        """Device blocks ``append`` would take for these sequences (exact, CoW included)."""
+        bs, ref = self.block_size, self._device.ref
+        need = 0
+        cow_seen: dict[int, int] | None = None
+        for seq in seqs:
+            st = self._device_state(seq.seq_id)
+            s, grow = st.slots, seq.num_tokens - st.slots
+            if grow <= 0:
+                continue
+            off = s % bs
+            if off:
+                last = st.table[-1]
+                r = ref[last]
+                if r > 1:
+                    # The k-th appender into a shared block sees ref r - k; the last one
+                    # writes in place.
+                    cow_seen = cow_seen if cow_seen is not None else {}
+                    k = cow_seen.get(last, 0)
+                    cow_seen[last] = k + 1
+                    need += k < r - 1
+                grow -= bs - off
+            if grow > 0:
+                need += -(-grow // bs)
+        return need
+
+    def _distinct_blocks(self, seqs: list[Sequence], on_cpu: bool) -> int:
+        blocks: set[int] = set()
+        for seq in seqs:
+            st = self._state(seq.seq_id)
+            if st.on_cpu is not on_cpu:
+                where = "swapped out" if st.on_cpu else "on the device"
+                raise KVCacheError(f"seq {seq.seq_id} is {where}")
+            blocks.update(st.table)
+        return len(blocks)
+
+    # -- admission --------------------------------------------------------------------
+    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
+        """NEVER if the group's tokens need more blocks than the device holds beyond the
+        watermark; OK if they fit now leaving the watermark free; LATER otherwise."""
+        seqs = self._live(group)
+        total = 0
+        for seq in seqs:
+            if seq.seq_id in self._seqs:
+                raise KVCacheError(f"seq {seq.seq_id} already holds KV blocks")
+            total += self._blocks_for(seq.num_tokens)
+        if total > self.num_device_blocks - self.watermark_blocks:
+            return AllocStatus.NEVER
+        need = total
+        if self.enable_prefix_caching:
+            revived: set[int] = set()
+            for seq in seqs:
+                hits = self._prefix_hits(seq)
+                need -= len(hits)
+                revived.update(b for b, _ in hits if self._device.is_evictable(b))
+            need += len(revived)  # evictable hits are counted as free now
+        if self._device.num_free() - need >= self.watermark_blocks:
+            return AllocStatus.OK
+        return AllocStatus.LATER
+
+    def allocate(self, group: SequenceGroup) -> int:
+        """Give each live sequence its own blocks for ``seq.num_tokens`` slots (prefix-cache
+        hits shared). Returns the cached leading tokens (the minimum over sequences)."""
+        status = self.can_allocate(group)
+        if status is not AllocStatus.OK:
+            raise KVCacheError(f"allocate of request {group.request_id}: can_allocate is {status}")
+        cached: int | None = None
+        for seq in group.live_seqs():
+            hits = self._prefix_hits(seq) if self.enable_prefix_caching else []
+            for block, _ in hits:
+                self._device.incref(block)
+            st = _SeqState([b for b, _ in hits], len(hits) * self.block_size)
+            if hits:
+                st.n_hashed, st.last_hash = len(hits), hits[-1][1]
+            self._grow(st, seq.num_tokens)
+            self._seqs[seq.seq_id] = st
+            n = len(hits) * self.block_size
+            cached = n if cached is None else min(cached, n)
+        return cached or 0
+
+    # -- growth -----------------------------------------------------------------------
+    def can_append(self, group: SequenceGroup) -> bool:
+        return self._append_need(group.live_seqs()) <= self._device.num_free()
+
+    def append(self, group: SequenceGroup) -> list[tuple[int, int]]:
+        seqs = group.live_seqs()
+        need = self._append_need(seqs)
+        free = self._device.num_free()
+        if need > free:
+            raise KVCacheError(
+                f"append for request {group.request_id} needs {need} blocks, {free} free"
+            )
+        pool, bs = self._device, self.block_size
+        copies: list[tuple[int, int]] = []
+        for seq in seqs:
+            st = self._seqs[seq.seq_id]
+            if seq.num_tokens > st.slots:
+                if st.slots % bs and pool.ref[st.table[-1]] > 1:
+                    old = st.table[-1]
+                    new = pool.allocate()
+                    pool.add_fill(new, pool.fill[old])
+                    pool.decref(old)
+                    st.table[-1] = new
+                    copies.append((old, new))
+                self._grow(st, seq.num_tokens)
+            if self.enable_prefix_caching:
+                self._register_computed(seq, st)
+        return copies
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> list[tuple[int, int]]:
+        """Share every block of the parent with the new child (ref + 1). No copies."""
+        parent = self._device_state(parent_seq_id)
+        if child_seq_id in self._seqs:
+            raise KVCacheError(f"fork: child seq {child_seq_id} already holds KV blocks")
+        for block in parent.table:
+            self._device.incref(block)
+        self._seqs[child_seq_id] = _SeqState(
+            list(parent.table), parent.slots, parent.n_hashed, parent.last_hash
+        )
+        return []
+
+    def free(self, seq_id: int) -> None:
+        st = self._state(seq_id)
+        del self._seqs[seq_id]
+        pool = self._cpu if st.on_cpu else self._device
+        for block in reversed(st.table):
+            pool.decref(block)
+
+    # -- swapping ---------------------------------------------------------------------
+    def can_swap_out(self, group: SequenceGroup) -> bool:
+        return self._distinct_blocks(self._live(group), on_cpu=False) <= self._cpu.num_free()
+
+    def swap_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
+        """Each distinct device block of the live sequences gets one CPU block (blocks
+        shared within the group stay shared). Returns ``(device, cpu)`` pairs."""
+        if not self.can_swap_out(group):
+            raise KVCacheError(f"swap_out of request {group.request_id}: CPU pool too small")
+        return self._move(group, self._device, self._cpu)
+
+    def can_swap_in(self, group: SequenceGroup) -> bool:
+        seqs = self._live(group)
+        need = self._distinct_blocks(seqs, on_cpu=True) + len(seqs)
+        return need <= self._device.num_free()
+
+    def swap_in(self, group: SequenceGroup) -> list[tuple[int, int]]:
+        """Reverse of :meth:`swap_out`. Returns ``(cpu, device)`` pairs."""
+        if not self.can_swap_in(group):
+            raise KVCacheError(f"swap_in of request {group.request_id}: not enough device blocks")
+        return self._move(group, self._cpu, self._device)
+
+    def _move(self, group: SequenceGroup, src: BlockPool, dst: BlockPool) -> list[tuple[int, int]]:
+        mapping: dict[int, int] = {}
+        to_cpu = dst is self._cpu
+        for seq in group.live_seqs():
+            st = self._seqs[seq.seq_id]
+            table = st.table
+            for i, block in enumerate(table):
+                moved = mapping.get(block)
+                if moved is None:
+                    moved = dst.allocate()
+                    dst.add_fill(moved, src.fill[block])
+                    mapping[block] = moved
+                else:
+                    dst.incref(moved)
+                table[i] = moved
+                src.decref(block)
+            st.on_cpu = to_cpu
+        return list(mapping.items())
+
+    # -- inspection -------------------------------------------------------------------
+    def block_table(self, seq_id: int) -> list[int]:
+        """A copy of the sequence's device block table (raises if swapped out)."""
+        return list(self._device_state(seq_id).table)
+
+    def num_slots(self, seq_id: int) -> int:
+        return self._state(seq_id).slots
+
+    def num_free_blocks(self) -> int:
+        """Device blocks free or evictable."""
+        return self._device.num_free()
+
+    def num_free_cpu_blocks(self) -> int:
+        return self._cpu.num_free()
+
+    def blocks_without_sharing(self) -> int:
+        """Device blocks the live sequences would use if no block were shared."""
+        return self._device.ref_total
+
+    def blocks_saved_by_sharing(self) -> int:
+        """Blocks needed without sharing minus blocks used (Kwon et al., Fig. 14/15)."""
+        return self._device.ref_total - self._device.num_used
+
+    def breakdown(self) -> MemoryBreakdown:
+        bs, pool = self.block_size, self._device
+        tokens = pool.num_filled
+        return MemoryBreakdown(
+            token_states=tokens,
+            reserved=0,
+            internal_frag=pool.num_used * bs - tokens,
+            allocator_padding=0,
+            free=pool.num_free() * bs,
+        )
+
+    def check_integrity(self) -> None:
+        """Recount ref counts from every block table (device and CPU) and check each
+        table's length and fills against the sequence's slots, then the pools."""
+        bs = self.block_size
+        refs = {False: [0] * self.num_device_blocks, True: [0] * self.num_cpu_blocks}
+        for sid, st in self._seqs.items():
+            pool = self._cpu if st.on_cpu else self._device
+            n = len(st.table)
+            if n != self._blocks_for(st.slots) or st.slots < 1:
+                raise KVCacheError(f"seq {sid}: {n} blocks for {st.slots} slots")
+            for i, block in enumerate(st.table):
+                refs[st.on_cpu][block] += 1
+                want = bs if i < n - 1 else st.slots - (n - 1) * bs
+                if pool.fill[block] != want:
+                    raise KVCacheError(
+                        f"seq {sid}: block {block} (#{i}) has fill {pool.fill[block]}, "
+                        f"expected {want}"
+                    )
+        self._device.check_integrity(refs[False])
+        self._cpu.check_integrity(refs[True])
+        total = self.breakdown().total
+        if total != self.num_device_blocks * bs:
+            raise KVCacheError(f"breakdown sums to {total}, capacity {self.num_device_blocks * bs}")
