@@ -1,0 +1,127 @@
+"""Triton KV store and block copy (interpreter on CPU) against the torch references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.block_ops import copy_blocks, gather_blocks, scatter_blocks
+from kernels.kv_store import store_kv
+from kernels.reference import (
+    ref_copy_blocks,
+    ref_gather_blocks,
+    ref_scatter_blocks,
+    ref_store_kv,
+)
+
+
+def rand(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("block_size", "kvh", "dim"), [(8, 2, 16), (16, 3, 24), (128, 1, 32)])
+def test_store_kv_matches_reference(
+    dtype: torch.dtype, block_size: int, kvh: int, dim: int
+) -> None:
+    num_blocks, num_tokens = 5, 11
+    gen = torch.Generator().manual_seed(block_size)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    slots[[2, 7]] = -1
+    # k and v as strided views of one fused projection, as a model produces them
+    kv = rand((num_tokens, 2, kvh, dim), dtype, seed=1)
+    k, v = kv[:, 0], kv[:, 1]
+    k_cache = rand((num_blocks, block_size, kvh, dim), dtype, seed=2)
+    v_cache = rand((num_blocks, block_size, kvh, dim), dtype, seed=3)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    store_kv(k, v, k_cache, v_cache, slots)
+    ref_store_kv(k, v, k_ref, v_ref, slots)
+    assert torch.equal(k_cache, k_ref)
+    assert torch.equal(v_cache, v_ref)
+    written = k_cache.reshape(-1, kvh, dim)[slots[slots >= 0]]
+    assert torch.equal(written, k[slots >= 0])
+
+
+def test_store_kv_casts_to_cache_dtype_and_all_padding_is_noop() -> None:
+    k, v = rand((4, 2, 16), torch.float32, 1), rand((4, 2, 16), torch.float32, 2)
+    k_cache = torch.zeros(2, 8, 2, 16, dtype=torch.float16)
+    v_cache = torch.zeros_like(k_cache)
+    slots = torch.tensor([9, 0, -1, 15], dtype=torch.int32)
+    store_kv(k, v, k_cache, v_cache, slots)
+    k_ref, v_ref = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    ref_store_kv(k, v, k_ref, v_ref, slots)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    before = k_cache.clone()
+    store_kv(k, v, k_cache, v_cache, torch.full((4,), -1, dtype=torch.int64))
+    assert torch.equal(k_cache, before)
+
+
+def test_store_kv_rejects_bad_shapes() -> None:
+    cache = torch.zeros(2, 8, 2, 16)
+    k = torch.zeros(3, 2, 16)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        store_kv(k, k, cache, cache, torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="cache rows"):
+        store_kv(torch.zeros(3, 1, 16), torch.zeros(3, 1, 16), cache, cache, torch.zeros(3).long())
+    with pytest.raises(ValueError, match="power of two"):
+        store_kv(k, k, cache[:, :6], cache[:, :6], torch.zeros(3, dtype=torch.int64))
+
+
+def test_copy_blocks_matches_reference_across_caches() -> None:
+    caches = [
+        rand((9, 8, 2, 16), torch.float32, 1),
+        rand((9, 8, 2, 16), torch.float16, 2),
+        rand((9, 64, 3, 24), torch.float32, 3),  # block larger than one copy chunk
+    ]
+    refs = [c.clone() for c in caches]
+    pairs = torch.tensor([[0, 4], [2, 7], [0, 5], [8, 1]], dtype=torch.int64)
+    copy_blocks(caches, pairs)
+    ref_copy_blocks(refs, pairs)
+    for got, ref in zip(caches, refs, strict=True):
+        assert torch.equal(got, ref)
+        assert torch.equal(got[4], got[0]) and torch.equal(got[1], got[8])
+    copy_blocks(caches, torch.zeros(0, 2, dtype=torch.int64))
+    for got, ref in zip(caches, refs, strict=True):
+        assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize(
+    ("pairs", "error", "match"),
+    [
+        ([[0, 1], [2, 1]], ValueError, "repeat"),
+        ([[0, 1], [1, 2]], ValueError, "also a source"),
+        ([[0, 9]], IndexError, "out of range"),
+        ([[0, 1, 2]], ValueError, r"\[N, 2\]"),
+    ],
+)
+def test_copy_blocks_rejects_bad_pairs(pairs: list, error: type, match: str) -> None:
+    cache = torch.zeros(9, 8, 2, 16)
+    with pytest.raises(error, match=match):
+        copy_blocks([cache], torch.tensor(pairs))
+
+
+def test_gather_then_scatter_round_trips_blocks() -> None:
+    cache = rand((10, 16, 2, 16), torch.float16, 4)
+    ids = torch.tensor([7, 2, 9], dtype=torch.int64)
+    swapped = gather_blocks(cache, ids)
+    assert torch.equal(swapped, ref_gather_blocks(cache, ids))
+    swapped_copy = swapped.clone()
+    cache[ids] = 0  # the blocks are reused while swapped out; the gathered copy must not alias
+    assert torch.equal(swapped, swapped_copy)
+    dest = torch.tensor([0, 5, 3], dtype=torch.int32)
+    ref = cache.clone()
+    scatter_blocks(cache, dest, swapped)
+    ref_scatter_blocks(ref, dest, swapped)
+    assert torch.equal(cache, ref)
+    assert torch.equal(cache[dest.long()], swapped)
+
+
+def test_swap_ops_reject_bad_inputs() -> None:
+    cache = torch.zeros(4, 8, 2, 16)
+    with pytest.raises(IndexError, match="out of range"):
+        gather_blocks(cache, torch.tensor([4]))
+    with pytest.raises(ValueError, match="data must be"):
+        scatter_blocks(cache, torch.tensor([1]), torch.zeros(2, 8, 2, 16))
+    with pytest.raises(ValueError, match="repeat"):
+        scatter_blocks(cache, torch.tensor([1, 1]), torch.zeros(2, 8, 2, 16))
