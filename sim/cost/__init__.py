@@ -30,7 +30,8 @@ def build_cost_model(
     """Build a cost model by kind.
 
     - ``"roofline"``: ``kw`` goes to :class:`RooflineCostModel` (``dtype_bytes``,
-      ``efficiency`` — an :class:`Efficiency` or a dict of its fields —, ``block_size``);
+      ``efficiency`` — an :class:`Efficiency` or a dict for ``Efficiency.from_config`` —,
+      ``block_size``);
     - ``"calibrated"``: ``steps=`` a steps DataFrame to fit, or ``coefficients=`` (and
       optionally ``fit_stats=``) from a previous fit; other ``kw`` as for the constructor;
     - ``"recorded"``: ``step_times=`` the measured step seconds in order.
@@ -38,7 +39,7 @@ def build_cost_model(
     if kind == "roofline":
         eff = kw.pop("efficiency", None)
         if isinstance(eff, dict):
-            eff = Efficiency(**eff)
+            eff = Efficiency.from_config(eff)
         return RooflineCostModel(model, gpu, tp, efficiency=eff, **kw)
     if kind == "calibrated":
         if "steps" in kw:

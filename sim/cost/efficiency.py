@@ -7,6 +7,7 @@ calibration on ONE named published data point) and is printed beside any reprodu
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 _FIELDS = ("compute", "memory", "per_step_overhead_s", "allreduce_latency_s", "pcie_bandwidth")
 
@@ -66,6 +67,13 @@ class Efficiency:
         if undocumented:
             raise ValueError(f"give a source for {sorted(undocumented)}")
         return replace(self, **values, source={**self.source, **sources})  # type: ignore[arg-type]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Efficiency:
+        """Defaults overridden by ``config``'s fields; ``config["source"]`` must give a
+        source text for each overridden field."""
+        values = {k: v for k, v in config.items() if k != "source"}
+        return cls().with_values(dict(config.get("source", {})), **values)
 
     def describe(self) -> str:
         """A printable table: field, value, source."""

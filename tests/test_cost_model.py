@@ -1,0 +1,316 @@
+"""Roofline, recorded and calibrated cost models."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from core.plan import BatchShape
+from sim.catalog import get_gpu, get_model
+from sim.cost import (
+    CalibratedCostModel,
+    CostModel,
+    Efficiency,
+    RecordedCostModel,
+    RooflineCostModel,
+    build_cost_model,
+)
+from sim.cost.calibrated import TERMS, nnls
+
+
+def decode(seqs: int, ctx_each: int) -> BatchShape:
+    return BatchShape(decode_seqs=seqs, decode_ctx_tokens=seqs * ctx_each)
+
+
+def prefill(tokens: int, seqs: int = 1) -> BatchShape:
+    per = tokens // seqs
+    return BatchShape(
+        prefill_tokens=per * seqs, prefill_seqs=seqs, prefill_attn_pairs=seqs * per * (per + 1) // 2
+    )
+
+
+@pytest.fixture
+def opt13b() -> RooflineCostModel:
+    return RooflineCostModel("opt-13b", "a100-40gb")
+
+
+def test_empty_step_costs_nothing(opt13b: RooflineCostModel) -> None:
+    assert opt13b.step_time(BatchShape()) == 0.0
+    eff = Efficiency().with_values({"per_step_overhead_s": "test"}, per_step_overhead_s=0.01)
+    assert RooflineCostModel("opt-13b", "a100-40gb", efficiency=eff).step_time(BatchShape()) == 0
+
+
+def test_monotone_in_tokens_and_context(opt13b: RooflineCostModel) -> None:
+    for n in (1, 8, 64, 256):
+        times = [opt13b.step_time(decode(n, c)) for c in (16, 256, 1024, 2048)]
+        assert times == sorted(times) and times[0] < times[-1]
+    by_batch = [opt13b.step_time(decode(n, 512)) for n in (1, 4, 32, 128, 256)]
+    assert by_batch == sorted(by_batch) and by_batch[0] < by_batch[-1]
+    by_prefill = [opt13b.step_time(prefill(t)) for t in (16, 128, 512, 2048)]
+    assert by_prefill == sorted(by_prefill) and by_prefill[0] < by_prefill[-1]
+    cached = dataclasses.replace(prefill(256), prefill_kv_read_tokens=1024)
+    assert opt13b.step_time(cached) > opt13b.step_time(prefill(256))
+
+
+def test_decode_batch_one_is_weight_bandwidth_bound(opt13b: RooflineCostModel) -> None:
+    m, g = get_model("opt-13b"), get_gpu("a100-40gb")
+    weights_time = m.num_params() * 2 / (g.mem_bandwidth * 0.90)
+    t = opt13b.step_time(decode(1, 512))
+    assert 0.015 < t < 0.020  # order 17 ms
+    assert t == pytest.approx(weights_time, rel=0.03)
+    # Memory-bound: doubling bandwidth halves it, doubling FLOPs changes nothing.
+    fast_mem = RooflineCostModel("opt-13b", dataclasses.replace(g, mem_bandwidth=2 * 1555e9))
+    fast_flops = RooflineCostModel("opt-13b", dataclasses.replace(g, peak_flops=2 * 312e12))
+    assert fast_mem.step_time(decode(1, 512)) == pytest.approx(t / 2, rel=1e-9)
+    assert fast_flops.step_time(decode(1, 512)) == pytest.approx(t, rel=1e-9)
+
+
+def test_large_prefill_is_compute_bound(opt13b: RooflineCostModel) -> None:
+    g = get_gpu("a100-40gb")
+    shape = prefill(2048)
+    t = opt13b.step_time(shape)
+    w = opt13b.work(shape)
+    flop_time = (w["linear_flops"] + w["attn_flops"]) / (g.peak_flops * 0.79)
+    assert t == pytest.approx(flop_time, rel=1e-9)
+    fast_flops = RooflineCostModel("opt-13b", dataclasses.replace(g, peak_flops=2 * 312e12))
+    assert fast_flops.step_time(shape) == pytest.approx(t / 2, rel=1e-9)
+
+
+def test_linear_flops_count_matmul_params_per_token(opt13b: RooflineCostModel) -> None:
+    m = get_model("opt-13b")
+    w = opt13b.work(
+        BatchShape(
+            prefill_tokens=10,
+            prefill_seqs=2,
+            decode_seqs=3,
+            decode_ctx_tokens=300,
+            prefill_attn_pairs=40,
+        )
+    )
+    matmul = m.num_layers * m.layer_matmul_params()
+    assert w["linear_flops"] == 2 * matmul * 13 + 2 * m.lm_head_params() * 5
+    assert w["attn_flops"] == 4 * m.head_dim * m.num_heads * m.num_layers * (40 + 300)
+
+
+def test_tensor_parallel_halves_weight_time_and_adds_allreduce() -> None:
+    one = RooflineCostModel("opt-13b", "a100-40gb", tp=1)
+    two = RooflineCostModel("opt-13b", "a100-40gb", tp=2)
+    shape = decode(1, 512)
+    assert two.weight_bytes == one.weight_bytes / 2
+    t1, t2 = one.step_time(shape), two.step_time(shape)
+    assert t1 / 2 < t2 < t1
+    m, g = get_model("opt-13b"), get_gpu("a100-40gb")
+    no_link_cost = dataclasses.replace(g, nvlink_bandwidth=1e30)
+    t2_compute = RooflineCostModel("opt-13b", no_link_cost, tp=2).step_time(shape)
+    assert t2_compute == pytest.approx(t1 / 2, rel=1e-3)  # weights dominate, split in two
+    # Ring all-reduce, 2 per layer: 2 (tp-1)/tp × (1 token × hidden × 2 B) / NVLink.
+    allreduce = 2 * m.num_layers * (2 * 1 / 2) * m.hidden_size * 2 / g.nvlink_bandwidth
+    assert t2 - t2_compute == pytest.approx(allreduce, rel=1e-6)
+    slow = Efficiency().with_values({"allreduce_latency_s": "test"}, allreduce_latency_s=1e-5)
+    t2_lat = RooflineCostModel("opt-13b", "a100-40gb", tp=2, efficiency=slow).step_time(shape)
+    assert t2_lat == pytest.approx(t2 + 2 * m.num_layers * 1e-5, rel=1e-9)
+
+
+def test_swaps_and_copies_cost_block_transfers(opt13b: RooflineCostModel) -> None:
+    g = get_gpu("a100-40gb")
+    block_bytes = 16 * 800 * 1024
+    base = decode(8, 256)
+    swapped = dataclasses.replace(base, swap_in_blocks=3, swap_out_blocks=2)
+    extra = opt13b.step_time(swapped) - opt13b.step_time(base)
+    assert extra == pytest.approx(5 * block_bytes / g.pcie_bandwidth, rel=1e-9)
+    copied = dataclasses.replace(base, copy_blocks=4)
+    extra = opt13b.step_time(copied) - opt13b.step_time(base)
+    assert extra == pytest.approx(4 * 2 * block_bytes / (g.mem_bandwidth * 0.9), rel=1e-9)
+    assert opt13b.step_time(BatchShape(swap_out_blocks=1)) > 0
+
+
+def test_per_step_overhead_is_added_once(opt13b: RooflineCostModel) -> None:
+    eff = Efficiency().with_values({"per_step_overhead_s": "test"}, per_step_overhead_s=0.004)
+    slow = RooflineCostModel("opt-13b", "a100-40gb", efficiency=eff)
+    for shape in (decode(1, 10), prefill(512), BatchShape(swap_in_blocks=2)):
+        assert slow.step_time(shape) == pytest.approx(opt13b.step_time(shape) + 0.004)
+
+
+def test_efficiency_defaults_validation_and_description() -> None:
+    eff = Efficiency()
+    assert eff.compute == pytest.approx(0.79) and eff.memory == pytest.approx(0.90)
+    assert eff.per_step_overhead_s == 0.0
+    text = eff.describe()
+    for name in ("compute", "memory", "per_step_overhead_s", "allreduce_latency_s"):
+        assert name in text
+    assert "H200" in text and "lower bound" in text
+    with pytest.raises(ValueError, match="compute must be in"):
+        Efficiency(compute=1.5)
+    with pytest.raises(ValueError, match="source lacks an entry for memory"):
+        Efficiency(source={"compute": "x"})
+    with pytest.raises(ValueError, match="give a source"):
+        eff.with_values({}, compute=0.5)
+    with pytest.raises(ValueError, match="unknown efficiency fields"):
+        eff.with_values({"speed": "x"}, speed=2.0)
+
+
+def test_roofline_rejects_bad_parallelism() -> None:
+    with pytest.raises(ValueError, match="cannot be split over tp=3"):
+        RooflineCostModel("opt-13b", "a100-40gb", tp=3)
+
+
+def test_recorded_replays_in_order_then_fails_clearly() -> None:
+    rec = RecordedCostModel([0.1, 0.2, 0.3])
+    assert isinstance(rec, CostModel)
+    got = [rec.step_time(decode(1, 1)) for _ in range(3)]
+    assert got == [0.1, 0.2, 0.3]
+    assert rec.steps_left == 0 and rec.steps_used == 3
+    with pytest.raises(IndexError, match="ran out of step times after 3 steps"):
+        rec.step_time(decode(1, 1))
+    with pytest.raises(ValueError, match=r"step time 1 is -1\.0"):
+        RecordedCostModel([0.1, -1.0])
+
+
+def _synthetic_steps(rng: np.random.Generator, n: int) -> pd.DataFrame:
+    rows = []
+    for _ in range(n):
+        if rng.random() < 0.4:
+            lengths = rng.integers(8, 700, size=rng.integers(1, 6))
+            starts = rng.integers(0, 300, size=len(lengths)) * (rng.random() < 0.3)
+            rows.append(
+                {
+                    "prefill_tokens": int(lengths.sum()),
+                    "prefill_seqs": len(lengths),
+                    "prefill_attn_pairs": int(
+                        (lengths * starts + lengths * (lengths + 1) // 2).sum()
+                    ),
+                    "prefill_kv_read_tokens": int(starts.sum()),
+                    "decode_seqs": 0,
+                    "decode_ctx_tokens": 0,
+                }
+            )
+        else:
+            seqs = int(rng.integers(1, 200))
+            rows.append(
+                {
+                    "prefill_tokens": 0,
+                    "prefill_seqs": 0,
+                    "prefill_attn_pairs": 0,
+                    "prefill_kv_read_tokens": 0,
+                    "decode_seqs": seqs,
+                    "decode_ctx_tokens": int(rng.integers(seqs, seqs * 1500)),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _durations(model: CalibratedCostModel, df: pd.DataFrame, coef: dict[str, float]) -> np.ndarray:
+    cols = [
+        df[c].to_numpy(dtype=float)
+        for c in (
+            "prefill_tokens",
+            "prefill_seqs",
+            "prefill_attn_pairs",
+            "prefill_kv_read_tokens",
+            "decode_seqs",
+            "decode_ctx_tokens",
+        )
+    ]
+    basis = np.column_stack(model.basis(*cols))
+    return basis @ np.array([coef[t] for t in TERMS])
+
+
+def test_calibrated_fit_recovers_known_coefficients() -> None:
+    rng = np.random.default_rng(7)
+    df = _synthetic_steps(rng, 300)
+    true = {"constant": 0.003, "linear_flop_time": 1.4, "attn_flop_time": 2.5, "byte_time": 1.2}
+    probe = CalibratedCostModel("opt-13b", "a100-40gb", dict.fromkeys(TERMS, 0.0))
+    df["duration_s"] = _durations(probe, df, true)
+    fitted = CalibratedCostModel.fit(df, "opt-13b", "a100-40gb")
+    for term in TERMS:
+        assert fitted.coefficients[term] == pytest.approx(true[term], rel=1e-4), term
+    assert fitted.fit_stats["r2"] == pytest.approx(1.0, abs=1e-9)
+    assert fitted.fit_stats["mape"] < 1e-6
+    shape = decode(16, 300)
+    expected = _durations(
+        probe,
+        pd.DataFrame(
+            [
+                {
+                    "prefill_tokens": 0,
+                    "prefill_seqs": 0,
+                    "prefill_attn_pairs": 0,
+                    "prefill_kv_read_tokens": 0,
+                    "decode_seqs": 16,
+                    "decode_ctx_tokens": 4800,
+                }
+            ]
+        ),
+        true,
+    )[0]
+    assert fitted.step_time(shape) == pytest.approx(expected, rel=1e-4)
+    assert fitted.step_time(BatchShape()) == 0.0
+    assert "R²=1.0000" in fitted.describe()
+
+
+def test_calibrated_fit_keeps_coefficients_non_negative_under_noise() -> None:
+    rng = np.random.default_rng(3)
+    df = _synthetic_steps(rng, 200)
+    true = {"constant": 0.0, "linear_flop_time": 1.3, "attn_flop_time": 0.0, "byte_time": 1.1}
+    probe = CalibratedCostModel("opt-13b", "a100-40gb", dict.fromkeys(TERMS, 0.0))
+    clean = _durations(probe, df, true)
+    df["duration_s"] = clean * (1 + 0.05 * rng.standard_normal(len(df)))
+    fitted = CalibratedCostModel.fit(df, "opt-13b", "a100-40gb")
+    assert all(v >= 0.0 for v in fitted.coefficients.values())
+    assert fitted.coefficients["linear_flop_time"] == pytest.approx(1.3, rel=0.1)
+    assert fitted.coefficients["byte_time"] == pytest.approx(1.1, rel=0.1)
+    assert 0.9 < fitted.fit_stats["r2"] <= 1.0
+    assert 0.0 < fitted.fit_stats["mape"] < 0.1
+
+
+def test_calibrated_round_trip_and_errors() -> None:
+    coef = {"constant": 0.001, "linear_flop_time": 1.2, "attn_flop_time": 1.0, "byte_time": 1.1}
+    model = CalibratedCostModel("tiny-llama", "h200", coef, fit_stats={"r2": 0.9})
+    again = CalibratedCostModel.from_dict(model.to_dict())
+    assert again.coefficients == model.coefficients
+    assert again.step_time(decode(4, 40)) == model.step_time(decode(4, 40))
+    with pytest.raises(ValueError, match="lacks columns"):
+        CalibratedCostModel.fit(pd.DataFrame({"duration_s": [1.0]}), "opt-13b", "a100-40gb")
+    too_few = _synthetic_steps(np.random.default_rng(0), 3).assign(duration_s=0.01)
+    with pytest.raises(ValueError, match="need at least 4 non-empty steps"):
+        CalibratedCostModel.fit(too_few, "opt-13b", "a100-40gb")
+    with pytest.raises(ValueError, match="coefficients lack"):
+        CalibratedCostModel("opt-13b", "a100-40gb", {"constant": 1.0})
+
+
+def test_nnls_satisfies_optimality_conditions() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(50):
+        a = rng.standard_normal((25, 5))
+        b = rng.standard_normal(25)
+        x = nnls(a, b)
+        grad = a.T @ (b - a @ x)
+        assert (x >= 0).all()
+        assert (grad <= 1e-9).all()
+        assert np.allclose(grad[x > 0], 0.0, atol=1e-9)
+    a = rng.standard_normal((20, 3))
+    x_true = np.array([0.5, 2.0, 1.0])
+    assert np.allclose(nnls(a, a @ x_true), x_true)
+
+
+def test_build_cost_model_by_kind() -> None:
+    eff = {"compute": 0.5, "source": {"compute": "test value"}}
+    roof = build_cost_model("roofline", "opt-13b", "a100-40gb", efficiency=eff)
+    assert isinstance(roof, RooflineCostModel) and roof.efficiency.compute == 0.5
+    assert "test value" in roof.describe()
+    with pytest.raises(ValueError, match="give a source"):
+        build_cost_model("roofline", "opt-13b", "a100-40gb", efficiency={"compute": 0.5})
+    rec = build_cost_model("recorded", "opt-13b", "a100-40gb", step_times=[0.5])
+    assert rec.step_time(decode(1, 1)) == 0.5
+    coef = dict.fromkeys(TERMS, 1.0)
+    cal = build_cost_model("calibrated", "opt-13b", "a100-40gb", coefficients=coef)
+    assert isinstance(cal, CalibratedCostModel)
+    for m in (roof, rec, cal):
+        assert isinstance(m, CostModel) and m.describe()
+    with pytest.raises(ValueError, match=r"unknown cost model kind 'magic'.*roofline"):
+        build_cost_model("magic", "opt-13b", "a100-40gb")
+    with pytest.raises(ValueError, match="needs step_times="):
+        build_cost_model("recorded", "opt-13b", "a100-40gb")
