@@ -1,0 +1,299 @@
+"""Tables, figures and the markdown report of ``experiments.reproduce``.
+
+Numbers in the report are what the runs computed; the paper's numbers stand beside them
+(``experiments.paper``). Figures: matplotlib, PNG and PDF (fonttype 42).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments.paper import FIG2_BREAKDOWN, FIG12_SHAREGPT_RATIO, FIG13_BATCH, SYSTEM_LABELS
+from experiments.setup import as_dict
+from sim.capacity import format_table1, table1
+from sim.cost.roofline import RooflineCostModel
+
+PARTS = ("token_states", "reserved", "internal_frag", "external_frag")
+PART_LABELS = {
+    "token_states": "Token states",
+    "reserved": "Reservation",
+    "internal_frag": "Internal frag.",
+    "external_frag": "External frag. & other",
+    "free": "Free (nobody waiting)",
+}
+
+
+def _plt():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        matplotlib.rcParams["pdf.fonttype"] = 42
+        matplotlib.rcParams["ps.fonttype"] = 42
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise SystemExit("figures need matplotlib: pip install -e '.[plot]'") from e
+    return plt
+
+
+def _save(fig: Any, out: Path, stem: str) -> None:
+    fig.tight_layout()
+    fig.savefig(out / f"{stem}.png", dpi=150)
+    fig.savefig(out / f"{stem}.pdf")
+
+
+def fig2_table(fig2: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for _, r in fig2.iterrows():
+        s = r["system"]
+        row: dict[str, Any] = {"system": s}
+        for part in (*PARTS, "free"):
+            row[f"kvlab_{part}_pct"] = r[f"kv_{part}_pct"]
+            paper = FIG2_BREAKDOWN.get(s, {}).get(part)
+            row[f"paper_{part}_pct"] = paper
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_fig2(table: pd.DataFrame, out: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    colors = ["#4c72b0", "#dd8452", "#c44e52", "#8c8c8c", "#e5e5e5"]
+    labels: list[str] = []
+    x = 0.0
+    ticks = []
+    for _, r in table.iterrows():
+        for who in ("kvlab", "paper"):
+            bottom = 0.0
+            for part, color in zip((*PARTS, "free"), colors, strict=True):
+                v = r[f"{who}_{part}_pct"]
+                v = 0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else v
+                ax.bar(x, v, bottom=bottom, color=color, width=0.8,
+                       label=PART_LABELS[part] if x == 0 else None)  # fmt: skip
+                bottom += v
+            ticks.append(x)
+            labels.append(f"{SYSTEM_LABELS[r['system']]}\n{who}")
+            x += 1.0
+        x += 0.6
+    ax.set_xticks(ticks, labels, fontsize=7)
+    ax.set_ylabel("KV cache usage (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.set_title("Fig. 2: KV memory breakdown, OPT-13B, ShareGPT 2 req/s", fontsize=9)
+    _save(fig, out, "fig2_breakdown")
+    plt.close(fig)
+
+
+def plot_fig13(table: pd.DataFrame, out: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3))
+    xs = range(len(table))
+    ax.bar([i - 0.2 for i in xs], table["kvlab_mean_batch"], width=0.4, label="kvlab")
+    ax.bar([i + 0.2 for i in xs], table["paper_mean_batch"], width=0.4, label="paper")
+    ax.set_xticks(list(xs), [SYSTEM_LABELS[s] for s in table["system"]], fontsize=8)
+    ax.set_ylabel("# batched requests")
+    ax.set_title("Fig. 13: mean batched requests, OPT-13B, ShareGPT 2 req/s", fontsize=9)
+    ax.legend(fontsize=8)
+    _save(fig, out, "fig13_batch")
+    plt.close(fig)
+
+
+def plot_fig12(curves: pd.DataFrame, threshold: float, out: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for system, df in curves.groupby("system", sort=False):
+        df = df.sort_values("rate")
+        ax.plot(df["rate"], df["normalized_latency"], marker="o", ms=3,
+                label=SYSTEM_LABELS.get(system, system))  # fmt: skip
+    ax.axhline(threshold, color="k", lw=0.6, ls=":", label=f"threshold {threshold:g} s/token")
+    ax.set_xlabel("Request rate (req/s)")
+    ax.set_ylabel("Normalized latency (s/token)")
+    ax.set_ylim(0, max(threshold * 2, 1.0))
+    ax.set_xlim(0, max(2.0, float(curves["rate"].max())))
+    ax.set_title("Fig. 12: OPT-13B, ShareGPT (simulated)", fontsize=9)
+    ax.legend(fontsize=7)
+    _save(fig, out, "fig12_opt13b_sharegpt")
+    plt.close(fig)
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    if v is None or (isinstance(v, float) and (math.isnan(v))):
+        return "—"
+    if isinstance(v, float) and math.isinf(v):
+        return "∞"
+    return format(v, spec)
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_outputs(
+    out: Path,
+    fig2: pd.DataFrame,
+    curves: pd.DataFrame,
+    capacity: pd.DataFrame,
+    cfg: Any,
+    duration: float,
+    threshold: float,
+    wall_s: float,
+) -> None:
+    """Write every CSV, figure and ``report.md`` into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    t1 = table1()
+    t1_df = pd.DataFrame([dataclasses.asdict(r) for r in t1])
+    t1_df.to_csv(out / "table1.csv", index=False)
+
+    f2 = fig2_table(fig2)
+    f2.to_csv(out / "fig2_breakdown.csv", index=False)
+    plot_fig2(f2, out)
+
+    f13 = pd.DataFrame(
+        {
+            "system": fig2["system"],
+            "kvlab_mean_batch": fig2["mean_batch_size"],
+            "paper_mean_batch": [FIG13_BATCH.get(s) for s in fig2["system"]],
+        }
+    )
+    f13["kvlab_over_paper"] = f13["kvlab_mean_batch"] / f13["paper_mean_batch"]
+    f13.to_csv(out / "fig13_batch.csv", index=False)
+    plot_fig13(f13, out)
+
+    if len(curves):
+        curves.sort_values(["system", "rate"]).to_csv(out / "fig12_opt13b_sharegpt.csv",
+                                                      index=False)  # fmt: skip
+        capacity.to_csv(out / "fig12_capacity.csv", index=False)
+        plot_fig12(curves, threshold, out)
+
+    c = as_dict(cfg)
+    cost = RooflineCostModel(c["model"]["name"], c["hardware"]["name"], int(c["model"]["tp"]))
+    text = _report(f2, f13, capacity, t1, cost.describe(), fig2, duration, threshold, wall_s)
+    (out / "report.md").write_text(text)
+
+
+def _report(
+    f2: pd.DataFrame,
+    f13: pd.DataFrame,
+    capacity: pd.DataFrame,
+    t1: list[Any],
+    cost_text: str,
+    fig2_runs: pd.DataFrame,
+    duration: float,
+    threshold: float,
+    wall_s: float,
+) -> str:
+    parts = [
+        "# kvlab reproduction of the vLLM paper (simulated)",
+        "",
+        f"OPT-13B on one A100-40GB, synthetic ShareGPT-like requests, Poisson arrivals, "
+        f"{duration:.0f}-second traces, seed as configured. Generated by "
+        f"`python -m experiments.reproduce` in {wall_s:.0f} s. Every number below is what "
+        "kvlab computed; the paper's are beside it (Kwon et al., SOSP 2023).",
+        "",
+        "## Cost model (printed beside every reproduced figure)",
+        "",
+        "```",
+        cost_text.strip(),
+        "```",
+        "",
+        "## Table 1: KV cache capacity",
+        "",
+        "```",
+        format_table1(t1).strip(),
+        "```",
+        "",
+        "## Fig. 2: KV memory breakdown (% of KV slots, time-averaged)",
+        "",
+    ]
+    rows = []
+    for _, r in f2.iterrows():
+        cells = [SYSTEM_LABELS[r["system"]]]
+        for part in PARTS:
+            cells.append(f"{_fmt(r[f'kvlab_{part}_pct'])} ({_fmt(r[f'paper_{part}_pct'])})")
+        cells.append(_fmt(r["kvlab_free_pct"]))
+        rows.append(cells)
+    parts.append(
+        _md_table(
+            ["system", *(f"{PART_LABELS[p]} kvlab (paper)" for p in PARTS), "free kvlab"], rows
+        )
+    )
+    parts += [
+        "",
+        "Definitions (kvlab): token states = slots holding K/V; reservation = slots set aside "
+        "for tokens the request will still generate; internal fragmentation = slots reserved "
+        "beyond the true output (contiguous) or the unfilled tail of each last block (paged); "
+        "external fragmentation & other = buddy-allocator rounding plus free slots while "
+        "requests wait for admission; free = free slots with nobody waiting.",
+        "",
+        "## Fig. 13: mean batched requests (ShareGPT, 2 req/s)",
+        "",
+        _md_table(
+            ["system", "kvlab", "paper", "kvlab / paper"],
+            [
+                [
+                    SYSTEM_LABELS[r["system"]],
+                    _fmt(r["kvlab_mean_batch"], ".2f"),
+                    _fmt(r["paper_mean_batch"], ".2f"),
+                    _fmt(r["kvlab_over_paper"], ".2f"),
+                ]
+                for _, r in f13.iterrows()
+            ],
+        ),  # fmt: skip
+        "",
+        "Other metrics of the same runs:",
+        "",
+        _md_table(
+            ["system", "completed", "req/s", "normalized latency (s/token)", "preemptions"],
+            [
+                [
+                    SYSTEM_LABELS[r["system"]],
+                    str(r["completed"]),
+                    _fmt(r["request_throughput"], ".3f"),
+                    _fmt(r["normalized_latency"], ".3f"),
+                    str(r["num_preemptions"]),
+                ]
+                for _, r in fig2_runs.iterrows()
+            ],
+        ),  # fmt: skip
+        "",
+    ]
+    if len(capacity):
+        parts += [
+            "## Fig. 12 (OPT-13B, ShareGPT): sustainable request rate",
+            "",
+            f"Highest rate whose normalized latency stays <= {threshold:g} s/token "
+            "(grid plus bisection; `fig12_opt13b_sharegpt.csv` has every point).",
+            "",
+            _md_table(
+                ["system", "max rate (req/s)", "vLLM / system", "paper: vLLM / system"],
+                [
+                    [
+                        SYSTEM_LABELS[r["system"]],
+                        _fmt(r["max_rate"], ".3f"),
+                        _fmt(r["vllm_ratio"], ".2f"),
+                        _paper_ratio(r["system"]),
+                    ]
+                    for _, r in capacity.iterrows()
+                ],
+            ),  # fmt: skip
+            "",
+        ]
+    return "\n".join(parts) + "\n"
+
+
+def _paper_ratio(system: str) -> str:
+    if system == "vllm":
+        return "1"
+    lo, hi = FIG12_SHAREGPT_RATIO.get(system, (None, None))
+    if lo is None and hi is None:
+        return "not stated"
+    if lo is None:
+        return f"up to {hi:g}× (over 3 model sizes)"
+    return f"{lo:g}–{hi:g}× (over 3 model sizes)"

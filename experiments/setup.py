@@ -1,0 +1,87 @@
+"""Turning a config (Hydra DictConfig or a plain dict of the same shape) into the pieces
+both bodies run: the model and GPU specs, the KV budget, the request list and the
+scheduler factory. ``experiments.simulate`` and ``experiments.serve`` share this."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from core.request import Request
+from core.sched.base import BaseScheduler, SchedulerConfig
+from core.systems import build_scheduler, get_system
+from core.workload.spec import build_workload
+from sim.capacity import KVCapacity, kv_capacity
+from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
+
+GIB = 1024**3
+
+
+def as_dict(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return dict(cfg)
+
+
+@dataclass
+class RunSetup:
+    model: ModelSpec
+    gpu: GPUSpec
+    tp: int
+    capacity: KVCapacity
+    sched_config: SchedulerConfig
+    requests: list[Request]
+    make_scheduler: Callable[[], BaseScheduler]
+    max_model_len: int
+
+
+def scheduler_config(system: Mapping[str, Any], max_model_len: int) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_num_seqs=int(system.get("max_num_seqs", 256)),
+        max_num_batched_tokens=int(system.get("max_num_batched_tokens", 2560)),
+        max_model_len=max_model_len,
+        preemption_mode=str(system.get("preemption_mode", "recompute")),
+        chunked_prefill=bool(system.get("chunked_prefill", False)),
+    )
+
+
+def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
+    """Resolve every config group into concrete objects; errors name the bad field."""
+    c = as_dict(cfg)
+    model = get_model(c["model"]["name"])
+    gpu = get_gpu(c["hardware"]["name"])
+    tp = int(c["model"].get("tp", 1))
+    system = c["system"]
+    get_system(system["name"])
+    max_model_len = int(system.get("max_model_len") or model.max_model_len)
+    sched_config = scheduler_config(system, max_model_len)
+    kv_gb = c.get("kv_cache_gb")
+    capacity = kv_capacity(
+        model,
+        gpu,
+        tp=tp,
+        gpu_memory_utilization=float(c.get("gpu_memory_utilization", 0.9)),
+        max_num_batched_tokens=sched_config.max_num_batched_tokens,
+        max_num_seqs=sched_config.max_num_seqs,
+        kv_cache_bytes=None if kv_gb is None else int(float(kv_gb) * GIB),
+    )
+    swap_bytes = float(c.get("swap_space_gb", 4)) * GIB
+    num_cpu_slots = int(swap_bytes // capacity.bytes_per_token_per_gpu)
+    seed = int(c.get("seed", 0))
+    requests = build_workload(c["workload"], max_model_len=max_model_len, seed=seed)
+
+    def make_scheduler() -> BaseScheduler:
+        return build_scheduler(
+            system["name"],
+            capacity.num_slots,
+            config=sched_config,
+            block_size=int(system.get("block_size", 16)),
+            num_cpu_slots=num_cpu_slots,
+            watermark=float(system.get("watermark", 0.01)),
+            enable_prefix_caching=bool(system.get("enable_prefix_caching", False)),
+        )
+
+    return RunSetup(model, gpu, tp, capacity, sched_config, requests, make_scheduler, max_model_len)
