@@ -132,11 +132,16 @@ def _fmt_float(x: float) -> str:
 
 
 def write_trace(path: PathLike, requests: Iterable[Request]) -> None:
-    """Write requests in the native format (exact round trip with :func:`read_trace`)."""
+    """Write requests in the native format (exact round trip with :func:`read_trace`).
+
+    Request ids must be >= 0 (the reader rejects negative ids as malformed).
+    """
     with Path(path).open("w", encoding="utf-8", newline="") as f:
         f.write(NATIVE_MAGIC + "\n")
         f.write(",".join(NATIVE_COLUMNS) + "\n")
         for r in requests:
+            if r.request_id < 0:
+                raise RequestError(f"request_id must be >= 0 to be written, got {r.request_id}")
             s = r.sampling
             ids = "" if r.prompt_token_ids is None else " ".join(map(str, r.prompt_token_ids))
             row = (
