@@ -132,12 +132,13 @@ def test_greedy_decode_matches_hf(kind: str) -> None:
     tokens = _prompt(7, seed=3)
     cache = PagedCache(model.config, seed=4)
     (logits,) = cache.step(model, [(0, tokens)])
+    expected = _hf_logits(hf, tokens)
     kvlab_new, hf_new = [], []
     for _ in range(8):
-        tokens = [*tokens, int(logits[-1].argmax())]
-        kvlab_new.append(tokens[-1])
-        expected = _hf_logits(hf, tokens)  # no cache: the whole sequence every step
-        hf_new.append(int(_hf_logits(hf, tokens[:-1])[-1].argmax()))
+        kvlab_new.append(int(logits[-1].argmax()))
+        hf_new.append(int(expected[-1].argmax()))
+        tokens = [*tokens, kvlab_new[-1]]
+        expected = _hf_logits(hf, tokens)  # no HF cache: the whole sequence every step
         (logits,) = cache.step(model, [(0, tokens[-1:])])
         torch.testing.assert_close(logits[-1], expected[-1], atol=ATOL, rtol=RTOL)
     assert kvlab_new == hf_new
@@ -211,6 +212,15 @@ def test_checkpoint_config_must_match_model(tmp_path: Path) -> None:
         load_checkpoint(model, tmp_path)
     with pytest.raises(FileNotFoundError, match="no weights"):
         load_checkpoint(model, tmp_path / "..")
+
+
+def test_every_catalog_model_has_an_engine_config() -> None:
+    catalog = pytest.importorskip("sim.catalog")
+    for name, spec in catalog.MODELS.items():
+        config = ModelConfig.from_hf_dict(spec.to_hf_config())
+        shape = (config.family, config.num_layers, config.hidden_size, config.num_kv_heads)
+        assert shape == (spec.family, spec.num_layers, spec.hidden_size, spec.num_kv_heads), name
+        assert (config.head_dim, config.ffn_hidden_size) == (spec.head_dim, spec.ffn_hidden_size)
 
 
 def test_config_from_hf_dicts() -> None:
