@@ -22,7 +22,7 @@ STEP_COLUMNS = (
     "step",
     "start_s",
     "duration_s",
-    "num_prefill_seqs",
+    "prefill_seqs",
     "prefill_tokens",
     "prefill_attn_pairs",
     "prefill_kv_read_tokens",
