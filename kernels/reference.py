@@ -75,11 +75,9 @@ def ref_copy_blocks(caches: list[torch.Tensor], pairs: torch.Tensor) -> None:
 
 def ref_gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     """A copy of ``cache[block_ids]``."""
-    return (
-        torch.stack([cache[b].clone() for b in block_ids.tolist()])
-        if len(block_ids)
-        else (cache[:0].clone())
-    )
+    if len(block_ids) == 0:
+        return cache[:0].clone()
+    return torch.stack([cache[b].clone() for b in block_ids.tolist()])
 
 
 def ref_scatter_blocks(cache: torch.Tensor, block_ids: torch.Tensor, data: torch.Tensor) -> None:
