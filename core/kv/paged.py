@@ -323,8 +323,27 @@ class PagedKVCacheManager:
         """A copy of the sequence's device block table (raises if swapped out)."""
         return list(self._device_state(seq_id).table)
 
+    def cpu_block_table(self, seq_id: int) -> list[int]:
+        """A copy of a swapped-out sequence's CPU block table."""
+        st = self._state(seq_id)
+        if not st.on_cpu:
+            raise KVCacheError(f"seq {seq_id} is on the device, not swapped out")
+        return list(st.table)
+
+    def is_swapped(self, seq_id: int) -> bool:
+        return self._state(seq_id).on_cpu
+
     def num_slots(self, seq_id: int) -> int:
         return self._state(seq_id).slots
+
+    @property
+    def device_pool(self) -> BlockPool:
+        """The device blocks' ref counts and fills (read only; for tests and metrics)."""
+        return self._device
+
+    @property
+    def cpu_pool(self) -> BlockPool:
+        return self._cpu
 
     def num_free_blocks(self) -> int:
         """Device blocks free or evictable."""

@@ -1,0 +1,469 @@
+"""Tests for the paged KV-cache manager: examples plus a rule-based property test."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from core.kv.base import AllocStatus, KVCacheError, KVCacheManager
+from core.kv.paged import PagedKVCacheManager
+from core.request import Request, SamplingParams, Sequence, SequenceGroup, SequenceStatus
+
+_next_id = iter(range(10**9))
+
+
+def make_group(
+    prompt_len: int,
+    output_len: int = 10,
+    n: int = 1,
+    prompt: tuple[int, ...] | None = None,
+) -> SequenceGroup:
+    rid = next(_next_id)
+    req = Request(rid, 0.0, prompt_len, output_len, SamplingParams(n=n), prompt)
+    return SequenceGroup(req, first_seq_id=next(_next_id))
+
+
+def spawn(parent: Sequence) -> Sequence:
+    child = Sequence(next(_next_id), parent.group)
+    child.num_generated = parent.num_generated
+    child.num_computed = parent.num_computed
+    child.output_token_ids = list(parent.output_token_ids)
+    child.status = parent.status
+    parent.group.seqs.append(child)
+    return child
+
+
+def grow(m: PagedKVCacheManager, g: SequenceGroup) -> list[tuple[int, int]]:
+    for s in g.live_seqs():
+        s.num_computed = s.num_tokens
+        s.num_generated += 1
+        s.output_token_ids.append(7)
+    return m.append(g)
+
+
+def test_protocol_and_basic_growth() -> None:
+    m = PagedKVCacheManager(num_device_blocks=10, block_size=4, watermark=0.0)
+    assert isinstance(m, KVCacheManager)
+    g = make_group(prompt_len=5)
+    assert m.can_allocate(g) is AllocStatus.OK
+    assert m.allocate(g) == 0
+    sid = g.seqs[0].seq_id
+    assert m.block_table(sid) == [0, 1] and m.num_slots(sid) == 5
+    assert grow(m, g) == [] and m.block_table(sid) == [0, 1]  # 6 slots: last block has room
+    grow(m, g), grow(m, g)
+    assert m.num_slots(sid) == 8 and len(m.block_table(sid)) == 2
+    grow(m, g)
+    assert m.num_slots(sid) == 9 and m.block_table(sid) == [0, 1, 2]
+    b = m.breakdown()
+    assert (b.token_states, b.internal_frag, b.free, b.reserved, b.allocator_padding) == (
+        9,
+        3,
+        7 * 4,
+        0,
+        0,
+    )
+    m.check_integrity()
+    m.free(sid)
+    assert m.num_free_blocks() == 10
+    m.check_integrity()
+
+
+def test_fork_then_copy_on_write() -> None:
+    m = PagedKVCacheManager(num_device_blocks=10, block_size=4, watermark=0.0)
+    g = make_group(prompt_len=6, n=2)
+    m.allocate(g)
+    parent = g.seqs[0]
+    child = spawn(parent)
+    assert m.fork(parent.seq_id, child.seq_id) == []
+    assert m.block_table(child.seq_id) == m.block_table(parent.seq_id) == [0, 1]
+    assert m.blocks_saved_by_sharing() == 2 and m.blocks_without_sharing() == 4
+    copies = grow(m, g)
+    # The parent copies the shared half-full block; the child, now its only holder,
+    # writes in place.
+    assert copies == [(1, 2)]
+    assert m.block_table(parent.seq_id) == [0, 2] and m.block_table(child.seq_id) == [0, 1]
+    assert m.device_pool.ref[0] == 2 and m.device_pool.ref[1] == m.device_pool.ref[2] == 1
+    assert m.blocks_saved_by_sharing() == 1
+    assert m.breakdown().token_states == 4 + 3 + 3
+    m.check_integrity()
+
+
+def test_can_append_counts_cow_exactly() -> None:
+    m = PagedKVCacheManager(num_device_blocks=3, block_size=4, watermark=0.0)
+    g = make_group(prompt_len=6, n=2)
+    m.allocate(g)
+    spawn_id = spawn(g.seqs[0]).seq_id
+    m.fork(g.seqs[0].seq_id, spawn_id)
+    assert m.num_free_blocks() == 1
+    assert grow(m, g) == [(1, 2)]  # exactly one block was needed
+    m.check_integrity()
+
+
+def test_admission_watermark_and_never() -> None:
+    m = PagedKVCacheManager(num_device_blocks=100, block_size=16)  # watermark 1 block
+    assert m.watermark_blocks == 1
+    assert m.can_allocate(make_group(prompt_len=99 * 16)) is AllocStatus.OK
+    assert m.can_allocate(make_group(prompt_len=99 * 16 + 1)) is AllocStatus.NEVER
+    g = make_group(prompt_len=50 * 16)
+    m.allocate(g)
+    late = make_group(prompt_len=49 * 16 + 1)
+    assert m.can_allocate(late) is AllocStatus.LATER
+    with pytest.raises(KVCacheError, match="LATER"):
+        m.allocate(late)
+    m.check_integrity()
+    assert m.num_free_blocks() == 50
+
+
+def test_swap_round_trip_keeps_sharing() -> None:
+    m = PagedKVCacheManager(num_device_blocks=12, block_size=4, num_cpu_blocks=4, watermark=0.0)
+    g = make_group(prompt_len=9, n=2)
+    m.allocate(g)
+    a, b = g.seqs[0], spawn(g.seqs[0])
+    m.fork(a.seq_id, b.seq_id)
+    assert m.can_swap_out(g)
+    pairs = m.swap_out(g)
+    assert len(pairs) == 3 and m.num_free_blocks() == 12 and m.num_free_cpu_blocks() == 1
+    assert m.cpu_block_table(a.seq_id) == m.cpu_block_table(b.seq_id)
+    with pytest.raises(KVCacheError, match="swapped out"):
+        m.block_table(a.seq_id)
+    m.check_integrity()
+    assert m.can_swap_in(g)
+    back = m.swap_in(g)
+    assert [c for c, _ in back] == [c for _, c in pairs]
+    assert m.block_table(a.seq_id) == m.block_table(b.seq_id)
+    assert m.num_slots(a.seq_id) == m.num_slots(b.seq_id) == 9
+    assert m.num_free_cpu_blocks() == 4
+    m.check_integrity()
+
+
+def test_swap_in_needs_a_block_per_sequence() -> None:
+    m = PagedKVCacheManager(num_device_blocks=4, block_size=4, num_cpu_blocks=4, watermark=0.0)
+    g = make_group(prompt_len=12)
+    m.allocate(g)
+    m.swap_out(g)
+    filler = make_group(prompt_len=4)
+    m.allocate(filler)
+    assert not m.can_swap_in(g)  # 3 blocks + 1 for the next token, 3 free
+    with pytest.raises(KVCacheError, match="swap_in"):
+        m.swap_in(g)
+    m.free(filler.seqs[0].seq_id)
+    assert m.can_swap_in(g)
+
+
+def test_errors() -> None:
+    m = PagedKVCacheManager(num_device_blocks=2, block_size=4, watermark=0.0)
+    with pytest.raises(KVCacheError, match="unknown seq_id 42"):
+        m.free(42)
+    with pytest.raises(KVCacheError, match="unknown seq_id"):
+        m.block_table(42)
+    with pytest.raises(KVCacheError, match="unknown seq_id"):
+        m.num_slots(42)
+    with pytest.raises(KVCacheError, match="unknown seq_id"):
+        m.fork(42, 43)
+    g = make_group(prompt_len=8)
+    with pytest.raises(KVCacheError, match="unknown seq_id"):
+        m.can_append(g)
+    m.allocate(g)
+    with pytest.raises(KVCacheError, match="already holds"):
+        m.allocate(g)
+    g.seqs[0].num_generated += 1
+    assert not m.can_append(g)
+    with pytest.raises(KVCacheError, match="needs 1 blocks, 0 free"):
+        m.append(g)
+    assert m.num_slots(g.seqs[0].seq_id) == 8
+    assert not m.can_swap_out(g)  # no CPU pool
+    with pytest.raises(KVCacheError, match="CPU pool"):
+        m.swap_out(g)
+    with pytest.raises(KVCacheError, match="on the device"):
+        m.swap_in(g)
+    with pytest.raises(KVCacheError, match="already holds"):
+        m.fork(g.seqs[0].seq_id, g.seqs[0].seq_id)
+    m.check_integrity()
+    for bad in (
+        dict(num_device_blocks=0),
+        dict(num_device_blocks=4, block_size=0),
+        dict(num_device_blocks=4, watermark=1.0),
+        dict(num_device_blocks=4, num_cpu_blocks=-1),
+    ):
+        with pytest.raises(ValueError):
+            PagedKVCacheManager(**bad)  # type: ignore[arg-type]
+
+
+def test_prefix_cache_hit_eviction_and_errors() -> None:
+    m = PagedKVCacheManager(
+        num_device_blocks=6, block_size=4, watermark=0.0, enable_prefix_caching=True
+    )
+    prompt = tuple(range(100, 112))
+    a = make_group(12, prompt=prompt)
+    assert m.allocate(a) == 0
+    grow(m, a)  # computes the prompt: its 3 full blocks get indexed
+    b = make_group(12, prompt=prompt)
+    assert m.allocate(b) == 8  # the third block holds the last token: recomputed
+    assert m.block_table(b.seqs[0].seq_id)[:2] == m.block_table(a.seqs[0].seq_id)[:2]
+    m.free(a.seqs[0].seq_id)
+    m.free(b.seqs[0].seq_id)
+    assert m.num_free_blocks() == 6 and m.device_pool.num_evictable() == 3
+    assert m.breakdown().free == 24
+    c = make_group(10, prompt=(*prompt[:8], 1, 2))
+    assert m.allocate(c) == 8  # two cached blocks revived; the third stays evictable
+    assert m.device_pool.num_evictable() == 1 and m.num_free_blocks() == 3
+    m.check_integrity()
+    d = make_group(12, prompt=tuple(range(12)))
+    assert m.allocate(d) == 0  # takes the two free blocks and evicts the cached one
+    assert m.device_pool.num_evictable() == 0 and m.num_free_blocks() == 0
+    assert not set(m.block_table(d.seqs[0].seq_id)) & set(m.block_table(c.seqs[0].seq_id))
+    m.check_integrity()
+    m.free(d.seqs[0].seq_id)
+    again = make_group(12, prompt=prompt)
+    assert m.allocate(again) == 8  # the evicted third block is no longer a hit anyway
+    with pytest.raises(KVCacheError, match="prompt token ids"):
+        m.can_allocate(make_group(4))
+
+
+class PagedMachine(RuleBasedStateMachine):
+    """Random admissions, growth, forks, frees and swaps against brute-force recounts."""
+
+    prefix_caching = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.m: PagedKVCacheManager | None = None
+        self.running: list[SequenceGroup] = []
+        self.swapped: list[SequenceGroup] = []
+        self.content: dict[int, tuple[int, ...]] = {}  # device block -> tokens computed there
+        rng = random.Random(1)
+        self.bases = [tuple(rng.randrange(50) for _ in range(64)) for _ in range(3)]
+
+    @precondition(lambda self: self.m is None)
+    @rule(
+        blocks=st.integers(1, 40),
+        bs=st.sampled_from([1, 2, 4, 16]),
+        cpu=st.integers(0, 30),
+        watermark=st.sampled_from([0.0, 0.01, 0.1]),
+    )
+    def init(self, blocks: int, bs: int, cpu: int, watermark: float) -> None:
+        self.m = PagedKVCacheManager(blocks, bs, cpu, watermark, self.prefix_caching)
+
+    def tables(self) -> dict[int, list[int]]:
+        assert self.m is not None
+        return {s.seq_id: self.m.block_table(s.seq_id) for g in self.running for s in g.seqs}
+
+    @precondition(lambda self: self.m is not None)
+    @rule(prompt_len=st.integers(1, 60), n=st.integers(1, 3), base=st.integers(0, 2))
+    def admit(self, prompt_len: int, n: int, base: int) -> None:
+        m = self.m
+        assert m is not None
+        prompt = self.bases[base][:prompt_len] if self.prefix_caching else None
+        g = make_group(prompt_len, 50, n, prompt)
+        status = m.can_allocate(g)
+        need = -(-prompt_len // m.block_size)
+        assert (status is AllocStatus.NEVER) == (need > m.num_device_blocks - m.watermark_blocks)
+        if status is not AllocStatus.OK:
+            before = (m.breakdown(), m.num_free_blocks())
+            with pytest.raises(KVCacheError):
+                m.allocate(g)
+            assert (m.breakdown(), m.num_free_blocks()) == before
+            return
+        others = {b for t in self.tables().values() for b in t}
+        cached = m.allocate(g)
+        seq = g.seqs[0]
+        assert cached % m.block_size == 0 and 0 <= cached < seq.num_tokens
+        assert self.prefix_caching or cached == 0
+        event("prefix hit" if cached else "no prefix hit")
+        table = m.block_table(seq.seq_id)
+        hits = cached // m.block_size
+        for i, block in enumerate(table[:hits]):
+            assert self.content.get(block) == prompt[i * m.block_size : (i + 1) * m.block_size]
+        assert not set(table[hits:]) & others, "allocate handed out a block in use"
+        assert m.num_free_blocks() >= m.watermark_blocks
+        seq.num_computed = cached
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(g)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def step(self, data: st.DataObject) -> None:
+        m = self.m
+        assert m is not None
+        g = data.draw(st.sampled_from(self.running))
+        bs, pool = m.block_size, m.device_pool
+        for s in g.live_seqs():  # compute every token, record what each full block holds
+            s.num_computed = s.num_tokens
+            table, tokens = m.block_table(s.seq_id), s.token_ids() if self.prefix_caching else []
+            for i in range(s.num_tokens // bs):
+                if self.prefix_caching:
+                    self.content[table[i]] = tuple(tokens[i * bs : (i + 1) * bs])
+        for s in g.live_seqs():
+            s.num_generated += 1
+            s.output_token_ids.append(data.draw(st.integers(0, 49)))
+        before_tables = self.tables()
+        before_refs = list(pool.ref)
+        shared_fill = {b: pool.fill[b] for b in range(m.num_device_blocks) if pool.ref[b] > 1}
+        if not m.can_append(g):
+            with pytest.raises(KVCacheError):
+                m.append(g)
+            assert self.tables() == before_tables
+            for s in g.live_seqs():
+                s.num_generated -= 1
+                s.output_token_ids.pop()
+            return
+        copies = m.append(g)
+        after = self.tables()
+        for b, f in shared_fill.items():
+            if pool.fill[b] != f:  # only its last holder may write it, once the others copied
+                assert pool.ref[b] == 1, f"shared block {b} was written"
+                assert sum(src == b for src, _ in copies) == before_refs[b] - 1
+        old_blocks = {b for t in before_tables.values() for b in t}
+        for s in g.live_seqs():
+            t = after[s.seq_id]
+            assert m.num_slots(s.seq_id) == s.num_tokens
+            assert pool.ref[t[-1]] == 1, "appended into a shared block"
+            assert len(t) == -(-s.num_tokens // bs)
+            new = set(t) - set(before_tables[s.seq_id])
+            assert not new & old_blocks, "append handed out a block already in use"
+        for src, dst in copies:
+            assert src in old_blocks and dst not in old_blocks
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        m = self.m
+        assert m is not None
+        g = data.draw(st.sampled_from(self.running))
+        parent = data.draw(st.sampled_from(g.live_seqs()))
+        refs = list(m.device_pool.ref)
+        child = spawn(parent)
+        assert m.fork(parent.seq_id, child.seq_id) == []
+        table = m.block_table(child.seq_id)
+        assert table == m.block_table(parent.seq_id)
+        for b in table:
+            assert m.device_pool.ref[b] == refs[b] + 1
+
+    @precondition(lambda self: self.running or self.swapped)
+    @rule(data=st.data())
+    def finish_seq(self, data: st.DataObject) -> None:
+        m = self.m
+        assert m is not None
+        g = data.draw(st.sampled_from(self.running + self.swapped))
+        s = data.draw(st.sampled_from(g.live_seqs()))
+        m.free(s.seq_id)
+        s.status = SequenceStatus.FINISHED
+        g.seqs.remove(s)
+        with pytest.raises(KVCacheError, match="unknown seq_id"):
+            m.free(s.seq_id)
+        if not g.seqs:
+            (self.running if g in self.running else self.swapped).remove(g)
+
+    def structure(
+        self, g: SequenceGroup, table_of: Callable[[int], list[int]]
+    ) -> list[tuple[int, list[int]]]:
+        """Each seq's slots and its table renamed by first appearance (sharing pattern)."""
+        assert self.m is not None
+        names: dict[int, int] = {}
+        out = []
+        for s in g.live_seqs():
+            renamed = [names.setdefault(b, len(names)) for b in table_of(s.seq_id)]
+            out.append((self.m.num_slots(s.seq_id), renamed))
+        return out
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def swap_out(self, data: st.DataObject) -> None:
+        m = self.m
+        assert m is not None
+        g = data.draw(st.sampled_from(self.running))
+        shape = self.structure(g, m.block_table)
+        distinct = {b for s in g.live_seqs() for b in m.block_table(s.seq_id)}
+        if not m.can_swap_out(g):
+            assert len(distinct) > m.num_free_cpu_blocks()
+            with pytest.raises(KVCacheError):
+                m.swap_out(g)
+            return
+        pairs = m.swap_out(g)
+        assert sorted(d for d, _ in pairs) == sorted(distinct)
+        assert self.structure(g, m.cpu_block_table) == shape
+        self.running.remove(g)
+        g.set_status(SequenceStatus.SWAPPED)
+        self.swapped.append(g)
+
+    @precondition(lambda self: self.swapped)
+    @rule(data=st.data())
+    def swap_in(self, data: st.DataObject) -> None:
+        m = self.m
+        assert m is not None
+        g = data.draw(st.sampled_from(self.swapped))
+        shape = self.structure(g, m.cpu_block_table)
+        if not m.can_swap_in(g):
+            with pytest.raises(KVCacheError):
+                m.swap_in(g)
+            return
+        others = {b for t in self.tables().values() for b in t}
+        pairs = m.swap_in(g)
+        assert not {d for _, d in pairs} & others
+        assert self.structure(g, m.block_table) == shape
+        self.swapped.remove(g)
+        g.set_status(SequenceStatus.RUNNING)
+        self.running.append(g)
+
+    @invariant()
+    def recount(self) -> None:
+        m = self.m
+        if m is None:
+            return
+        m.check_integrity()
+        bs = m.block_size
+        dev = [0] * m.num_device_blocks
+        cpu = [0] * m.num_cpu_blocks
+        held: dict[int, int] = {}  # device block -> slots written there, from slot counts
+        for g in self.running:
+            for s in g.seqs:
+                slots = m.num_slots(s.seq_id)
+                for i, b in enumerate(m.block_table(s.seq_id)):
+                    dev[b] += 1
+                    n = min(bs, slots - i * bs)
+                    assert held.setdefault(b, n) == n, "holders of a block disagree on its fill"
+        for g in self.swapped:
+            for s in g.seqs:
+                for b in m.cpu_block_table(s.seq_id):
+                    cpu[b] += 1
+        assert dev == m.device_pool.ref and cpu == m.cpu_pool.ref
+        br = m.breakdown()
+        assert br.total == m.num_device_blocks * bs
+        assert br.token_states == sum(held.values())
+        assert br.internal_frag == len(held) * bs - br.token_states
+        assert br.free == (m.num_device_blocks - len(held)) * bs
+        assert m.blocks_saved_by_sharing() == sum(dev) - len(held)
+
+
+class PrefixCachingMachine(PagedMachine):
+    prefix_caching = True
+
+
+_settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestPagedMachine = PagedMachine.TestCase
+TestPagedMachine.settings = _settings
+TestPrefixCachingMachine = PrefixCachingMachine.TestCase
+TestPrefixCachingMachine.settings = _settings
+
+
+def test_prefix_cache_indexes_only_computed_blocks() -> None:
+    m = PagedKVCacheManager(
+        num_device_blocks=16, block_size=4, watermark=0.0, enable_prefix_caching=True
+    )
+    prompt = tuple(range(12))
+    a = make_group(12, prompt=prompt)
+    m.allocate(a)
+    assert m.allocate(make_group(12, prompt=prompt)) == 0  # nothing computed yet
+    a.seqs[0].num_computed = 4  # a prefill chunk wrote the first block
+    assert m.append(a) == []
+    assert m.allocate(make_group(12, prompt=prompt)) == 4
+    a.seqs[0].num_computed = 12
+    m.append(a)
+    assert m.allocate(make_group(12, prompt=prompt)) == 8
+    assert m.allocate(make_group(13, prompt=(*prompt, 0))) == 12
+    m.check_integrity()
