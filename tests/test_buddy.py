@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from core.kv.base import KVCacheError
 from core.kv.buddy import BuddyAllocator, next_power_of_two
@@ -107,12 +113,10 @@ class BuddyMachine(RuleBasedStateMachine):
         self.b: BuddyAllocator | None = None
         self.live: dict[int, tuple[int, int]] = {}  # addr -> (requested, block size)
 
-    @precondition(lambda self: self.b is None)
-    @rule(capacity=st.integers(1, 600), min_block=st.sampled_from([1, 4, 16]))
+    @initialize(capacity=st.integers(1, 600), min_block=st.sampled_from([1, 4, 16]))
     def init(self, capacity: int, min_block: int) -> None:
         self.b = BuddyAllocator(capacity * min_block, min_block)
 
-    @precondition(lambda self: self.b is not None)
     @rule(size=st.integers(1, 2000))
     def alloc(self, size: int) -> None:
         b = self.b

@@ -8,7 +8,13 @@ from collections.abc import Callable
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from core.kv.base import AllocStatus, KVCacheError, KVCacheManager
 from core.kv.paged import PagedKVCacheManager
@@ -239,8 +245,7 @@ class PagedMachine(RuleBasedStateMachine):
         rng = random.Random(1)
         self.bases = [tuple(rng.randrange(50) for _ in range(64)) for _ in range(3)]
 
-    @precondition(lambda self: self.m is None)
-    @rule(
+    @initialize(
         blocks=st.integers(1, 40),
         bs=st.sampled_from([1, 2, 4, 16]),
         cpu=st.integers(0, 30),
@@ -253,7 +258,6 @@ class PagedMachine(RuleBasedStateMachine):
         assert self.m is not None
         return {s.seq_id: self.m.block_table(s.seq_id) for g in self.running for s in g.seqs}
 
-    @precondition(lambda self: self.m is not None)
     @rule(prompt_len=st.integers(1, 60), n=st.integers(1, 3), base=st.integers(0, 2))
     def admit(self, prompt_len: int, n: int, base: int) -> None:
         m = self.m
