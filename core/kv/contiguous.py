@@ -278,18 +278,23 @@ class ContiguousKVCacheManager:
         self.allocator.check_integrity()
         tokens = reserved = frag = padding = 0
         owned: dict[int, int] = {}
+        held_by: dict[int, list[_Seq]] = {}
+        for s in self._seqs.values():
+            held_by.setdefault(id(s.group), []).append(s)
         for rid, g in self._groups.items():
             if g.num_held < 1:
                 raise KVCacheError(f"request {rid} holds regions but no sequence")
             for addr in g.regions:
                 if self.allocator.allocated_size(addr) != g.size:
                     raise KVCacheError(f"request {rid}: region {addr} is not {g.size} slots")
-            held = [s for s in self._seqs.values() if s.group is g]
+            held = held_by.pop(id(g), [])
             if len(held) != g.num_held or len(held) + len(g.spare) != len(g.regions):
                 raise KVCacheError(f"request {rid}: regions held and spare do not add up")
             if sorted([s.region for s in held] + g.spare) != list(range(len(g.regions))):
                 raise KVCacheError(f"request {rid}: a region is used twice or lost")
             reserved += g.size * len(g.spare)
+        if held_by:
+            raise KVCacheError("a sequence holds a region of a group that was released")
         for sid, s in self._seqs.items():
             g = s.group
             addr = g.regions[s.region]

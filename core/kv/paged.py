@@ -79,14 +79,19 @@ class PagedKVCacheManager:
     def _state(self, seq_id: int) -> _SeqState:
         st = self._seqs.get(seq_id)
         if st is None:
-            raise KVCacheError(f"unknown seq_id {seq_id}: it holds no KV blocks")
+            raise self._not_on_device(seq_id)
         return st
 
     def _device_state(self, seq_id: int) -> _SeqState:
-        st = self._state(seq_id)
-        if st.on_cpu:
-            raise KVCacheError(f"seq {seq_id} is swapped out to the CPU pool")
+        st = self._seqs.get(seq_id)
+        if st is None or st.on_cpu:
+            raise self._not_on_device(seq_id)
         return st
+
+    def _not_on_device(self, seq_id: int) -> KVCacheError:
+        if seq_id not in self._seqs:
+            return KVCacheError(f"unknown seq_id {seq_id}: it holds no KV blocks")
+        return KVCacheError(f"seq {seq_id} is swapped out to the CPU pool")
 
     @staticmethod
     def _live(group: SequenceGroup) -> list[Sequence]:
@@ -151,12 +156,15 @@ class PagedKVCacheManager:
 
     def _append_need(self, seqs: list[Sequence]) -> int:
         """Device blocks ``append`` would take for these sequences (exact, CoW included)."""
-        bs, ref = self.block_size, self._device.ref
+        bs, ref, states = self.block_size, self._device.ref, self._seqs
         need = 0
         cow_seen: dict[int, int] | None = None
         for seq in seqs:
-            st = self._device_state(seq.seq_id)
-            s, grow = st.slots, seq.num_tokens - st.slots
+            st = states.get(seq.seq_id)
+            if st is None or st.on_cpu:
+                raise self._not_on_device(seq.seq_id)
+            s = st.slots
+            grow = seq.num_tokens - s
             if grow <= 0:
                 continue
             off = s % bs
@@ -241,19 +249,26 @@ class PagedKVCacheManager:
             raise KVCacheError(
                 f"append for request {group.request_id} needs {need} blocks, {free} free"
             )
-        pool, bs = self._device, self.block_size
+        pool, bs, states = self._device, self.block_size, self._seqs
         copies: list[tuple[int, int]] = []
         for seq in seqs:
-            st = self._seqs[seq.seq_id]
-            if seq.num_tokens > st.slots:
-                if st.slots % bs and pool.ref[st.table[-1]] > 1:
+            st = states[seq.seq_id]
+            target = seq.num_tokens
+            s = st.slots
+            if target > s:
+                off = s % bs
+                if off and pool.ref[st.table[-1]] > 1:
                     old = st.table[-1]
                     new = pool.allocate()
                     pool.add_fill(new, pool.fill[old])
                     pool.decref(old)
                     st.table[-1] = new
                     copies.append((old, new))
-                self._grow(st, seq.num_tokens)
+                if target == s + 1 and off:  # the common decode step
+                    pool.add_fill(st.table[-1], 1)
+                    st.slots = target
+                else:
+                    self._grow(st, target)
             if self.enable_prefix_caching:
                 self._register_computed(seq, st)
         return copies
