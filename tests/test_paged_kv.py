@@ -471,3 +471,22 @@ def test_prefix_cache_indexes_only_computed_blocks() -> None:
     assert m.allocate(make_group(12, prompt=prompt)) == 8
     assert m.allocate(make_group(13, prompt=(*prompt, 0))) == 12
     m.check_integrity()
+
+
+def test_recompute_of_a_forked_group_gives_each_seq_its_own_blocks() -> None:
+    m = PagedKVCacheManager(num_device_blocks=8, block_size=4, watermark=0.0)
+    g = make_group(prompt_len=6, n=2)
+    m.allocate(g)
+    child = spawn(g.seqs[0])
+    m.fork(g.seqs[0].seq_id, child.seq_id)
+    grow(m, g)
+    for s in g.seqs:  # preempted by recompute
+        m.free(s.seq_id)
+        s.status = SequenceStatus.WAITING
+    assert m.num_free_blocks() == 8
+    assert m.can_allocate(g) is AllocStatus.OK
+    assert m.allocate(g) == 0
+    a, b = (m.block_table(s.seq_id) for s in g.seqs)
+    assert len(a) == len(b) == 2 and not set(a) & set(b)
+    assert [m.num_slots(s.seq_id) for s in g.seqs] == [7, 7]
+    m.check_integrity()

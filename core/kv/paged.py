@@ -223,19 +223,22 @@ class PagedKVCacheManager:
         status = self.can_allocate(group)
         if status is not AllocStatus.OK:
             raise KVCacheError(f"allocate of request {group.request_id}: can_allocate is {status}")
-        cached: int | None = None
-        for seq in group.live_seqs():
+        seqs = group.live_seqs()
+        # Pin every sequence's hits before any new block is taken, so that no eviction
+        # can reclaim a block another sequence of the group was counted as reusing.
+        states = []
+        for seq in seqs:
             hits = self._prefix_hits(seq) if self.enable_prefix_caching else []
             for block, _ in hits:
                 self._device.incref(block)
             st = _SeqState([b for b, _ in hits], len(hits) * self.block_size)
             if hits:
                 st.n_hashed, st.last_hash = len(hits), hits[-1][1]
+            states.append(st)
+        for seq, st in zip(seqs, states, strict=True):
             self._grow(st, seq.num_tokens)
             self._seqs[seq.seq_id] = st
-            n = len(hits) * self.block_size
-            cached = n if cached is None else min(cached, n)
-        return cached or 0
+        return min(st.n_hashed for st in states) * self.block_size
 
     # -- growth -----------------------------------------------------------------------
     def can_append(self, group: SequenceGroup) -> bool:
