@@ -252,13 +252,37 @@ def _num_sms(device: torch.device) -> int:
     return 1  # CPU (interpreter): splitting only adds work
 
 
-def _tile_shape(group: int, max_query_len: int, block_size: int) -> tuple[int, int, int, int]:
-    """(GROUP_P2, BLOCK_Q, BLOCK_M, BLOCK_N) for one launch."""
+def attention_constexprs(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    max_query_len: int,
+    num_splits: int,
+    dtype: torch.dtype,
+) -> dict[str, int | str]:
+    """Compile-time parameters of ``_attn_kernel`` for one launch (also used by AOT checks).
+
+    A query tile holds ``BLOCK_Q`` tokens × the GQA group padded to a power of two, aiming at
+    ``_TARGET_ROWS`` rows, never fewer than 16; key tiles are 16…64 tokens.
+    """
+    group = num_heads // num_kv_heads
     group_p2 = triton.next_power_of_2(group)
     block_q = max(1, min(triton.next_power_of_2(max_query_len), _TARGET_ROWS // group_p2))
-    block_m = max(_MIN_ROWS, block_q * group_p2)
-    block_n = max(16, min(64, block_size))
-    return group_p2, block_q, block_m, block_n
+    return {
+        "NUM_HEADS": num_heads,
+        "HEAD_DIM": head_dim,
+        "GROUP": group,
+        "GROUP_P2": group_p2,
+        "BLOCK_Q": block_q,
+        "BLOCK_M": max(_MIN_ROWS, block_q * group_p2),
+        "BLOCK_N": max(16, min(64, block_size)),
+        "BLOCK_D": max(16, triton.next_power_of_2(head_dim)),
+        "BLOCK_SIZE": block_size,
+        "NUM_SPLITS": num_splits,
+        # fp32 inputs: exact fp32 products, not TF32 (the default for fp32 tl.dot on GPU).
+        "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+    }
 
 
 def paged_attention(
@@ -301,15 +325,18 @@ def paged_attention(
             f"need 1 <= max_query_len <= max_context_len, got {max_query_len}, {max_context_len}"
         )
 
-    group = num_heads // num_kv_heads
-    group_p2, block_q, block_m, block_n = _tile_shape(group, max_query_len, block_size)
-    num_q_tiles = triton.cdiv(max_query_len, block_q)
+    cfg = attention_constexprs(
+        num_heads, num_kv_heads, head_dim, block_size, max_query_len, 1, q.dtype
+    )
+    num_q_tiles = triton.cdiv(max_query_len, int(cfg["BLOCK_Q"]))
     if num_splits is None:
         num_splits = choose_num_splits(
             num_q_tiles * num_seqs * num_kv_heads, max_context_len, _num_sms(q.device)
         )
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    cfg["NUM_SPLITS"] = num_splits
+    block_n = int(cfg["BLOCK_N"])
     keys_per_split = triton.cdiv(triton.cdiv(max_context_len, num_splits), block_n) * block_n
     if num_splits == 1:
         keys_per_split = max_context_len
@@ -322,7 +349,6 @@ def paged_attention(
     else:
         part_m = part_l = part_out = out  # unused when not split
 
-    block_d = max(16, triton.next_power_of_2(head_dim))
     grid = (num_q_tiles, num_seqs, num_kv_heads * num_splits)
     _attn_kernel[grid](
         q,
@@ -349,18 +375,7 @@ def paged_attention(
         out.stride(0),
         out.stride(1),
         block_tables.stride(0),
-        NUM_HEADS=num_heads,
-        HEAD_DIM=head_dim,
-        GROUP=group,
-        GROUP_P2=group_p2,
-        BLOCK_Q=block_q,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_D=block_d,
-        BLOCK_SIZE=block_size,
-        NUM_SPLITS=num_splits,
-        # fp32 inputs: exact fp32 products, not TF32 (the default for fp32 tl.dot on GPU).
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **cfg,
     )
     if num_splits > 1:
         _merge_kernel[(num_tokens, num_heads)](
@@ -373,7 +388,7 @@ def paged_attention(
             out.stride(1),
             NUM_HEADS=num_heads,
             HEAD_DIM=head_dim,
-            BLOCK_D=block_d,
+            BLOCK_D=cfg["BLOCK_D"],
             NUM_SPLITS=num_splits,
             SPLITS_P2=triton.next_power_of_2(num_splits),
         )
