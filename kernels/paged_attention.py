@@ -304,8 +304,9 @@ def paged_attention(
     and mixed batches. ``H`` must be a multiple of the cache's ``KVH`` (GQA/MQA). Inputs may
     be fp32, fp16 or bf16 (one dtype for q and the caches); accumulation is fp32 and ``out``
     gets q's dtype. ``max_query_len`` / ``max_context_len`` must bound the true lengths (they
-    size the grid and the split partitions; passing them avoids a device sync). Rows of
-    ``out`` are all written. ``num_splits=None`` picks splits with ``choose_num_splits``.
+    size the grid and the split partitions; passing them avoids a device sync). Every row of
+    the sequences' tokens is written; rows past ``query_start_loc[-1]`` are left untouched.
+    ``num_splits=None`` picks splits with ``choose_num_splits`` (never splits on CPU).
     """
     _check_inputs(q, k_cache, v_cache, query_start_loc, context_lens, block_tables)
     num_tokens, num_heads, head_dim = q.shape
