@@ -212,7 +212,11 @@ class SequenceGroup:
         return self.request.sampling
 
     def live_seqs(self) -> list[Sequence]:
-        """Sequences not finished (what the group still computes)."""
+        """Sequences not finished (what the group still computes). All sequences of a
+        group finish together (beam search drops pruned beams from ``seqs``), so this is
+        ``seqs`` until the group ends. The list is the group's own: do not mutate it."""
+        if self.finish_time is None and self.reject_reason is None:
+            return self.seqs
         return [s for s in self.seqs if s.status is not SequenceStatus.FINISHED]
 
     @property

@@ -76,6 +76,7 @@ def simulate(
     wakeups: list[simpy.Event | None] = [None] * num_replicas
     state = {"arrivals_done": False, "steps": 0}
     rng = np.random.default_rng(seed)
+    beams_possible = any(r.sampling.use_beam_search for r in ordered)
     bar = tqdm(total=len(ordered), unit="req", disable=not progress, desc="simulate")
 
     def arrivals():
@@ -127,7 +128,7 @@ def simulate(
             running = len(sched.running)
             yield env.timeout(duration)
             outcome = StepOutcome(duration_s=duration)
-            if any(g.sampling.use_beam_search for g in sched.running):
+            if beams_possible:
                 outcome.beams = _sim_beams(plan, rng)
             step = sched.step_index
             finished = sched.update(plan, outcome, env.now)

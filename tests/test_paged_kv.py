@@ -147,14 +147,20 @@ def test_swap_round_trip_keeps_sharing() -> None:
     m.check_integrity()
 
 
-def test_swap_in_needs_a_block_per_sequence() -> None:
+def test_swap_in_needs_room_for_the_next_token() -> None:
     m = PagedKVCacheManager(num_device_blocks=4, block_size=4, num_cpu_blocks=4, watermark=0.0)
     g = make_group(prompt_len=12)
     m.allocate(g)
+    g.seqs[0].num_generated += 1  # sampled a token whose slot is not yet given
     m.swap_out(g)
     filler = make_group(prompt_len=4)
     m.allocate(filler)
     assert not m.can_swap_in(g)  # 3 blocks + 1 for the next token, 3 free
+    g2 = make_group(prompt_len=12)
+    m2 = PagedKVCacheManager(num_device_blocks=3, block_size=4, num_cpu_blocks=4, watermark=0)
+    m2.allocate(g2)
+    m2.swap_out(g2)
+    assert m2.can_swap_in(g2)  # no token pending: its 3 blocks are enough
     with pytest.raises(KVCacheError, match="swap_in"):
         m.swap_in(g)
     m.free(filler.seqs[0].seq_id)

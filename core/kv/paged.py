@@ -154,14 +154,18 @@ class PagedKVCacheManager:
         if upto > st.n_hashed:
             st.n_hashed, st.last_hash = upto, prev
 
-    def _append_need(self, seqs: list[Sequence]) -> int:
-        """Device blocks ``append`` would take for these sequences (exact, CoW included)."""
-        bs, ref, states = self.block_size, self._device.ref, self._seqs
+    def _append_need(self, seqs: list[Sequence], on_cpu: bool = False) -> int:
+        """Device blocks ``append`` would take for these sequences (exact, CoW included);
+        ``on_cpu``: for swapped-out sequences, as if they were swapped in first."""
+        bs, states = self.block_size, self._seqs
+        ref = (self._cpu if on_cpu else self._device).ref
         need = 0
         cow_seen: dict[int, int] | None = None
         for seq in seqs:
             st = states.get(seq.seq_id)
-            if st is None or st.on_cpu:
+            if st is None or st.on_cpu is not on_cpu:
+                if on_cpu:
+                    raise KVCacheError(f"seq {seq.seq_id} is not swapped out")
                 raise self._not_on_device(seq.seq_id)
             s = st.slots
             grow = seq.num_tokens - s
@@ -307,8 +311,11 @@ class PagedKVCacheManager:
         return self._move(group, self._device, self._cpu)
 
     def can_swap_in(self, group: SequenceGroup) -> bool:
+        """Room for the group's blocks and for the slots its next ``append`` takes (exact;
+        vLLM v0 reserves one block per sequence instead, which can strand a group whose
+        sequences share their last blocks)."""
         seqs = self._live(group)
-        need = self._distinct_blocks(seqs, on_cpu=True) + len(seqs)
+        need = self._distinct_blocks(seqs, on_cpu=True) + self._append_need(seqs, on_cpu=True)
         return need <= self._device.num_free()
 
     def swap_in(self, group: SequenceGroup) -> list[tuple[int, int]]:

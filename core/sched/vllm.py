@@ -41,6 +41,8 @@ class VLLMScheduler(BaseScheduler):
     # -- step kinds -----------------------------------------------------------------
     def _admit_prompts(self, plan: StepPlan, now: float, budget: int | None = None) -> bool:
         """Admit FCFS into ``plan.prefill``; True if anything was admitted."""
+        if not self.waiting:
+            return False
         budget = self.config.max_num_batched_tokens if budget is None else budget
         num_seqs = sum(len(g.live_seqs()) for g in self.running)
         admitted = False
@@ -108,6 +110,9 @@ class VLLMScheduler(BaseScheduler):
                 kept.append(group)
                 continue
             while not self.manager.can_append(group):
+                if not queue and not kept:
+                    self._abort(group, _TOO_BIG.format(blocks=self.manager.num_device_blocks))
+                    break
                 victim = queue.pop() if queue else group
                 self._preempt(victim, plan)
                 if victim is group:
@@ -136,6 +141,8 @@ class VLLMScheduler(BaseScheduler):
         plan.preempted.append(group)
 
     def _swap_in(self, plan: StepPlan) -> None:
+        if not self.swapped:
+            return
         num_seqs = sum(len(g.live_seqs()) for g in self.running)
         while self.swapped:
             group = self.swapped[0]
@@ -143,13 +150,20 @@ class VLLMScheduler(BaseScheduler):
             if num_seqs + len(seqs) > self.config.max_num_seqs:
                 break
             if not self.manager.can_swap_in(group):
-                break
+                if self.running:
+                    break
+                self.swapped.pop(0)  # alone on an empty device and still too big
+                self._abort(group, _TOO_BIG.format(blocks=self.manager.num_device_blocks))
+                continue
             self.swapped.pop(0)
             plan.swap_in.extend(self.manager.swap_in(group))
             group.set_status(SequenceStatus.RUNNING)
             plan.copies.extend(self.manager.append(group))
             self.running.append(group)
             num_seqs += len(seqs)
+
+
+_TOO_BIG = "outgrew the KV cache: alone on the device it needs more than all {blocks} blocks"
 
 
 def _arrival(group: SequenceGroup) -> tuple[float, int]:

@@ -13,6 +13,7 @@ from engine.attention.base import AttentionBackend
 
 _BACKENDS: dict[str, str] = {
     "torch": "engine.attention.torch_ref:TorchRefBackend",
+    "triton": "engine.attention.triton_backend:TritonAttentionBackend",
 }
 
 
