@@ -116,10 +116,12 @@ class StepPlan:
 @dataclass(slots=True)
 class BeamChoice:
     """Beam search result for one group at one step: each new beam is ``(parent_seq_id,
-    token_id)``; the scheduler forks/frees sequences so the group holds these beams."""
+    token_id)``; the scheduler forks/frees sequences so the group holds these beams.
+    ``scores`` (optional, one per beam) become the beams' ``cum_logprob``."""
 
     group: SequenceGroup
     beams: list[tuple[int, int]]
+    scores: list[float] | None = None
 
 
 @dataclass(slots=True)

@@ -117,6 +117,7 @@ class Sequence:
     """One token stream of a group. ``seq_id`` is unique within a scheduler."""
 
     __slots__ = (
+        "cum_logprob",
         "group",
         "num_computed",
         "num_generated",
@@ -134,6 +135,7 @@ class Sequence:
         self.output_token_ids: list[int] = []
         self.status = SequenceStatus.WAITING
         self.parent_seq_id: int | None = None
+        self.cum_logprob = 0.0  # beam search score (engine)
 
     @property
     def prompt_len(self) -> int:

@@ -259,6 +259,7 @@ class BaseScheduler:
         child.output_token_ids = list(parent.output_token_ids)
         child.status = parent.status
         child.parent_seq_id = parent.seq_id
+        child.cum_logprob = parent.cum_logprob
         group.seqs.append(child)
         return child
 
@@ -268,26 +269,33 @@ class BaseScheduler:
         freed. Tokens in ``choice`` replace the token the step appended."""
         by_id = {s.seq_id: s for s in group.live_seqs()}
         used: set[int] = set()
-        new_seqs: list[tuple[Sequence, int]] = []
-        forks: list[tuple[Sequence, int]] = []
-        for parent_id, token in choice.beams:
-            parent = by_id[parent_id]
+        new_seqs: list[tuple[Sequence, int, float | None]] = []
+        forks: list[tuple[Sequence, int, float | None]] = []
+        scores = choice.scores or [None] * len(choice.beams)
+        for (parent_id, token), score in zip(choice.beams, scores, strict=True):
+            parent = by_id.get(parent_id)
+            if parent is None:
+                raise ValueError(
+                    f"beam parent {parent_id} is not a live sequence of request {group.request_id}"
+                )
             if parent_id in used:
-                forks.append((parent, token))
+                forks.append((parent, token, score))
             else:
                 used.add(parent_id)
-                new_seqs.append((parent, token))
+                new_seqs.append((parent, token, score))
         for seq in list(by_id.values()):  # free first: a contiguous fork reuses the region
             if seq.seq_id not in used:
                 self.manager.free(seq.seq_id)
                 group.seqs.remove(seq)
-        for parent, token in forks:
+        for parent, token, score in forks:
             child = self._spawn_child(parent)
             self._pending_copies.extend(self.manager.fork(parent.seq_id, child.seq_id))
-            new_seqs.append((child, token))
-        for seq, token in new_seqs:
+            new_seqs.append((child, token, score))
+        for seq, token, score in new_seqs:
             if seq.output_token_ids:
                 seq.output_token_ids[-1] = token
+            if score is not None:
+                seq.cum_logprob = score
 
     def _finish(self, group: SequenceGroup, now: float, step: int) -> None:
         for seq in group.live_seqs():
