@@ -1,0 +1,165 @@
+"""Paged KV tensors on the device plus a CPU swap pool, sized from a byte budget.
+
+Per layer, ``k_caches[l]`` and ``v_caches[l]`` are ``[num_blocks, block_size, num_kv_heads,
+head_dim]`` (the layout of ``engine.attention.metadata``). Block ``b`` of every layer belongs
+to whoever the KV-cache manager gave block ``b``: the manager's block ids ARE the tensor's
+block indices. The CPU pool has the same layout with ``num_cpu_blocks`` blocks (pinned
+memory when the device is CUDA, so swaps can overlap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.config import ModelConfig
+from kernels.block_ops import copy_blocks as triton_copy_blocks
+from kernels.block_ops import gather_blocks, scatter_blocks
+
+GIB = 1024**3
+
+BlockPairs = Sequence[tuple[int, int]]
+
+
+class KVBudgetError(ValueError):
+    """A KV-cache budget that cannot be resolved or holds no block."""
+
+
+def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Device bytes of one block: K and V of ``block_size`` tokens in every layer."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+
+
+def resolve_kv_budget(
+    device: torch.device | str,
+    budget_bytes: int | None = None,
+    gib: float | None = None,
+    fraction: float | None = None,
+) -> int:
+    """The KV budget in bytes from exactly one of ``budget_bytes``, ``gib`` or ``fraction``
+    (of the device's free memory now, ``torch.cuda.mem_get_info``; CUDA only)."""
+    given = [x is not None for x in (budget_bytes, gib, fraction)]
+    if sum(given) != 1:
+        raise KVBudgetError(
+            "give exactly one KV budget: budget_bytes, gib or fraction "
+            f"(got budget_bytes={budget_bytes}, gib={gib}, fraction={fraction})"
+        )
+    if budget_bytes is not None:
+        out = int(budget_bytes)
+    elif gib is not None:
+        out = int(float(gib) * GIB)
+    else:
+        assert fraction is not None
+        if not 0 < fraction <= 1:
+            raise KVBudgetError(f"KV budget fraction must be in (0, 1], got {fraction}")
+        dev = torch.device(device)
+        if dev.type != "cuda":
+            raise KVBudgetError(
+                f"a KV budget as a fraction of free device memory needs a CUDA device, "
+                f"not {dev}; give the budget in bytes or GiB"
+            )
+        free, _total = torch.cuda.mem_get_info(dev)
+        out = int(free * fraction)
+    if out <= 0:
+        raise KVBudgetError(f"KV budget must be positive, got {out} bytes")
+    return out
+
+
+class PagedKVCache:
+    """The engine's KV memory. ``num_blocks * bytes_per_block <= budget`` by construction
+    when built with :meth:`num_blocks_for_budget`."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        num_cpu_blocks: int = 0,
+    ) -> None:
+        if num_blocks < 1:
+            raise KVBudgetError(f"num_blocks must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise KVBudgetError(f"block_size must be >= 1, got {block_size}")
+        if num_cpu_blocks < 0:
+            raise KVBudgetError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
+        self.config = config
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_cpu_blocks = num_cpu_blocks
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        # zeros, not empty: a kernel may load a whole block and mask; NaN * 0 is NaN.
+        self.k_caches = [self._zeros(shape) for _ in range(config.num_layers)]
+        self.v_caches = [self._zeros(shape) for _ in range(config.num_layers)]
+        cpu_shape = (num_cpu_blocks, *shape[1:])
+        pin = self.device.type == "cuda"
+        self.k_cpu = [torch.empty(cpu_shape, dtype=dtype, pin_memory=pin) for _ in self.k_caches]
+        self.v_cpu = [torch.empty(cpu_shape, dtype=dtype, pin_memory=pin) for _ in self.v_caches]
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    @staticmethod
+    def num_blocks_for_budget(
+        config: ModelConfig, budget_bytes: int, block_size: int, dtype: torch.dtype
+    ) -> int:
+        """Most whole blocks whose K/V tensors fit in ``budget_bytes`` (raises if none)."""
+        per_block = bytes_per_block(config, block_size, dtype)
+        n = int(budget_bytes) // per_block
+        if n < 1:
+            raise KVBudgetError(
+                f"KV budget of {budget_bytes} bytes holds no block: one block of {block_size} "
+                f"tokens needs {per_block} bytes in {dtype}"
+            )
+        return n
+
+    @property
+    def kv_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One ``(k_cache, v_cache)`` per layer, as the models take them."""
+        return list(zip(self.k_caches, self.v_caches, strict=True))
+
+    @property
+    def device_bytes(self) -> int:
+        """Bytes held by the device K/V tensors."""
+        return sum(t.numel() * t.element_size() for t in (*self.k_caches, *self.v_caches))
+
+    # -- block moves (the plan's swap_out, swap_in, copies, in that order) ------------
+    def swap_out(self, pairs: BlockPairs) -> None:
+        """Copy device blocks to CPU blocks: ``pairs`` of ``(device, cpu)``."""
+        if pairs:
+            self._move(pairs, self.k_caches, self.k_cpu)
+            self._move(pairs, self.v_caches, self.v_cpu)
+
+    def swap_in(self, pairs: BlockPairs) -> None:
+        """Copy CPU blocks back to device blocks: ``pairs`` of ``(cpu, device)``."""
+        if pairs:
+            self._move(pairs, self.k_cpu, self.k_caches)
+            self._move(pairs, self.v_cpu, self.v_caches)
+
+    @staticmethod
+    def _move(pairs: BlockPairs, sources: list[torch.Tensor], dests: list[torch.Tensor]) -> None:
+        src = torch.tensor([p[0] for p in pairs], dtype=torch.int64)
+        dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
+        for s, d in zip(sources, dests, strict=True):
+            scatter_blocks(d, dst, gather_blocks(s, src))
+
+    def copy_blocks(self, pairs: BlockPairs) -> None:
+        """``cache[dst] = cache[src]`` in every layer for ``pairs`` of ``(src, dst)`` (all
+        copies read the pre-copy state). Triton kernel on CUDA, torch index ops on CPU."""
+        if not pairs:
+            return
+        caches = [*self.k_caches, *self.v_caches]
+        ids = torch.tensor(list(pairs), dtype=torch.int64, device=self.device)
+        if self.device.type == "cuda":
+            triton_copy_blocks(caches, ids)
+            return
+        if int(ids.min()) < 0 or int(ids.max()) >= self.num_blocks:
+            raise IndexError(f"copy pairs out of range [0, {self.num_blocks}): {list(pairs)}")
+        src, dst = ids[:, 0], ids[:, 1]
+        for cache in caches:
+            cache.index_copy_(0, dst, cache.index_select(0, src))

@@ -1,0 +1,98 @@
+"""The engine's greedy outputs against no-cache recompute, rejection, and the KV budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.request import Request
+from engine.engine import EngineError, LLMEngine
+from engine.kv_cache import KVBudgetError, PagedKVCache, bytes_per_block, resolve_kv_budget
+from tests.engine_helpers import make_engine, reference_greedy, requests, tiny_config
+
+LENS = [(5, 6), (9, 4), (3, 7), (12, 5)]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
+def test_greedy_batch_equals_recompute(model: str, backend: str) -> None:
+    lens = LENS if backend == "torch" else LENS[:2]
+    engine = make_engine(model=model, backend=backend)
+    reqs = requests(lens)
+    result = engine.generate(reqs)
+    for r in reqs:
+        out = result.outputs[r.request_id]
+        assert out.reject_reason is None
+        assert out.token_ids == [reference_greedy(engine.model, r.prompt_token_ids, r.output_len)]
+    frame = result.recorder.requests_frame()
+    assert (frame["status"] == "finished").all()
+
+
+def test_too_long_request_is_rejected_while_others_complete() -> None:
+    engine = make_engine(max_model_len=64)
+    reqs = [*requests(LENS), Request(99, 0.0, 60, 10)]
+    result = engine.generate(reqs)
+    assert "exceeds max_model_len=64" in (result.outputs[99].reject_reason or "")
+    frame = result.recorder.requests_frame().set_index("request_id")
+    assert frame.loc[99, "status"] == "rejected"
+    assert (frame.drop(index=99)["status"] == "finished").all()
+    for r in reqs[:-1]:
+        assert len(result.outputs[r.request_id].token_ids[0]) == r.output_len
+
+
+def test_requests_without_token_ids_get_seeded_prompts() -> None:
+    reqs = [Request(i, 0.0, 4 + i, 3) for i in range(3)]
+    a = make_engine().generate(reqs).outputs
+    b = make_engine().generate(reqs).outputs
+    assert a == b
+    assert all(len(o.token_ids[0]) == 3 for o in a.values())
+
+
+def test_out_of_vocab_prompt_is_an_error() -> None:
+    with pytest.raises(EngineError, match="outside the model's vocabulary"):
+        make_engine().generate([Request(0, 0.0, 2, 2, prompt_token_ids=(1, 512))])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("budget", [10_000, 100_000, 123_457])
+def test_kv_budget_is_never_exceeded(budget: int, dtype: torch.dtype) -> None:
+    cfg = tiny_config()
+    n = PagedKVCache.num_blocks_for_budget(cfg, budget, 4, dtype)
+    cache = PagedKVCache(cfg, n, 4, dtype)
+    assert cache.device_bytes <= budget
+    assert cache.device_bytes + bytes_per_block(cfg, 4, dtype) > budget  # no whole block wasted
+
+
+def test_engine_stays_inside_its_blocks() -> None:
+    cfg = tiny_config()
+    budget = 40 * bytes_per_block(cfg, 4, torch.float32) + 5
+    engine = LLMEngine(cfg, kv_budget_bytes=budget, block_size=4)
+    assert engine.kv_cache.device_bytes <= budget
+    assert engine.kv_cache.num_blocks == 40
+    engine.reset()
+    for r in requests(LENS):
+        engine.add_request(r)
+    while engine.has_unfinished():
+        engine.step()
+        for group in engine.scheduler.running:
+            for seq in group.live_seqs():
+                table = engine.scheduler.manager.block_table(seq.seq_id)
+                assert all(0 <= b < engine.kv_cache.num_blocks for b in table)
+
+
+def test_budget_errors_name_the_problem() -> None:
+    with pytest.raises(KVBudgetError, match="holds no block"):
+        PagedKVCache.num_blocks_for_budget(tiny_config(), 100, 16, torch.float32)
+    with pytest.raises(KVBudgetError, match="needs a CUDA device"):
+        resolve_kv_budget("cpu", fraction=0.5)
+    with pytest.raises(KVBudgetError, match="exactly one"):
+        resolve_kv_budget("cpu", budget_bytes=10, gib=1.0)
+    assert resolve_kv_budget("cpu", gib=0.5) == 512 * 1024**2
+
+
+@pytest.mark.parametrize("system", ["orca_max", "orca_oracle", "fastertransformer"])
+def test_contiguous_systems_give_the_same_greedy_tokens(system: str) -> None:
+    reqs = requests(LENS)
+    paged = make_engine("vllm").generate(reqs).outputs
+    contiguous = make_engine(system, num_blocks=256, max_model_len=64).generate(reqs).outputs
+    assert contiguous == paged
