@@ -133,6 +133,20 @@ def sustainable_rates(curves: pd.DataFrame, threshold: float) -> pd.DataFrame:
     return out
 
 
+OVERHEADS_S = (0.0, 0.005, 0.01, 0.02, 0.05)
+
+
+def overhead_sensitivity(pool: ProcessPoolExecutor, base: list[str]) -> list[tuple[float, Any]]:
+    """vLLM at 2 req/s with extra per-step overhead on top of the roofline: shows how much
+    of the Fig. 13 gap is step time (the roofline is a lower bound) rather than memory."""
+    return [
+        (o, pool.submit(run_one, f"sens_overhead{o * 1e3:g}ms",
+                        [*base, "system=vllm", "workload.rate=2.0",
+                         f"cost.per_step_overhead_s={o}"], None))
+        for o in OVERHEADS_S
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> Path:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("results/reproduce"))
@@ -149,6 +163,7 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--skip-fig12", action="store_true")
     args = p.parse_args(argv)  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("fontTools").setLevel(logging.WARNING)
 
     duration = args.duration or (3600.0 if args.full else 600.0)
     out: Path = args.out
@@ -163,12 +178,11 @@ def main(argv: list[str] | None = None) -> Path:
 
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         fig2_jobs = {
-            s: pool.submit(
-                run_one, f"fig2_{s}", [*base, f"system={s}", "workload.rate=2.0"],
-                runs_dir / f"fig2_{s}",
-            )
+            s: pool.submit(run_one, f"fig2_{s}", [*base, f"system={s}", "workload.rate=2.0"],
+                           runs_dir / f"fig2_{s}")
             for s in FIG2_SYSTEMS
         }  # fmt: skip
+        sens_jobs = overhead_sensitivity(pool, base)
         fig12_jobs = []
         if not args.skip_fig12:
             fig12_jobs = [
@@ -176,13 +190,16 @@ def main(argv: list[str] | None = None) -> Path:
                 for s in FIG12_SYSTEMS
             ]
         fig2 = pd.DataFrame([_keep(fig2_jobs[s].result()) | {"system": s} for s in FIG2_SYSTEMS])
+        sens = pd.DataFrame(
+            [{"per_step_overhead_ms": o * 1e3, **_keep(job.result())} for o, job in sens_jobs]
+        )
         log.info("Fig. 2/13 runs done (%.0f s)", time.perf_counter() - t0)
         curves = pd.DataFrame([row for job in fig12_jobs for row in job.result()])
     log.info("all runs done (%.0f s)", time.perf_counter() - t0)
     capacity = sustainable_rates(curves, args.threshold) if len(curves) else pd.DataFrame()
     cfg = compose_config([*base, "system=vllm"])
     write_outputs(
-        out, fig2, curves, capacity, cfg,
+        out, fig2, sens, curves, capacity, cfg,
         duration=duration, threshold=args.threshold, wall_s=time.perf_counter() - t0,
     )  # fmt: skip
     log.info("wrote %s", out / "report.md")
