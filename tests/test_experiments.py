@@ -1,0 +1,93 @@
+"""End-to-end checks of the Hydra experiments (small runs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from core.request import RequestError
+from core.systems import SystemConfigError
+from experiments.reproduce import compose_config
+from experiments.simulate import run
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO.parent / "shared" / "traces"
+SMALL = ["workload.duration_s=null", "workload.num_requests=60", "workload.rate=4"]
+
+
+def test_simulate_writes_result_files_with_bench_keys(tmp_path):
+    metrics = run(compose_config([*SMALL, "system=orca_pow2"]), tmp_path)
+    for name in ("config.yaml", "metrics.json", "requests.csv", "steps.csv", "cost_model.json"):
+        assert (tmp_path / name).exists(), name
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    for key in (
+        "request_throughput", "output_throughput", "mean_ttft_ms", "median_tpot_ms",
+        "p99_itl_ms", "mean_e2el_ms", "normalized_latency", "mean_batch_size",
+        "kv_token_states_pct", "kv_reserved_pct", "kv_internal_frag_pct", "kv_external_frag_pct",
+    ):  # fmt: skip
+        assert key in saved, key
+    assert saved["completed"] == 60 == metrics["completed"]
+    shares = sum(saved[f"kv_{k}_pct"] for k in
+                 ("token_states", "reserved", "internal_frag", "external_frag", "free"))  # fmt: skip
+    assert shares == pytest.approx(100.0)
+    steps = pd.read_csv(tmp_path / "steps.csv")
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    assert len(requests) == 60 and (requests["status"] == "finished").all()
+    assert steps["duration_s"].gt(0).all()
+
+
+def test_same_seed_same_metrics_different_seed_differs():
+    def key_metrics(seed):
+        m = run(compose_config([*SMALL, f"seed={seed}"]))
+        return {k: v for k, v in m.items() if k not in ("wall_s", "sim_steps_per_s")}
+
+    assert key_metrics(3) == key_metrics(3)
+    assert key_metrics(3) != key_metrics(4)
+
+
+def test_bad_inputs_name_the_problem():
+    with pytest.raises(RequestError, match="rate"):
+        run(compose_config([*SMALL, "workload.rate=-1"]))
+    with pytest.raises(SystemConfigError, match="unknown system"):
+        run(compose_config([*SMALL, "system.name=vllm2"]))
+    with pytest.raises(ValueError, match="max-length sequence"):
+        run(compose_config([*SMALL, "kv_cache_gb=0.01"]))
+
+
+def test_hydra_sweep_writes_summary(tmp_path):
+    sweep = tmp_path / "sweep"
+    cmd = [
+        sys.executable, "-m", "experiments.simulate", "-m", "system=vllm,orca_max",
+        *SMALL, f"hydra.sweep.dir={sweep}",
+    ]  # fmt: skip
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=300)
+    summary = pd.read_csv(sweep / "summary.csv")
+    assert sorted(summary["system"]) == ["orca_max", "vllm"]
+    assert (summary["completed"] == 60).all()
+
+
+@pytest.mark.traces
+def test_azure_trace_runs():
+    path = TRACES / "AzureLLMInferenceTrace_conv.csv"
+    if not path.exists():
+        pytest.skip("Azure traces not present")
+    m = run(compose_config(["workload=azure_conv", f"workload.path={path}",
+                            "workload.num_requests=150"]))  # fmt: skip
+    assert m["completed"] + m["rejected"] == 150
+
+
+def test_reproduce_writes_figures_and_report(tmp_path):
+    from experiments.reproduce import main
+
+    main(["--duration", "40", "--skip-fig12", "--out", str(tmp_path), "--workers", "1"])
+    for name in ("report.md", "fig2_breakdown.csv", "fig2_breakdown.png", "fig2_breakdown.pdf",
+                 "fig13_batch.csv", "fig13_batch.png", "table1.csv",
+                 "vllm_overhead_sensitivity.csv"):  # fmt: skip
+        assert (tmp_path / name).exists(), name
+    report = (tmp_path / "report.md").read_text()
+    assert "Fig. 2" in report and "30.42" in report  # the paper's number beside kvlab's
