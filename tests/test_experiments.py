@@ -32,8 +32,8 @@ def test_simulate_writes_result_files_with_bench_keys(tmp_path):
     ):  # fmt: skip
         assert key in saved, key
     assert saved["completed"] == 60 == metrics["completed"]
-    shares = sum(saved[f"kv_{k}_pct"] for k in
-                 ("token_states", "reserved", "internal_frag", "external_frag", "free"))  # fmt: skip
+    parts = ("token_states", "reserved", "internal_frag", "external_frag", "free")
+    shares = sum(saved[f"kv_{k}_pct"] for k in parts)
     assert shares == pytest.approx(100.0)
     steps = pd.read_csv(tmp_path / "steps.csv")
     requests = pd.read_csv(tmp_path / "requests.csv")
