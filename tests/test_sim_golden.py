@@ -57,8 +57,9 @@ GOLDEN: dict[str, str] = {  # from the reference code, before the speed work
 }
 
 
-def run_case(name: str, check_every: int = 0) -> tuple[str, dict[str, Any]]:
-    """Simulate one case; returns (digest of steps, requests and metrics, metrics)."""
+def run_case(name: str, batched: bool = True, check_every: int = 0) -> tuple[str, dict[str, Any]]:
+    """Simulate one case; returns (digest of steps, requests and metrics, metrics).
+    ``batched=False`` makes the schedulers reserve decode slots group by group."""
     system, sched_over, wl_over, slots = CASES[name]
     wl = {"kind": "synthetic", "dataset": "sharegpt", "rate": 4.0, "duration_s": 30.0}
     wl.update(wl_over)
@@ -70,13 +71,15 @@ def run_case(name: str, check_every: int = 0) -> tuple[str, dict[str, Any]]:
     )
 
     def make() -> Any:
-        return build_scheduler(
+        sched = build_scheduler(
             system,
             slots,
             config=config,
             num_cpu_slots=sched_over.get("num_cpu_slots", 4096),
             enable_prefix_caching=sched_over.get("enable_prefix_caching", False),
         )
+        sched.batched_append = batched
+        return sched
 
     cost = RooflineCostModel("opt-13b", "a100-40gb")
     result = simulate(requests, make, cost, seed=0, check_integrity_every=check_every)
@@ -90,9 +93,10 @@ def run_case(name: str, check_every: int = 0) -> tuple[str, dict[str, Any]]:
     return h.hexdigest()[:16], metrics
 
 
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "group_by_group"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_results_match_the_reference_code(name: str) -> None:
-    digest, metrics = run_case(name, check_every=7)
+def test_results_match_the_reference_code(name: str, batched: bool) -> None:
+    digest, metrics = run_case(name, batched, check_every=7)
     assert metrics["completed"] + metrics["rejected"] == metrics["num_requests"]
     assert digest == GOLDEN[name]
 

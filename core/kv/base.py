@@ -99,6 +99,13 @@ class KVCacheManager(Protocol):
         the executor must perform before the step (paged; empty for contiguous)."""
         ...
 
+    def append_all(self, groups: list[SequenceGroup]) -> list[tuple[int, int]] | None:
+        """The batched decode step: if ``can_append`` would hold for every group with the
+        groups appended one after another, ``append`` each in order and return all their
+        copies (exactly what the one-by-one calls give); otherwise change nothing and
+        return None (the caller then goes group by group, preempting as it must)."""
+        ...
+
     def fork(self, parent_seq_id: int, child_seq_id: int) -> list[tuple[int, int]]:
         """Make ``child`` hold the same tokens as ``parent``. Paged: share every block
         (ref counts +1). Contiguous: move into one of the group's reserved regions and

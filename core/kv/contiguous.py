@@ -205,6 +205,36 @@ class ContiguousKVCacheManager:
                 self._set_slots(s, seq.num_tokens)
         return []
 
+    def append_all(self, groups: list[SequenceGroup]) -> list[tuple[int, int]] | None:
+        """``append`` for every group in order if every one fits its reservation; else
+        None and nothing changes. Regions are private, so the result is identical."""
+        states = self._seqs
+        work = []
+        for group in groups:
+            for seq in group.live_seqs():
+                s = states.get(seq.seq_id)
+                if s is None:
+                    raise KVCacheError(f"unknown seq_id {seq.seq_id}: it holds no KV region")
+                target = group.request.prompt_len + seq.num_generated
+                if target > s.group.reservation:
+                    return None
+                if target > s.slots:
+                    work.append((s, target))
+        tokens = reserved = frag = 0
+        for s, target in work:
+            # _set_slots, inlined: token_states S, reserved max(T, S) - S, frag R - max(T, S)
+            need, slots = s.group.need, s.slots
+            used0 = need if need > slots else slots
+            used1 = need if need > target else target
+            tokens += target - slots
+            reserved += (used1 - target) - (used0 - slots)
+            frag += used0 - used1
+            s.slots = target
+        self._tokens += tokens
+        self._reserved += reserved
+        self._frag += frag
+        return []
+
     def fork(self, parent_seq_id: int, child_seq_id: int) -> list[tuple[int, int]]:
         """Put the child in a spare region of the parent's group; return the block copies
         ``(src, dst)`` of the parent's filled blocks."""

@@ -256,29 +256,83 @@ class PagedKVCacheManager:
             raise KVCacheError(
                 f"append for request {group.request_id} needs {need} blocks, {free} free"
             )
-        pool, bs, states = self._device, self.block_size, self._seqs
         copies: list[tuple[int, int]] = []
         for seq in seqs:
-            st = states[seq.seq_id]
-            target = seq.num_tokens
-            s = st.slots
-            if target > s:
-                off = s % bs
-                if off and pool.ref[st.table[-1]] > 1:
-                    old = st.table[-1]
-                    new = pool.allocate()
-                    pool.add_fill(new, pool.fill[old])
-                    pool.decref(old)
-                    st.table[-1] = new
-                    copies.append((old, new))
-                if target == s + 1 and off:  # the common decode step
-                    pool.add_fill(st.table[-1], 1)
-                    st.slots = target
-                else:
-                    self._grow(st, target)
-            if self.enable_prefix_caching:
-                self._register_computed(seq, st)
+            self._append_seq(seq, self._seqs[seq.seq_id], copies)
         return copies
+
+    def append_all(self, groups: list[SequenceGroup]) -> list[tuple[int, int]] | None:
+        """``append`` for every group in order, if all of them fit together; else None and
+        nothing changes. Each group's need is independent of the others' appends (blocks
+        are shared across groups only when full, via the prefix cache), so when the sum
+        fits, appending one by one would pass every ``can_append``: the result is
+        identical."""
+        bs, states, ref = self.block_size, self._seqs, self._device.ref
+        need = 0
+        seq_lists = []
+        for group in groups:
+            seqs = group.live_seqs()
+            seq_lists.append(seqs)
+            if len(seqs) == 1:  # inlined _append_need for one unshared sequence
+                seq = seqs[0]
+                st = states.get(seq.seq_id)
+                if st is not None and not st.on_cpu:
+                    s = st.slots
+                    grow = group.request.prompt_len + seq.num_generated - s
+                    if grow <= 0:
+                        continue
+                    off = s % bs
+                    if off:
+                        need += ref[st.table[-1]] > 1
+                        grow -= bs - off
+                    if grow > 0:
+                        need += -(-grow // bs)
+                    continue
+            need += self._append_need(seqs)
+        if need > self._device.num_free():
+            return None
+        copies: list[tuple[int, int]] = []
+        pool = self._device
+        fill = pool.fill
+        prefix = self.enable_prefix_caching
+        for seqs in seq_lists:
+            for seq in seqs:
+                st = states[seq.seq_id]
+                s = st.slots
+                if seq.group.request.prompt_len + seq.num_generated == s + 1 and s % bs:
+                    last = st.table[-1]
+                    if ref[last] == 1:  # the common decode step: one slot in place
+                        fill[last] += 1
+                        pool.num_filled += 1
+                        st.slots = s + 1
+                        if prefix:
+                            self._register_computed(seq, st)
+                        continue
+                self._append_seq(seq, st, copies)
+        return copies
+
+    def _append_seq(self, seq: Sequence, st: _SeqState, copies: list[tuple[int, int]]) -> None:
+        """Grow one sequence to ``seq.num_tokens`` slots (copying a shared last block
+        first); the caller has checked that the blocks are there."""
+        pool, bs = self._device, self.block_size
+        target = seq.num_tokens
+        s = st.slots
+        if target > s:
+            off = s % bs
+            if off and pool.ref[st.table[-1]] > 1:
+                old = st.table[-1]
+                new = pool.allocate()
+                pool.add_fill(new, pool.fill[old])
+                pool.decref(old)
+                st.table[-1] = new
+                copies.append((old, new))
+            if target == s + 1 and off:  # the common decode step
+                pool.add_fill(st.table[-1], 1)
+                st.slots = target
+            else:
+                self._grow(st, target)
+        if self.enable_prefix_caching:
+            self._register_computed(seq, st)
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> list[tuple[int, int]]:
         """Share every block of the parent with the new child (ref + 1). No copies."""

@@ -98,6 +98,9 @@ class BaseScheduler:
     """
 
     name = "base"
+    # Decode steps reserve slots with one ``manager.append_all`` call when everything fits
+    # (identical results); False keeps the group-by-group reference path (tests).
+    batched_append = True
 
     def __init__(self, manager: KVCacheManager, config: SchedulerConfig | None = None) -> None:
         self.manager = manager
@@ -205,31 +208,42 @@ class BaseScheduler:
         step = self.step_index
         self.step_index += 1
         tokens = outcome.token_ids
-        sampled_groups: dict[int, SequenceGroup] = {}
+        # Keyed by the group object (identity hash): insertion order is sampling order.
+        sampled: dict[SequenceGroup, None] = {}
         for chunk in plan.prefill:
             seq = chunk.seq
             seq.num_computed = chunk.end
             if chunk.end >= seq.num_tokens:
                 self._emit(seq, tokens)
-                sampled_groups[id(seq.group)] = seq.group
-        for seq in plan.decode:
-            seq.num_computed = seq.num_tokens
-            self._emit(seq, tokens)
-            sampled_groups[id(seq.group)] = seq.group
+                sampled[seq.group] = None
+        if tokens is None:
+            for seq in plan.decode:  # the hot loop: _emit and num_tokens inlined
+                group = seq.group
+                n = seq.num_generated
+                seq.num_computed = group.request.prompt_len + n
+                seq.num_generated = n + 1
+                sampled[group] = None
+        else:
+            for seq in plan.decode:
+                seq.num_computed = seq.num_tokens
+                self._emit(seq, tokens)
+                sampled[seq.group] = None
 
-        beams = {id(b.group): b for b in outcome.beams}
+        beams = {id(b.group): b for b in outcome.beams} if outcome.beams else None
         finished: list[SequenceGroup] = []
-        for key, group in sampled_groups.items():
-            choice = beams.get(key)
+        for group in sampled:
+            choice = beams.get(id(group)) if beams is not None else None
+            seqs = group.seqs
+            request = group.request
             if choice is not None:
                 self._apply_beams(group, choice)
-            elif len(group.seqs) == 1 and group.sampling.num_seqs > 1:
+            elif len(seqs) == 1 and request.sampling.num_seqs > 1:
                 self._fork_samples(group, outcome)
             if group.first_token_time is None:
                 group.first_token_time = now
                 group.first_token_step = step
             group.token_times.append(now)
-            if group.num_generated >= group.request.output_len:
+            if group.seqs[0].num_generated >= request.output_len:
                 self._finish(group, now, step)
                 finished.append(group)
         if finished:

@@ -23,8 +23,11 @@ class FasterTransformerScheduler(BaseScheduler):
     def schedule(self, now: float) -> StepPlan:
         plan = self._new_plan()
         if self.running:
+            copies = self.manager.append_all(self.running) if self.batched_append else None
+            if copies is None:
+                copies = [c for group in self.running for c in self.manager.append(group)]
+            plan.copies.extend(copies)
             for group in self.running:
-                plan.copies.extend(self.manager.append(group))
                 plan.decode.extend(group.live_seqs())
             return self._finish_plan(plan)
         num_seqs = 0

@@ -26,13 +26,18 @@ class OrcaScheduler(BaseScheduler):
         plan = self._new_plan()
         budget = self.config.max_num_batched_tokens
         num_seqs = 0
+        copies = self.manager.append_all(self.running) if self.batched_append else None
+        if copies is None:
+            copies = []
+            for group in self.running:
+                if not self.manager.can_append(group):
+                    raise RuntimeError(
+                        f"request {group.request_id} outgrew its reservation; the contiguous "
+                        "manager's reservation policy is inconsistent with output_len"
+                    )
+                copies.extend(self.manager.append(group))
+        plan.copies.extend(copies)
         for group in self.running:
-            if not self.manager.can_append(group):
-                raise RuntimeError(
-                    f"request {group.request_id} outgrew its reservation; the contiguous "
-                    "manager's reservation policy is inconsistent with output_len"
-                )
-            plan.copies.extend(self.manager.append(group))
             seqs = group.live_seqs()
             plan.decode.extend(seqs)
             budget -= len(seqs)

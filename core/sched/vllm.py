@@ -19,6 +19,8 @@ that fill the remaining token budget (later vLLM versions; off by default).
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from core.kv.base import AllocStatus
 from core.plan import PrefillChunk, StepPlan
 from core.request import SequenceGroup, SequenceStatus
@@ -103,6 +105,16 @@ class VLLMScheduler(BaseScheduler):
     def _reserve_decode_slots(self, plan: StepPlan, decode_only: bool = False) -> None:
         """Give each running group a slot per live sequence, preempting latest-first."""
         queue = sorted(self.running, key=_arrival)
+        if self.batched_append:
+            if decode_only:
+                growing = [g for g in queue if not any(s.needs_prefill for s in g.live_seqs())]
+            else:
+                growing = queue
+            copies = self.manager.append_all(growing)
+            if copies is not None:  # everything fits: no preemption this step
+                plan.copies.extend(copies)
+                self.running = queue
+                return
         kept: list[SequenceGroup] = []
         while queue:
             group = queue.pop(0)
@@ -166,5 +178,4 @@ class VLLMScheduler(BaseScheduler):
 _TOO_BIG = "outgrew the KV cache: alone on the device it needs more than all {blocks} blocks"
 
 
-def _arrival(group: SequenceGroup) -> tuple[float, int]:
-    return (group.arrival_time, group.request_id)
+_arrival = attrgetter("request.arrival_time", "request.request_id")  # FCFS order
