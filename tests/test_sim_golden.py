@@ -27,7 +27,12 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], int]] = {
     "vllm": ("vllm", {}, {}, 6000),
     "vllm_swap": ("vllm", {"preemption_mode": "swap"}, {}, 6000),
     "vllm_n2": ("vllm", {}, {"n": 2}, 6000),
-    "vllm_n2_small_cpu": ("vllm", {"num_cpu_slots": 512, "max_num_batched_tokens": 4096}, {"n": 2}, 6000),
+    "vllm_n2_small_cpu": (
+        "vllm",
+        {"num_cpu_slots": 512, "max_num_batched_tokens": 4096},
+        {"n": 2},
+        6000,
+    ),
     "vllm_beam2": ("vllm", {}, {"beam_width": 2, "rate": 2.0}, 6000),
     "vllm_chunked": ("vllm", {"chunked_prefill": True, "max_num_batched_tokens": 512}, {}, 6000),
     "vllm_prefix": (
