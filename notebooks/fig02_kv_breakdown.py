@@ -1,0 +1,93 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Fig. 2: where the KV-cache memory goes
+#
+# Kwon et al., SOSP 2023, Fig. 2: the average share of KV memory holding token states,
+# reserved for future tokens, lost to internal and to external fragmentation, for Orca
+# (Max/Pow2/Oracle) and vLLM serving OPT-13B on ShareGPT. kvlab's shares come from the
+# `runs/fig2_<system>/` runs of `python -m experiments.reproduce` (ShareGPT at 2 req/s);
+# the paper's from `experiments.paper`. Reads `$KVLAB_RESULTS` (default
+# `results/reproduce`).
+
+# %%
+import matplotlib.pyplot as plt
+import pandas as pd
+from _common import read_metrics, require, results_dir, save
+
+from core.metrics.summary import memory_shares
+from experiments.paper import SYSTEM_LABELS
+from experiments.report import PART_LABELS, PARTS, fig2_table
+from experiments.reproduce import FIG2_SYSTEMS
+
+RESULTS = results_dir()
+runs = read_metrics(RESULTS, {s: f"fig2_{s}" for s in FIG2_SYSTEMS})
+table = fig2_table(runs)
+table.set_index("system").round(1)
+
+# %% [markdown]
+# Time-averaged breakdown: kvlab's bar beside the paper's for each system. "Free" is free
+# slots while nobody waits; the paper shows no such bar.
+
+# %%
+STACK = (*PARTS, "free")
+COLORS = dict(zip(STACK, ("#4c72b0", "#dd8452", "#c44e52", "#8c8c8c", "#e5e5e5"), strict=True))
+fig, ax = plt.subplots(figsize=(7, 4))
+names = [f"{SYSTEM_LABELS[s]}\n{who}" for s in table["system"] for who in ("kvlab", "paper")]
+bottom = pd.Series(0.0, index=range(len(names)))
+for part in STACK:
+    values = pd.Series(
+        [table.loc[i, f"{who}_{part}_pct"] for i in table.index for who in ("kvlab", "paper")],
+        dtype=float,
+    ).fillna(0.0)
+    ax.bar(range(len(names)), values, bottom=bottom, color=COLORS[part], label=PART_LABELS[part])
+    bottom += values
+ax.set_xticks(range(len(names)), names, fontsize=7)
+ax.set_ylabel("KV cache usage (%)")
+ax.set_ylim(0, 100)
+ax.set_title("Fig. 2: KV memory breakdown, OPT-13B, ShareGPT 2 req/s", fontsize=9)
+ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+save(fig, RESULTS, "fig02_kv_breakdown")
+
+# %% [markdown]
+# A study the paper did not show: the breakdown over time within each run. Steps are
+# grouped into time windows and each window's shares are computed with the same
+# definition as the summary (`core.metrics.summary.memory_shares`, weighted by step time).
+
+# %%
+WINDOWS = 40
+
+
+def shares_over_time(steps: pd.DataFrame, windows: int = WINDOWS) -> pd.DataFrame:
+    """Per time window (index: window start, s): the KV shares in percent."""
+    edges = pd.cut(steps["start_s"], windows)
+    rows = {w.left: memory_shares(group) for w, group in steps.groupby(edges, observed=True)}
+    return pd.DataFrame.from_dict(rows, orient="index").sort_index()
+
+
+step_files = require(RESULTS, *(f"runs/fig2_{s}/steps.csv" for s in FIG2_SYSTEMS))
+over_time = {
+    s: shares_over_time(pd.read_csv(p)) for s, p in zip(FIG2_SYSTEMS, step_files, strict=True)
+}
+fig, axes = plt.subplots(len(over_time), 1, figsize=(6, 6), sharex=True)
+for ax, (system, df) in zip(axes, over_time.items(), strict=True):
+    ax.stackplot(df.index, *(df[f"kv_{p}_pct"] for p in STACK), colors=[COLORS[p] for p in STACK])
+    ax.set_ylim(0, 100)
+    ax.set_ylabel(f"{SYSTEM_LABELS[system]}\n(%)", fontsize=8)
+axes[0].set_title("kvlab's KV breakdown over time, OPT-13B, ShareGPT 2 req/s", fontsize=9)
+axes[-1].set_xlabel("simulated time (s)")
+axes[-1].legend([PART_LABELS[p] for p in STACK], fontsize=6, ncol=3, loc="upper center",
+                bbox_to_anchor=(0.5, -0.5))  # fmt: skip
+save(fig, RESULTS, "fig02_kv_breakdown_over_time")
