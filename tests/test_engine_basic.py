@@ -8,7 +8,13 @@ import torch
 from core.request import Request
 from engine.engine import EngineError, LLMEngine
 from engine.kv_cache import KVBudgetError, PagedKVCache, bytes_per_block, resolve_kv_budget
-from tests.engine_helpers import make_engine, reference_greedy, requests, tiny_config
+from tests.engine_helpers import (
+    make_engine,
+    one_torch_thread,  # noqa: F401 (autouse fixture)
+    reference_greedy,
+    requests,
+    tiny_config,
+)
 
 LENS = [(5, 6), (9, 4), (3, 7), (12, 5)]
 

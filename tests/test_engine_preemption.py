@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine_helpers import make_engine, requests
+from tests.engine_helpers import (
+    make_engine,
+    one_torch_thread,  # noqa: F401 (autouse fixture)
+    requests,
+)
 
 LENS = [(9, 14), (5, 16), (12, 10), (7, 15), (6, 13)]
 

@@ -9,7 +9,12 @@ import torch
 
 from core.request import Request, SamplingParams, SequenceGroup
 from engine.sampler import Sampler
-from tests.engine_helpers import make_engine, prompt_ids, reference_beam_search
+from tests.engine_helpers import (
+    make_engine,
+    one_torch_thread,  # noqa: F401 (autouse fixture)
+    prompt_ids,
+    reference_beam_search,
+)
 
 PROMPT = prompt_ids(9, seed=5)
 

@@ -10,7 +10,11 @@ from core.sched.base import BaseScheduler, SchedulerConfig
 from core.systems import build_scheduler
 from sim.cost.recorded import RecordedCostModel
 from sim.driver import simulate
-from tests.engine_helpers import make_engine, requests
+from tests.engine_helpers import (
+    make_engine,
+    one_torch_thread,  # noqa: F401 (autouse fixture)
+    requests,
+)
 
 LENS = [(9, 8), (5, 12), (14, 6), (7, 10), (6, 9), (11, 7), (4, 11), (8, 9), (13, 7)]
 # Mid-run arrivals (a few ms apart; how many land mid-run depends on the machine's speed)
