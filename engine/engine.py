@@ -76,7 +76,10 @@ class EngineResult:
 
 class LLMEngine:
     """A model, its KV tensors and a ``core`` scheduler whose manager's blocks are the
-    tensors' blocks. Exactly one of ``kv_budget_bytes`` and ``num_blocks`` sizes the cache."""
+    tensors' blocks. Exactly one of ``kv_budget_bytes`` and ``num_blocks`` sizes the cache.
+    ``sched_config`` defaults to vLLM's knobs with ``max_model_len`` = the model's maximum;
+    ``watermark`` and ``enable_prefix_caching`` go to the paged manager as in
+    ``core.systems.build_scheduler``."""
 
     def __init__(
         self,
@@ -92,6 +95,8 @@ class LLMEngine:
         num_cpu_blocks: int = 0,
         seed: int = 0,
         weights_path: str | None = None,
+        watermark: float = 0.01,
+        enable_prefix_caching: bool = False,
     ) -> None:
         if (kv_budget_bytes is None) == (num_blocks is None):
             raise EngineError("give exactly one of kv_budget_bytes and num_blocks")
@@ -111,6 +116,8 @@ class LLMEngine:
         self.model_config = model_config
         self.system = system
         self.sched_config = sched_config
+        self.watermark = watermark
+        self.enable_prefix_caching = enable_prefix_caching
         self.seed = seed
         self.device = torch.device(device)
         self.model = build_model(model_config, backend, dtype=dtype, device=self.device)
@@ -133,6 +140,8 @@ class LLMEngine:
             config=self.sched_config,
             block_size=self.kv_cache.block_size,
             num_cpu_slots=self.kv_cache.num_cpu_blocks * self.kv_cache.block_size,
+            watermark=self.watermark,
+            enable_prefix_caching=self.enable_prefix_caching,
         )
         self.recorder = Recorder()
         self.groups: dict[int, SequenceGroup] = {}
@@ -178,6 +187,8 @@ class LLMEngine:
         (finished or aborted). An empty plan runs nothing and returns only aborted groups
         (call again at once if it preempted; otherwise the engine is idle)."""
         sched = self.scheduler
+        if self._wall_origin is not None:
+            self.now = self._wall_now()
         plan = sched.schedule(self.now)
         ended = sched.pop_aborted()
         for group in ended:
@@ -193,7 +204,7 @@ class LLMEngine:
         shape = plan.shape()
         memory = sched.manager.breakdown()
         running = len(sched.running)
-        start = self.now if self._wall_origin is None else self._wall_now()
+        start = self.now
         t0 = time.perf_counter()
         self.kv_cache.swap_out(plan.swap_out)
         self.kv_cache.swap_in(plan.swap_in)

@@ -72,6 +72,8 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
         num_cpu_blocks=int(float(c.get("swap_space_gb", 0)) * GIB) // per_block,
         seed=int(c.get("seed", 0)),
         weights_path=c["model"].get("path"),
+        watermark=float(system.get("watermark", 0.01)),
+        enable_prefix_caching=bool(system.get("enable_prefix_caching", False)),
     )
     return engine, max_model_len
 

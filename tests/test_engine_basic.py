@@ -6,11 +6,15 @@ import pytest
 import torch
 
 from core.request import Request
+from core.sched.base import SchedulerConfig
 from engine.engine import EngineError, LLMEngine
 from engine.kv_cache import KVBudgetError, PagedKVCache, bytes_per_block, resolve_kv_budget
+from engine.weights import init_dummy_weights
 from tests.engine_helpers import (
+    TEST_STD,
     make_engine,
     one_torch_thread,  # noqa: F401 (autouse fixture)
+    prompt_ids,
     reference_greedy,
     requests,
     tiny_config,
@@ -102,3 +106,43 @@ def test_contiguous_systems_give_the_same_greedy_tokens(system: str) -> None:
     paged = make_engine("vllm").generate(reqs).outputs
     contiguous = make_engine(system, num_blocks=256, max_model_len=64).generate(reqs).outputs
     assert contiguous == paged
+
+
+def _engine(**kwargs) -> LLMEngine:
+    engine = LLMEngine(tiny_config(), num_blocks=64, block_size=4, **kwargs)
+    init_dummy_weights(engine.model, 0, std=TEST_STD)
+    return engine
+
+
+def test_chunked_prefill_and_prefix_caching_keep_greedy_tokens() -> None:
+    shared = prompt_ids(12, seed=1)
+    reqs = [
+        Request(i, 0.0, 15, 6, prompt_token_ids=(*shared, *prompt_ids(3, seed=10 + i)))
+        for i in range(3)
+    ]
+    plain = _engine().generate(reqs)
+    chunked = _engine(
+        sched_config=SchedulerConfig(
+            max_num_batched_tokens=8, max_model_len=64, chunked_prefill=True
+        )
+    ).generate(reqs)
+    assert chunked.recorder.steps_frame()["prefill_kv_read_tokens"].sum() > 0
+    assert chunked.outputs == plain.outputs
+    # Later requests reuse the shared prompt's cached blocks (one at a time, so the first
+    # has computed them before the next is admitted).
+    cached_engine = _engine(
+        enable_prefix_caching=True, sched_config=SchedulerConfig(max_num_seqs=1, max_model_len=64)
+    )
+    cached = cached_engine.generate(reqs)
+    assert cached.recorder.steps_frame()["prefill_kv_read_tokens"].sum() > 0
+    assert cached.outputs == plain.outputs
+
+
+def test_wall_clock_online_run_never_schedules_before_arrival() -> None:
+    reqs = requests([(5, 4), (6, 5), (4, 3)], [0.0, 0.02, 0.05])
+    wall = make_engine().generate(reqs, mode="online", clock="wall")
+    frame = wall.recorder.requests_frame()
+    assert (frame["first_scheduled_s"] >= frame["arrival_s"]).all()
+    assert (frame["finish_s"] > frame["first_token_s"]).all()
+    assert wall.end_time_s >= 0.05
+    assert wall.outputs == make_engine().generate(reqs, mode="online").outputs
