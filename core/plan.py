@@ -87,22 +87,23 @@ class StepPlan:
     def shape(self) -> BatchShape:
         p_tokens = p_pairs = p_read = 0
         for c in self.prefill:
-            p_tokens += c.length
-            p_pairs += c.length * c.start + c.length * (c.length + 1) // 2
-            p_read += c.start
+            n, start = c.length, c.start
+            p_tokens += n
+            p_pairs += n * start + n * (n + 1) // 2
+            p_read += start
         d_ctx = 0
-        for s in self.decode:
-            d_ctx += s.num_tokens
+        for s in self.decode:  # Sequence.num_tokens, inlined (the hot loop)
+            d_ctx += s.group.request.prompt_len + s.num_generated
         return BatchShape(
-            prefill_tokens=p_tokens,
-            prefill_seqs=len(self.prefill),
-            prefill_attn_pairs=p_pairs,
-            prefill_kv_read_tokens=p_read,
-            decode_seqs=len(self.decode),
-            decode_ctx_tokens=d_ctx,
-            swap_in_blocks=len(self.swap_in),
-            swap_out_blocks=len(self.swap_out),
-            copy_blocks=len(self.copies),
+            p_tokens,
+            len(self.prefill),
+            p_pairs,
+            p_read,
+            len(self.decode),
+            d_ctx,
+            len(self.swap_in),
+            len(self.swap_out),
+            len(self.copies),
         )
 
     @property

@@ -5,7 +5,8 @@ Simulates OPT-13B on one A100-40GB serving a synthetic ShareGPT trace (the vLLM 
 process, and prints a table: requests, simulated seconds, engine steps, wall seconds
 of ``sim.driver.simulate`` alone (workload generation, cost-model setup and metrics are
 outside the timer), simulated requests/s, steps/s and speed against real time
-(simulated seconds / wall seconds). Writes ``bench_sim.csv`` and ``bench_sim.json``
+(simulated seconds / wall seconds); ``cpu_s`` is this process's CPU time over the same
+span (less sensitive to other load on the machine). Writes ``bench_sim.csv`` and ``bench_sim.json``
 (rows plus the machine: Python version, CPU count, platform, date) into ``--out``.
 
 A wall-clock number holds only for the machine and the load it ran under; compare
@@ -38,6 +39,7 @@ COLUMNS = (
     "sim_s",
     "steps",
     "wall_s",
+    "cpu_s",
     "sim_req_per_s",
     "steps_per_s",
     "speed_vs_real",
@@ -60,9 +62,9 @@ def bench_one(system: str, duration_s: float, rate: float, seed: int) -> dict[st
     c = as_dict(cfg)
     setup = build_setup(c)
     cost_model = make_cost_model(c, setup)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = simulate(setup.requests, setup.make_scheduler, cost_model, seed=seed)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     n = len(setup.requests)
     return {
         "system": system,
@@ -70,6 +72,7 @@ def bench_one(system: str, duration_s: float, rate: float, seed: int) -> dict[st
         "sim_s": result.end_time_s,
         "steps": result.num_steps,
         "wall_s": wall,
+        "cpu_s": cpu,
         "sim_req_per_s": n / wall,
         "steps_per_s": result.num_steps / wall,
         "speed_vs_real": result.end_time_s / wall,

@@ -101,6 +101,9 @@ def simulate(
     def engine(r: int):
         sched = schedulers[r]
         manager = sched.manager
+        step_time = cost_model.step_time
+        record_step = recorder.record_step
+        timeout = env.timeout
         while True:
             plan = sched.schedule(env.now)
             for group in sched.pop_aborted():
@@ -123,19 +126,19 @@ def simulate(
                 continue
             shape = plan.shape()
             start = env.now
-            duration = cost_model.step_time(shape)
+            duration = step_time(shape)
             memory = manager.breakdown()
             running = len(sched.running)
-            yield env.timeout(duration)
-            outcome = StepOutcome(duration_s=duration)
+            yield timeout(duration)
+            outcome = StepOutcome(duration)
             if beams_possible:
                 outcome.beams = _sim_beams(plan, rng)
             step = sched.step_index
             finished = sched.update(plan, outcome, env.now)
-            recorder.record_step(step, start, duration, plan, shape, memory, running)
-            for group in finished:
-                recorder.record_request(group)
+            record_step(step, start, duration, plan, shape, memory, running)
             if finished:
+                for group in finished:
+                    recorder.record_request(group)
                 bar.update(len(finished))
             state["steps"] += 1
             if check_integrity_every and state["steps"] % check_integrity_every == 0:

@@ -266,49 +266,68 @@ class PagedKVCacheManager:
         nothing changes. Each group's need is independent of the others' appends (blocks
         are shared across groups only when full, via the prefix cache), so when the sum
         fits, appending one by one would pass every ``can_append``: the result is
-        identical."""
-        bs, states, ref = self.block_size, self._seqs, self._device.ref
+        identical. A lone sequence writing one slot into its own partly filled last block
+        takes no block, so it is done at once (and undone if the total does not fit)."""
+        if self.enable_prefix_caching:  # registration order matters: strictly in order
+            return self._append_all_in_order(groups)
+        bs, states, pool = self.block_size, self._seqs, self._device
+        ref, fill = pool.ref, pool.fill
+        done: list[_SeqState] = []
+        rest: list[list[Sequence]] = []
         need = 0
-        seq_lists = []
-        for group in groups:
-            seqs = group.live_seqs()
-            seq_lists.append(seqs)
-            if len(seqs) == 1:  # inlined _append_need for one unshared sequence
-                seq = seqs[0]
-                st = states.get(seq.seq_id)
-                if st is not None and not st.on_cpu:
-                    s = st.slots
-                    grow = group.request.prompt_len + seq.num_generated - s
-                    if grow <= 0:
+        try:
+            for group in groups:
+                seqs = group.live_seqs()
+                if len(seqs) == 1:  # _append_need inlined for one unshared sequence
+                    seq = seqs[0]
+                    st = states.get(seq.seq_id)
+                    if st is not None and not st.on_cpu:
+                        s = st.slots
+                        grow = group.request.prompt_len + seq.num_generated - s
+                        if grow <= 0:
+                            continue
+                        off = s % bs
+                        if off:
+                            if grow == 1 and ref[st.table[-1]] == 1:
+                                fill[st.table[-1]] += 1
+                                st.slots = s + 1
+                                done.append(st)
+                                continue
+                            need += ref[st.table[-1]] > 1
+                            grow -= bs - off
+                        if grow > 0:
+                            need += -(-grow // bs)
+                        rest.append(seqs)
                         continue
-                    off = s % bs
-                    if off:
-                        need += ref[st.table[-1]] > 1
-                        grow -= bs - off
-                    if grow > 0:
-                        need += -(-grow // bs)
-                    continue
-            need += self._append_need(seqs)
-        if need > self._device.num_free():
+                need += self._append_need(seqs)
+                rest.append(seqs)
+        except BaseException:
+            self._undo_one_slot(done)
+            raise
+        if need > pool.num_free():
+            self._undo_one_slot(done)
+            return None
+        pool.num_filled += len(done)
+        copies: list[tuple[int, int]] = []
+        for seqs in rest:
+            for seq in seqs:
+                self._append_seq(seq, states[seq.seq_id], copies)
+        return copies
+
+    def _undo_one_slot(self, states: list[_SeqState]) -> None:
+        fill = self._device.fill
+        for st in states:
+            st.slots -= 1
+            fill[st.table[-1]] -= 1
+
+    def _append_all_in_order(self, groups: list[SequenceGroup]) -> list[tuple[int, int]] | None:
+        seq_lists = [group.live_seqs() for group in groups]
+        if sum(self._append_need(seqs) for seqs in seq_lists) > self._device.num_free():
             return None
         copies: list[tuple[int, int]] = []
-        pool = self._device
-        fill = pool.fill
-        prefix = self.enable_prefix_caching
         for seqs in seq_lists:
             for seq in seqs:
-                st = states[seq.seq_id]
-                s = st.slots
-                if seq.group.request.prompt_len + seq.num_generated == s + 1 and s % bs:
-                    last = st.table[-1]
-                    if ref[last] == 1:  # the common decode step: one slot in place
-                        fill[last] += 1
-                        pool.num_filled += 1
-                        st.slots = s + 1
-                        if prefix:
-                            self._register_computed(seq, st)
-                        continue
-                self._append_seq(seq, st, copies)
+                self._append_seq(seq, self._seqs[seq.seq_id], copies)
         return copies
 
     def _append_seq(self, seq: Sequence, st: _SeqState, copies: list[tuple[int, int]]) -> None:

@@ -11,12 +11,16 @@ Rows are kept as tuples (cheap on the hot path) and become DataFrames only at th
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 import pandas as pd
 
 from core.kv.base import MemoryBreakdown
 from core.plan import BatchShape, StepPlan
 from core.request import SequenceGroup
+
+_GROUP = attrgetter("group")
 
 STEP_COLUMNS = (
     "step",
@@ -83,8 +87,9 @@ class Recorder:
         memory: MemoryBreakdown,
         running_requests: int,
     ) -> None:
-        groups = {id(c.seq.group) for c in plan.prefill}
-        groups.update(id(s.group) for s in plan.decode)
+        groups = set(map(_GROUP, plan.decode))  # groups hash by identity
+        if plan.prefill:
+            groups.update(c.seq.group for c in plan.prefill)
         self._steps.append(
             (
                 step,

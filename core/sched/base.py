@@ -237,7 +237,7 @@ class BaseScheduler:
             request = group.request
             if choice is not None:
                 self._apply_beams(group, choice)
-            elif len(seqs) == 1 and request.sampling.num_seqs > 1:
+            elif len(seqs) == 1 and (request.sampling.n > 1 or request.sampling.beam_width > 1):
                 self._fork_samples(group, outcome)
             if group.first_token_time is None:
                 group.first_token_time = now
