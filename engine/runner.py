@@ -90,7 +90,9 @@ def build_inputs(plan: StepPlan, manager: KVCacheManager, device: torch.device) 
 
 
 class ModelRunner:
-    """Runs a model's forward for a plan on ``kv_cache``'s tensors."""
+    """Runs a model's forward for a plan on ``kv_cache``'s tensors. ``backend`` is the name
+    of the attention backend the model was built with (the model holds the backend object;
+    the runner only reports it)."""
 
     def __init__(self, model: CausalLM, kv_cache: PagedKVCache, backend: str = "torch") -> None:
         self.model = model
