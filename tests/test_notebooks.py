@@ -1,0 +1,91 @@
+"""Every figure notebook in ``notebooks/`` runs on a fresh (short) reproduction and writes
+its figure; a missing results directory fails with a message naming the fix."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+jupytext = pytest.importorskip("jupytext")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+pytest.importorskip("matplotlib")
+
+NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = sorted(p for p in NB_DIR.glob("*.py") if not p.name.startswith("_"))
+EXPECTED = {
+    "table1_kv_capacity",
+    "fig02_kv_breakdown",
+    "fig12_latency_vs_rate",
+    "fig13_batch_size",
+    "vllm_step_time_sensitivity",
+}
+CELL_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One short reproduction (20-second traces, ~15 s on 2 cores) shared by the module."""
+    from experiments.reproduce import main
+
+    out = tmp_path_factory.mktemp("reproduce")
+    main(["--duration", "20", "--out", str(out), "--workers", "1"])
+    return out
+
+
+def execute(path: Path, results_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run a percent-format notebook in a ``python3`` kernel started in ``notebooks/``."""
+    monkeypatch.setenv("KVLAB_RESULTS", str(results_dir))
+    nb = jupytext.read(path)
+    client = nbclient.NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(NB_DIR)}},
+    )
+    client.execute()
+
+
+def test_every_figure_has_a_notebook():
+    assert {p.stem for p in NOTEBOOKS} >= EXPECTED
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_writes_its_figure(
+    path: Path, results: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    png, pdf = results / f"{path.stem}.png", results / f"{path.stem}.pdf"
+    assert not png.exists()
+    execute(path, results, monkeypatch)
+    assert png.read_bytes().startswith(b"\x89PNG")
+    text = pdf.read_bytes()
+    assert text.startswith(b"%PDF")
+    assert b"/Type3" not in text, "PDF fonts must be TrueType (pdf.fonttype 42)"
+
+
+def test_missing_results_name_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    with pytest.raises(nbclient.exceptions.CellExecutionError) as err:
+        execute(NB_DIR / "table1_kv_capacity.py", tmp_path / "nothing", monkeypatch)
+    assert "python -m experiments.reproduce" in str(err.value)
+    assert "table1.csv" in str(err.value)
+
+
+def _common() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("nb_common", NB_DIR / "_common.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_results_dir_defaults_and_relative_paths_are_from_repo_root(monkeypatch):
+    common = _common()
+    monkeypatch.delenv("KVLAB_RESULTS", raising=False)
+    assert common.results_dir() == NB_DIR.parent / "results" / "reproduce"
+    monkeypatch.setenv("KVLAB_RESULTS", "results/other")
+    assert common.results_dir() == NB_DIR.parent / "results" / "other"
+    monkeypatch.setenv("KVLAB_RESULTS", str(NB_DIR))
+    assert common.results_dir() == NB_DIR
