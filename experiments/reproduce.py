@@ -62,17 +62,22 @@ def _sweep_system(
     rows: list[dict[str, Any]] = []
     fails = 0
 
-    def evaluate(rate: float) -> float:
+    def evaluate(rate: float) -> float | None:
         label = f"fig12_{system}_rate{rate:.4g}"
         m = run_one(label, [*base, f"system={system}", f"workload.rate={rate}"], None)
         (runs_dir / label).mkdir(parents=True, exist_ok=True)
         write_json(runs_dir / label / "metrics.json", m)
+        if not m["num_requests"]:
+            return None  # no arrival within the trace at this rate: not measured
         rows.append({"system": system, "rate": rate, **_keep(m)})
         return m["normalized_latency"]
 
     rate = 0.0
     for rate in rates:
-        fails = 0 if _passes_value(evaluate(rate), threshold) else fails + 1
+        value = evaluate(rate)
+        if value is None:
+            continue
+        fails = 0 if _passes_value(value, threshold) else fails + 1
         if fails >= 2:
             break
     while fails == 0 and rate < 64:  # still sustained at the top of the grid: go higher
@@ -90,8 +95,8 @@ def _sweep_system(
     return rows
 
 
-def _passes_value(value: float, threshold: float) -> bool:
-    return value == value and value <= threshold
+def _passes_value(value: float | None, threshold: float) -> bool:
+    return value is not None and value == value and value <= threshold
 
 
 def _passes(row: dict[str, Any], threshold: float) -> bool:
@@ -99,7 +104,7 @@ def _passes(row: dict[str, Any], threshold: float) -> bool:
 
 
 _KEEP = (
-    "label", "normalized_latency", "request_throughput", "output_throughput",
+    "label", "num_requests", "normalized_latency", "request_throughput", "output_throughput",
     "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "mean_batch_size",
     "completed", "rejected", "num_preemptions", "kv_token_states_pct", "kv_reserved_pct",
     "kv_internal_frag_pct", "kv_external_frag_pct", "kv_free_pct", "kv_slots", "wall_s",
