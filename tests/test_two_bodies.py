@@ -17,9 +17,10 @@ from tests.engine_helpers import (
 )
 
 LENS = [(9, 8), (5, 12), (14, 6), (7, 10), (6, 9), (11, 7), (4, 11), (8, 9), (13, 7)]
-# Mid-run arrivals (a few ms apart; how many land mid-run depends on the machine's speed)
-# and a late pair that arrives after everything finished: the idle jump is always taken.
-ARRIVALS = [0.0, 0.0, 0.004, 0.011, 0.02, 0.02, 0.035, 30.0, 30.0]
+# Four requests at t=0 outgrow 14 blocks of 4 slots by themselves (vllm must preempt
+# whatever the step times); mid-run arrivals a few ms apart (how many land mid-run depends
+# on the machine's speed); a late pair after everything finished (an idle jump).
+ARRIVALS = [0.0, 0.0, 0.0, 0.0, 0.004, 0.011, 0.02, 30.0, 30.0]
 STEP_COLUMNS = ["prefill_tokens", "prefill_seqs", "decode_seqs", "num_preempted"]
 REQUEST_COLUMNS = ["request_id", "status", "first_token_step", "finish_step", "num_preemptions"]
 
