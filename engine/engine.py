@@ -20,7 +20,7 @@ clock (online runs sleep until the next arrival when idle). Offline runs put eve
 arrival at 0.
 
 A request without prompt token ids gets ids drawn uniformly from the vocabulary by a
-generator seeded from ``(engine seed, request id)``, so any workload the simulator runs
+generator seeded from a hash of ``(engine seed, request id)``, so any workload the simulator runs
 (``core.workload.spec.build_workload``) runs here too.
 """
 
@@ -44,7 +44,7 @@ from engine.config import ModelConfig
 from engine.kv_cache import PagedKVCache, resolve_kv_budget
 from engine.models import build_model
 from engine.runner import ModelRunner, sampling_seqs
-from engine.sampler import Sampler
+from engine.sampler import Sampler, mix_seed
 from engine.weights import init_dummy_weights, load_checkpoint
 
 MODES = ("offline", "online")
@@ -156,7 +156,7 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         ids = request.prompt_token_ids
         if ids is None:
-            rng = np.random.default_rng([self.seed, request.request_id])
+            rng = np.random.default_rng(mix_seed(self.seed, request.request_id))
             drawn = rng.integers(0, vocab, size=request.prompt_len)
             return dataclasses.replace(request, prompt_token_ids=tuple(int(t) for t in drawn))
         bad = [t for t in ids if not 0 <= t < vocab]

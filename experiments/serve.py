@@ -10,7 +10,8 @@ The model's shape comes from the simulator's catalog (``model=opt-13b`` means th
 both bodies); weights are seeded dummies unless ``model.path`` names a local checkpoint.
 Writes the simulator's files (``config.yaml``, ``metrics.json``, ``requests.csv``,
 ``steps.csv`` with measured ``duration_s``) plus ``engine.json``. ``run(cfg, out_dir)`` is
-the plain function tests and notebooks call.
+the plain function tests and notebooks call. ``backend=triton`` on ``device=cpu`` needs
+``TRITON_INTERPRET=1`` in the environment (Triton's CPU interpreter; slow).
 """
 
 from __future__ import annotations
