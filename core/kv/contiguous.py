@@ -31,7 +31,7 @@ token states taken from internal fragmentation.
 
 from __future__ import annotations
 
-from core.kv.base import AllocStatus, KVCacheError, MemoryBreakdown
+from core.kv.base import AllocStatus, KVCacheError, MemoryBreakdown, new_breakdown
 from core.kv.buddy import BuddyAllocator, next_power_of_two
 from core.request import Request, SequenceGroup
 
@@ -209,27 +209,30 @@ class ContiguousKVCacheManager:
         """``append`` for every group in order if every one fits its reservation; else
         None and nothing changes. Regions are private, so the result is identical."""
         states = self._seqs
-        work = []
+        advanced: list[tuple[_Seq, int]] = []  # (sequence, slots before), to undo
+        tokens = reserved = frag = 0
         for group in groups:
+            prompt_len = group.request.prompt_len
             for seq in group.live_seqs():
                 s = states.get(seq.seq_id)
-                if s is None:
-                    raise KVCacheError(f"unknown seq_id {seq.seq_id}: it holds no KV region")
-                target = group.request.prompt_len + seq.num_generated
-                if target > s.group.reservation:
+                target = prompt_len + seq.num_generated
+                if s is None or target > s.group.reservation:
+                    for t, slots in advanced:
+                        t.slots = slots
+                    if s is None:
+                        raise KVCacheError(f"unknown seq_id {seq.seq_id}: it holds no KV region")
                     return None
-                if target > s.slots:
-                    work.append((s, target))
-        tokens = reserved = frag = 0
-        for s, target in work:
-            # _set_slots, inlined: token_states S, reserved max(T, S) - S, frag R - max(T, S)
-            need, slots = s.group.need, s.slots
-            used0 = need if need > slots else slots
-            used1 = need if need > target else target
-            tokens += target - slots
-            reserved += (used1 - target) - (used0 - slots)
-            frag += used0 - used1
-            s.slots = target
+                slots = s.slots
+                if target > slots:
+                    # _set_slots inlined: reserved max(T, S) - S, frag R - max(T, S)
+                    need = s.group.need
+                    used0 = need if need > slots else slots
+                    used1 = need if need > target else target
+                    tokens += target - slots
+                    reserved += (used1 - target) - (used0 - slots)
+                    frag += used0 - used1
+                    s.slots = target
+                    advanced.append((s, slots))
         self._tokens += tokens
         self._reserved += reserved
         self._frag += frag
@@ -293,7 +296,7 @@ class ContiguousKVCacheManager:
         return self.allocator.free_units // self.block_size
 
     def breakdown(self) -> MemoryBreakdown:
-        return MemoryBreakdown(
+        return new_breakdown(
             token_states=self._tokens,
             reserved=self._reserved,
             internal_frag=self._frag,

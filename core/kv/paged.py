@@ -26,7 +26,7 @@ Choices where the paper is silent:
 
 from __future__ import annotations
 
-from core.kv.base import AllocStatus, KVCacheError, MemoryBreakdown
+from core.kv.base import AllocStatus, KVCacheError, MemoryBreakdown, new_breakdown
 from core.kv.block_pool import BlockPool
 from core.request import RequestError, Sequence, SequenceGroup
 
@@ -461,7 +461,7 @@ class PagedKVCacheManager:
     def breakdown(self) -> MemoryBreakdown:
         bs, pool = self.block_size, self._device
         tokens = pool.num_filled
-        return MemoryBreakdown(
+        return new_breakdown(
             token_states=tokens,
             reserved=0,
             internal_frag=pool.num_used * bs - tokens,

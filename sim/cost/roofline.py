@@ -105,23 +105,26 @@ class RooflineCostModel:
 
     def step_time(self, shape: BatchShape) -> float:
         """Seconds for one step; 0 for an empty shape."""
-        tokens = shape.prefill_tokens + shape.decode_seqs
+        decode_seqs, ctx = shape.decode_seqs, shape.decode_ctx_tokens
+        tokens = shape.prefill_tokens + decode_seqs
         t = 0.0
         if tokens:
             fr, br = self._flop_rate, self._byte_rate
             lin_flops = (
                 tokens * self.flops_per_token
-                + (shape.prefill_seqs + shape.decode_seqs) * self.flops_per_logit
+                + (shape.prefill_seqs + decode_seqs) * self.flops_per_logit
             )
             lin_bytes = self.weight_bytes + tokens * self.act_bytes_per_token
-            pairs = shape.prefill_attn_pairs + shape.decode_ctx_tokens
-            kv_tokens = shape.decode_ctx_tokens + shape.prefill_kv_read_tokens + tokens
-            t = max(lin_flops / fr, lin_bytes / br) + max(
-                pairs * self.flops_per_pair / fr, kv_tokens * self.kv_bytes_per_token / br
-            )
+            pairs = shape.prefill_attn_pairs + ctx
+            kv_tokens = ctx + shape.prefill_kv_read_tokens + tokens
+            # max(a, b) as conditionals: the same float, without two builtin calls
+            a, b = lin_flops / fr, lin_bytes / br
+            c, d = pairs * self.flops_per_pair / fr, kv_tokens * self.kv_bytes_per_token / br
+            t = (a if a >= b else b) + (c if c >= d else d)
             if self._allreduce_calls:
                 t += tokens * self._allreduce_s_per_token + self._allreduce_fixed_s
-        t += self.transfer_time(shape)
+        if shape.swap_in_blocks or shape.swap_out_blocks or shape.copy_blocks:
+            t += self.transfer_time(shape)  # else it adds exactly 0.0
         if t > 0.0:
             t += self.efficiency.per_step_overhead_s
         return t
