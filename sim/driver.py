@@ -11,6 +11,7 @@ Replicas (data parallelism) each own a scheduler; arrivals go round-robin.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -65,7 +66,8 @@ def simulate(
     """Run ``requests`` to completion and return the recorder with every step and request.
 
     ``make_scheduler`` builds one scheduler per replica. ``check_integrity_every > 0`` runs
-    the scheduler's and manager's invariant checks every that many steps (tests).
+    the scheduler's and manager's invariant checks every that many steps (tests). Python's
+    cyclic garbage collector is paused while the simulation runs (restored afterwards).
     """
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
@@ -74,7 +76,8 @@ def simulate(
     recorder = Recorder()
     schedulers = [make_scheduler() for _ in range(num_replicas)]
     wakeups: list[simpy.Event | None] = [None] * num_replicas
-    state = {"arrivals_done": False, "steps": 0}
+    state = {"arrivals_done": False}
+    num_steps = 0
     rng = np.random.default_rng(seed)
     beams_possible = any(r.sampling.use_beam_search for r in ordered)
     bar = tqdm(total=len(ordered), unit="req", disable=not progress, desc="simulate")
@@ -99,6 +102,7 @@ def simulate(
                 event.succeed()
 
     def engine(r: int):
+        nonlocal num_steps
         sched = schedulers[r]
         manager = sched.manager
         step_time = cost_model.step_time
@@ -140,17 +144,26 @@ def simulate(
                 for group in finished:
                     recorder.record_request(group)
                 bar.update(len(finished))
-            state["steps"] += 1
-            if check_integrity_every and state["steps"] % check_integrity_every == 0:
+            num_steps += 1
+            if check_integrity_every and num_steps % check_integrity_every == 0:
                 sched.check_integrity()
 
     env.process(arrivals())
     procs = [env.process(engine(r)) for r in range(num_replicas)]
-    env.run(until=simpy.AllOf(env, procs))
+    # The run allocates millions of short-lived objects and keeps every step's row, but
+    # makes little cyclic garbage (finished groups): cyclic GC passes over the growing
+    # heap would cost more than they free, so they wait until the run is over.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        env.run(until=simpy.AllOf(env, procs))
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     bar.close()
     if recorder.num_requests != len(ordered):
         raise SimulationError(
             f"{len(ordered) - recorder.num_requests} requests neither finished nor were "
             "rejected (a scheduler lost them)"
         )
-    return SimResult(recorder=recorder, end_time_s=env.now, num_steps=state["steps"])
+    return SimResult(recorder=recorder, end_time_s=env.now, num_steps=num_steps)

@@ -22,13 +22,16 @@ class FasterTransformerScheduler(BaseScheduler):
 
     def schedule(self, now: float) -> StepPlan:
         plan = self._new_plan()
-        if self.running:
-            copies = self.manager.append_all(self.running) if self.batched_append else None
+        running = self.running
+        if running:
+            copies = self.manager.append_all(running) if self.batched_append else None
             if copies is None:
-                copies = [c for group in self.running for c in self.manager.append(group)]
-            plan.copies.extend(copies)
-            for group in self.running:
-                plan.decode.extend(group.live_seqs())
+                copies = [c for group in running for c in self.manager.append(group)]
+            if copies:
+                plan.copies.extend(copies)
+            decode = plan.decode
+            for group in running:
+                decode += group.live_seqs()
             return self._finish_plan(plan)
         num_seqs = 0
         while self.waiting:
