@@ -15,7 +15,10 @@ from typing import Any
 
 import pytest
 
+from core.kv.contiguous import ContiguousKVCacheManager
+from core.kv.paged import PagedKVCacheManager
 from core.metrics.summary import summarize
+from core.request import Request, SamplingParams, SequenceGroup
 from core.sched.base import SchedulerConfig
 from core.systems import build_scheduler
 from core.workload.spec import build_workload
@@ -104,6 +107,61 @@ def test_results_match_the_reference_code(name: str, batched: bool) -> None:
     digest, metrics = run_case(name, batched, check_every=7)
     assert metrics["completed"] + metrics["rejected"] == metrics["num_requests"]
     assert digest == GOLDEN[name]
+
+
+def _groups(lens: list[int], first_id: int) -> list[SequenceGroup]:
+    return [
+        SequenceGroup(Request(first_id + i, 0.0, n, 50, SamplingParams()), first_id + i)
+        for i, n in enumerate(lens)
+    ]
+
+
+def _paged_state(m: PagedKVCacheManager, groups: list[SequenceGroup]) -> tuple[Any, ...]:
+    pool = m.device_pool
+    tables = [(m.block_table(g.seqs[0].seq_id), m.num_slots(g.seqs[0].seq_id)) for g in groups]
+    return (tables, list(pool.ref), list(pool.fill), pool.num_filled, m.breakdown())
+
+
+@pytest.mark.parametrize("blocks", [7, 8, 9, 12])
+def test_paged_append_all_is_all_or_nothing_and_matches_one_by_one(blocks: int) -> None:
+    """Prompts of 5, 8, 6 and 4 tokens in blocks of 4 (2 + 2 + 2 + 1 blocks): one token
+    more needs 0, 1, 0 and 1 new blocks, so the batch fits from 9 blocks on."""
+    batched, single = (PagedKVCacheManager(blocks, block_size=4, watermark=0.0) for _ in "ab")
+    gb, gs = _groups([5, 8, 6, 4], 0), _groups([5, 8, 6, 4], 0)
+    for m, groups in ((batched, gb), (single, gs)):
+        for g in groups:
+            m.allocate(g)
+            g.seqs[0].num_generated += 1
+    before = _paged_state(batched, gb)
+    fits = blocks - 7 >= 2
+    copies = batched.append_all(gb)
+    if not fits:
+        assert copies is None
+        assert _paged_state(batched, gb) == before
+        return
+    want = []
+    for g in gs:
+        assert single.can_append(g)
+        want.extend(single.append(g))
+    assert copies == want
+    assert _paged_state(batched, gb) == _paged_state(single, gs)
+    batched.check_integrity()
+
+
+def test_contiguous_append_all_is_all_or_nothing() -> None:
+    m = ContiguousKVCacheManager(4096, "oracle", max_model_len=2048)
+    groups = _groups([10, 20, 30], 0)
+    for g in groups:
+        m.allocate(g)
+        g.seqs[0].num_generated += 1
+    before = (m.breakdown(), [m.num_slots(g.seqs[0].seq_id) for g in groups])
+    groups[2].seqs[0].num_generated = 51  # beyond its oracle reservation of 30 + 50
+    assert m.append_all(groups) is None
+    assert (m.breakdown(), [m.num_slots(g.seqs[0].seq_id) for g in groups]) == before
+    groups[2].seqs[0].num_generated = 1
+    assert m.append_all(groups) == []
+    assert [m.num_slots(g.seqs[0].seq_id) for g in groups] == [11, 21, 31]
+    m.check_integrity()
 
 
 if __name__ == "__main__":
