@@ -1,0 +1,94 @@
+"""``python -m experiments.calibrate RUN_DIR [--out FILE]``: fit the simulator's step-time
+model to an engine run.
+
+``RUN_DIR`` is a directory written by ``experiments.serve`` (or ``experiments.gpu_engine``):
+``config.yaml`` names the model, the hardware label, the dtype and the block size;
+``steps.csv`` holds every step's shape and measured ``duration_s``. The fit is
+:meth:`sim.cost.CalibratedCostModel.fit` (non-negative least squares on roofline basis
+terms of the named hardware: on another device the coefficients absorb the difference).
+Prints the coefficients, R² and MAPE and writes ``calibration.json`` (default: in
+``RUN_DIR``), which ``experiments.validate`` and a simulate config's ``cost`` group
+(``kind: calibrated``) read. A plain argparse CLI (the input is a run directory, not a
+config tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from experiments.results import write_json
+from sim.cost import CalibratedCostModel
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def read_run_config(run_dir: Path) -> dict[str, Any]:
+    """The resolved ``config.yaml`` of a run directory, as a plain dict."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory: no config.yaml")
+    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    if not isinstance(cfg, dict) or not {"model", "system"} <= set(cfg):
+        raise ValueError(f"{path} lacks the model and system groups of a serve run")
+    return cfg  # type: ignore[return-value]
+
+
+def dtype_bytes(cfg: dict[str, Any]) -> int:
+    name = str(cfg.get("dtype", "float32"))
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"run dtype {name!r} is not one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[name]
+
+
+def calibrate(run_dir: Path) -> CalibratedCostModel:
+    """The calibrated cost model fitted to ``run_dir``'s ``steps.csv``."""
+    cfg = read_run_config(run_dir)
+    steps_path = Path(run_dir) / "steps.csv"
+    if not steps_path.is_file():
+        raise FileNotFoundError(f"{run_dir} has no steps.csv to fit")
+    hardware = (cfg.get("hardware") or {}).get("name")
+    if hardware is None:
+        raise ValueError(f"{run_dir}/config.yaml names no hardware (hardware.name)")
+    return CalibratedCostModel.fit(
+        pd.read_csv(steps_path),
+        cfg["model"]["name"],
+        hardware,
+        tp=int(cfg["model"].get("tp", 1)),
+        dtype_bytes=dtype_bytes(cfg),
+        block_size=int(cfg["system"].get("block_size", 16)),
+    )
+
+
+def calibration_doc(model: CalibratedCostModel, run_dir: Path) -> dict[str, Any]:
+    """``model.to_dict()`` plus where the measurements came from."""
+    doc = model.to_dict()
+    doc["source_run"] = Path(run_dir).name
+    engine_json = Path(run_dir) / "engine.json"
+    if engine_json.is_file():
+        doc["measured_on"] = json.loads(engine_json.read_text()).get("device")
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.calibrate", description=__doc__)
+    parser.add_argument("run_dir", type=Path, help="an engine run directory")
+    parser.add_argument("--out", type=Path, default=None, help="default RUN_DIR/calibration.json")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    model = calibrate(args.run_dir)
+    print(model.describe())
+    out = args.out or args.run_dir / "calibration.json"
+    doc = calibration_doc(model, args.run_dir)
+    write_json(out, doc)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""``experiments.calibrate`` and ``experiments.validate`` on a tiny CPU engine run."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from experiments import calibrate, validate
+from experiments.serve import run
+
+CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
+# 12 requests into 0.002 GiB of fp32 tiny-opt KV (2048 slots): vllm runs a real batch and
+# Poisson arrivals at 30/s leave idle gaps and mid-run arrivals.
+RUN = [
+    "model=tiny-opt",
+    "workload.num_requests=12",
+    "workload.rate=30",
+    "kv_budget_gb=0.002",
+    "progress=false",
+]
+
+
+def _serve(tmp: Path, overrides: list[str]) -> Path:
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        cfg = compose(config_name="serve", overrides=[*RUN, *overrides])
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run(cfg, tmp)
+    finally:
+        torch.set_num_threads(before)
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def online_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield _serve(tmp_path_factory.mktemp("online"), [])
+
+
+def test_calibration_fit_has_finite_stats(online_run: Path, capsys) -> None:
+    assert calibrate.main([str(online_run)]) == 0
+    doc = json.loads((online_run / "calibration.json").read_text())
+    assert doc["kind"] == "calibrated" and doc["model"] == "tiny-opt"
+    assert doc["dtype_bytes"] == 4  # the run's float32, not the catalog's fp16 default
+    stats = doc["fit_stats"]
+    assert stats["n_steps"] >= 4
+    assert math.isfinite(stats["r2"]) and stats["r2"] <= 1.0
+    assert math.isfinite(stats["mape"]) and stats["mape"] >= 0.0
+    assert all(c >= 0 and math.isfinite(c) for c in doc["coefficients"].values())
+    assert "R²=" in capsys.readouterr().out
+
+
+def test_validation_with_the_calibrated_model_writes_its_file(online_run: Path) -> None:
+    calibrate.main([str(online_run)])
+    out = online_run / "validation_calibrated.json"
+    assert validate.main([str(online_run), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    rows = {r["metric"]: r for r in doc["comparison"]}
+    assert set(rows) == set(validate.METRICS)
+    assert doc["simulator"]["completed"] == doc["engine"]["completed"] == 12
+    assert doc["exact_replay_expected"] is False
+    assert all(math.isfinite(rows[m]["simulator"]) for m in ("output_throughput", "mean_e2el_ms"))
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_recorded_replay_reproduces_the_engine_metrics(
+    mode: str, online_run: Path, tmp_path: Path
+) -> None:
+    run_dir = online_run if mode == "online" else _serve(tmp_path, ["mode=offline"])
+    out = tmp_path / "validation.json"
+    assert validate.main([str(run_dir), "--recorded", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["exact_replay_expected"] is True
+    engine, sim = doc["engine"], doc["simulator"]
+    summary_keys = set(sim) - {"wall_s"}
+    assert {"num_steps", "mean_batch_size", "normalized_latency"} <= summary_keys
+    for key in summary_keys:
+        assert sim[key] == engine[key], key
+    assert all(r["rel_err"] == 0.0 for r in doc["comparison"])
+
+
+def test_validate_needs_a_calibration_or_recorded(online_run: Path) -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        validate.validate(online_run)
+    with pytest.raises(ValueError, match="not 'calibrated'"):
+        validate.validate(online_run, {"kind": "roofline"})
+
+
+def test_calibrate_names_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no config\.yaml"):
+        calibrate.calibrate(tmp_path)
