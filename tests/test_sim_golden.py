@@ -44,6 +44,7 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], int]] = {
         {"kind": "shared_prefix", "prefix_len": 200, "rate": 8.0},
         3000,
     ),
+    "vllm_3_replicas": ("vllm", {"replicas": 3}, {"rate": 9.0}, 6000),
     "orca_max": ("orca_max", {}, {}, 16384),
     "orca_pow2": ("orca_pow2", {}, {"n": 2}, 16384),
     "orca_oracle": ("orca_oracle", {}, {}, 16384),
@@ -62,6 +63,7 @@ GOLDEN: dict[str, str] = {  # from the reference code, before the speed work
     "vllm_n2_small_cpu": "ef5e67e29b50b010",
     "vllm_prefix": "1e25729be64876a4",
     "vllm_swap": "c3150ca2f87ec20b",
+    "vllm_3_replicas": "0cdb85d89cc8fa5c",
 }
 
 
@@ -90,7 +92,8 @@ def run_case(name: str, batched: bool = True, check_every: int = 0) -> tuple[str
         return sched
 
     cost = RooflineCostModel("opt-13b", "a100-40gb")
-    result = simulate(requests, make, cost, seed=0, check_integrity_every=check_every)
+    replicas = sched_over.get("replicas", 1)
+    result = simulate(requests, make, cost, replicas, seed=0, check_integrity_every=check_every)
     rec = result.recorder
     req, steps = rec.requests_frame(), rec.steps_frame()
     metrics = summarize(req, steps, rec.inter_token_latencies())
