@@ -111,6 +111,7 @@ def simulate(
         record_step = recorder.record_step
         timeout, peek = env.timeout, env.peek
         now = env.now  # this engine's clock; may run ahead of env.now, see below
+        next_event = peek()  # the queue changes only while this process is suspended
         while True:
             plan = sched.schedule(now)
             for group in sched.pop_aborted():
@@ -133,6 +134,7 @@ def simulate(
                 yield wakeups[r]
                 wakeups[r] = None
                 now = env.now
+                next_event = peek()
                 continue
             shape = plan.shape()
             start = now
@@ -141,7 +143,7 @@ def simulate(
             running = len(sched.running)
             end = now + duration
             lag = env.now
-            if peek() > end and lag + (end - lag) == end:
+            if next_event > end and lag + (end - lag) == end:
                 # No event is due before the step ends (nothing could run in between):
                 # skip the timeout. A later timeout of ``end - lag`` lands exactly on
                 # ``end`` (checked), so the clock stays bit-identical to one per step.
@@ -151,6 +153,7 @@ def simulate(
                     yield timeout(now - lag)  # catch up first (exact, checked above)
                 yield timeout(duration)
                 now = env.now
+                next_event = peek()
             outcome = StepOutcome(duration)
             if beams_possible:
                 outcome.beams = _sim_beams(plan, rng)

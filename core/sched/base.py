@@ -174,7 +174,7 @@ class BaseScheduler:
         return cached
 
     def _new_plan(self) -> StepPlan:
-        plan = StepPlan()
+        plan = StepPlan([], [], [], [], [], [], [])  # skips seven default-factory calls
         if self._pending_copies:
             plan.copies.extend(self._pending_copies)
             self._pending_copies.clear()
