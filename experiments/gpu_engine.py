@@ -1,0 +1,298 @@
+"""GPU engine runs: ``python -m experiments.gpu_engine --out DIR [--dry] [--max-seconds S]``.
+
+On one CUDA device, fp16, seeded dummy weights, KV budget 12 GiB (the paper's OPT-13B
+budget, Kwon et al., SOSP 2023, Table 1), Triton attention: OPT-1.3B (1B class) and OPT-13B
+shapes serve a ShareGPT-like trace under ``vllm``, ``orca_max`` and ``orca_oracle``, each
+offline (all requests at t = 0) and online (Poisson arrivals replayed on the virtual
+clock); one config (OPT-1.3B, vllm, offline) also runs the torch attention backend as a
+cross-check (offline decisions do not depend on step times, so both backends must take the
+same steps). Every run is ``experiments.serve.run`` on a composed ``serve`` config and
+writes its serve files into ``DIR/<model>_<system>_<mode>[_torch]/``; ``DIR/summary.csv``
+and ``DIR/summary.json`` (rows, throughput and batch ratios, metadata: device, versions,
+date, command) are rewritten after every run, so a killed run keeps what finished.
+
+Work cap (for < 5 minutes on an H200): the trace is drawn from the fitted ShareGPT model
+with vLLM's filter at prompt + output <= 1024 (mean output ~275, max ~900 tokens; the
+schedulers keep OPT's max_model_len 2048, so Orca (Max) still reserves 2048 slots);
+OPT-1.3B serves 200 requests offline and 64 online at 16 req/s, OPT-13B 100 offline and 40
+online at 4 req/s; the cross-check uses 64 requests. Estimate (engine step ~6 ms for 1.3B,
+~12 ms for 13B, with Orca (Max) limited to 32 resp. 7 concurrent requests by the 12 GiB
+budget): ~80 s for OPT-1.3B, ~110 s for OPT-13B (Orca (Max) offline ~40 s of it), plus
+model builds and Triton compilation: ~4 minutes. ``--max-seconds`` (default 280) skips the
+runs that would start after that, in priority order (offline, online, cross-check).
+
+``--dry`` runs the same code path on CPU (tiny-opt and tiny-llama, fp32, a 1 MiB-class
+budget, a few short requests, Triton under its interpreter) so CI can check the script; its
+timings are meaningless and labelled so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+SYSTEMS = ("vllm", "orca_max", "orca_oracle")
+SUMMARY_KEYS = (
+    "completed",
+    "num_requests",
+    "output_throughput",
+    "request_throughput",
+    "mean_ttft_ms",
+    "mean_tpot_ms",
+    "mean_e2el_ms",
+    "normalized_latency",
+    "mean_batch_size",
+    "num_steps",
+    "num_preemptions",
+    "kv_token_states_pct",
+    "kv_slots",
+    "kv_cache_gib",
+    "wall_s",
+)
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    model: str
+    kv_budget_gb: float
+    offline_requests: int
+    online_requests: int
+    online_rate: float  # requests/s of the trace's Poisson arrivals
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    dry: bool
+    device: str
+    dtype: str
+    backend: str
+    trace_max_len: int  # workload filter: prompt + output <= this
+    length_scale: float  # then lengths times this (dry: short requests on the interpreter)
+    models: tuple[ModelPlan, ...]
+    cross_check_requests: int
+    swap_space_gb: float
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One serve run: its directory name and the serve-config overrides."""
+
+    name: str
+    model: str
+    system: str
+    mode: str
+    backend: str
+    overrides: tuple[str, ...]
+
+
+def make_plan(dry: bool) -> EnginePlan:
+    if dry:
+        tiny = 1 / 1024  # 1 MiB: 1024 fp32 tiny-opt slots, 4 Orca (Max) reservations
+        return EnginePlan(
+            True, "cpu", "float32", "triton", 256, 1 / 32,
+            (ModelPlan("tiny-opt", tiny, 2, 2, 50.0), ModelPlan("tiny-llama", tiny, 2, 2, 50.0)),
+            2, 0.001,
+        )  # fmt: skip
+    return EnginePlan(
+        False, "cuda", "float16", "triton", 1024, 1.0,
+        (ModelPlan("opt-1.3b", 12.0, 200, 64, 16.0), ModelPlan("opt-13b", 12.0, 100, 40, 4.0)),
+        64, 4.0,
+    )  # fmt: skip
+
+
+def write_traces(plan: EnginePlan, out: Path) -> dict[str, Path]:
+    """One native trace per model (Poisson arrivals at its online rate), in ``out``."""
+    from core.workload.synthetic import synthesize
+    from core.workload.trace_io import write_trace
+    from experiments.bench_engine_cpu import scale_lengths
+
+    paths = {}
+    for m in plan.models:
+        count = max(m.offline_requests, m.online_requests, plan.cross_check_requests)
+        reqs = synthesize(
+            "sharegpt", m.online_rate, num_requests=count, max_model_len=plan.trace_max_len
+        )
+        paths[m.model] = out / f"trace_{m.model}.csv"
+        write_trace(paths[m.model], scale_lengths(reqs, plan.length_scale))
+    return paths
+
+
+def run_specs(plan: EnginePlan, traces: dict[str, Path]) -> list[RunSpec]:
+    """Every run in priority order: offline runs, online runs, then the cross-check."""
+    common = (
+        f"device={plan.device}", f"dtype={plan.dtype}", f"swap_space_gb={plan.swap_space_gb}",
+        "kv_budget_fraction=null", "clock=virtual", "progress=false", "seed=0",
+        "hardware=h200", "workload=trace",
+    )  # fmt: skip
+
+    def spec(m: ModelPlan, system: str, mode: str, count: int, backend: str) -> RunSpec:
+        suffix = "" if backend == plan.backend else f"_{backend}"
+        overrides = (
+            *common, f"model={m.model}", f"system={system}", f"mode={mode}",
+            f"backend={backend}", f"kv_budget_gb={m.kv_budget_gb}",
+            f"workload.path='{traces[m.model].resolve()}'", f"workload.num_requests={count}",
+        )  # fmt: skip
+        return RunSpec(f"{m.model}_{system}_{mode}{suffix}", m.model, system, mode, backend,
+                       overrides)  # fmt: skip
+
+    specs = [spec(m, s, "offline", m.offline_requests, plan.backend)
+             for m in plan.models for s in SYSTEMS]  # fmt: skip
+    specs += [spec(m, s, "online", m.online_requests, plan.backend)
+              for m in plan.models for s in SYSTEMS]  # fmt: skip
+    first = plan.models[0]
+    for backend in (plan.backend, "torch"):
+        s = spec(first, "vllm", "offline", plan.cross_check_requests, backend)
+        specs.append(replace(s, name=f"{s.name}_xcheck"))
+    return specs
+
+
+def serve_one(spec: RunSpec, out: Path) -> dict[str, Any]:
+    """Compose the serve config of ``spec``, run it into ``out/spec.name``; its summary row."""
+    from hydra import compose, initialize_config_dir
+
+    from experiments.serve import run
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="serve", overrides=list(spec.overrides))
+    metrics = run(cfg, out / spec.name)
+    row: dict[str, Any] = {
+        "run": spec.name,
+        "model": spec.model,
+        "system": spec.system,
+        "mode": spec.mode,
+        "backend": spec.backend,
+    }
+    row.update({k: metrics.get(k) for k in SUMMARY_KEYS})
+    return row
+
+
+def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model and mode: vllm's output throughput and mean batch over each baseline's;
+    and the cross-check's torch-over-triton step count and throughput."""
+    done = {r["run"]: r for r in rows if r.get("output_throughput")}
+    out = []
+    for r in rows:
+        if r["system"] != "vllm" or r["run"].endswith("_xcheck"):
+            continue
+        for base in SYSTEMS[1:]:
+            b = done.get(r["run"].replace("_vllm_", f"_{base}_"))
+            if b is None or r["run"] not in done:
+                continue
+            out.append({
+                "model": r["model"], "mode": r["mode"], "baseline": base,
+                "throughput_ratio": r["output_throughput"] / b["output_throughput"],
+                "batch_ratio": r["mean_batch_size"] / b["mean_batch_size"], "same_steps": None,
+            })  # fmt: skip
+    pair = [r for r in rows if r["run"].endswith("_xcheck")]
+    if len(pair) == 2 and all(r["run"] in done for r in pair):
+        tri, tor = pair
+        out.append({
+            "model": tri["model"], "mode": "offline", "baseline": f"{tor['backend']}_backend",
+            "throughput_ratio": tri["output_throughput"] / tor["output_throughput"],
+            "batch_ratio": tri["mean_batch_size"] / tor["mean_batch_size"],
+            "same_steps": tri["num_steps"] == tor["num_steps"],
+        })  # fmt: skip
+    return out
+
+
+def metadata(plan: EnginePlan, argv: list[str]) -> dict[str, Any]:
+    import torch
+    import triton
+
+    device = "cpu (Triton interpreter)" if plan.dry else torch.cuda.get_device_name(0)
+    return {
+        "device": device,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python -m experiments.gpu_engine", *argv]),
+        "dry": plan.dry,
+        "timings": "MEANINGLESS: dry run on CPU under the Triton interpreter"
+        if plan.dry
+        else "engine wall clock per step, CUDA synchronized",
+        "plan": asdict(plan),
+    }
+
+
+def write_summary(out: Path, doc: dict[str, Any]) -> None:
+    from experiments.results import write_json
+    from kernels.bench_gpu import write_csv
+
+    write_csv(out / "summary.csv", doc["rows"])
+    write_json(out / "summary.json", doc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every planned config; 0 when all of them ran without error."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.gpu_engine", description=__doc__)
+    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument("--dry", action="store_true", help="tiny CPU run under the interpreter")
+    parser.add_argument("--max-seconds", type=float, default=280.0, help="start no run after")
+    args_list = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(args_list)
+    if args.dry:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton
+    import torch
+
+    if not args.dry and not torch.cuda.is_available():
+        parser.error("no CUDA device; use --dry for a CPU check of the script")
+    plan = make_plan(args.dry)
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    specs = run_specs(plan, write_traces(plan, args.out))
+    doc: dict[str, Any] = {"meta": metadata(plan, args_list), "rows": [], "errors": {}}
+    doc["skipped"] = []
+    for spec in specs:
+        elapsed = time.perf_counter() - t0
+        if elapsed > args.max_seconds:
+            doc["skipped"].append(spec.name)
+            continue
+        try:
+            row = serve_one(spec, args.out)
+        except Exception as exc:  # one failing run must not lose the others' numbers
+            doc["errors"][spec.name] = repr(exc)
+            print(f"{spec.name}: FAILED {exc!r}", flush=True)
+            continue
+        finally:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        doc["rows"].append(row)
+        doc["ratios"] = ratios(doc["rows"])
+        doc["meta"]["elapsed_s"] = time.perf_counter() - t0
+        write_summary(args.out, doc)
+        print(f"{spec.name}: {row['output_throughput']:.4g} tok/s, batch "
+              f"{row['mean_batch_size']:.3g}, run {row['wall_s']:.1f} s, "
+              f"elapsed {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+    doc["ratios"] = ratios(doc["rows"])
+    doc["meta"]["elapsed_s"] = time.perf_counter() - t0
+    write_summary(args.out, doc)
+    _print_tables(doc, plan.dry)
+    return 0 if not doc["errors"] and not doc["skipped"] else 1
+
+
+def _print_tables(doc: dict[str, Any], dry: bool) -> None:
+    from kernels.bench_gpu import print_table
+
+    note = " (dry: timings meaningless)" if dry else ""
+    cols = ("run", "completed", "output_throughput", "mean_ttft_ms", "mean_tpot_ms",
+            "normalized_latency", "mean_batch_size", "num_preemptions", "wall_s")  # fmt: skip
+    print_table("engine runs" + note, [{c: r[c] for c in cols} for r in doc["rows"]])
+    print_table("vllm over baselines" + note, doc["ratios"])
+    for name, err in doc["errors"].items():
+        print(f"FAILED {name}: {err}")
+    if doc["skipped"]:
+        print(f"skipped (past --max-seconds): {', '.join(doc['skipped'])}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

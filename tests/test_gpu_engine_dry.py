@@ -1,0 +1,61 @@
+"""The GPU engine script, run in its ``--dry`` mode (CPU, tiny models, Triton interpreter)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.gpu_engine import SUMMARY_KEYS, SYSTEMS, main, make_plan, run_specs
+
+
+@pytest.fixture(scope="module")
+def dry_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gpu_engine")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["--out", str(out), "--dry"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+def test_every_planned_run_writes_serve_files(dry_out: Path) -> None:
+    plan = make_plan(dry=True)
+    names = [s.name for s in run_specs(plan, {m.model: Path("t.csv") for m in plan.models})]
+    assert len(names) == len(set(names)) == 2 * len(plan.models) * len(SYSTEMS) + 2
+    for name in names:
+        for f in ("config.yaml", "metrics.json", "requests.csv", "steps.csv", "engine.json"):
+            assert (dry_out / name / f).is_file(), f"{name}/{f}"
+    with (dry_out / "summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run"] for r in rows] == names
+    assert set(SUMMARY_KEYS) <= set(rows[0])
+
+
+def test_summary_has_metadata_ratios_and_no_errors(dry_out: Path) -> None:
+    doc = json.loads((dry_out / "summary.json").read_text())
+    assert doc["errors"] == {} and doc["skipped"] == []
+    meta = doc["meta"]
+    assert meta["dry"] is True and "MEANINGLESS" in meta["timings"]
+    for key in ("device", "torch", "triton", "date", "command"):
+        assert meta[key]
+    assert all(r["completed"] == r["num_requests"] for r in doc["rows"])
+    baselines = {(r["model"], r["mode"], r["baseline"]) for r in doc["ratios"]}
+    assert ("tiny-llama", "online", "orca_oracle") in baselines
+    xcheck = [r for r in doc["ratios"] if r["baseline"] == "torch_backend"]
+    assert len(xcheck) == 1 and xcheck[0]["same_steps"] is True
+
+
+def test_runs_use_the_planned_model_system_and_budget(dry_out: Path) -> None:
+    engine = json.loads((dry_out / "tiny-llama_orca_max_online" / "engine.json").read_text())
+    metrics = json.loads((dry_out / "tiny-llama_orca_max_online" / "metrics.json").read_text())
+    assert metrics["model"] == "tiny-llama" and metrics["system"] == "orca_max"
+    assert engine["dtype"] == "torch.float32"
+    assert engine["kv_bytes"] <= 1024**2  # the dry plan's 1 MiB budget
+    torch_run = (dry_out / "tiny-opt_vllm_offline_torch_xcheck" / "config.yaml").read_text()
+    assert "backend: torch" in torch_run and "mode: offline" in torch_run
