@@ -107,3 +107,22 @@ def test_simulate_with_beams_and_parallel_samples_records_every_request():
                    check_integrity_every=1)  # fmt: skip
     df = res.recorder.requests_frame()
     assert len(df) == 15 and (df["status"] == "finished").all()
+
+
+def test_recomputed_multi_sequence_group_larger_than_the_budget_still_runs():
+    # No CPU pool: a preempted n=3 group falls back to recompute and then needs 3 x ~40
+    # tokens at once, more than the 64-token step budget.
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64, max_model_len=64)
+    sched = build_scheduler("vllm", 184, config=cfg, block_size=4, num_cpu_slots=0)
+    reqs = [Request(i, 0.0, 30, 25, SamplingParams(n=3 if i == 2 else 1)) for i in range(3)]
+    groups = [sched.add(r, 0.0) for r in reqs]
+    now = 0.0
+    for _ in range(5000):
+        if not sched.has_unfinished():
+            break
+        plan = sched.schedule(now)
+        assert not plan.is_empty or plan.preempted, "stalled"
+        now += 0.01
+        sched.update(plan, StepOutcome(0.01), now)
+    assert groups[2].num_preemptions > 0
+    assert all(g.finish_time is not None for g in groups)

@@ -163,6 +163,21 @@ class BaseScheduler:
         self._next_seq_id += 1
         return sid
 
+    def _next_admissible(self) -> SequenceGroup | None:
+        """The head of the waiting queue if the KV manager can allocate it now, else None
+        (FCFS: nothing behind a head that must wait is considered). Heads that can never
+        fit any more are aborted on the way."""
+        while self.waiting:
+            group = self.waiting[0]
+            status = self.manager.can_allocate(group)
+            if status is AllocStatus.OK:
+                return group
+            if status is AllocStatus.LATER:
+                return None
+            self.waiting.popleft()
+            self._abort(group, "no longer fits in the KV cache")
+        return None
+
     def _admit(self, group: SequenceGroup, now: float) -> int:
         """Allocate KV for a waiting group and mark it running. Returns cached tokens."""
         cached = self.manager.allocate(group)

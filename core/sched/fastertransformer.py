@@ -12,7 +12,6 @@ budget does not limit the batch (FasterTransformer has none).
 
 from __future__ import annotations
 
-from core.kv.base import AllocStatus
 from core.plan import PrefillChunk, StepPlan
 from core.sched.base import BaseScheduler
 
@@ -34,15 +33,7 @@ class FasterTransformerScheduler(BaseScheduler):
                 decode += group.live_seqs()
             return self._finish_plan(plan)
         num_seqs = 0
-        while self.waiting:
-            group = self.waiting[0]
-            status = self.manager.can_allocate(group)
-            if status is AllocStatus.NEVER:
-                self.waiting.popleft()
-                self._abort(group, "no longer fits in the KV cache")
-                continue
-            if status is AllocStatus.LATER:
-                break
+        while (group := self._next_admissible()) is not None:
             if num_seqs + group.sampling.num_seqs > self.config.max_num_seqs:
                 break
             self.waiting.popleft()

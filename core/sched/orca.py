@@ -14,7 +14,6 @@ is never preempted.
 
 from __future__ import annotations
 
-from core.kv.base import AllocStatus
 from core.plan import PrefillChunk, StepPlan
 from core.sched.base import BaseScheduler
 
@@ -42,15 +41,7 @@ class OrcaScheduler(BaseScheduler):
             plan.decode.extend(seqs)
             budget -= len(seqs)
             num_seqs += len(seqs)
-        while self.waiting:
-            group = self.waiting[0]
-            status = self.manager.can_allocate(group)
-            if status is AllocStatus.NEVER:
-                self.waiting.popleft()
-                self._abort(group, "no longer fits in the KV cache")
-                continue
-            if status is AllocStatus.LATER:
-                break
+        while (group := self._next_admissible()) is not None:
             need = group.seqs[0].num_tokens
             if need > budget or num_seqs + group.sampling.num_seqs > self.config.max_num_seqs:
                 break

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from core.kv.base import AllocStatus
 from core.plan import PrefillChunk, StepPlan
 from core.request import SequenceGroup, SequenceStatus
 from core.sched.base import BaseScheduler
@@ -48,18 +47,12 @@ class VLLMScheduler(BaseScheduler):
         budget = self.config.max_num_batched_tokens if budget is None else budget
         num_seqs = sum(len(g.live_seqs()) for g in self.running)
         admitted = False
-        while self.waiting:
-            group = self.waiting[0]
-            status = self.manager.can_allocate(group)
-            if status is AllocStatus.NEVER:
-                self.waiting.popleft()
-                self._abort(group, "no longer fits in the KV cache")
-                continue
-            if status is AllocStatus.LATER:
-                break
+        while (group := self._next_admissible()) is not None:
             seqs = group.live_seqs()
             need = sum(s.num_tokens for s in seqs)
-            if not self.config.chunked_prefill and need > budget:
+            # A recomputed multi-sequence group can need more than a whole step's budget;
+            # it then goes alone (over budget) rather than block the queue forever.
+            if not self.config.chunked_prefill and need > budget and admitted:
                 break
             if num_seqs + len(seqs) > self.config.max_num_seqs or budget <= 0:
                 break
