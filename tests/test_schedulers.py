@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -57,7 +59,7 @@ def _assert_all_done(groups, requests):
 def _assert_fcfs(groups):
     served = [g for g in groups if g.first_scheduled_time is not None]
     served.sort(key=lambda g: (g.arrival_time, g.request_id))
-    for a, b in zip(served, served[1:], strict=False):
+    for a, b in itertools.pairwise(served):
         assert a.first_scheduled_time <= b.first_scheduled_time, (a, b)
 
 
