@@ -52,11 +52,19 @@ METRICS = (
 )
 
 
-def run_requests(cfg: Mapping[str, Any]) -> tuple[list[Request], int]:
-    """The run's requests as the engine received them, and the scheduler's max_model_len."""
+def run_requests(cfg: Mapping[str, Any], run_dir: Path) -> tuple[list[Request], int]:
+    """The run's requests as the engine received them, and the scheduler's max_model_len.
+    A trace file that is no longer at its recorded path is looked for, by name, beside the
+    run directory (results copied from another machine)."""
     spec = get_model(cfg["model"]["name"])
     max_model_len = int(cfg["system"].get("max_model_len") or spec.max_model_len)
     workload = {"vocab_size": spec.vocab_size, **cfg["workload"]}
+    path = workload.get("path")
+    if path is not None and not Path(path).exists():
+        moved = Path(run_dir).parent / Path(path).name
+        if not moved.is_file():
+            raise FileNotFoundError(f"{run_dir}: workload trace {path} not found, nor {moved}")
+        workload["path"] = str(moved)
     requests = build_workload(workload, max_model_len=max_model_len, seed=int(cfg.get("seed", 0)))
     if cfg.get("mode", "online") == "offline":
         requests = [dataclasses.replace(r, arrival_time=0.0) for r in requests]
@@ -70,7 +78,7 @@ def simulate_run(run_dir: Path, cost_model: CostModel) -> dict[str, Any]:
     if not engine_path.is_file():
         raise FileNotFoundError(f"{run_dir} has no engine.json (KV cache size of the run)")
     kv = json.loads(engine_path.read_text())
-    requests, max_model_len = run_requests(cfg)
+    requests, max_model_len = run_requests(cfg, run_dir)
     system = cfg["system"]
     block_size = int(kv["block_size"])
 

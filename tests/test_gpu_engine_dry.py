@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,20 @@ def test_runs_use_the_planned_model_system_and_budget(dry_out: Path) -> None:
     assert engine["kv_bytes"] <= 1024**2  # the dry plan's 1 MiB budget
     torch_run = (dry_out / "tiny-opt_vllm_offline_torch_xcheck" / "config.yaml").read_text()
     assert "backend: torch" in torch_run and "mode: offline" in torch_run
+
+
+def test_a_moved_run_still_validates_by_recorded_replay(dry_out: Path, tmp_path: Path) -> None:
+    from experiments import validate
+
+    run = tmp_path / "tiny-opt_vllm_online"
+    shutil.copytree(dry_out / run.name, run)
+    shutil.copy(dry_out / "trace_tiny-opt.csv", tmp_path)
+    cfg = (run / "config.yaml").read_text()
+    old = str((dry_out / "trace_tiny-opt.csv").resolve())
+    assert old in cfg
+    (run / "config.yaml").write_text(cfg.replace(old, str(tmp_path / "gone" / "trace.csv")))
+    with pytest.raises(FileNotFoundError, match="not found"):
+        validate.validate(run, recorded=True)
+    (run / "config.yaml").write_text(cfg.replace(old, "elsewhere/trace_tiny-opt.csv"))
+    doc = validate.validate(run, recorded=True)
+    assert all(r["rel_err"] == 0.0 for r in doc["comparison"])
