@@ -51,8 +51,11 @@ class VLLMScheduler(BaseScheduler):
             seqs = group.live_seqs()
             need = sum(s.num_tokens for s in seqs)
             # A recomputed multi-sequence group can need more than a whole step's budget;
-            # it then goes alone (over budget) rather than block the queue forever.
-            if not self.config.chunked_prefill and need > budget and admitted:
+            # without chunking it then goes alone and whole (over budget) rather than block
+            # the queue forever. With chunking, prompts the budget cannot reach this step
+            # get no chunk and continue in later steps.
+            chunked = self.config.chunked_prefill
+            if not chunked and need > budget and admitted:
                 break
             if num_seqs + len(seqs) > self.config.max_num_seqs or budget <= 0:
                 break
@@ -61,7 +64,11 @@ class VLLMScheduler(BaseScheduler):
             self.running.append(group)
             num_seqs += len(seqs)
             for seq in seqs:
-                length = min(seq.num_tokens - cached, budget)
+                length = seq.num_tokens - cached
+                if chunked:
+                    length = min(length, budget)
+                    if length <= 0:
+                        continue
                 plan.prefill.append(PrefillChunk(seq, cached, length))
                 budget -= length
             admitted = True
