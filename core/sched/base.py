@@ -78,14 +78,6 @@ class Scheduler(Protocol):
 
     def update(self, plan: StepPlan, outcome: StepOutcome, now: float) -> list[SequenceGroup]: ...
 
-    def _blocks_needed(self, request: Request) -> int:
-        """Blocks the request occupies at its longest: the full sequence, plus each extra
-        sample's or beam's private output (one partial block of slack each)."""
-        bs = self.manager.block_size
-        first = -(-request.total_len // bs)
-        extra = (request.sampling.num_seqs - 1) * (-(-request.output_len // bs) + 1)
-        return first + extra
-
     def has_unfinished(self) -> bool: ...
 
 
