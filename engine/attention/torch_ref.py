@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+from kernels.reference import gather_sequence_kv, ref_store_kv
 
 
 def store_kv(
@@ -21,7 +22,7 @@ def store_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Write ``k[t]``, ``v[t]`` to flat slot ``slot_mapping[t]`` of the caches; skip ``-1``."""
-    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    num_blocks, block_size = k_cache.shape[:2]
     if v_cache.shape != k_cache.shape:
         raise ValueError(
             f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ"
@@ -32,15 +33,12 @@ def store_kv(
         raise ValueError(
             f"slot_mapping has shape {tuple(slot_mapping.shape)}, expected ({k.shape[0]},)"
         )
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    if slots.numel() and int(slots.max()) >= num_blocks * block_size:
+    top = int(slot_mapping.max()) if slot_mapping.numel() else -1
+    if top >= num_blocks * block_size:
         raise ValueError(
-            f"slot {int(slots.max())} is out of range for a cache of "
-            f"{num_blocks} blocks x {block_size} slots"
+            f"slot {top} is out of range for a cache of {num_blocks} blocks x {block_size} slots"
         )
-    k_cache.view(-1, kv_heads, head_dim)[slots] = k[keep].to(k_cache.dtype)
-    v_cache.view(-1, kv_heads, head_dim)[slots] = v[keep].to(v_cache.dtype)
+    ref_store_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
 def _check_shapes(
@@ -103,9 +101,8 @@ class TorchRefBackend:
                     f"sequence {i}: context_len {ctx} needs {n_blocks} blocks but block_tables "
                     f"has {meta.block_tables.shape[1]} columns"
                 )
-            blocks = meta.block_tables[i, :n_blocks].long()
-            keys = k_cache[blocks].flatten(0, 1)[:ctx].float()  # [ctx, KVH, D]
-            values = v_cache[blocks].flatten(0, 1)[:ctx].float()
+            keys = gather_sequence_kv(k_cache, meta.block_tables[i], ctx).float()  # [ctx, KVH, D]
+            values = gather_sequence_kv(v_cache, meta.block_tables[i], ctx).float()
             keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, ctx, D]
             values = values.repeat_interleave(group, dim=1).transpose(0, 1)
             queries = q[start:end].float().transpose(0, 1)  # [H, q_len, D]
