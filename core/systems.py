@@ -77,6 +77,8 @@ def build_manager(
         raise SystemConfigError(
             f"KV cache of {num_slots} slots holds no block of {block_size} slots"
         )
+    if spec.kv != "paged" and enable_prefix_caching:
+        raise SystemConfigError(f"prefix caching applies to paged systems only, not {spec.name}")
     if spec.kv == "paged":
         return PagedKVCacheManager(
             num_device_blocks=num_blocks,
