@@ -14,6 +14,7 @@ Replicas (data parallelism) each own a scheduler; arrivals go round-robin.
 from __future__ import annotations
 
 import gc
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -67,13 +68,18 @@ def simulate(
 ) -> SimResult:
     """Run ``requests`` to completion and return the recorder with every step and request.
 
-    ``make_scheduler`` builds one scheduler per replica. ``check_integrity_every > 0`` runs
-    the scheduler's and manager's invariant checks every that many steps (tests). Python's
-    cyclic garbage collector is paused while the simulation runs (restored afterwards).
+    Request ids must be unique. ``make_scheduler`` builds one scheduler per replica.
+    ``check_integrity_every > 0`` runs the scheduler's and manager's invariant checks every
+    that many steps (tests). Python's cyclic garbage collector is paused while the
+    simulation runs (restored afterwards).
     """
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
     ordered = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
+    if len({r.request_id for r in ordered}) != len(ordered):
+        counts = Counter(r.request_id for r in ordered)
+        dup = next(rid for rid, c in counts.items() if c > 1)
+        raise ValueError(f"request id {dup} appears {counts[dup]} times; ids must be unique")
     env = simpy.Environment()
     recorder = Recorder()
     schedulers = [make_scheduler() for _ in range(num_replicas)]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from core.plan import StepOutcome, StepPlan
+from core.plan import BatchShape, StepOutcome, StepPlan
 from core.request import Request, SamplingParams
 from core.sched.base import SchedulerConfig
-from core.systems import build_scheduler
+from core.systems import SystemConfigError, build_scheduler
+from sim.driver import simulate
 
 
 def _check_plan(plan: StepPlan, chunked: bool) -> None:
@@ -39,3 +40,22 @@ def test_recomputed_group_over_the_budget_computes_every_token(chunked: bool) ->
         sched.check_integrity()
     assert groups[2].num_preemptions > 0
     assert all(g.finish_time is not None for g in groups)
+
+
+def test_prefix_caching_on_a_contiguous_system_is_refused() -> None:
+    with pytest.raises(SystemConfigError, match="prefix caching"):
+        build_scheduler("orca_oracle", 4096, enable_prefix_caching=True)
+
+
+class _UnitCost:
+    def step_time(self, shape: BatchShape) -> float:
+        return 0.01
+
+    def describe(self) -> str:
+        return "unit"
+
+
+def test_simulate_refuses_duplicate_request_ids() -> None:
+    reqs = [Request(7, 0.0, 8, 4), Request(7, 0.5, 8, 4)]
+    with pytest.raises(ValueError, match="request id 7"):
+        simulate(reqs, lambda: build_scheduler("orca_oracle", 4096), _UnitCost())
