@@ -59,3 +59,20 @@ def test_simulate_refuses_duplicate_request_ids() -> None:
     reqs = [Request(7, 0.0, 8, 4), Request(7, 0.5, 8, 4)]
     with pytest.raises(ValueError, match="request id 7"):
         simulate(reqs, lambda: build_scheduler("orca_oracle", 4096), _UnitCost())
+
+
+def test_parallel_samples_that_fit_the_cache_exactly_are_served() -> None:
+    # n=2, prompt 4, output 4, blocks of 4: the prompt block is shared and each sample
+    # owns one block for its output, 3 blocks in all, the whole cache.
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    sched = build_scheduler("vllm", 12, config=cfg, block_size=4, watermark=0.0)
+    group = sched.add(Request(0, 0.0, 4, 4, SamplingParams(n=2)), 0.0)
+    assert group.reject_reason is None
+    now = 0.0
+    while sched.has_unfinished():
+        plan = sched.schedule(now)
+        assert not plan.is_empty, "stalled"
+        now += 0.01
+        sched.update(plan, StepOutcome(0.01), now)
+        sched.check_integrity()
+    assert group.finish_time is not None and len(group.seqs) == 2

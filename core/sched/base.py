@@ -132,12 +132,14 @@ class BaseScheduler:
         return group
 
     def _blocks_needed(self, request: Request) -> int:
-        """Blocks the request occupies at its longest: the full sequence, plus each extra
-        sample's or beam's private output (one partial block of slack each)."""
+        """Blocks the request occupies at its longest (paged): the full sequence, plus for
+        each extra sample or beam every block but the full prompt blocks all of them share.
+        A contiguous reservation is never smaller, so this never rejects what it could
+        serve."""
         bs = self.manager.block_size
-        first = -(-request.total_len // bs)
-        extra = (request.sampling.num_seqs - 1) * (-(-request.output_len // bs) + 1)
-        return first + extra
+        full = -(-request.total_len // bs)
+        private = full - request.prompt_len // bs
+        return full + (request.sampling.num_seqs - 1) * private
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
