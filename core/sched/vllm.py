@@ -33,10 +33,8 @@ class VLLMScheduler(BaseScheduler):
         plan = self._new_plan()
         if self.config.chunked_prefill:
             self._schedule_mixed(plan, now)
-        elif not self.swapped and self._admit_prompts(plan, now):
-            pass
-        else:
-            self._schedule_decodes(plan)
+        elif self.swapped or not self._admit_prompts(plan, now):
+            self._schedule_decodes(plan)  # prompt-only steps admit while nothing is swapped
         return self._finish_plan(plan)
 
     # -- step kinds -----------------------------------------------------------------
