@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from core.plan import BatchShape, StepOutcome, StepPlan
-from core.request import Request, SamplingParams
+from core.request import Request, RequestError, SamplingParams
 from core.sched.base import SchedulerConfig
 from core.systems import SystemConfigError, build_scheduler
+from core.workload.arrivals import make_arrivals
 from sim.driver import simulate
 
 
@@ -76,3 +77,8 @@ def test_parallel_samples_that_fit_the_cache_exactly_are_served() -> None:
         sched.update(plan, StepOutcome(0.01), now)
         sched.check_integrity()
     assert group.finish_time is not None and len(group.seqs) == 2
+
+
+def test_unknown_arrival_kind_is_refused_even_without_a_rate() -> None:
+    with pytest.raises(RequestError, match="unknown arrival process 'bogus'"):
+        make_arrivals("bogus", None, n=3)

@@ -19,6 +19,8 @@ import numpy as np
 
 from core.request import RequestError
 
+ARRIVAL_KINDS = ("poisson", "gamma", "all_at_once")
+
 
 def _check_positive(name: str, value: float) -> float:
     try:
@@ -109,6 +111,10 @@ def make_arrivals(
 
     ``rate=None`` means all at once; it needs ``n`` since there is no clock to run out.
     """
+    if kind not in ARRIVAL_KINDS:
+        raise RequestError(
+            f"unknown arrival process {kind!r}; expected one of {', '.join(ARRIVAL_KINDS)}"
+        )
     if kind == "all_at_once" or rate is None:
         if n is None:
             raise RequestError(
@@ -122,6 +128,4 @@ def make_arrivals(
                 "use arrival 'gamma'"
             )
         return poisson(rate, n=n, duration=duration, rng=rng)
-    if kind == "gamma":
-        return gamma(rate, burstiness, n=n, duration=duration, rng=rng)
-    raise RequestError(f"unknown arrival process {kind!r}; expected poisson, gamma or all_at_once")
+    return gamma(rate, burstiness, n=n, duration=duration, rng=rng)
