@@ -9,6 +9,7 @@ from core.request import Request, RequestError, SamplingParams
 from core.sched.base import SchedulerConfig
 from core.systems import SystemConfigError, build_scheduler
 from core.workload.arrivals import make_arrivals
+from sim.cost.calibrated import TERMS, CalibratedCostModel
 from sim.driver import simulate
 
 
@@ -82,3 +83,10 @@ def test_parallel_samples_that_fit_the_cache_exactly_are_served() -> None:
 def test_unknown_arrival_kind_is_refused_even_without_a_rate() -> None:
     with pytest.raises(RequestError, match="unknown arrival process 'bogus'"):
         make_arrivals("bogus", None, n=3)
+
+
+@pytest.mark.parametrize("value", [-1e-3, float("nan"), float("inf")])
+def test_calibrated_cost_model_refuses_negative_or_non_finite_coefficients(value: float) -> None:
+    coefficients = {t: 1.0 for t in TERMS} | {"constant": value}
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        CalibratedCostModel("opt-13b", "a100-40gb", coefficients)

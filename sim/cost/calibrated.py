@@ -83,6 +83,9 @@ class CalibratedCostModel:
         missing = [t for t in TERMS if t not in coefficients]
         if missing:
             raise ValueError(f"calibrated coefficients lack {missing}; need {TERMS}")
+        bad = {t: coefficients[t] for t in TERMS if not 0.0 <= float(coefficients[t]) < np.inf}
+        if bad:
+            raise ValueError(f"calibrated coefficients must be finite and >= 0, got {bad}")
         self.roofline = RooflineCostModel(
             get_model(model), get_gpu(gpu), tp, dtype_bytes, block_size=block_size
         )
