@@ -40,9 +40,9 @@ class MemoryBreakdown:
       a physical slot shared by several sequences counts once.
     - ``reserved``: slots set aside for tokens the request *will* generate (its true
       output, not yet produced). Zero for paged allocation.
-    - ``internal_frag``: slots allocated that will never hold a token: over-reservation
-      beyond the true output (contiguous) or the unfilled tail of each last block (paged)
-      once the sequence has finished growing into it.
+    - ``internal_frag``: slots allocated that hold no token and are not reserved for one:
+      over-reservation beyond the true output (contiguous) or the unfilled slots of
+      allocated blocks (paged; see below).
     - ``allocator_padding``: slots lost to the allocator's size classes (buddy rounding
       of a reservation up to a power of two). Zero for paged allocation.
     - ``free``: slots not allocated to anyone.

@@ -12,9 +12,9 @@ Choices where the paper is silent:
   a group needing more blocks than the device has beyond that watermark is NEVER.
 - A waiting group with several live sequences (a forked group preempted by recompute)
   gets separate blocks for each sequence; the sharing is not rebuilt.
-- ``can_swap_in`` asks for one spare block per live sequence beyond the swapped blocks,
-  as vLLM v0 does, so each sequence can append right after swap-in. Swap-in does not
-  re-share blocks with the prefix cache.
+- ``can_swap_in`` asks for the swapped blocks plus exactly the blocks the group's next
+  ``append`` takes, so each sequence can append right after swap-in (vLLM v0 asks for one
+  spare block per sequence instead). Swap-in does not re-share blocks with the prefix cache.
 - Prefix caching (off by default) indexes a *full* block under the chained hash of
   (previous block's hash, its token ids) once all its tokens are computed (checked on
   ``append`` from ``seq.num_computed``), so a later request never skips tokens whose K/V is
