@@ -232,6 +232,7 @@ def metadata(plan: BenchPlan, argv: list[str], kv_bytes: int) -> dict[str, Any]:
 
 
 def ratios(rows: dict[str, dict[str, Any]], hf_name: str) -> dict[str, float]:
+    """(a) vllm over the HF baseline; (b) vllm over orca_max, throughput and mean batch."""
     vllm, orca = rows["vllm"], rows["orca_max"]
     return {
         "vllm_over_hf_throughput": vllm["output_tok_s"] / rows[hf_name]["output_tok_s"],
@@ -288,6 +289,8 @@ def run_all(plan: BenchPlan, argv: list[str]) -> dict[str, Any]:
     meta = metadata(plan, argv, plan.orca_max_batch * spec.max_model_len * per_token)
     meta["mean_prompt_len"] = float(np.mean([r.prompt_len for r in requests]))
     meta["mean_output_len"] = float(np.mean([r.output_len for r in requests]))
+    meta["hf_attention"] = str(hf.config._attn_implementation)
+    meta["kvlab_attention"] = "torch"
     return {"meta": meta, "rows": list(rows.values()), "ratios": ratios(rows, hf_row["system"])}
 
 

@@ -78,7 +78,7 @@ class EnginePlan:
     length_scale: float  # then lengths times this (dry: short requests on the interpreter)
     models: tuple[ModelPlan, ...]
     cross_check_requests: int
-    swap_space_gb: float
+    swap_space_gb: float  # 0: every system preempts by recompute, no pinned pool to allocate
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,12 @@ def make_plan(dry: bool) -> EnginePlan:
         return EnginePlan(
             True, "cpu", "float32", "triton", 256, 1 / 32,
             (ModelPlan("tiny-opt", tiny, 2, 2, 50.0), ModelPlan("tiny-llama", tiny, 2, 2, 50.0)),
-            2, 0.001,
+            2, 0.0,
         )  # fmt: skip
     return EnginePlan(
         False, "cuda", "float16", "triton", 1024, 1.0,
         (ModelPlan("opt-1.3b", 12.0, 200, 64, 16.0), ModelPlan("opt-13b", 12.0, 100, 40, 4.0)),
-        64, 4.0,
+        64, 0.0,
     )  # fmt: skip
 
 
