@@ -42,6 +42,8 @@ def test_recomputed_group_over_the_budget_computes_every_token(chunked: bool) ->
         sched.check_integrity()
     assert groups[2].num_preemptions > 0
     assert all(g.finish_time is not None for g in groups)
+    # Gang scheduling: every sample of the recomputed group produced the whole output.
+    assert [s.num_generated for s in groups[2].seqs] == [25, 25, 25]
 
 
 def test_prefix_caching_on_a_contiguous_system_is_refused() -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from operator import attrgetter
 
 from core.plan import PrefillChunk, StepPlan
-from core.request import SequenceGroup, SequenceStatus
+from core.request import Sequence, SequenceGroup, SequenceStatus
 from core.sched.base import BaseScheduler
 
 
@@ -50,8 +50,7 @@ class VLLMScheduler(BaseScheduler):
             need = sum(s.num_tokens for s in seqs)
             # A recomputed multi-sequence group can need more than a whole step's budget;
             # without chunking it then goes alone and whole (over budget) rather than block
-            # the queue forever. With chunking, prompts the budget cannot reach this step
-            # get no chunk and continue in later steps.
+            # the queue forever; with chunking it continues in later steps.
             chunked = self.config.chunked_prefill
             if not chunked and need > budget and admitted:
                 break
@@ -61,14 +60,12 @@ class VLLMScheduler(BaseScheduler):
             cached = self._admit(group, now)
             self.running.append(group)
             num_seqs += len(seqs)
-            for seq in seqs:
-                length = seq.num_tokens - cached
-                if chunked:
-                    length = min(length, budget)
-                    if length <= 0:
-                        continue
-                plan.prefill.append(PrefillChunk(seq, cached, length))
-                budget -= length
+            if chunked:
+                budget = _lockstep_chunks(plan, seqs, budget)
+            else:
+                for seq in seqs:
+                    plan.prefill.append(PrefillChunk(seq, cached, seq.num_tokens - cached))
+                    budget -= seq.num_tokens - cached
             admitted = True
         return admitted
 
@@ -86,16 +83,15 @@ class VLLMScheduler(BaseScheduler):
             self._swap_in(plan)
         budget = self.config.max_num_batched_tokens
         for group in self.running:
+            prefilling = []
             for seq in group.live_seqs():
                 if seq.needs_prefill:
-                    if budget <= 0:
-                        continue
-                    length = min(seq.num_tokens - seq.num_computed, budget)
-                    plan.prefill.append(PrefillChunk(seq, seq.num_computed, length))
-                    budget -= length
+                    prefilling.append(seq)
                 else:
                     plan.decode.append(seq)
                     budget -= 1
+            if prefilling and budget > 0:
+                budget = _lockstep_chunks(plan, prefilling, budget)
         if not self.swapped and not plan.preempted and budget > 0:
             self._admit_prompts(plan, now, budget)
 
@@ -171,6 +167,20 @@ class VLLMScheduler(BaseScheduler):
             plan.copies.extend(self.manager.append(group))
             self.running.append(group)
             num_seqs += len(seqs)
+
+
+def _lockstep_chunks(plan: StepPlan, seqs: list[Sequence], budget: int) -> int:
+    """Append prefill chunks for one group's prefilling sequences, sharing ``budget > 0``
+    equally, so that a group's sequences (in step, as gang scheduling keeps them) reach
+    their last token and sample in the same step. Each gets at least one token, so a group
+    wider than the budget still advances (over budget by fewer than ``len(seqs)`` tokens).
+    Returns the budget left."""
+    share = max(1, budget // len(seqs))
+    for seq in seqs:
+        length = min(seq.num_tokens - seq.num_computed, share)
+        plan.prefill.append(PrefillChunk(seq, seq.num_computed, length))
+        budget -= length
+    return budget
 
 
 _TOO_BIG = "outgrew the KV cache: alone on the device it needs more than all {blocks} blocks"
