@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from core.plan import BatchShape, StepOutcome, StepPlan
@@ -92,3 +93,32 @@ def test_calibrated_cost_model_refuses_negative_or_non_finite_coefficients(value
     coefficients = {t: 1.0 for t in TERMS} | {"constant": value}
     with pytest.raises(ValueError, match="finite and >= 0"):
         CalibratedCostModel("opt-13b", "a100-40gb", coefficients)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_chunked_prefill_keeps_every_step_within_the_budget(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    budget = 10
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget, max_model_len=64,
+                          chunked_prefill=True)  # fmt: skip
+    sched = build_scheduler("vllm", 160, config=cfg, block_size=4, watermark=0.0)
+    pending = [
+        Request(i, 0.02 * i, int(rng.integers(1, 30)), int(rng.integers(1, 30)),
+                SamplingParams(n=int(rng.integers(1, 4))))
+        for i in range(12)
+    ]  # fmt: skip
+    groups = []
+    now = 0.0
+    while pending or sched.has_unfinished():
+        while pending and pending[0].arrival_time <= now:
+            groups.append(sched.add(pending.pop(0), now))
+        plan = sched.schedule(now)
+        _check_plan(plan, chunked=True)
+        shape = plan.shape()  # decodes are never cut; prompt chunks take what they leave
+        assert shape.prefill_tokens <= max(0, budget - shape.decode_seqs)
+        now += 0.01
+        sched.update(plan, StepOutcome(0.01), now)
+    for g in groups:
+        assert g.reject_reason is not None or all(
+            s.num_generated == g.request.output_len for s in g.seqs
+        ), g

@@ -23,7 +23,7 @@ from operator import attrgetter
 
 from core.plan import PrefillChunk, StepPlan
 from core.request import Sequence, SequenceGroup, SequenceStatus
-from core.sched.base import BaseScheduler
+from core.sched.base import BaseScheduler, SchedulerConfig
 
 
 class VLLMScheduler(BaseScheduler):
@@ -56,12 +56,14 @@ class VLLMScheduler(BaseScheduler):
                 break
             if num_seqs + len(seqs) > self.config.max_num_seqs or budget <= 0:
                 break
+            if chunked and _lockstep_share(len(seqs), budget, self.config) == 0:
+                break
             self.waiting.popleft()
             cached = self._admit(group, now)
             self.running.append(group)
             num_seqs += len(seqs)
             if chunked:
-                budget = _lockstep_chunks(plan, seqs, budget)
+                budget = _lockstep_chunks(plan, seqs, budget, self.config)
             else:
                 for seq in seqs:
                     plan.prefill.append(PrefillChunk(seq, cached, seq.num_tokens - cached))
@@ -77,21 +79,27 @@ class VLLMScheduler(BaseScheduler):
             plan.decode.extend(group.live_seqs())
 
     def _schedule_mixed(self, plan: StepPlan, now: float) -> None:
-        """Chunked prefill: decodes first, then continue partial prompts, then admit."""
+        """Chunked prefill: every decode first, then the running groups' partial prompts
+        (in arrival order), then admissions, within the step's token budget."""
         self._reserve_decode_slots(plan, decode_only=True)
         if not plan.preempted and not plan.preempted_by_swap:
             self._swap_in(plan)
         budget = self.config.max_num_batched_tokens
+        prefilling: list[list[Sequence]] = []
         for group in self.running:
-            prefilling = []
+            seqs = []
             for seq in group.live_seqs():
                 if seq.needs_prefill:
-                    prefilling.append(seq)
+                    seqs.append(seq)
                 else:
                     plan.decode.append(seq)
                     budget -= 1
-            if prefilling and budget > 0:
-                budget = _lockstep_chunks(plan, prefilling, budget)
+            if seqs:
+                prefilling.append(seqs)
+        for seqs in prefilling:
+            if budget <= 0:
+                break
+            budget = _lockstep_chunks(plan, seqs, budget, self.config)
         if not self.swapped and not plan.preempted and budget > 0:
             self._admit_prompts(plan, now, budget)
 
@@ -169,13 +177,26 @@ class VLLMScheduler(BaseScheduler):
             num_seqs += len(seqs)
 
 
-def _lockstep_chunks(plan: StepPlan, seqs: list[Sequence], budget: int) -> int:
-    """Append prefill chunks for one group's prefilling sequences, sharing ``budget > 0``
-    equally, so that a group's sequences (in step, as gang scheduling keeps them) reach
-    their last token and sample in the same step. Each gets at least one token, so a group
-    wider than the budget still advances (over budget by fewer than ``len(seqs)`` tokens).
-    Returns the budget left."""
-    share = max(1, budget // len(seqs))
+def _lockstep_share(num_seqs: int, budget: int, config: SchedulerConfig) -> int:
+    """Tokens each of a group's ``num_seqs`` prefilling sequences may compute this step: an
+    equal share of ``budget``, so that the group's sequences (in step, as gang scheduling
+    keeps them) reach their last token and sample in the same step. 0 (wait for a fuller
+    budget) when the share rounds to 0, except for a group wider than the whole step budget,
+    which gets 1 token each (over budget) rather than never run."""
+    share = budget // num_seqs
+    if share == 0 and num_seqs > config.max_num_batched_tokens:
+        return 1
+    return share
+
+
+def _lockstep_chunks(
+    plan: StepPlan, seqs: list[Sequence], budget: int, config: SchedulerConfig
+) -> int:
+    """Append one group's prefill chunks of :func:`_lockstep_share` tokens (fewer where a
+    prompt ends sooner); returns the budget left."""
+    share = _lockstep_share(len(seqs), budget, config)
+    if share == 0:
+        return budget
     for seq in seqs:
         length = min(seq.num_tokens - seq.num_computed, share)
         plan.prefill.append(PrefillChunk(seq, seq.num_computed, length))
