@@ -122,3 +122,28 @@ def test_chunked_prefill_keeps_every_step_within_the_budget(seed: int) -> None:
         assert g.reject_reason is not None or all(
             s.num_generated == g.request.output_len for s in g.seqs
         ), g
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_vllm_never_runs_more_sequences_than_max_num_seqs(chunked: bool) -> None:
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64,
+                          chunked_prefill=chunked)  # fmt: skip
+    sched = build_scheduler("vllm", 4096, config=cfg, block_size=4)
+    for i in range(6):  # each forks into 3 samples after its first token
+        sched.add(Request(i, 0.0, 8, 6, SamplingParams(n=3)), 0.0)
+    now = 0.0
+    while sched.has_unfinished():
+        plan = sched.schedule(now)
+        assert len(plan.scheduled_seqs()) <= 4
+        now += 0.01
+        sched.update(plan, StepOutcome(0.01), now)
+        assert sum(len(g.live_seqs()) for g in sched.running) <= 4
+
+
+@pytest.mark.parametrize("system", ["vllm", "orca_oracle", "fastertransformer"])
+def test_a_group_wider_than_max_num_seqs_is_rejected_not_stalled(system: str) -> None:
+    cfg = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=64)
+    sched = build_scheduler(system, 4096, config=cfg, block_size=4)
+    group = sched.add(Request(0, 0.0, 8, 6, SamplingParams(n=3)), 0.0)
+    assert group.reject_reason is not None and "max_num_seqs=2" in group.reject_reason
+    assert not sched.has_unfinished()

@@ -116,6 +116,11 @@ class BaseScheduler:
                 f"prompt_len + output_len = {request.prompt_len} + {request.output_len} = "
                 f"{request.total_len} exceeds max_model_len={limit}"
             )
+        elif request.sampling.num_seqs > self.config.max_num_seqs:
+            group.reject_reason = (
+                f"needs {request.sampling.num_seqs} sequences (parallel samples or beams), "
+                f"more than max_num_seqs={self.config.max_num_seqs}"
+            )
         elif self._blocks_needed(request) > self.manager.num_device_blocks or (
             self.manager.can_allocate(group) is AllocStatus.NEVER
         ):

@@ -43,10 +43,11 @@ class VLLMScheduler(BaseScheduler):
         if not self.waiting:
             return False
         budget = self.config.max_num_batched_tokens if budget is None else budget
-        num_seqs = sum(len(g.live_seqs()) for g in self.running)
+        num_seqs = sum(g.request.sampling.num_seqs for g in self.running)
         admitted = False
         while (group := self._next_admissible()) is not None:
             seqs = group.live_seqs()
+            width = group.request.sampling.num_seqs  # what the group forks into
             need = sum(s.num_tokens for s in seqs)
             # A recomputed multi-sequence group can need more than a whole step's budget;
             # without chunking it then goes alone and whole (over budget) rather than block
@@ -54,14 +55,14 @@ class VLLMScheduler(BaseScheduler):
             chunked = self.config.chunked_prefill
             if not chunked and need > budget and admitted:
                 break
-            if num_seqs + len(seqs) > self.config.max_num_seqs or budget <= 0:
+            if num_seqs + width > self.config.max_num_seqs or budget <= 0:
                 break
             if chunked and _lockstep_share(len(seqs), budget, self.config) == 0:
                 break
             self.waiting.popleft()
             cached = self._admit(group, now)
             self.running.append(group)
-            num_seqs += len(seqs)
+            num_seqs += width
             if chunked:
                 budget = _lockstep_chunks(plan, seqs, budget, self.config)
             else:
@@ -157,11 +158,11 @@ class VLLMScheduler(BaseScheduler):
     def _swap_in(self, plan: StepPlan) -> None:
         if not self.swapped:
             return
-        num_seqs = sum(len(g.live_seqs()) for g in self.running)
+        num_seqs = sum(g.request.sampling.num_seqs for g in self.running)
         while self.swapped:
             group = self.swapped[0]
-            seqs = group.live_seqs()
-            if num_seqs + len(seqs) > self.config.max_num_seqs:
+            width = group.request.sampling.num_seqs
+            if num_seqs + width > self.config.max_num_seqs:
                 break
             if not self.manager.can_swap_in(group):
                 if self.running:
@@ -174,7 +175,7 @@ class VLLMScheduler(BaseScheduler):
             group.set_status(SequenceStatus.RUNNING)
             plan.copies.extend(self.manager.append(group))
             self.running.append(group)
-            num_seqs += len(seqs)
+            num_seqs += width
 
 
 def _lockstep_share(num_seqs: int, budget: int, config: SchedulerConfig) -> int:
