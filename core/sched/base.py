@@ -31,7 +31,8 @@ class SchedulerConfigError(ValueError):
 class SchedulerConfig:
     """Knobs shared by the policies (defaults: vLLM v0.1 as described in PAPER.md).
 
-    - ``max_num_seqs``: most sequences in one batch (vLLM default 256);
+    - ``max_num_seqs``: most sequences in one batch (vLLM default 256); a request counts
+      as the samples or beams it forks into, and one wider than this is rejected;
     - ``max_num_batched_tokens``: most tokens computed in one step (vLLM default 2560);
     - ``max_model_len``: longest prompt + output a request may have (OPT: 2048);
     - ``preemption_mode``: ``recompute`` or ``swap`` (paged only); groups with several
