@@ -70,8 +70,14 @@ class SchedulerConfig:
 
 
 class Scheduler(Protocol):
+    """What a driver (``sim.driver.simulate``, ``engine.LLMEngine``) uses of a scheduler."""
+
+    name: str
     manager: KVCacheManager
     step_index: int
+    waiting: deque[SequenceGroup]
+    running: list[SequenceGroup]
+    swapped: list[SequenceGroup]
 
     def add(self, request: Request, now: float) -> SequenceGroup: ...
 
@@ -79,7 +85,11 @@ class Scheduler(Protocol):
 
     def update(self, plan: StepPlan, outcome: StepOutcome, now: float) -> list[SequenceGroup]: ...
 
+    def pop_aborted(self) -> list[SequenceGroup]: ...
+
     def has_unfinished(self) -> bool: ...
+
+    def check_integrity(self) -> None: ...
 
 
 class BaseScheduler:
