@@ -12,16 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.request import Request, RequestError, SamplingParams
+from core.workload.datasets_json import read_alpaca_json, read_sharegpt_json, whitespace_tokenize
 from core.workload.trace_io import (
     NATIVE_COLUMNS,
     TraceFormatError,
-    read_alpaca_json,
     read_azure_trace,
     read_mooncake_trace,
-    read_sharegpt_json,
     read_trace,
     read_vidur_trace,
-    whitespace_tokenize,
     write_trace,
 )
 

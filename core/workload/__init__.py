@@ -4,19 +4,17 @@ Everything here yields ``list[Request]`` sorted by arrival time (numpy/pandas on
 """
 
 from core.workload.arrivals import all_at_once, gamma, make_arrivals, poisson
+from core.workload.datasets_json import read_alpaca_json, read_sharegpt_json, whitespace_tokenize
 from core.workload.filters import FilterResult, filter_requests, keep_mask
 from core.workload.lengths import PUBLISHED, LengthModel, describe, fit
 from core.workload.spec import build_workload
 from core.workload.synthetic import multi_turn, shared_prefix, synthesize
 from core.workload.trace_io import (
     TraceFormatError,
-    read_alpaca_json,
     read_azure_trace,
     read_mooncake_trace,
-    read_sharegpt_json,
     read_trace,
     read_vidur_trace,
-    whitespace_tokenize,
     write_trace,
 )
 

@@ -28,16 +28,14 @@ import numpy as np
 
 from core.request import Request, RequestError, SamplingParams
 from core.workload.arrivals import make_arrivals
+from core.workload.datasets_json import read_alpaca_json, read_sharegpt_json, whitespace_tokenize
 from core.workload.filters import MAX_MODEL_LEN
 from core.workload.synthetic import OPT_VOCAB_SIZE, multi_turn, shared_prefix, synthesize
 from core.workload.trace_io import (
-    read_alpaca_json,
     read_azure_trace,
     read_mooncake_trace,
-    read_sharegpt_json,
     read_trace,
     read_vidur_trace,
-    whitespace_tokenize,
 )
 
 KINDS: tuple[str, ...] = (
