@@ -15,7 +15,7 @@ times are made relative to the earliest row and multiplied by ``time_scale`` (0.
 twice as fast), vLLM's benchmark filter is applied unless ``apply_filter=False`` (then a row
 with zero tokens is an error), ``limit`` keeps the first requests that pass, and request ids
 are 0, 1, ... in arrival order. Malformed input raises :class:`TraceFormatError` naming the
-file, the line (JSON datasets: the entry index) and the problem.
+file, the line and the problem (the JSON dataset readers in ``datasets_json`` share this policy).
 """
 
 from __future__ import annotations
