@@ -14,7 +14,7 @@ from torch import nn
 from engine.attention.base import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.config import ModelConfig
-from engine.models.common import KVCache, check_inputs
+from engine.models.common import CausalLM, KVCache
 
 Rope = tuple[torch.Tensor, torch.Tensor]
 
@@ -127,36 +127,10 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
 
-class LlamaCausalLM(nn.Module):
-    """Llama with an LM head. ``forward`` returns final hidden states; ``compute_logits`` maps
-    them to the vocabulary."""
+class LlamaCausalLM(CausalLM):
+    """Llama with an LM head (see :class:`~engine.models.common.CausalLM`)."""
 
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
-        super().__init__()
-        if config.family != "llama":
-            raise ValueError(f"LlamaCausalLM needs a 'llama' config, got {config.family!r}")
-        self.config = config
-        self.model = LlamaModel(config, backend)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights()
+    family = "llama"
 
-    def tie_weights(self) -> None:
-        """Share the embedding with the LM head if the config ties them (call after moves)."""
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[KVCache],
-        attn_metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """``input_ids``, ``positions``: ``[T]``; one ``(k_cache, v_cache)`` per layer.
-        Returns hidden states ``[T, hidden_size]`` and writes this step's K/V to the caches."""
-        check_inputs(input_ids, positions, kv_caches, self.config)
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[T, hidden_size]`` -> ``[T, vocab_size]``."""
-        return self.lm_head(hidden)
+    def build_body(self, config: ModelConfig, backend: AttentionBackend) -> nn.Module:
+        return LlamaModel(config, backend)

@@ -16,7 +16,7 @@ from torch import nn
 from engine.attention.base import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.config import ModelConfig
-from engine.models.common import KVCache, check_inputs
+from engine.models.common import CausalLM, KVCache
 
 POSITION_OFFSET = 2
 
@@ -113,36 +113,13 @@ class _OPTBody(nn.Module):
         self.decoder = OPTDecoder(config, backend)
 
 
-class OPTCausalLM(nn.Module):
-    """OPT with an LM head. ``forward`` returns final hidden states; ``compute_logits`` maps
-    them to the vocabulary."""
+class OPTCausalLM(CausalLM):
+    """OPT with an LM head (see :class:`~engine.models.common.CausalLM`)."""
 
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
-        super().__init__()
-        if config.family != "opt":
-            raise ValueError(f"OPTCausalLM needs an 'opt' config, got {config.family!r}")
-        self.config = config
-        self.model = _OPTBody(config, backend)
-        self.lm_head = nn.Linear(config.embed_dim, config.vocab_size, bias=False)
-        self.tie_weights()
+    family = "opt"
 
-    def tie_weights(self) -> None:
-        """Share the embedding with the LM head if the config ties them (call after moves)."""
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.decoder.embed_tokens.weight
+    def build_body(self, config: ModelConfig, backend: AttentionBackend) -> nn.Module:
+        return _OPTBody(config, backend)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[KVCache],
-        attn_metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """``input_ids``, ``positions``: ``[T]``; one ``(k_cache, v_cache)`` per layer.
-        Returns hidden states ``[T, embed_dim]`` and writes this step's K/V to the caches."""
-        check_inputs(input_ids, positions, kv_caches, self.config)
-        return self.model.decoder(input_ids, positions, kv_caches, attn_metadata)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[T, embed_dim]`` -> ``[T, vocab_size]``."""
-        return self.lm_head(hidden)
+    def decoder(self) -> nn.Module:
+        return self.model.decoder
