@@ -54,3 +54,13 @@ def write_run(
 
 def read_metrics(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "metrics.json").read_text())
+
+
+def summary_line(metrics: Mapping[str, Any], where: str) -> str:
+    """One log line for a finished run: who ran, how many finished, the headline metrics."""
+    return (
+        f"{metrics['system']} {metrics['model']} {where}: {metrics['completed']}/"
+        f"{metrics['num_requests']} done, normalized latency "
+        f"{metrics['normalized_latency']:.3f} s/token, "
+        f"{metrics['request_throughput']:.2f} req/s"
+    )

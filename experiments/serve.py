@@ -32,7 +32,7 @@ from core.workload.spec import build_workload
 from engine.config import ModelConfig
 from engine.engine import LLMEngine
 from engine.kv_cache import GIB, bytes_per_block, resolve_kv_budget
-from experiments.results import write_run
+from experiments.results import summary_line, write_run
 from experiments.setup import as_dict, scheduler_config
 from sim.catalog import get_model
 
@@ -131,17 +131,7 @@ def _device_name(device: torch.device) -> str:
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     metrics = run(cfg, out_dir)
-    log.info(
-        "%s %s on %s: %d/%d done, normalized latency %.3f s/token, %.2f req/s -> %s",
-        metrics["system"],
-        metrics["model"],
-        metrics["device"],
-        metrics["completed"],
-        metrics["num_requests"],
-        metrics["normalized_latency"],
-        metrics["request_throughput"],
-        out_dir,
-    )
+    log.info("%s -> %s", summary_line(metrics, f"on {metrics['device']}"), out_dir)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from core.metrics.summary import summarize
-from experiments.results import write_run
+from experiments.results import summary_line, write_run
 from experiments.setup import RunSetup, as_dict, build_setup
 from sim.cost import CostModel, Efficiency, build_cost_model
 from sim.driver import simulate
@@ -103,17 +103,7 @@ def _cost_doc(cost_model: Any) -> dict[str, Any]:
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     metrics = run(cfg, out_dir)
-    log.info(
-        "%s %s rate=%s: %d/%d done, normalized latency %.3f s/token, %.2f req/s -> %s",
-        metrics["system"],
-        metrics["model"],
-        cfg.workload.get("rate"),
-        metrics["completed"],
-        metrics["num_requests"],
-        metrics["normalized_latency"],
-        metrics["request_throughput"],
-        out_dir,
-    )
+    log.info("%s -> %s", summary_line(metrics, f"rate={cfg.workload.get('rate')}"), out_dir)
 
 
 if __name__ == "__main__":
