@@ -69,7 +69,9 @@ def build_manager(
     enable_prefix_caching: bool = False,
 ) -> KVCacheManager:
     """A KV-cache manager over ``num_slots`` device token slots (rounded down to whole
-    blocks) and, for paged systems, ``num_cpu_slots`` of CPU swap space."""
+    blocks) and, for paged systems, ``num_cpu_slots`` of CPU swap space. Contiguous
+    systems never swap and admit by whole reservations, so they ignore ``num_cpu_slots``
+    and ``watermark`` (experiments pass both to every system)."""
     if block_size < 1 or block_size & (block_size - 1):
         raise SystemConfigError(f"block_size must be a power of two, got {block_size}")
     num_blocks = num_slots // block_size
