@@ -18,22 +18,8 @@ from hypothesis.stateful import (
 from core.kv.base import AllocStatus, KVCacheError, KVCacheManager
 from core.kv.buddy import next_power_of_two
 from core.kv.contiguous import ContiguousKVCacheManager
-from core.request import Request, SamplingParams, Sequence, SequenceGroup, SequenceStatus
-
-_next_id = iter(range(10**9))
-
-
-def make_group(prompt_len: int, output_len: int, n: int = 1) -> SequenceGroup:
-    req = Request(next(_next_id), 0.0, prompt_len, output_len, SamplingParams(n=n))
-    return SequenceGroup(req, first_seq_id=next(_next_id))
-
-
-def spawn(parent: Sequence) -> Sequence:
-    child = Sequence(next(_next_id), parent.group)
-    child.num_generated = parent.num_generated
-    child.status = parent.status
-    parent.group.seqs.append(child)
-    return child
+from core.request import Request, SequenceGroup, SequenceStatus
+from tests.kv_helpers import make_group, spawn
 
 
 def expected_reservation(policy: str, prompt: int, output: int, max_len: int) -> int:

@@ -18,30 +18,8 @@ from hypothesis.stateful import (
 
 from core.kv.base import AllocStatus, KVCacheError, KVCacheManager
 from core.kv.paged import PagedKVCacheManager
-from core.request import Request, SamplingParams, Sequence, SequenceGroup, SequenceStatus
-
-_next_id = iter(range(10**9))
-
-
-def make_group(
-    prompt_len: int,
-    output_len: int = 10,
-    n: int = 1,
-    prompt: tuple[int, ...] | None = None,
-) -> SequenceGroup:
-    rid = next(_next_id)
-    req = Request(rid, 0.0, prompt_len, output_len, SamplingParams(n=n), prompt)
-    return SequenceGroup(req, first_seq_id=next(_next_id))
-
-
-def spawn(parent: Sequence) -> Sequence:
-    child = Sequence(next(_next_id), parent.group)
-    child.num_generated = parent.num_generated
-    child.num_computed = parent.num_computed
-    child.output_token_ids = list(parent.output_token_ids)
-    child.status = parent.status
-    parent.group.seqs.append(child)
-    return child
+from core.request import SequenceGroup, SequenceStatus
+from tests.kv_helpers import make_group, spawn
 
 
 def grow(m: PagedKVCacheManager, g: SequenceGroup) -> list[tuple[int, int]]:

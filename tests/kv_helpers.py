@@ -1,0 +1,31 @@
+"""Groups and forked sequences for the KV-cache manager tests (ids unique per process)."""
+
+from __future__ import annotations
+
+import itertools
+
+from core.request import Request, SamplingParams, Sequence, SequenceGroup
+
+_next_id = itertools.count()
+
+
+def make_group(
+    prompt_len: int,
+    output_len: int = 10,
+    n: int = 1,
+    prompt: tuple[int, ...] | None = None,
+) -> SequenceGroup:
+    rid = next(_next_id)
+    req = Request(rid, 0.0, prompt_len, output_len, SamplingParams(n=n), prompt)
+    return SequenceGroup(req, first_seq_id=next(_next_id))
+
+
+def spawn(parent: Sequence) -> Sequence:
+    """A child of ``parent`` in the same state, appended to its group (as a fork makes)."""
+    child = Sequence(next(_next_id), parent.group)
+    child.num_generated = parent.num_generated
+    child.num_computed = parent.num_computed
+    child.output_token_ids = list(parent.output_token_ids)
+    child.status = parent.status
+    parent.group.seqs.append(child)
+    return child
