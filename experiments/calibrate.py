@@ -1,7 +1,7 @@
 """``python -m experiments.calibrate RUN_DIR [--out FILE]``: fit the simulator's step-time
 model to an engine run.
 
-``RUN_DIR`` is a directory written by ``experiments.serve`` (or ``experiments.gpu_engine``):
+``RUN_DIR`` is a directory written by ``experiments.serve`` (or ``experiments.bench.engine_gpu``):
 ``config.yaml`` names the model, the hardware label, the dtype and the block size;
 ``steps.csv`` holds every step's shape and measured ``duration_s``. The fit is
 :meth:`sim.cost.CalibratedCostModel.fit` (non-negative least squares on roofline basis
@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
-from experiments.results import write_json
+from experiments.lib.results import write_json
 from sim.cost import CalibratedCostModel
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}

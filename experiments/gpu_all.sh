@@ -2,8 +2,8 @@
 # Every GPU measurement of kvlab in one command, sized for a single 10-minute session on one
 # H200:  bash experiments/gpu_all.sh [OUT_DIR]   (default: $OUT)
 #
-#   OUT_DIR/kernels/  python -m kernels.bench_gpu            (timeout 200 s)
-#   OUT_DIR/engine/   python -m experiments.gpu_engine       (timeout 330 s; starts no run
+#   OUT_DIR/kernels/  python -m experiments.bench.kernels_gpu            (timeout 200 s)
+#   OUT_DIR/engine/   python -m experiments.bench.engine_gpu       (timeout 330 s; starts no run
 #                     after 280 s and rewrites its summary after every run)
 #   OUT_DIR/engine/opt-13b_vllm_online/{calibration,validation}.json
 #                     calibrate + validate of one engine run (CPU only, timeout 60 s)
@@ -35,8 +35,8 @@ part() {  # part NAME SECONDS COMMAND...
     [ "$rc" -eq 0 ] || status=1
 }
 
-part kernels 200 python -m kernels.bench_gpu --out "$OUT_DIR/kernels" "${dry[@]}"
-part engine 330 python -m experiments.gpu_engine --out "$OUT_DIR/engine" --max-seconds 280 "${dry[@]}"
+part kernels 200 python -m experiments.bench.kernels_gpu --out "$OUT_DIR/kernels" "${dry[@]}"
+part engine 330 python -m experiments.bench.engine_gpu --out "$OUT_DIR/engine" --max-seconds 280 "${dry[@]}"
 run_dir="$OUT_DIR/engine/${model}_vllm_online"
 if [ -f "$run_dir/steps.csv" ]; then
     part calibrate 60 python -m experiments.calibrate "$run_dir"

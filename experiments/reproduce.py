@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 from hydra import compose, initialize_config_dir
 
-from experiments.results import write_json
+from experiments.lib.results import write_json
 from sim.search import find_max_rate
 
 log = logging.getLogger("kvlab.reproduce")
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> Path:
         f"workload.duration_s={duration}", f"seed={args.seed}",
     ]  # fmt: skip
     t0 = time.perf_counter()
-    from experiments.report import write_outputs
+    from experiments.report.markdown import write_outputs
 
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         fig2_jobs = {

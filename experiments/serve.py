@@ -32,8 +32,8 @@ from core.workload.spec import build_workload
 from engine.config import ModelConfig
 from engine.engine import LLMEngine
 from engine.kv_cache import GIB, bytes_per_block, resolve_kv_budget
-from experiments.results import summary_line, write_run
-from experiments.setup import as_dict, scheduler_config
+from experiments.lib.results import summary_line, write_run
+from experiments.lib.setup import as_dict, scheduler_config
 from sim.catalog import get_model
 
 log = logging.getLogger(__name__)

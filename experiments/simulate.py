@@ -23,8 +23,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from core.metrics.summary import summarize
-from experiments.results import summary_line, write_run
-from experiments.setup import RunSetup, as_dict, build_setup
+from experiments.lib.results import summary_line, write_run
+from experiments.lib.setup import RunSetup, as_dict, build_setup
 from sim.cost import CostModel, Efficiency, build_cost_model
 from sim.driver import simulate
 

@@ -35,8 +35,8 @@ from core.sched.base import BaseScheduler
 from core.systems import build_scheduler
 from core.workload.spec import build_workload
 from experiments.calibrate import read_run_config
-from experiments.results import write_json
-from experiments.setup import scheduler_config
+from experiments.lib.results import write_json
+from experiments.lib.setup import scheduler_config
 from sim.catalog import get_model
 from sim.cost import CalibratedCostModel, CostModel, RecordedCostModel
 from sim.driver import simulate

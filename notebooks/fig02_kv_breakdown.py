@@ -19,7 +19,7 @@
 # reserved for future tokens, lost to internal and to external fragmentation, for Orca
 # (Max/Pow2/Oracle) and vLLM serving OPT-13B on ShareGPT. kvlab's shares come from the
 # `runs/fig2_<system>/` runs of `python -m experiments.reproduce` (ShareGPT at 2 req/s);
-# the paper's from `experiments.paper`. Reads `$KVLAB_RESULTS` (default
+# the paper's from `experiments.report.paper`. Reads `$KVLAB_RESULTS` (default
 # `results/reproduce`).
 
 # %%
@@ -28,8 +28,8 @@ import pandas as pd
 from _common import read_metrics, require, results_dir, save
 
 from core.metrics.summary import memory_shares
-from experiments.paper import SYSTEM_LABELS
-from experiments.report import PART_LABELS, PARTS, fig2_table
+from experiments.report.markdown import PART_LABELS, PARTS, fig2_table
+from experiments.report.paper import SYSTEM_LABELS
 from experiments.reproduce import FIG2_SYSTEMS
 
 RESULTS = results_dir()

@@ -20,7 +20,7 @@
 # 1.7–2.7× the rate of Orca (Oracle), 2.7–8× Orca (Max) and up to 22× FasterTransformer
 # (ranges over three model sizes). kvlab's curves and sustainable rates come from
 # `fig12_opt13b_sharegpt.csv` and `fig12_capacity.csv` of `python -m experiments.reproduce`;
-# the paper's ranges from `experiments.paper`. Reads `$KVLAB_RESULTS` (default
+# the paper's ranges from `experiments.report.paper`. Reads `$KVLAB_RESULTS` (default
 # `results/reproduce`).
 
 # %%
@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from _common import require, results_dir, save
 
-from experiments.paper import FIG12_SHAREGPT_RATIO, SYSTEM_LABELS
+from experiments.report.paper import FIG12_SHAREGPT_RATIO, SYSTEM_LABELS
 from experiments.reproduce import sustainable_rates
 
 # The normalized-latency bound (s/token) a sustained rate must meet: reproduce's

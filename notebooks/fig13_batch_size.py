@@ -18,7 +18,7 @@
 # Kwon et al., SOSP 2023, Fig. 13: the average number of batched requests when serving
 # OPT-13B on ShareGPT at 2 req/s. kvlab's number is the step-time-weighted mean of requests
 # holding KV in the running batch (`mean_batch_size` of `runs/fig2_<system>/metrics.json`);
-# the paper's is in `experiments.paper`. Reads `$KVLAB_RESULTS` (default
+# the paper's is in `experiments.report.paper`. Reads `$KVLAB_RESULTS` (default
 # `results/reproduce`).
 
 # %%
@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 from _common import read_metrics, require, results_dir, save
 
-from experiments.paper import FIG13_BATCH, SYSTEM_LABELS
-from experiments.report import fig13_table
+from experiments.report.markdown import fig13_table
+from experiments.report.paper import FIG13_BATCH, SYSTEM_LABELS
 from experiments.reproduce import FIG2_SYSTEMS
 
 RESULTS = results_dir()

@@ -21,14 +21,14 @@
 # experiments.reproduce` reruns vLLM at 2 req/s with a fixed overhead added to every step
 # (`vllm_overhead_sensitivity.csv`); this notebook plots what that does to the batch, the
 # latency and the KV memory, beside the paper's Fig. 13 batch and Fig. 2 token-state share
-# (`experiments.paper`). Reads `$KVLAB_RESULTS` (default `results/reproduce`).
+# (`experiments.report.paper`). Reads `$KVLAB_RESULTS` (default `results/reproduce`).
 
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
 from _common import require, results_dir, save
 
-from experiments.paper import FIG2_BREAKDOWN, FIG13_BATCH
+from experiments.report.paper import FIG2_BREAKDOWN, FIG13_BATCH
 
 RESULTS = results_dir()
 (sens_csv,) = require(RESULTS, "vllm_overhead_sensitivity.csv")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from core.request import Request
-from experiments.bench_engine_cpu import main, scale_lengths
+from experiments.bench.engine_cpu import main, scale_lengths
 
 COLUMNS = {
     "system",

@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from kernels.bench_gpu import SECTIONS, main
+from experiments.bench.kernels_gpu import SECTIONS, main
 
 COLUMNS = {
     "correctness": {"kernel", "case", "dtype", "max_rel_err", "tol", "ok"},

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.gpu_engine import SUMMARY_KEYS, SYSTEMS, main, make_plan, run_specs
+from experiments.bench.engine_gpu import SUMMARY_KEYS, SYSTEMS, main, make_plan, run_specs
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""GPU engine runs: ``python -m experiments.gpu_engine --out DIR [--dry] [--max-seconds S]``.
+"""GPU engine runs: ``python -m experiments.bench.engine_gpu --out DIR [--dry] [--max-seconds S]``.
 
 On one CUDA device, fp16, seeded dummy weights, KV budget 12 GiB (the paper's OPT-13B
 budget, Kwon et al., SOSP 2023, Table 1), Triton attention: OPT-1.3B (1B class) and OPT-13B
@@ -56,7 +56,7 @@ SUMMARY_KEYS = (
     "kv_cache_gib",
     "wall_s",
 )
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def write_traces(plan: EnginePlan, out: Path) -> dict[str, Path]:
     """One native trace per model (Poisson arrivals at its online rate), in ``out``."""
     from core.workload.synthetic import synthesize
     from core.workload.trace_io import write_trace
-    from experiments.bench_engine_cpu import scale_lengths
+    from experiments.bench.engine_cpu import scale_lengths
 
     paths = {}
     for m in plan.models:
@@ -214,7 +214,7 @@ def metadata(plan: EnginePlan, argv: list[str]) -> dict[str, Any]:
         "triton": triton.__version__,
         "cuda": torch.version.cuda,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python -m experiments.gpu_engine", *argv]),
+        "command": " ".join(["python -m experiments.bench.engine_gpu", *argv]),
         "dry": plan.dry,
         "timings": "MEANINGLESS: dry run on CPU under the Triton interpreter"
         if plan.dry
@@ -224,8 +224,8 @@ def metadata(plan: EnginePlan, argv: list[str]) -> dict[str, Any]:
 
 
 def write_summary(out: Path, doc: dict[str, Any]) -> None:
-    from experiments.results import write_json
-    from kernels.bench_gpu import write_csv
+    from experiments.bench.tables import write_csv
+    from experiments.lib.results import write_json
 
     write_csv(out / "summary.csv", doc["rows"])
     write_json(out / "summary.json", doc)
@@ -233,7 +233,9 @@ def write_summary(out: Path, doc: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run every planned config; 0 when all of them ran without error."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.gpu_engine", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench.engine_gpu", description=__doc__
+    )
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--dry", action="store_true", help="tiny CPU run under the interpreter")
     parser.add_argument("--max-seconds", type=float, default=280.0, help="start no run after")
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_tables(doc: dict[str, Any], dry: bool) -> None:
-    from kernels.bench_gpu import print_table
+    from experiments.bench.tables import print_table
 
     note = " (dry: timings meaningless)" if dry else ""
     cols = ("run", "completed", "output_throughput", "mean_ttft_ms", "mean_tpot_ms",

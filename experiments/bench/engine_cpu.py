@@ -1,4 +1,4 @@
-"""CPU engine benchmark: ``python -m experiments.bench_engine_cpu [--out DIR] [--quick]``.
+"""CPU engine benchmark: ``python -m experiments.bench.engine_cpu [--out DIR] [--quick]``.
 
 Side by side in one process, on OPT-125M shapes (``sim.catalog``) with the SAME random
 weights (an HF ``OPTForCausalLM`` built under a fixed seed; its state dict is loaded into
@@ -50,7 +50,7 @@ from core.workload.synthetic import synthesize
 from engine.config import ModelConfig
 from engine.engine import LLMEngine
 from engine.weights import load_weights
-from kernels.bench_gpu import print_table, write_csv
+from experiments.bench.tables import print_table, write_csv
 from sim.catalog import ModelSpec, get_model
 
 MIN_LEN = 4  # vLLM's benchmark filter drops prompts/outputs under 4 tokens
@@ -223,7 +223,7 @@ def metadata(plan: BenchPlan, argv: list[str], kv_bytes: int) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "numpy": np.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python -m experiments.bench_engine_cpu", *argv]),
+        "command": " ".join(["python -m experiments.bench.engine_cpu", *argv]),
         "plan": dataclasses.asdict(plan),
         "kv_slots": plan.orca_max_batch * get_model(plan.model).max_model_len,
         "kv_bytes": kv_bytes,
@@ -242,7 +242,7 @@ def ratios(rows: dict[str, dict[str, Any]], hf_name: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench_engine_cpu")
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench.engine_cpu")
     parser.add_argument("--out", type=Path, default=Path("results/bench_engine_cpu"))
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")

@@ -10,7 +10,7 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.results import read_metrics
+from experiments.lib.results import read_metrics
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Tables, figures and the markdown report of ``experiments.reproduce``.
 
 Numbers in the report are what the runs computed; the paper's numbers stand beside them
-(``experiments.paper``). Figures: matplotlib, PNG and PDF (fonttype 42).
+(``experiments.report.paper``). Figures: matplotlib, PNG and PDF (fonttype 42).
 """
 
 from __future__ import annotations
@@ -13,8 +13,13 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.paper import FIG2_BREAKDOWN, FIG12_SHAREGPT_RATIO, FIG13_BATCH, SYSTEM_LABELS
-from experiments.setup import as_dict, build_setup
+from experiments.lib.setup import as_dict, build_setup
+from experiments.report.paper import (
+    FIG2_BREAKDOWN,
+    FIG12_SHAREGPT_RATIO,
+    FIG13_BATCH,
+    SYSTEM_LABELS,
+)
 from experiments.simulate import make_cost_model
 from sim.capacity import format_table1, table1
 
@@ -345,7 +350,7 @@ def _report(
     return "\n".join(parts) + "\n"
 
 
-GAPS_TEXT = (Path(__file__).with_name("report_gaps.md")).read_text()
+GAPS_TEXT = (Path(__file__).with_name("gaps.md")).read_text()
 
 
 def _paper_ratio(system: str) -> str:

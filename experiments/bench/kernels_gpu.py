@@ -1,4 +1,6 @@
-"""GPU validation and benchmark of the Triton kernels: ``python -m kernels.bench_gpu --out DIR``.
+"""GPU validation and benchmark of the Triton kernels.
+
+``python -m experiments.bench.kernels_gpu --out DIR [--dry]``.
 
 Sections (one CSV each, all rows also in ``results.json`` with the run's metadata):
 
@@ -20,7 +22,6 @@ shapes and 2 repeats so CI can check the script; its timings are meaningless and
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from experiments.bench.tables import print_table, write_csv
 
 SECTIONS = ("correctness", "fig18a", "long_context", "block_size")
 
@@ -303,27 +306,6 @@ def run_block_size(plan: Plan) -> list[dict]:
     return rows
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        if rows:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-
-
-def print_table(title: str, rows: list[dict]) -> None:
-    print(f"\n== {title} ==")
-    if not rows:
-        print("(no rows)")
-        return
-    cols = list(rows[0])
-    cells = [[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
-    for row in cells:
-        print("  ".join(x.rjust(w) for x, w in zip(row, widths, strict=True)))
-
-
 def metadata(plan: Plan, argv: list[str]) -> dict:
     import triton
 
@@ -333,7 +315,7 @@ def metadata(plan: Plan, argv: list[str]) -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python -m kernels.bench_gpu", *argv]),
+        "command": " ".join(["python -m experiments.bench.kernels_gpu", *argv]),
         "dry": plan.dry,
         "timings": "MEANINGLESS: dry run on CPU under the Triton interpreter"
         if plan.dry
@@ -345,7 +327,9 @@ def metadata(plan: Plan, argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Run every section, write ``DIR/<section>.csv`` and ``DIR/results.json``; 0 if all ok."""
-    parser = argparse.ArgumentParser(prog="python -m kernels.bench_gpu", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench.kernels_gpu", description=__doc__
+    )
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--dry", action="store_true", help="tiny CPU run under the interpreter")
     args_list = sys.argv[1:] if argv is None else argv

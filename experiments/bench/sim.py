@@ -1,4 +1,4 @@
-"""``python -m experiments.bench_sim``: how fast the simulator runs, per system.
+"""``python -m experiments.bench.sim``: how fast the simulator runs, per system.
 
 Simulates OPT-13B on one A100-40GB serving a synthetic ShareGPT trace (the vLLM paper's
 §6.2 setup; by default its 1-hour trace at 2 req/s), one system at a time in this
@@ -26,9 +26,9 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.lib.results import write_json
+from experiments.lib.setup import as_dict, build_setup
 from experiments.reproduce import compose_config
-from experiments.results import write_json
-from experiments.setup import as_dict, build_setup
 from experiments.simulate import make_cost_model
 from sim.driver import simulate
 

@@ -1,0 +1,29 @@
+"""Benchmark output: a plain-text table on stdout and the same rows as a CSV file.
+
+Every benchmark script prints what it measured and writes it, with these two helpers."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as f:
+        if rows:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def print_table(title: str, rows: list[dict]) -> None:
+    print(f"\n== {title} ==")
+    if not rows:
+        print("(no rows)")
+        return
+    cols = list(rows[0])
+    cells = [[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print("  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
+    for row in cells:
+        print("  ".join(x.rjust(w) for x, w in zip(row, widths, strict=True)))
