@@ -1,17 +1,10 @@
 """The engine loop: ``core``'s scheduler driving a real model over paged KV tensors.
 
-It mirrors ``sim.driver.simulate`` step for step, so the simulator replaying the engine's
-measured step times makes the same decisions (the *one policy, two bodies* identity):
-
-1. before each schedule, every request that has arrived by ``now`` is added (rejected
-   ones are recorded at once);
-2. ``plan = scheduler.schedule(now)``; aborted groups are recorded; an empty plan that
-   preempted something is rescheduled at once, an empty plan with nothing left to do
-   waits for the next arrival;
-3. the plan's swap-outs, swap-ins and block copies, the forward and the sampling run and
-   are timed (``duration``; CUDA is synchronized);
-4. ``scheduler.update(plan, outcome, start + duration)`` then ``recorder.record_step``
-   with the memory breakdown and running count taken right after scheduling.
+Each step is ``core.loop.StepLoop``'s, the very sequence the simulator runs (so the
+simulator replaying the engine's measured step times makes the same decisions: the *one
+policy, two bodies* identity); the engine supplies the executor, which runs the plan's
+swap-outs, swap-ins and block copies, the forward and the sampling, and times them
+(CUDA is synchronized).
 
 Clocks: ``virtual`` advances ``now`` by the measured durations and jumps to the next
 arrival when idle (deterministic trace replay; arrival instants are chained exactly as
@@ -35,8 +28,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from core.loop import Clock, StallError, StepLoop, VirtualClock
 from core.metrics.recorder import Recorder
-from core.plan import StepOutcome
+from core.plan import BatchShape, StepOutcome, StepPlan
 from core.request import Request, SequenceGroup
 from core.sched.base import BaseScheduler, SchedulerConfig
 from core.systems import build_scheduler
@@ -132,8 +126,9 @@ class LLMEngine:
         self.sampler = Sampler(seed)
         self.reset()
 
-    def reset(self) -> None:
-        """A fresh scheduler (and manager over the same tensors), recorder and clock."""
+    def reset(self, clock: Clock | None = None) -> None:
+        """A fresh scheduler (and manager over the same tensors), recorder and step loop;
+        ``clock`` defaults to a virtual one at 0."""
         self.scheduler: BaseScheduler = build_scheduler(
             self.system,
             self.kv_cache.num_blocks * self.kv_cache.block_size,
@@ -145,9 +140,20 @@ class LLMEngine:
         )
         self.recorder = Recorder()
         self.groups: dict[int, SequenceGroup] = {}
-        self.now = 0.0
-        self.num_steps = 0
-        self._wall_origin: float | None = None
+        self.clock: Clock = VirtualClock() if clock is None else clock
+        executor = _ModelExecutor(
+            self.kv_cache, self.runner, self.sampler, self.scheduler, self.device
+        )
+        self.loop = StepLoop(self.scheduler, executor, self.recorder)
+
+    @property
+    def now(self) -> float:
+        """The engine clock."""
+        return self.clock.now()
+
+    @property
+    def num_steps(self) -> int:
+        return self.loop.num_steps
 
     # -- intake -----------------------------------------------------------------------
     def with_token_ids(self, request: Request) -> Request:
@@ -172,10 +178,8 @@ class LLMEngine:
         comes back with ``reject_reason`` set and is recorded."""
         if request.request_id in self.groups:
             raise EngineError(f"request id {request.request_id} was already added")
-        group = self.scheduler.add(self.with_token_ids(request), self.now if now is None else now)
+        group = self.loop.add(self.with_token_ids(request), self.now if now is None else now)
         self.groups[request.request_id] = group
-        if group.reject_reason is not None:
-            self.recorder.record_request(group)
         return group
 
     def has_unfinished(self) -> bool:
@@ -183,50 +187,13 @@ class LLMEngine:
 
     # -- one iteration ----------------------------------------------------------------
     def step(self) -> list[SequenceGroup]:
-        """Schedule and run one step at ``self.now``; returns the groups that ended in it
-        (finished or aborted). An empty plan runs nothing and returns only aborted groups
-        (call again at once if it preempted; otherwise the engine is idle)."""
-        sched = self.scheduler
-        if self._wall_origin is not None:
-            self.now = self._wall_now()
-        plan = sched.schedule(self.now)
-        ended = sched.pop_aborted()
-        for group in ended:
-            self.recorder.record_request(group)
-        if plan.is_empty:
-            if not plan.preempted and sched.has_unfinished():
-                raise EngineError(
-                    f"scheduler {sched.name} has {len(sched.waiting)} waiting, "
-                    f"{len(sched.running)} running and {len(sched.swapped)} swapped "
-                    "requests but scheduled nothing"
-                )
-            return ended
-        shape = plan.shape()
-        memory = sched.manager.breakdown()
-        running = len(sched.running)
-        start = self.now
-        t0 = time.perf_counter()
-        self.kv_cache.swap_out(plan.swap_out)
-        self.kv_cache.swap_in(plan.swap_in)
-        self.kv_cache.copy_blocks(plan.copies)
-        logits = self.runner.execute(plan, sched.manager)
-        samples = self.sampler.sample(sampling_seqs(plan), logits)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        duration = time.perf_counter() - t0
-        self.now = start + duration if self._wall_origin is None else self._wall_now()
-        outcome = StepOutcome(duration, samples.token_ids, samples.extra_samples, samples.beams)
-        step = sched.step_index
-        finished = sched.update(plan, outcome, self.now)
-        self.recorder.record_step(step, start, duration, plan, shape, memory, running)
-        for group in finished:
-            self.recorder.record_request(group)
-        self.num_steps += 1
-        return ended + finished
-
-    def _wall_now(self) -> float:
-        assert self._wall_origin is not None
-        return time.perf_counter() - self._wall_origin
+        """Run one step of ``core.loop`` at the engine clock; returns the groups that ended
+        in it (finished or aborted). Nothing runs when the engine is idle."""
+        try:
+            self.loop.step(self.clock)
+        except StallError as e:
+            raise EngineError(str(e)) from None
+        return list(self.loop.ended)
 
     # -- whole runs -------------------------------------------------------------------
     def generate(
@@ -244,37 +211,21 @@ class LLMEngine:
         reqs = [self.with_token_ids(r) for r in requests]
         if mode == "offline":
             reqs = [dataclasses.replace(r, arrival_time=0.0) for r in reqs]
-        reqs.sort(key=lambda r: (r.arrival_time, r.request_id))
         ids = [r.request_id for r in reqs]
         if len(set(ids)) != len(ids):
             raise EngineError("request ids must be unique within one generate call")
-        self.reset()
-        arrivals = _chained_arrivals([r.arrival_time for r in reqs])
-        if clock == "wall":
-            self._wall_origin = time.perf_counter()
+        self.reset(WallClock() if clock == "wall" else VirtualClock())
         bar = tqdm(total=len(reqs), unit="req", disable=not progress, desc="serve")
-        i = 0
-        while i < len(reqs) or self.scheduler.has_unfinished():
-            now = self.now if clock == "virtual" else self._wall_now()
-            while i < len(reqs) and arrivals[i] <= now:
-                if self.add_request(reqs[i], arrivals[i]).reject_reason is not None:
-                    bar.update(1)
-                i += 1
-            if not self.scheduler.has_unfinished():
-                self._wait_until(arrivals[i], clock)
-                continue
-            bar.update(len(self.step()))
-        bar.close()
-        self._wall_origin = None
-        return EngineResult(self._outputs(), self.recorder, self.now, self.num_steps)
-
-    def _wait_until(self, t: float, clock: str) -> None:
-        if clock == "virtual":
-            self.now = t
-            return
-        delay = t - self._wall_now()
-        if delay > 0:
-            time.sleep(delay)
+        self.loop.on_done = bar.update
+        try:
+            self.loop.run(reqs, self.clock, add=self.add_request)
+        except StallError as e:
+            raise EngineError(str(e)) from None
+        finally:
+            bar.close()
+        end = self.now
+        self.clock = VirtualClock(end)
+        return EngineResult(self._outputs(), self.recorder, end, self.num_steps)
 
     def _outputs(self) -> dict[int, RequestOutput]:
         return {
@@ -288,14 +239,53 @@ class LLMEngine:
         }
 
 
-def _chained_arrivals(times: list[float]) -> list[float]:
-    """Arrival instants as the simulator's arrival process reaches them: from ``t``, a
-    timeout of ``a - t`` lands at ``t + (a - t)``, which can differ from ``a`` by an ulp."""
-    out: list[float] = []
-    t = 0.0
-    for a in times:
-        delay = a - t
+class _ModelExecutor:
+    """Runs a plan on the KV tensors, the model and the sampler, and times it (CUDA is
+    synchronized before the clock is read)."""
+
+    def __init__(
+        self,
+        kv_cache: PagedKVCache,
+        runner: ModelRunner,
+        sampler: Sampler,
+        sched: BaseScheduler,
+        device: torch.device,
+    ) -> None:
+        self.kv_cache = kv_cache
+        self.device = device
+        self.runner = runner
+        self.sampler = sampler
+        self.manager = sched.manager
+
+    def execute(self, plan: StepPlan, shape: BatchShape, start: float) -> StepOutcome:
+        t0 = time.perf_counter()
+        self.kv_cache.swap_out(plan.swap_out)
+        self.kv_cache.swap_in(plan.swap_in)
+        self.kv_cache.copy_blocks(plan.copies)
+        logits = self.runner.execute(plan, self.manager)
+        samples = self.sampler.sample(sampling_seqs(plan), logits)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        duration = time.perf_counter() - t0
+        return StepOutcome(duration, samples.token_ids, samples.extra_samples, samples.beams)
+
+    def at_end(self, plan: StepPlan, outcome: StepOutcome) -> None:
+        pass
+
+
+class WallClock:
+    """The real clock, from its creation (online runs sleep until the next arrival)."""
+
+    def __init__(self) -> None:
+        self.origin = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.origin
+
+    def step_end(self, start: float, duration_s: float) -> float:
+        return self.now()
+
+    def wait_until(self, t: float) -> None:
+        delay = t - self.now()
         if delay > 0:
-            t = t + delay
-        out.append(t)
-    return out
+            time.sleep(delay)

@@ -1,9 +1,10 @@
 """The discrete-event simulator: SimPy processes around ``core``'s scheduler.
 
-Per replica there is an *engine* process: it asks the scheduler for a step plan, asks the
-cost model how long the plan takes, advances the clock by one ``timeout`` and feeds the
-outcome back (every scheduled sequence that samples produces one token; output lengths
-come from the trace, EOS ignored). An *arrival* process adds requests at their arrival
+Per replica there is an *engine* process around a :class:`core.loop.StepLoop` (the step
+sequence both bodies share): the loop schedules a plan and the cost model prices it, the
+process advances the clock by one ``timeout``, then the loop feeds the outcome back (every
+scheduled sequence that samples produces one token; output lengths come from the trace,
+EOS ignored). An *arrival* process adds requests at their arrival
 times and wakes idle engines. One event per arrival and at most one per step, never one
 per token: a step that ends before any other event is due advances the engine's own clock
 without a SimPy timeout (the results are bit-identical to one timeout per step).
@@ -22,8 +23,9 @@ import numpy as np
 import simpy
 from tqdm import tqdm
 
+from core.loop import StallError, StepLoop
 from core.metrics.recorder import Recorder
-from core.plan import BeamChoice, StepOutcome, StepPlan
+from core.plan import BatchShape, BeamChoice, StepOutcome, StepPlan
 from core.request import Request
 from core.sched.base import BaseScheduler
 from sim.cost.base import CostModel
@@ -57,6 +59,24 @@ def _sim_beams(plan: StepPlan, rng: np.random.Generator) -> list[BeamChoice]:
     return choices
 
 
+class CostExecutor:
+    """``core.loop``'s executor in the simulator: prices a plan with ``step_time``; with a
+    ``beams_rng``, draws beam choices (:func:`_sim_beams`) at the step's end."""
+
+    def __init__(
+        self, step_time: Callable[[BatchShape], float], beams_rng: np.random.Generator | None
+    ) -> None:
+        self.step_time = step_time
+        self.beams_rng = beams_rng
+
+    def execute(self, plan: StepPlan, shape: BatchShape, start: float) -> StepOutcome:
+        return StepOutcome(self.step_time(shape))
+
+    def at_end(self, plan: StepPlan, outcome: StepOutcome) -> None:
+        if self.beams_rng is not None:
+            outcome.beams = _sim_beams(plan, self.beams_rng)
+
+
 def simulate(
     requests: Sequence[Request],
     make_scheduler: Callable[[], BaseScheduler],
@@ -82,13 +102,16 @@ def simulate(
         raise ValueError(f"request id {dup} appears {counts[dup]} times; ids must be unique")
     env = simpy.Environment()
     recorder = Recorder()
-    schedulers = [make_scheduler() for _ in range(num_replicas)]
+    bar = tqdm(total=len(ordered), unit="req", disable=not progress, desc="simulate")
+    beams = any(r.sampling.use_beam_search for r in ordered)
+    beams_rng = np.random.default_rng(seed) if beams else None
+    executor = CostExecutor(cost_model.step_time, beams_rng)
+    loops = [
+        StepLoop(make_scheduler(), executor, recorder, bar.update, check_integrity_every)
+        for _ in range(num_replicas)
+    ]
     wakeups: list[simpy.Event | None] = [None] * num_replicas
     state = {"arrivals_done": False}
-    num_steps = 0
-    rng = np.random.default_rng(seed)
-    beams_possible = any(r.sampling.use_beam_search for r in ordered)
-    bar = tqdm(total=len(ordered), unit="req", disable=not progress, desc="simulate")
 
     def arrivals():
         for i, req in enumerate(ordered):
@@ -96,10 +119,7 @@ def simulate(
             if delay > 0:
                 yield env.timeout(delay)
             r = i % num_replicas
-            group = schedulers[r].add(req, env.now)
-            if group.reject_reason is not None:
-                recorder.record_request(group)
-                bar.update(1)
+            if loops[r].add(req, env.now).reject_reason is not None:
                 continue
             event = wakeups[r]
             if event is not None and not event.triggered:
@@ -110,28 +130,18 @@ def simulate(
                 event.succeed()
 
     def engine(r: int):
-        nonlocal num_steps
-        sched = schedulers[r]
-        manager = sched.manager
-        step_time = cost_model.step_time
-        record_step = recorder.record_step
+        """Replica ``r``'s steps on the SimPy clock (the step itself is ``core.loop``'s)."""
+        loop = loops[r]
+        begin, finish = loop.begin, loop.finish
         timeout, peek = env.timeout, env.peek
         now = env.now  # this engine's clock; may run ahead of env.now, see below
         next_event = peek()  # the queue changes only while this process is suspended
         while True:
-            plan = sched.schedule(now)
-            for group in sched.pop_aborted():
-                recorder.record_request(group)
-                bar.update(1)
-            if plan.is_empty:
-                if plan.preempted:
-                    continue  # everything running was preempted; re-admit at once
-                if sched.has_unfinished():
-                    raise SimulationError(
-                        f"replica {r}: scheduler {sched.name} has {len(sched.waiting)} "
-                        f"waiting, {len(sched.running)} running and {len(sched.swapped)} "
-                        "swapped requests but scheduled nothing"
-                    )
+            try:
+                pending = begin(now)
+            except StallError as e:
+                raise SimulationError(f"replica {r}: {e}") from None
+            if pending is None:
                 if state["arrivals_done"]:
                     if env.now != now:
                         yield timeout(now - env.now)  # end the run at this engine's time
@@ -142,12 +152,7 @@ def simulate(
                 now = env.now
                 next_event = peek()
                 continue
-            shape = plan.shape()
-            start = now
-            duration = step_time(shape)
-            memory = manager.breakdown()
-            running = len(sched.running)
-            end = now + duration
+            end = pending.end
             lag = env.now
             if next_event > end and lag + (end - lag) == end:
                 # No event is due before the step ends (nothing could run in between):
@@ -157,22 +162,10 @@ def simulate(
             else:
                 if lag != now:
                     yield timeout(now - lag)  # catch up first (exact, checked above)
-                yield timeout(duration)
+                yield timeout(pending.outcome.duration_s)
                 now = env.now
                 next_event = peek()
-            outcome = StepOutcome(duration)
-            if beams_possible:
-                outcome.beams = _sim_beams(plan, rng)
-            step = sched.step_index
-            finished = sched.update(plan, outcome, now)
-            record_step(step, start, duration, plan, shape, memory, running)
-            if finished:
-                for group in finished:
-                    recorder.record_request(group)
-                bar.update(len(finished))
-            num_steps += 1
-            if check_integrity_every and num_steps % check_integrity_every == 0:
-                sched.check_integrity()
+            finish(pending, now)
 
     env.process(arrivals())
     procs = [env.process(engine(r)) for r in range(num_replicas)]
@@ -192,4 +185,5 @@ def simulate(
             f"{len(ordered) - recorder.num_requests} requests neither finished nor were "
             "rejected (a scheduler lost them)"
         )
+    num_steps = sum(loop.num_steps for loop in loops)
     return SimResult(recorder=recorder, end_time_s=env.now, num_steps=num_steps)

@@ -1,28 +1,83 @@
-"""A minimal driver loop for scheduler tests: fixed step time, every plan kept."""
+"""``core.loop`` for scheduler tests: a fixed step time, every plan kept, invariants checked
+after every schedule and update, and hooks to look at plans and steps."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from core.plan import StepOutcome, StepPlan
+import numpy as np
+
+from core.loop import LoopObserver, StepLoop, VirtualClock
+from core.metrics.recorder import Recorder
+from core.plan import StepPlan
 from core.request import Request, SequenceGroup
 from core.sched.base import BaseScheduler
+from sim.driver import CostExecutor
 
 
 @dataclass
 class StepLog:
+    """One ``schedule`` call: the queues before it, the plan, the running list after it,
+    and the groups that finished when the plan ran (an empty plan runs nothing)."""
+
     plan: StepPlan
     running_before: list[SequenceGroup]
     running_after_schedule: list[SequenceGroup]
     waiting_before: list[SequenceGroup]
     swapped_before: list[SequenceGroup]
-    finished: list[SequenceGroup]
+    finished: list[SequenceGroup] = field(default_factory=list)
 
 
 @dataclass
 class LoopResult:
     groups: list[SequenceGroup]
     steps: list[StepLog] = field(default_factory=list)
+    recorder: Recorder = field(default_factory=Recorder)
+
+
+class _Watch(LoopObserver):
+    def __init__(
+        self,
+        out: LoopResult,
+        check: bool,
+        on_plan: Callable[[StepPlan], None] | None,
+        on_step: Callable[[StepPlan, list[SequenceGroup]], None] | None,
+        max_steps: int,
+    ) -> None:
+        self.out, self.check = out, check
+        self.on_plan, self.on_step = on_plan, on_step
+        self.max_steps = max_steps
+        self.before: tuple[list[SequenceGroup], ...] = ()
+        self.sched: BaseScheduler | None = None
+
+    def before_schedule(self, scheduler: BaseScheduler) -> None:
+        self.sched = scheduler
+        self.before = (list(scheduler.running), list(scheduler.waiting), list(scheduler.swapped))
+        if len(self.out.steps) >= self.max_steps:
+            raise AssertionError("did not finish within max_steps")
+
+    def after_schedule(self, plan: StepPlan) -> None:
+        sched = self.sched
+        assert sched is not None
+        running, waiting, swapped = self.before
+        self.out.steps.append(StepLog(plan, running, list(sched.running), waiting, swapped))
+        if self.check:
+            sched.check_integrity()
+            mem = sched.manager.breakdown()
+            cap = sched.manager.num_device_blocks * sched.manager.block_size
+            assert mem.total == cap, (mem, cap)
+            assert min(mem.token_states, mem.reserved, mem.internal_frag, mem.free) >= 0
+        if self.on_plan is not None:
+            self.on_plan(plan)
+
+    def after_step(self, plan: StepPlan, finished: list[SequenceGroup]) -> None:
+        self.out.steps[-1].finished = finished
+        if self.check:
+            assert self.sched is not None
+            self.sched.check_integrity()
+        if self.on_step is not None:
+            self.on_step(plan, finished)
 
 
 def run_loop(
@@ -31,39 +86,21 @@ def run_loop(
     step_s: float = 0.01,
     max_steps: int = 100_000,
     check: bool = True,
+    on_plan: Callable[[StepPlan], None] | None = None,
+    on_step: Callable[[StepPlan, list[SequenceGroup]], None] | None = None,
+    beams_rng: np.random.Generator | None = None,
 ) -> LoopResult:
-    """Add requests at their arrival times and step until all are done."""
-    pending = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
+    """Serve ``requests`` at their arrival times with ``core.loop`` until all are done
+    (a stall raises ``core.loop.StallError``). ``on_plan(plan)`` sees every plan before it
+    runs, ``on_step(plan, finished)`` every step after its update; ``beams_rng`` draws
+    beam choices as the simulator does."""
     out = LoopResult(groups=[])
-    now = 0.0
-    i = 0
-    for _ in range(max_steps):
-        while i < len(pending) and pending[i].arrival_time <= now:
-            out.groups.append(sched.add(pending[i], now))
-            i += 1
-        if not sched.has_unfinished():
-            if i == len(pending):
-                return out
-            now = pending[i].arrival_time
-            continue
-        running_before = list(sched.running)
-        waiting_before = list(sched.waiting)
-        swapped_before = list(sched.swapped)
-        plan = sched.schedule(now)
-        running_after = list(sched.running)
-        if check:
-            sched.check_integrity()
-            mem = sched.manager.breakdown()
-            cap = sched.manager.num_device_blocks * sched.manager.block_size
-            assert mem.total == cap, (mem, cap)
-            assert min(mem.token_states, mem.reserved, mem.internal_frag, mem.free) >= 0
-        if plan.is_empty and not plan.preempted:
-            raise AssertionError(f"scheduler stalled: {sched.waiting=} {sched.swapped=}")
-        now += step_s
-        finished = sched.update(plan, StepOutcome(duration_s=step_s), now)
-        if check:
-            sched.check_integrity()
-        out.steps.append(
-            StepLog(plan, running_before, running_after, waiting_before, swapped_before, finished)
-        )
-    raise AssertionError("did not finish within max_steps")
+    watch = _Watch(out, check, on_plan, on_step, max_steps)
+    executor = CostExecutor(lambda shape: step_s, beams_rng)
+    loop = StepLoop(sched, executor, out.recorder, observer=watch)
+
+    def add(request: Request, now: float) -> None:
+        out.groups.append(loop.add(request, now))
+
+    loop.run(requests, VirtualClock(), add=add)
+    return out

@@ -123,3 +123,8 @@ def test_duration_mode_draws_more_chunks_until_the_window_is_covered() -> None:
     # A claimed mean gap 100x the real one makes every chunk (64 gaps) fall short.
     times = _renewal(lambda size: np.ones(size), mean_gap=100.0, n=None, duration=1000.0)
     np.testing.assert_array_equal(times, np.arange(1.0, 1000.0))
+
+
+def test_unknown_arrival_kind_is_refused_even_without_a_rate() -> None:
+    with pytest.raises(RequestError, match="unknown arrival process 'bogus'"):
+        make_arrivals("bogus", None, n=3)

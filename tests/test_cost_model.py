@@ -314,3 +314,10 @@ def test_build_cost_model_by_kind() -> None:
         build_cost_model("magic", "opt-13b", "a100-40gb")
     with pytest.raises(ValueError, match="needs step_times="):
         build_cost_model("recorded", "opt-13b", "a100-40gb")
+
+
+@pytest.mark.parametrize("value", [-1e-3, float("nan"), float("inf")])
+def test_calibrated_cost_model_refuses_negative_or_non_finite_coefficients(value: float) -> None:
+    coefficients = {t: 1.0 for t in TERMS} | {"constant": value}
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        CalibratedCostModel("opt-13b", "a100-40gb", coefficients)

@@ -50,6 +50,23 @@ def test_too_long_request_is_rejected_while_others_complete() -> None:
         assert len(result.outputs[r.request_id].token_ids[0]) == r.output_len
 
 
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_a_run_whose_last_requests_are_rejected_finishes_and_records_them(mode: str) -> None:
+    # The engine used to wait for an arrival after the last one when the requests that
+    # arrived last were all rejected (IndexError). Online, two requests are served and the
+    # two too long for max_model_len arrive afterwards; offline, all four are too long.
+    engine = make_engine(max_model_len=64)
+    served = requests(LENS[:2]) if mode == "online" else []
+    reqs = [*served, Request(98, 5.0, 60, 10), Request(99, 5.0, 61, 10)]
+    result = engine.generate(reqs, mode=mode)
+    frame = result.recorder.requests_frame().set_index("request_id")
+    assert list(frame.index) == [r.request_id for r in reqs]
+    assert (frame.loc[[98, 99], "status"] == "rejected").all()
+    assert (frame.drop(index=[98, 99])["status"] == "finished").all()
+    assert result.outputs[99].reject_reason
+    assert result.end_time_s == (5.0 if mode == "online" else 0.0)
+
+
 def test_requests_without_token_ids_get_seeded_prompts() -> None:
     reqs = [Request(i, 0.0, 4 + i, 3) for i in range(3)]
     a = make_engine().generate(reqs).outputs

@@ -1,4 +1,5 @@
-"""Chunked prefill, beam search and the simulator driver on the shared policies."""
+"""Chunked prefill, beam search, recompute of parallel samples and the simulator driver on
+the shared policies."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.plan import StepOutcome
-from core.request import Request, SamplingParams
+from core.plan import StepPlan
+from core.request import Request, SamplingParams, SequenceGroup
 from core.sched.base import SchedulerConfig
 from core.systems import build_scheduler
-from sim.driver import _sim_beams, simulate
+from sim.driver import simulate
+from tests.sched_harness import run_loop
 
 
 class ConstantCost:
@@ -38,65 +40,78 @@ def requests(draw):
     return out
 
 
+def _check_plan(plan: StepPlan, chunked: bool) -> None:
+    """Prompt chunks are non-empty and start where the sequence's computed tokens end;
+    without chunking a prompt runs whole; a decode never reads uncomputed K/V."""
+    for chunk in plan.prefill:
+        assert chunk.length > 0, f"empty prefill chunk for {chunk.seq}"
+        assert chunk.start == chunk.seq.num_computed, f"a chunk skips or repeats tokens: {chunk}"
+        if not chunked:
+            assert chunk.end == chunk.seq.num_tokens, f"partial prompt without chunking: {chunk}"
+    for seq in plan.decode:
+        assert not seq.needs_prefill, f"{seq} decodes with tokens whose K/V was never computed"
+
+
+def _all_finished(groups: list[SequenceGroup]) -> None:
+    for g in groups:
+        assert g.reject_reason is not None or all(
+            s.num_generated == g.request.output_len for s in g.seqs
+        ), g
+
+
 @given(reqs=requests(), budget=st.sampled_from([8, 16, 33]), slots=st.sampled_from([64, 128]))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_chunked_prefill_respects_budget_and_finishes_everything(reqs, budget, slots):
-    sched = _vllm(slots, budget, chunked=True)
-    groups = [sched.add(r, 0.0) for r in reqs]
-    now, steps = 0.0, 0
-    while sched.has_unfinished():
-        plan = sched.schedule(now)
-        sched.check_integrity()
-        assert sum(c.length for c in plan.prefill) + len(plan.decode) <= max(
-            budget, len(plan.decode)
-        )
-        for c in plan.prefill:  # a chunk never skips or repeats tokens
-            assert c.start == c.seq.num_computed and c.length >= 1
-        now += 0.01
-        sched.update(plan, StepOutcome(0.01), now)
-        steps += 1
-        assert steps < 20_000
-    for g in groups:
-        assert g.finish_time is not None or g.reject_reason, g
-        if g.finish_time is not None:
-            assert g.num_generated == g.request.output_len
+    def check(plan: StepPlan) -> None:
+        _check_plan(plan, chunked=True)
+        shape = plan.shape()  # decodes are never cut; prompt chunks take what they leave
+        assert shape.prefill_tokens <= max(0, budget - shape.decode_seqs)
+
+    res = run_loop(_vllm(slots, budget, chunked=True), reqs, max_steps=20_000, on_plan=check)
+    _all_finished(res.groups)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_chunked_prefill_with_parallel_samples_keeps_every_step_within_the_budget(seed: int):
+    rng = np.random.default_rng(seed)
+    budget = 10
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget, max_model_len=64,
+                          chunked_prefill=True)  # fmt: skip
+    sched = build_scheduler("vllm", 160, config=cfg, block_size=4, watermark=0.0)
+    reqs = [
+        Request(i, 0.02 * i, int(rng.integers(1, 30)), int(rng.integers(1, 30)),
+                SamplingParams(n=int(rng.integers(1, 4))))
+        for i in range(12)
+    ]  # fmt: skip
+
+    def check(plan: StepPlan) -> None:
+        _check_plan(plan, chunked=True)
+        shape = plan.shape()
+        assert shape.prefill_tokens <= max(0, budget - shape.decode_seqs)
+
+    _all_finished(run_loop(sched, reqs, on_plan=check).groups)
 
 
 def test_chunked_prefill_mixes_prompt_chunks_with_decodes():
-    sched = _vllm(512, 16, chunked=True)
-    reqs = [Request(0, 0.0, 8, 30), Request(1, 0.0, 40, 5)]
-    for r in reqs:
-        sched.add(r, 0.0)
-    mixed = False
-    now = 0.0
-    while sched.has_unfinished():
-        plan = sched.schedule(now)
-        mixed |= bool(plan.prefill and plan.decode)
-        now += 0.01
-        sched.update(plan, StepOutcome(0.01), now)
-    assert mixed
+    res = run_loop(_vllm(512, 16, chunked=True), [Request(0, 0.0, 8, 30), Request(1, 0.0, 40, 5)])
+    assert any(log.plan.prefill and log.plan.decode for log in res.steps)
 
 
 @pytest.mark.parametrize("system", ["vllm", "orca_oracle"])
 def test_beam_search_groups_keep_their_width_and_memory_stays_consistent(system):
     cfg = SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=64, max_model_len=64)
     sched = build_scheduler(system, 1024, config=cfg, block_size=4, num_cpu_slots=512)
-    groups = [
-        sched.add(Request(i, 0.0, 9 + i, 12, SamplingParams(beam_width=3)), 0.0) for i in range(4)
-    ]
-    rng = np.random.default_rng(0)
-    now = 0.0
-    while sched.has_unfinished():
-        plan = sched.schedule(now)
-        outcome = StepOutcome(0.01, beams=_sim_beams(plan, rng))
-        now += 0.01
-        sched.update(plan, outcome, now)
-        sched.check_integrity()
-        for g in groups:
-            if g.finish_time is None and g.num_generated > 0:
+    reqs = [Request(i, 0.0, 9 + i, 12, SamplingParams(beam_width=3)) for i in range(4)]
+
+    def check(plan: StepPlan, finished: list[SequenceGroup]) -> None:
+        for g in sched.running:
+            if g.num_generated > 0:
                 assert len(g.live_seqs()) == 3
-    assert all(g.finish_time is not None for g in groups)
+
+    res = run_loop(sched, reqs, on_step=check, beams_rng=np.random.default_rng(0))
+    assert all(g.finish_time is not None for g in res.groups)
     assert sched.manager.breakdown().free == sched.manager.num_device_blocks * 4
+    assert any(log.plan.copies for log in res.steps)  # beams forked (copy-on-write)
 
 
 def test_simulate_with_beams_and_parallel_samples_records_every_request():
@@ -109,20 +124,22 @@ def test_simulate_with_beams_and_parallel_samples_records_every_request():
     assert len(df) == 15 and (df["status"] == "finished").all()
 
 
-def test_recomputed_multi_sequence_group_larger_than_the_budget_still_runs():
-    # No CPU pool: a preempted n=3 group falls back to recompute and then needs 3 x ~40
-    # tokens at once, more than the 64-token step budget.
-    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64, max_model_len=64)
+def test_simulate_refuses_duplicate_request_ids() -> None:
+    reqs = [Request(7, 0.0, 8, 4), Request(7, 0.5, 8, 4)]
+    with pytest.raises(ValueError, match="request id 7"):
+        simulate(reqs, lambda: build_scheduler("orca_oracle", 4096), ConstantCost())
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_recomputed_group_over_the_budget_computes_every_token(chunked: bool) -> None:
+    # No CPU pool: the n=3 group is preempted by recompute and comes back needing
+    # 3 x ~49 tokens, more than the 64-token step budget.
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64, max_model_len=64,
+                          chunked_prefill=chunked)  # fmt: skip
     sched = build_scheduler("vllm", 184, config=cfg, block_size=4, num_cpu_slots=0)
     reqs = [Request(i, 0.0, 30, 25, SamplingParams(n=3 if i == 2 else 1)) for i in range(3)]
-    groups = [sched.add(r, 0.0) for r in reqs]
-    now = 0.0
-    for _ in range(5000):
-        if not sched.has_unfinished():
-            break
-        plan = sched.schedule(now)
-        assert not plan.is_empty or plan.preempted, "stalled"
-        now += 0.01
-        sched.update(plan, StepOutcome(0.01), now)
+    groups = run_loop(sched, reqs, max_steps=5000, on_plan=lambda p: _check_plan(p, chunked)).groups
     assert groups[2].num_preemptions > 0
     assert all(g.finish_time is not None for g in groups)
+    # Gang scheduling: every sample of the recomputed group produced the whole output.
+    assert [s.num_generated for s in groups[2].seqs] == [25, 25, 25]

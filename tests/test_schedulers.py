@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from core.request import Request, SamplingParams, SequenceStatus
 from core.sched.base import SchedulerConfig, SchedulerConfigError
-from core.systems import SYSTEMS, build_scheduler
+from core.systems import SYSTEMS, SystemConfigError, build_scheduler
 from tests.sched_harness import run_loop
 
 MAX_LEN = 64
@@ -139,6 +139,48 @@ def test_parallel_samples_share_prompt_blocks():
     res = run_loop(sched, [req])
     assert res.groups[0].finish_time is not None
     assert any(len(log.plan.decode) == 4 for log in res.steps)
+
+
+def test_parallel_samples_that_fit_the_cache_exactly_are_served() -> None:
+    # n=2, prompt 4, output 4, blocks of 4: the prompt block is shared and each sample
+    # owns one block for its output, 3 blocks in all, the whole cache.
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    sched = build_scheduler("vllm", 12, config=cfg, block_size=4, watermark=0.0)
+    res = run_loop(sched, [Request(0, 0.0, 4, 4, SamplingParams(n=2))])  # a stall raises
+    group = res.groups[0]
+    assert group.reject_reason is None
+    assert group.finish_time is not None and len(group.seqs) == 2
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_vllm_never_runs_more_sequences_than_max_num_seqs(chunked: bool) -> None:
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64,
+                          chunked_prefill=chunked)  # fmt: skip
+    sched = build_scheduler("vllm", 4096, config=cfg, block_size=4)
+    reqs = [Request(i, 0.0, 8, 6, SamplingParams(n=3)) for i in range(6)]  # 3 samples each
+
+    def check_plan(plan) -> None:
+        assert len(plan.scheduled_seqs()) <= 4
+
+    def check_step(plan, finished) -> None:
+        assert sum(len(g.live_seqs()) for g in sched.running) <= 4
+
+    res = run_loop(sched, reqs, on_plan=check_plan, on_step=check_step)
+    _assert_all_done(res.groups, reqs)
+
+
+@pytest.mark.parametrize("system", ["vllm", "orca_oracle", "fastertransformer"])
+def test_a_group_wider_than_max_num_seqs_is_rejected_not_stalled(system: str) -> None:
+    cfg = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=64)
+    sched = build_scheduler(system, 4096, config=cfg, block_size=4)
+    group = sched.add(Request(0, 0.0, 8, 6, SamplingParams(n=3)), 0.0)
+    assert group.reject_reason is not None and "max_num_seqs=2" in group.reject_reason
+    assert not sched.has_unfinished()
+
+
+def test_prefix_caching_on_a_contiguous_system_is_refused() -> None:
+    with pytest.raises(SystemConfigError, match="prefix caching"):
+        build_scheduler("orca_oracle", 4096, enable_prefix_caching=True)
 
 
 def test_bad_scheduler_config_errors():

@@ -1,0 +1,249 @@
+"""The step loop: what happens in one serving step, in order, written once for both bodies.
+
+A step at time ``now``:
+
+1. ``plan = scheduler.schedule(now)``; groups the scheduler aborted are recorded; a plan
+   that runs nothing but preempted something is rescheduled at once (everything running
+   was preempted; the freed memory re-admits work); an empty plan with work left is a
+   stall (:class:`StallError`); an empty plan with nothing left means *idle*;
+2. the memory breakdown and running count are taken (they describe the step);
+3. the body's :class:`Executor` runs or prices the plan and returns its outcome (the step's
+   duration and, in the engine, the sampled tokens);
+4. at the step's end, ``scheduler.update(plan, outcome, end)``, then the step and every
+   finished group are recorded.
+
+Requests enter through :meth:`StepLoop.add` (a rejected one is recorded at once). A body
+whose clock advances by a plain call runs a step with :meth:`StepLoop.step`, or a whole
+trace with :meth:`StepLoop.run` (arrivals chained as the simulator's arrival process
+reaches them, idle jumps to the next arrival). The simulator's clock advances by yielding
+to SimPy, so it calls :meth:`StepLoop.begin` (steps 1-3) and :meth:`StepLoop.finish`
+(step 4) around its timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from core.kv.base import MemoryBreakdown
+from core.metrics.recorder import Recorder
+from core.plan import BatchShape, StepOutcome, StepPlan
+from core.request import Request, SequenceGroup
+from core.sched.base import BaseScheduler
+
+
+class StallError(RuntimeError):
+    """The scheduler has unfinished work but scheduled nothing."""
+
+
+class Executor(Protocol):
+    """A body's way of running a plan."""
+
+    def execute(self, plan: StepPlan, shape: BatchShape, start: float) -> StepOutcome:
+        """Run (engine) or price (simulator) ``plan``, which starts at ``start``; the
+        outcome's ``duration_s`` is the step's length."""
+        ...
+
+    def at_end(self, plan: StepPlan, outcome: StepOutcome) -> None:
+        """Called when the step's end is reached, just before the scheduler sees
+        ``outcome``: for results a body decides only then (the simulator's stand-in beam
+        choices are drawn in order of step ends across replicas). Usually nothing."""
+        ...
+
+
+class Clock(Protocol):
+    """Where :meth:`StepLoop.run` gets the time from."""
+
+    def now(self) -> float:
+        """The current time."""
+        ...
+
+    def step_end(self, start: float, duration_s: float) -> float:
+        """The time a step that started at ``start`` and took ``duration_s`` ended."""
+        ...
+
+    def wait_until(self, t: float) -> None:
+        """Idle until ``t`` (the next arrival)."""
+        ...
+
+
+class VirtualClock:
+    """Advances by step durations and jumps to the next arrival when idle."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def step_end(self, start: float, duration_s: float) -> float:
+        self.t = start + duration_s
+        return self.t
+
+    def wait_until(self, t: float) -> None:
+        self.t = t
+
+
+class LoopObserver:
+    """Hooks for tests that look inside steps; every method does nothing by default."""
+
+    def before_schedule(self, scheduler: BaseScheduler) -> None:
+        """Before each ``schedule`` call (reschedules after a preemption included)."""
+
+    def after_schedule(self, plan: StepPlan) -> None:
+        """After each ``schedule`` call, before the plan runs."""
+
+    def after_step(self, plan: StepPlan, finished: list[SequenceGroup]) -> None:
+        """After a step's update and records."""
+
+
+@dataclass(slots=True)
+class PendingStep:
+    """A step between :meth:`StepLoop.begin` and :meth:`StepLoop.finish`."""
+
+    plan: StepPlan
+    shape: BatchShape
+    memory: MemoryBreakdown
+    running: int
+    start: float
+    outcome: StepOutcome
+
+    @property
+    def end(self) -> float:
+        """``start + duration``: where a clock that advances by durations lands."""
+        return self.start + self.outcome.duration_s
+
+
+class StepLoop:
+    """One scheduler, one executor, one recorder. ``on_done(k)`` is told whenever ``k``
+    requests are done (rejected, aborted or finished; progress bars). ``check_every > 0``
+    runs the scheduler's and manager's invariant checks every that many steps."""
+
+    def __init__(
+        self,
+        scheduler: BaseScheduler,
+        executor: Executor,
+        recorder: Recorder,
+        on_done: Callable[[int], object] | None = None,
+        check_every: int = 0,
+        observer: LoopObserver | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self.recorder = recorder
+        self.on_done = on_done
+        self.check_every = check_every
+        self.observer = observer
+        self.num_steps = 0
+        self.ended: list[SequenceGroup] = []  # done since the last begin()
+
+    def _done(self, groups: list[SequenceGroup]) -> None:
+        record = self.recorder.record_request
+        for group in groups:
+            record(group)
+        self.ended.extend(groups)
+        if self.on_done is not None:
+            self.on_done(len(groups))
+
+    def add(self, request: Request, now: float) -> SequenceGroup:
+        """Queue ``request`` at ``now``; a rejected one is recorded at once."""
+        group = self.scheduler.add(request, now)
+        if group.reject_reason is not None:
+            self._done([group])
+        return group
+
+    def begin(self, now: float) -> PendingStep | None:
+        """Steps 1-3 at ``now``; ``None`` when idle (nothing left to run). Clears
+        :attr:`ended`, which then collects the groups aborted or finished in this step."""
+        self.ended = []
+        sched = self.scheduler
+        observer = self.observer
+        while True:
+            if observer is not None:
+                observer.before_schedule(sched)
+            plan = sched.schedule(now)
+            if observer is not None:
+                observer.after_schedule(plan)
+            aborted = sched.pop_aborted()
+            if aborted:
+                self._done(aborted)
+            if not plan.is_empty:
+                break
+            if plan.preempted:
+                continue
+            if sched.has_unfinished():
+                raise StallError(
+                    f"scheduler {sched.name} has {len(sched.waiting)} waiting, "
+                    f"{len(sched.running)} running and {len(sched.swapped)} swapped "
+                    "requests but scheduled nothing"
+                )
+            return None
+        shape = plan.shape()
+        memory = sched.manager.breakdown()
+        running = len(sched.running)
+        outcome = self.executor.execute(plan, shape, now)
+        return PendingStep(plan, shape, memory, running, now, outcome)
+
+    def finish(self, pending: PendingStep, end: float) -> list[SequenceGroup]:
+        """Step 4 at the step's ``end``; returns the groups that finished."""
+        sched = self.scheduler
+        plan, outcome = pending.plan, pending.outcome
+        self.executor.at_end(plan, outcome)
+        step = sched.step_index
+        finished = sched.update(plan, outcome, end)
+        self.recorder.record_step(
+            step, pending.start, outcome.duration_s, plan, pending.shape, pending.memory,
+            pending.running,
+        )  # fmt: skip
+        if finished:
+            self._done(finished)
+        self.num_steps += 1
+        if self.check_every and self.num_steps % self.check_every == 0:
+            sched.check_integrity()
+        if self.observer is not None:
+            self.observer.after_step(plan, finished)
+        return finished
+
+    def step(self, clock: Clock) -> PendingStep | None:
+        """One whole step at ``clock.now()``; ``None`` when idle."""
+        pending = self.begin(clock.now())
+        if pending is not None:
+            self.finish(pending, clock.step_end(pending.start, pending.outcome.duration_s))
+        return pending
+
+    def run(
+        self,
+        requests: Sequence[Request],
+        clock: Clock,
+        add: Callable[[Request, float], object] | None = None,
+    ) -> None:
+        """Serve ``requests`` (sorted by arrival, then id) to completion: before each step
+        every request that has arrived by then is added (by ``add``, default
+        :meth:`add`); when idle, the clock waits for the next arrival."""
+        add = self.add if add is None else add
+        ordered = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
+        arrivals = chained_arrivals([r.arrival_time for r in ordered])
+        i, n = 0, len(ordered)
+        while True:
+            now = clock.now()
+            while i < n and arrivals[i] <= now:
+                add(ordered[i], arrivals[i])
+                i += 1
+            if self.step(clock) is None:
+                if i == n:
+                    return
+                clock.wait_until(arrivals[i])
+
+
+def chained_arrivals(times: list[float]) -> list[float]:
+    """Arrival instants as the simulator's arrival process reaches them: from ``t``, a
+    timeout of ``a - t`` lands at ``t + (a - t)``, which can differ from ``a`` by an ulp."""
+    out: list[float] = []
+    t = 0.0
+    for a in times:
+        delay = a - t
+        if delay > 0:
+            t = t + delay
+        out.append(t)
+    return out
