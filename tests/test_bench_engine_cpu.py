@@ -25,6 +25,7 @@ COLUMNS = {
 }
 
 
+@pytest.mark.slow
 def test_quick_run_writes_rows_ratios_and_metadata(tmp_path: Path, capsys) -> None:
     threads = torch.get_num_threads()
     assert main(["--quick", "--out", str(tmp_path)]) == 0

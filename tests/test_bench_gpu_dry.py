@@ -6,6 +6,8 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from experiments.bench.kernels_gpu import SECTIONS, main
 
 COLUMNS = {
@@ -35,6 +37,7 @@ COLUMNS = {
 }
 
 
+@pytest.mark.slow
 def test_dry_run_writes_every_section(tmp_path: Path, capsys) -> None:
     assert main(["--out", str(tmp_path), "--dry"]) == 0
     results = json.loads((tmp_path / "results.json").read_text())

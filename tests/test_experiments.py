@@ -12,7 +12,8 @@ import pytest
 
 from core.request import RequestError
 from core.systems import SystemConfigError
-from experiments.reproduce import compose_config
+from experiments.report.paper import FIG13_BATCH, SYSTEM_LABELS
+from experiments.reproduce import FIG2_SYSTEMS, compose_config
 from experiments.simulate import run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,6 +60,7 @@ def test_bad_inputs_name_the_problem():
         run(compose_config([*SMALL, "kv_cache_gb=0.01"]))
 
 
+@pytest.mark.slow
 def test_hydra_sweep_writes_summary(tmp_path):
     sweep = tmp_path / "sweep"
     cmd = [
@@ -81,6 +83,7 @@ def test_azure_trace_runs():
     assert m["completed"] + m["rejected"] == 150
 
 
+@pytest.mark.slow
 def test_reproduce_writes_figures_and_report(tmp_path):
     from experiments.reproduce import main
 
@@ -90,4 +93,26 @@ def test_reproduce_writes_figures_and_report(tmp_path):
                  "vllm_overhead_sensitivity.csv"):  # fmt: skip
         assert (tmp_path / name).exists(), name
     report = (tmp_path / "report.md").read_text()
-    assert "Fig. 2" in report and "30.42" in report  # the paper's number beside kvlab's
+    assert "Fig. 2" in report
+    # Each Fig. 13 row: kvlab's mean batch from its run, the paper's, and their ratio.
+    rows = _md_table_rows(report, "## Fig. 13")
+    assert [r[0] for r in rows] == [SYSTEM_LABELS[s] for s in FIG2_SYSTEMS]
+    csv = pd.read_csv(tmp_path / "fig13_batch.csv").set_index("system")
+    for system, row in zip(FIG2_SYSTEMS, rows, strict=True):
+        metrics = json.loads((tmp_path / "runs" / f"fig2_{system}" / "metrics.json").read_text())
+        kvlab, paper = metrics["mean_batch_size"], FIG13_BATCH[system]
+        assert kvlab > 0
+        assert row[1:] == [f"{kvlab:.2f}", f"{paper:.2f}", f"{kvlab / paper:.2f}"], system
+        assert csv.loc[system, "kvlab_mean_batch"] == pytest.approx(kvlab)
+
+
+def _md_table_rows(text: str, heading: str) -> list[list[str]]:
+    """The cells of the first markdown table after ``heading`` (header row excluded)."""
+    lines = text[text.index(heading) :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        table.append([cell.strip() for cell in line.strip("|").split("|")])
+    return table

@@ -12,6 +12,8 @@ import torch
 
 from experiments.bench.engine_gpu import SUMMARY_KEYS, SYSTEMS, main, make_plan, run_specs
 
+pytestmark = pytest.mark.slow  # every test here shares one ~1-minute dry run
+
 
 @pytest.fixture(scope="module")
 def dry_out(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -224,6 +224,7 @@ def test_triton_backend_matches_torch_backend_with_padding() -> None:
     torch.testing.assert_close(caches["triton"][1], caches["torch"][1], rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_hopper(tmp_path: Path) -> None:
     """The interpreter is lenient; lower every kernel to an sm_90 cubin in a fresh process."""
     if "nvidia" not in triton.backends.backends:

@@ -53,6 +53,7 @@ def test_every_figure_has_a_notebook():
     assert {p.stem for p in NOTEBOOKS} >= EXPECTED
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_writes_its_figure(
     path: Path, results: Path, monkeypatch: pytest.MonkeyPatch

@@ -2,7 +2,8 @@
 
 Each case simulates a short trace on a small KV cache (so that preemption, swapping, forking,
 beam reselection, chunked prefill and prefix caching all happen) and digests the step and
-request tables and the metrics. ``GOLDEN`` holds the digests the straightforward
+request tables and the metrics, and checks from the step table that each feature the case
+is there for really fired. ``GOLDEN`` holds the digests the straightforward
 (pre-optimization) code produced; the batched decode path and its per-group fallback must
 both reproduce them, and every run must keep the scheduler and KV invariants.
 """
@@ -13,6 +14,7 @@ import hashlib
 import json
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from core.kv.contiguous import ContiguousKVCacheManager
@@ -67,8 +69,10 @@ GOLDEN: dict[str, str] = {  # from the reference code, before the speed work
 }
 
 
-def run_case(name: str, batched: bool = True, check_every: int = 0) -> tuple[str, dict[str, Any]]:
-    """Simulate one case; returns (digest of steps, requests and metrics, metrics).
+def run_case(
+    name: str, batched: bool = True, check_every: int = 0
+) -> tuple[str, dict[str, Any], pd.DataFrame]:
+    """Simulate one case; returns (digest of steps, requests and metrics, metrics, steps).
     ``batched=False`` makes the schedulers reserve decode slots group by group."""
     system, sched_over, wl_over, slots = CASES[name]
     wl = {"kind": "synthetic", "dataset": "sharegpt", "rate": 4.0, "duration_s": 30.0}
@@ -101,14 +105,55 @@ def run_case(name: str, batched: bool = True, check_every: int = 0) -> tuple[str
     h.update(steps.to_csv(index=False).encode())
     h.update(req.to_csv(index=False).encode())
     h.update(json.dumps(metrics, sort_keys=True, default=str).encode())
-    return h.hexdigest()[:16], metrics
+    return h.hexdigest()[:16], metrics, steps
+
+
+def _mixed_steps(steps: pd.DataFrame) -> pd.Series:
+    return (steps["prefill_seqs"] > 0) & (steps["decode_seqs"] > 0)
+
+
+def _assert_features_fired(name: str, steps: pd.DataFrame, m: dict[str, Any]) -> None:
+    """What each case is there to exercise really happened (not only its digest)."""
+    swap_out, swap_in = steps["swap_out_blocks"], steps["swap_in_blocks"]
+    forked = (steps["decode_seqs"] > steps["batch_requests"]).any()  # >1 sequence a group
+    if name.startswith("vllm"):
+        assert m["num_preemptions"] > 0 or name == "vllm_prefix"
+        assert steps["kv_reserved"].sum() == 0  # paging reserves nothing ahead
+    else:
+        assert m["num_preemptions"] == 0 and steps["kv_reserved"].sum() > 0
+    if name != "vllm_chunked":  # prompts run whole; only prefix hits start a chunk later
+        assert (steps["prefill_kv_read_tokens"] > 0).any() == (name == "vllm_prefix")
+    if name in ("vllm", "vllm_chunked", "vllm_3_replicas"):
+        assert swap_out.sum() == 0  # recompute
+    if name in ("vllm_swap", "vllm_n2", "vllm_n2_small_cpu", "vllm_beam2"):
+        assert swap_out.sum() > 0 and swap_in.sum() == swap_out.sum()
+    if name == "vllm_n2_small_cpu":  # the 32-block CPU pool fills; then recompute instead
+        swapped_now = (swap_out - swap_in).cumsum()
+        assert swapped_now.max() == 512 // 16
+        assert ((steps["num_preempted"] > 0) & (swap_out == 0)).any()
+    if name in ("vllm_n2", "vllm_n2_small_cpu", "vllm_beam2", "orca_pow2"):
+        assert forked and steps["copy_blocks"].sum() > 0  # samples/beams fork, copy on write
+    else:
+        assert not forked
+    if name == "vllm_chunked":
+        assert _mixed_steps(steps).any() and (steps["prefill_kv_read_tokens"] > 0).any()
+        assert (steps["prefill_tokens"] + steps["decode_seqs"] <= 512).all()
+    if name.startswith("orca"):
+        assert _mixed_steps(steps).any()  # iteration-level: joins a running batch
+    elif name != "vllm_chunked":  # vLLM v0.1 and request-level never mix prompts in
+        assert not _mixed_steps(steps).any()
+    if name == "orca_oracle":
+        assert steps["kv_allocator_padding"].sum() > 0  # buddy rounding of exact reservations
+    if name == "vllm_3_replicas":
+        assert m["busy_time_s"] > 2 * m["duration_s"]  # three replicas busy at once
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "group_by_group"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_results_match_the_reference_code(name: str, batched: bool) -> None:
-    digest, metrics = run_case(name, batched, check_every=7)
+    digest, metrics, steps = run_case(name, batched, check_every=7)
     assert metrics["completed"] + metrics["rejected"] == metrics["num_requests"]
+    _assert_features_fired(name, steps, metrics)
     assert digest == GOLDEN[name]
 
 
@@ -169,5 +214,5 @@ def test_contiguous_append_all_is_all_or_nothing() -> None:
 
 if __name__ == "__main__":
     for case in sorted(CASES):
-        d, m = run_case(case)
+        d, m, _ = run_case(case)
         print(f'    "{case}": "{d}",  # {m["num_steps"]} steps, {m["num_preemptions"]} preempt')

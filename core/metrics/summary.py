@@ -2,7 +2,11 @@
 
 Key names follow ``vllm bench serve``: ``request_throughput`` (req/s),
 ``output_throughput`` (tok/s), ``mean_/median_/p99_{ttft,tpot,itl,e2el}_ms``, plus
-``goodput`` (req/s meeting every given SLO). kvlab adds:
+``goodput`` (req/s meeting every given SLO; a request with one output token has no TPOT to
+miss). kvlab adds:
+
+- ``slo_attainment``: the fraction of all requests meeting every given SLO (a rejected
+  request misses them);
 
 - ``normalized_latency``: the vLLM paper's metric (§6.1), mean over finished requests of
   end-to-end latency / output length, in s/token;
@@ -101,7 +105,8 @@ def summarize(
                 raise ValueError(f"unknown SLO {key!r}; use ttft, tpot or e2el")
             ok &= (done[col].fillna(0.0).to_numpy() * 1000.0) <= limit
         out["goodput"] = float(ok.sum() / duration) if duration > 0 else math.nan
-        out["slo_attainment"] = float(ok.mean()) if len(done) else math.nan
+        # A rejected request missed its SLOs: attainment is over every request.
+        out["slo_attainment"] = float(ok.sum() / len(requests)) if len(requests) else math.nan
     out.update(_batch_stats(steps))
     out.update(memory_shares(steps))
     return out

@@ -1,0 +1,165 @@
+"""The recorder and the summary metrics against hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from core.metrics.recorder import REQUEST_COLUMNS, STEP_COLUMNS
+from core.metrics.summary import memory_shares, summarize
+from core.request import Request, SamplingParams
+from core.sched.base import SchedulerConfig
+from core.systems import build_scheduler
+from tests.sched_harness import run_loop
+
+
+def _requests() -> pd.DataFrame:
+    """Three finished requests and one rejected; times in seconds."""
+    rows = [  # id, arrival, prompt, output, n, ttft, e2el, tpot, finish
+        (0, 0.0, 10, 5, 1, 0.1, 0.5, 0.1, 0.5),
+        (1, 0.2, 20, 1, 2, 0.3, 0.3, None, 0.5),
+        (2, 0.4, 30, 11, 1, 0.2, 1.6, 0.14, 2.0),
+    ]
+    records = [
+        {"request_id": i, "arrival_s": a, "prompt_len": p, "output_len": o, "num_seqs": n,
+         "first_scheduled_s": a, "first_token_s": a + t, "finish_s": f, "first_token_step": 0,
+         "finish_step": 1, "num_preemptions": 1 if i == 2 else 0, "ttft_s": t, "e2el_s": e,
+         "tpot_s": tp, "status": "finished", "reject_reason": ""}
+        for i, a, p, o, n, t, e, tp, f in rows
+    ]  # fmt: skip
+    records.append(
+        {"request_id": 3, "arrival_s": 1.0, "prompt_len": 99, "output_len": 9, "num_seqs": 1,
+         "num_preemptions": 0, "status": "rejected", "reject_reason": "too long"}
+    )  # fmt: skip
+    return pd.DataFrame.from_records(records, columns=list(REQUEST_COLUMNS))
+
+
+def _steps() -> pd.DataFrame:
+    """Two steps over a 100-slot cache: 0.1 s with one request waiting, then 0.3 s."""
+    base = dict.fromkeys(STEP_COLUMNS, 0)
+    rows = [
+        base | {"step": 0, "duration_s": 0.1, "running_requests": 2, "batch_requests": 2,
+                "num_waiting": 1, "kv_token_states": 10, "kv_reserved": 20,
+                "kv_internal_frag": 5, "kv_allocator_padding": 5, "kv_free": 60},
+        base | {"step": 1, "start_s": 0.1, "duration_s": 0.3, "running_requests": 4,
+                "batch_requests": 1, "num_waiting": 0, "kv_token_states": 40,
+                "kv_internal_frag": 10, "kv_free": 50},
+    ]  # fmt: skip
+    return pd.DataFrame.from_records(rows, columns=list(STEP_COLUMNS))
+
+
+def test_counts_throughputs_and_latency_statistics() -> None:
+    m = summarize(_requests(), _steps(), np.array([0.01, 0.03]))
+    assert (m["num_requests"], m["completed"], m["rejected"]) == (4, 3, 1)
+    assert m["duration_s"] == pytest.approx(2.0)  # first arrival to last finish
+    assert m["request_throughput"] == pytest.approx(1.5)
+    assert m["total_input_tokens"] == 60
+    assert m["total_output_tokens"] == 5 + 2 * 1 + 11  # every sample's tokens
+    assert m["output_throughput"] == pytest.approx(9.0)
+    # ttft [100, 300, 200] ms; numpy's linear p99 of three: 200 + 0.98 * 100.
+    assert (m["mean_ttft_ms"], m["median_ttft_ms"]) == pytest.approx((200.0, 200.0))
+    assert m["p99_ttft_ms"] == pytest.approx(298.0)
+    # tpot only where there is a second token: [100, 140] ms.
+    assert (m["mean_tpot_ms"], m["median_tpot_ms"]) == pytest.approx((120.0, 120.0))
+    assert m["p99_tpot_ms"] == pytest.approx(139.6)
+    assert (m["mean_e2el_ms"], m["median_e2el_ms"]) == pytest.approx((800.0, 500.0))
+    assert m["p99_e2el_ms"] == pytest.approx(500.0 + 0.98 * 1100.0)
+    assert (m["mean_itl_ms"], m["median_itl_ms"]) == pytest.approx((20.0, 20.0))
+    assert m["p99_itl_ms"] == pytest.approx(29.8)
+    assert m["normalized_latency"] == pytest.approx((0.5 / 5 + 0.3 / 1 + 1.6 / 11) / 3)
+    assert m["num_preemptions"] == 1
+    assert "goodput" not in m and "slo_attainment" not in m
+
+
+def test_both_batch_metrics_and_busy_time() -> None:
+    m = summarize(_requests(), _steps())
+    assert m["num_steps"] == 2
+    assert m["busy_time_s"] == pytest.approx(0.4)
+    # Time-weighted requests holding KV: (0.1 * 2 + 0.3 * 4) / 0.4.
+    assert m["mean_batch_size"] == pytest.approx(3.5)
+    # Plain per-step mean of requests computed in the step: (2 + 1) / 2.
+    assert m["mean_step_batch"] == pytest.approx(1.5)
+
+
+def test_time_weighted_kv_shares() -> None:
+    shares = memory_shares(_steps())
+    # Free slots count as external fragmentation while a request waits (step 0 only).
+    expected = {
+        "kv_token_states_pct": (0.1 * 10 + 0.3 * 40) / 0.4,
+        "kv_reserved_pct": 0.1 * 20 / 0.4,
+        "kv_internal_frag_pct": (0.1 * 5 + 0.3 * 10) / 0.4,
+        "kv_external_frag_pct": 0.1 * (5 + 60) / 0.4,
+        "kv_free_pct": 0.3 * 50 / 0.4,
+    }
+    assert shares == pytest.approx(expected)
+    assert sum(shares.values()) == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize(
+    ("slo", "meeting"),
+    [
+        ({"ttft": 250, "e2el": 1000}, 1),  # 1 misses ttft, 2 misses e2el
+        ({"tpot": 120}, 2),  # 1 has no second token, so no TPOT to miss
+        ({"ttft": 1e9}, 3),
+    ],
+)
+def test_goodput_and_slo_attainment(slo: dict[str, float], meeting: int) -> None:
+    m = summarize(_requests(), _steps(), slo_ms=slo)
+    assert m["goodput"] == pytest.approx(meeting / 2.0)
+    # A rejected request missed every SLO: attainment is over all four requests.
+    assert m["slo_attainment"] == pytest.approx(meeting / 4)
+
+
+def test_unknown_slo_key_is_named() -> None:
+    with pytest.raises(ValueError, match="unknown SLO 'latency'"):
+        summarize(_requests(), _steps(), slo_ms={"latency": 1.0})
+
+
+def test_nothing_finished_and_no_steps_give_nan_not_errors() -> None:
+    requests = _requests().iloc[3:]
+    m = summarize(requests, _steps().iloc[:0], slo_ms={"ttft": 1.0})
+    assert (m["completed"], m["rejected"], m["duration_s"]) == (0, 1, 0.0)
+    for key in ("request_throughput", "mean_ttft_ms", "normalized_latency", "goodput",
+                "mean_batch_size", "kv_free_pct"):  # fmt: skip
+        assert math.isnan(m[key]), key
+    assert m["slo_attainment"] == 0.0
+
+
+def test_recorder_rows_from_a_run_with_fixed_steps() -> None:
+    # Steps of 10 ms. Request 0 (2 samples, 3 tokens): prefill ends at 0.01 with the first
+    # token, decodes end at 0.02 and 0.03. Request 1 arrives at 0.015 and joins (Orca's
+    # iteration-level batching) at 0.02. Request 2 is too long.
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
+    sched = build_scheduler("orca_oracle", 512, config=cfg, block_size=4)
+    reqs = [
+        Request(0, 0.0, 4, 3, SamplingParams(n=2)),
+        Request(1, 0.015, 6, 1),
+        Request(2, 0.0, 60, 10),
+    ]
+    rec = run_loop(sched, reqs, step_s=0.01).recorder
+    req = rec.requests_frame().set_index("request_id")
+    assert list(req["status"]) == ["finished", "finished", "rejected"]
+    assert "max_model_len=64" in req.loc[2, "reject_reason"]
+    r0, r1 = req.loc[0], req.loc[1]
+    assert (r0["first_token_s"], r0["finish_s"]) == pytest.approx((0.01, 0.03))
+    assert (r0["ttft_s"], r0["e2el_s"], r0["tpot_s"]) == pytest.approx((0.01, 0.03, 0.01))
+    assert (r0["first_token_step"], r0["finish_step"], r0["num_seqs"]) == (0, 2, 2)
+    assert r1["first_scheduled_s"] == pytest.approx(0.02)
+    assert (r1["ttft_s"], r1["e2el_s"]) == pytest.approx((0.015, 0.015))
+    assert pd.isna(r1["tpot_s"])  # one token: no time per output token
+    steps = rec.steps_frame()
+    assert list(steps["step"]) == [0, 1, 2]
+    assert list(steps["start_s"]) == pytest.approx([0.0, 0.01, 0.02])
+    # Step 2 decodes request 0's two samples and prefills request 1: two requests.
+    assert list(steps["decode_seqs"]) == [0, 2, 2]
+    assert list(steps["batch_requests"]) == [1, 1, 2]
+    assert list(steps["prefill_tokens"]) == [4, 0, 6]
+    # Token-state slots during each step (after its allocations, so with the token the step
+    # computes): the prompt; then each sample in its own contiguous region (the fork copied
+    # the prompt: one copy) with its first token; then one more token each, and request 1.
+    assert list(steps["copy_blocks"]) == [0, 1, 0]
+    assert list(steps["kv_token_states"]) == [4, 2 * (4 + 1), 2 * (4 + 2) + 6]
+    assert rec.inter_token_latencies() == pytest.approx([0.01, 0.01])
