@@ -30,11 +30,11 @@ from tqdm import tqdm
 
 from core.loop import Clock, StallError, StepLoop, VirtualClock
 from core.metrics.recorder import Recorder
+from core.model_spec import ModelSpec
 from core.plan import BatchShape, StepOutcome, StepPlan
 from core.request import Request, SequenceGroup
 from core.sched.base import BaseScheduler, SchedulerConfig
 from core.systems import build_scheduler
-from engine.config import ModelConfig
 from engine.kv_cache import PagedKVCache, resolve_kv_budget
 from engine.models import build_model
 from engine.runner import ModelRunner, sampling_seqs
@@ -77,7 +77,7 @@ class LLMEngine:
 
     def __init__(
         self,
-        model_config: ModelConfig,
+        model_config: ModelSpec,
         system: str = "vllm",
         kv_budget_bytes: int | None = None,
         num_blocks: int | None = None,
@@ -97,7 +97,7 @@ class LLMEngine:
         if num_blocks is None:
             budget = resolve_kv_budget(device, budget_bytes=kv_budget_bytes)
             num_blocks = PagedKVCache.num_blocks_for_budget(model_config, budget, block_size, dtype)
-        max_len = model_config.max_position_embeddings
+        max_len = model_config.max_model_len
         if sched_config is None:
             sched_config = SchedulerConfig(
                 max_model_len=max_len, max_num_batched_tokens=max(2560, max_len)
@@ -105,7 +105,7 @@ class LLMEngine:
         if sched_config.max_model_len > max_len:
             raise EngineError(
                 f"max_model_len={sched_config.max_model_len} exceeds the model's "
-                f"max_position_embeddings={max_len}"
+                f"maximum context ({max_len})"
             )
         self.model_config = model_config
         self.system = system

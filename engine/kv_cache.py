@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.config import ModelConfig
+from core.model_spec import ModelSpec, kv_bytes_per_token
 from kernels.block_ops import copy_blocks as triton_copy_blocks
 from kernels.block_ops import gather_blocks, scatter_blocks
 
@@ -26,10 +26,9 @@ class KVBudgetError(ValueError):
     """A KV-cache budget that cannot be resolved or holds no block."""
 
 
-def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+def bytes_per_block(config: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
     """Device bytes of one block: K and V of ``block_size`` tokens in every layer."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+    return block_size * kv_bytes_per_token(config, torch.empty((), dtype=dtype).element_size())
 
 
 def resolve_kv_budget(
@@ -73,7 +72,7 @@ class PagedKVCache:
 
     def __init__(
         self,
-        config: ModelConfig,
+        config: ModelSpec,
         num_blocks: int,
         block_size: int,
         dtype: torch.dtype = torch.float32,
@@ -106,7 +105,7 @@ class PagedKVCache:
 
     @staticmethod
     def num_blocks_for_budget(
-        config: ModelConfig, budget_bytes: int, block_size: int, dtype: torch.dtype
+        config: ModelSpec, budget_bytes: int, block_size: int, dtype: torch.dtype
     ) -> int:
         """Most whole blocks whose K/V tensors fit in ``budget_bytes`` (raises if none)."""
         per_block = bytes_per_block(config, block_size, dtype)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
+from core.model_spec import ModelSpec
 from engine.models.llama import RMSNorm
 
 DEFAULT_STD = 0.02
@@ -72,8 +72,8 @@ def load_checkpoint(model: nn.Module, path: str | Path) -> None:
     if path.is_dir():
         config_file = path / "config.json"
         model_config = getattr(model, "config", None)
-        if config_file.is_file() and isinstance(model_config, ModelConfig):
-            _check_same_config(ModelConfig.from_json(config_file), model_config)
+        if config_file.is_file() and isinstance(model_config, ModelSpec):
+            _check_same_config(ModelSpec.from_json(config_file), model_config)
         files = _weight_files(path)
     else:
         files = [path]
@@ -158,11 +158,11 @@ def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             yield from state.items()
 
 
-def _check_same_config(checkpoint: ModelConfig, model: ModelConfig) -> None:
+def _check_same_config(checkpoint: ModelSpec, model: ModelSpec) -> None:
     diffs = [
         f"{field}: checkpoint {getattr(checkpoint, field)!r}, model {getattr(model, field)!r}"
         for field in model.__dataclass_fields__
-        if getattr(checkpoint, field) != getattr(model, field)
+        if field not in ("name", "hf_id") and getattr(checkpoint, field) != getattr(model, field)
     ]
     if diffs:
         raise ValueError(

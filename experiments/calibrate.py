@@ -24,6 +24,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from experiments.lib.results import write_json
+from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -58,7 +59,7 @@ def calibrate(run_dir: Path) -> CalibratedCostModel:
         raise ValueError(f"{run_dir}/config.yaml names no hardware (hardware.name)")
     return CalibratedCostModel.fit(
         pd.read_csv(steps_path),
-        cfg["model"]["name"],
+        model_from_config(cfg["model"]),
         hardware,
         tp=int(cfg["model"].get("tp", 1)),
         dtype_bytes=dtype_bytes(cfg),

@@ -29,12 +29,12 @@ from omegaconf import DictConfig
 
 from core.metrics.summary import summarize
 from core.workload.spec import build_workload
-from engine.config import ModelConfig
+from engine.config import check_engine_support
 from engine.engine import LLMEngine
 from engine.kv_cache import GIB, bytes_per_block, resolve_kv_budget
 from experiments.lib.results import summary_line, write_run
 from experiments.lib.setup import as_dict, scheduler_config
-from sim.catalog import get_model
+from sim.catalog import model_from_config
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +49,12 @@ def _dtype(name: str) -> torch.dtype:
 
 def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
     """The configured engine and its max_model_len."""
-    spec = get_model(c["model"]["name"])
+    spec = model_from_config(c["model"])
     if int(c["model"].get("tp", 1)) != 1:
         raise ValueError(f"the engine runs on one device; model.tp must be 1, not {c['model']}")
     system = c["system"]
     max_model_len = int(system.get("max_model_len") or spec.max_model_len)
-    model_config = ModelConfig.from_hf_dict(spec.to_hf_config())
+    model_config = check_engine_support(spec)
     dtype, device = _dtype(str(c.get("dtype", "float32"))), str(c.get("device", "cpu"))
     block_size = int(system.get("block_size", 16))
     budget = resolve_kv_budget(

@@ -37,7 +37,7 @@ from core.workload.spec import build_workload
 from experiments.calibrate import read_run_config
 from experiments.lib.results import write_json
 from experiments.lib.setup import scheduler_config
-from sim.catalog import get_model
+from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel, CostModel, RecordedCostModel
 from sim.driver import simulate
 
@@ -56,7 +56,7 @@ def run_requests(cfg: Mapping[str, Any], run_dir: Path) -> tuple[list[Request], 
     """The run's requests as the engine received them, and the scheduler's max_model_len.
     A trace file that is no longer at its recorded path is looked for, by name, beside the
     run directory (results copied from another machine)."""
-    spec = get_model(cfg["model"]["name"])
+    spec = model_from_config(cfg["model"])
     max_model_len = int(cfg["system"].get("max_model_len") or spec.max_model_len)
     workload = {"vocab_size": spec.vocab_size, **cfg["workload"]}
     path = workload.get("path")

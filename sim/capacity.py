@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.catalog import GIB, GPUSpec, ModelSpec, get_gpu, get_model
+from core.model_spec import ModelSpec, kv_bytes_per_token
+from sim.catalog import GIB, GPUSpec, get_gpu, get_model
 
 LOGITS_BYTES = 4  # samplers upcast logits to fp32
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs (PAPER.md, §"vLLM design facts")
@@ -111,7 +112,8 @@ def kv_capacity(
     model, gpu = get_model(model), get_gpu(gpu)
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    per_token = 2 * model.num_layers * kv_heads_per_gpu(model, tp) * model.head_dim * dtype_bytes
+    check_tp(model, tp)
+    per_token = kv_bytes_per_token(model, dtype_bytes, tp)
     weights = -(-model.num_params() * dtype_bytes // tp)
     acts = activation_bytes(model, tp, max_num_batched_tokens, max_num_seqs, dtype_bytes)
     usable = int(gpu_memory_utilization * gpu.memory_bytes)

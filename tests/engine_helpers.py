@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from core.model_spec import ModelSpec
 from core.request import Request, SamplingParams
 from core.sched.base import SchedulerConfig
 from engine.attention.metadata import AttentionMetadata
-from engine.config import ModelConfig
 from engine.engine import LLMEngine
 from engine.models import CausalLM
 from engine.weights import init_dummy_weights
@@ -31,8 +31,8 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def tiny_config(name: str = "tiny-opt") -> ModelConfig:
-    return ModelConfig.from_hf_dict(get_model(name).to_hf_config())
+def tiny_config(name: str = "tiny-opt") -> ModelSpec:
+    return get_model(name)
 
 
 def make_engine(

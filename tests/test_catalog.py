@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from sim.capacity import format_table1, kv_capacity, kv_heads_per_gpu, table1
-from sim.catalog import GIB, GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model
+from sim.catalog import GIB, MODELS, GPUSpec, ModelSpec, get_gpu, get_model, gpus
 
 # Published sizes: OPT paper (Zhang et al. 2022) and LLaMA paper (Touvron et al. 2023) model
 # names, with the exact counts of the released checkpoints.
@@ -49,7 +49,8 @@ def test_unknown_names_list_the_valid_ones() -> None:
 
 
 def test_gpu_catalog_uses_datasheet_numbers() -> None:
-    assert set(GPUS) == {"a100-40gb", "a100-80gb", "h100", "h200"}
+    assert {"a100-40gb", "a100-80gb", "h100", "h200", "l40s", "rtx4090"} <= set(gpus())
+    assert {"rtx-pro-6000-server", "rtx-pro-6000-workstation"} <= set(gpus())
     assert get_gpu("a100-40gb").mem_bandwidth == 1555e9
     assert get_gpu("a100-80gb").mem_bandwidth == 2039e9
     assert get_gpu("h100").peak_flops == get_gpu("h200").peak_flops == 989e12
@@ -66,6 +67,8 @@ def test_invalid_shapes_are_rejected() -> None:
         dataclasses.replace(base, family="gpt2")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="peak_flops"):
         GPUSpec("bad", 1, 1.0, 0.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="peer_link"):
+        GPUSpec("bad", 1, 1.0, 1.0, 1.0, 1.0, peer_link="infiniband")
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -104,13 +107,13 @@ def test_from_hf_config_reads_opt_and_llama_dicts() -> None:
         name="llama-3-8b",
     )
     assert llama == MODELS["llama-3-8b"]
-    assert llama.extra["rope_theta"] == 500000.0
+    assert llama.rope_theta == 500000.0
 
 
 def test_from_hf_config_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
         ModelSpec.from_hf_config({"model_type": "gpt2"})
-    with pytest.raises(ValueError, match="lacks key 'ffn_dim'"):
+    with pytest.raises(ValueError, match="lacks required key 'ffn_dim'"):
         ModelSpec.from_hf_config(
             {
                 "model_type": "opt",

@@ -103,11 +103,11 @@ def test_tensor_parallel_halves_weight_time_and_adds_allreduce() -> None:
     t1, t2 = one.step_time(shape), two.step_time(shape)
     assert t1 / 2 < t2 < t1
     m, g = get_model("opt-13b"), get_gpu("a100-40gb")
-    no_link_cost = dataclasses.replace(g, nvlink_bandwidth=1e30)
+    no_link_cost = dataclasses.replace(g, peer_link_bandwidth=1e30)
     t2_compute = RooflineCostModel("opt-13b", no_link_cost, tp=2).step_time(shape)
     assert t2_compute == pytest.approx(t1 / 2, rel=1e-3)  # weights dominate, split in two
     # Ring all-reduce, 2 per layer: 2 (tp-1)/tp × (1 token × hidden × 2 B) / NVLink.
-    allreduce = 2 * m.num_layers * (2 * 1 / 2) * m.hidden_size * 2 / g.nvlink_bandwidth
+    allreduce = 2 * m.num_layers * (2 * 1 / 2) * m.hidden_size * 2 / g.peer_link_bandwidth
     assert t2 - t2_compute == pytest.approx(allreduce, rel=1e-6)
     slow = Efficiency().with_values({"allreduce_latency_s": "test"}, allreduce_latency_s=1e-5)
     t2_lat = RooflineCostModel("opt-13b", "a100-40gb", tp=2, efficiency=slow).step_time(shape)
@@ -120,7 +120,7 @@ def test_swaps_and_copies_cost_block_transfers(opt13b: RooflineCostModel) -> Non
     base = decode(8, 256)
     swapped = dataclasses.replace(base, swap_in_blocks=3, swap_out_blocks=2)
     extra = opt13b.step_time(swapped) - opt13b.step_time(base)
-    assert extra == pytest.approx(5 * block_bytes / g.pcie_bandwidth, rel=1e-9)
+    assert extra == pytest.approx(5 * block_bytes / g.host_link_bandwidth, rel=1e-9)
     copied = dataclasses.replace(base, copy_blocks=4)
     extra = opt13b.step_time(copied) - opt13b.step_time(base)
     assert extra == pytest.approx(4 * 2 * block_bytes / (g.mem_bandwidth * 0.9), rel=1e-9)

@@ -13,8 +13,9 @@ import pytest
 import torch
 import transformers
 
+from core.model_spec import ModelSpec
 from engine.attention.metadata import AttentionMetadata
-from engine.config import ModelConfig
+from engine.config import spec_from_hf_dict
 from engine.models import CausalLM, build_model
 from engine.weights import init_dummy_weights, load_checkpoint, load_weights
 
@@ -49,7 +50,7 @@ def _hf_model(kind: str) -> transformers.PreTrainedModel:
 
 
 def _kvlab_from_hf(hf: transformers.PreTrainedModel) -> CausalLM:
-    model = build_model(ModelConfig.from_hf_dict(hf.config.to_dict()), "torch")
+    model = build_model(spec_from_hf_dict(hf.config.to_dict()), "torch")
     load_weights(model, hf.state_dict().items())
     return model
 
@@ -63,7 +64,7 @@ class PagedCache:
     """Per-layer NaN-filled KV caches plus each sequence's random, non-contiguous blocks.
     NaN makes any read of a slot that was never written poison the output."""
 
-    def __init__(self, config: ModelConfig, seed: int) -> None:
+    def __init__(self, config: ModelSpec, seed: int) -> None:
         shape = (NUM_BLOCKS, BLOCK_SIZE, config.num_kv_heads, config.head_dim)
         self.kv = [
             (torch.full(shape, float("nan")), torch.full(shape, float("nan")))
@@ -174,7 +175,7 @@ def test_load_checkpoint_gives_hf_logits(kind: str, fmt: str, tmp_path: Path) ->
     else:
         hf.config.to_json_file(tmp_path / "config.json")
         torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
-    model = build_model(ModelConfig.from_json(tmp_path), "torch")
+    model = build_model(ModelSpec.from_json(tmp_path), "torch")
     load_checkpoint(model, tmp_path)
     prompt = _prompt(9, seed=11)
     (logits,) = PagedCache(model.config, seed=12).step(model, [(0, prompt)])
@@ -191,7 +192,7 @@ def test_tied_lm_head_is_the_embedding() -> None:
 def test_load_weights_names_bad_keys() -> None:
     hf = _hf_model("llama")
     state = dict(hf.state_dict())
-    model = build_model(ModelConfig.from_hf_dict(hf.config.to_dict()), "torch")
+    model = build_model(spec_from_hf_dict(hf.config.to_dict()), "torch")
     missing = {k: v for k, v in state.items() if k != "model.layers.1.mlp.up_proj.weight"}
     with pytest.raises(ValueError, match=r"lacks parameters: model\.layers\.1\.mlp\.up_proj"):
         load_weights(model, missing.items())
@@ -207,7 +208,7 @@ def test_checkpoint_config_must_match_model(tmp_path: Path) -> None:
     hf = _hf_model("opt")
     hf.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text()) | {"ffn_dim": 256}
-    model = build_model(ModelConfig.from_hf_dict(config), "torch")
+    model = build_model(spec_from_hf_dict(config), "torch")
     with pytest.raises(ValueError, match="ffn_hidden_size: checkpoint 128, model 256"):
         load_checkpoint(model, tmp_path)
     with pytest.raises(FileNotFoundError, match="no weights"):
@@ -217,14 +218,14 @@ def test_checkpoint_config_must_match_model(tmp_path: Path) -> None:
 def test_every_catalog_model_has_an_engine_config() -> None:
     catalog = pytest.importorskip("sim.catalog")
     for name, spec in catalog.MODELS.items():
-        config = ModelConfig.from_hf_dict(spec.to_hf_config())
+        config = spec_from_hf_dict(spec.to_hf_config())
         shape = (config.family, config.num_layers, config.hidden_size, config.num_kv_heads)
         assert shape == (spec.family, spec.num_layers, spec.hidden_size, spec.num_kv_heads), name
         assert (config.head_dim, config.ffn_hidden_size) == (spec.head_dim, spec.ffn_hidden_size)
 
 
 def test_config_from_hf_dicts() -> None:
-    llama = ModelConfig.from_hf_dict(_hf_config("llama").to_dict())
+    llama = spec_from_hf_dict(_hf_config("llama").to_dict())
     assert (llama.family, llama.num_kv_heads, llama.head_dim, llama.activation) == (
         "llama",
         2,
@@ -232,7 +233,7 @@ def test_config_from_hf_dicts() -> None:
         "silu",
     )
     assert not llama.tie_word_embeddings
-    opt = ModelConfig.from_hf_dict(_hf_config("opt").to_dict())
+    opt = spec_from_hf_dict(_hf_config("opt").to_dict())
     assert (opt.family, opt.num_kv_heads, opt.ffn_hidden_size, opt.activation) == (
         "opt",
         4,
@@ -243,7 +244,7 @@ def test_config_from_hf_dicts() -> None:
     legacy = _hf_config("llama").to_dict()
     del legacy["rope_parameters"]
     legacy["rope_theta"] = 500000.0
-    assert ModelConfig.from_hf_dict(legacy).rope_theta == 500000.0
+    assert spec_from_hf_dict(legacy).rope_theta == 500000.0
 
 
 @pytest.mark.parametrize(
@@ -254,27 +255,30 @@ def test_config_from_hf_dicts() -> None:
         ({"hidden_act": "gelu"}, "activation 'silu'"),
         ({"attention_bias": True}, "attention_bias=True"),
         ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1.0}}, "rope_type 'llama3'"),
-        ({"num_hidden_layers": 0}, "num_layers must be a positive int"),
+        ({"num_hidden_layers": 0}, "num_layers must be positive"),
+        ({"model_type": "qwen3"}, "qk_norm=True"),
     ],
 )
 def test_bad_configs_are_rejected(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        ModelConfig.from_hf_dict(_hf_config("llama").to_dict() | change)
+        spec_from_hf_dict(_hf_config("llama").to_dict() | change)
 
 
 def test_opt_config_rejects_unsupported_features() -> None:
     with pytest.raises(ValueError, match="enable_bias=False"):
-        ModelConfig.from_hf_dict(_hf_config("opt").to_dict() | {"enable_bias": False})
+        spec_from_hf_dict(_hf_config("opt").to_dict() | {"enable_bias": False})
     with pytest.raises(ValueError, match="not a multiple of num_attention_heads"):
-        ModelConfig.from_hf_dict(_hf_config("opt").to_dict() | {"hidden_size": 66})
+        spec_from_hf_dict(_hf_config("opt").to_dict() | {"hidden_size": 66})
 
 
 @pytest.mark.parametrize("family", ["opt", "llama"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_dummy_weights_seeded_and_finite_at_real_width(family: str, dtype: torch.dtype) -> None:
     hidden, heads = 1024, 16
-    config = ModelConfig(
+    config = ModelSpec(
+        name=f"wide-{family}",
         family=family,
+        gated_mlp=family == "llama",
         vocab_size=512,
         hidden_size=hidden,
         num_layers=2,
@@ -282,7 +286,8 @@ def test_dummy_weights_seeded_and_finite_at_real_width(family: str, dtype: torch
         num_kv_heads=heads if family == "opt" else 4,
         head_dim=hidden // heads,
         ffn_hidden_size=4 * hidden,
-        max_position_embeddings=64,
+        max_model_len=64,
+        num_position_embeddings=66 if family == "opt" else 0,
         activation="relu" if family == "opt" else "silu",
         tie_word_embeddings=family == "opt",
     )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from core.model_spec import ModelSpec
 from engine.attention.base import AttentionBackend
 from engine.attention.registry import get_backend
-from engine.config import ModelConfig
 from engine.models.llama import LlamaCausalLM
 from engine.models.opt import OPTCausalLM
 
@@ -17,7 +17,7 @@ _MODEL_CLASSES: dict[str, type[nn.Module]] = {"opt": OPTCausalLM, "llama": Llama
 
 
 def build_model(
-    config: ModelConfig,
+    config: ModelSpec,
     backend: AttentionBackend | str,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",

@@ -5,15 +5,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from core.model_spec import ModelSpec
 from engine.attention.base import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
-from engine.config import ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 def check_inputs(
-    input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache], config: ModelConfig
+    input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache], config: ModelSpec
 ) -> None:
     """Raise if the flat token batch or the per-layer cache list has the wrong shape."""
     if input_ids.dim() != 1 or positions.shape != input_ids.shape:
@@ -35,7 +35,7 @@ class CausalLM(nn.Module):
 
     family: str
 
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelSpec, backend: AttentionBackend) -> None:
         super().__init__()
         if config.family != self.family:
             raise ValueError(
@@ -46,7 +46,7 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.embed_dim, config.vocab_size, bias=False)
         self.tie_weights()
 
-    def build_body(self, config: ModelConfig, backend: AttentionBackend) -> nn.Module:
+    def build_body(self, config: ModelSpec, backend: AttentionBackend) -> nn.Module:
         raise NotImplementedError
 
     def decoder(self) -> nn.Module:

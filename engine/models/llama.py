@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from core.model_spec import ModelSpec
 from engine.attention.base import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
-from engine.config import ModelConfig
 from engine.models.common import CausalLM, KVCache
 
 Rope = tuple[torch.Tensor, torch.Tensor]
@@ -51,7 +51,7 @@ def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelSpec, backend: AttentionBackend) -> None:
         super().__init__()
         hidden, d = config.hidden_size, config.head_dim
         self.num_heads = config.num_heads
@@ -76,7 +76,7 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelSpec) -> None:
         super().__init__()
         hidden, ffn = config.hidden_size, config.ffn_hidden_size
         self.gate_proj = nn.Linear(hidden, ffn, bias=False)
@@ -88,7 +88,7 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelSpec, backend: AttentionBackend) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = LlamaAttention(config, backend)
@@ -103,7 +103,7 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelSpec, backend: AttentionBackend) -> None:
         super().__init__()
         self.head_dim = config.head_dim
         self.rope_theta = config.rope_theta
@@ -132,5 +132,5 @@ class LlamaCausalLM(CausalLM):
 
     family = "llama"
 
-    def build_body(self, config: ModelConfig, backend: AttentionBackend) -> nn.Module:
+    def build_body(self, config: ModelSpec, backend: AttentionBackend) -> nn.Module:
         return LlamaModel(config, backend)

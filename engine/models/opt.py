@@ -13,16 +13,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from core.model_spec import ModelSpec
 from engine.attention.base import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
-from engine.config import ModelConfig
 from engine.models.common import CausalLM, KVCache
 
 POSITION_OFFSET = 2
 
 
 class OPTAttention(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelSpec, backend: AttentionBackend) -> None:
         super().__init__()
         hidden = config.hidden_size
         self.num_heads = config.num_heads
@@ -44,7 +44,7 @@ class OPTAttention(nn.Module):
 
 
 class OPTDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelSpec, backend: AttentionBackend) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.layer_norm_eps
         self.pre_norm = config.do_layer_norm_before
@@ -67,14 +67,12 @@ class OPTDecoderLayer(nn.Module):
 
 
 class OPTDecoder(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelSpec, backend: AttentionBackend) -> None:
         super().__init__()
         hidden, embed = config.hidden_size, config.embed_dim
-        self.max_positions = config.max_position_embeddings
+        self.max_positions = config.max_model_len
         self.embed_tokens = nn.Embedding(config.vocab_size, embed)
-        self.embed_positions = nn.Embedding(
-            config.max_position_embeddings + POSITION_OFFSET, hidden
-        )
+        self.embed_positions = nn.Embedding(config.max_model_len + POSITION_OFFSET, hidden)
         self.project_in = nn.Linear(embed, hidden, bias=False) if embed != hidden else None
         self.project_out = nn.Linear(hidden, embed, bias=False) if embed != hidden else None
         self.layers = nn.ModuleList(
@@ -108,7 +106,7 @@ class OPTDecoder(nn.Module):
 class _OPTBody(nn.Module):
     """Holds ``decoder`` so parameter names read ``model.decoder.*`` as in HF."""
 
-    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelSpec, backend: AttentionBackend) -> None:
         super().__init__()
         self.decoder = OPTDecoder(config, backend)
 
@@ -118,7 +116,7 @@ class OPTCausalLM(CausalLM):
 
     family = "opt"
 
-    def build_body(self, config: ModelConfig, backend: AttentionBackend) -> nn.Module:
+    def build_body(self, config: ModelSpec, backend: AttentionBackend) -> nn.Module:
         return _OPTBody(config, backend)
 
     def decoder(self) -> nn.Module:

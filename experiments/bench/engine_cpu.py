@@ -47,7 +47,6 @@ import torch
 from core.request import Request
 from core.sched.base import SchedulerConfig
 from core.workload.synthetic import synthesize
-from engine.config import ModelConfig
 from engine.engine import LLMEngine
 from engine.weights import load_weights
 from experiments.bench.tables import print_table, write_csv
@@ -161,7 +160,7 @@ def run_hf(hf: Any, requests: list[Request], batch_size: int) -> dict[str, Any]:
 
 
 def run_kvlab(
-    model_config: ModelConfig,
+    model_config: ModelSpec,
     state: dict[str, torch.Tensor],
     system: str,
     requests: list[Request],
@@ -200,7 +199,7 @@ def run_kvlab(
     }
 
 
-def warm_up(hf: Any, model_config: ModelConfig, state: dict[str, torch.Tensor]) -> None:
+def warm_up(hf: Any, model_config: ModelSpec, state: dict[str, torch.Tensor]) -> None:
     """One tiny untimed call of each body (first-call allocations, lazy imports)."""
     with torch.inference_mode():
         hf.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=2, do_sample=False)
@@ -275,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_all(plan: BenchPlan, argv: list[str]) -> dict[str, Any]:
     """Every system on the same weights and requests; rows, ratios and metadata."""
     spec = get_model(plan.model)
-    model_config = ModelConfig.from_hf_dict(spec.to_hf_config())
+    model_config = spec
     requests = build_requests(plan, spec)
     hf = hf_model(spec, plan.seed)
     state = {k: v.detach().clone() for k, v in hf.state_dict().items()}

@@ -15,7 +15,7 @@ from core.sched.base import BaseScheduler, SchedulerConfig
 from core.systems import build_scheduler, get_system
 from core.workload.spec import build_workload
 from sim.capacity import KVCapacity, kv_capacity
-from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
+from sim.catalog import GPUSpec, ModelSpec, model_from_config, resolve_gpu
 
 GIB = 1024**3
 
@@ -51,8 +51,8 @@ def scheduler_config(system: Mapping[str, Any], max_model_len: int) -> Scheduler
 def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
     """Resolve every config group into concrete objects; errors name the bad field."""
     c = as_dict(cfg)
-    model = get_model(c["model"]["name"])
-    gpu = get_gpu(c["hardware"]["name"])
+    model = model_from_config(c["model"])
+    gpu = resolve_gpu(c["hardware"])
     tp = int(c["model"].get("tp", 1))
     system = c["system"]
     get_system(system["name"])

@@ -14,18 +14,20 @@ vocabulary are split over ``tp``; two all-reduces per layer):
 Each part costs ``max(flops / (peak × compute), bytes / (bandwidth × memory))`` and the two
 are summed: they run as separate kernels one after another, so the weight stream of the
 matmuls cannot hide the KV stream of attention (a single max over summed FLOPs and bytes
-would let it). Added on top: all-reduces (ring: ``2 (tp−1)/tp × bytes / NVLink`` + a
-per-call latency), swaps over the host link, block copies, and the per-step overhead.
-At the default efficiencies this is a lower bound on step time.
+would let it). Added on top: all-reduces (ring: ``2 (tp−1)/tp × bytes / peer link``, the
+GPU's NVLink or PCIe as its hardware YAML says, + a per-call latency), swaps over the host
+link, block copies, and the per-step overhead. At the default efficiencies this is a lower
+bound on step time.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from core.model_spec import ModelSpec, kv_bytes_per_token
 from core.plan import BatchShape
-from sim.capacity import kv_heads_per_gpu
-from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
+from sim.capacity import check_tp
+from sim.catalog import GPUSpec, get_gpu, get_model
 from sim.cost.efficiency import Efficiency
 
 
@@ -47,7 +49,7 @@ class RooflineCostModel:
         self.dtype_bytes = dtype_bytes
         self.efficiency = eff = efficiency or Efficiency()
         self.block_size = block_size
-        kv_heads = kv_heads_per_gpu(m, tp)  # validates tp
+        check_tp(m, tp)
         if block_size < 1 or dtype_bytes < 1:
             raise ValueError(
                 f"block_size and dtype_bytes must be >= 1, got {block_size}, {dtype_bytes}"
@@ -60,16 +62,16 @@ class RooflineCostModel:
         self.weight_bytes = (
             (layers * m.layer_matmul_params() + m.lm_head_params()) * dtype_bytes / tp
         )
-        self.kv_bytes_per_token = 2 * layers * kv_heads * m.head_dim * dtype_bytes
+        self.kv_bytes_per_token = kv_bytes_per_token(m, dtype_bytes, tp)
         self.act_bytes_per_token = layers * self._act_elems_per_token() * dtype_bytes
         self.block_bytes = block_size * self.kv_bytes_per_token
         # Rates.
         self._flop_rate = g.peak_flops * eff.compute
         self._byte_rate = g.mem_bandwidth * eff.memory
-        self._pcie = eff.pcie_bandwidth or g.pcie_bandwidth
+        self._pcie = eff.pcie_bandwidth or g.host_link_bandwidth
         self._allreduce_calls = 2 * layers if tp > 1 else 0
         self._allreduce_s_per_token = (
-            self._allreduce_calls * 2 * (tp - 1) / tp * h * dtype_bytes / g.nvlink_bandwidth
+            self._allreduce_calls * 2 * (tp - 1) / tp * h * dtype_bytes / g.peer_link_bandwidth
         )
         self._allreduce_fixed_s = self._allreduce_calls * eff.allreduce_latency_s
 

@@ -1,0 +1,345 @@
+"""The one description of a decoder-only model: its shape (what the cost and capacity models
+price) and its numerics (what the engine builds from), parsed from an HF ``config.json``.
+
+The simulator's catalog (``sim.catalog``) and the engine (``engine.models``) use this type
+directly; :func:`kv_bytes_per_token` is the one formula for the KV cache's size.
+
+``family`` fixes the block layout: ``"opt"`` is LayerNorm with biases on every linear layer
+and a learned positional table of ``num_position_embeddings`` rows; ``"llama"`` is RMSNorm,
+rotary positions and a SwiGLU MLP without biases (Llama, Mistral and Qwen3 configs; Qwen3
+adds a per-head RMSNorm on queries and keys, ``qk_norm``). Features the engine's models do
+not implement (``qk_norm``, a non-default RoPE scaling, a sliding window, attention biases)
+are recorded, not rejected: the simulator prices such models, and the engine refuses them
+with the feature named (``engine.config.check_engine_support``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Family = Literal["opt", "llama"]
+
+# OPT's learned positional table has 2 extra rows (position ids start at offset 2).
+OPT_POSITION_OFFSET = 2
+
+_ACTIVATIONS: dict[str, str] = {"opt": "relu", "llama": "silu"}
+# HF model_type -> family; all but OPT share the Llama block layout.
+MODEL_TYPES: dict[str, Family] = {
+    "opt": "opt",
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "llama",
+    "qwen3": "llama",
+}
+
+
+def kv_bytes_per_token(spec: ModelSpec, dtype_bytes: int = 2, tp: int = 1) -> int:
+    """K and V bytes one token occupies on each of ``tp`` GPUs, over all layers:
+    ``2 × layers × kv_heads_per_gpu × head_dim × dtype_bytes``. KV heads are split over
+    ``tp`` and replicated when ``tp`` exceeds them (at least one per GPU)."""
+    if tp < 1:
+        raise ValueError(f"tensor-parallel size must be >= 1, got {tp}")
+    kv_heads = max(1, spec.num_kv_heads // tp)
+    return 2 * spec.num_layers * kv_heads * spec.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Shape and numerics of one model; see the module doc for the families.
+
+    ``max_model_len`` is the model's longest context (HF ``max_position_embeddings``); a
+    serving run may cap it lower (``system.max_model_len``). ``activation`` defaults to the
+    family's (OPT ``relu``, Llama ``silu``). ``word_embed_proj_dim`` is OPT's optional
+    embedding projection width (``None``: the hidden size).
+    """
+
+    name: str
+    family: Family
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    max_model_len: int
+    gated_mlp: bool
+    tie_word_embeddings: bool
+    num_position_embeddings: int = 0
+    activation: str = ""
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    layer_norm_eps: float = 1e-5
+    do_layer_norm_before: bool = True
+    word_embed_proj_dim: int | None = None
+    qk_norm: bool = False
+    attention_bias: bool = False
+    sliding_window: int | None = None
+    model_type: str = ""
+    hf_id: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.family not in _ACTIVATIONS:
+            raise ValueError(
+                f"model {self.name!r}: family must be 'opt' or 'llama', got {self.family!r}"
+            )
+        if not self.activation:
+            object.__setattr__(self, "activation", _ACTIVATIONS[self.family])
+        if not self.model_type:
+            object.__setattr__(self, "model_type", self.family)
+        for attr in (
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "ffn_hidden_size",
+            "vocab_size",
+            "max_model_len",
+        ):
+            value = getattr(self, attr)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"model {self.name!r}: {attr} must be positive, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model {self.name!r}: num_heads ({self.num_heads}) must be a "
+                f"multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.activation != _ACTIVATIONS[self.family]:
+            raise ValueError(
+                f"model {self.name!r}: {self.family} models use activation "
+                f"{_ACTIVATIONS[self.family]!r}, got {self.activation!r}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"model {self.name!r}: head_dim must be even, got {self.head_dim}")
+        if self.family == "opt":
+            if self.num_kv_heads != self.num_heads:
+                raise ValueError(f"model {self.name!r}: OPT has no GQA (num_kv_heads)")
+            if self.num_heads * self.head_dim != self.hidden_size:
+                raise ValueError(
+                    f"model {self.name!r}: OPT needs num_heads * head_dim == hidden_size, got "
+                    f"{self.num_heads} * {self.head_dim} != {self.hidden_size}"
+                )
+
+    # -- shape ------------------------------------------------------------------------
+    @property
+    def q_size(self) -> int:
+        """Width of the query projection output (``num_heads × head_dim``)."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Width of each of the key and value projection outputs."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def embed_dim(self) -> int:
+        """Width of the token embedding and of the LM head's input."""
+        if self.family == "opt" and self.word_embed_proj_dim is not None:
+            return self.word_embed_proj_dim
+        return self.hidden_size
+
+    def layer_matmul_params(self) -> int:
+        """Weight-matrix elements of one decoder layer (no biases, no norms):
+        q, k, v, o projections plus the MLP's 2 (or 3 when gated) matrices."""
+        h, f = self.hidden_size, self.ffn_hidden_size
+        attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
+        mlp = (3 if self.gated_mlp else 2) * h * f
+        return attn + mlp
+
+    def layer_other_params(self) -> int:
+        """Bias and norm parameters of one decoder layer.
+
+        OPT: biases of q, k, v, o, fc1, fc2 plus two LayerNorms (weight and bias);
+        Llama: two RMSNorm weights (plus the q and k head norms with ``qk_norm``, and the
+        q, k, v biases with ``attention_bias``).
+        """
+        h, f = self.hidden_size, self.ffn_hidden_size
+        if self.family == "opt":
+            biases = self.q_size + 2 * self.kv_size + h + f + h
+            return biases + 2 * 2 * h
+        extra = 2 * self.head_dim if self.qk_norm else 0
+        bias = self.q_size + 2 * self.kv_size if self.attention_bias else 0
+        return 2 * h + extra + bias
+
+    def lm_head_params(self) -> int:
+        """Elements of the output projection (``hidden × vocab``), shared with the
+        token embedding when ``tie_word_embeddings``."""
+        return self.hidden_size * self.vocab_size
+
+    def num_params(self) -> int:
+        """Parameter count from the shape::
+
+            vocab × hidden                       (token embedding)
+          + positions × hidden                   (OPT's learned positions, else 0)
+          + layers × (matmul + bias/norm params) (see layer_*_params)
+          + final norm (OPT: 2 × hidden, Llama: hidden)
+          + vocab × hidden unless embeddings are tied (separate LM head)
+
+        OPT-350M's 512-wide embedding projections are not modelled (its count is ~1% off).
+        """
+        h = self.hidden_size
+        embed = self.vocab_size * h + self.num_position_embeddings * h
+        layers = self.num_layers * (self.layer_matmul_params() + self.layer_other_params())
+        final_norm = 2 * h if self.family == "opt" else h
+        head = 0 if self.tie_word_embeddings else self.lm_head_params()
+        return embed + layers + final_norm + head
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2, tp: int = 1) -> int:
+        """See :func:`kv_bytes_per_token`."""
+        return kv_bytes_per_token(self, dtype_bytes, tp)
+
+    # -- HF config.json ---------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any], name: str | None = None) -> ModelSpec:
+        """Build a spec from an HF ``config.json`` dict (OPT, Llama, Mistral, Qwen2/3).
+
+        Errors name the missing or unsupported key. ``name`` defaults to the config's
+        ``_name_or_path``."""
+        model_type = config.get("model_type")
+        if model_type not in MODEL_TYPES:
+            raise ValueError(
+                f"unsupported model_type {model_type!r}; supported: {', '.join(MODEL_TYPES)}"
+            )
+        family = MODEL_TYPES[model_type]
+        hidden = _require(config, "hidden_size")
+        heads = _require(config, "num_attention_heads")
+        path_or_id = str(config.get("_name_or_path") or "")
+        label = name or path_or_id or f"{model_type}-custom"
+        head_dim = config.get("head_dim")
+        if head_dim is None:
+            if hidden % heads:
+                raise ValueError(
+                    f"{model_type} config: hidden_size ({hidden}) is not a multiple of "
+                    f"num_attention_heads ({heads}) and no head_dim is given"
+                )
+            head_dim = hidden // heads
+        common: dict[str, Any] = {
+            "name": label,
+            "family": family,
+            "num_layers": _require(config, "num_hidden_layers"),
+            "hidden_size": hidden,
+            "num_heads": heads,
+            "head_dim": int(head_dim),
+            "vocab_size": _require(config, "vocab_size"),
+            "max_model_len": _require(config, "max_position_embeddings"),
+            "model_type": model_type,
+            "hf_id": path_or_id if "/" in path_or_id else "",
+        }
+        if family == "opt":
+            _reject_unless(config, "enable_bias", True, True)
+            _reject_unless(config, "layer_norm_elementwise_affine", True, True)
+            _reject_unless(config, "_remove_final_layer_norm", False, False)
+            proj = config.get("word_embed_proj_dim")
+            max_len = common["max_model_len"]
+            return cls(
+                **common,
+                num_kv_heads=heads,
+                ffn_hidden_size=_require(config, "ffn_dim"),
+                gated_mlp=False,
+                tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+                num_position_embeddings=max_len + OPT_POSITION_OFFSET,
+                activation=str(config.get("activation_function", "relu")),
+                layer_norm_eps=float(config.get("layer_norm_eps", 1e-5)),
+                do_layer_norm_before=bool(config.get("do_layer_norm_before", True)),
+                word_embed_proj_dim=None if proj in (None, hidden) else int(proj),
+            )
+        _reject_unless(config, "mlp_bias", False, False)
+        rope_type, rope_theta = _rope(config)
+        window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
+        return cls(
+            **common,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            ffn_hidden_size=_require(config, "intermediate_size"),
+            gated_mlp=True,
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            activation=str(config.get("hidden_act", "silu")),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_type=rope_type,
+            qk_norm=model_type == "qwen3",
+            attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+            sliding_window=None if window is None else int(window),
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path, name: str | None = None) -> ModelSpec:
+        """Read an HF ``config.json`` (or a directory holding one)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no model config at {path}")
+        try:
+            config = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"{path}: expected a JSON object")
+        label = name or str(config.get("_name_or_path") or path.parent.name)
+        try:
+            return cls.from_hf_config(config, label)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """The HF-style config dict of this spec; ``from_hf_config`` inverts it."""
+        cfg: dict[str, Any] = {
+            "_name_or_path": self.name,
+            "model_type": self.model_type,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_model_len,
+            "tie_word_embeddings": self.tie_word_embeddings,
+        }
+        if self.family == "opt":
+            cfg.update(
+                ffn_dim=self.ffn_hidden_size,
+                word_embed_proj_dim=self.word_embed_proj_dim or self.hidden_size,
+                do_layer_norm_before=self.do_layer_norm_before,
+                layer_norm_eps=self.layer_norm_eps,
+                activation_function=self.activation,
+            )
+            return cfg
+        cfg.update(
+            intermediate_size=self.ffn_hidden_size,
+            num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            hidden_act=self.activation,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            attention_bias=self.attention_bias,
+            sliding_window=self.sliding_window,
+        )
+        if self.rope_type != "default":
+            cfg["rope_scaling"] = {"rope_type": self.rope_type}
+        return cfg
+
+
+def _require(d: dict[str, Any], key: str) -> Any:
+    if key not in d:
+        raise ValueError(f"{d.get('model_type')} config lacks required key {key!r}")
+    return d[key]
+
+
+def _reject_unless(d: dict[str, Any], key: str, expected: Any, default: Any) -> None:
+    value = d.get(key, default)
+    if value != expected:
+        raise ValueError(
+            f"{d.get('model_type')} config has {key}={value!r}; only {expected!r} is supported"
+        )
+
+
+def _rope(d: dict[str, Any]) -> tuple[str, float]:
+    """RoPE type and base. transformers >= 5 nests them in ``rope_parameters``; older files
+    use top-level ``rope_theta`` / ``rope_scaling``."""
+    params = d.get("rope_parameters") or {}
+    scaling = d.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+    return str(rope_type), float(params.get("rope_theta", d.get("rope_theta", 10000.0)))

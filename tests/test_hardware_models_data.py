@@ -1,0 +1,138 @@
+"""GPUs and models as data: hardware YAMLs, model shape YAMLs, HF config files and ids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from core.model_spec import ModelSpec, kv_bytes_per_token
+from core.plan import BatchShape
+from experiments.lib.setup import build_setup
+from sim.catalog import (
+    CONFIGS,
+    HARDWARE_KEYS,
+    get_gpu,
+    get_model,
+    gpu_from_config,
+    model_from_config,
+    models,
+    resolve_gpu,
+)
+from sim.cost import RooflineCostModel
+
+# Parameter counts of the released checkpoints (model cards / safetensors index sizes).
+RELEASED_PARAMS = {
+    "llama-3.1-8b": 8.03e9,
+    "llama-3.1-70b": 70.6e9,
+    "qwen3-8b": 8.19e9,
+    "qwen3-32b": 32.8e9,
+    "mistral-7b": 7.25e9,
+}
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "hardware").glob("*.yaml")), ids=str)
+def test_every_hardware_yaml_has_every_number_and_its_source(path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    for key in HARDWARE_KEYS:
+        assert isinstance(doc[key], int | float) and doc[key] > 0, key
+        assert "datasheet" in doc["source"][key] or "whitepaper" in doc["source"][key], key
+    assert doc["peer_link"] in ("nvlink", "pcie")
+    assert get_gpu(path.stem).name == path.stem
+
+
+def test_rtx4090_numbers() -> None:
+    g = get_gpu("rtx4090")
+    assert (g.mem_bandwidth, g.peak_flops, g.peer_link) == (1008e9, 165.2e12, "pcie")
+    assert g.memory_bytes == 24 << 30
+
+
+def test_missing_hardware_number_is_named() -> None:
+    doc = yaml.safe_load((CONFIGS / "hardware" / "l40s.yaml").read_text())
+    del doc["mem_bandwidth_gbs"]
+    with pytest.raises(ValueError, match=r"my.yaml: GPU 'l40s' lacks mem_bandwidth_gbs"):
+        gpu_from_config(doc, "my.yaml")
+    with pytest.raises(ValueError, match=r"peak_tflops must be a number, got 'fast'"):
+        gpu_from_config({**doc, "mem_bandwidth_gbs": 1, "peak_tflops": "fast"}, "my.yaml")
+
+
+def test_hardware_group_numbers_override_the_catalog() -> None:
+    doc = yaml.safe_load((CONFIGS / "hardware" / "rtx4090.yaml").read_text())
+    assert resolve_gpu({"name": "rtx4090"}) == get_gpu("rtx4090")
+    faster = resolve_gpu({**doc, "mem_bandwidth_gbs": 2000})
+    assert faster.mem_bandwidth == 2000e9
+    with pytest.raises(KeyError, match=r"unknown GPU 'v100'.*rtx4090"):
+        resolve_gpu({"name": "v100"})
+
+
+@pytest.mark.parametrize("name", sorted(RELEASED_PARAMS))
+def test_shipped_model_yamls_match_released_sizes(name: str) -> None:
+    assert get_model(name).num_params() == pytest.approx(RELEASED_PARAMS[name], rel=0.01)
+
+
+def test_hf_ids_are_names() -> None:
+    assert get_model("meta-llama/Llama-3.1-8B") is models()["llama-3.1-8b"]
+    assert get_model("facebook/opt-13b").name == "opt-13b"
+    with pytest.raises(KeyError, match=r"unknown model 'gpt-5'.*llama-3.1-8b.*qwen3-32b"):
+        get_model("gpt-5")
+
+
+def test_head_dim_other_than_hidden_over_heads() -> None:
+    qwen = get_model("qwen3-32b")
+    assert qwen.head_dim == 128 and qwen.hidden_size // qwen.num_heads == 80
+    assert qwen.qk_norm
+    assert kv_bytes_per_token(qwen) == 2 * 64 * 8 * 128 * 2
+    assert kv_bytes_per_token(qwen, tp=2) == 2 * 64 * 4 * 128 * 2
+    assert kv_bytes_per_token(qwen, tp=16) == 2 * 64 * 1 * 128 * 2  # replicated KV heads
+    cost = RooflineCostModel(qwen, "h100")
+    # attention FLOPs per (query, key) pair use head_dim × heads = 8192, not hidden = 5120
+    assert cost.flops_per_pair == 4 * 128 * 64 * 64
+
+
+def test_hf_config_path_and_shape_groups(tmp_path: Path) -> None:
+    spec = get_model("llama-3.1-8b")
+    (tmp_path / "config.json").write_text(json.dumps(spec.to_hf_config()))
+    from_file = model_from_config({"name": "ignored", "hf_config": str(tmp_path)})
+    assert from_file == spec
+    from_shape = model_from_config({"name": "mine", "shape": spec.to_hf_config()})
+    assert from_shape.num_params() == spec.num_params()
+    with pytest.raises(ValueError, match=r"lacks required key 'num_attention_heads'"):
+        model_from_config({"name": "bad", "shape": {"model_type": "llama", "hidden_size": 8}})
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"config.json: not JSON"):
+        model_from_config({"hf_config": str(tmp_path)})
+
+
+def test_tensor_parallel_over_pcie_is_priced_by_the_peer_link() -> None:
+    shape = BatchShape(prefill_tokens=0, prefill_seqs=0, decode_seqs=64, decode_ctx_tokens=64)
+    model = get_model("llama-3.1-8b")
+    pcie = get_gpu("rtx-pro-6000-workstation")
+    nvlink = gpu_from_config(
+        {**yaml.safe_load((CONFIGS / "hardware" / "rtx-pro-6000-workstation.yaml").read_text()),
+         "peer_link": "nvlink", "peer_link_gbs": 900}
+    )  # fmt: skip
+    t_pcie = RooflineCostModel(model, pcie, tp=2).step_time(shape)
+    t_nvlink = RooflineCostModel(model, nvlink, tp=2).step_time(shape)
+    allreduce_bytes = 2 * model.num_layers * 64 * model.hidden_size * 2 * (2 * 1 / 2)
+    expected = allreduce_bytes / pcie.peer_link_bandwidth - allreduce_bytes / 900e9
+    assert t_pcie - t_nvlink == pytest.approx(expected, rel=1e-9)
+
+
+def test_simulate_config_takes_a_user_gpu_and_a_model_shape() -> None:
+    hw = yaml.safe_load((CONFIGS / "hardware" / "rtx4090.yaml").read_text())
+    cfg = {
+        "model": {"name": "meta-llama/Llama-3.1-8B", "tp": 1, "hf_config": None},
+        "hardware": {**hw, "name": "my-gpu", "memory_gb": 48},
+        "system": {"name": "vllm", "max_model_len": 4096, "max_num_batched_tokens": 4096},
+        "workload": {"kind": "synthetic", "rate": 1.0, "num_requests": 4},
+    }
+    setup = build_setup(cfg)
+    assert setup.gpu.name == "my-gpu" and setup.gpu.memory_bytes == 48 << 30
+    assert setup.model.name == "llama-3.1-8b"
+
+
+def test_model_spec_round_trips_every_shipped_model() -> None:
+    for name, spec in models().items():
+        assert ModelSpec.from_hf_config(spec.to_hf_config()) == spec, name
