@@ -4,6 +4,10 @@
 system              scheduler                   KV-cache manager
 ==================  ==========================  ===============================
 vllm                paged continuous batching   paged blocks (block_size 16)
+vllm_v1             the same policy with        paged blocks, prefix caching
+                    today's vLLM defaults:
+                    chunked prefill, mixed
+                    steps (configs/system)
 orca_max            iteration-level (Orca)      contiguous, reserve max_model_len
 orca_pow2           iteration-level (Orca)      contiguous, reserve pow2(output)
 orca_oracle         iteration-level (Orca)      contiguous, reserve true output
@@ -41,6 +45,7 @@ class SystemSpec:
 
 SYSTEMS: dict[str, SystemSpec] = {
     "vllm": SystemSpec("vllm", VLLMScheduler, "paged"),
+    "vllm_v1": SystemSpec("vllm_v1", VLLMScheduler, "paged"),
     "orca_max": SystemSpec("orca_max", OrcaScheduler, "contiguous", "max"),
     "orca_pow2": SystemSpec("orca_pow2", OrcaScheduler, "contiguous", "pow2"),
     "orca_oracle": SystemSpec("orca_oracle", OrcaScheduler, "contiguous", "oracle"),

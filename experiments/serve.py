@@ -33,7 +33,7 @@ from engine.config import check_engine_support
 from engine.engine import LLMEngine
 from engine.kv_cache import GIB, bytes_per_block, resolve_kv_budget
 from experiments.lib.results import summary_line, write_run
-from experiments.lib.setup import as_dict, scheduler_config
+from experiments.lib.setup import as_dict, scheduler_config, served_max_model_len
 from sim.catalog import model_from_config
 
 log = logging.getLogger(__name__)
@@ -53,18 +53,22 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
     if int(c["model"].get("tp", 1)) != 1:
         raise ValueError(f"the engine runs on one device; model.tp must be 1, not {c['model']}")
     system = c["system"]
-    max_model_len = int(system.get("max_model_len") or spec.max_model_len)
+    max_model_len = served_max_model_len(system, spec)
     model_config = check_engine_support(spec)
     dtype, device = _dtype(str(c.get("dtype", "float32"))), str(c.get("device", "cpu"))
     block_size = int(system.get("block_size", 16))
-    budget = resolve_kv_budget(
-        device, gib=c.get("kv_budget_gb"), fraction=c.get("kv_budget_fraction")
+    blocks = c.get("num_gpu_blocks")
+    budget = (
+        resolve_kv_budget(device, gib=c.get("kv_budget_gb"), fraction=c.get("kv_budget_fraction"))
+        if blocks is None
+        else None
     )
     per_block = bytes_per_block(model_config, block_size, dtype)
     engine = LLMEngine(
         model_config,
         system=system["name"],
         kv_budget_bytes=budget,
+        num_blocks=None if blocks is None else int(blocks),
         block_size=block_size,
         backend=str(c.get("backend", "torch")),
         dtype=dtype,

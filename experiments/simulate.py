@@ -37,6 +37,7 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
     c = as_dict(cfg)
     setup = build_setup(c)
     cost_model = make_cost_model(c, setup)
+    log.info("%s", setup.capacity.describe())
     t0 = time.perf_counter()
     result = simulate(
         setup.requests,

@@ -36,7 +36,7 @@ from core.systems import build_scheduler
 from core.workload.spec import build_workload
 from experiments.calibrate import read_run_config
 from experiments.lib.results import write_json
-from experiments.lib.setup import scheduler_config
+from experiments.lib.setup import scheduler_config, served_max_model_len
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel, CostModel, RecordedCostModel
 from sim.driver import simulate
@@ -57,7 +57,7 @@ def run_requests(cfg: Mapping[str, Any], run_dir: Path) -> tuple[list[Request], 
     A trace file that is no longer at its recorded path is looked for, by name, beside the
     run directory (results copied from another machine)."""
     spec = model_from_config(cfg["model"])
-    max_model_len = int(cfg["system"].get("max_model_len") or spec.max_model_len)
+    max_model_len = served_max_model_len(cfg["system"], spec)
     workload = {"vocab_size": spec.vocab_size, **cfg["workload"]}
     path = workload.get("path")
     if path is not None and not Path(path).exists():

@@ -1,18 +1,22 @@
 """KV-cache capacity of a model on ``tp`` GPUs, and the paper's Table 1 recomputed.
 
-Per GPU: ``kv_bytes = gpu_memory_utilization × memory − weights / tp − peak activations``.
-``gpu_memory_utilization = 0.9`` is vLLM's documented default for its
+Per GPU: ``kv_bytes = gpu_memory_utilization × memory − weights / tp − peak activations
+− CUDA-graph pool − non-torch memory`` (vLLM's accounting; the paper's v0.1 had no CUDA
+graphs). ``gpu_memory_utilization = 0.9`` is vLLM's documented default for its
 ``gpu_memory_utilization`` engine argument; it is not tuned to match Table 1.
+``num_gpu_blocks`` (the count vLLM prints at start-up) overrides the estimate.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.model_spec import ModelSpec, kv_bytes_per_token
 from sim.catalog import GIB, GPUSpec, get_gpu, get_model
 
 LOGITS_BYTES = 4  # samplers upcast logits to fp32
+# fp32 logits + sorted fp32 values + int64 sort indices + fp32 softmax (activation_bytes)
+SAMPLER_BYTES_PER_LOGIT = LOGITS_BYTES + 4 + 8 + 4
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs (PAPER.md, §"vLLM design facts")
 
 
@@ -52,22 +56,33 @@ def activation_bytes(
     the residual stream and its normed copy (``2 × T × hidden``), the largest per-layer
     intermediate — the QKV output ``T × (q + 2 kv)/tp`` or the MLP's ``T × ffn/tp``
     (×2 for the gate and up halves of a gated MLP) plus its activated output
-    ``T × ffn/tp`` — all in ``dtype_bytes``, plus fp32 logits for the sampled rows,
-    ``min(T, max_num_seqs) × vocab``. Attention scores are not materialized
+    ``T × ffn/tp`` — all in ``dtype_bytes``. Attention scores are not materialized
     (memory-efficient attention), so there is no ``T²`` term.
+
+    The sampler runs after the forward pass has freed its intermediates, so the peak is the
+    larger of the two, plus the final hidden states (``T × hidden``). The sampler's peak, on
+    ``min(T, max_num_seqs)`` rows × vocab: fp32 logits, and top-k/top-p by sorting (vLLM's
+    profile run samples with both on; its torch path sorts the logits), which holds the
+    sorted fp32 values, their int64 indices and the fp32 softmax of the sorted values:
+    ``SAMPLER_BYTES_PER_LOGIT`` = 4 + 4 + 8 + 4 bytes per element. The count of live copies
+    is read from the algorithm, not measured.
     """
     t = max_num_batched_tokens
     qkv = (model.q_size + 2 * model.kv_size) // tp
     mlp = ((2 if model.gated_mlp else 1) + 1) * model.ffn_hidden_size // tp
     hidden = 2 * model.hidden_size
-    logits = min(t, max_num_seqs) * model.vocab_size * LOGITS_BYTES
-    return t * (hidden + max(qkv, mlp)) * dtype_bytes + logits
+    forward = t * (hidden + max(qkv, mlp)) * dtype_bytes
+    sampler = min(t, max_num_seqs) * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    return max(forward, sampler + t * model.hidden_size * dtype_bytes)
 
 
 @dataclass(frozen=True, slots=True)
 class KVCapacity:
-    """KV-cache budget. Byte fields are per GPU; ``num_slots`` counts tokens (each token's
-    K/V is spread over the ``tp`` GPUs, so slots are the same on every GPU)."""
+    """KV-cache budget, following vLLM's accounting (``Worker.determine_available_memory``):
+    ``kv = utilization × memory − weights − peak activations of the profile run − CUDA-graph
+    pool − non-torch memory``. Byte fields are per GPU; ``num_slots`` counts tokens (each
+    token's K/V is spread over the ``tp`` GPUs, so slots are the same on every GPU).
+    ``source`` says where each term comes from (:meth:`describe` prints them)."""
 
     tp: int
     total_bytes: int
@@ -76,6 +91,10 @@ class KVCapacity:
     kv_bytes: int
     bytes_per_token_per_gpu: int
     num_slots: int
+    cuda_graph_bytes: int = 0
+    non_torch_bytes: int = 0
+    usable_bytes: int = 0
+    source: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def num_blocks(self, block_size: int) -> int:
         """Whole KV blocks of ``block_size`` token slots."""
@@ -91,6 +110,24 @@ class KVCapacity:
     def weight_bytes_total(self) -> int:
         return self.weight_bytes * self.tp
 
+    def describe(self) -> str:
+        """Each term of the budget (GiB per GPU) with its source, and the slots."""
+        rows = [
+            ("usable", self.usable_bytes, "+"),
+            ("weights", self.weight_bytes, "-"),
+            ("activations", self.activation_bytes, "-"),
+            ("cuda_graphs", self.cuda_graph_bytes, "-"),
+            ("non_torch", self.non_torch_bytes, "-"),
+            ("kv_cache", self.kv_bytes, "="),
+        ]
+        lines = [f"KV capacity per GPU (tp={self.tp}):"]
+        for name, value, sign in rows:
+            lines.append(f"  {sign} {name:<12} {value / GIB:8.3f} GiB  {self.source.get(name, '')}")
+        lines.append(
+            f"  -> {self.num_slots} token slots of {self.bytes_per_token_per_gpu} B per GPU"
+        )
+        return "\n".join(lines)
+
 
 def kv_capacity(
     model: ModelSpec | str,
@@ -101,13 +138,26 @@ def kv_capacity(
     max_num_batched_tokens: int = 2560,
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     kv_cache_bytes: int | None = None,
+    max_model_len: int | None = None,
+    num_gpu_blocks: int | None = None,
+    block_size: int = 16,
+    cuda_graph_max_size: int = 0,
+    non_torch_bytes: int = 0,
 ) -> KVCapacity:
-    """KV slots for ``model`` on ``tp`` × ``gpu``.
+    """KV slots for ``model`` on ``tp`` × ``gpu``, as vLLM sizes its cache.
 
-    ``kv_cache_bytes`` overrides the computed budget with a total over all ``tp`` GPUs
-    (e.g. the paper's 12 GB for OPT-13B); the weights must still fit.
-    Raises ``ValueError`` when the weights and activations exceed the usable memory or when
-    the KV budget cannot hold one ``max_model_len`` sequence.
+    Terms: ``gpu_memory_utilization × memory`` minus the weights / tp, minus the peak
+    activations of a profile run of ``max_num_batched_tokens`` tokens with
+    ``max_num_seqs`` sampled rows (:func:`activation_bytes`), minus the CUDA-graph pool
+    (``cuda_graph_max_size`` > 0: graphs are captured largest first into one shared pool,
+    which then holds the largest capture's intermediates, :func:`activation_bytes` at that
+    many tokens without sampling; 0: no graphs, as vLLM v0.1), minus ``non_torch_bytes``.
+
+    Overrides: ``num_gpu_blocks`` (vLLM prints it at start-up) fixes the cache at that many
+    blocks of ``block_size``; ``kv_cache_bytes`` at a byte total over all ``tp`` GPUs (e.g.
+    the paper's 12 GB for OPT-13B). Raises ``ValueError`` when the weights and reserved
+    memory exceed the usable memory, or when the cache cannot hold one ``max_model_len``
+    sequence (default: the model's maximum context).
     """
     model, gpu = get_model(model), get_gpu(gpu)
     if not 0.0 < gpu_memory_utilization <= 1.0:
@@ -116,21 +166,54 @@ def kv_capacity(
     per_token = kv_bytes_per_token(model, dtype_bytes, tp)
     weights = -(-model.num_params() * dtype_bytes // tp)
     acts = activation_bytes(model, tp, max_num_batched_tokens, max_num_seqs, dtype_bytes)
+    graphs = (
+        activation_bytes(model, tp, cuda_graph_max_size, 0, dtype_bytes)
+        if cuda_graph_max_size > 0
+        else 0
+    )
     usable = int(gpu_memory_utilization * gpu.memory_bytes)
-    if weights + acts >= usable:
+    reserved = weights + acts + graphs + non_torch_bytes
+    source = {
+        "usable": f"gpu_memory_utilization {gpu_memory_utilization} × {gpu.name} memory "
+        f"({gpu.source.get('memory_gb', 'hardware config')})",
+        "weights": f"{model.num_params() / 1e9:.2f}B parameters × {dtype_bytes} B / tp",
+        "activations": f"profile run: max(forward of {max_num_batched_tokens} tokens, sampler "
+        f"on {max_num_seqs} rows: fp32 logits + top-k/top-p sort)",
+        "cuda_graphs": f"shared graph pool = intermediates of the largest capture "
+        f"({cuda_graph_max_size} tokens)"
+        if cuda_graph_max_size
+        else "no CUDA graphs",
+        "non_torch": "set by the run's config" if non_torch_bytes else "not modelled (0)",
+        "kv_cache": "the rest",
+    }
+    if num_gpu_blocks is None and weights + acts + graphs + non_torch_bytes >= usable:
         raise ValueError(
             f"{model.name} does not fit on {tp} × {gpu.name}: weights {weights / GIB:.2f} GiB "
-            f"+ activations {acts / GIB:.2f} GiB per GPU exceed {usable / GIB:.2f} GiB "
-            f"({gpu_memory_utilization:.0%} of {gpu.memory_bytes / GIB:.0f} GiB)"
+            f"+ activations {acts / GIB:.2f} GiB + CUDA graphs {graphs / GIB:.2f} GiB "
+            f"+ non-torch {non_torch_bytes / GIB:.2f} GiB per GPU exceed {usable / GIB:.2f} "
+            f"GiB ({gpu_memory_utilization:.0%} of {gpu.memory_bytes / GIB:.0f} GiB)"
         )
-    kv = usable - weights - acts if kv_cache_bytes is None else kv_cache_bytes // tp
+    if num_gpu_blocks is not None:
+        if num_gpu_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_gpu_blocks must be >= 1, got {num_gpu_blocks}")
+        kv = num_gpu_blocks * block_size * per_token
+        source["kv_cache"] = f"num_gpu_blocks={num_gpu_blocks} × {block_size} tokens (given)"
+    elif kv_cache_bytes is not None:
+        kv = kv_cache_bytes // tp
+        source["kv_cache"] = f"kv_cache_bytes={kv_cache_bytes} over {tp} GPUs (given)"
+    else:
+        kv = usable - reserved
     slots = kv // per_token
-    if slots < model.max_model_len:
+    need = model.max_model_len if max_model_len is None else max_model_len
+    if slots < need:
         raise ValueError(
             f"KV cache of {model.name} on {tp} × {gpu.name} holds {slots} tokens, "
-            f"fewer than one max-length sequence ({model.max_model_len})"
+            f"fewer than one max_model_len={need} sequence; lower system.max_model_len"
         )
-    return KVCapacity(tp, gpu.memory_bytes, weights, acts, kv, per_token, slots)
+    return KVCapacity(
+        tp, gpu.memory_bytes, weights, acts, kv, per_token, slots, graphs, non_torch_bytes,
+        usable, source,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,12 @@ that a kind does not use are ignored, so one config schema can serve every kind.
 - ``shared_prefix`` / ``multi_turn``: the Fig. 16 / Fig. 17 generators.
 - ``native`` / ``azure`` / ``mooncake`` / ``vidur``: trace files with their own arrival times;
   ``num_requests`` keeps the first that many, ``duration_s`` keeps arrivals before it.
+- ``vllm_log``: a real vLLM run directory (``requests.jsonl``): the recorded arrivals
+  (``queued_ts − min``) and lengths, and the prompts' token ids from ``tokens_path`` (the
+  workload JSONL that was sent) when given, so prefix hits replay
+  (:mod:`core.workload.vllm_log`); ``vllm_bench``: a ``vllm bench serve --save-detailed``
+  JSON: its lengths with arrivals redrawn at its ``request_rate`` and ``burstiness`` (it
+  saves no arrival times).
 - ``sharegpt_json`` / ``alpaca_json``: dataset files without timestamps; requests are drawn
   (seeded, without replacement while the file lasts) and given arrivals from the arrival
   process, or all at t = 0 when ``rate`` is None.
@@ -37,6 +43,14 @@ from core.workload.trace_io import (
     read_trace,
     read_vidur_trace,
 )
+from core.workload.vllm_log import (
+    BenchResult,
+    LoggedRequest,
+    read_bench_result,
+    read_token_ids,
+    read_vllm_log,
+    requests_from_log,
+)
 
 KINDS: tuple[str, ...] = (
     "synthetic",
@@ -48,8 +62,13 @@ KINDS: tuple[str, ...] = (
     "vidur",
     "shared_prefix",
     "multi_turn",
+    "vllm_log",
+    "vllm_bench",
 )
-FILE_KINDS = frozenset({"native", "azure", "sharegpt_json", "alpaca_json", "mooncake", "vidur"})
+FILE_KINDS = frozenset(
+    {"native", "azure", "sharegpt_json", "alpaca_json", "mooncake", "vidur", "vllm_log"}
+    | {"vllm_bench"}
+)
 
 DEFAULTS: dict[str, Any] = {
     "dataset": "sharegpt",
@@ -62,6 +81,7 @@ DEFAULTS: dict[str, Any] = {
     "beam_width": 1,
     "temperature": 0.0,
     "path": None,
+    "tokens_path": None,
     "time_scale": 1.0,
     "apply_filter": True,
     "with_token_ids": False,
@@ -124,6 +144,29 @@ def _resample_with_arrivals(
     ]
 
 
+def _window_log(logged: list[LoggedRequest], c: Mapping[str, Any]) -> list[LoggedRequest]:
+    if c["duration_s"] is not None:
+        logged = [r for r in logged if r.arrival < c["duration_s"]]
+    if c["num_requests"] is not None:
+        logged = sorted(logged, key=lambda r: r.arrival)[: int(c["num_requests"])]
+    return logged
+
+
+def _from_bench(
+    bench: BenchResult, c: Mapping[str, Any], seed: int, sampling: SamplingParams
+) -> list[Request]:
+    """A bench result's lengths with arrivals drawn at its rate (``rate`` overrides)."""
+    rate = c["rate"] if c["rate"] is not None else bench.request_rate
+    n = len(bench.input_lens) if c["num_requests"] is None else int(c["num_requests"])
+    kind = "gamma" if rate is not None else "all_at_once"
+    times = make_arrivals(kind, rate, n, None, bench.burstiness, np.random.default_rng(seed))
+    return [
+        Request(i, float(t), p, o, sampling)
+        for i, (t, p, o) in enumerate(zip(times, bench.input_lens, bench.output_lens, strict=False))
+        if p >= 1 and o >= 1
+    ]
+
+
 def build_workload(
     cfg: Mapping[str, Any], max_model_len: int = MAX_MODEL_LEN, seed: int = 0
 ) -> list[Request]:
@@ -156,6 +199,14 @@ def build_workload(
             with_token_ids=bool(c["with_token_ids"]), vocab_size=int(c["vocab_size"]),
         )  # fmt: skip
     path = str(c["path"])
+    if kind == "vllm_log":
+        logged = _window_log(read_vllm_log(path), c)
+        ids = None
+        if c["tokens_path"] is not None:
+            ids = read_token_ids(c["tokens_path"], [r.prompt_len for r in logged])
+        return requests_from_log(logged, ids, sampling)
+    if kind == "vllm_bench":
+        return _from_bench(read_bench_result(path), c, seed, sampling)
     if kind == "native":
         return _window(read_trace(path), c)
     timed: dict[str, Callable[..., list[Request]]] = {

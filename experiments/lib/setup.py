@@ -18,6 +18,7 @@ from sim.capacity import KVCapacity, kv_capacity
 from sim.catalog import GPUSpec, ModelSpec, model_from_config, resolve_gpu
 
 GIB = 1024**3
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def as_dict(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
@@ -48,6 +49,20 @@ def scheduler_config(system: Mapping[str, Any], max_model_len: int) -> Scheduler
     )
 
 
+def served_max_model_len(system: Mapping[str, Any], model: ModelSpec) -> int:
+    """``system.max_model_len`` (vLLM's engine argument), else the model's maximum
+    context; a value above the model's maximum raises naming the key."""
+    value = system.get("max_model_len")
+    if value is None:
+        return model.max_model_len
+    if int(value) > model.max_model_len:
+        raise ValueError(
+            f"system.max_model_len={value} exceeds {model.name}'s maximum context "
+            f"({model.max_model_len})"
+        )
+    return int(value)
+
+
 def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
     """Resolve every config group into concrete objects; errors name the bad field."""
     c = as_dict(cfg)
@@ -56,17 +71,24 @@ def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
     tp = int(c["model"].get("tp", 1))
     system = c["system"]
     get_system(system["name"])
-    max_model_len = int(system.get("max_model_len") or model.max_model_len)
+    max_model_len = served_max_model_len(system, model)
     sched_config = scheduler_config(system, max_model_len)
     kv_gb = c.get("kv_cache_gb")
+    blocks = c.get("num_gpu_blocks")
     capacity = kv_capacity(
         model,
         gpu,
         tp=tp,
+        dtype_bytes=DTYPE_BYTES.get(str(c.get("dtype") or "bfloat16"), 2),
         gpu_memory_utilization=float(c.get("gpu_memory_utilization", 0.9)),
         max_num_batched_tokens=sched_config.max_num_batched_tokens,
         max_num_seqs=sched_config.max_num_seqs,
         kv_cache_bytes=None if kv_gb is None else int(float(kv_gb) * GIB),
+        max_model_len=max_model_len,
+        num_gpu_blocks=None if blocks is None else int(blocks),
+        block_size=int(system.get("block_size", 16)),
+        cuda_graph_max_size=int(system.get("cuda_graph_max_size") or 0),
+        non_torch_bytes=int(float(system.get("non_torch_gb") or 0) * GIB),
     )
     swap_bytes = float(c.get("swap_space_gb", 4)) * GIB
     num_cpu_slots = int(swap_bytes // capacity.bytes_per_token_per_gpu)

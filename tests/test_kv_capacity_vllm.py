@@ -1,0 +1,73 @@
+"""KV capacity as vLLM computes it: max_model_len, num_gpu_blocks and the memory terms."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.lib.setup import build_setup, served_max_model_len
+from sim.capacity import activation_bytes, kv_capacity
+from sim.catalog import GIB, get_model
+
+LLAMA = "llama-3.1-8b"
+
+
+def _cfg(**system: object) -> dict:
+    return {
+        "model": {"name": LLAMA, "tp": 1},
+        "hardware": {"name": "rtx4090"},
+        "system": {
+            "name": "vllm",
+            "max_num_batched_tokens": 2048,
+            "chunked_prefill": True,
+            **system,
+        },
+        "workload": {"kind": "synthetic", "rate": 1.0, "num_requests": 2},
+    }
+
+
+def test_max_model_len_is_honoured_by_the_capacity_check() -> None:
+    with pytest.raises(ValueError, match=r"fewer than one max_model_len=131072"):
+        kv_capacity(LLAMA, "rtx4090", max_num_batched_tokens=2048)
+    cap = kv_capacity(LLAMA, "rtx4090", max_num_batched_tokens=2048, max_model_len=32768)
+    assert cap.num_slots >= 32768
+    setup = build_setup(_cfg(max_model_len=32768))
+    assert setup.max_model_len == setup.sched_config.max_model_len == 32768
+
+
+def test_max_model_len_above_the_model_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"system.max_model_len=200000 exceeds"):
+        served_max_model_len({"max_model_len": 200000}, get_model(LLAMA))
+    assert served_max_model_len({"max_model_len": None}, get_model(LLAMA)) == 131072
+
+
+def test_num_gpu_blocks_overrides_the_estimate() -> None:
+    cap = kv_capacity(LLAMA, "rtx4090", max_model_len=32768, num_gpu_blocks=2588, block_size=16)
+    assert cap.num_slots == 41408
+    assert cap.num_blocks(16) == 2588
+    assert "num_gpu_blocks=2588" in cap.describe()
+    setup = build_setup({**_cfg(max_model_len=32768), "num_gpu_blocks": 2588})
+    assert setup.capacity.num_slots == 41408
+    assert setup.make_scheduler().manager.num_device_blocks == 2588
+
+
+def test_memory_terms_add_up_and_are_described() -> None:
+    cap = kv_capacity(
+        LLAMA, "rtx4090", max_num_batched_tokens=2048, max_model_len=32768,
+        cuda_graph_max_size=512, non_torch_bytes=GIB // 4,
+    )  # fmt: skip
+    parts = cap.weight_bytes + cap.activation_bytes + cap.cuda_graph_bytes + cap.non_torch_bytes
+    assert parts + cap.kv_bytes == cap.usable_bytes
+    assert cap.cuda_graph_bytes == activation_bytes(get_model(LLAMA), 1, 512, 0)
+    assert cap.non_torch_bytes == GIB // 4
+    text = cap.describe()
+    for term in ("weights", "activations", "cuda_graphs", "non_torch", "kv_cache"):
+        assert term in text
+    no_graphs = kv_capacity(LLAMA, "rtx4090", max_num_batched_tokens=2048, max_model_len=32768)
+    assert no_graphs.cuda_graph_bytes == 0 and no_graphs.num_slots > cap.num_slots
+
+
+def test_sampler_peak_dominates_small_token_budgets() -> None:
+    model = get_model(LLAMA)
+    small = activation_bytes(model, 1, 512, 256)
+    assert small >= 256 * model.vocab_size * 20  # logits, sorted values, indices, softmax
+    assert activation_bytes(model, 1, 512, 0) < small
