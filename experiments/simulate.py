@@ -12,6 +12,7 @@ Each run writes ``config.yaml``, ``metrics.json``, ``requests.csv``, ``steps.csv
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -89,7 +90,27 @@ def make_cost_model(c: Mapping[str, Any], setup: RunSetup) -> CostModel:
         )
     if kind == "roofline":
         extra.setdefault("block_size", int(c["system"].get("block_size", 16)))
+    if kind == "calibrated" and extra.get("path"):
+        return calibrated_from_file(Path(extra["path"]), setup)
     return build_cost_model(kind, setup.model, setup.gpu, setup.tp, **extra)
+
+
+def calibrated_from_file(path: Path, setup: RunSetup) -> CostModel:
+    """The calibrated model in ``path`` (``experiments.calibrate`` or ``calibrate_vllm``)
+    applied to this run's model and GPU; a file fitted for another model or GPU raises."""
+    if not path.is_file():
+        raise FileNotFoundError(f"cost.path: no calibration file {path}")
+    doc = json.loads(path.read_text())
+    if doc.get("kind") != "calibrated" or "coefficients" not in doc:
+        raise ValueError(f"{path}: not a calibration file (kind 'calibrated', coefficients)")
+    for key, ours in (("model", setup.model.name), ("gpu", setup.gpu.name)):
+        if doc.get(key) not in (None, ours):
+            raise ValueError(f"{path}: fitted for {key} {doc[key]!r}, this run uses {ours!r}")
+    return build_cost_model(
+        "calibrated", setup.model, setup.gpu, setup.tp,
+        coefficients=doc["coefficients"], fit_stats=doc.get("fit_stats"),
+        dtype_bytes=int(doc.get("dtype_bytes", 2)), block_size=int(doc.get("block_size", 16)),
+    )  # fmt: skip
 
 
 def _cost_doc(cost_model: Any) -> dict[str, Any]:

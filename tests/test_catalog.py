@@ -185,7 +185,7 @@ def test_gqa_heads_are_split_then_replicated() -> None:
 def test_capacity_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match=r"opt-175b does not fit on 1 × a100-40gb"):
         kv_capacity("opt-175b", "a100-40gb")
-    with pytest.raises(ValueError, match="fewer than one max-length sequence"):
+    with pytest.raises(ValueError, match="fewer than one max_model_len=2048 sequence"):
         kv_capacity("opt-13b", "a100-40gb", kv_cache_bytes=1 * GIB)
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         kv_capacity("opt-13b", "a100-40gb", gpu_memory_utilization=1.5)

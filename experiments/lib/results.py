@@ -29,7 +29,11 @@ def _clean(value: Any) -> Any:
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    path.write_text(json.dumps(_clean(dict(data)), indent=2, sort_keys=True) + "\n")
+    """Write ``data`` as JSON atomically (a temporary file renamed over ``path``)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_clean(dict(data)), indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
 
 
 def write_run(

@@ -4,6 +4,7 @@ scheduler factory. ``experiments.simulate`` and ``experiments.serve`` share this
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from sim.capacity import KVCapacity, kv_capacity
 from sim.catalog import GPUSpec, ModelSpec, model_from_config, resolve_gpu
 
 GIB = 1024**3
+log = logging.getLogger(__name__)
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -63,6 +65,20 @@ def served_max_model_len(system: Mapping[str, Any], model: ModelSpec) -> int:
     return int(value)
 
 
+def prefix_caching_for(system: Mapping[str, Any], requests: list[Request]) -> bool:
+    """``system.enable_prefix_caching``, turned off (with a warning) for a workload without
+    prompt token ids: block hashes need the tokens (e.g. ``system=vllm_v1`` on a synthetic
+    workload without ``with_token_ids``, or a vLLM log without ``tokens_path``)."""
+    wanted = bool(system.get("enable_prefix_caching", False))
+    if wanted and any(r.prompt_token_ids is None for r in requests):
+        log.warning(
+            "system.enable_prefix_caching is on but the workload has no prompt token ids: "
+            "prefix caching is off for this run"
+        )
+        return False
+    return wanted
+
+
 def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
     """Resolve every config group into concrete objects; errors name the bad field."""
     c = as_dict(cfg)
@@ -94,6 +110,7 @@ def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
     num_cpu_slots = int(swap_bytes // capacity.bytes_per_token_per_gpu)
     seed = int(c.get("seed", 0))
     requests = build_workload(c["workload"], max_model_len=max_model_len, seed=seed)
+    prefix_caching = prefix_caching_for(system, requests)
 
     def make_scheduler() -> BaseScheduler:
         return build_scheduler(
@@ -103,7 +120,7 @@ def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
             block_size=int(system.get("block_size", 16)),
             num_cpu_slots=num_cpu_slots,
             watermark=float(system.get("watermark", 0.01)),
-            enable_prefix_caching=bool(system.get("enable_prefix_caching", False)),
+            enable_prefix_caching=prefix_caching,
         )
 
     return RunSetup(model, gpu, tp, capacity, sched_config, requests, make_scheduler, max_model_len)

@@ -1,0 +1,542 @@
+"""``python -m experiments.calibrate_vllm RUN_DIR --hardware NAME [--model NAME|CONFIG]
+[--workload FILE] [--split 0.5] --out DIR``: does kvlab match a real vLLM run?
+
+``RUN_DIR`` holds a vLLM run: ``requests.jsonl`` (per-request engine timestamps),
+``meta.json`` (the resolved engine configuration) and optionally ``timeseries.csv``
+(running/waiting counts); see ``../shared/measurements/README.md``. The simulator replays
+the run's arrivals and lengths (and token ids from ``--workload``, the JSONL that was sent,
+so prefix hits replay) on ``system=vllm_v1`` with the engine settings of ``meta.json``
+(``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``, dtype, tensor-parallel
+size, block size, prefix caching, and the KV blocks vLLM allocated).
+
+1. *Uncalibrated*: the roofline cost model on the GPU's datasheet numbers and the
+   documented default efficiencies (:mod:`sim.cost.efficiency`); nothing is fitted.
+2. *Calibrated*: three bounded constants with a meaning — a per-step overhead
+   ``c0 ∈ [0, 0.1] s``, a compute time scale ``1/compute efficiency ∈ [1, 20]`` and a memory
+   time scale ``1/memory efficiency ∈ [1, 20]`` on the basis terms of
+   :class:`sim.cost.CalibratedCostModel` — fitted on the first ``split`` of the requests by
+   arrival, on signals that do not pass through the queue: each request's TPOT and, for
+   requests scheduled at once (``scheduled_ts − queued_ts`` below ``NO_WAIT_S``), the TTFT
+   without the wait for the step in flight at arrival (``first_token_ts − scheduled_ts``;
+   that wait jumps with step boundaries). A request's simulated TPOT is a sum of step
+   times, linear in the constants for a fixed schedule, so each round is a bounded
+   least-squares fit of relative errors on the current simulated schedule (damped), then a
+   new simulation; the round whose own simulation fits best is kept (``ROUNDS`` rounds).
+   The whole run is simulated (the held-out arrivals are workload, known in advance), but
+   only first-part measurements enter the fit.
+
+Both are scored on the held-out requests (arrival order after the split): ``DIR/errors.json``
+maps ``uncalibrated`` and ``calibrated`` to relative errors (simulated − measured) /
+measured of ``mean_ttft_ms``, ``median_ttft_ms``, ``p99_ttft_ms``, ``mean_tpot_ms``,
+``p99_tpot_ms``, ``mean_e2el_ms``, ``request_throughput``, ``output_throughput`` and
+``makespan_s``. ``DIR/calibration.json`` is what ``simulate cost=calibrated
+cost.path=DIR/calibration.json`` takes; ``DIR/calibrate_vllm.png`` plots per-request
+measured vs predicted TTFT and E2E and the running/waiting counts over time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core.model_spec import ModelSpec
+from core.request import Request
+from core.sched.base import SchedulerConfig
+from core.systems import build_scheduler
+from core.workload.trace_io import TraceFormatError
+from core.workload.vllm_log import (
+    LoggedRequest,
+    read_token_ids,
+    read_vllm_log,
+    requests_from_log,
+)
+from experiments.lib.results import write_json
+from sim.capacity import kv_capacity
+from sim.catalog import CONFIGS, GPUSpec, get_gpu, get_model, gpu_from_config
+from sim.cost import CalibratedCostModel, CostModel, RooflineCostModel
+from sim.driver import simulate
+
+METRICS = (
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+    "mean_e2el_ms",
+    "request_throughput",
+    "output_throughput",
+    "makespan_s",
+)
+NO_WAIT_S = 0.05  # "scheduled at once": below one decode step of a 7-8B model (~30 ms)
+ROUNDS = 6
+DAMPING = 0.5
+EPS = 1e-9  # seconds: step ends and request timestamps are the same sums of floats
+# (lower, upper) of c0 [s], compute time scale, memory time scale.
+BOUNDS = ((0.0, 0.1), (1.0, 20.0), (1.0, 20.0))
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+
+
+class RunError(ValueError):
+    """A run directory or option that cannot be used; the message names file and key."""
+
+
+@dataclass
+class VLLMRun:
+    """A vLLM run directory read into what the simulator needs."""
+
+    name: str
+    meta: dict[str, Any]
+    logged: list[LoggedRequest]
+    requests: list[Request]
+    sched_config: SchedulerConfig
+    num_gpu_blocks: int | None
+    block_size: int
+    prefix_caching: bool
+    tp: int
+    dtype_bytes: int
+    model_name: str
+    device_memory_bytes: int | None
+    timeseries: pd.DataFrame | None
+
+
+def _meta_value(meta: dict[str, Any], path: Path, *keys: str, default: Any = None) -> Any:
+    """The first of ``keys`` (dotted paths into meta.json) present; ``default`` or an
+    error naming the key when none is."""
+    for key in keys:
+        node: Any = meta
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            return node
+    if default is not None:
+        return default
+    raise RunError(f"{path}: missing key {keys[0]!r}")
+
+
+def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
+    """Read ``run_dir``'s meta.json, requests.jsonl and timeseries.csv."""
+    run_dir = Path(run_dir)
+    meta_path = run_dir / "meta.json"
+    if not meta_path.is_file():
+        raise RunError(f"{meta_path}: not found (a vLLM run directory holds meta.json)")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as e:
+        raise RunError(f"{meta_path}: not JSON ({e})") from None
+    logged = read_vllm_log(run_dir)
+    ids = None if workload is None else read_token_ids(workload, [r.prompt_len for r in logged])
+    ek = "engine_kwargs"
+    sc = "resolved_config.scheduler_config"
+    max_len = int(_meta_value(meta, meta_path, f"{ek}.max_model_len"))
+    chunked = bool(_meta_value(meta, meta_path, f"{sc}.enable_chunked_prefill", default=True))
+    sched = SchedulerConfig(
+        max_num_seqs=int(_meta_value(meta, meta_path, f"{ek}.max_num_seqs", f"{sc}.max_num_seqs")),
+        max_num_batched_tokens=int(_meta_value(meta, meta_path, f"{ek}.max_num_batched_tokens")),
+        max_model_len=max_len,
+        preemption_mode="recompute",
+        chunked_prefill=chunked,
+    )
+    dtype = str(_meta_value(meta, meta_path, f"{ek}.dtype", default="bfloat16"))
+    if dtype not in DTYPE_BYTES:
+        raise RunError(f"{meta_path}: engine_kwargs.dtype {dtype!r} is not one of {DTYPE_BYTES}")
+    blocks = _meta_value(meta, meta_path, "kv_cache.num_gpu_blocks", default=-1)
+    ts_path = run_dir / "timeseries.csv"
+    return VLLMRun(
+        name=run_dir.name,
+        meta=meta,
+        logged=logged,
+        requests=requests_from_log(logged, ids),
+        sched_config=sched,
+        num_gpu_blocks=None if blocks == -1 else int(blocks),
+        block_size=int(_meta_value(meta, meta_path, "kv_cache.block_size", default=16)),
+        prefix_caching=bool(
+            _meta_value(meta, meta_path, "kv_cache.enable_prefix_caching", default=True)
+        ),
+        tp=int(_meta_value(meta, meta_path, f"{ek}.tensor_parallel_size", default=1)),
+        dtype_bytes=DTYPE_BYTES[dtype],
+        model_name=str(_meta_value(meta, meta_path, "model", f"{ek}.model")),
+        device_memory_bytes=_meta_value(
+            meta, meta_path, "hardware.device_total_memory_bytes", default=-1
+        )
+        if _meta_value(meta, meta_path, "hardware.device_total_memory_bytes", default=-1) != -1
+        else None,
+        timeseries=pd.read_csv(ts_path) if ts_path.is_file() else None,
+    )
+
+
+def resolve_model(arg: str | None, run: VLLMRun) -> ModelSpec:
+    """``--model``: a catalog name or HF id, or a ``config.json`` path; default the run's
+    model id from meta.json."""
+    if arg is not None and Path(arg).exists():
+        return ModelSpec.from_json(arg)
+    return get_model(arg or run.model_name)
+
+
+def resolve_gpu(arg: str) -> GPUSpec:
+    """``--hardware``: a catalog name or a hardware YAML path."""
+    path = Path(arg)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        import yaml
+
+        return gpu_from_config(yaml.safe_load(path.read_text()) or {}, str(path))
+    return get_gpu(arg)
+
+
+def num_blocks(run: VLLMRun, model: ModelSpec, gpu: GPUSpec) -> tuple[int, str]:
+    """vLLM's block count when meta.json records it, else kvlab's estimate (vllm_v1
+    accounting on the device memory meta.json records); the capacity description."""
+    if run.device_memory_bytes is not None:
+        gpu = GPUSpec(
+            gpu.name, int(run.device_memory_bytes), gpu.mem_bandwidth, gpu.peak_flops,
+            gpu.peer_link_bandwidth, gpu.host_link_bandwidth, gpu.peer_link,
+            {**gpu.source, "memory_gb": "device_total_memory_bytes of the run's meta.json"},
+        )  # fmt: skip
+    estimate = kv_capacity(
+        model, gpu, run.tp, run.dtype_bytes,
+        max_num_batched_tokens=run.sched_config.max_num_batched_tokens,
+        max_num_seqs=run.sched_config.max_num_seqs,
+        max_model_len=run.sched_config.max_model_len,
+        block_size=run.block_size, cuda_graph_max_size=512,
+    )  # fmt: skip
+    text = estimate.describe()
+    if run.num_gpu_blocks is None:
+        return estimate.num_blocks(run.block_size), text
+    est = estimate.num_blocks(run.block_size)
+    text += (
+        f"\n  vLLM allocated {run.num_gpu_blocks} blocks (meta.json, used); kvlab's estimate "
+        f"{est} blocks ({est / run.num_gpu_blocks - 1:+.1%})"
+    )
+    return run.num_gpu_blocks, text
+
+
+def run_simulation(run: VLLMRun, cost: CostModel, blocks: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Simulate the whole run on vllm_v1; the requests and steps frames."""
+
+    def make_scheduler() -> Any:
+        return build_scheduler(
+            "vllm_v1", blocks * run.block_size, config=run.sched_config,
+            block_size=run.block_size, watermark=0.0,
+            enable_prefix_caching=run.prefix_caching
+            and all(r.prompt_token_ids is not None for r in run.requests),
+        )  # fmt: skip
+
+    rec = simulate(run.requests, make_scheduler, cost).recorder
+    return rec.requests_frame(), rec.steps_frame()
+
+
+def measured_frame(logged: list[LoggedRequest]) -> pd.DataFrame:
+    """The log as a requests frame (columns of ``core.metrics.recorder``)."""
+    return pd.DataFrame(
+        {
+            "request_id": [r.index for r in logged],
+            "arrival_s": [r.arrival for r in logged],
+            "output_len": [r.output_len for r in logged],
+            "first_scheduled_s": [r.scheduled for r in logged],
+            "first_token_s": [r.first_token for r in logged],
+            "finish_s": [r.last_token for r in logged],
+            "ttft_s": [r.ttft for r in logged],
+            "tpot_s": [r.tpot for r in logged],
+            "e2el_s": [r.e2e for r in logged],
+        }
+    )
+
+
+def split_ids(logged: list[LoggedRequest], split: float) -> tuple[set[int], set[int]]:
+    """Request ids of the first ``split`` by arrival (the fit part) and of the rest."""
+    if not 0.0 < split < 1.0:
+        raise RunError(f"--split must be in (0, 1), got {split}")
+    order = sorted(logged, key=lambda r: (r.arrival, r.index))
+    k = max(1, min(len(order) - 1, round(split * len(order))))
+    return {r.index for r in order[:k]}, {r.index for r in order[k:]}
+
+
+def part_metrics(frame: pd.DataFrame, ids: set[int]) -> dict[str, float]:
+    """The ``METRICS`` of the requests ``ids`` (throughputs over their own makespan: first
+    arrival to last finish)."""
+    part = frame[frame["request_id"].isin(ids)]
+    makespan = float(part["finish_s"].max() - part["arrival_s"].min())
+    tpot = part["tpot_s"].dropna().to_numpy(dtype=float)
+    ttft = part["ttft_s"].to_numpy(dtype=float)
+    return {
+        "mean_ttft_ms": float(ttft.mean() * 1e3),
+        "median_ttft_ms": float(np.median(ttft) * 1e3),
+        "p99_ttft_ms": float(np.percentile(ttft, 99) * 1e3),
+        "mean_tpot_ms": float(tpot.mean() * 1e3),
+        "p99_tpot_ms": float(np.percentile(tpot, 99) * 1e3),
+        "mean_e2el_ms": float(part["e2el_s"].mean() * 1e3),
+        "request_throughput": len(part) / makespan,
+        "output_throughput": float(part["output_len"].sum()) / makespan,
+        "makespan_s": makespan,
+    }
+
+
+def relative_errors(sim: dict[str, float], meas: dict[str, float]) -> dict[str, float]:
+    return {k: (sim[k] - meas[k]) / meas[k] for k in METRICS}
+
+
+def bounded_lstsq(a: np.ndarray, b: np.ndarray, bounds: tuple[tuple[float, float], ...]):
+    """``min ||a x − b||`` with ``lo ≤ x ≤ hi``, exact for a few variables: every choice of
+    each variable at its lower bound, its upper bound or free is solved and the feasible
+    one with the least residual kept."""
+    n = a.shape[1]
+    best, best_res = None, math.inf
+    for states in itertools.product(("lo", "hi", "free"), repeat=n):
+        x = np.zeros(n)
+        free = [i for i, s in enumerate(states) if s == "free"]
+        for i, s in enumerate(states):
+            if s != "free":
+                x[i] = bounds[i][0 if s == "lo" else 1]
+        rest = b - a @ x
+        if free:
+            x[free] = np.linalg.lstsq(a[:, free], rest, rcond=None)[0]
+        if all(bounds[i][0] - 1e-12 <= x[i] <= bounds[i][1] + 1e-12 for i in range(n)):
+            res = float(np.sum((a @ x - b) ** 2))
+            if res < best_res:
+                best, best_res = x, res
+    assert best is not None  # the all-bounds corners are always feasible
+    return best
+
+
+def _fit_rows(
+    probe: CalibratedCostModel, sim_req: pd.DataFrame, steps: pd.DataFrame,
+    meas: pd.DataFrame, fit_ids: set[int],
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Rows ``(basis sums, measured)`` of the fit part's TPOTs and no-wait TTFTs on the
+    simulated schedule ``steps``; basis columns: constant, compute time, memory time."""
+    steps = steps.sort_values("start_s")
+    col = {c: steps[c].to_numpy(dtype=float) for c in steps.columns if c != "step"}
+    const, lin, attn, byte = probe.basis(
+        col["prefill_tokens"], col["prefill_seqs"], col["prefill_attn_pairs"],
+        col["prefill_kv_read_tokens"], col["decode_seqs"], col["decode_ctx_tokens"],
+    )  # fmt: skip
+    basis = np.column_stack([const, lin + attn, byte])
+    cum = np.vstack([np.zeros(3), np.cumsum(basis, axis=0)])
+    start, end = col["start_s"], col["start_s"] + col["duration_s"]
+    sim = sim_req.set_index("request_id")
+    rows, targets = [], []
+    for m in meas[meas["request_id"].isin(fit_ids)].itertuples():
+        s = sim.loc[m.request_id]
+        if s["status"] != "finished":
+            continue
+        if m.output_len >= 2 and math.isfinite(m.tpot_s):
+            lo = np.searchsorted(end, s["first_token_s"] + EPS, "right")
+            hi = np.searchsorted(end, s["finish_s"] + EPS, "right")
+            rows.append((cum[hi] - cum[lo]) / (m.output_len - 1))
+            targets.append(m.tpot_s)
+        if m.first_scheduled_s - m.arrival_s <= NO_WAIT_S:
+            lo = np.searchsorted(start, s["first_scheduled_s"] - EPS, "left")
+            hi = np.searchsorted(end, s["first_token_s"] + EPS, "right")
+            if hi > lo:
+                rows.append(cum[hi] - cum[lo])
+                targets.append(m.first_token_s - m.first_scheduled_s)
+    if len(rows) < 3:
+        raise RunError(f"only {len(rows)} usable requests before the split: too few to fit")
+    return np.array(rows), np.array(targets)
+
+
+def calibrate(
+    run: VLLMRun, model: ModelSpec, gpu: GPUSpec, blocks: int, fit_ids: set[int],
+    first_trace: tuple[pd.DataFrame, pd.DataFrame],
+) -> tuple[CalibratedCostModel, list[dict[str, float]]]:  # fmt: skip
+    """Fit the three constants (see the module doc); the model and the per-round values."""
+    meas = measured_frame(run.logged)
+    probe = CalibratedCostModel(
+        model, gpu, dict.fromkeys(("constant", "linear_flop_time", "attn_flop_time",
+                                   "byte_time"), 0.0),
+        run.tp, run.dtype_bytes, run.block_size,
+    )  # fmt: skip
+    trace = first_trace
+    history: list[dict[str, float]] = []
+    best: tuple[float, CalibratedCostModel | None] = (math.inf, None)
+    x_prev: np.ndarray | None = None
+    for _ in range(ROUNDS):
+        a, y = _fit_rows(probe, trace[0], trace[1], meas, fit_ids)
+        x_fit = bounded_lstsq(a / y[:, None], np.ones(len(y)), BOUNDS)
+        # damped: the fit holds the schedule fixed, and the schedule moves with x
+        x = x_fit if x_prev is None else DAMPING * x_fit + (1 - DAMPING) * x_prev
+        x_prev = x
+        pred = a @ x
+        coeffs = {
+            "constant": float(x[0]),
+            "linear_flop_time": float(x[1]),
+            "attn_flop_time": float(x[1]),
+            "byte_time": float(x[2]),
+        }
+        stats = {
+            "n_signals": float(len(y)),
+            "mape": float(np.mean(np.abs(pred - y) / y)),
+        }
+        cost = CalibratedCostModel(
+            model, gpu, coeffs, run.tp, run.dtype_bytes, run.block_size, stats
+        )
+        trace = run_simulation(run, cost, blocks)
+        # the fit above holds the schedule fixed; score the model on the schedule it makes
+        achieved = signal_error(trace[0], meas, fit_ids)
+        history.append({**coeffs, **stats, "simulated_signal_mape": achieved})
+        if achieved < best[0]:
+            best = (achieved, cost)
+    assert best[1] is not None
+    return best[1], history
+
+
+def signal_error(sim_req: pd.DataFrame, meas: pd.DataFrame, ids: set[int]) -> float:
+    """Mean relative error of the fit signals (TPOT; TTFT of no-wait requests) of ``ids``
+    between a simulation and the measurement."""
+    sim = sim_req.set_index("request_id")
+    errs = []
+    for m in meas[meas["request_id"].isin(ids)].itertuples():
+        s = sim.loc[m.request_id]
+        if m.output_len >= 2 and math.isfinite(m.tpot_s) and math.isfinite(s["tpot_s"]):
+            errs.append(abs(s["tpot_s"] - m.tpot_s) / m.tpot_s)
+        if m.first_scheduled_s - m.arrival_s <= NO_WAIT_S:
+            t_sim = s["first_token_s"] - s["first_scheduled_s"]
+            t_meas = m.first_token_s - m.first_scheduled_s
+            errs.append(abs(t_sim - t_meas) / t_meas)
+    return float(np.mean(errs)) if errs else math.inf
+
+
+def _plot(
+    out: Path, meas: pd.DataFrame, sims: dict[str, pd.DataFrame], steps: dict[str, pd.DataFrame],
+    heldout: set[int], timeseries: pd.DataFrame | None,
+) -> None:  # fmt: skip
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    m = meas.set_index("request_id")
+    for ax, key, label in ((axes[0], "ttft_s", "TTFT"), (axes[1], "e2el_s", "E2E latency")):
+        for name, frame in sims.items():
+            s = frame.set_index("request_id").loc[m.index]
+            held = m.index.isin(list(heldout))
+            ax.scatter(m[key][held], s[key][held], s=8, label=f"{name} (held out)")
+            ax.scatter(m[key][~held], s[key][~held], s=8, marker="x", alpha=0.4,
+                       label=f"{name} (fit part)")  # fmt: skip
+        hi = float(m[key].max()) * 1.05
+        ax.plot([0, hi], [0, hi], "k--", lw=0.8)
+        ax.set(xlabel=f"measured {label} (s)", ylabel=f"simulated {label} (s)", title=label)
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    if timeseries is not None and {"t", "running", "waiting"} <= set(timeseries.columns):
+        ax.plot(timeseries["t"], timeseries["running"], "k-", label="vLLM running")
+        ax.plot(timeseries["t"], timeseries["waiting"], "k:", label="vLLM waiting")
+    for name, st in steps.items():
+        ax.plot(st["start_s"], st["running_requests"], lw=0.8, label=f"{name} running")
+        ax.plot(st["start_s"], st["num_waiting"], lw=0.8, ls=":", label=f"{name} waiting")
+    ax.set(xlabel="time (s)", ylabel="requests", title="running / waiting")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = out.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(out)
+
+
+def run_calibration(
+    run_dir: Path, hardware: str, model_arg: str | None = None, workload: Path | None = None,
+    split: float = 0.5, out: Path | None = None, plot: bool = True,
+) -> dict[str, Any]:  # fmt: skip
+    """The whole command; returns ``{"uncalibrated", "calibrated", ...}`` and writes the
+    files when ``out`` is given."""
+    run = read_run(run_dir, workload)
+    model, gpu = resolve_model(model_arg, run), resolve_gpu(hardware)
+    blocks, capacity_text = num_blocks(run, model, gpu)
+    fit_ids, held_ids = split_ids(run.logged, split)
+    meas = measured_frame(run.logged)
+    measured = part_metrics(meas, held_ids)
+    roofline = RooflineCostModel(model, gpu, run.tp, run.dtype_bytes, block_size=run.block_size)
+    first = run_simulation(run, roofline, blocks)
+    cal_model, history = calibrate(run, model, gpu, blocks, fit_ids, first)
+    final = run_simulation(run, cal_model, blocks)
+    predicted = {"uncalibrated": part_metrics(first[0], held_ids),
+                 "calibrated": part_metrics(final[0], held_ids)}  # fmt: skip
+    errors = {k: relative_errors(v, measured) for k, v in predicted.items()}
+    result = {
+        **errors,
+        "measured": measured,
+        "predicted": predicted,
+        "split": split,
+        "num_fit_requests": len(fit_ids),
+        "num_heldout_requests": len(held_ids),
+        "kv_blocks": blocks,
+        "capacity": capacity_text,
+        "fit_rounds": history,
+        "uncalibrated_cost_model": roofline.describe(),
+        "calibrated_cost_model": cal_model.describe(),
+    }
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "errors.json", result)
+        doc = cal_model.to_dict()
+        doc.update(
+            source_run=run.name,
+            split=split,
+            fitted_on="TPOT and no-wait TTFT of the requests before the split",
+            hf_config=model.to_hf_config(),
+            bounds={"constant": BOUNDS[0], "compute_scale": BOUNDS[1], "memory_scale": BOUNDS[2]},
+        )
+        write_json(out / "calibration.json", doc)
+        if plot:
+            _plot(
+                out / "calibrate_vllm.png", meas,
+                {"uncalibrated": first[0], "calibrated": final[0]},
+                {"calibrated": final[1]}, held_ids, run.timeseries,
+            )  # fmt: skip
+    return result
+
+
+def format_errors(result: dict[str, Any]) -> str:
+    head = f"{'metric':<20} {'measured':>12} {'uncalibrated':>13} {'calibrated':>11}"
+    lines = [head]
+    for k in METRICS:
+        lines.append(
+            f"{k:<20} {result['measured'][k]:>12.4g} {result['uncalibrated'][k]:>+13.2%} "
+            f"{result['calibrated'][k]:>+11.2%}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.calibrate_vllm", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("run_dir", type=Path, help="a vLLM run directory (meta.json, requests)")
+    parser.add_argument("--hardware", required=True, help="GPU name or hardware YAML path")
+    parser.add_argument("--model", default=None, help="name, HF id or config.json path")
+    parser.add_argument("--workload", type=Path, default=None, help="the workload JSONL sent")
+    parser.add_argument("--split", type=float, default=0.5, help="fit part (by arrival)")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        result = run_calibration(
+            args.run_dir, args.hardware, args.model, args.workload, args.split, args.out
+        )
+    except (RunError, TraceFormatError, ValueError, KeyError, FileNotFoundError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"calibrate_vllm: error: {message}", file=sys.stderr)
+        return 2
+    print(result["capacity"])
+    print(result["calibrated_cost_model"])
+    print(f"held-out part: {result['num_heldout_requests']} requests after the first "
+          f"{result['num_fit_requests']} (split {args.split})")  # fmt: skip
+    print(format_errors(result))
+    print(f"wrote {args.out}/errors.json, calibration.json, calibrate_vllm.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["CONFIGS", "main", "run_calibration"]
