@@ -101,3 +101,21 @@ def test_bad_runs_give_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFix
     (run / "meta.json").write_text(json.dumps(meta))
     assert main([str(run), "--hardware", "rtx4090", "--out", str(tmp_path / "o")]) == 2
     assert "meta.json: missing key 'engine_kwargs.max_model_len'" in capsys.readouterr().err
+
+
+def test_gpu_and_model_given_by_yaml_and_config_json(tmp_path: Path) -> None:
+    import yaml
+
+    from sim.catalog import CONFIGS
+
+    run = _fake_run(tmp_path, n=12)
+    hw = yaml.safe_load((CONFIGS / "hardware" / "rtx4090.yaml").read_text())
+    (tmp_path / "my-gpu.yaml").write_text(yaml.safe_dump({**hw, "name": "my-gpu"}))
+    model_dir = tmp_path / "my-model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(get_model("llama-3.1-8b").to_hf_config()))
+    out = tmp_path / "out"
+    args = [str(run), "--hardware", str(tmp_path / "my-gpu.yaml"), "--model", str(model_dir)]
+    assert main([*args, "--split", "0.5", "--out", str(out)]) == 0
+    assert json.loads((out / "calibration.json").read_text())["gpu"] == "my-gpu"
+    assert (out / "calibrate_vllm.png").is_file()

@@ -56,7 +56,7 @@ def test_bad_inputs_name_the_problem():
         run(compose_config([*SMALL, "workload.rate=-1"]))
     with pytest.raises(SystemConfigError, match="unknown system"):
         run(compose_config([*SMALL, "system.name=vllm2"]))
-    with pytest.raises(ValueError, match="max-length sequence"):
+    with pytest.raises(ValueError, match="fewer than one max_model_len=2048 sequence"):
         run(compose_config([*SMALL, "kv_cache_gb=0.01"]))
 
 

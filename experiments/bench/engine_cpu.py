@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.model_spec import kv_bytes_per_token
 from core.request import Request
 from core.sched.base import SchedulerConfig
 from core.workload.synthetic import synthesize
@@ -284,7 +285,7 @@ def run_all(plan: BenchPlan, argv: list[str]) -> dict[str, Any]:
     rows[hf_row["system"]] = hf_row
     for system in ("vllm", "orca_max"):
         rows[system] = run_kvlab(model_config, state, system, requests, plan, spec.max_model_len)
-    per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4
+    per_token = kv_bytes_per_token(spec, dtype_bytes=4)  # fp32
     meta = metadata(plan, argv, plan.orca_max_batch * spec.max_model_len * per_token)
     meta["mean_prompt_len"] = float(np.mean([r.prompt_len for r in requests]))
     meta["mean_output_len"] = float(np.mean([r.output_len for r in requests]))

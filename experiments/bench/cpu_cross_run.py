@@ -1,0 +1,108 @@
+"""Cross-run validation on kvlab's CPU engine: ``python -m experiments.bench.cpu_cross_run
+--out DIR [--quick]``.
+
+Calibrate on one engine run, validate on a *different* one (another workload and rate):
+
+- run A (calibration): ShareGPT-like requests at ``RATE_A`` req/s;
+- run B (validation): Alpaca-like requests at ``RATE_B`` req/s;
+
+both ``experiments.serve`` runs of the ``vllm`` system on OPT-125M shapes (seeded dummy
+weights, fp32, one torch thread, online arrivals on the virtual clock: the timeline
+advances by each step's measured time). ``experiments.calibrate`` fits the calibrated step
+model to A's ``steps.csv``; ``experiments.validate`` simulates B's workload on B's KV cache
+with that model and compares with B's measured metrics (and, for reference, A's in-sample
+fit). Writes ``DIR/cross_run.json`` and ``DIR/cross_run.csv`` and prints the table.
+``--quick`` uses tiny-opt and a handful of requests (seconds) so a test can run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from experiments import calibrate, validate
+from experiments.bench.tables import print_table, write_csv
+from experiments.lib.results import write_json
+from experiments.serve import run as serve
+
+CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
+RATE_A, RATE_B = 2.0, 6.0
+COMMON = ["system=vllm", "dtype=float32", "progress=false", "mode=online", "clock=virtual"]
+FULL = {
+    "model": "opt-125m",
+    "a": ["workload=sharegpt", f"workload.rate={RATE_A}", "workload.num_requests=24"],
+    "b": ["workload=alpaca", f"workload.rate={RATE_B}", "workload.num_requests=48"],
+    "kv": "kv_budget_gb=0.5",
+}
+QUICK = {
+    "model": "tiny-opt",
+    "a": ["workload=sharegpt", "workload.rate=30", "workload.num_requests=8"],
+    "b": ["workload=alpaca", "workload.rate=60", "workload.num_requests=12"],
+    "kv": "kv_budget_gb=0.002",
+}
+KEYS = ("request_throughput", "output_throughput", "mean_tpot_ms", "mean_e2el_ms", "mean_ttft_ms")
+
+
+def serve_run(out: Path, overrides: list[str]) -> Path:
+    """One engine run into ``out`` (one torch thread, restored after)."""
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        cfg = compose(config_name="serve", overrides=overrides)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        serve(cfg, out)
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+def cross_run(out: Path, quick: bool = False) -> dict[str, Any]:
+    """Serve A and B, calibrate on A, validate on A and B; the rows and the documents."""
+    plan = QUICK if quick else FULL
+    base = [f"model={plan['model']}", plan["kv"], *COMMON]
+    run_a = serve_run(out / "run_a", [*base, *plan["a"], "seed=1"])
+    run_b = serve_run(out / "run_b", [*base, *plan["b"], "seed=2"])
+    fitted = calibrate.calibrate(run_a)
+    doc = calibrate.calibration_doc(fitted, run_a)
+    write_json(run_a / "calibration.json", doc)
+    rows = []
+    results = {}
+    for label, run_dir in (("A (in-sample)", run_a), ("B (other run)", run_b)):
+        res = validate.validate(run_dir, doc)
+        results[label] = res
+        by_key = {r["metric"]: r for r in res["comparison"]}
+        for key in KEYS:
+            r = by_key.get(key) or {
+                "engine": res["engine"].get(key),
+                "simulator": res["simulator"].get(key),
+                "rel_err": validate.rel_err(res["simulator"].get(key), res["engine"].get(key)),
+            }
+            rows.append({
+                "validated_on": label, "metric": key, "engine": r["engine"],
+                "simulator": r["simulator"], "rel_err": r["rel_err"],
+            })  # fmt: skip
+    return {"rows": rows, "calibration": doc, "plan": plan, "validations": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench.cpu_cross_run")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true", help="tiny-opt, seconds")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = cross_run(args.out, args.quick)
+    print(result["calibration"].get("coefficients"))
+    print_table("calibrated on run A, validated on A and on B", result["rows"])
+    write_csv(args.out / "cross_run.csv", result["rows"])
+    write_json(args.out / "cross_run.json", {k: result[k] for k in ("rows", "calibration", "plan")})
+    print(f"wrote {args.out}/cross_run.json, cross_run.csv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
