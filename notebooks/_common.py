@@ -1,6 +1,7 @@
 """What every figure notebook shares: where the results are, a clear error when they are
-missing, reading run metrics, and saving a figure (PNG + PDF with TrueType fonts) next to
-the results. Notebooks read result files only; they never run a simulation.
+missing, reading run metrics, and saving a figure (``experiments.report.figures.save``:
+PNG + PDF with TrueType fonts) next to the results. Notebooks read result files only; they
+never run a simulation.
 
 Importing this module puts the repository root on ``sys.path`` so that notebooks opened
 from ``notebooks/`` can import ``core`` and ``experiments``.
@@ -12,14 +13,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-import matplotlib
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from experiments.report.figures import save  # re-exported: the one saver
+
+__all__ = ["MissingResultsError", "read_metrics", "require", "results_dir", "save"]
 
 RESULTS_ENV = "KVLAB_RESULTS"
 DEFAULT_RESULTS = Path("results") / "reproduce"
@@ -54,14 +57,3 @@ def read_metrics(results: Path, labels: dict[str, str]) -> pd.DataFrame:
     paths = require(results, *(f"runs/{label}/metrics.json" for label in labels.values()))
     rows = [json.loads(p.read_text()) | {"system": s} for s, p in zip(labels, paths, strict=True)]
     return pd.DataFrame(rows)
-
-
-def save(fig: Any, results: Path, stem: str) -> Path:
-    """Write ``<stem>.png`` (150 dpi) and ``<stem>.pdf`` (fonttype 42, editable text) into
-    ``results``; return the PNG's path."""
-    fig.tight_layout()
-    png = results / f"{stem}.png"
-    fig.savefig(png, dpi=150)
-    with matplotlib.rc_context({"pdf.fonttype": 42}):
-        fig.savefig(results / f"{stem}.pdf")
-    return png

@@ -28,7 +28,8 @@ import pandas as pd
 from _common import read_metrics, require, results_dir, save
 
 from core.metrics.summary import memory_shares
-from experiments.report.markdown import PART_LABELS, PARTS, fig2_table
+from experiments.report.figures import KV_PARTS, PART_COLORS, PART_LABELS, fig2_breakdown
+from experiments.report.markdown import fig2_table
 from experiments.report.paper import SYSTEM_LABELS
 from experiments.reproduce import FIG2_SYSTEMS
 
@@ -38,27 +39,12 @@ table = fig2_table(runs)
 table.set_index("system").round(1)
 
 # %% [markdown]
-# Time-averaged breakdown: kvlab's bar beside the paper's for each system. "Free" is free
-# slots while nobody waits; the paper shows no such bar.
+# Time-averaged breakdown: kvlab's bar beside the paper's for each system
+# (`experiments.report.figures`, the report's figure). "Free" is free slots while nobody
+# waits; the paper shows no such bar.
 
 # %%
-STACK = (*PARTS, "free")
-COLORS = dict(zip(STACK, ("#4c72b0", "#dd8452", "#c44e52", "#8c8c8c", "#e5e5e5"), strict=True))
-fig, ax = plt.subplots(figsize=(7, 4))
-names = [f"{SYSTEM_LABELS[s]}\n{who}" for s in table["system"] for who in ("kvlab", "paper")]
-bottom = pd.Series(0.0, index=range(len(names)))
-for part in STACK:
-    values = pd.Series(
-        [table.loc[i, f"{who}_{part}_pct"] for i in table.index for who in ("kvlab", "paper")],
-        dtype=float,
-    ).fillna(0.0)
-    ax.bar(range(len(names)), values, bottom=bottom, color=COLORS[part], label=PART_LABELS[part])
-    bottom += values
-ax.set_xticks(range(len(names)), names, fontsize=7)
-ax.set_ylabel("KV cache usage (%)")
-ax.set_ylim(0, 100)
-ax.set_title("Fig. 2: KV memory breakdown, OPT-13B, ShareGPT 2 req/s", fontsize=9)
-ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+fig = fig2_breakdown(table)
 save(fig, RESULTS, "fig02_kv_breakdown")
 
 # %% [markdown]
@@ -83,11 +69,12 @@ over_time = {
 }
 fig, axes = plt.subplots(len(over_time), 1, figsize=(6, 6), sharex=True)
 for ax, (system, df) in zip(axes, over_time.items(), strict=True):
-    ax.stackplot(df.index, *(df[f"kv_{p}_pct"] for p in STACK), colors=[COLORS[p] for p in STACK])
+    ax.stackplot(df.index, *(df[f"kv_{p}_pct"] for p in KV_PARTS),
+                 colors=[PART_COLORS[p] for p in KV_PARTS])  # fmt: skip
     ax.set_ylim(0, 100)
     ax.set_ylabel(f"{SYSTEM_LABELS[system]}\n(%)", fontsize=8)
 axes[0].set_title("kvlab's KV breakdown over time, OPT-13B, ShareGPT 2 req/s", fontsize=9)
 axes[-1].set_xlabel("simulated time (s)")
-axes[-1].legend([PART_LABELS[p] for p in STACK], fontsize=6, ncol=3, loc="upper center",
+axes[-1].legend([PART_LABELS[p] for p in KV_PARTS], fontsize=6, ncol=3, loc="upper center",
                 bbox_to_anchor=(0.5, -0.5))  # fmt: skip
 save(fig, RESULTS, "fig02_kv_breakdown_over_time")

@@ -24,13 +24,11 @@
 # `results/reproduce`).
 
 # %%
-import math
-
-import matplotlib.pyplot as plt
 import pandas as pd
 from _common import require, results_dir, save
 
-from experiments.report.paper import FIG12_SHAREGPT_RATIO, SYSTEM_LABELS
+from experiments.report.figures import fig12_rates
+from experiments.report.paper import FIG12_SHAREGPT_RATIO
 from experiments.reproduce import sustainable_rates
 
 # The normalized-latency bound (s/token) a sustained rate must meet: reproduce's
@@ -51,41 +49,12 @@ capacity["paper_ratio"] = [FIG12_SHAREGPT_RATIO.get(s) for s in capacity["system
 capacity
 
 # %% [markdown]
-# Left: the curves, the threshold and each system's sustainable rate (open circle).
-# Right: vLLM's sustainable rate as a multiple of each baseline's (kvlab: dot; an arrow
-# at the top when the baseline sustains no rate on the grid), beside the paper's range
-# over three model sizes (bar; "up to" ranges start at 1).
+# The report's figure (`experiments.report.figures.fig12_rates`). Left: the curves, the
+# threshold and each system's sustainable rate (open circle). Right: vLLM's sustainable
+# rate as a multiple of each baseline's (kvlab: dot; "∞" at the top when the baseline
+# sustains no rate on the grid), beside the paper's range over three model sizes (bar;
+# "up to" ranges start at 1).
 
 # %%
-fig, (ax_c, ax_r) = plt.subplots(1, 2, figsize=(9.5, 3.6))
-for i, (system, df) in enumerate(curves.groupby("system", sort=False)):
-    df = df.sort_values("rate")
-    ax_c.plot(df["rate"], df["normalized_latency"], marker="o", ms=2.5, color=f"C{i}",
-              label=SYSTEM_LABELS.get(system, system))  # fmt: skip
-    best = df[df["rate"] == capacity.set_index("system").loc[system, "max_rate"]]
-    ax_c.plot(best["rate"], best["normalized_latency"], "o", mfc="none", ms=8, color=f"C{i}")
-ax_c.axhline(THRESHOLD, color="k", lw=0.6, ls=":", label=f"threshold {THRESHOLD:g} s/token")
-ax_c.set_ylim(0, 2 * THRESHOLD)
-ax_c.set_xlabel("request rate (req/s)")
-ax_c.set_ylabel("normalized latency (s/token)")
-ax_c.set_title("kvlab, OPT-13B, ShareGPT (simulated)", fontsize=9)
-ax_c.legend(fontsize=7)
-
-baselines = capacity[capacity["system"] != "vllm"].reset_index(drop=True)
-top = 40.0
-paper = baselines["paper_ratio"].map(lambda r: r if r and r[1] is not None else None).dropna()
-ax_r.vlines(paper.index + 0.15, [lo or 1.0 for lo, _ in paper], [hi for _, hi in paper],
-            color="C1", lw=6, alpha=0.6, label="paper (range)")  # fmt: skip
-finite = baselines["vllm_ratio"].map(math.isfinite)
-ax_r.plot(baselines.index[finite] - 0.15, baselines["vllm_ratio"][finite], "o", color="C0",
-          label="kvlab")  # fmt: skip
-for i in baselines.index[~finite]:
-    ax_r.annotate("∞", (i - 0.15, top), ha="center", va="top", color="C0")
-ax_r.set_yscale("log")
-ax_r.set_ylim(1, top)
-ax_r.set_xticks(range(len(baselines)), [SYSTEM_LABELS[s] for s in baselines["system"]],
-                fontsize=7)  # fmt: skip
-ax_r.set_ylabel("vLLM rate / system rate")
-ax_r.set_title("sustainable-rate ratio", fontsize=9)
-ax_r.legend(fontsize=7)
+fig = fig12_rates(curves, capacity, THRESHOLD)
 save(fig, RESULTS, "fig12_latency_vs_rate")

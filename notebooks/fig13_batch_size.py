@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 from _common import read_metrics, require, results_dir, save
 
+from experiments.report.figures import SYSTEM_COLORS, fig13_batch
 from experiments.report.markdown import fig13_table
 from experiments.report.paper import FIG13_BATCH, SYSTEM_LABELS
 from experiments.reproduce import FIG2_SYSTEMS
@@ -36,14 +37,7 @@ table = fig13_table(read_metrics(RESULTS, {s: f"fig2_{s}" for s in FIG2_SYSTEMS}
 table.set_index("system").round(2)
 
 # %%
-fig, ax = plt.subplots(figsize=(5, 3))
-x = np.arange(len(table))
-ax.bar(x - 0.2, table["kvlab_mean_batch"], width=0.4, label="kvlab")
-ax.bar(x + 0.2, table["paper_mean_batch"], width=0.4, label="paper (Fig. 13)")
-ax.set_xticks(x, [SYSTEM_LABELS[s] for s in table["system"]], fontsize=8)
-ax.set_ylabel("# batched requests")
-ax.set_title("Fig. 13: mean batched requests, OPT-13B, ShareGPT 2 req/s", fontsize=9)
-ax.legend(fontsize=8)
+fig = fig13_batch(table)
 save(fig, RESULTS, "fig13_batch_size")
 
 # %% [markdown]
@@ -55,8 +49,8 @@ save(fig, RESULTS, "fig13_batch_size")
 step_files = require(RESULTS, *(f"runs/fig2_{s}/steps.csv" for s in FIG2_SYSTEMS))
 steps = {s: pd.read_csv(p) for s, p in zip(FIG2_SYSTEMS, step_files, strict=True)}
 fig, (ax_t, ax_h) = plt.subplots(1, 2, figsize=(9, 3.4))
-for i, (system, df) in enumerate(steps.items()):
-    color, label = f"C{i}", SYSTEM_LABELS[system]
+for system, df in steps.items():
+    color, label = SYSTEM_COLORS[system], SYSTEM_LABELS[system]
     ax_t.plot(df["start_s"], df["running_requests"], drawstyle="steps-post", lw=0.6,
               color=color, label=label)  # fmt: skip
     bins = np.arange(df["running_requests"].max() + 2) - 0.5

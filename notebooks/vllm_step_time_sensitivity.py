@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from _common import require, results_dir, save
 
+from experiments.report.figures import SOURCE_COLORS
 from experiments.report.paper import FIG2_BREAKDOWN, FIG13_BATCH
 
 RESULTS = results_dir()
@@ -45,9 +46,10 @@ PANELS = (
 )  # fmt: skip
 fig, axes = plt.subplots(1, len(PANELS), figsize=(10, 3))
 for ax, (column, ylabel, paper, paper_label) in zip(axes, PANELS, strict=True):
-    ax.plot(sens["per_step_overhead_ms"], sens[column], marker="o", label="kvlab vLLM")
+    ax.plot(sens["per_step_overhead_ms"], sens[column], marker="o", color=SOURCE_COLORS["kvlab"],
+            label="kvlab vLLM")  # fmt: skip
     if paper is not None:
-        ax.axhline(paper, color="C1", ls="--", label=paper_label)
+        ax.axhline(paper, color=SOURCE_COLORS["paper"], ls="--", label=paper_label)
         ax.legend(fontsize=7)
     ax.set_xlabel("added overhead (ms/step)")
     ax.set_ylabel(ylabel)

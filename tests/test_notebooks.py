@@ -4,6 +4,7 @@ its figure; a missing results directory fails with a message naming the fix."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -51,6 +52,26 @@ def execute(path: Path, results_dir: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_every_figure_has_a_notebook():
     assert {p.stem for p in NOTEBOOKS} >= EXPECTED
+
+
+SHARED_FIGURES = {  # notebook -> the function the report draws the same figure with
+    "fig02_kv_breakdown": "fig2_breakdown(",
+    "fig12_latency_vs_rate": "fig12_rates(",
+    "fig13_batch_size": "fig13_batch(",
+}
+
+
+def test_paper_figures_share_the_reports_code_and_colours():
+    from core.systems import SYSTEMS
+    from experiments.report.figures import SYSTEM_COLORS
+
+    assert set(SYSTEM_COLORS) == set(SYSTEMS)
+    for path in NOTEBOOKS:
+        text = path.read_text()
+        if path.stem in SHARED_FIGURES:
+            assert SHARED_FIGURES[path.stem] in text, path.name
+        # Colours come from experiments.report.figures, not from matplotlib's cycle.
+        assert not re.search(r"[\"']C\d[\"']|f\"C\{", text), path.name
 
 
 @pytest.mark.slow

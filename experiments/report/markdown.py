@@ -1,7 +1,8 @@
 """Tables, figures and the markdown report of ``experiments.reproduce``.
 
 Numbers in the report are what the runs computed; the paper's numbers stand beside them
-(``experiments.report.paper``). Figures: matplotlib, PNG and PDF (fonttype 42).
+(``experiments.report.paper``). Figures: ``experiments.report.figures`` (shared with the
+notebooks), PNG and PDF (fonttype 42).
 """
 
 from __future__ import annotations
@@ -14,6 +15,15 @@ from typing import Any
 import pandas as pd
 
 from experiments.lib.setup import as_dict, build_setup
+from experiments.report.figures import (
+    KV_PARTS,
+    PART_LABELS,
+    fig2_breakdown,
+    fig12_rates,
+    fig13_batch,
+    pyplot,
+    save,
+)
 from experiments.report.paper import (
     FIG2_BREAKDOWN,
     FIG12_SHAREGPT_RATIO,
@@ -23,33 +33,7 @@ from experiments.report.paper import (
 from experiments.simulate import make_cost_model
 from sim.capacity import format_table1, table1
 
-PARTS = ("token_states", "reserved", "internal_frag", "external_frag")
-PART_LABELS = {
-    "token_states": "Token states",
-    "reserved": "Reservation",
-    "internal_frag": "Internal frag.",
-    "external_frag": "External frag. & other",
-    "free": "Free (nobody waiting)",
-}
-
-
-def _plt():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        matplotlib.rcParams["pdf.fonttype"] = 42
-        matplotlib.rcParams["ps.fonttype"] = 42
-        import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise SystemExit("figures need matplotlib: pip install -e '.[plot]'") from e
-    return plt
-
-
-def _save(fig: Any, out: Path, stem: str) -> None:
-    fig.tight_layout()
-    fig.savefig(out / f"{stem}.png", dpi=150)
-    fig.savefig(out / f"{stem}.pdf")
+PARTS = KV_PARTS[:4]  # the paper's four; "free" (nobody waiting) is kvlab's fifth
 
 
 def fig2_table(fig2: pd.DataFrame) -> pd.DataFrame:
@@ -63,67 +47,6 @@ def fig2_table(fig2: pd.DataFrame) -> pd.DataFrame:
             row[f"paper_{part}_pct"] = paper
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def plot_fig2(table: pd.DataFrame, out: Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 3.8))
-    colors = ["#4c72b0", "#dd8452", "#c44e52", "#8c8c8c", "#e5e5e5"]
-    labels: list[str] = []
-    x = 0.0
-    ticks = []
-    for _, r in table.iterrows():
-        for who in ("kvlab", "paper"):
-            bottom = 0.0
-            for part, color in zip((*PARTS, "free"), colors, strict=True):
-                v = r[f"{who}_{part}_pct"]
-                v = 0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else v
-                ax.bar(x, v, bottom=bottom, color=color, width=0.8,
-                       label=PART_LABELS[part] if x == 0 else None)  # fmt: skip
-                bottom += v
-            ticks.append(x)
-            labels.append(f"{SYSTEM_LABELS[r['system']]}\n{who}")
-            x += 1.0
-        x += 0.6
-    ax.set_xticks(ticks, labels, fontsize=7)
-    ax.set_ylabel("KV cache usage (%)")
-    ax.set_ylim(0, 100)
-    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.25))
-    ax.set_title("Fig. 2: KV memory breakdown, OPT-13B, ShareGPT 2 req/s", fontsize=9)
-    _save(fig, out, "fig2_breakdown")
-    plt.close(fig)
-
-
-def plot_fig13(table: pd.DataFrame, out: Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 3))
-    xs = range(len(table))
-    ax.bar([i - 0.2 for i in xs], table["kvlab_mean_batch"], width=0.4, label="kvlab")
-    ax.bar([i + 0.2 for i in xs], table["paper_mean_batch"], width=0.4, label="paper")
-    ax.set_xticks(list(xs), [SYSTEM_LABELS[s] for s in table["system"]], fontsize=8)
-    ax.set_ylabel("# batched requests")
-    ax.set_title("Fig. 13: mean batched requests, OPT-13B, ShareGPT 2 req/s", fontsize=9)
-    ax.legend(fontsize=8)
-    _save(fig, out, "fig13_batch")
-    plt.close(fig)
-
-
-def plot_fig12(curves: pd.DataFrame, threshold: float, out: Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 3.4))
-    for system, df in curves.groupby("system", sort=False):
-        df = df.sort_values("rate")
-        ax.plot(df["rate"], df["normalized_latency"], marker="o", ms=3,
-                label=SYSTEM_LABELS.get(system, system))  # fmt: skip
-    ax.axhline(threshold, color="k", lw=0.6, ls=":", label=f"threshold {threshold:g} s/token")
-    ax.set_xlabel("Request rate (req/s)")
-    ax.set_ylabel("Normalized latency (s/token)")
-    ax.set_ylim(0, max(threshold * 2, 1.0))
-    ax.set_xlim(0, max(2.0, float(curves["rate"].max())))
-    ax.set_title("Fig. 12: OPT-13B, ShareGPT (simulated)", fontsize=9)
-    ax.legend(fontsize=7)
-    _save(fig, out, "fig12_opt13b_sharegpt")
-    plt.close(fig)
 
 
 def _fmt(v: Any, spec: str = ".1f") -> str:
@@ -159,18 +82,22 @@ def write_outputs(
 
     f2 = fig2_table(fig2)
     f2.to_csv(out / "fig2_breakdown.csv", index=False)
-    plot_fig2(f2, out)
+    plt = pyplot(headless=True)
+    figures = [(fig2_breakdown(f2), "fig2_breakdown")]
 
     f13 = fig13_table(fig2)
     f13.to_csv(out / "fig13_batch.csv", index=False)
     sensitivity.to_csv(out / "vllm_overhead_sensitivity.csv", index=False)
-    plot_fig13(f13, out)
+    figures.append((fig13_batch(f13), "fig13_batch"))
 
     if len(curves):
         curves.sort_values(["system", "rate"]).to_csv(out / "fig12_opt13b_sharegpt.csv",
                                                       index=False)  # fmt: skip
         capacity.to_csv(out / "fig12_capacity.csv", index=False)
-        plot_fig12(curves, threshold, out)
+        figures.append((fig12_rates(curves, capacity, threshold), "fig12_opt13b_sharegpt"))
+    for fig, stem in figures:
+        save(fig, out, stem)
+        plt.close(fig)
 
     c = as_dict(cfg)
     cost = make_cost_model(c, build_setup(c))

@@ -1,0 +1,163 @@
+"""The report's figures, drawn once: ``experiments.report.markdown`` and the notebooks in
+``notebooks/`` call these functions, so a figure looks the same wherever it is made, and
+a system or a KV part has one colour everywhere.
+
+Each ``fig*`` function takes the table the report computes and returns a matplotlib
+figure; :func:`save` writes it as PNG and PDF (TrueType fonts, editable in the PDF).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments.report.paper import FIG12_SHAREGPT_RATIO, SYSTEM_LABELS
+
+KV_PARTS = ("token_states", "reserved", "internal_frag", "external_frag", "free")
+PART_LABELS = {
+    "token_states": "Token states",
+    "reserved": "Reservation",
+    "internal_frag": "Internal frag.",
+    "external_frag": "External frag. & other",
+    "free": "Free (nobody waiting)",
+}
+PART_COLORS = {
+    "token_states": "#4c72b0",
+    "reserved": "#dd8452",
+    "internal_frag": "#c44e52",
+    "external_frag": "#8c8c8c",
+    "free": "#e5e5e5",
+}
+SYSTEM_COLORS = {
+    "fastertransformer": "#8172b3",
+    "orca_max": "#dd8452",
+    "orca_pow2": "#55a868",
+    "orca_oracle": "#c44e52",
+    "vllm": "#4c72b0",
+}
+SOURCE_COLORS = {"kvlab": "#4c72b0", "paper": "#dd8452"}
+
+
+def pyplot(headless: bool = False) -> Any:
+    """``matplotlib.pyplot`` (the Agg backend when ``headless``), or one clear line when
+    matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        if headless:
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise SystemExit("figures need matplotlib: pip install -e '.[plot]'") from e
+    return plt
+
+
+def save(fig: Any, out: Path, stem: str) -> Path:
+    """Write ``<stem>.png`` (150 dpi) and ``<stem>.pdf`` (fonttype 42) into ``out``; return
+    the PNG's path."""
+    import matplotlib
+
+    fig.tight_layout()
+    png = out / f"{stem}.png"
+    fig.savefig(png, dpi=150)
+    with matplotlib.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42}):
+        fig.savefig(out / f"{stem}.pdf")
+    return png
+
+
+def _value(v: Any) -> float:
+    return 0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def fig2_breakdown(table: pd.DataFrame) -> Any:
+    """Fig. 2: stacked KV shares, kvlab's bar beside the paper's for each system.
+    ``table``: ``experiments.report.markdown.fig2_table``."""
+    fig, ax = pyplot().subplots(figsize=(8, 3.8))
+    names = [f"{SYSTEM_LABELS[s]}\n{who}" for s in table["system"] for who in ("kvlab", "paper")]
+    xs = range(len(names))
+    bottom = [0.0] * len(names)
+    for part in KV_PARTS:
+        values = [_value(r[f"{who}_{part}_pct"]) for _, r in table.iterrows()
+                  for who in ("kvlab", "paper")]  # fmt: skip
+        ax.bar(xs, values, bottom=bottom, width=0.8, color=PART_COLORS[part],
+               label=PART_LABELS[part])  # fmt: skip
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_xticks(list(xs), names, fontsize=7)
+    ax.set_ylabel("KV cache usage (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title("Fig. 2: KV memory breakdown, OPT-13B, ShareGPT 2 req/s", fontsize=9)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
+    return fig
+
+
+def fig13_batch(table: pd.DataFrame) -> Any:
+    """Fig. 13: mean batched requests, kvlab beside the paper.
+    ``table``: ``experiments.report.markdown.fig13_table``."""
+    fig, ax = pyplot().subplots(figsize=(5, 3))
+    xs = list(range(len(table)))
+    for offset, who, label in ((-0.2, "kvlab", "kvlab"), (0.2, "paper", "paper (Fig. 13)")):
+        ax.bar([x + offset for x in xs], table[f"{who}_mean_batch"], width=0.4,
+               color=SOURCE_COLORS[who], label=label)  # fmt: skip
+    ax.set_xticks(xs, [SYSTEM_LABELS[s] for s in table["system"]], fontsize=8)
+    ax.set_ylabel("# batched requests")
+    ax.set_title("Fig. 13: mean batched requests, OPT-13B, ShareGPT 2 req/s", fontsize=9)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def fig12_rates(curves: pd.DataFrame, capacity: pd.DataFrame, threshold: float) -> Any:
+    """Fig. 12, two panels. Left: normalized latency against request rate per system, the
+    threshold, and each system's sustainable rate (open circle). Right: vLLM's sustainable
+    rate as a multiple of each baseline's (kvlab: dot, "∞" at the top when the baseline
+    sustains no rate on the grid) beside the paper's range over three model sizes (bar;
+    "up to" ranges start at 1). ``capacity``: ``experiments.reproduce.sustainable_rates``."""
+    fig, (ax_c, ax_r) = pyplot().subplots(1, 2, figsize=(9.5, 3.6))
+    max_rate = capacity.set_index("system")["max_rate"]
+    for system in [s for s in SYSTEM_COLORS if s in set(curves["system"])]:
+        df = curves[curves["system"] == system].sort_values("rate")
+        color = SYSTEM_COLORS[system]
+        ax_c.plot(df["rate"], df["normalized_latency"], marker="o", ms=2.5, color=color,
+                  label=SYSTEM_LABELS[system])  # fmt: skip
+        best = df[df["rate"] == max_rate.get(system)]
+        ax_c.plot(best["rate"], best["normalized_latency"], "o", mfc="none", ms=8, color=color)
+    ax_c.axhline(threshold, color="k", lw=0.6, ls=":", label=f"threshold {threshold:g} s/token")
+    ax_c.set_ylim(0, 2 * threshold)
+    ax_c.set_xlim(0, max(2.0, float(curves["rate"].max())))
+    ax_c.set_xlabel("request rate (req/s)")
+    ax_c.set_ylabel("normalized latency (s/token)")
+    ax_c.set_title("Fig. 12: kvlab, OPT-13B, ShareGPT (simulated)", fontsize=9)
+    ax_c.legend(fontsize=7)
+
+    order = {s: i for i, s in enumerate(SYSTEM_COLORS)}
+    baselines = capacity[capacity["system"] != "vllm"]
+    baselines = baselines.sort_values("system", key=lambda c: c.map(order)).reset_index(drop=True)
+    top = 40.0
+    labelled: set[str] = set()
+
+    def label(who: str, text: str) -> str | None:
+        first = who not in labelled
+        labelled.add(who)
+        return text if first else None
+
+    for i, system in enumerate(baselines["system"]):
+        lo, hi = FIG12_SHAREGPT_RATIO.get(system, (None, None))
+        if hi is not None:
+            ax_r.vlines(i + 0.15, lo or 1.0, hi, color=SOURCE_COLORS["paper"], lw=6, alpha=0.6,
+                        label=label("paper", "paper (range)"))  # fmt: skip
+        ratio = float(baselines.loc[i, "vllm_ratio"])
+        if math.isinf(ratio):
+            ax_r.annotate("∞", (i - 0.15, top), ha="center", va="top", color=SOURCE_COLORS["kvlab"])
+        elif not math.isnan(ratio):
+            ax_r.plot(i - 0.15, ratio, "o", color=SOURCE_COLORS["kvlab"],
+                      label=label("kvlab", "kvlab"))  # fmt: skip
+    ax_r.set_yscale("log")
+    ax_r.set_ylim(1, top)
+    ax_r.set_xticks(range(len(baselines)), [SYSTEM_LABELS[s] for s in baselines["system"]],
+                    fontsize=7)  # fmt: skip
+    ax_r.set_ylabel("vLLM rate / system rate")
+    ax_r.set_title("sustainable-rate ratio", fontsize=9)
+    ax_r.legend(fontsize=7)
+    return fig
