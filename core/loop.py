@@ -23,7 +23,7 @@ to SimPy, so it calls :meth:`StepLoop.begin` (steps 1-3) and :meth:`StepLoop.fin
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from core.kv.base import MemoryBreakdown
@@ -115,28 +115,20 @@ class PendingStep:
         return self.start + self.outcome.duration_s
 
 
+@dataclass(eq=False)
 class StepLoop:
     """One scheduler, one executor, one recorder. ``on_done(k)`` is told whenever ``k``
     requests are done (rejected, aborted or finished; progress bars). ``check_every > 0``
     runs the scheduler's and manager's invariant checks every that many steps."""
 
-    def __init__(
-        self,
-        scheduler: BaseScheduler,
-        executor: Executor,
-        recorder: Recorder,
-        on_done: Callable[[int], object] | None = None,
-        check_every: int = 0,
-        observer: LoopObserver | None = None,
-    ) -> None:
-        self.scheduler = scheduler
-        self.executor = executor
-        self.recorder = recorder
-        self.on_done = on_done
-        self.check_every = check_every
-        self.observer = observer
-        self.num_steps = 0
-        self.ended: list[SequenceGroup] = []  # done since the last begin()
+    scheduler: BaseScheduler
+    executor: Executor
+    recorder: Recorder
+    on_done: Callable[[int], object] | None = None
+    check_every: int = 0
+    observer: LoopObserver | None = None
+    num_steps: int = field(default=0, init=False)
+    ended: list[SequenceGroup] = field(default_factory=list, init=False)  # since begin()
 
     def _done(self, groups: list[SequenceGroup]) -> None:
         record = self.recorder.record_request
