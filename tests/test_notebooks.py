@@ -65,7 +65,7 @@ def test_paper_figures_share_the_reports_code_and_colours():
     from core.systems import SYSTEMS
     from experiments.report.figures import SYSTEM_COLORS
 
-    assert set(SYSTEM_COLORS) == set(SYSTEMS)
+    assert set(SYSTEMS) <= set(SYSTEM_COLORS)  # every system has its colour
     for path in NOTEBOOKS:
         text = path.read_text()
         if path.stem in SHARED_FIGURES:

@@ -37,6 +37,7 @@ SYSTEM_COLORS = {
     "orca_pow2": "#55a868",
     "orca_oracle": "#c44e52",
     "vllm": "#4c72b0",
+    "vllm_v1": "#64b5cd",
 }
 SOURCE_COLORS = {"kvlab": "#4c72b0", "paper": "#dd8452"}
 
@@ -120,7 +121,7 @@ def fig12_rates(curves: pd.DataFrame, capacity: pd.DataFrame, threshold: float) 
         df = curves[curves["system"] == system].sort_values("rate")
         color = SYSTEM_COLORS[system]
         ax_c.plot(df["rate"], df["normalized_latency"], marker="o", ms=2.5, color=color,
-                  label=SYSTEM_LABELS[system])  # fmt: skip
+                  label=SYSTEM_LABELS.get(system, system))  # fmt: skip
         best = df[df["rate"] == max_rate.get(system)]
         ax_c.plot(best["rate"], best["normalized_latency"], "o", mfc="none", ms=8, color=color)
     ax_c.axhline(threshold, color="k", lw=0.6, ls=":", label=f"threshold {threshold:g} s/token")
