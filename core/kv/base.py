@@ -49,6 +49,16 @@ class MemoryBreakdown:
 
     Paged blocks that are allocated but not yet filled by a still-growing sequence count
     as ``internal_frag`` (they are the paper's "within one block per sequence" waste).
+
+    Beside the slots, two block counts (not part of ``total``) measure sharing:
+
+    - ``physical_blocks``: device blocks allocated (a block shared by k sequences once);
+    - ``logical_blocks``: device blocks the sequences' block tables reference, a shared
+      block once per holder, i.e. the blocks needed if nothing were shared.
+
+    ``logical_blocks - physical_blocks`` is the paper's "blocks saved by sharing"
+    (Kwon et al., Fig. 15). Contiguous managers never share: both count allocated slots
+    in blocks of ``block_size``.
     """
 
     token_states: int
@@ -56,6 +66,8 @@ class MemoryBreakdown:
     internal_frag: int
     allocator_padding: int
     free: int
+    physical_blocks: int = 0
+    logical_blocks: int = 0
 
     @property
     def total(self) -> int:
@@ -68,14 +80,21 @@ class MemoryBreakdown:
         )
 
 
-def _breakdown_factory() -> Callable[[int, int, int, int, int], MemoryBreakdown]:
+def _breakdown_factory() -> Callable[..., MemoryBreakdown]:
     """``MemoryBreakdown(*parts)`` that writes the slots directly: the same (frozen) object
     for half the cost of the generated frozen ``__init__`` (managers build one per step)."""
     new = object.__new__
-    s0, s1, s2, s3, s4 = (getattr(MemoryBreakdown, n).__set__ for n in MemoryBreakdown.__slots__)
+    setters = (getattr(MemoryBreakdown, n).__set__ for n in MemoryBreakdown.__slots__)
+    s0, s1, s2, s3, s4, s5, s6 = setters
 
     def make(
-        token_states: int, reserved: int, internal_frag: int, allocator_padding: int, free: int
+        token_states: int,
+        reserved: int,
+        internal_frag: int,
+        allocator_padding: int,
+        free: int,
+        physical_blocks: int,
+        logical_blocks: int,
     ) -> MemoryBreakdown:
         obj = new(MemoryBreakdown)
         s0(obj, token_states)
@@ -83,6 +102,8 @@ def _breakdown_factory() -> Callable[[int, int, int, int, int], MemoryBreakdown]
         s2(obj, internal_frag)
         s3(obj, allocator_padding)
         s4(obj, free)
+        s5(obj, physical_blocks)
+        s6(obj, logical_blocks)
         return obj
 
     return make

@@ -296,12 +296,16 @@ class ContiguousKVCacheManager:
         return self.allocator.free_units // self.block_size
 
     def breakdown(self) -> MemoryBreakdown:
+        free = self.allocator.free_units
+        blocks = (self.capacity_slots - free) // self.block_size
         return new_breakdown(
             token_states=self._tokens,
             reserved=self._reserved,
             internal_frag=self._frag,
             allocator_padding=self._padding,
-            free=self.allocator.free_units,
+            free=free,
+            physical_blocks=blocks,
+            logical_blocks=blocks,
         )
 
     def check_integrity(self) -> None:

@@ -467,6 +467,8 @@ class PagedKVCacheManager:
             internal_frag=pool.num_used * bs - tokens,
             allocator_padding=0,
             free=pool.num_free() * bs,
+            physical_blocks=pool.num_used,
+            logical_blocks=pool.ref_total,
         )
 
     def check_integrity(self) -> None:

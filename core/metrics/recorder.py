@@ -1,7 +1,8 @@
 """The recorder both bodies (simulator and engine) write into.
 
 Per step: start time, duration, the plan's composition and token counts, queue lengths and
-the KV memory breakdown *during* the step (after the scheduler's allocations). Per request:
+the KV memory breakdown *during* the step (after the scheduler's allocations), in slots, and
+the physical and logical (per-holder, i.e. without sharing) device block counts. Per request:
 arrival, first scheduled, first token, finish (times and step indices), preemptions, or the
 reason it was rejected. ``steps_frame()`` / ``requests_frame()`` give the tables written to
 ``steps.csv`` / ``requests.csv``; :mod:`core.metrics.summary` turns them into metrics.
@@ -45,6 +46,8 @@ STEP_COLUMNS = (
     "kv_internal_frag",
     "kv_allocator_padding",
     "kv_free",
+    "kv_physical_blocks",
+    "kv_logical_blocks",
 )
 
 REQUEST_COLUMNS = (
@@ -114,6 +117,8 @@ class Recorder:
                 memory.internal_frag,
                 memory.allocator_padding,
                 memory.free,
+                memory.physical_blocks,
+                memory.logical_blocks,
             )
         )
 

@@ -17,7 +17,12 @@ miss). kvlab adds:
   device KV slots. ``kv_external_frag_pct`` is "external fragmentation & other": slots the
   allocator's size classes waste plus free slots *while requests wait for admission*
   (memory that exists but cannot serve them); free slots with nobody waiting are
-  ``kv_free_pct``. The five parts sum to 100.
+  ``kv_free_pct``. The five parts sum to 100;
+- ``kv_sharing_saving_pct``: memory saved by block sharing (Kwon et al., Fig. 15: blocks
+  saved by sharing / blocks needed without sharing), time-weighted as a ratio of
+  duration-weighted sums, 100 * sum(w * (logical - physical)) / sum(w * logical), so a step
+  counts by how long it lasted and how many blocks it held. 0 without sharing (contiguous
+  managers, single-sequence requests without prefix caching).
 
 Throughput duration is from the first arrival to the last finish.
 """
@@ -47,7 +52,7 @@ def memory_shares(steps: pd.DataFrame) -> dict[str, float]:
     """Time-weighted KV breakdown in percent (see module doc)."""
     keys = ("token_states", "reserved", "internal_frag", "external_frag", "free")
     if steps.empty or steps["duration_s"].sum() <= 0:
-        return {f"kv_{k}_pct": math.nan for k in keys}
+        return {f"kv_{k}_pct": math.nan for k in (*keys, "sharing_saving")}
     w = steps["duration_s"].to_numpy()
     waiting = steps["num_waiting"].to_numpy() > 0
     free = steps["kv_free"].to_numpy(dtype=float)
@@ -60,9 +65,22 @@ def memory_shares(steps: pd.DataFrame) -> dict[str, float]:
         "free": np.where(waiting, 0.0, free),
     }
     total = sum(parts.values())
-    return {
+    out = {
         f"kv_{k}_pct": float(100.0 * np.sum(w * v / total) / np.sum(w)) for k, v in parts.items()
     }
+    out["kv_sharing_saving_pct"] = sharing_saving_pct(steps)
+    return out
+
+
+def sharing_saving_pct(steps: pd.DataFrame) -> float:
+    """Time-weighted memory saving from block sharing in percent (see module doc); NaN when
+    no step held a block."""
+    w = steps["duration_s"].to_numpy()
+    logical = np.dot(w, steps["kv_logical_blocks"].to_numpy(dtype=float))
+    if logical <= 0:
+        return math.nan
+    physical = np.dot(w, steps["kv_physical_blocks"].to_numpy(dtype=float))
+    return float(100.0 * (logical - physical) / logical)
 
 
 def summarize(
