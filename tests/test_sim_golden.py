@@ -43,7 +43,7 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], int]] = {
     "vllm_prefix": (
         "vllm",
         {"enable_prefix_caching": True},
-        {"kind": "shared_prefix", "prefix_len": 200, "rate": 8.0},
+        {"kind": "shared_prefix", "prefix_len": 200, "rate": 8.0, "dataset": None},
         3000,
     ),
     "vllm_3_replicas": ("vllm", {"replicas": 3}, {"rate": 9.0}, 6000),

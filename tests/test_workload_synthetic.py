@@ -239,8 +239,7 @@ def test_build_synthetic_matches_synthesize() -> None:
         "burstiness": 1.0,
         "n": 2,
         "beam_width": 1,
-        "path": None,
-        "time_scale": 1.0,
+        "path": None,  # unset: a key another kind reads may be present as None
     }
     got = build_workload(cfg, max_model_len=2048, seed=3)
     want = synthesize(

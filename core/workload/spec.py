@@ -1,8 +1,11 @@
 """Build a workload from a plain mapping, so Hydra configs can describe any workload.
 
 ``cfg["kind"]`` picks the source; every other key is optional, and ``None`` means "use the
-default". Keys outside :data:`KNOWN_KEYS` raise (typos do not pass silently); known keys
-that a kind does not use are ignored, so one config schema can serve every kind.
+default" (or "not set"). Keys outside :data:`KNOWN_KEYS` raise (typos do not pass silently),
+and so does a key set (not ``None``) that the kind does not use (:data:`USES`), e.g.
+``duration_s`` for ``multi_turn``, which has ``num_conversations`` instead. The one
+exception is ``vocab_size``, which the engine fills in from its model for every kind and
+only kinds that make token ids read.
 
 - ``synthetic``: fitted ``dataset`` lengths with an arrival process (see
   :func:`core.workload.synthetic.synthesize`).
@@ -92,8 +95,35 @@ DEFAULTS: dict[str, Any] = {
     "num_conversations": None,
     "rounds": 4,
     "think_time_s": 10.0,
+    "max_prompt_len": 1024,  # Fig. 17: history truncated to the last 1024 tokens
+    "max_output_len": 1024,  # Fig. 17: replies of at most 1024 tokens
 }
 KNOWN_KEYS = frozenset({"kind", *DEFAULTS})
+
+_SAMPLING = frozenset({"n", "beam_width", "temperature"})
+_ARRIVALS = frozenset({"rate", "arrival", "burstiness"})
+_WINDOW = frozenset({"duration_s", "num_requests"})
+_TIMED_FILE = _SAMPLING | _WINDOW | {"path", "time_scale", "apply_filter"}
+_DATASET_FILE = _SAMPLING | _ARRIVALS | _WINDOW | {"path", "apply_filter", "with_token_ids"}
+_PREFIX = frozenset({"prefix_len", "suffix_len_mean", "output_len_mean"})
+_CHAT = frozenset(
+    {"num_conversations", "rounds", "think_time_s", "dataset", "with_token_ids"}
+    | {"max_prompt_len", "max_output_len"}
+)
+USES: dict[str, frozenset[str]] = {
+    "synthetic": _SAMPLING | _ARRIVALS | _WINDOW | {"dataset", "with_token_ids"},
+    "shared_prefix": _SAMPLING | _ARRIVALS | _WINDOW | _PREFIX,
+    "multi_turn": _SAMPLING | _ARRIVALS | _CHAT,
+    "native": _WINDOW | {"path"},
+    "azure": _TIMED_FILE,
+    "mooncake": _TIMED_FILE,
+    "vidur": _TIMED_FILE,
+    "sharegpt_json": _DATASET_FILE,
+    "alpaca_json": _DATASET_FILE,
+    "vllm_log": _SAMPLING | _WINDOW | {"path", "tokens_path"},
+    "vllm_bench": _SAMPLING | {"path", "rate", "num_requests"},
+}
+"""The keys each kind reads (besides ``kind`` and ``vocab_size``)."""
 
 
 def _resolve(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -104,6 +134,17 @@ def _resolve(cfg: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(str(k) for k in cfg if k not in KNOWN_KEYS)
     if unknown:
         raise RequestError(f"unknown workload key(s) {', '.join(unknown)}")
+    kind = cfg["kind"]
+    unused = sorted(
+        str(k)
+        for k, v in cfg.items()
+        if v is not None and k not in USES[kind] and k not in ("kind", "vocab_size")
+    )
+    if unused:
+        raise RequestError(
+            f"workload key(s) {', '.join(unused)} not used by kind {kind!r}; "
+            f"it reads {', '.join(sorted(USES[kind]))}"
+        )
     out = dict(DEFAULTS)
     out.update({k: v for k, v in cfg.items() if v is not None})
     if out["kind"] in FILE_KINDS and out["path"] is None:
@@ -195,6 +236,7 @@ def build_workload(
         return multi_turn(
             int(c["num_conversations"]), int(c["rounds"]), c["rate"], c["arrival"],
             c["burstiness"], float(c["think_time_s"]), c["dataset"],
+            max_prompt_len=int(c["max_prompt_len"]), max_output_len=int(c["max_output_len"]),
             max_model_len=max_model_len, seed=seed, sampling=sampling,
             with_token_ids=bool(c["with_token_ids"]), vocab_size=int(c["vocab_size"]),
         )  # fmt: skip

@@ -1,0 +1,65 @@
+"""Every workload config in ``configs/workload`` builds, and a key a kind does not use is an
+error naming the key (not silently ignored)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.request import RequestError
+from core.workload.spec import KINDS, KNOWN_KEYS, USES, build_workload
+from experiments.lib.setup import as_dict
+from experiments.reproduce import compose_config
+
+CONFIGS = sorted(p.stem for p in Path("configs/workload").glob("*.yaml"))
+SMALL = {
+    "multi_turn": ["workload.num_conversations=5"],
+    "trace": None,  # needs a trace file; built in test_native_trace_config
+    "vllm_log": None,  # needs a vLLM run directory (tests/test_vllm_log.py)
+}
+
+
+def test_every_kind_reads_only_known_keys() -> None:
+    assert set(USES) == set(KINDS)
+    for kind, keys in USES.items():
+        assert keys <= KNOWN_KEYS, kind
+
+
+@pytest.mark.parametrize("name", [c for c in CONFIGS if SMALL.get(c, []) is not None])
+def test_workload_config_builds(name: str) -> None:
+    extra = SMALL.get(name) or ["workload.num_requests=20", "workload.duration_s=null"]
+    cfg = as_dict(compose_config([f"workload={name}", *extra]))["workload"]
+    requests = build_workload(cfg, max_model_len=2048, seed=0)
+    assert requests and all(r.prompt_len + r.output_len <= 2048 for r in requests)
+
+
+def test_native_trace_config(tmp_path: Path) -> None:
+    from core.request import Request
+    from core.workload.trace_io import write_trace
+
+    path = tmp_path / "t.csv"
+    write_trace(path, [Request(i, float(i), 10, 10) for i in range(5)])
+    cfg = as_dict(compose_config(["workload=trace", f"workload.path={path}"]))["workload"]
+    assert len(build_workload(cfg)) == 5
+    with pytest.raises(RequestError, match="time_scale"):
+        build_workload({**cfg, "time_scale": 0.5})
+
+
+@pytest.mark.parametrize(
+    ("cfg", "key"),
+    [
+        ({"kind": "multi_turn", "num_conversations": 3, "duration_s": 60.0}, "duration_s"),
+        ({"kind": "synthetic", "num_requests": 3, "prefix_len": 80}, "prefix_len"),
+        ({"kind": "shared_prefix", "num_requests": 3, "dataset": "alpaca"}, "dataset"),
+        ({"kind": "azure", "path": "x.csv", "rate": 2.0}, "rate"),
+    ],
+)
+def test_unused_key_is_an_error_naming_it(cfg: dict, key: str) -> None:
+    with pytest.raises(RequestError, match=rf"key\(s\) {key} not used by kind '{cfg['kind']}'"):
+        build_workload(cfg)
+
+
+def test_unset_keys_and_vocab_size_pass() -> None:
+    cfg = {"kind": "multi_turn", "num_conversations": 2, "duration_s": None, "vocab_size": 100}
+    assert len(build_workload(cfg)) == 8
