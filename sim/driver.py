@@ -25,9 +25,10 @@ from tqdm import tqdm
 
 from core.loop import StallError, StepLoop
 from core.metrics.recorder import Recorder
-from core.plan import BatchShape, BeamChoice, StepOutcome, StepPlan
+from core.plan import BatchShape, StepOutcome, StepPlan
 from core.request import Request
 from core.sched.base import BaseScheduler
+from sim.beams import sim_beams
 from sim.cost.base import CostModel
 
 
@@ -42,26 +43,9 @@ class SimResult:
     num_steps: int
 
 
-def _sim_beams(plan: StepPlan, rng: np.random.Generator) -> list[BeamChoice]:
-    """Seeded stand-in for beam search's reselection: each new beam picks a random
-    surviving parent (the simulator has no logits)."""
-    groups = {}
-    for seq in plan.scheduled_seqs():
-        g = seq.group
-        if g.sampling.use_beam_search and g.num_generated + 1 < g.request.output_len:
-            groups[id(g)] = g
-    choices = []
-    for g in groups.values():
-        live = [s.seq_id for s in g.live_seqs()]
-        width = g.sampling.beam_width
-        parents = rng.choice(live, size=width, replace=True)
-        choices.append(BeamChoice(g, [(int(p), 0) for p in parents]))
-    return choices
-
-
 class CostExecutor:
     """``core.loop``'s executor in the simulator: prices a plan with ``step_time``; with a
-    ``beams_rng``, draws beam choices (:func:`_sim_beams`) at the step's end."""
+    ``beams_rng``, draws beam choices (:func:`sim.beams.sim_beams`) at the step's end."""
 
     def __init__(
         self, step_time: Callable[[BatchShape], float], beams_rng: np.random.Generator | None
@@ -74,7 +58,7 @@ class CostExecutor:
 
     def at_end(self, plan: StepPlan, outcome: StepOutcome) -> None:
         if self.beams_rng is not None:
-            outcome.beams = _sim_beams(plan, self.beams_rng)
+            outcome.beams = sim_beams(plan, self.beams_rng)
 
 
 def simulate(

@@ -1,0 +1,122 @@
+"""The simulator's beam search (sim/beams.py): real top-``width`` selection, and the fork
+and free statistics it implies for the scheduler and the KV managers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core.kv.base import KVCacheError
+from core.plan import StepOutcome
+from core.request import Request, SamplingParams
+from core.sched.base import SchedulerConfig
+from core.systems import build_scheduler
+from sim.beams import select_beams, sim_beams
+
+finite = st.floats(-20, 0, allow_nan=False, width=32)
+
+
+@given(data=st.data(), beams=st.integers(1, 6), width=st.integers(1, 6), ties=st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_select_beams_keeps_the_top_width_candidates(data, beams, width, ties) -> None:
+    elems = st.sampled_from([-1.0, -2.0]) if ties else finite
+    scores = np.array(data.draw(st.lists(elems, min_size=beams, max_size=beams)))
+    inc = np.array(
+        data.draw(
+            st.lists(
+                st.lists(elems, min_size=width, max_size=width), min_size=beams, max_size=beams
+            )
+        )
+    )
+    parent, cand, new = select_beams(scores, inc, width)
+    assert len(parent) == min(width, beams * width)
+    np.testing.assert_array_equal(new, scores[parent] + inc[parent, cand])
+    everything = sorted((scores[:, None] + inc).ravel(), reverse=True)
+    np.testing.assert_array_equal(new, everything[: len(new)])  # the best, best first
+    pairs = set(zip(parent.tolist(), cand.tolist(), strict=True))
+    assert len(pairs) == len(parent)  # no candidate chosen twice
+
+
+def _scheduler(system: str, slots: int):
+    cfg = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=256, max_model_len=128)
+    return build_scheduler(system, slots, config=cfg, block_size=4, num_cpu_slots=0)
+
+
+@given(
+    width=st.integers(2, 6),
+    lens=st.lists(st.tuples(st.integers(1, 30), st.integers(2, 40)), min_size=1, max_size=4),
+    seed=st.integers(0, 2**16),
+    system=st.sampled_from(["vllm", "orca_oracle"]),
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_beams_fork_and_free_as_beam_search_implies(width, lens, seed, system) -> None:
+    sched = _scheduler(system, 8192)  # room for everything: no preemption here
+    groups = [
+        sched.add(Request(i, 0.0, p, o, SamplingParams(beam_width=width)), 0.0)
+        for i, (p, o) in enumerate(lens)
+    ]
+    manager = sched.manager
+    rng = np.random.default_rng(seed)
+    now = 0.0
+    while sched.has_unfinished():
+        plan = sched.schedule(now)
+        choices = sim_beams(plan, rng)
+        before = {id(c.group): {s.seq_id for s in c.group.live_seqs()} for c in choices}
+        now += 0.01
+        sched.update(plan, StepOutcome(0.01, beams=choices), now)
+        sched.check_integrity()
+        manager.check_integrity()
+        for c in choices:
+            g, old = c.group, before[id(c.group)]
+            parents = {p for p, _ in c.beams}
+            live = g.live_seqs()
+            # The number of live beams is the width; every new beam is a parent or a fork.
+            assert len(live) == width
+            ids = {s.seq_id for s in live}
+            assert parents <= old and len(ids - old) == width - len(parents)
+            # Parents that leave no child are freed, in the group and in the KV manager.
+            assert ids & old == parents
+            for gone in old - parents:
+                with pytest.raises(KVCacheError):
+                    manager.num_slots(gone)
+            # The survivors carry the selected scores; scores only decrease.
+            assert sorted(s.cum_logprob for s in live) == sorted(c.scores)
+            assert max(c.scores) <= 0
+    assert all(g.finish_time is not None for g in groups)
+    assert manager.breakdown().free == 8192
+
+
+def test_beams_merge_and_share_blocks() -> None:
+    """Top-width selection makes beams merge onto the best lineages: over a long output,
+    most steps leave some beam without a child, and the forks share the parents' blocks."""
+    sched = _scheduler("vllm", 8192)
+    sched.add(Request(0, 0.0, 16, 100, SamplingParams(beam_width=4)), 0.0)
+    rng = np.random.default_rng(0)
+    now, distinct, saved = 0.0, [], []
+    while sched.has_unfinished():
+        plan = sched.schedule(now)
+        choices = sim_beams(plan, rng)
+        now += 0.01
+        sched.update(plan, StepOutcome(0.01, beams=choices), now)
+        distinct += [len({p for p, _ in c.beams}) for c in choices[:1] if now > 0.015]
+        saved.append(sched.manager.blocks_saved_by_sharing())
+    assert np.mean(np.array(distinct) < 4) > 0.5
+    assert max(saved) >= 4  # at least the prompt's 4 blocks are shared by all beams
+
+
+def test_seeded() -> None:
+    def run(seed: int) -> list[list[tuple[int, int]]]:
+        sched = _scheduler("vllm", 8192)
+        sched.add(Request(0, 0.0, 8, 30, SamplingParams(beam_width=3)), 0.0)
+        rng, now, out = np.random.default_rng(seed), 0.0, []
+        while sched.has_unfinished():
+            plan = sched.schedule(now)
+            choices = sim_beams(plan, rng)
+            out += [c.beams for c in choices]
+            now += 0.01
+            sched.update(plan, StepOutcome(0.01, beams=choices), now)
+        return out
+
+    assert run(1) == run(1) and run(1) != run(2)
