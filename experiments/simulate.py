@@ -7,6 +7,9 @@ Examples::
 
 Each run writes ``config.yaml``, ``metrics.json``, ``requests.csv``, ``steps.csv`` and
 ``cost_model.json`` into its Hydra output directory; a sweep also writes ``summary.csv``.
+A job whose directory already holds a complete run of the same config is not run again
+(rerun a sweep with the same ``hydra.sweep.dir`` to resume it). ``hydra/launcher=<name>``
+runs a sweep's jobs on joblib, Ray or Slurm (``experiments.lib.jobs``).
 ``run(cfg)`` is the plain function tests and notebooks call.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +28,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from core.metrics.summary import summarize
-from experiments.lib.results import summary_line, write_run
+from experiments.lib.jobs import exit_if_launcher_missing
+from experiments.lib.results import finished_metrics, summary_line, write_run
 from experiments.lib.setup import RunSetup, as_dict, build_setup
 from sim.cost import CostModel, Efficiency, build_cost_model
 from sim.driver import simulate
@@ -121,12 +126,24 @@ def _cost_doc(cost_model: Any) -> dict[str, Any]:
     return doc
 
 
-@hydra.main(config_path="../configs", config_name="simulate", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def simulate_job(cfg: DictConfig) -> dict[str, Any]:
+    """One Hydra job: simulate into the job's output directory, unless that directory
+    already holds a complete run of this config (resume); returns the metrics."""
     out_dir = Path(HydraConfig.get().runtime.output_dir)
+    metrics = finished_metrics(out_dir, cfg)
+    if metrics is not None:
+        log.info("%s: finished before, not run again", out_dir)
+        return metrics
     metrics = run(cfg, out_dir)
     log.info("%s -> %s", summary_line(metrics, f"rate={cfg.workload.get('rate')}"), out_dir)
+    return metrics
+
+
+@hydra.main(config_path="../configs", config_name="simulate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    simulate_job(cfg)
 
 
 if __name__ == "__main__":
+    exit_if_launcher_missing(sys.argv[1:])
     main()

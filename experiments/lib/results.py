@@ -1,14 +1,18 @@
 """Writing a run's result directory: the same files for the simulator and the engine.
 
 ``config.yaml`` (resolved), ``metrics.json``, ``requests.csv``, ``steps.csv`` and, where
-given, extra JSON documents (e.g. the cost model's description).
+given, extra JSON documents (e.g. the cost model's description). Every file is written
+atomically (a temporary file renamed into place) and ``metrics.json`` last, so a directory
+whose ``metrics.json`` exists holds a complete run (what resuming a sweep relies on,
+:func:`finished_metrics`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +32,25 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def write_atomic(path: Path, write: str | Callable[[Path], Any]) -> None:
+    """Write ``path`` (text, or a function that writes a given path) through a temporary
+    file in the same directory and a rename: readers see the old file or the whole new
+    one, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if isinstance(write, str):
+        tmp.write_text(write)
+    else:
+        write(tmp)
+    os.replace(tmp, path)
+
+
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Write ``data`` as JSON atomically (a temporary file renamed over ``path``)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_clean(dict(data)), indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    write_atomic(Path(path), json.dumps(_clean(dict(data)), indent=2, sort_keys=True) + "\n")
+
+
+def write_csv(path: Path, df: pd.DataFrame) -> None:
+    write_atomic(path, lambda tmp: df.to_csv(tmp, index=False))
 
 
 def write_run(
@@ -47,13 +64,26 @@ def write_run(
     """Write the run's files into ``out_dir`` (created) and return it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     conf = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(conf, resolve=True))
-    write_json(out_dir / "metrics.json", metrics)
-    requests.to_csv(out_dir / "requests.csv", index=False)
-    steps.to_csv(out_dir / "steps.csv", index=False)
+    write_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(conf, resolve=True))
+    write_csv(out_dir / "requests.csv", requests)
+    write_csv(out_dir / "steps.csv", steps)
     for name, doc in (extra or {}).items():
         write_json(out_dir / f"{name}.json", doc)
+    write_json(out_dir / "metrics.json", metrics)  # last: marks the run complete
     return out_dir
+
+
+def finished_metrics(out_dir: Path, cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None:
+    """The metrics of a complete run of ``cfg`` in ``out_dir`` (its ``metrics.json`` exists
+    and its ``config.yaml`` is ``cfg`` resolved), else None: a finished job is not run
+    again, and a directory holding another config's run is not mistaken for this one."""
+    metrics, config = out_dir / "metrics.json", out_dir / "config.yaml"
+    if not (metrics.is_file() and config.is_file()):
+        return None
+    conf = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
+    if config.read_text() != OmegaConf.to_yaml(conf, resolve=True):
+        return None
+    return read_metrics(out_dir)
 
 
 def read_metrics(run_dir: Path) -> dict[str, Any]:

@@ -1,0 +1,189 @@
+"""Simulations as Hydra jobs on a Hydra launcher (joblib, Ray, Slurm), with resume.
+
+A job is one ``experiments.simulate`` run: a label (its directory name under the sweep
+directory) and its config overrides. :func:`launch` runs a list of jobs through any
+installed Hydra launcher, the same way ``python -m experiments.simulate -m`` does, and
+returns each job's metrics. A job whose directory already holds a complete run of the
+same config (``experiments.lib.results.finished_metrics``) is not run again, neither
+here nor inside the job, so an interrupted sweep resumes where it stopped.
+:class:`LaunchQueue` lets many threads ask for single jobs (e.g. the capacity searches of
+``reproduce``) and launches whatever is pending as one batch, one launch at a time.
+
+Launchers (``hydra/launcher=<name>``): the plugins' own ``joblib``, ``ray``,
+``submitit_slurm`` and ``submitit_local``, and kvlab's presets in
+``configs/hydra/launcher/`` (``local``, ``ray_cluster``, ``slurm``), each built on one of
+them. The plugins come with ``pip install -e '.[cluster]'``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+EXTRA = "pip install -e '.[cluster]'"
+PLUGINS: dict[str, tuple[str, str]] = {  # launcher -> (plugin module, PyPI package)
+    "joblib": ("hydra_plugins.hydra_joblib_launcher", "hydra-joblib-launcher"),
+    "ray": ("hydra_plugins.hydra_ray_launcher", "hydra-ray-launcher"),
+    "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
+    "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    label: str  # the job's directory name under the sweep directory
+    overrides: tuple[str, ...]
+
+
+def plugin_of(launcher: str) -> str | None:
+    """The plugin launcher behind ``launcher``: itself, or the base a kvlab preset in
+    ``configs/hydra/launcher/`` names first in its defaults list; None when unknown."""
+    if launcher in PLUGINS:
+        return launcher
+    preset = CONFIG_DIR / "hydra" / "launcher" / f"{launcher}.yaml"
+    if not preset.is_file():
+        return None
+    defaults = OmegaConf.load(preset).get("defaults") or []
+    base = next((str(d) for d in defaults if str(d) != "_self_"), None)
+    return base if base in PLUGINS else None
+
+
+def missing_launcher(overrides: Sequence[str]) -> str | None:
+    """One line naming the package and extra to install when ``overrides`` choose a
+    launcher whose plugin is not installed; None otherwise."""
+    for item in overrides:
+        key, _, value = item.lstrip("+").partition("=")
+        if key != "hydra/launcher":
+            continue
+        plugin = plugin_of(value)
+        if plugin is None:
+            return None  # Hydra lists the valid options
+        module, package = PLUGINS[plugin]
+        if importlib.util.find_spec(module.split(".")[0]) is None or (
+            importlib.util.find_spec(module) is None
+        ):
+            return f"hydra/launcher={value} needs {package}: {EXTRA}"
+    return None
+
+
+def exit_if_launcher_missing(argv: Sequence[str]) -> None:
+    """For entry points: exit non-zero with :func:`missing_launcher`'s line, no traceback."""
+    problem = missing_launcher(argv)
+    if problem:
+        raise SystemExit(f"error: {problem}")
+
+
+def _job_config(overrides: Sequence[str]) -> Any:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="simulate", overrides=list(overrides))
+
+
+def launch(
+    jobs: Sequence[Job],
+    launcher: str,
+    sweep_dir: Path,
+    launcher_overrides: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Run ``jobs`` on ``launcher`` (a ``hydra/launcher`` option) into
+    ``sweep_dir/<label>/``; returns their metrics in order. Finished jobs are read back,
+    not run. Raises RuntimeError naming the extra when the launcher is not installed."""
+    from hydra import initialize_config_dir
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.plugins import Plugins
+    from hydra.types import HydraContext, RunMode
+
+    from experiments.lib.results import finished_metrics
+    from experiments.simulate import simulate_job
+
+    problem = missing_launcher([f"hydra/launcher={launcher}"])
+    if problem:
+        raise RuntimeError(problem)
+    sweep_dir = Path(sweep_dir).resolve()
+    results: list[dict[str, Any] | None] = [
+        finished_metrics(sweep_dir / j.label, _job_config(j.overrides)) for j in jobs
+    ]
+    pending = [i for i, r in enumerate(results) if r is None]
+    if pending:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            hydra = GlobalHydra.instance().hydra
+            assert hydra is not None
+            cfg = hydra.compose_config(
+                "simulate",
+                [f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep_dir}",
+                 *launcher_overrides],
+                run_mode=RunMode.MULTIRUN,
+                with_log_configuration=False,
+            )  # fmt: skip
+            HydraConfig.instance().set_config(cfg)
+            context = HydraContext(config_loader=hydra.config_loader, callbacks=Callbacks(cfg))
+            runner = Plugins.instance().instantiate_launcher(
+                hydra_context=context, task_function=simulate_job, config=cfg
+            )
+            returns = runner.launch(
+                [[*jobs[i].overrides, f"hydra.sweep.subdir={jobs[i].label}"] for i in pending],
+                initial_job_idx=0,
+            )
+        for i, ret in zip(pending, returns, strict=True):
+            results[i] = dict(ret.return_value)  # re-raises a failed job's exception
+    return [r for r in results if r is not None]
+
+
+class LaunchQueue:
+    """Thread-safe single-job front of :func:`launch`: :meth:`run` blocks until its job is
+    done; jobs asked for while a launch runs go out together in the next one."""
+
+    def __init__(
+        self,
+        launcher: str,
+        sweep_dir: Path,
+        launcher_overrides: Sequence[str] = (),
+        gather_s: float = 0.5,
+    ) -> None:
+        self.launcher = launcher
+        self.sweep_dir = Path(sweep_dir)
+        self.launcher_overrides = list(launcher_overrides)
+        self.gather_s = gather_s
+        self._pending: list[tuple[Job, Future]] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        threading.Thread(target=self._loop, daemon=True, name="kvlab-launch").start()
+
+    def run(self, label: str, overrides: Sequence[str]) -> dict[str, Any]:
+        future: Future = Future()
+        with self._lock:
+            self._pending.append((Job(label, tuple(overrides)), future))
+        self._wake.set()
+        return future.result()
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            time.sleep(self.gather_s)  # let the other threads' requests arrive
+            with self._lock:
+                batch, self._pending = self._pending, []
+                self._wake.clear()
+            if not batch:
+                continue
+            try:
+                metrics = launch(
+                    [j for j, _ in batch], self.launcher, self.sweep_dir, self.launcher_overrides
+                )
+            except BaseException as e:  # handed to every waiting caller
+                for _, future in batch:
+                    future.set_exception(e)
+                continue
+            for (_, future), m in zip(batch, metrics, strict=True):
+                future.set_result(m)

@@ -1,0 +1,107 @@
+"""Simulations as Hydra jobs (experiments/lib/jobs.py): launcher presets, the missing-launcher
+line, atomic complete runs and resume, on Hydra's in-process launcher and on a local Ray."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from pathlib import Path
+
+import pytest
+
+from experiments.lib import jobs
+from experiments.lib.jobs import Job, LaunchQueue, launch, missing_launcher, plugin_of
+
+SMALL = ("workload.num_requests=12", "workload.duration_s=null", "model=opt-125m")
+GRID = [
+    Job(f"{system}_rate{rate}", (*SMALL, f"system={system}", f"workload.rate={rate}"))
+    for system in ("vllm", "orca_oracle")
+    for rate in (1, 4)
+]
+
+
+def test_presets_name_their_plugin() -> None:
+    assert plugin_of("local") == "joblib"
+    assert plugin_of("ray_cluster") == "ray"
+    assert plugin_of("slurm") == "submitit_slurm"
+    assert plugin_of("submitit_local") == "submitit_local"
+    assert plugin_of("basic") is None and plugin_of("nonsense") is None
+
+
+def test_a_missing_launcher_is_one_line_naming_the_extra(monkeypatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    line = missing_launcher(["system=vllm", "hydra/launcher=ray_cluster"])
+    assert (
+        line == "hydra/launcher=ray_cluster needs hydra-ray-launcher: pip install -e '.[cluster]'"
+    )
+    assert missing_launcher(["system=vllm"]) is None
+    with pytest.raises(RuntimeError, match=r"\[cluster\]"):
+        launch(GRID[:1], "submitit_slurm", Path("unused"))
+
+
+def _mtimes(root: Path) -> dict[str, float]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in root.glob("*/metrics.json")}
+
+
+def _check_sweep(launcher: str, root: Path) -> None:
+    first = launch(GRID, launcher, root)
+    assert [(m["system"], m["num_requests"]) for m in first] == [
+        ("vllm", 12), ("vllm", 12), ("orca_oracle", 12), ("orca_oracle", 12)
+    ]  # fmt: skip
+    for job in GRID:
+        files = {p.name for p in (root / job.label).iterdir()}
+        assert {"config.yaml", "metrics.json", "steps.csv", "requests.csv"} <= files
+        assert not [f for f in files if f.endswith(".tmp")]
+    stamps = _mtimes(root)
+    assert len(stamps) == 4
+    # Resume: nothing finished runs again; a job whose config changed does.
+    changed = Job(GRID[0].label, (*GRID[0].overrides, "seed=1"))
+    again = launch([changed, *GRID[1:]], launcher, root)
+    assert again[1:] == first[1:]
+    after = _mtimes(root)
+    assert after[GRID[0].label] != stamps[GRID[0].label]
+    assert {k: v for k, v in after.items() if k != GRID[0].label} == {
+        k: v for k, v in stamps.items() if k != GRID[0].label
+    }
+
+
+def test_sweep_in_process_resumes(tmp_path: Path) -> None:
+    _check_sweep("basic", tmp_path)
+
+
+def test_launch_queue_batches_requests_from_threads(tmp_path: Path, monkeypatch) -> None:
+    batches: list[int] = []
+    real = jobs.launch
+
+    def counting(js, *args, **kwargs):
+        batches.append(len(js))
+        return real(js, *args, **kwargs)
+
+    monkeypatch.setattr(jobs, "launch", counting)
+    queue = LaunchQueue("basic", tmp_path, gather_s=0.3)
+    out: dict[str, dict] = {}
+    threads = [
+        threading.Thread(
+            target=lambda j=j: out.setdefault(j.label, queue.run(j.label, j.overrides))
+        )
+        for j in GRID
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert set(out) == {j.label for j in GRID}
+    assert sum(batches) == 4 and len(batches) < 4  # some requests shared a launch
+    with pytest.raises(Exception, match="rate must be"):  # a failed job reaches its caller
+        queue.run("bad", ("workload.rate=-1", *SMALL))
+
+
+@pytest.mark.ray
+def test_two_by_two_sweep_on_a_local_ray(tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 << 20)
+    try:
+        _check_sweep("ray", tmp_path)
+    finally:
+        ray.shutdown()
