@@ -9,7 +9,13 @@ Writes into ``--out`` (default ``results/reproduce``):
   systems (Fig. 12, OPT-13B ShareGPT panel) and ``fig12_capacity.csv``: each system's
   sustainable rate and its ratio to vLLM's;
 - ``report.md``: kvlab's numbers next to the paper's, with the cost model's constants;
+- ``fig14_*``, ``fig15_sharing``, ``fig16_*``, ``fig17_*`` (CSV, PNG, PDF): the sharing
+  figures (``experiments.report.sharing``), on 30-second traces by default;
 - ``runs/<label>/``: every run's ``metrics.json`` (Fig. 2/13 runs: all result files).
+
+``--launcher <name>`` runs every simulation as a Hydra job on that launcher (joblib, Ray,
+Slurm; ``experiments.lib.jobs``), each in ``runs/<label>/`` with all its result files; a
+rerun skips the jobs already finished there.
 
 The default uses 10-minute traces (a few minutes on 2 cores); ``--full`` uses the paper's
 1-hour traces. Every run goes through the same configs as ``experiments.simulate``.
@@ -22,14 +28,17 @@ import logging
 import math
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from hydra import compose, initialize_config_dir
 
+from experiments.lib.jobs import LaunchQueue, exit_if_launcher_missing
 from experiments.lib.results import write_json
+from experiments.report import sharing
 from sim.search import find_max_rate
 
 log = logging.getLogger("kvlab.reproduce")
@@ -44,10 +53,16 @@ def compose_config(overrides: list[str]) -> Any:
         return compose(config_name="simulate", overrides=overrides)
 
 
+_LAUNCH: LaunchQueue | None = None  # set by --launcher: every run is a Hydra job
+
+
 def run_one(label: str, overrides: list[str], out_dir: Path | None) -> dict[str, Any]:
-    """One simulation (in a worker process); writes ``out_dir`` if given."""
+    """One simulation (in a worker process); writes ``out_dir`` if given. With
+    ``--launcher`` it is a Hydra job on that launcher, in ``runs/<label>/`` (resumed)."""
     from experiments.simulate import run
 
+    if _LAUNCH is not None:
+        return {**_LAUNCH.run(label, overrides), "label": label}
     cfg = compose_config(overrides)
     metrics = run(cfg, out_dir)
     metrics["label"] = label
@@ -166,6 +181,18 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-fig12", action="store_true")
+    p.add_argument("--skip-sharing", action="store_true", help="no Fig. 14-17")
+    p.add_argument(
+        "--launcher",
+        help="run every simulation as a Hydra job on this "
+        "hydra/launcher (local, ray_cluster, slurm, joblib, ray, submitit_slurm)",
+    )
+    p.add_argument(
+        "--launcher-override",
+        action="append",
+        default=[],
+        help="a hydra.launcher.* override, e.g. hydra.launcher.partition=cpu",
+    )
     args = p.parse_args(argv)  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("fontTools").setLevel(logging.WARNING)
@@ -181,7 +208,12 @@ def main(argv: list[str] | None = None) -> Path:
     t0 = time.perf_counter()
     from experiments.report.markdown import write_outputs
 
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+    global _LAUNCH
+    if args.launcher:
+        exit_if_launcher_missing([f"hydra/launcher={args.launcher}"])
+        _LAUNCH = LaunchQueue(args.launcher, runs_dir, args.launcher_override)
+    executor = ThreadPoolExecutor(64) if _LAUNCH else ProcessPoolExecutor(max(1, args.workers))
+    with executor as pool:
         fig2_jobs = {
             s: pool.submit(run_one, f"fig2_{s}", [*base, f"system={s}", "workload.rate=2.0"],
                            runs_dir / f"fig2_{s}")
@@ -194,12 +226,22 @@ def main(argv: list[str] | None = None) -> Path:
                 pool.submit(_sweep_system, s, base, FIG12_RATES, args.threshold, runs_dir, 4)
                 for s in FIG12_SYSTEMS
             ]
+        sharing_jobs, sharing_s = {}, 0.0
+        if not args.skip_sharing:
+            sharing_s = args.duration or (sharing.FULL_DURATION_S if args.full
+                                          else sharing.DURATION_S)  # fmt: skip
+            run = partial(run_one, out_dir=None)
+            sharing_jobs = sharing.submit(pool, run, sharing_s, args.seed, args.threshold)
         fig2 = pd.DataFrame([_keep(fig2_jobs[s].result()) | {"system": s} for s in FIG2_SYSTEMS])
         sens = pd.DataFrame(
             [{"per_step_overhead_ms": o * 1e3, **_keep(job.result())} for o, job in sens_jobs]
         )
         log.info("Fig. 2/13 runs done (%.0f s)", time.perf_counter() - t0)
         curves = pd.DataFrame([row for job in fig12_jobs for row in job.result()])
+        log.info("Fig. 12 runs done (%.0f s)", time.perf_counter() - t0)
+        sharing_text = (
+            sharing.write(sharing_jobs, out, sharing._plt(), sharing_s) if sharing_jobs else ""
+        )
     log.info("all runs done (%.0f s)", time.perf_counter() - t0)
     capacity = sustainable_rates(curves, args.threshold) if len(curves) else pd.DataFrame()
     cfg = compose_config([*base, "system=vllm"])
@@ -207,6 +249,9 @@ def main(argv: list[str] | None = None) -> Path:
         out, fig2, sens, curves, capacity, cfg,
         duration=duration, threshold=args.threshold, wall_s=time.perf_counter() - t0,
     )  # fmt: skip
+    if sharing_text:
+        with (out / "report.md").open("a") as f:
+            f.write("\n" + sharing_text)
     log.info("wrote %s", out / "report.md")
     return out
 

@@ -87,7 +87,8 @@ def test_azure_trace_runs():
 def test_reproduce_writes_figures_and_report(tmp_path):
     from experiments.reproduce import main
 
-    main(["--duration", "40", "--skip-fig12", "--out", str(tmp_path), "--workers", "1"])
+    args = ["--duration", "40", "--skip-fig12", "--skip-sharing", "--workers", "1"]
+    main([*args, "--out", str(tmp_path)])
     for name in ("report.md", "fig2_breakdown.csv", "fig2_breakdown.png", "fig2_breakdown.pdf",
                  "fig13_batch.csv", "fig13_batch.png", "table1.csv",
                  "vllm_overhead_sensitivity.csv"):  # fmt: skip

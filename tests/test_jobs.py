@@ -105,3 +105,18 @@ def test_two_by_two_sweep_on_a_local_ray(tmp_path: Path) -> None:
         _check_sweep("ray", tmp_path)
     finally:
         ray.shutdown()
+
+
+def test_reproduce_runs_every_simulation_as_a_resumable_job(tmp_path: Path) -> None:
+    from experiments import reproduce
+
+    args = ["--duration", "15", "--skip-fig12", "--skip-sharing", "--out", str(tmp_path)]
+    try:
+        reproduce.main([*args, "--launcher", "basic"])
+        stamps = _mtimes(tmp_path / "runs")
+        assert len(stamps) == 9 and (tmp_path / "runs/fig2_vllm/steps.csv").is_file()
+        reproduce.main([*args, "--launcher", "basic"])
+        assert _mtimes(tmp_path / "runs") == stamps  # nothing ran again
+    finally:
+        reproduce._LAUNCH = None
+    assert "Fig. 2" in (tmp_path / "report.md").read_text()

@@ -33,7 +33,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from experiments.reproduce import main
 
     out = tmp_path_factory.mktemp("reproduce")
-    main(["--duration", "20", "--out", str(out), "--workers", "1"])
+    main(["--duration", "20", "--skip-sharing", "--out", str(out), "--workers", "1"])
     return out
 
 
