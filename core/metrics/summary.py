@@ -52,7 +52,7 @@ def memory_shares(steps: pd.DataFrame) -> dict[str, float]:
     """Time-weighted KV breakdown in percent (see module doc)."""
     keys = ("token_states", "reserved", "internal_frag", "external_frag", "free")
     if steps.empty or steps["duration_s"].sum() <= 0:
-        return {f"kv_{k}_pct": math.nan for k in (*keys, "sharing_saving")}
+        return {f"kv_{k}_pct": math.nan for k in keys}
     w = steps["duration_s"].to_numpy()
     waiting = steps["num_waiting"].to_numpy() > 0
     free = steps["kv_free"].to_numpy(dtype=float)
@@ -65,16 +65,16 @@ def memory_shares(steps: pd.DataFrame) -> dict[str, float]:
         "free": np.where(waiting, 0.0, free),
     }
     total = sum(parts.values())
-    out = {
+    return {
         f"kv_{k}_pct": float(100.0 * np.sum(w * v / total) / np.sum(w)) for k, v in parts.items()
     }
-    out["kv_sharing_saving_pct"] = sharing_saving_pct(steps)
-    return out
 
 
 def sharing_saving_pct(steps: pd.DataFrame) -> float:
     """Time-weighted memory saving from block sharing in percent (see module doc); NaN when
     no step held a block."""
+    if steps.empty:
+        return math.nan
     w = steps["duration_s"].to_numpy()
     logical = np.dot(w, steps["kv_logical_blocks"].to_numpy(dtype=float))
     if logical <= 0:
@@ -127,6 +127,7 @@ def summarize(
         out["slo_attainment"] = float(ok.sum() / len(requests)) if len(requests) else math.nan
     out.update(_batch_stats(steps))
     out.update(memory_shares(steps))
+    out["kv_sharing_saving_pct"] = sharing_saving_pct(steps)
     return out
 
 
