@@ -17,13 +17,14 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.report.figures import SYSTEM_COLORS, save
+from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
 
 SETTINGS = (("n", 2), ("n", 4), ("n", 6), ("beam", 2), ("beam", 4), ("beam", 6))
 SYSTEMS = ("orca_oracle", "vllm")
 RATES = (2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 PAPER_RATIO = {"beam 6": 2.3}  # §6.3: vLLM / Orca (Oracle); "1.3x in basic sampling"
-STYLE = {"vllm": ("vLLM", "tab:red"), "orca_oracle": ("Orca (Oracle)", "tab:green")}
 
 
 def searches(duration_s: float, seed: int) -> list[Search]:
@@ -51,7 +52,7 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
         ks = [int(s.split()[1]) for s in sub["setting"].unique()]
         width = 0.38
         for j, system in enumerate(SYSTEMS):
-            label, color = STYLE[system]
+            label, color = SYSTEM_LABELS[system], SYSTEM_COLORS[system]
             vals = [float(sub[(sub["setting"] == f"{kind} {k}") & (sub["system"] == system)]
                           ["max_rate"].iloc[0]) for k in ks]  # fmt: skip
             ax.bar([i + (j - 0.5) * width for i in range(len(ks))], vals, width, label=label,
@@ -61,9 +62,7 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
         ax.set_ylabel("sustained rate (req/s)")
     axes[0].legend(fontsize=7)
     fig.suptitle("Fig. 14: OPT-13B, Alpaca (simulated)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out / "fig14_sampling.png", dpi=150)
-    fig.savefig(out / "fig14_sampling.pdf")
+    save(fig, out, "fig14_sampling")
     plt.close(fig)
     lines = [
         "## Fig. 14: parallel sampling and beam search (OPT-13B, Alpaca)",

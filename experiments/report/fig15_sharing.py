@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.report.figures import SOURCE_COLORS, save
 from experiments.report.rate_search import at_max_rate
 
 PAPER_RANGE = {"n": (6.1, 9.8), "beam": (37.6, 55.2)}  # §6.3, Alpaca, percent
@@ -46,17 +47,17 @@ def write(fig14_rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
     for ax, kind in zip(axes, ("n", "beam"), strict=True):
         sub = t[t["setting"].str.startswith(kind + " ")]
         ks = [s.split()[1] for s in sub["setting"]]
-        ax.bar(ks, sub["saving_pct"].astype(float), color="tab:red", label="kvlab (vLLM)")
+        ax.bar(
+            ks, sub["saving_pct"].astype(float), color=SOURCE_COLORS["kvlab"], label="kvlab (vLLM)"
+        )
         lo, hi = PAPER_RANGE[kind]
-        ax.axhspan(lo, hi, color="0.8", alpha=0.6, label="paper's range")
+        ax.axhspan(lo, hi, color=SOURCE_COLORS["paper"], alpha=0.3, label="paper's range")
         ax.set_xlabel("n" if kind == "n" else "beam width")
         ax.set_ylabel("memory saving (%)")
         ax.set_title("parallel sampling" if kind == "n" else "beam search", fontsize=9)
     axes[0].legend(fontsize=7)
     fig.suptitle("Fig. 15: memory saved by sharing, OPT-13B, Alpaca (simulated)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out / "fig15_sharing.png", dpi=150)
-    fig.savefig(out / "fig15_sharing.pdf")
+    save(fig, out, "fig15_sharing")
     plt.close(fig)
     lines = [
         "## Fig. 15: memory saving from sharing (vLLM, OPT-13B, Alpaca)",

@@ -17,13 +17,14 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.report.figures import SYSTEM_COLORS, save
+from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
 
 SETTINGS = (("1-shot", 80), ("5-shot", 341))
 SYSTEMS = ("orca_oracle", "vllm")
 RATES = (2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 PAPER_RATIO = {"1-shot": 1.67, "5-shot": 3.58}  # §6.4, vLLM / Orca (Oracle)
-STYLE = {"vllm": ("vLLM", "tab:red"), "orca_oracle": ("Orca (Oracle)", "tab:green")}
 
 
 def searches(duration_s: float, seed: int) -> list[Search]:
@@ -46,7 +47,7 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
     fig, ax = plt.subplots(figsize=(4.5, 3))
     names = [n for n, _ in SETTINGS]
     for j, system in enumerate(SYSTEMS):
-        label, color = STYLE[system]
+        label, color = SYSTEM_LABELS[system], SYSTEM_COLORS[system]
         vals = [float(cap[(cap["setting"] == n) & (cap["system"] == system)]["max_rate"].iloc[0])
                 for n in names]  # fmt: skip
         ax.bar([i + (j - 0.5) * 0.38 for i in range(len(names))], vals, 0.38, label=label,
@@ -55,9 +56,7 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
     ax.set_ylabel("sustained rate (req/s)")
     ax.set_title("Fig. 16: shared prefix, LLaMA-13B (simulated)", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "fig16_prefix.png", dpi=150)
-    fig.savefig(out / "fig16_prefix.pdf")
+    save(fig, out, "fig16_prefix")
     plt.close(fig)
     lines = [
         "## Fig. 16: shared prefix (LLaMA-13B, translation with a few-shot prefix)",

@@ -19,18 +19,14 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.report.figures import SYSTEM_COLORS, save
+from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
 
 SYSTEMS = ("orca_max", "orca_pow2", "orca_oracle", "vllm")
 RATES = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0)
 ROUNDS = 4
 PAPER_RATIO = 2.0  # §6.5, vLLM / each Orca variant
-STYLE = {
-    "orca_max": ("Orca (Max)", "tab:blue"),
-    "orca_pow2": ("Orca (Pow2)", "tab:orange"),
-    "orca_oracle": ("Orca (Oracle)", "tab:green"),
-    "vllm": ("vLLM", "tab:red"),
-}
 
 
 def conversation_overrides(duration_s: float, rate: float) -> list[str]:
@@ -58,7 +54,7 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
     cap.to_csv(out / "fig17_capacity.csv", index=False)
     fig, ax = plt.subplots(figsize=(4.8, 3.2))
     for system in SYSTEMS:
-        label, color = STYLE[system]
+        label, color = SYSTEM_LABELS[system], SYSTEM_COLORS[system]
         df = runs[runs["system"] == system].sort_values("rate")
         ax.plot(df["rate"], df["normalized_latency"], marker="o", ms=3, label=label, color=color)
     ax.set_xlabel("Request rate (req/s)")
@@ -66,9 +62,7 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
     ax.set_ylim(0, 2.0)
     ax.set_title("Fig. 17: chatbot, OPT-13B (simulated)", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "fig17_chatbot.png", dpi=150)
-    fig.savefig(out / "fig17_chatbot.pdf")
+    save(fig, out, "fig17_chatbot")
     plt.close(fig)
     lines = [
         "## Fig. 17: chatbot (OPT-13B, history truncated to 1024 tokens)",
@@ -80,6 +74,6 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
         r = cap[cap["system"] == system].iloc[0]
         paper = "—" if system == "vllm" else f"{PAPER_RATIO:.1f}×"
         gap = "—" if system == "vllm" else f"{r['vllm_ratio'] - PAPER_RATIO:+.2f}×"
-        name = STYLE[system][0]
+        name = SYSTEM_LABELS[system]
         lines.append(f"| {name} | {r['max_rate']:.2f} | {r['vllm_ratio']:.2f}× | {paper} | {gap} |")
     return "\n".join(lines) + "\n"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.report import fig14_sampling, fig15_sharing, fig16_prefix, fig17_chatbot
+from experiments.report.figures import pyplot
 from experiments.report.rate_search import Runner, run_search
 
 log = logging.getLogger("kvlab.reproduce")
@@ -63,13 +64,7 @@ def write(jobs: dict[str, list[Future]], out: Path, plt: Any, duration_s: float)
 
 
 def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    matplotlib.rcParams["pdf.fonttype"] = 42
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot(headless=True)
 
 
 def main(argv: list[str] | None = None) -> Path:
