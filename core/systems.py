@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
 from core.kv.base import KVCacheManager
 from core.kv.contiguous import ContiguousKVCacheManager
 from core.kv.paged import PagedKVCacheManager
@@ -67,10 +68,10 @@ def get_system(name: str) -> SystemSpec:
 def build_manager(
     spec: SystemSpec,
     num_slots: int,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     max_model_len: int = 2048,
     num_cpu_slots: int = 0,
-    watermark: float = 0.01,
+    watermark: float = DEFAULT_WATERMARK,
     enable_prefix_caching: bool = False,
 ) -> KVCacheManager:
     """A KV-cache manager over ``num_slots`` device token slots (rounded down to whole
@@ -106,9 +107,9 @@ def build_scheduler(
     system: str,
     num_slots: int,
     config: SchedulerConfig | None = None,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     num_cpu_slots: int = 0,
-    watermark: float = 0.01,
+    watermark: float = DEFAULT_WATERMARK,
     enable_prefix_caching: bool = False,
 ) -> BaseScheduler:
     """The scheduler (owning its KV-cache manager) for a named system preset."""

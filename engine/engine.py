@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
 from core.loop import Clock, StallError, StepLoop, VirtualClock
 from core.metrics.recorder import Recorder
 from core.model_spec import ModelSpec
@@ -81,7 +82,7 @@ class LLMEngine:
         system: str = "vllm",
         kv_budget_bytes: int | None = None,
         num_blocks: int | None = None,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         backend: str = "torch",
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
@@ -89,7 +90,7 @@ class LLMEngine:
         num_cpu_blocks: int = 0,
         seed: int = 0,
         weights_path: str | None = None,
-        watermark: float = 0.01,
+        watermark: float = DEFAULT_WATERMARK,
         enable_prefix_caching: bool = False,
     ) -> None:
         if (kv_budget_bytes is None) == (num_blocks is None):

@@ -31,6 +31,7 @@ token states taken from internal fragmentation.
 
 from __future__ import annotations
 
+from core.defaults import DEFAULT_BLOCK_SIZE
 from core.kv.base import AllocStatus, KVCacheError, MemoryBreakdown, new_breakdown
 from core.kv.buddy import BuddyAllocator, next_power_of_two
 from core.request import Request, SequenceGroup
@@ -68,7 +69,11 @@ class ContiguousKVCacheManager:
     """Implements :class:`core.kv.base.KVCacheManager` with one buddy region per sequence."""
 
     def __init__(
-        self, capacity_slots: int, policy: str, max_model_len: int, block_size: int = 16
+        self,
+        capacity_slots: int,
+        policy: str,
+        max_model_len: int,
+        block_size: int = DEFAULT_BLOCK_SIZE,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown contiguous policy {policy!r}; expected one of {POLICIES}")

@@ -26,6 +26,7 @@ Choices where the paper is silent:
 
 from __future__ import annotations
 
+from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
 from core.kv.base import AllocStatus, KVCacheError, MemoryBreakdown, new_breakdown
 from core.kv.block_pool import BlockPool
 from core.request import RequestError, Sequence, SequenceGroup
@@ -52,9 +53,9 @@ class PagedKVCacheManager:
     def __init__(
         self,
         num_device_blocks: int,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         num_cpu_blocks: int = 0,
-        watermark: float = 0.01,
+        watermark: float = DEFAULT_WATERMARK,
         enable_prefix_caching: bool = False,
     ) -> None:
         if num_device_blocks < 1:

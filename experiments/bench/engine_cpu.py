@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.defaults import DEFAULT_BLOCK_SIZE
 from core.model_spec import kv_bytes_per_token
 from core.request import Request
 from core.sched.base import SchedulerConfig
@@ -66,7 +67,7 @@ class BenchPlan:
     length_scale: float
     orca_max_batch: int  # KV budget = this many max_model_len reservations
     threads: int
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     seed: int = 0
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core.defaults import DEFAULT_BLOCK_SIZE
 from core.plan import BatchShape
 from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.cost.roofline import RooflineCostModel
@@ -77,7 +78,7 @@ class CalibratedCostModel:
         coefficients: Mapping[str, float],
         tp: int = 1,
         dtype_bytes: int = 2,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         fit_stats: Mapping[str, float] | None = None,
     ) -> None:
         missing = [t for t in TERMS if t not in coefficients]
@@ -123,7 +124,7 @@ class CalibratedCostModel:
         gpu: GPUSpec | str,
         tp: int = 1,
         dtype_bytes: int = 2,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
     ) -> CalibratedCostModel:
         """Non-negative least squares of ``steps.duration_s`` on the basis terms.
 
@@ -209,7 +210,7 @@ class CalibratedCostModel:
             d["coefficients"],
             d.get("tp", 1),
             d.get("dtype_bytes", 2),
-            d.get("block_size", 16),
+            d.get("block_size", DEFAULT_BLOCK_SIZE),
             d.get("fit_stats"),
         )
 

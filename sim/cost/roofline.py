@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.defaults import DEFAULT_BLOCK_SIZE
 from core.model_spec import ModelSpec, kv_bytes_per_token
 from core.plan import BatchShape
 from sim.capacity import check_tp
@@ -41,7 +42,7 @@ class RooflineCostModel:
         tp: int = 1,
         dtype_bytes: int = 2,
         efficiency: Efficiency | None = None,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
     ) -> None:
         self.model = m = get_model(model)
         self.gpu = g = get_gpu(gpu)
