@@ -23,7 +23,10 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
+from experiments.lib.checks import ConfigError
+from experiments.lib.cli import report_config_error
 from experiments.lib.results import write_json
+from experiments.lib.setup import block_size
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel
 
@@ -34,10 +37,10 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
     """The resolved ``config.yaml`` of a run directory, as a plain dict."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory: no config.yaml")
+        raise ConfigError("run_dir", "not a run directory: no config.yaml", str(run_dir))
     cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     if not isinstance(cfg, dict) or not {"model", "system"} <= set(cfg):
-        raise ValueError(f"{path} lacks the model and system groups of a serve run")
+        raise ConfigError("run_dir", "config.yaml lacks the model and system groups", str(path))
     return cfg  # type: ignore[return-value]
 
 
@@ -53,17 +56,17 @@ def calibrate(run_dir: Path) -> CalibratedCostModel:
     cfg = read_run_config(run_dir)
     steps_path = Path(run_dir) / "steps.csv"
     if not steps_path.is_file():
-        raise FileNotFoundError(f"{run_dir} has no steps.csv to fit")
+        raise ConfigError("run_dir", "no steps.csv to fit", str(run_dir))
     hardware = (cfg.get("hardware") or {}).get("name")
     if hardware is None:
-        raise ValueError(f"{run_dir}/config.yaml names no hardware (hardware.name)")
+        raise ConfigError("hardware.name", "the run's config.yaml names no hardware", None)
     return CalibratedCostModel.fit(
         pd.read_csv(steps_path),
         model_from_config(cfg["model"]),
         hardware,
         tp=int(cfg["model"].get("tp", 1)),
         dtype_bytes=dtype_bytes(cfg),
-        block_size=int(cfg["system"].get("block_size", 16)),
+        block_size=block_size(cfg["system"]),
     )
 
 
@@ -78,6 +81,14 @@ def calibration_doc(model: CalibratedCostModel, run_dir: Path) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except ConfigError as err:
+        report_config_error(err)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.calibrate", description=__doc__)
     parser.add_argument("run_dir", type=Path, help="an engine run directory")
     parser.add_argument("--out", type=Path, default=None, help="default RUN_DIR/calibration.json")

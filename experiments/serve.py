@@ -8,15 +8,23 @@ Examples::
 
 The model's shape comes from the simulator's catalog (``model=opt-13b`` means the same in
 both bodies); weights are seeded dummies unless ``model.path`` names a local checkpoint.
-Writes the simulator's files (``config.yaml``, ``metrics.json``, ``requests.csv``,
-``steps.csv`` with measured ``duration_s``) plus ``engine.json``. ``run(cfg, out_dir)`` is
-the plain function tests and notebooks call. ``backend=triton`` on ``device=cpu`` needs
-``TRITON_INTERPRET=1`` in the environment (Triton's CPU interpreter; slow).
+Writes the simulator's files (``config.yaml``, ``requests.csv``, ``steps.csv`` with
+measured ``duration_s``, ``metrics.json``) plus ``engine.json``; both JSON files record
+the device the engine ran on (CPU model or GPU name), torch's thread count and version.
+``run(cfg, out_dir)`` is the plain function tests and notebooks call. ``backend=triton``
+on ``device=cpu`` needs ``TRITON_INTERPRET=1`` (Triton's CPU interpreter; slow).
+
+KV budget (:func:`kv_budget_bytes`): ``kv_cache_gb`` when given; else
+``kv_budget_fraction`` of free CUDA memory; else derived: on CUDA
+:data:`GPU_DEFAULT_FRACTION` of free memory, on CPU room for ``system.max_num_seqs``
+sequences of ``max_model_len`` tokens, at most :data:`CPU_DEFAULT_CAP_BYTES` (but never
+less than one ``max_model_len`` sequence).
 """
 
 from __future__ import annotations
 
-import logging
+import os
+import platform
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,72 +32,124 @@ from typing import Any
 
 import hydra
 import torch
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from core.metrics.summary import summarize
-from core.workload.spec import build_workload
+from core.metrics.summary import summarize_recorder
+from core.model_spec import ModelSpec
 from engine.config import check_engine_support
-from engine.engine import LLMEngine
-from engine.kv_cache import GIB, bytes_per_block, resolve_kv_budget
+from engine.engine import EngineError, LLMEngine
+from engine.kv_cache import GIB, KVBudgetError, bytes_per_block, resolve_kv_budget
+from experiments.lib.checks import CONFIG_DIR, ConfigError, Facts, check_config
+from experiments.lib.cli import main_with_checks, run_app
 from experiments.lib.results import summary_line, write_run
-from experiments.lib.setup import as_dict, scheduler_config, served_max_model_len
+from experiments.lib.setup import (
+    as_dict,
+    build_requests,
+    manager_options,
+    resolve_aliases,
+    scheduler_config,
+    served_max_model_len,
+)
 from sim.catalog import model_from_config
 
-log = logging.getLogger(__name__)
-
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# A CPU run's derived KV pool stays at most this large: a share of a small machine's
+# memory (kvlab's CPU runs use KV budgets of a few MiB to a few hundred MiB).
+CPU_DEFAULT_CAP_BYTES = 1 * GIB
+# A CUDA run's derived KV pool: this fraction of the free memory at startup, leaving the
+# rest for the weights (loaded after) and activations.
+GPU_DEFAULT_FRACTION = 0.5
 
 
-def _dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
-    return DTYPES[name]
+def device_facts(device: str) -> Facts:
+    """Memory of the device the KV cache would live on, and CUDA's availability."""
+    cuda = torch.cuda.is_available()
+    if device == "cuda" and cuda:
+        memory = torch.cuda.get_device_properties(0).total_memory
+    elif device == "cpu":
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:
+        memory = None
+    return Facts(device_memory_bytes=memory, cuda_available=cuda)
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model (``/proc/cpuinfo``; else the platform's)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def kv_budget_bytes(
+    c: Mapping[str, Any], model_config: ModelSpec, dtype: torch.dtype, mml: int
+) -> int:
+    """The engine's KV budget in bytes (see the module doc)."""
+    device = str(c.get("device", "cpu"))
+    if c.get("kv_cache_gb") is not None:
+        return int(float(c["kv_cache_gb"]) * GIB)
+    if c.get("kv_budget_fraction") is not None:
+        return resolve_kv_budget(device, fraction=float(c["kv_budget_fraction"]))
+    if device == "cuda":
+        return resolve_kv_budget(device, fraction=GPU_DEFAULT_FRACTION)
+    per_token = bytes_per_block(model_config, 1, dtype)
+    wanted = int(c["system"].get("max_num_seqs", 256)) * mml * per_token
+    return min(wanted, max(CPU_DEFAULT_CAP_BYTES, mml * per_token))
 
 
 def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
     """The configured engine and its max_model_len."""
     spec = model_from_config(c["model"])
-    if int(c["model"].get("tp", 1)) != 1:
-        raise ValueError(f"the engine runs on one device; model.tp must be 1, not {c['model']}")
     system = c["system"]
-    max_model_len = served_max_model_len(system, spec)
-    model_config = check_engine_support(spec)
-    dtype, device = _dtype(str(c.get("dtype", "float32"))), str(c.get("device", "cpu"))
-    block_size = int(system.get("block_size", 16))
+    mml = served_max_model_len(system, spec)
+    try:
+        model_config = check_engine_support(spec)
+    except ValueError as exc:
+        raise ConfigError("model", str(exc), spec.name) from None
+    dtype, device = DTYPES[str(c.get("dtype", "float32"))], str(c.get("device", "cpu"))
+    options = manager_options(system)
     blocks = c.get("num_gpu_blocks")
-    budget = (
-        resolve_kv_budget(device, gib=c.get("kv_budget_gb"), fraction=c.get("kv_budget_fraction"))
-        if blocks is None
-        else None
-    )
-    per_block = bytes_per_block(model_config, block_size, dtype)
-    engine = LLMEngine(
-        model_config,
-        system=system["name"],
-        kv_budget_bytes=budget,
-        num_blocks=None if blocks is None else int(blocks),
-        block_size=block_size,
-        backend=str(c.get("backend", "torch")),
-        dtype=dtype,
-        device=device,
-        sched_config=scheduler_config(system, max_model_len),
-        num_cpu_blocks=int(float(c.get("swap_space_gb", 0)) * GIB) // per_block,
-        seed=int(c.get("seed", 0)),
-        weights_path=c["model"].get("path"),
-        watermark=float(system.get("watermark", 0.01)),
-        enable_prefix_caching=bool(system.get("enable_prefix_caching", False)),
-    )
-    return engine, max_model_len
+    try:
+        budget = None if blocks is not None else kv_budget_bytes(c, model_config, dtype, mml)
+        per_block = bytes_per_block(model_config, options["block_size"], dtype)
+        engine = LLMEngine(
+            model_config,
+            system=system["name"],
+            kv_budget_bytes=budget,
+            num_blocks=None if blocks is None else int(blocks),
+            backend=str(c.get("backend", "torch")),
+            dtype=dtype,
+            device=device,
+            sched_config=scheduler_config(system, mml),
+            num_cpu_blocks=int(float(c.get("swap_space_gb", 0)) * GIB) // per_block,
+            seed=int(c.get("seed", 0)),
+            weights_path=c["model"].get("path"),
+            **options,
+        )
+    except KVBudgetError as exc:
+        raise ConfigError("kv_cache_gb", str(exc)) from None
+    except EngineError as exc:
+        if "max_model_len" not in str(exc):
+            raise
+        raise ConfigError("system.max_model_len", str(exc), mml) from None
+    return engine, mml
 
 
 def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dict[str, Any]:
     """Serve the configured workload; write result files when ``out_dir`` is given.
-    Returns the metrics dict (plus the engine's KV size and ``wall_s``)."""
-    c = as_dict(cfg)
-    engine, max_model_len = build_engine(c)
-    workload = {"vocab_size": engine.model_config.vocab_size, **c["workload"]}
-    requests = build_workload(workload, max_model_len=max_model_len, seed=int(c.get("seed", 0)))
+    Returns the metrics dict (plus the engine's KV size and ``wall_s``). A config that
+    cannot run raises ``ConfigError`` before the model is built."""
+    c = resolve_aliases(as_dict(cfg))
+    check_config(c, "serve", device_facts(str(c.get("device", "cpu"))))
+    if c.get("threads") is not None:
+        torch.set_num_threads(int(c["threads"]))
+    engine, mml = build_engine(c)
+    requests = build_requests(c, mml, vocab_size=engine.model_config.vocab_size)
     t0 = time.perf_counter()
     result = engine.generate(
         requests,
@@ -100,16 +160,21 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
     wall = time.perf_counter() - t0
     rec = result.recorder
     req_frame, steps = rec.requests_frame(), rec.steps_frame()
-    metrics = summarize(req_frame, steps, rec.inter_token_latencies(), c.get("slo_ms"))
+    metrics = summarize_recorder(rec, c.get("slo_ms"))
     kv = engine.kv_cache
+    where = {
+        "device": str(engine.device),
+        "hardware": device_name(engine.device),
+        "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+    }
     metrics.update(
         system=c["system"]["name"],
         model=c["model"]["name"],
-        hardware=c.get("hardware", {}).get("name"),
-        device=str(engine.device),
         kv_slots=kv.num_blocks * kv.block_size,
         kv_cache_gib=kv.device_bytes / GIB,
         wall_s=wall,
+        **where,
     )
     if out_dir is not None:
         doc = {
@@ -118,25 +183,24 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
             "num_cpu_blocks": kv.num_cpu_blocks,
             "kv_bytes": kv.device_bytes,
             "dtype": str(kv.dtype),
-            "device": _device_name(engine.device),
             "num_steps": result.num_steps,
+            "cost_basis_hardware": (c.get("hardware") or {}).get("name"),
+            **where,
+            "device": where["hardware"],
         }
         write_run(out_dir, c, metrics, req_frame, steps, extra={"engine": doc})
     return metrics
 
 
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return str(device)
-
-
-@hydra.main(config_path="../configs", config_name="serve", version_base="1.3")
+@hydra.main(config_path=str(CONFIG_DIR), config_name="serve", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
-    metrics = run(cfg, out_dir)
-    log.info("%s -> %s", summary_line(metrics, f"on {metrics['device']}"), out_dir)
+    run_app(
+        "serve",
+        cfg,
+        run,
+        lambda m: summary_line(m, f"on {m['hardware']} ({m['device']}, {m['threads']} threads)"),
+    )
 
 
 if __name__ == "__main__":
-    main()
+    main_with_checks(main)

@@ -8,8 +8,9 @@ swap slots from ``engine.json``), priced by a cost model:
 
 - default: the calibrated model in ``calibration.json`` (``experiments.calibrate``);
 - ``--recorded``: the engine's own step times replayed in order. For a ``clock: virtual``
-  run this reproduces the engine exactly (DESIGN.md, "one policy, two bodies"), so every
-  relative error is 0; a wall-clock run has no such identity.
+  run this reproduces the engine exactly (one policy, two bodies: the simulator and the
+  engine run the same scheduler objects on the same step times), so every relative error
+  is 0; a wall-clock run has no such identity.
 
 Prints throughput, mean TTFT / TPOT / e2e latency, normalized latency and mean batch size
 of both with relative errors ``(simulator − engine) / engine``, and writes
@@ -29,14 +30,13 @@ from typing import Any
 
 import pandas as pd
 
-from core.metrics.summary import summarize
+from core.metrics.summary import summarize_recorder
 from core.request import Request
-from core.sched.base import BaseScheduler
-from core.systems import build_scheduler
-from core.workload.spec import build_workload
 from experiments.calibrate import read_run_config
-from experiments.lib.results import write_json
-from experiments.lib.setup import scheduler_config, served_max_model_len
+from experiments.lib.checks import ConfigError
+from experiments.lib.cli import report_config_error
+from experiments.lib.results import read_metrics, write_json
+from experiments.lib.setup import build_requests, scheduler_factory, served_max_model_len
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel, CostModel, RecordedCostModel
 from sim.driver import simulate
@@ -57,18 +57,20 @@ def run_requests(cfg: Mapping[str, Any], run_dir: Path) -> tuple[list[Request], 
     A trace file that is no longer at its recorded path is looked for, by name, beside the
     run directory (results copied from another machine)."""
     spec = model_from_config(cfg["model"])
-    max_model_len = served_max_model_len(cfg["system"], spec)
-    workload = {"vocab_size": spec.vocab_size, **cfg["workload"]}
+    mml = served_max_model_len(cfg["system"], spec)
+    workload = dict(cfg["workload"])
     path = workload.get("path")
     if path is not None and not Path(path).exists():
         moved = Path(run_dir).parent / Path(path).name
         if not moved.is_file():
-            raise FileNotFoundError(f"{run_dir}: workload trace {path} not found, nor {moved}")
+            raise ConfigError(
+                "workload.path", "trace not found, nor beside the run", path, str(moved)
+            )
         workload["path"] = str(moved)
-    requests = build_workload(workload, max_model_len=max_model_len, seed=int(cfg.get("seed", 0)))
+    requests = build_requests({**cfg, "workload": workload}, mml, vocab_size=spec.vocab_size)
     if cfg.get("mode", "online") == "offline":
         requests = [dataclasses.replace(r, arrival_time=0.0) for r in requests]
-    return requests, max_model_len
+    return requests, mml
 
 
 def simulate_run(run_dir: Path, cost_model: CostModel) -> dict[str, Any]:
@@ -76,27 +78,16 @@ def simulate_run(run_dir: Path, cost_model: CostModel) -> dict[str, Any]:
     cfg = read_run_config(run_dir)
     engine_path = Path(run_dir) / "engine.json"
     if not engine_path.is_file():
-        raise FileNotFoundError(f"{run_dir} has no engine.json (KV cache size of the run)")
+        raise ConfigError("run_dir", "no engine.json (KV cache size of the run)", str(run_dir))
     kv = json.loads(engine_path.read_text())
-    requests, max_model_len = run_requests(cfg, run_dir)
-    system = cfg["system"]
-    block_size = int(kv["block_size"])
-
-    def make_scheduler() -> BaseScheduler:
-        return build_scheduler(
-            system["name"],
-            int(kv["num_blocks"]) * block_size,
-            config=scheduler_config(system, max_model_len),
-            block_size=block_size,
-            num_cpu_slots=int(kv["num_cpu_blocks"]) * block_size,
-            watermark=float(system.get("watermark", 0.01)),
-            enable_prefix_caching=bool(system.get("enable_prefix_caching", False)),
-        )
-
-    rec = simulate(requests, make_scheduler, cost_model, seed=int(cfg.get("seed", 0))).recorder
-    return summarize(
-        rec.requests_frame(), rec.steps_frame(), rec.inter_token_latencies(), cfg.get("slo_ms")
+    requests, mml = run_requests(cfg, run_dir)
+    block = int(kv["block_size"])
+    system = {**cfg["system"], "block_size": block}
+    make_scheduler = scheduler_factory(
+        system, int(kv["num_blocks"]) * block, int(kv["num_cpu_blocks"]) * block, mml
     )
+    rec = simulate(requests, make_scheduler, cost_model, seed=int(cfg.get("seed", 0))).recorder
+    return summarize_recorder(rec, cfg.get("slo_ms"))
 
 
 def rel_err(sim: Any, eng: Any) -> float | None:
@@ -135,7 +126,9 @@ def validate(
         if calibration.get("kind") != "calibrated":
             raise ValueError(f"calibration kind is {calibration.get('kind')!r}, not 'calibrated'")
         cost = CalibratedCostModel.from_dict(calibration)
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    if not (run_dir / "metrics.json").is_file():
+        raise ConfigError("run_dir", "no metrics.json: the run did not finish", str(run_dir))
+    metrics = read_metrics(run_dir)
     simulated = simulate_run(run_dir, cost)
     return {
         "run": run_dir.name,
@@ -160,6 +153,14 @@ def _num(x: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except ConfigError as err:
+        report_config_error(err)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.validate", description=__doc__)
     parser.add_argument("run_dir", type=Path, help="an engine run directory")
     parser.add_argument("--calibration", type=Path, default=None, help="RUN_DIR/calibration.json")

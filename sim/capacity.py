@@ -17,7 +17,7 @@ from sim.catalog import GIB, GPUSpec, get_gpu, get_model
 LOGITS_BYTES = 4  # samplers upcast logits to fp32
 # fp32 logits + sorted fp32 values + int64 sort indices + fp32 softmax (activation_bytes)
 SAMPLER_BYTES_PER_LOGIT = LOGITS_BYTES + 4 + 8 + 4
-DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs (PAPER.md, §"vLLM design facts")
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM v0.1's default max_num_seqs (its code; not in the paper)
 
 
 def check_tp(model: ModelSpec, tp: int) -> None:

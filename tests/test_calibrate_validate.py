@@ -12,6 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from experiments import calibrate, validate
+from experiments.lib.checks import ConfigError
 from experiments.serve import run
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
@@ -21,7 +22,7 @@ RUN = [
     "model=tiny-opt",
     "workload.num_requests=12",
     "workload.rate=30",
-    "kv_budget_gb=0.002",
+    "kv_cache_gb=0.002",
     "progress=false",
 ]
 
@@ -92,6 +93,11 @@ def test_validate_needs_a_calibration_or_recorded(online_run: Path) -> None:
         validate.validate(online_run, {"kind": "roofline"})
 
 
-def test_calibrate_names_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"no config\.yaml"):
+def test_calibrate_names_a_directory_that_is_not_a_run(tmp_path: Path, capsys) -> None:
+    with pytest.raises(ConfigError, match=r"run_dir: not a run directory: no config\.yaml"):
         calibrate.calibrate(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        calibrate.main([str(tmp_path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: run_dir: ") and "\n" not in err

@@ -27,7 +27,7 @@ def test_param_counts_match_published_sizes(name: str) -> None:
 
 
 def test_kv_bytes_per_token_follows_the_paper() -> None:
-    # PAPER.md §6.1: OPT-13B 2 × 40 × 5120 × 2 B = 800 KiB per token.
+    # Kwon et al., SOSP 2023, §6.1: OPT-13B 2 × 40 × 5120 × 2 B = 800 KiB per token.
     assert get_model("opt-13b").kv_bytes_per_token() == 800 * 1024
     assert get_model("opt-13b").kv_bytes_per_token(dtype_bytes=4) == 1600 * 1024
     # GQA stores only the KV heads: Llama-3-8B 2 × 32 × 8 × 128 × 2 B.

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
-from engine.kv_cache import KVBudgetError
-from experiments.serve import run
+from experiments.lib.checks import ConfigError
+from experiments.serve import CPU_DEFAULT_CAP_BYTES, device_name, kv_budget_bytes, run
 from tests.engine_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
@@ -38,5 +39,42 @@ def test_serve_writes_the_four_files(mode: str, tmp_path: Path) -> None:
 
 
 def test_serve_rejects_a_fraction_budget_on_cpu(tmp_path: Path) -> None:
-    with pytest.raises(KVBudgetError, match="needs a CUDA device"):
-        run(_cfg(["kv_budget_gb=null", "kv_budget_fraction=0.5"]), tmp_path)
+    with pytest.raises(ConfigError, match=r"kv_budget_fraction: .*needs a CUDA device"):
+        run(_cfg(["kv_budget_fraction=0.5"]), tmp_path)
+
+
+def test_serve_records_the_real_device_threads_and_torch(tmp_path: Path) -> None:
+    metrics = run(_cfg(["threads=1"]), tmp_path)
+    engine = json.loads((tmp_path / "engine.json").read_text())
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    for doc in (engine, saved, metrics):
+        assert doc["threads"] == 1
+        assert doc["torch_version"] == torch.__version__
+        assert doc["hardware"] == device_name(torch.device("cpu"))
+        assert "H200" not in doc["hardware"]
+    assert engine["device"] == saved["hardware"]
+
+
+def test_default_kv_budget_fits_the_model_and_max_num_seqs() -> None:
+    """Room for max_num_seqs sequences of max_model_len, at most the CPU cap, never less
+    than one sequence (the old 0.01 GiB default held 144 slots of OPT-125M)."""
+    from engine.config import ModelConfig
+    from sim.catalog import get_model
+
+    tiny = ModelConfig.from_hf_dict(get_model("tiny-opt").to_hf_config())
+    opt = ModelConfig.from_hf_dict(get_model("opt-125m").to_hf_config())
+    per_token = 2 * 2 * 64 * 4  # tiny-opt: 2 layers x K,V x hidden 64 x fp32
+    c = {"device": "cpu", "system": {"max_num_seqs": 8}}
+    assert kv_budget_bytes(c, tiny, torch.float32, 256) == 8 * 256 * per_token
+    big = kv_budget_bytes({**c, "system": {"max_num_seqs": 256}}, opt, torch.float32, 2048)
+    assert big == CPU_DEFAULT_CAP_BYTES
+    assert big // (2 * 12 * 768 * 4) >= 2048
+    assert kv_budget_bytes({**c, "kv_cache_gb": 0.5}, opt, torch.float32, 2048) == 1 << 29
+
+
+def test_old_budget_key_is_an_alias_that_warns(tmp_path: Path) -> None:
+    with pytest.warns(DeprecationWarning, match="kv_budget_gb is an old name of kv_cache_gb"):
+        metrics = run(_cfg(["kv_budget_gb=0.002"]), tmp_path)
+    assert metrics["kv_cache_gib"] <= 0.002
+    with pytest.raises(ConfigError, match="kv_budget_gb: an old name"):
+        run(_cfg(["kv_budget_gb=0.002", "kv_cache_gb=0.002"]), tmp_path)

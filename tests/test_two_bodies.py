@@ -1,5 +1,5 @@
 """One policy, two bodies: the simulator replaying the engine's measured step times makes
-the engine's decisions, step for step (DESIGN.md, "The rule")."""
+the engine's decisions, step for step (the rule "one policy, two bodies": README)."""
 
 from __future__ import annotations
 

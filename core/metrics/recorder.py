@@ -78,6 +78,7 @@ class Recorder:
         self._steps: list[tuple] = []
         self._requests: list[tuple] = []
         self._itl: list[np.ndarray] = []
+        self._max_itl: dict[int, float] = {}
         self.keep_token_times = keep_token_times
 
     def record_step(
@@ -141,7 +142,9 @@ class Recorder:
              ttft, e2el, tpot, "finished", "")
         )  # fmt: skip
         if self.keep_token_times and len(group.token_times) > 1:
-            self._itl.append(np.diff(np.asarray(group.token_times)))
+            gaps = np.diff(np.asarray(group.token_times))
+            self._itl.append(gaps)
+            self._max_itl[r.request_id] = float(gaps.max())
 
     @property
     def num_steps(self) -> int:
@@ -157,6 +160,11 @@ class Recorder:
     def requests_frame(self) -> pd.DataFrame:
         df = pd.DataFrame.from_records(self._requests, columns=list(REQUEST_COLUMNS))
         return df.sort_values("request_id", kind="stable").reset_index(drop=True)
+
+    def max_itl_by_request(self) -> dict[int, float]:
+        """Each finished request's longest inter-token gap (s), by request id (requests
+        with one output token have none); what an ITL SLO is checked against."""
+        return dict(self._max_itl)
 
     def inter_token_latencies(self) -> np.ndarray:
         if not self._itl:

@@ -10,9 +10,14 @@ miss). kvlab adds:
 
 - ``normalized_latency``: the vLLM paper's metric (§6.1), mean over finished requests of
   end-to-end latency / output length, in s/token;
-- ``mean_batch_size``: time-weighted mean number of requests holding KV in the running
-  batch over busy steps (the paper's Fig. 13 "batched requests"); ``mean_step_batch`` is
-  the plain per-step mean of requests computed in a step;
+- two batch metrics that must not be mixed up (they differ by about 2x for vLLM):
+
+  - ``mean_batch_size``: requests *holding KV* in the running batch, time-weighted mean
+    over busy steps (by step duration). This is the paper's Fig. 13 "batched requests".
+  - ``mean_step_batch``: requests *computed in a step*, plain mean over steps. A
+    prompt-only step of vLLM's 2023 scheduler computes only the prompts it admits while
+    the running requests wait, so this is smaller than ``mean_batch_size``.
+
 - ``kv_*_pct``: the time-weighted (by step duration) KV memory breakdown, in percent of
   device KV slots. ``kv_external_frag_pct`` is "external fragmentation & other": slots the
   allocator's size classes waste plus free slots *while requests wait for admission*
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -88,9 +94,13 @@ def summarize(
     steps: pd.DataFrame,
     itl_s: np.ndarray | None = None,
     slo_ms: Mapping[str, float] | None = None,
+    max_itl_s: Mapping[int, float] | None = None,
 ) -> dict[str, float]:
-    """Compute the summary dict. ``slo_ms`` maps ``ttft``/``tpot``/``e2el`` to limits for
-    goodput (requests meeting all of them, per second)."""
+    """Compute the summary dict. ``slo_ms`` maps ``ttft``/``tpot``/``itl``/``e2el`` to
+    limits in ms for goodput (requests meeting all of them, per second) and
+    ``slo_attainment`` (their share of finished requests). An ``itl`` limit holds a
+    request's longest inter-token gap, from ``max_itl_s`` (request id -> seconds; a
+    request with one output token has no gap and meets it)."""
     done = requests[requests["status"] == "finished"]
     out: dict[str, float] = {
         "num_requests": len(requests),
@@ -118,9 +128,13 @@ def summarize(
     if slo_ms:
         ok = np.ones(len(done), dtype=bool)
         for key, limit in slo_ms.items():
+            if key == "itl":
+                gaps = done["request_id"].map(dict(max_itl_s or {})).fillna(0.0)
+                ok &= gaps.to_numpy(dtype=float) * 1000.0 <= limit
+                continue
             col = {"ttft": "ttft_s", "tpot": "tpot_s", "e2el": "e2el_s"}.get(key)
             if col is None:
-                raise ValueError(f"unknown SLO {key!r}; use ttft, tpot or e2el")
+                raise ValueError(f"unknown SLO {key!r}; use ttft, tpot, itl or e2el")
             ok &= (done[col].fillna(0.0).to_numpy() * 1000.0) <= limit
         out["goodput"] = float(ok.sum() / duration) if duration > 0 else math.nan
         # A rejected request missed its SLOs: attainment is over every request.
@@ -143,3 +157,40 @@ def _batch_stats(steps: pd.DataFrame) -> dict[str, float]:
         "mean_step_batch": float(steps["batch_requests"].mean()),
         "busy_time_s": float(wsum),
     }
+
+
+# Why a request was rejected, by a phrase of the scheduler's reason (core.sched).
+_REJECT_KINDS = (
+    ("max_model_len", "max_model_len"),
+    ("max_num_seqs", "max_num_seqs"),
+    ("kv_cache", "KV cache"),
+    ("kv_cache", "KV-cache"),
+)
+REJECT_KINDS = ("max_model_len", "max_num_seqs", "kv_cache", "other")
+
+
+def rejection_counts(requests: pd.DataFrame) -> dict[str, int]:
+    """``rejected_<kind>`` for each kind in :data:`REJECT_KINDS`: how many requests were
+    rejected because they exceed ``max_model_len``, need more sequences than
+    ``max_num_seqs``, can never fit the KV cache, or for another reason."""
+    counts = dict.fromkeys(REJECT_KINDS, 0)
+    rejected = requests.loc[requests["status"] == "rejected", "reject_reason"]
+    for reason in rejected.fillna("").astype(str):
+        kind = next((k for k, phrase in _REJECT_KINDS if phrase in reason), "other")
+        counts[kind] += 1
+    return {f"rejected_{k}": n for k, n in counts.items()}
+
+
+def summarize_recorder(recorder: Any, slo_ms: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """:func:`summarize` of a :class:`core.metrics.recorder.Recorder`'s tables plus
+    :func:`rejection_counts`: what both bodies' apps report."""
+    requests = recorder.requests_frame()
+    out: dict[str, Any] = summarize(
+        requests,
+        recorder.steps_frame(),
+        recorder.inter_token_latencies(),
+        slo_ms,
+        recorder.max_itl_by_request(),
+    )
+    out.update(rejection_counts(requests))
+    return out

@@ -29,7 +29,8 @@ class SchedulerConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Knobs shared by the policies (defaults: vLLM v0.1 as described in PAPER.md).
+    """Knobs shared by the policies (defaults: vLLM v0.1's code; the paper, Kwon et al.,
+    SOSP 2023, does not state them).
 
     - ``max_num_seqs``: most sequences in one batch (vLLM default 256); a request counts
       as the samples or beams it forks into, and one wider than this is rejected;

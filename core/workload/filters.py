@@ -1,7 +1,7 @@
 """vLLM's benchmark length filter, the one the paper's dataset statistics are taken after.
 
-The rule (vLLM ``benchmarks/benchmark_serving.py`` sampling of ShareGPT, 2023; see
-PAPER.md, "vLLM's common benchmark filter"): drop a request when its prompt or its output
+The rule (vLLM ``benchmarks/benchmark_serving.py`` sampling of ShareGPT, 2023; the paper,
+Kwon et al., SOSP 2023, does not state it): drop a request when its prompt or its output
 is shorter than 4 tokens, its prompt is longer than 1024 tokens, or prompt + output exceeds
 the model's maximum length (2048 for OPT).
 

@@ -1,6 +1,6 @@
 """Synthetic prompt/output length distributions fitted to the published dataset statistics.
 
-Targets (Kwon et al., SOSP 2023, §6.1; PAPER.md "Setup"): after vLLM's benchmark filter
+Targets (Kwon et al., SOSP 2023, §6.1, "Workloads"): after vLLM's benchmark filter
 (:mod:`core.workload.filters`, max model length 2048) ShareGPT has mean input 161.31 and
 mean output 337.99 tokens; Alpaca has mean input 19.31 and mean output 58.45 tokens. The
 paper gives only these means, that ShareGPT has "higher variance", and histograms that span

@@ -137,7 +137,7 @@ def run_specs(plan: EnginePlan, traces: dict[str, Path]) -> list[RunSpec]:
         suffix = "" if backend == plan.backend else f"_{backend}"
         overrides = (
             *common, f"model={m.model}", f"system={system}", f"mode={mode}",
-            f"backend={backend}", f"kv_budget_gb={m.kv_budget_gb}",
+            f"backend={backend}", f"kv_cache_gb={m.kv_budget_gb}",
             f"workload.path='{traces[m.model].resolve()}'", f"workload.num_requests={count}",
         )  # fmt: skip
         return RunSpec(f"{m.model}_{system}_{mode}{suffix}", m.model, system, mode, backend,

@@ -29,7 +29,6 @@ import pandas as pd
 from experiments.lib.results import write_json
 from experiments.lib.setup import as_dict, build_setup
 from experiments.reproduce import compose_config
-from experiments.simulate import make_cost_model
 from sim.driver import simulate
 
 SYSTEMS = ("vllm", "orca_max", "orca_pow2", "orca_oracle", "fastertransformer")
@@ -61,7 +60,7 @@ def bench_one(system: str, duration_s: float, rate: float, seed: int) -> dict[st
     )
     c = as_dict(cfg)
     setup = build_setup(c)
-    cost_model = make_cost_model(c, setup)
+    cost_model = setup.cost_model
     t0, c0 = time.perf_counter(), time.process_time()
     result = simulate(setup.requests, setup.make_scheduler, cost_model, seed=seed)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -1,23 +1,48 @@
-"""Writing a run's result directory: the same files for the simulator and the engine.
+"""A run's result directory: the same files for the simulator and the engine.
 
-``config.yaml`` (resolved), ``metrics.json``, ``requests.csv``, ``steps.csv`` and, where
-given, extra JSON documents (e.g. the cost model's description). Every file is written
-atomically (a temporary file renamed into place) and ``metrics.json`` last, so a directory
-whose ``metrics.json`` exists holds a complete run (what resuming a sweep relies on,
-:func:`finished_metrics`).
+``config.yaml`` (resolved), ``requests.csv``, ``steps.csv``, extra JSON documents (e.g. the
+cost model's description) and, LAST, ``metrics.json``. Every file is written atomically (a
+temporary file in the same directory, then a rename), and ``metrics.json`` only after all
+the others: a directory with a ``metrics.json`` holds a whole run, one without it a run
+that did not finish (a failed run has ``error.txt`` instead). Readers go by
+``metrics.json`` (:func:`read_metrics`, :func:`is_complete`).
+
+``outputs/index.csv`` (:func:`append_index`) gets one row per run: time, app, status, run
+directory, overrides and the headline metrics.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
+
+# The metrics a reader looks at first: summary.csv and index.csv put them after the
+# overrides, the end-of-run line and table lead with them.
+HEADLINE_METRICS = (
+    "completed",
+    "num_requests",
+    "rejected",
+    "request_throughput",
+    "output_throughput",
+    "normalized_latency",
+    "mean_ttft_ms",
+    "mean_tpot_ms",
+    "mean_e2el_ms",
+    "mean_batch_size",
+    "mean_step_batch",
+)
+INDEX_COLUMNS = ("time", "app", "status", "run_dir", "overrides", *HEADLINE_METRICS, "error")
 
 
 def _clean(value: Any) -> Any:
@@ -32,25 +57,28 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def write_atomic(path: Path, write: str | Callable[[Path], Any]) -> None:
-    """Write ``path`` (text, or a function that writes a given path) through a temporary
-    file in the same directory and a rename: readers see the old file or the whole new
-    one, never a part."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    if isinstance(write, str):
-        tmp.write_text(write)
-    else:
-        write(tmp)
-    os.replace(tmp, path)
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one,
+    never a part (temporary file in the same directory, fsync, rename)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Write ``data`` as JSON atomically (a temporary file renamed over ``path``)."""
-    write_atomic(Path(path), json.dumps(_clean(dict(data)), indent=2, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(_clean(dict(data)), indent=2, sort_keys=True) + "\n")
 
 
-def write_csv(path: Path, df: pd.DataFrame) -> None:
-    write_atomic(path, lambda tmp: df.to_csv(tmp, index=False))
+def write_csv(path: Path, frame: pd.DataFrame) -> None:
+    write_atomic(path, frame.to_csv(index=False))
 
 
 def write_run(
@@ -61,7 +89,7 @@ def write_run(
     steps: pd.DataFrame,
     extra: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Path:
-    """Write the run's files into ``out_dir`` (created) and return it."""
+    """Write the run's files into ``out_dir`` (created), ``metrics.json`` last; return it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     conf = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
     write_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(conf, resolve=True))
@@ -69,32 +97,98 @@ def write_run(
     write_csv(out_dir / "steps.csv", steps)
     for name, doc in (extra or {}).items():
         write_json(out_dir / f"{name}.json", doc)
-    write_json(out_dir / "metrics.json", metrics)  # last: marks the run complete
+    write_json(out_dir / "metrics.json", metrics)
     return out_dir
 
 
-def finished_metrics(out_dir: Path, cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None:
-    """The metrics of a complete run of ``cfg`` in ``out_dir`` (its ``metrics.json`` exists
-    and its ``config.yaml`` is ``cfg`` resolved), else None: a finished job is not run
-    again, and a directory holding another config's run is not mistaken for this one."""
-    metrics, config = out_dir / "metrics.json", out_dir / "config.yaml"
-    if not (metrics.is_file() and config.is_file()):
-        return None
-    conf = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
-    if config.read_text() != OmegaConf.to_yaml(conf, resolve=True):
-        return None
-    return read_metrics(out_dir)
+def is_complete(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a finished run (its ``metrics.json`` exists)."""
+    return (Path(run_dir) / "metrics.json").is_file()
 
 
 def read_metrics(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "metrics.json").read_text())
+    return json.loads((Path(run_dir) / "metrics.json").read_text())
+
+
+def write_error(run_dir: Path, text: str) -> None:
+    """Record why a run failed (``error.txt``); a run directory never stays unexplained."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    write_atomic(Path(run_dir) / "error.txt", text if text.endswith("\n") else text + "\n")
+
+
+def append_index(
+    index: Path,
+    app: str,
+    status: str,
+    run_dir: Path,
+    overrides: Sequence[str],
+    metrics: Mapping[str, Any] | None = None,
+    error: str = "",
+) -> None:
+    """Append one row to the runs index (header written with the first row). One locked
+    ``write`` per row, so concurrent runs do not interleave."""
+    index = Path(index)
+    index.parent.mkdir(parents=True, exist_ok=True)
+    row = {
+        "time": datetime.now().isoformat(timespec="milliseconds"),
+        "app": app,
+        "status": status,
+        "run_dir": str(run_dir),
+        "overrides": " ".join(overrides),
+        "error": error,
+    }
+    for key in HEADLINE_METRICS:
+        value = _clean((metrics or {}).get(key))
+        row[key] = "" if value is None else (f"{value:.6g}" if isinstance(value, float) else value)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=INDEX_COLUMNS, lineterminator="\n")
+    with index.open("a", encoding="utf-8") as f:
+        _lock(f)
+        if f.tell() == 0:
+            writer.writeheader()
+        writer.writerow(row)
+        f.write(buf.getvalue())
+        f.flush()
+
+
+def _lock(f: Any) -> None:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: rows are short single writes
+        return
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+
+
+def rejection_text(metrics: Mapping[str, Any]) -> str:
+    """``"; rejected: 3 over max_model_len, 1 too big for the KV cache"`` (empty if none)."""
+    parts = [
+        f"{int(n)} {label}"
+        for key, label in REJECT_LABELS.items()
+        if (n := metrics.get(key)) not in (None, 0)
+    ]
+    return f"; rejected: {', '.join(parts)}" if parts else ""
+
+
+REJECT_LABELS = {
+    "rejected_max_model_len": "over max_model_len",
+    "rejected_max_num_seqs": "wider than max_num_seqs",
+    "rejected_kv_cache": "too big for the KV cache",
+    "rejected_other": "for other reasons (requests.csv)",
+}
 
 
 def summary_line(metrics: Mapping[str, Any], where: str) -> str:
-    """One log line for a finished run: who ran, how many finished, the headline metrics."""
+    """One log line for a finished run: who ran, how many finished (and why the others
+    did not), the headline metrics."""
     return (
         f"{metrics['system']} {metrics['model']} {where}: {metrics['completed']}/"
-        f"{metrics['num_requests']} done, normalized latency "
-        f"{metrics['normalized_latency']:.3f} s/token, "
-        f"{metrics['request_throughput']:.2f} req/s"
+        f"{metrics['num_requests']} done{rejection_text(metrics)}, normalized latency "
+        f"{_fmt(metrics['normalized_latency'], '.3f')} s/token, "
+        f"{_fmt(metrics['request_throughput'], '.2f')} req/s"
     )
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return format(value, spec)

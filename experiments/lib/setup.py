@@ -1,68 +1,112 @@
-"""Turning a config (Hydra DictConfig or a plain dict of the same shape) into the pieces
-both bodies run: the model and GPU specs, the KV budget, the request list and the
-scheduler factory. ``experiments.simulate`` and ``experiments.serve`` share this."""
+"""The one place a resolved config becomes run objects: scheduler (with its KV-cache
+manager), cost model, KV capacity and requests. ``simulate``, ``serve``, ``calibrate``,
+``validate``, the report and the benchmarks call these functions instead of reading the
+``system`` / ``cost`` / ``workload`` groups themselves.
+
+Errors a config causes while objects are built (a malformed trace, a model that does not
+fit its GPU, an impossible system) are re-raised as :class:`~experiments.lib.checks.ConfigError`
+by :func:`config_errors`, so the entry points report them as one line.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from core.request import Request
+from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
+from core.request import Request, RequestError
 from core.sched.base import BaseScheduler, SchedulerConfig
-from core.systems import build_scheduler, get_system
+from core.systems import SystemConfigError, build_scheduler
 from core.workload.spec import build_workload
+from core.workload.trace_io import TraceFormatError
+from experiments.lib.checks import ConfigError
 from sim.capacity import KVCapacity, kv_capacity
 from sim.catalog import GPUSpec, ModelSpec, model_from_config, resolve_gpu
+from sim.cost import CostModel, Efficiency, build_cost_model
 
 GIB = 1024**3
 log = logging.getLogger(__name__)
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
+# Old key -> the key that replaced it; reading the old one warns.
+KEY_ALIASES = {"kv_budget_gb": "kv_cache_gb"}
+
 
 def as_dict(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """A plain dict of ``cfg``, resolved; a mandatory value left unset (``???``) and an
+    interpolation that cannot resolve are config errors."""
     if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+        from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+
+        try:
+            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+        except MissingMandatoryValue as exc:
+            key = getattr(exc, "full_key", None) or "config"
+            raise ConfigError(str(key), "missing value", "???", "a value") from None
+        except InterpolationResolutionError as exc:
+            key = getattr(exc, "full_key", None) or "config"
+            raise ConfigError(str(key), f"cannot resolve ({exc.msg})") from None
     return dict(cfg)
 
 
-@dataclass
-class RunSetup:
-    model: ModelSpec
-    gpu: GPUSpec
-    tp: int
-    capacity: KVCapacity
-    sched_config: SchedulerConfig
-    requests: list[Request]
-    make_scheduler: Callable[[], BaseScheduler]
-    max_model_len: int
+def resolve_aliases(c: dict[str, Any]) -> dict[str, Any]:
+    """Move values given under an old key (:data:`KEY_ALIASES`) to the new key, with a
+    warning; both given is a config error."""
+    for old, new in KEY_ALIASES.items():
+        if c.get(old) is None:
+            continue
+        if c.get(new) is not None:
+            raise ConfigError(old, f"an old name of {new}; give only {new}", c[old], "null")
+        warnings.warn(f"{old} is an old name of {new}; use {new}", DeprecationWarning, stacklevel=2)
+        log.warning("%s is an old name of %s; use %s=%s", old, new, new, c[old])
+        c[new] = c[old]
+        c[old] = None
+    return c
 
 
-def scheduler_config(system: Mapping[str, Any], max_model_len: int) -> SchedulerConfig:
-    return SchedulerConfig(
-        max_num_seqs=int(system.get("max_num_seqs", 256)),
-        max_num_batched_tokens=int(system.get("max_num_batched_tokens", 2560)),
-        max_model_len=max_model_len,
-        preemption_mode=str(system.get("preemption_mode", "recompute")),
-        chunked_prefill=bool(system.get("chunked_prefill", False)),
-    )
+@contextmanager
+def config_errors() -> Iterator[None]:
+    """Turn errors that a config causes while run objects are built into ConfigError."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except TraceFormatError as exc:
+        raise ConfigError("workload.path", str(exc)) from None
+    except RequestError as exc:
+        raise ConfigError("workload", str(exc)) from None
+    except SystemConfigError as exc:
+        raise ConfigError("system", str(exc)) from None
+
+
+# ---------------------------------------------------------------- system group
 
 
 def served_max_model_len(system: Mapping[str, Any], model: ModelSpec) -> int:
     """``system.max_model_len`` (vLLM's engine argument), else the model's maximum
-    context; a value above the model's maximum raises naming the key."""
+    context; a value above the model's maximum is a config error."""
     value = system.get("max_model_len")
     if value is None:
         return model.max_model_len
     if int(value) > model.max_model_len:
-        raise ValueError(
-            f"system.max_model_len={value} exceeds {model.name}'s maximum context "
-            f"({model.max_model_len})"
+        raise ConfigError(
+            "system.max_model_len",
+            f"exceeds {model.name}'s maximum context",
+            int(value),
+            f"at most {model.max_model_len}",
         )
     return int(value)
+
+
+max_model_len = served_max_model_len
 
 
 def prefix_caching_for(system: Mapping[str, Any], requests: list[Request]) -> bool:
@@ -79,48 +123,189 @@ def prefix_caching_for(system: Mapping[str, Any], requests: list[Request]) -> bo
     return wanted
 
 
-def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
-    """Resolve every config group into concrete objects; errors name the bad field."""
-    c = as_dict(cfg)
-    model = model_from_config(c["model"])
-    gpu = resolve_gpu(c["hardware"])
-    tp = int(c["model"].get("tp", 1))
-    system = c["system"]
-    get_system(system["name"])
-    max_model_len = served_max_model_len(system, model)
-    sched_config = scheduler_config(system, max_model_len)
-    kv_gb = c.get("kv_cache_gb")
-    blocks = c.get("num_gpu_blocks")
-    capacity = kv_capacity(
-        model,
-        gpu,
-        tp=tp,
-        dtype_bytes=DTYPE_BYTES.get(str(c.get("dtype") or "bfloat16"), 2),
-        gpu_memory_utilization=float(c.get("gpu_memory_utilization", 0.9)),
-        max_num_batched_tokens=sched_config.max_num_batched_tokens,
-        max_num_seqs=sched_config.max_num_seqs,
-        kv_cache_bytes=None if kv_gb is None else int(float(kv_gb) * GIB),
+def block_size(system: Mapping[str, Any]) -> int:
+    return int(system.get("block_size") or DEFAULT_BLOCK_SIZE)
+
+
+def scheduler_config(system: Mapping[str, Any], max_model_len: int) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_num_seqs=int(system.get("max_num_seqs", 256)),
+        max_num_batched_tokens=int(system.get("max_num_batched_tokens", 2560)),
         max_model_len=max_model_len,
-        num_gpu_blocks=None if blocks is None else int(blocks),
-        block_size=int(system.get("block_size", 16)),
-        cuda_graph_max_size=int(system.get("cuda_graph_max_size") or 0),
-        non_torch_bytes=int(float(system.get("non_torch_gb") or 0) * GIB),
+        preemption_mode=str(system.get("preemption_mode", "recompute")),
+        chunked_prefill=bool(system.get("chunked_prefill", False)),
     )
-    swap_bytes = float(c.get("swap_space_gb", 4)) * GIB
-    num_cpu_slots = int(swap_bytes // capacity.bytes_per_token_per_gpu)
-    seed = int(c.get("seed", 0))
-    requests = build_workload(c["workload"], max_model_len=max_model_len, seed=seed)
-    prefix_caching = prefix_caching_for(system, requests)
+
+
+def manager_options(system: Mapping[str, Any]) -> dict[str, Any]:
+    """The KV-cache manager's keyword arguments from the system group (the engine takes
+    the same ones)."""
+    watermark = system.get("watermark")
+    return {
+        "block_size": block_size(system),
+        "watermark": DEFAULT_WATERMARK if watermark is None else float(watermark),
+        "enable_prefix_caching": bool(system.get("enable_prefix_caching", False)),
+    }
+
+
+def scheduler_factory(
+    system: Mapping[str, Any],
+    num_slots: int,
+    num_cpu_slots: int,
+    max_model_len: int,
+    requests: list[Request] | None = None,
+) -> Callable[[], BaseScheduler]:
+    """A function making a fresh scheduler (owning its manager) for the system group over
+    ``num_slots`` device and ``num_cpu_slots`` CPU token slots. Given the ``requests``,
+    prefix caching is on only if they carry token ids (:func:`prefix_caching_for`)."""
+    config = scheduler_config(system, max_model_len)
+    options = manager_options(system)
+    if requests is not None:
+        options["enable_prefix_caching"] = prefix_caching_for(system, requests)
+    with config_errors():  # fail now, not in the first make_scheduler() call
+        build_scheduler(system["name"], num_slots, config, num_cpu_slots=num_cpu_slots, **options)
 
     def make_scheduler() -> BaseScheduler:
         return build_scheduler(
-            system["name"],
-            capacity.num_slots,
-            config=sched_config,
-            block_size=int(system.get("block_size", 16)),
-            num_cpu_slots=num_cpu_slots,
-            watermark=float(system.get("watermark", 0.01)),
-            enable_prefix_caching=prefix_caching,
+            system["name"], num_slots, config, num_cpu_slots=num_cpu_slots, **options
         )
 
-    return RunSetup(model, gpu, tp, capacity, sched_config, requests, make_scheduler, max_model_len)
+    return make_scheduler
+
+
+# ---------------------------------------------------------------- workload and cost
+
+
+def build_requests(
+    c: Mapping[str, Any], max_model_len: int, vocab_size: int | None = None
+) -> list[Request]:
+    """The workload group's requests; none at all is a config error."""
+    workload = dict(c["workload"])
+    if vocab_size is not None:
+        workload["vocab_size"] = vocab_size
+    with config_errors():
+        requests = build_workload(workload, max_model_len=max_model_len, seed=int(c.get("seed", 0)))
+    if not requests:
+        key = "workload.path" if workload.get("path") else "workload"
+        got = workload.get("path") or workload.get("kind")
+        raise ConfigError(key, "no requests (empty, or every request filtered out)", got)
+    return requests
+
+
+_EFFICIENCY_KEYS = {
+    "compute_efficiency": "compute",
+    "memory_efficiency": "memory",
+    "per_step_overhead_s": "per_step_overhead_s",
+}
+
+
+def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: int = 1) -> CostModel:
+    """The ``cost`` group's model; efficiency overrides are labelled as such."""
+    cost_cfg = dict(c.get("cost") or {"kind": "roofline"})
+    kind = cost_cfg.pop("kind", "roofline")
+    overrides = {
+        _EFFICIENCY_KEYS[k]: float(v)
+        for k, v in cost_cfg.items()
+        if k in _EFFICIENCY_KEYS and v is not None
+    }
+    extra = {k: v for k, v in cost_cfg.items() if k not in _EFFICIENCY_KEYS}
+    if overrides:
+        extra["efficiency"] = Efficiency().with_values(
+            {k: "set in the run's config (cost group)" for k in overrides}, **overrides
+        )
+    if kind == "roofline":
+        extra.setdefault("block_size", block_size(c["system"]))
+    if kind == "calibrated" and extra.get("path"):
+        return calibrated_from_file(Path(extra["path"]), model, gpu, tp)
+    try:
+        return build_cost_model(kind, model, gpu, tp, **extra)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError("cost", str(exc).strip("'\""), kind) from None
+
+
+def calibrated_from_file(path: Path, model: ModelSpec, gpu: GPUSpec, tp: int) -> CostModel:
+    """The calibrated model in ``path`` (``experiments.calibrate`` or ``calibrate_vllm``)
+    applied to this run's model and GPU; a file fitted for another model or GPU is a config
+    error."""
+    if not path.is_file():
+        raise ConfigError("cost.path", "no such calibration file", str(path))
+    try:
+        doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError("cost.path", f"not JSON ({exc})", str(path)) from None
+    if not isinstance(doc, dict) or doc.get("kind") != "calibrated" or "coefficients" not in doc:
+        raise ConfigError(
+            "cost.path", "not a calibration file", str(path), "kind 'calibrated', coefficients"
+        )
+    for key, ours in (("model", model.name), ("gpu", gpu.name)):
+        if doc.get(key) not in (None, ours):
+            raise ConfigError("cost.path", f"fitted for another {key}", doc[key], ours)
+    return build_cost_model(
+        "calibrated", model, gpu, tp,
+        coefficients=doc["coefficients"], fit_stats=doc.get("fit_stats"),
+        dtype_bytes=int(doc.get("dtype_bytes", 2)),
+        block_size=int(doc.get("block_size", DEFAULT_BLOCK_SIZE)),
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- the simulator's run
+
+
+@dataclass
+class RunSetup:
+    model: ModelSpec
+    gpu: GPUSpec
+    tp: int
+    capacity: KVCapacity
+    sched_config: SchedulerConfig
+    requests: list[Request]
+    make_scheduler: Callable[[], BaseScheduler]
+    max_model_len: int
+    cost_model: CostModel
+
+
+def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
+    """Resolve every config group of a simulator run into objects; a config that cannot
+    run raises ConfigError naming the key."""
+    c = resolve_aliases(as_dict(cfg))
+    try:
+        model = model_from_config(c["model"])
+        gpu = resolve_gpu(c["hardware"])
+    except (KeyError, ValueError) as exc:
+        raise ConfigError("model" if "model" in str(exc) else "hardware", str(exc)) from None
+    tp = int(c["model"].get("tp", 1))
+    system = c["system"]
+    mml = served_max_model_len(system, model)
+    sched_config = scheduler_config(system, mml)
+    kv_gb = c.get("kv_cache_gb")
+    blocks = c.get("num_gpu_blocks")
+    try:
+        capacity = kv_capacity(
+            model,
+            gpu,
+            tp=tp,
+            dtype_bytes=DTYPE_BYTES.get(str(c.get("dtype") or "bfloat16"), 2),
+            gpu_memory_utilization=float(c.get("gpu_memory_utilization", 0.9)),
+            max_num_batched_tokens=sched_config.max_num_batched_tokens,
+            max_num_seqs=sched_config.max_num_seqs,
+            kv_cache_bytes=None if kv_gb is None else int(float(kv_gb) * GIB),
+            max_model_len=mml,
+            num_gpu_blocks=None if blocks is None else int(blocks),
+            block_size=block_size(system),
+            cuda_graph_max_size=int(system.get("cuda_graph_max_size") or 0),
+            non_torch_bytes=int(float(system.get("non_torch_gb") or 0) * GIB),
+        )
+    except ValueError as exc:
+        text = str(exc)
+        key = "num_gpu_blocks" if blocks is not None else "kv_cache_gb"
+        if "KV cache" not in text and "block" not in text:
+            key = "model.tp" if "tp=" in text else "model"
+        raise ConfigError(key, text) from None
+    swap_bytes = float(c.get("swap_space_gb", 4)) * GIB
+    num_cpu_slots = int(swap_bytes // capacity.bytes_per_token_per_gpu)
+    requests = build_requests(c, mml)
+    make_scheduler = scheduler_factory(system, capacity.num_slots, num_cpu_slots, mml, requests)
+    cost_model = make_cost_model(c, model, gpu, tp)
+    return RunSetup(
+        model, gpu, tp, capacity, sched_config, requests, make_scheduler, mml, cost_model
+    )

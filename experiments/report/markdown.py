@@ -30,7 +30,6 @@ from experiments.report.paper import (
     FIG13_BATCH,
     SYSTEM_LABELS,
 )
-from experiments.simulate import make_cost_model
 from sim.capacity import format_table1, table1
 
 PARTS = KV_PARTS[:4]  # the paper's four; "free" (nobody waiting) is kvlab's fifth
@@ -100,7 +99,7 @@ def write_outputs(
         plt.close(fig)
 
     c = as_dict(cfg)
-    cost = make_cost_model(c, build_setup(c))
+    cost = build_setup(c).cost_model
     text = _report(
         f2, f13, sensitivity, capacity, t1, cost.describe(), fig2, duration, threshold, wall_s
     )

@@ -1,6 +1,6 @@
 """Efficiency factors of the roofline cost model, each with the place its value comes from.
 
-PAPER.md's rule: every factor names its source (a measurement, a cited report, or a
+Every factor names its source (a measurement, a cited report, or a
 calibration on ONE named published data point) and is printed beside any reproduced figure.
 """
 
@@ -14,9 +14,10 @@ _FIELDS = ("compute", "memory", "per_step_overhead_s", "allreduce_latency_s", "p
 
 def _default_sources() -> dict[str, str]:
     return {
-        "compute": "H200 measurement (PAPER.md): 8192^3 bf16 torch matmul 770-800 TFLOP/s "
-        "of 989 peak -> 0.79",
-        "memory": "H200 measurement (PAPER.md): device-to-device copy 4.3 TB/s of 4.8 -> 0.90",
+        "compute": "H200 measurement (PyTorch, by the kvlab authors): 8192^3 bf16 torch "
+        "matmul 770-800 TFLOP/s of 989 peak -> 0.79",
+        "memory": "H200 measurement (PyTorch, by the kvlab authors): device-to-device copy "
+        "4.3 TB/s of 4.8 -> 0.90",
         "per_step_overhead_s": "0: roofline lower bound, no scheduling/sampling overhead; a "
         "calibrated model replaces it",
         "allreduce_latency_s": "0: not measured; bandwidth term only (lower bound)",

@@ -1,0 +1,437 @@
+"""Configuration checks, in one place, run before any work starts.
+
+A bad configuration raises :class:`ConfigError`, which the entry points print as ONE line::
+
+    error: <key>: <problem> (got <value>; expected <what is valid>)
+
+and exit non-zero without a traceback (``experiments.lib.cli``). The checks are a table:
+
+- :data:`RULES`: one row per key (dotted path in the resolved config): which apps it applies
+  to, a predicate on the value and what a valid value is. ``None`` (YAML ``null``) passes
+  every rule; keys that must be set say so with ``required=True``.
+- :data:`CROSS_CHECKS`: functions for what one key cannot say alone (a name that must be
+  in a catalog, a trace file that must exist and hold requests, a KV budget that must fit
+  the device). Each takes the config, the app and the :class:`Facts` of the run.
+
+To check a new key, add a row (or a function) here; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.workload.spec import FILE_KINDS, KINDS
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+GROUPS = ("model", "hardware", "workload", "system", "cost")
+SLO_KEYS = ("ttft", "tpot", "itl", "e2el")
+_UNSET = object()
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; ``line()`` is the one line the user sees."""
+
+    def __init__(
+        self, key: str, problem: str, got: Any = _UNSET, expected: str | None = None
+    ) -> None:
+        self.key, self.problem, self.got, self.expected = key, problem, got, expected
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        detail = []
+        if self.got is not _UNSET:
+            detail.append(f"got {_show(self.got)}")
+        if self.expected:
+            detail.append(f"expected {self.expected}")
+        tail = f" ({'; '.join(detail)})" if detail else ""
+        return f"error: {self.key}: {self.problem}{tail}"
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the checks need to know about the machine: the memory of the device the KV
+    cache lives on (None: unknown) and whether CUDA is available."""
+
+    device_memory_bytes: int | None = None
+    cuda_available: bool = False
+
+
+# ---------------------------------------------------------------- predicates
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def positive(v: Any) -> bool:
+    return _is_number(v) and v > 0
+
+
+def non_negative(v: Any) -> bool:
+    return _is_number(v) and v >= 0
+
+
+def positive_int(v: Any) -> bool:
+    return _is_int(v) and v > 0
+
+
+def power_of_two(v: Any) -> bool:
+    return positive_int(v) and v & (v - 1) == 0
+
+
+def fraction_open(v: Any) -> bool:
+    """In (0, 1]."""
+    return _is_number(v) and 0 < v <= 1
+
+
+def fraction_low(v: Any) -> bool:
+    """In [0, 1)."""
+    return _is_number(v) and 0 <= v < 1
+
+
+def one_of(*values: Any) -> Callable[[Any], bool]:
+    return lambda v: v in values
+
+
+def is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``key`` must satisfy ``ok`` in the apps named in ``apps``."""
+
+    key: str
+    ok: Callable[[Any], bool]
+    expected: str
+    problem: str = "invalid value"
+    apps: frozenset[str] = field(default_factory=lambda: frozenset({"simulate", "serve"}))
+    required: bool = False
+
+
+SIM = frozenset({"simulate"})
+SERVE = frozenset({"serve"})
+_POS = "a number > 0"
+_POS_INT = "an integer > 0"
+
+RULES: tuple[Rule, ...] = (
+    Rule("seed", _is_int, "an integer", "not an integer"),
+    Rule(
+        "workload.kind", one_of(*KINDS), f"one of {', '.join(KINDS)}", "unknown kind", required=True
+    ),
+    Rule("workload.rate", positive, f"{_POS} (requests/s) or null", "not a positive rate"),
+    Rule("workload.duration_s", positive, f"{_POS} (seconds) or null", "not a positive duration"),
+    Rule("workload.num_requests", positive_int, f"{_POS_INT} or null", "not a positive count"),
+    Rule("workload.time_scale", positive, _POS, "not a positive scale"),
+    Rule("workload.burstiness", positive, _POS, "not a positive gamma shape"),
+    Rule("workload.n", positive_int, _POS_INT, "not a positive sample count"),
+    Rule("workload.beam_width", positive_int, _POS_INT, "not a positive beam width"),
+    Rule(
+        "workload.arrival",
+        one_of("poisson", "gamma", "all_at_once"),
+        "poisson, gamma or all_at_once",
+        "unknown arrival process",
+    ),
+    Rule(
+        "system.block_size",
+        power_of_two,
+        "a positive power of two (1, 2, 4, ..., 16, ...)",
+        "not a positive power of two",
+    ),
+    Rule("system.max_num_seqs", positive_int, _POS_INT, "not a positive count"),
+    Rule("system.max_num_batched_tokens", positive_int, _POS_INT, "not a positive count"),
+    Rule(
+        "system.max_model_len",
+        positive_int,
+        f"{_POS_INT} or null (the model's)",
+        "not a positive length",
+    ),
+    Rule(
+        "system.preemption_mode",
+        one_of("recompute", "swap"),
+        "recompute or swap",
+        "unknown preemption mode",
+    ),
+    Rule("system.chunked_prefill", is_bool, "true or false", "not a boolean"),
+    Rule("system.watermark", fraction_low, "a fraction in [0, 1)", "not a fraction"),
+    Rule("system.enable_prefix_caching", is_bool, "true or false", "not a boolean"),
+    Rule("model.tp", positive_int, f"{_POS_INT} (GPUs)", "not a positive GPU count"),
+    Rule("kv_cache_gb", positive, f"{_POS} (GiB) or null (derived)", "KV budget must be positive"),
+    Rule(
+        "kv_budget_gb", positive, f"{_POS} (GiB) or null", "KV budget must be positive", apps=SERVE
+    ),
+    Rule(
+        "gpu_memory_utilization", fraction_open, "a fraction in (0, 1]", "not a fraction", apps=SIM
+    ),
+    Rule("swap_space_gb", non_negative, "a number >= 0 (GiB)", "not a size"),
+    Rule("num_replicas", positive_int, _POS_INT, "not a positive count", apps=SIM),
+    Rule(
+        "kv_budget_fraction",
+        fraction_open,
+        "a fraction in (0, 1] or null",
+        "not a fraction",
+        apps=SERVE,
+    ),
+    Rule(
+        "threads",
+        positive_int,
+        f"{_POS_INT} or null (torch's default)",
+        "not a thread count",
+        apps=SERVE,
+    ),
+    Rule("device", one_of("cpu", "cuda"), "cpu or cuda", "unknown device", apps=SERVE),
+    Rule(
+        "dtype",
+        one_of("float32", "float16", "bfloat16"),
+        "float32, float16 or bfloat16",
+        "unknown dtype",
+        apps=SERVE,
+    ),
+    Rule(
+        "backend",
+        one_of("torch", "triton"),
+        "torch or triton",
+        "unknown attention backend",
+        apps=SERVE,
+    ),
+    Rule("mode", one_of("online", "offline"), "online or offline", "unknown mode", apps=SERVE),
+    Rule("clock", one_of("virtual", "wall"), "virtual or wall", "unknown clock", apps=SERVE),
+)
+
+
+def lookup(c: Mapping[str, Any], key: str) -> Any:
+    """The value at dotted ``key`` (``_UNSET`` when a part is missing)."""
+    node: Any = c
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _UNSET
+        node = node[part]
+    return node
+
+
+def _apply_rules(c: Mapping[str, Any], app: str) -> None:
+    for rule in RULES:
+        if app not in rule.apps:
+            continue
+        value = lookup(c, rule.key)
+        if value is _UNSET or value is None:
+            if rule.required:
+                raise ConfigError(
+                    rule.key, "missing", value if value is None else _UNSET, rule.expected
+                )
+            continue
+        if not rule.ok(value):
+            raise ConfigError(rule.key, rule.problem, value, rule.expected)
+
+
+# ---------------------------------------------------------------- cross checks
+
+
+def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """The model and hardware resolve (a catalog name, or numbers of their own) and the
+    system name exists."""
+    from core.systems import SYSTEMS
+    from sim.catalog import model_from_config, resolve_gpu
+
+    model = c.get("model") or {}
+    try:
+        model_from_config(model)
+    except KeyError:
+        valid = "one of " + ", ".join(options("model")) + ", or an HF id in the catalog"
+        raise ConfigError("model", "unknown model", model.get("name"), valid) from None
+    except (ValueError, OSError) as exc:
+        raise ConfigError("model", str(exc)) from None
+    hardware = c.get("hardware") or {}
+    if app == "simulate" or hardware.get("name") is not None:
+        try:
+            resolve_gpu(hardware)
+        except KeyError:
+            valid = "one of " + ", ".join(options("hardware"))
+            raise ConfigError("hardware", "unknown hardware", hardware.get("name"), valid) from None
+        except ValueError as exc:
+            raise ConfigError("hardware", str(exc)) from None
+    system = lookup(c, "system.name")
+    if system not in SYSTEMS:
+        raise ConfigError("system", "unknown system", system, "one of " + ", ".join(SYSTEMS))
+
+
+def check_workload_size(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """A synthetic workload needs exactly one of num_requests and duration_s."""
+    w = c.get("workload") or {}
+    if w.get("kind") not in ("synthetic", "shared_prefix"):
+        return
+    n, d = w.get("num_requests"), w.get("duration_s")
+    if n is None and d is None:
+        raise ConfigError(
+            "workload.num_requests",
+            "the workload has no size",
+            None,
+            "workload.num_requests or workload.duration_s",
+        )
+    if n is not None and d is not None:
+        raise ConfigError(
+            "workload.duration_s",
+            "give one of num_requests and duration_s",
+            d,
+            f"null when workload.num_requests={n}",
+        )
+    if w.get("rate") is None and n is None:
+        raise ConfigError("workload.rate", "a duration needs a rate", None, _POS)
+
+
+def check_trace_file(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """A file workload names a readable, non-empty file."""
+    w = c.get("workload") or {}
+    if w.get("kind") not in FILE_KINDS:
+        return
+    path = w.get("path")
+    if path in (None, "???", ""):
+        raise ConfigError(
+            "workload.path",
+            f"workload kind {w.get('kind')!r} needs a trace file",
+            path,
+            "the path of a trace file",
+        )
+    p = Path(str(path))
+    if not p.is_file():
+        raise ConfigError("workload.path", "no such file", str(path), "an existing trace file")
+    try:
+        empty = not p.read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(
+            "workload.path",
+            f"cannot read the file ({exc.strerror})",
+            str(path),
+            "a readable trace file",
+        ) from None
+    if empty:
+        raise ConfigError("workload.path", "empty", str(path), "a trace file with requests")
+
+
+def check_slo(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """``slo_ms`` maps ttft/tpot/itl/e2el to positive milliseconds."""
+    slo = c.get("slo_ms")
+    if slo is None:
+        return
+    expected = "a mapping like {ttft: 2000, tpot: 200} with keys " + ", ".join(SLO_KEYS)
+    if not isinstance(slo, Mapping) or not slo:
+        raise ConfigError("slo_ms", "not a mapping of SLOs", slo, expected)
+    for key, limit in slo.items():
+        if key not in SLO_KEYS:
+            raise ConfigError(f"slo_ms.{key}", "unknown SLO", key, "one of " + ", ".join(SLO_KEYS))
+        if not positive(limit):
+            raise ConfigError(
+                f"slo_ms.{key}", "not a positive limit", limit, f"{_POS} (milliseconds)"
+            )
+
+
+def check_kv_fits_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """An explicit KV budget fits the memory of the device(s) it lives on."""
+    gib = c.get("kv_cache_gb")
+    if gib is None:
+        return
+    if app == "simulate":
+        from sim.catalog import resolve_gpu
+
+        gpu = resolve_gpu(c["hardware"])
+        tp = int(lookup(c, "model.tp") or 1)
+        limit, where = gpu.memory_bytes * tp, f"{tp} x {gpu.name}"
+    else:
+        if facts.device_memory_bytes is None:
+            return
+        limit, where = facts.device_memory_bytes, f"the {c.get('device', 'cpu')} device"
+    if gib * 1024**3 > limit:
+        raise ConfigError(
+            "kv_cache_gb",
+            f"more than the memory of {where}",
+            gib,
+            f"at most {limit / 1024**3:.1f} GiB",
+        )
+
+
+def check_engine_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """The engine can run on the requested device with the requested backend."""
+    if app != "serve":
+        return
+    device = c.get("device", "cpu")
+    if device == "cuda" and not facts.cuda_available:
+        raise ConfigError("device", "CUDA is not available on this machine", device, "cpu")
+    if (
+        c.get("backend") == "triton"
+        and device == "cpu"
+        and os.environ.get("TRITON_INTERPRET") != "1"
+    ):
+        raise ConfigError(
+            "backend",
+            "Triton on CPU needs its interpreter",
+            "triton",
+            "backend=torch on CPU, or TRITON_INTERPRET=1 in the environment",
+        )
+    if c.get("kv_budget_fraction") is not None and device != "cuda":
+        raise ConfigError(
+            "kv_budget_fraction",
+            "a fraction of free memory needs a CUDA device",
+            c["kv_budget_fraction"],
+            "kv_cache_gb on CPU",
+        )
+    if lookup(c, "model.tp") not in (_UNSET, None, 1):
+        raise ConfigError("model.tp", "the engine runs on one device", lookup(c, "model.tp"), "1")
+    if c.get("dtype") == "bfloat16" and device == "cpu":
+        raise ConfigError(
+            "dtype", "bfloat16 runs on GPU only", "bfloat16", "float32 or float16 on CPU"
+        )
+
+
+CROSS_CHECKS: tuple[Callable[[Mapping[str, Any], str, Facts], None], ...] = (
+    check_catalog,
+    check_workload_size,
+    check_trace_file,
+    check_slo,
+    check_kv_fits_device,
+    check_engine_device,
+)
+
+
+def check_config(c: Mapping[str, Any], app: str, facts: Facts | None = None) -> None:
+    """Raise :class:`ConfigError` for the first problem of ``c`` (a resolved config of
+    ``app``: ``simulate`` or ``serve``)."""
+    _apply_rules(c, app)
+    for check in CROSS_CHECKS:
+        check(c, app, facts or Facts())
+
+
+# ---------------------------------------------------------------- command line
+
+
+def options(group: str) -> list[str]:
+    """The options of a config group (files in ``configs/<group>/``, ``_``-files excluded)."""
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def check_group_overrides(argv: Sequence[str]) -> None:
+    """Raise for a ``group=option`` argument naming no option of ``group`` (before Hydra,
+    whose own message spans several lines)."""
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        key = key.lstrip("+~")
+        if not sep or key not in GROUPS:
+            continue
+        valid = options(key)
+        for choice in value.split(","):
+            if choice not in valid:
+                raise ConfigError(key, f"unknown {key}", choice, "one of " + ", ".join(valid))

@@ -1,0 +1,225 @@
+"""Every bad input of a newcomer gets one line ``error: <key>: ...``, exit status 2 and no
+traceback; runtime failures keep theirs and leave ``error.txt``.
+
+The apps run in-process through their real command-line entry (Hydra included) so the
+table stays fast; two subprocess runs check the process-level behaviour."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments import serve, simulate
+from experiments.lib.cli import exclusive_nulls
+from tests.engine_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+SIM_SMALL = ["workload.num_requests=5"]
+SERVE_SMALL = ["workload.num_requests=3", "workload.rate=20", "progress=false"]
+
+
+def run_cli(app, args: list[str], tmp: Path) -> tuple[int, str, str]:
+    """Run ``python -m experiments.<app> args`` in this process: (status, stdout, stderr)."""
+    import contextlib
+    import io
+
+    argv = [
+        f"{app.__name__}.py",
+        *args,
+        f"hydra.run.dir={tmp / 'run'}",
+        f"index={tmp / 'index.csv'}",
+        "hydra/job_logging=disabled",
+        "hydra/hydra_logging=disabled",
+    ]
+    out, err = io.StringIO(), io.StringIO()
+    old = sys.argv
+    sys.argv = argv
+    status = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            app.main_with_checks(app.main)
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = old
+    return status, out.getvalue(), err.getvalue()
+
+
+def _empty(tmp: Path) -> str:
+    path = tmp / "empty.csv"
+    path.write_text("\n")
+    return str(path)
+
+
+def _header_only(tmp: Path) -> str:
+    from core.workload.trace_io import write_trace
+
+    path = tmp / "header_only.csv"
+    write_trace(path, [])
+    return str(path)
+
+
+def _malformed(tmp: Path) -> str:
+    path = tmp / "bad.csv"
+    path.write_text("#kvlab-trace v1\nnot,a,header\n")
+    return str(path)
+
+
+# (id, app, overrides ({tmp} is the test's folder), the key the line must name, a phrase)
+CASES = [
+    ("trace_without_path", simulate, ["workload=trace"], "workload.path", "needs a trace file"),
+    ("trace_missing_file", simulate, ["workload=trace", "workload.path={tmp}/nope.csv"],
+     "workload.path", "no such file"),
+    ("trace_empty_file", simulate, ["workload=trace", "workload.path={empty}"],
+     "workload.path", "empty"),
+    ("trace_without_requests", simulate, ["workload=trace", "workload.path={header_only}"],
+     "workload.path", "no requests"),
+    ("trace_malformed", simulate, ["workload=trace", "workload.path={malformed}"],
+     "workload.path", "line"),
+    ("negative_kv_budget", simulate, ["kv_cache_gb=-1"], "kv_cache_gb", "positive"),
+    ("kv_budget_above_gpu", simulate, ["kv_cache_gb=500"], "kv_cache_gb", "more than the memory"),
+    ("kv_budget_below_a_sequence", simulate, ["kv_cache_gb=0.01"], "kv_cache_gb",
+     "fewer than one max_model_len"),
+    ("block_size_zero", simulate, ["system.block_size=0"], "system.block_size", "power of two"),
+    ("block_size_not_pow2", simulate, ["system.block_size=12"], "system.block_size",
+     "power of two"),
+    ("num_requests_zero", simulate, ["workload.num_requests=0"], "workload.num_requests",
+     "positive"),
+    ("rate_zero", simulate, ["workload.rate=0"], "workload.rate", "positive"),
+    ("rate_not_a_number", simulate, ["workload.rate=fast"], "workload.rate", "positive"),
+    ("duration_negative", simulate, ["workload.duration_s=-5"], "workload.duration_s",
+     "positive"),
+    ("slo_not_a_mapping", simulate, ["slo_ms=200"], "slo_ms", "mapping"),
+    ("slo_unknown_key", simulate, ["slo_ms={{ttfb: 200}}"], "slo_ms.ttfb", "unknown SLO"),
+    ("unknown_model", simulate, ["model=opt-7b"], "model", "unknown model"),
+    ("unknown_hardware", simulate, ["hardware=a100"], "hardware", "unknown hardware"),
+    ("unknown_system", simulate, ["system=orca"], "system", "unknown system"),
+    ("unknown_system_name", simulate, ["system.name=vllm2"], "system", "unknown system"),
+    ("model_too_big", simulate, ["model=opt-66b", "model.tp=1"], "model", "does not fit"),
+    ("serve_negative_kv_budget", serve, ["kv_cache_gb=-1"], "kv_cache_gb", "positive"),
+    ("serve_kv_budget_above_host", serve, ["kv_cache_gb=100000"], "kv_cache_gb",
+     "more than the memory"),
+    ("serve_fraction_on_cpu", serve, ["kv_budget_fraction=0.5"], "kv_budget_fraction",
+     "CUDA"),
+    ("serve_triton_on_cpu", serve, ["backend=triton"], "backend", "interpreter"),
+    ("serve_threads_zero", serve, ["threads=0"], "threads", "thread count"),
+    ("serve_slo_not_a_mapping", serve, ["slo_ms=200"], "slo_ms", "mapping"),
+    ("serve_unknown_model", serve, ["model=gpt5"], "model", "unknown model"),
+    ("serve_block_size_zero", serve, ["system.block_size=0"], "system.block_size",
+     "power of two"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("app", "overrides", "key", "phrase"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])  # fmt: skip
+def test_bad_input_is_one_line_naming_the_key(
+    app, overrides: list[str], key: str, phrase: str, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    files = {
+        "tmp": str(tmp_path),
+        "empty": _empty(tmp_path),
+        "header_only": _header_only(tmp_path),
+        "malformed": _malformed(tmp_path),
+    }
+    small = SIM_SMALL if app is simulate else SERVE_SMALL
+    args = [*small, *(o.format(**files) for o in overrides)]
+    status, out, err = run_cli(app, args, tmp_path)
+    lines = err.strip().splitlines()
+    assert status == 2, (out, err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"error: {key}: "), lines[0]
+    assert phrase in lines[0]
+    assert "Traceback" not in out + err
+    run_dir = tmp_path / "run"
+    assert not (run_dir / "metrics.json").exists()
+    if run_dir.exists():  # Hydra made it: it says why the run did not happen
+        assert (run_dir / "error.txt").read_text().strip() == lines[0]
+
+
+def test_num_requests_alone_is_a_size(tmp_path: Path) -> None:
+    status, out, err = run_cli(simulate, ["workload.num_requests=4"], tmp_path)
+    assert status == 0, err
+    assert "4/4 done" in out
+    assert "Successful requests:" in out and "Mean TTFT (ms):" in out
+    index = (tmp_path / "index.csv").read_text().splitlines()
+    assert index[0].startswith("time,app,status,run_dir,overrides,completed")
+    assert ",simulate,ok," in index[1] and "workload.num_requests=4" in index[1]
+
+
+def test_giving_one_size_nulls_the_other() -> None:
+    assert exclusive_nulls(["workload.num_requests=8"]) == {"workload.duration_s": None}
+    assert exclusive_nulls(["workload.duration_s=60"]) == {"workload.num_requests": None}
+    assert exclusive_nulls(["workload.num_requests=8", "workload.duration_s=60"]) == {}
+    assert exclusive_nulls(["workload.num_requests=null"]) == {}
+    assert exclusive_nulls(["system=vllm"]) == {}
+
+
+def test_both_sizes_given_is_an_error(tmp_path: Path) -> None:
+    args = ["workload.num_requests=4", "workload.duration_s=60"]
+    status, _, err = run_cli(simulate, args, tmp_path)
+    assert status == 2 and err.startswith("error: workload.duration_s: give one of")
+
+
+def test_every_request_rejected_says_why(tmp_path: Path) -> None:
+    """A trace whose one request is longer than max_model_len: the run finishes, and the
+    summary line and table say why nothing was served."""
+    from core.request import Request
+    from core.workload.trace_io import write_trace
+
+    write_trace(tmp_path / "long.csv", [Request(0, 0.0, 3000, 10)])
+    args = ["workload=trace", f"workload.path={tmp_path / 'long.csv'}"]
+    status, out, err = run_cli(simulate, args, tmp_path)
+    assert status == 0, err
+    assert "0/1 done; rejected: 1 over max_model_len" in out
+    assert "over max_model_len:" in out  # the table's row
+
+
+def _cmd(app: str, *args: str, tmp: Path) -> list[str]:
+    return [sys.executable, "-m", f"experiments.{app}", *args, f"hydra.run.dir={tmp / 'run'}",
+            f"index={tmp / 'index.csv'}"]  # fmt: skip
+
+
+def test_process_exit_status_and_full_error(tmp_path: Path) -> None:
+    """A real process: status 2 and one stderr line; HYDRA_FULL_ERROR=1 shows the
+    traceback instead."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    cmd = _cmd("simulate", "kv_cache_gb=-1", tmp=tmp_path)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "error: kv_cache_gb: KV budget must be positive "
+        "(got -1; expected a number > 0 (GiB) or null (derived))"
+    )
+    env["HYDRA_FULL_ERROR"] = "1"
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr and "kv_cache_gb" in proc.stderr
+
+
+def test_runtime_failure_keeps_traceback_and_writes_error_txt(tmp_path: Path, monkeypatch):
+    """Not a config error: the exception propagates and error.txt holds its traceback."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the cost model blew up")
+
+    monkeypatch.setattr(simulate, "simulate", broken)
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(RuntimeError, match="blew up"):
+        run_cli(simulate, SIM_SMALL, tmp_path)
+    text = (tmp_path / "run" / "error.txt").read_text()
+    assert text.startswith("Traceback") and "the cost model blew up" in text
+    assert not (tmp_path / "run" / "metrics.json").exists()
+    assert ",simulate,failed," in (tmp_path / "index.csv").read_text()
+
+
+def test_serve_cli_prints_table_with_device(tmp_path: Path) -> None:
+    status, out, err = run_cli(serve, [*SERVE_SMALL, "threads=1"], tmp_path)
+    assert status == 0, err
+    assert "Successful requests:" in out and "3/3 done" in out
+    assert f"{torch.get_num_threads()} threads" in out
