@@ -66,6 +66,7 @@ def test_runs_use_the_planned_model_system_and_budget(dry_out: Path) -> None:
 
 def test_a_moved_run_still_validates_by_recorded_replay(dry_out: Path, tmp_path: Path) -> None:
     from experiments import validate
+    from experiments.lib.checks import ConfigError
 
     run = tmp_path / "tiny-opt_vllm_online"
     shutil.copytree(dry_out / run.name, run)
@@ -74,7 +75,7 @@ def test_a_moved_run_still_validates_by_recorded_replay(dry_out: Path, tmp_path:
     old = str((dry_out / "trace_tiny-opt.csv").resolve())
     assert old in cfg
     (run / "config.yaml").write_text(cfg.replace(old, str(tmp_path / "gone" / "trace.csv")))
-    with pytest.raises(FileNotFoundError, match="not found"):
+    with pytest.raises(ConfigError, match=r"workload\.path: trace not found"):
         validate.validate(run, recorded=True)
     (run / "config.yaml").write_text(cfg.replace(old, "elsewhere/trace_tiny-opt.csv"))
     doc = validate.validate(run, recorded=True)

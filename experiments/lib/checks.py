@@ -30,7 +30,19 @@ from core.workload.spec import FILE_KINDS, KINDS
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 GROUPS = ("model", "hardware", "workload", "system", "cost")
 SLO_KEYS = ("ttft", "tpot", "itl", "e2el")
-_UNSET = object()
+
+
+class _Unset:
+    """Marks a value that is absent (not even null); pickles as itself."""
+
+    def __reduce__(self) -> str:
+        return "_UNSET"
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET = _Unset()
 
 
 class ConfigError(ValueError):
@@ -41,6 +53,9 @@ class ConfigError(ValueError):
     ) -> None:
         self.key, self.problem, self.got, self.expected = key, problem, got, expected
         super().__init__(self.line())
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across process pools
+        return (type(self), (self.key, self.problem, self.got, self.expected))
 
     def line(self) -> str:
         detail = []
