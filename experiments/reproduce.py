@@ -36,6 +36,7 @@ from typing import Any
 import pandas as pd
 from hydra import compose, initialize_config_dir
 
+from experiments.lib.cli import apply_exclusive
 from experiments.lib.jobs import LaunchQueue, exit_if_launcher_missing
 from experiments.lib.results import write_json
 from experiments.report import sharing
@@ -49,8 +50,12 @@ FIG12_RATES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 1.75, 2.
 
 
 def compose_config(overrides: list[str]) -> Any:
+    """The simulate config with ``overrides``, as the command line would make it (giving
+    ``workload.num_requests`` nulls ``workload.duration_s`` and vice versa)."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="simulate", overrides=overrides)
+        cfg = compose(config_name="simulate", overrides=overrides)
+    apply_exclusive(cfg, overrides)
+    return cfg
 
 
 _LAUNCH: LaunchQueue | None = None  # set by --launcher: every run is a Hydra job

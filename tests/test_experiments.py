@@ -59,6 +59,10 @@ def test_hydra_sweep_writes_summary(tmp_path):
     subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=300)
     summary = pd.read_csv(sweep / "summary.csv")
     assert sorted(summary["system"]) == ["orca_max", "vllm"]
+    overrides = ["index", "system", "workload.duration_s", "workload.num_requests"]
+    overrides.append("workload.rate")
+    assert sorted(summary.columns[1:6]) == overrides  # the overrides first, then headlines
+    assert list(summary.columns[6:9]) == ["completed", "num_requests", "rejected"]
     assert (summary["completed"] == 60).all()
 
 

@@ -1,0 +1,83 @@
+"""A run killed while it writes its results leaves no half-written file, and nothing that
+a later read takes for a whole run: ``metrics.json`` comes last, every file is renamed into
+place whole (``experiments.lib.results``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from experiments.lib.callbacks import collect_summary
+from experiments.lib.results import is_complete, read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS = 2000  # big enough that a file takes several writes' worth of bytes
+
+# Writes one run with write_run and SIGKILLs itself at the given call of os.replace or
+# os.fsync (argv: run dir, "replace"|"fsync"|"none", call number).
+WRITER = f"""
+import os, signal, sys
+import pandas as pd
+from experiments.lib import results
+
+run_dir, where, at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+calls = {{"replace": 0, "fsync": 0}}
+real = {{"replace": os.replace, "fsync": os.fsync}}
+
+def hook(name):
+    def wrapped(*args):
+        calls[name] += 1
+        if name == where and calls[name] == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real[name](*args)
+    return wrapped
+
+os.replace, os.fsync = hook("replace"), hook("fsync")
+frame = pd.DataFrame({{"request_id": range({ROWS}), "x": [0.5] * {ROWS}}})
+results.write_run(
+    results.Path(run_dir), {{"model": {{"name": "m"}}}}, {{"completed": {ROWS}}},
+    frame, frame, extra={{"engine": {{"num_blocks": 7}}}},
+)
+"""
+
+
+def _write(run_dir: Path, where: str, at: int) -> int:
+    proc = subprocess.run(
+        [sys.executable, "-c", WRITER, str(run_dir), where, str(at)],
+        cwd=REPO, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return proc.returncode
+
+
+def _assert_whole(run_dir: Path) -> None:
+    """Every result file present reads whole."""
+    if (run_dir / "config.yaml").exists():
+        assert OmegaConf.load(run_dir / "config.yaml").model.name == "m"
+    for name in ("requests.csv", "steps.csv"):
+        if (run_dir / name).exists():
+            assert len(pd.read_csv(run_dir / name)) == ROWS
+    if (run_dir / "engine.json").exists():
+        assert json.loads((run_dir / "engine.json").read_text()) == {"num_blocks": 7}
+
+
+@pytest.mark.parametrize(("where", "at"), [("fsync", 1), ("replace", 2), ("fsync", 4),
+                                           ("replace", 5)])  # fmt: skip
+def test_a_run_killed_midway_is_not_taken_for_a_whole_one(
+    tmp_path: Path, where: str, at: int
+) -> None:
+    run_dir = tmp_path / "0"
+    assert _write(run_dir, where, at) == -9  # killed
+    assert not is_complete(run_dir)
+    _assert_whole(run_dir)
+    assert collect_summary(tmp_path).empty
+    # The same directory written again to the end is a whole run.
+    assert _write(run_dir, "none", 0) == 0
+    assert is_complete(run_dir) and read_metrics(run_dir) == {"completed": ROWS}
+    _assert_whole(run_dir)
+    assert len(collect_summary(tmp_path)) == 1
