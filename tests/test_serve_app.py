@@ -58,11 +58,9 @@ def test_serve_records_the_real_device_threads_and_torch(tmp_path: Path) -> None
 def test_default_kv_budget_fits_the_model_and_max_num_seqs() -> None:
     """Room for max_num_seqs sequences of max_model_len, at most the CPU cap, never less
     than one sequence (the old 0.01 GiB default held 144 slots of OPT-125M)."""
-    from engine.config import ModelConfig
     from sim.catalog import get_model
 
-    tiny = ModelConfig.from_hf_dict(get_model("tiny-opt").to_hf_config())
-    opt = ModelConfig.from_hf_dict(get_model("opt-125m").to_hf_config())
+    tiny, opt = get_model("tiny-opt"), get_model("opt-125m")
     per_token = 2 * 2 * 64 * 4  # tiny-opt: 2 layers x K,V x hidden 64 x fp32
     c = {"device": "cpu", "system": {"max_num_seqs": 8}}
     assert kv_budget_bytes(c, tiny, torch.float32, 256) == 8 * 256 * per_token

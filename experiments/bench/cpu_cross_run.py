@@ -37,13 +37,13 @@ FULL = {
     "model": "opt-125m",
     "a": ["workload=sharegpt", f"workload.rate={RATE_A}", "workload.num_requests=24"],
     "b": ["workload=alpaca", f"workload.rate={RATE_B}", "workload.num_requests=48"],
-    "kv": "kv_budget_gb=0.5",
+    "kv": "kv_cache_gb=0.5",
 }
 QUICK = {
     "model": "tiny-opt",
     "a": ["workload=sharegpt", "workload.rate=30", "workload.num_requests=8"],
     "b": ["workload=alpaca", "workload.rate=60", "workload.num_requests=12"],
-    "kv": "kv_budget_gb=0.002",
+    "kv": "kv_cache_gb=0.002",
 }
 KEYS = ("request_throughput", "output_throughput", "mean_tpot_ms", "mean_e2el_ms", "mean_ttft_ms")
 

@@ -310,7 +310,8 @@ def check_workload_size(c: Mapping[str, Any], app: str, facts: Facts) -> None:
 
 
 def check_trace_file(c: Mapping[str, Any], app: str, facts: Facts) -> None:
-    """A file workload names a readable, non-empty file."""
+    """A file workload names a readable, non-empty file (or a directory, for the kinds that
+    read one)."""
     w = c.get("workload") or {}
     if w.get("kind") not in FILE_KINDS:
         return
@@ -323,6 +324,8 @@ def check_trace_file(c: Mapping[str, Any], app: str, facts: Facts) -> None:
             "the path of a trace file",
         )
     p = Path(str(path))
+    if p.is_dir():  # a run directory (workload kind vllm_log): its reader checks the files
+        return
     if not p.is_file():
         raise ConfigError("workload.path", "no such file", str(path), "an existing trace file")
     try:
