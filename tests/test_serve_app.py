@@ -76,3 +76,18 @@ def test_old_budget_key_is_an_alias_that_warns(tmp_path: Path) -> None:
     assert metrics["kv_cache_gib"] <= 0.002
     with pytest.raises(ConfigError, match="kv_budget_gb: an old name"):
         run(_cfg(["kv_budget_gb=0.002", "kv_cache_gb=0.002"]), tmp_path)
+
+
+def test_serve_counts_rejections_and_survives_a_rejected_last_request(tmp_path: Path) -> None:
+    """The issue's crash: the last requests rejected (here: longer than tiny-opt's 256
+    tokens). The run finishes the others and counts each rejection by reason."""
+    from core.request import Request
+    from core.workload.trace_io import write_trace
+
+    trace = tmp_path / "trace.csv"
+    ok = [Request(i, 0.01 * i, 8, 4) for i in range(3)]
+    write_trace(trace, [*ok, Request(3, 0.05, 250, 20), Request(4, 0.06, 300, 4)])
+    metrics = run(_cfg(["workload=trace", f"workload.path={trace}"]), tmp_path / "run")
+    assert metrics["completed"] == 3 and metrics["rejected"] == 2
+    assert metrics["rejected_max_model_len"] == 2
+    assert metrics["rejected_kv_cache"] == metrics["rejected_other"] == 0

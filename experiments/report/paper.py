@@ -39,4 +39,5 @@ SYSTEM_LABELS: dict[str, str] = {
     "orca_pow2": "Orca (Pow2)",
     "orca_oracle": "Orca (Oracle)",
     "vllm": "vLLM",
+    "vllm_v1": "vLLM (V1 defaults)",
 }
