@@ -8,13 +8,16 @@ Examples::
 Each run writes ``config.yaml``, ``requests.csv``, ``steps.csv``, ``cost_model.json`` and
 ``metrics.json`` into its Hydra output directory, prints the results table and appends a
 row to ``outputs/index.csv``; a sweep also writes ``summary.csv``. A bad config is one line
-on stderr (``experiments.lib.checks``). ``run(cfg)`` is the plain function tests and
-notebooks call.
+on stderr (``experiments.lib.checks``). A job whose directory already holds a complete run
+of the same config is not run again (rerun a sweep with the same ``hydra.sweep.dir`` to
+resume it). ``hydra/launcher=<name>`` runs a sweep's jobs on joblib, Ray or Slurm
+(``experiments.lib.jobs``). ``run(cfg)`` is the plain function tests and notebooks call.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,8 +28,9 @@ from omegaconf import DictConfig
 
 from core.metrics.summary import summarize_recorder
 from experiments.lib.checks import CONFIG_DIR, check_config
-from experiments.lib.cli import main_with_checks, run_app
-from experiments.lib.results import summary_line, write_run
+from experiments.lib.cli import apply_exclusive, main_with_checks, run_app
+from experiments.lib.jobs import exit_if_launcher_missing
+from experiments.lib.results import finished_metrics, summary_line, write_run
 from experiments.lib.setup import as_dict, build_setup, resolve_aliases
 from sim.driver import simulate
 
@@ -78,10 +82,29 @@ def _cost_doc(cost_model: Any) -> dict[str, Any]:
     return doc
 
 
+def simulate_job(cfg: DictConfig) -> Mapping[str, Any]:
+    """One Hydra job: simulate into the job's output directory (``run_app``: one-line
+    config errors, results table, index row), unless that directory already holds a
+    complete run of this config (resume); returns the metrics."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    out_dir = Path(hc.runtime.output_dir)
+    apply_exclusive(cfg, list(hc.overrides.task))
+    metrics = finished_metrics(out_dir, cfg)
+    if metrics is not None:
+        log.info("%s: finished before, not run again", out_dir)
+        return metrics
+    return run_app(
+        "simulate", cfg, run, lambda m: summary_line(m, f"rate={cfg.workload.get('rate')}")
+    )
+
+
 @hydra.main(config_path=str(CONFIG_DIR), config_name="simulate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run_app("simulate", cfg, run, lambda m: summary_line(m, f"rate={cfg.workload.get('rate')}"))
+    simulate_job(cfg)
 
 
 if __name__ == "__main__":
+    exit_if_launcher_missing(sys.argv[1:])
     main_with_checks(main)

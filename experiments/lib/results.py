@@ -7,8 +7,9 @@ the others: a directory with a ``metrics.json`` holds a whole run, one without i
 that did not finish (a failed run has ``error.txt`` instead). Readers go by
 ``metrics.json`` (:func:`read_metrics`, :func:`is_complete`).
 
-``outputs/index.csv`` (:func:`append_index`) gets one row per run: time, app, status, run
-directory, overrides and the headline metrics.
+A job of a resumed sweep whose directory holds a complete run of its config is not run
+again (:func:`finished_metrics`). ``outputs/index.csv`` (:func:`append_index`) gets one row
+per run: time, app, status, run directory, overrides and the headline metrics.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -57,19 +58,24 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one,
-    never a part (temporary file in the same directory, fsync, rename)."""
+def write_atomic(path: Path, write: str | Callable[[Path], Any]) -> None:
+    """Write ``path`` (text, or a function that writes a given path) so that a reader sees
+    the old file or the whole new one, never a part: a temporary file in the same
+    directory, fsync, rename."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
+        if isinstance(write, str):
+            tmp.write_text(write, encoding="utf-8")
+        else:
+            write(tmp)
+        with tmp.open("rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -104,6 +110,19 @@ def write_run(
 def is_complete(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a finished run (its ``metrics.json`` exists)."""
     return (Path(run_dir) / "metrics.json").is_file()
+
+
+def finished_metrics(out_dir: Path, cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None:
+    """The metrics of a complete run of ``cfg`` in ``out_dir`` (its ``metrics.json`` exists
+    and its ``config.yaml`` is ``cfg`` resolved), else None: a finished job is not run
+    again, and a directory holding another config's run is not mistaken for this one."""
+    metrics, config = out_dir / "metrics.json", out_dir / "config.yaml"
+    if not (metrics.is_file() and config.is_file()):
+        return None
+    conf = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
+    if config.read_text() != OmegaConf.to_yaml(conf, resolve=True):
+        return None
+    return read_metrics(out_dir)
 
 
 def read_metrics(run_dir: Path) -> dict[str, Any]:
