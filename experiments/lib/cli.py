@@ -2,7 +2,9 @@
 one-line config errors, ``error.txt`` for failures, the runs index and the end-of-run table.
 
 - A :class:`~experiments.lib.checks.ConfigError` prints ``error: <key>: ...`` on stderr and
-  exits with status 2, no traceback. ``HYDRA_FULL_ERROR=1`` re-raises it instead.
+  exits with status 2, no traceback, when the process is a command line
+  (:func:`main_with_checks`); ``HYDRA_FULL_ERROR=1`` re-raises it instead, and so does a
+  job launched from Python.
 - Any other exception is a runtime failure: its traceback goes to ``error.txt`` in the run
   directory and it propagates (Hydra prints it; exit status 1).
 - Every run, finished or not, appends a row to ``index`` (``outputs/index.csv``).
@@ -29,6 +31,11 @@ DEFAULT_INDEX = Path("outputs/index.csv")
 # Keys that describe one quantity in two ways: giving one (not null) on the command line
 # makes the other null.
 EXCLUSIVE_KEYS = (("workload.num_requests", "workload.duration_s"),)
+
+
+# Set by main_with_checks: the process is a command line, so a config error ends it with
+# one line. Jobs run from Python (experiments.lib.jobs) get the ConfigError instead.
+_COMMAND_LINE = False
 
 
 def full_errors() -> bool:
@@ -95,8 +102,9 @@ def run_app(
     except ConfigError as err:
         write_error(out_dir, err.line())
         record("config error", error=err.line())
-        report_config_error(err)
-        raise  # unreachable: report_config_error exits or raises
+        if _COMMAND_LINE:
+            report_config_error(err)
+        raise
     except Exception as exc:
         write_error(out_dir, traceback.format_exc())
         record("failed", error=f"{type(exc).__name__}: {exc}".splitlines()[0])
@@ -110,8 +118,13 @@ def run_app(
 def main_with_checks(main: Callable[[], Any], argv: Sequence[str] | None = None) -> None:
     """Call a ``@hydra.main`` function after the command-line checks Hydra cannot phrase
     as one line (an unknown option of a config group)."""
+    global _COMMAND_LINE
+    _COMMAND_LINE = True
     try:
-        check_group_overrides(sys.argv[1:] if argv is None else argv)
-    except ConfigError as err:
-        report_config_error(err)
-    main()
+        try:
+            check_group_overrides(sys.argv[1:] if argv is None else argv)
+        except ConfigError as err:
+            report_config_error(err)
+        main()
+    finally:
+        _COMMAND_LINE = False
