@@ -87,7 +87,17 @@ def test_serve_counts_rejections_and_survives_a_rejected_last_request(tmp_path: 
     trace = tmp_path / "trace.csv"
     ok = [Request(i, 0.01 * i, 8, 4) for i in range(3)]
     write_trace(trace, [*ok, Request(3, 0.05, 250, 20), Request(4, 0.06, 300, 4)])
-    metrics = run(_cfg(["workload=trace", f"workload.path={trace}"]), tmp_path / "run")
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        cfg = compose(
+            config_name="serve",
+            overrides=[
+                "model=tiny-opt",
+                "progress=false",
+                "workload=trace",
+                f"workload.path={trace}",
+            ],
+        )
+    metrics = run(cfg, tmp_path / "run")
     assert metrics["completed"] == 3 and metrics["rejected"] == 2
     assert metrics["rejected_max_model_len"] == 2
     assert metrics["rejected_kv_cache"] == metrics["rejected_other"] == 0
