@@ -1,13 +1,21 @@
 """``python -m experiments.bench.sim``: how fast the simulator runs, per system.
 
 Simulates OPT-13B on one A100-40GB serving a synthetic ShareGPT trace (the vLLM paper's
-§6.2 setup; by default its 1-hour trace at 2 req/s), one system at a time in this
-process, and prints a table: requests, simulated seconds, engine steps, wall seconds
-of ``sim.driver.simulate`` alone (workload generation, cost-model setup and metrics are
-outside the timer), simulated requests/s, steps/s and speed against real time
-(simulated seconds / wall seconds); ``cpu_s`` is this process's CPU time over the same
-span (less sensitive to other load on the machine). Writes ``bench_sim.csv`` and ``bench_sim.json``
-(rows plus the machine: Python version, CPU count, platform, date) into ``--out``.
+§6.2 setup; by default its 1-hour trace at 2 req/s), one system at a time, and prints a
+table with one row per system and mode:
+
+- ``loop``: ``sim.driver.simulate`` alone, in this process (workload generation,
+  cost-model setup, metrics and files are outside the timer);
+- ``e2e``: a whole ``python -m experiments.simulate ... hydra.run.dir=<tmp>`` subprocess,
+  from its start until it has exited with ``metrics.json`` written (interpreter start,
+  imports, config, workload, loop, summary and every result file).
+
+Columns: requests, simulated seconds, engine steps, wall seconds, ``cpu_s`` (CPU time, user
++ system: this process's over the loop, the child's for ``e2e``; less sensitive to other
+load on the machine than wall time), simulated requests/s and steps/s (per wall second),
+``speed_vs_real`` (simulated seconds / wall seconds) and ``speed_vs_real_cpu`` (simulated
+seconds / CPU seconds). Writes ``bench_sim.csv`` and ``bench_sim.json`` (rows plus the
+machine: Python version, CPU count, platform, date) into ``--out``.
 
 A wall-clock number holds only for the machine and the load it ran under; compare
 systems or code versions side by side in one invocation.
@@ -17,9 +25,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,8 +44,10 @@ from experiments.reproduce import compose_config
 from sim.driver import simulate
 
 SYSTEMS = ("vllm", "orca_max", "orca_pow2", "orca_oracle", "fastertransformer")
+MODES = ("loop", "e2e")
 COLUMNS = (
     "system",
+    "mode",
     "requests",
     "sim_s",
     "steps",
@@ -42,40 +56,83 @@ COLUMNS = (
     "sim_req_per_s",
     "steps_per_s",
     "speed_vs_real",
+    "speed_vs_real_cpu",
 )
 
 
-def bench_one(system: str, duration_s: float, rate: float, seed: int) -> dict[str, Any]:
-    """Simulate one system on the benchmark trace; returns one table row."""
-    cfg = compose_config(
-        [
-            "model=opt-13b",
-            "hardware=a100-40gb",
-            "workload=sharegpt",
-            f"workload.duration_s={duration_s}",
-            f"workload.rate={rate}",
-            f"seed={seed}",
-            f"system={system}",
-        ]
-    )
-    c = as_dict(cfg)
+def overrides(system: str, duration_s: float, rate: float, seed: int) -> list[str]:
+    """The benchmark run's config overrides (``configs/simulate.yaml`` groups)."""
+    return [
+        "model=opt-13b",
+        "hardware=a100-40gb",
+        "workload=sharegpt",
+        f"workload.duration_s={duration_s}",
+        f"workload.rate={rate}",
+        f"seed={seed}",
+        f"system={system}",
+    ]
+
+
+def _row(system: str, mode: str, n: int, sim_s: float, steps: int, wall: float, cpu: float):
+    return {
+        "system": system,
+        "mode": mode,
+        "requests": n,
+        "sim_s": sim_s,
+        "steps": steps,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "sim_req_per_s": n / wall,
+        "steps_per_s": steps / wall,
+        "speed_vs_real": sim_s / wall,
+        "speed_vs_real_cpu": sim_s / cpu,
+    }
+
+
+def bench_loop(system: str, duration_s: float, rate: float, seed: int) -> dict[str, Any]:
+    """Simulate one system on the benchmark trace in this process; times the loop alone."""
+    c = as_dict(compose_config(overrides(system, duration_s, rate, seed)))
     setup = build_setup(c)
     cost_model = setup.cost_model
     t0, c0 = time.perf_counter(), time.process_time()
     result = simulate(setup.requests, setup.make_scheduler, cost_model, seed=seed)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     n = len(setup.requests)
-    return {
-        "system": system,
-        "requests": n,
-        "sim_s": result.end_time_s,
-        "steps": result.num_steps,
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "sim_req_per_s": n / wall,
-        "steps_per_s": result.num_steps / wall,
-        "speed_vs_real": result.end_time_s / wall,
-    }
+    return _row(system, "loop", n, result.end_time_s, result.num_steps, wall, cpu)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def bench_e2e(system: str, duration_s: float, rate: float, seed: int) -> dict[str, Any]:
+    """Run ``python -m experiments.simulate`` for one system in a subprocess (into a
+    temporary directory) and time it from start to exit with ``metrics.json`` written."""
+    with tempfile.TemporaryDirectory(prefix="bench_sim_") as tmp:
+        run_dir = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "experiments.simulate"]
+        cmd += [*overrides(system, duration_s, rate, seed), f"hydra.run.dir={run_dir}"]
+        c0, t0 = _children_cpu(), time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
+        metrics_path = run_dir / "metrics.json"
+        if proc.returncode != 0 or not metrics_path.is_file():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise SystemExit(f"bench_sim: {' '.join(cmd)} failed: {tail[0]}")
+        metrics = json.loads(metrics_path.read_text())
+        end_s = _last_step_end(run_dir / "steps.csv")
+    return _row(
+        system, "e2e", int(metrics["num_requests"]), end_s, int(metrics["num_steps"]), wall, cpu
+    )
+
+
+def _last_step_end(steps_csv: Path) -> float:
+    """The simulated clock at the end of the run (the last step's start + duration), as
+    ``SimResult.end_time_s``, so both modes state the same simulated span."""
+    lines = steps_csv.read_text().splitlines()
+    header, last = lines[0].split(","), lines[-1].split(",")
+    return float(last[header.index("start_s")]) + float(last[header.index("duration_s")])
 
 
 def machine_info() -> dict[str, Any]:
@@ -95,15 +152,24 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     p.add_argument("--rate", type=float, default=2.0, help="requests per second")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument(
+        "--modes", nargs="+", default=list(MODES), choices=MODES,
+        help="loop: simulate() alone in this process; e2e: a whole experiments.simulate run",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("results/bench_sim"))
     args = p.parse_args(argv)
     if args.duration <= 0 or args.rate <= 0:
         p.error(f"--duration and --rate must be > 0, got {args.duration}, {args.rate}")
 
+    bench = {"loop": bench_loop, "e2e": bench_e2e}
     rows = []
     for system in args.systems:
-        rows.append(bench_one(system, args.duration, args.rate, args.seed))
-        print(f"{system}: {rows[-1]['wall_s']:.2f} s wall", flush=True)
+        for mode in args.modes:
+            rows.append(bench[mode](system, args.duration, args.rate, args.seed))
+            row = rows[-1]
+            print(
+                f"{system} {mode}: {row['wall_s']:.2f} s wall, {row['cpu_s']:.2f} s CPU", flush=True
+            )
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     print(table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     args.out.mkdir(parents=True, exist_ok=True)

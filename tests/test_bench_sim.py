@@ -1,0 +1,27 @@
+"""The simulator benchmark on a seconds-long trace: both modes, files, and bookkeeping."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from experiments.bench.sim import COLUMNS, main
+
+
+def test_bench_sim_times_loop_and_whole_run(tmp_path):
+    table = main(["--duration", "5", "--systems", "vllm", "--out", str(tmp_path)])
+    assert list(table["mode"]) == ["loop", "e2e"]
+    loop, e2e = table.iloc[0], table.iloc[1]
+    # The subprocess simulates the same trace as the in-process loop.
+    for key in ("requests", "steps", "sim_s"):
+        assert loop[key] == e2e[key]
+    assert loop["requests"] > 0 and loop["steps"] > 0
+    # A whole run (interpreter, imports, files) costs more than its loop.
+    assert e2e["cpu_s"] > loop["cpu_s"] > 0
+    assert (table["speed_vs_real_cpu"] == table["sim_s"] / table["cpu_s"]).all()
+    written = pd.read_csv(tmp_path / "bench_sim.csv")
+    assert list(written.columns) == list(COLUMNS)
+    doc = json.loads((tmp_path / "bench_sim.json").read_text())
+    assert doc["setup"]["duration_s"] == 5 and len(doc["rows"]) == 2
+    assert doc["machine"]["cpu_count"] >= 1
