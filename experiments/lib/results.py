@@ -84,7 +84,26 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
 
 
 def write_csv(path: Path, frame: pd.DataFrame) -> None:
-    write_atomic(path, frame.to_csv(index=False))
+    """``frame.to_csv(path, index=False)``, atomically. A frame of integer and float columns
+    only, without NaN (``steps.csv``), is formatted row by row: the same bytes (pandas
+    writes floats in their shortest round-trip form, as ``repr``) in about half the time."""
+    write_atomic(path, lambda tmp: _to_csv(frame, tmp))
+
+
+def _to_csv(df: pd.DataFrame, path: Path) -> None:
+    floats = [dtype == "float64" for dtype in df.dtypes]
+    numeric = all(f or dtype.kind in "iu" for f, dtype in zip(floats, df.dtypes, strict=True))
+    names = all(isinstance(c, str) and c.isidentifier() for c in df.columns)
+    columns = [df.iloc[:, i] for i in range(df.shape[1])]
+    nan = any(f and col.isna().any() for f, col in zip(floats, columns, strict=True))
+    if not (len(columns) and names and numeric) or nan or not df.columns.is_unique:
+        df.to_csv(path, index=False)
+        return
+    row = ",".join("%r" if f else "%d" for f in floats) + os.linesep
+    columns = [col.tolist() for col in columns]
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(",".join(df.columns) + os.linesep)
+        f.writelines(map(row.__mod__, zip(*columns, strict=True)))
 
 
 def write_run(
