@@ -98,7 +98,7 @@ def summarize(
 ) -> dict[str, float]:
     """Compute the summary dict. ``slo_ms`` maps ``ttft``/``tpot``/``itl``/``e2el`` to
     limits in ms for goodput (requests meeting all of them, per second) and
-    ``slo_attainment`` (their share of finished requests). An ``itl`` limit holds a
+    ``slo_attainment`` (their share of all requests). An ``itl`` limit holds a
     request's longest inter-token gap, from ``max_itl_s`` (request id -> seconds; a
     request with one output token has no gap and meets it)."""
     done = requests[requests["status"] == "finished"]
