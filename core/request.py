@@ -177,6 +177,7 @@ class SequenceGroup:
     """
 
     __slots__ = (
+        "fcfs_key",
         "finish_step",
         "finish_time",
         "first_scheduled_time",
@@ -191,6 +192,8 @@ class SequenceGroup:
 
     def __init__(self, request: Request, first_seq_id: int) -> None:
         self.request = request
+        # First-come-first-served order (arrival, then id); the request is frozen.
+        self.fcfs_key = (request.arrival_time, request.request_id)
         self.seqs: list[Sequence] = [Sequence(first_seq_id, self)]
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None

@@ -12,6 +12,7 @@ Rows are kept as tuples (cheap on the hot path) and become DataFrames only at th
 
 from __future__ import annotations
 
+from itertools import chain
 from operator import attrgetter
 
 import numpy as np
@@ -81,8 +82,9 @@ class Recorder:
     def __init__(self, keep_token_times: bool = True) -> None:
         self._steps: list[tuple] = []
         self._requests: list[tuple] = []
-        self._itl: list[np.ndarray] = []
-        self._max_itl: dict[int, float] = {}
+        # (request id, token times) of finished requests with two tokens or more; the gaps
+        # are taken in one vectorized pass at the end, not one NumPy call per request
+        self._token_times: list[tuple[int, list[float]]] = []
         self.keep_token_times = keep_token_times
 
     def record_step(
@@ -146,9 +148,7 @@ class Recorder:
              ttft, e2el, tpot, "finished", "")
         )  # fmt: skip
         if self.keep_token_times and len(group.token_times) > 1:
-            gaps = np.diff(np.asarray(group.token_times))
-            self._itl.append(gaps)
-            self._max_itl[r.request_id] = float(gaps.max())
+            self._token_times.append((r.request_id, group.token_times))  # final once finished
 
     @property
     def num_steps(self) -> int:
@@ -173,9 +173,24 @@ class Recorder:
     def max_itl_by_request(self) -> dict[int, float]:
         """Each finished request's longest inter-token gap (s), by request id (requests
         with one output token have none); what an ITL SLO is checked against."""
-        return dict(self._max_itl)
+        if not self._token_times:
+            return {}
+        gaps, counts = self._gaps()
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        peaks = np.maximum.reduceat(gaps, starts)
+        return {rid: float(peak) for (rid, _), peak in zip(self._token_times, peaks, strict=True)}
 
     def inter_token_latencies(self) -> np.ndarray:
-        if not self._itl:
+        """Every gap between two consecutive tokens of a request, request by request in
+        the order they finished."""
+        if not self._token_times:
             return np.empty(0)
-        return np.concatenate(self._itl)
+        return self._gaps()[0]
+
+    def _gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """All requests' token gaps, concatenated, and how many each request has."""
+        lists = [times for _, times in self._token_times]
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        ends = np.cumsum(lengths)
+        times = np.fromiter(chain.from_iterable(lists), dtype=np.float64, count=int(ends[-1]))
+        return np.delete(np.diff(times), ends[:-1] - 1), lengths - 1  # no gaps across requests

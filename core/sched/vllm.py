@@ -208,4 +208,4 @@ def _lockstep_chunks(
 _TOO_BIG = "outgrew the KV cache: alone on the device it needs more than all {blocks} blocks"
 
 
-_arrival = attrgetter("request.arrival_time", "request.request_id")  # FCFS order
+_arrival = attrgetter("fcfs_key")  # FCFS order: (arrival time, request id)
