@@ -23,9 +23,10 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from core.request import Request, RequestError, SamplingParams
 from core.workload.filters import MAX_MODEL_LEN, MAX_PROMPT_LEN, keep_mask
@@ -98,6 +99,26 @@ def _read_text(path: PathLike) -> list[str]:
         raise TraceFormatError(path, "file", "no such file") from None
     except UnicodeDecodeError as exc:
         raise TraceFormatError(path, "file", f"not UTF-8 text ({exc.reason})") from None
+
+
+def jsonl_values(path: PathLike, lines: Iterable[str]) -> Iterator[tuple[int, Any]]:
+    """(line number from 1, parsed value) for each non-blank line of a JSON Lines text;
+    :class:`TraceFormatError` naming the line for one that is not JSON."""
+    for line, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            yield line, json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(path, line, f"invalid JSON: {exc.msg}") from None
+
+
+def jsonl_objects(path: PathLike, lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """:func:`jsonl_values` where every value must be a JSON object."""
+    for line, obj in jsonl_values(path, lines):
+        if not isinstance(obj, dict):
+            raise TraceFormatError(path, line, "expected a JSON object")
+        yield line, obj
 
 
 def _csv_rows(
@@ -336,16 +357,7 @@ def read_mooncake_trace(
     """Mooncake JSONL: one object per line with ``timestamp`` (ms), ``input_length``,
     ``output_length``; other keys (e.g. ``hash_ids``) are ignored."""
     rows: list[tuple[int, float, int, int]] = []
-    for idx, text in enumerate(_read_text(path)):
-        line = idx + 1
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TraceFormatError(path, line, f"invalid JSON: {exc.msg}") from None
-        if not isinstance(obj, dict):
-            raise TraceFormatError(path, line, "expected a JSON object")
+    for line, obj in jsonl_objects(path, _read_text(path)):
         missing = [k for k in ("timestamp", "input_length", "output_length") if k not in obj]
         if missing:
             raise TraceFormatError(path, line, f"missing key(s) {', '.join(missing)}")

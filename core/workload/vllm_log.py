@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from core.request import Request, SamplingParams
-from core.workload.trace_io import TraceFormatError
+from core.workload.trace_io import TraceFormatError, jsonl_objects, jsonl_values
 
 REQUIRED = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts")
 # Client-to-engine delay varies by request (HTTP, tokenization); the shared run's spread is
@@ -94,17 +94,7 @@ def read_vllm_log(run_dir: str | Path) -> list[LoggedRequest]:
         raise TraceFormatError(
             path, "file", "not found (a vLLM run directory holds requests.jsonl)"
         )
-    raw: list[tuple[int, dict[str, Any]]] = []
-    for line, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TraceFormatError(path, line, f"invalid JSON: {e.msg}") from None
-        if not isinstance(obj, dict):
-            raise TraceFormatError(path, line, "expected a JSON object")
-        raw.append((line, obj))
+    raw = list(jsonl_objects(path, path.read_text(encoding="utf-8").splitlines()))
     if not raw:
         raise TraceFormatError(path, "file", "no requests")
     rows = []
@@ -158,13 +148,7 @@ def read_token_ids(path: str | Path, expected_lens: list[int]) -> list[tuple[int
     if not path.is_file():
         raise TraceFormatError(path, "file", "not found")
     out: list[tuple[int, ...]] = []
-    for line, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TraceFormatError(path, line, f"invalid JSON: {e.msg}") from None
+    for line, obj in jsonl_values(path, path.read_text(encoding="utf-8").splitlines()):
         ids = obj.get("input_tok_ids") if isinstance(obj, dict) else None
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise TraceFormatError(path, line, "missing key 'input_tok_ids' (a list of ints)")
