@@ -24,7 +24,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from experiments.lib.checks import ConfigError
-from experiments.lib.cli import report_config_error
+from experiments.lib.cli import run_plain_cli
 from experiments.lib.results import write_json
 from experiments.lib.setup import block_size
 from sim.catalog import model_from_config
@@ -81,11 +81,7 @@ def calibration_doc(model: CalibratedCostModel, run_dir: Path) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return _main(argv)
-    except ConfigError as err:
-        report_config_error(err)
-        return 2
+    return run_plain_cli(_main, argv)
 
 
 def _main(argv: list[str] | None) -> int:

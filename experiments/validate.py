@@ -34,7 +34,7 @@ from core.metrics.summary import summarize_recorder
 from core.request import Request
 from experiments.calibrate import read_run_config
 from experiments.lib.checks import ConfigError
-from experiments.lib.cli import report_config_error
+from experiments.lib.cli import run_plain_cli
 from experiments.lib.results import read_metrics, write_json
 from experiments.lib.setup import build_requests, scheduler_factory, served_max_model_len
 from sim.catalog import model_from_config
@@ -153,11 +153,7 @@ def _num(x: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return _main(argv)
-    except ConfigError as err:
-        report_config_error(err)
-        return 2
+    return run_plain_cli(_main, argv)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -50,6 +50,16 @@ def report_config_error(err: ConfigError) -> None:
     sys.exit(CONFIG_ERROR_STATUS)
 
 
+def run_plain_cli(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    """``main(argv)`` for an argparse (non-Hydra) command: a :class:`ConfigError` becomes
+    one line on stderr and status 2 (:func:`report_config_error`)."""
+    try:
+        return main(argv)
+    except ConfigError as err:
+        report_config_error(err)
+        return CONFIG_ERROR_STATUS
+
+
 def exclusive_nulls(overrides: Sequence[str]) -> dict[str, None]:
     """The keys to set to null because the command line gave their partner a value:
     ``workload.num_requests=32`` alone nulls ``workload.duration_s`` and vice versa."""
