@@ -76,20 +76,18 @@ def make_batch(
     }
 
 
+def reference(batch: dict) -> torch.Tensor:
+    """:func:`ref_paged_attention` on a :func:`make_batch` batch at ``SCALE``."""
+    keys = ("q", "k_cache", "v_cache", "query_start_loc", "context_lens", "block_tables")
+    return ref_paged_attention(*(batch[k] for k in keys), SCALE)
+
+
 def run_and_check(batch: dict, num_splits: int | None) -> torch.Tensor:
     q = batch["q"]
     out = torch.full_like(q, float("nan"))
     got = paged_attention(**batch, scale=SCALE, out=out, num_splits=num_splits)
     assert got is out
-    ref = ref_paged_attention(
-        q,
-        batch["k_cache"],
-        batch["v_cache"],
-        batch["query_start_loc"],
-        batch["context_lens"],
-        batch["block_tables"],
-        SCALE,
-    ).float()
+    ref = reference(batch).float()
     assert torch.isfinite(ref).all()
     assert torch.isfinite(out).all(), "unwritten rows or keys read past context_lens"
     err = (out.float() - ref).abs().max() / ref.abs().max()
@@ -143,15 +141,7 @@ def test_long_prefill_spans_several_query_tiles() -> None:
 def test_auto_splits_and_default_out() -> None:
     batch = make_batch([(1, 33), (1, 5)], 8, 2, 2, 16, torch.float32, seed=6)
     out = paged_attention(**batch, scale=SCALE)
-    ref = ref_paged_attention(
-        batch["q"],
-        batch["k_cache"],
-        batch["v_cache"],
-        batch["query_start_loc"],
-        batch["context_lens"],
-        batch["block_tables"],
-        SCALE,
-    )
+    ref = reference(batch)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
