@@ -266,6 +266,20 @@ def test_calibrated_fit_keeps_coefficients_non_negative_under_noise() -> None:
     assert 0.0 < fitted.fit_stats["mape"] < 0.1
 
 
+def test_calibrated_describe_names_what_it_was_fitted_on() -> None:
+    coef = {"constant": 0.001, "linear_flop_time": 1.2, "attn_flop_time": 1.2, "byte_time": 1.1}
+    vllm = CalibratedCostModel(
+        "tiny-llama", "h200", coef, fit_stats={"n_signals": 40, "mape": 0.05}
+    )
+    text = vllm.describe()
+    assert "vLLM run" in text and "step measurements" not in text
+    assert "fit: n_signals=40 MAPE=5.00%" in text and "nan" not in text
+    steps = {"n_steps": 100, "r2": 0.9, "mape": 0.05}
+    engine = CalibratedCostModel("tiny-llama", "h200", coef, fit_stats=steps).describe()
+    assert "engine step measurements" in engine
+    assert "fit: n_steps=100 R²=0.9000 MAPE=5.00%" in engine
+
+
 def test_calibrated_round_trip_and_errors() -> None:
     coef = {"constant": 0.001, "linear_flop_time": 1.2, "attn_flop_time": 1.0, "byte_time": 1.1}
     model = CalibratedCostModel("tiny-llama", "h200", coef, fit_stats={"r2": 0.9})

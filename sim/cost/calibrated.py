@@ -215,12 +215,17 @@ class CalibratedCostModel:
         )
 
     def describe(self) -> str:
-        """Coefficients with their reading, and the fit error."""
-        rf, c = self.roofline, self.coefficients
-        lines = [
-            f"calibrated cost model: {rf.model.name} on {rf.tp} × {rf.gpu.name}, "
-            "NNLS fit on engine step measurements"
-        ]
+        """Coefficients with their reading, what they were fitted on, and the fit error
+        (only the statistics the fit recorded)."""
+        rf, c, s = self.roofline, self.coefficients, self.fit_stats
+        # experiments.calibrate records n_steps (engine steps); calibrate_vllm, n_signals
+        # (per-request TPOT and no-wait TTFT of a vLLM run)
+        fitted_on = (
+            "fit on per-request signals (TPOT, no-wait TTFT) of a vLLM run"
+            if "n_signals" in s
+            else "NNLS fit on engine step measurements"
+        )
+        lines = [f"calibrated cost model: {rf.model.name} on {rf.tp} × {rf.gpu.name}, {fitted_on}"]
         lines.append(f"  constant (per-step overhead) {c['constant'] * 1e3:10.4f} ms")
         for term, reading in (
             ("linear_flop_time", "1/matmul efficiency"),
@@ -228,11 +233,16 @@ class CalibratedCostModel:
             ("byte_time", "1/memory efficiency"),
         ):
             lines.append(f"  {term:<28} {c[term]:10.4f}  ({reading})")
-        if self.fit_stats:
-            s = self.fit_stats
-            lines.append(
-                f"  fit: n_steps={s.get('n_steps', float('nan')):.0f} "
-                f"R²={s.get('r2', float('nan')):.4f} "
-                f"MAPE={s.get('mape', float('nan')):.2%}"
+        stats = [
+            text
+            for key, text in (
+                ("n_steps", f"n_steps={s.get('n_steps', 0):.0f}"),
+                ("n_signals", f"n_signals={s.get('n_signals', 0):.0f}"),
+                ("r2", f"R²={s.get('r2', 0):.4f}"),
+                ("mape", f"MAPE={s.get('mape', 0):.2%}"),
             )
+            if key in s
+        ]
+        if stats:
+            lines.append("  fit: " + " ".join(stats))
         return "\n".join(lines)
