@@ -51,7 +51,6 @@ import pandas as pd
 from core.model_spec import ModelSpec
 from core.request import Request
 from core.sched.base import SchedulerConfig
-from core.systems import build_scheduler
 from core.workload.trace_io import TraceFormatError
 from core.workload.vllm_log import (
     LoggedRequest,
@@ -60,6 +59,8 @@ from core.workload.vllm_log import (
     requests_from_log,
 )
 from experiments.lib.results import write_json
+from experiments.lib.setup import block_size as system_block_size
+from experiments.lib.setup import scheduler_config, scheduler_factory
 from sim.capacity import kv_capacity
 from sim.catalog import CONFIGS, GPUSpec, get_gpu, get_model, gpu_from_config
 from sim.cost import CalibratedCostModel, CostModel, RooflineCostModel
@@ -97,15 +98,22 @@ class VLLMRun:
     meta: dict[str, Any]
     logged: list[LoggedRequest]
     requests: list[Request]
-    sched_config: SchedulerConfig
+    system: dict[str, Any]
+    max_model_len: int
     num_gpu_blocks: int | None
-    block_size: int
-    prefix_caching: bool
     tp: int
     dtype_bytes: int
     model_name: str
     device_memory_bytes: int | None
     timeseries: pd.DataFrame | None
+
+    @property
+    def sched_config(self) -> SchedulerConfig:
+        return scheduler_config(self.system, self.max_model_len)
+
+    @property
+    def block_size(self) -> int:
+        return system_block_size(self.system)
 
 
 def _meta_value(meta: dict[str, Any], path: Path, *keys: str, default: Any = None) -> Any:
@@ -138,13 +146,21 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
     sc = "resolved_config.scheduler_config"
     max_len = int(_meta_value(meta, meta_path, f"{ek}.max_model_len"))
     chunked = bool(_meta_value(meta, meta_path, f"{sc}.enable_chunked_prefill", default=True))
-    sched = SchedulerConfig(
-        max_num_seqs=int(_meta_value(meta, meta_path, f"{ek}.max_num_seqs", f"{sc}.max_num_seqs")),
-        max_num_batched_tokens=int(_meta_value(meta, meta_path, f"{ek}.max_num_batched_tokens")),
-        max_model_len=max_len,
-        preemption_mode="recompute",
-        chunked_prefill=chunked,
-    )
+    # the run as kvlab's system config group; vLLM v1 keeps no watermark
+    system = {
+        "name": "vllm_v1",
+        "max_num_seqs": int(
+            _meta_value(meta, meta_path, f"{ek}.max_num_seqs", f"{sc}.max_num_seqs")
+        ),
+        "max_num_batched_tokens": int(_meta_value(meta, meta_path, f"{ek}.max_num_batched_tokens")),
+        "preemption_mode": "recompute",
+        "chunked_prefill": chunked,
+        "block_size": int(_meta_value(meta, meta_path, "kv_cache.block_size", default=16)),
+        "watermark": 0.0,
+        "enable_prefix_caching": bool(
+            _meta_value(meta, meta_path, "kv_cache.enable_prefix_caching", default=True)
+        ),
+    }
     dtype = str(_meta_value(meta, meta_path, f"{ek}.dtype", default="bfloat16"))
     if dtype not in DTYPE_BYTES:
         raise RunError(f"{meta_path}: engine_kwargs.dtype {dtype!r} is not one of {DTYPE_BYTES}")
@@ -155,12 +171,9 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
         meta=meta,
         logged=logged,
         requests=requests_from_log(logged, ids),
-        sched_config=sched,
+        system=system,
+        max_model_len=max_len,
         num_gpu_blocks=None if blocks == -1 else int(blocks),
-        block_size=int(_meta_value(meta, meta_path, "kv_cache.block_size", default=16)),
-        prefix_caching=bool(
-            _meta_value(meta, meta_path, "kv_cache.enable_prefix_caching", default=True)
-        ),
         tp=int(_meta_value(meta, meta_path, f"{ek}.tensor_parallel_size", default=1)),
         dtype_bytes=DTYPE_BYTES[dtype],
         model_name=str(_meta_value(meta, meta_path, "model", f"{ek}.model")),
@@ -219,16 +232,10 @@ def num_blocks(run: VLLMRun, model: ModelSpec, gpu: GPUSpec) -> tuple[int, str]:
 
 
 def run_simulation(run: VLLMRun, cost: CostModel, blocks: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Simulate the whole run on vllm_v1; the requests and steps frames."""
-
-    def make_scheduler() -> Any:
-        return build_scheduler(
-            "vllm_v1", blocks * run.block_size, config=run.sched_config,
-            block_size=run.block_size, watermark=0.0,
-            enable_prefix_caching=run.prefix_caching
-            and all(r.prompt_token_ids is not None for r in run.requests),
-        )  # fmt: skip
-
+    """Simulate the whole run on ``run.system`` (vllm_v1); the requests and steps frames.
+    Prefix caching is off when the log comes without prompt token ids."""
+    slots = blocks * run.block_size
+    make_scheduler = scheduler_factory(run.system, slots, 0, run.max_model_len, run.requests)
     rec = simulate(run.requests, make_scheduler, cost).recorder
     return rec.requests_frame(), rec.steps_frame()
 
