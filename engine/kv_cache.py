@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from core.kv.base import check_at_least
 from core.model_spec import ModelSpec, kv_bytes_per_token
 from kernels.block_ops import copy_blocks as triton_copy_blocks
 from kernels.block_ops import gather_blocks, scatter_blocks
@@ -79,12 +80,8 @@ class PagedKVCache:
         device: torch.device | str = "cpu",
         num_cpu_blocks: int = 0,
     ) -> None:
-        if num_blocks < 1:
-            raise KVBudgetError(f"num_blocks must be >= 1, got {num_blocks}")
-        if block_size < 1:
-            raise KVBudgetError(f"block_size must be >= 1, got {block_size}")
-        if num_cpu_blocks < 0:
-            raise KVBudgetError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
+        check_at_least(1, KVBudgetError, num_blocks=num_blocks, block_size=block_size)
+        check_at_least(0, KVBudgetError, num_cpu_blocks=num_cpu_blocks)
         self.config = config
         self.num_blocks = num_blocks
         self.block_size = block_size

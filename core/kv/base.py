@@ -26,6 +26,15 @@ class KVCacheError(RuntimeError):
     """A manager verb was misused (no room, unknown sequence, broken invariant)."""
 
 
+def check_at_least(minimum: int, error: type[Exception] = ValueError, **sizes: int) -> None:
+    """Raise ``error("<name> must be >= <minimum>, got <value>")`` for the first of
+    ``sizes`` below ``minimum`` (the geometry checks of the managers and the engine's
+    cache)."""
+    for name, value in sizes.items():
+        if value < minimum:
+            raise error(f"{name} must be >= {minimum}, got {value}")
+
+
 class AllocStatus(enum.Enum):
     OK = "ok"  # can be allocated now
     LATER = "later"  # not now, but would fit in an empty cache

@@ -27,7 +27,13 @@ Choices where the paper is silent:
 from __future__ import annotations
 
 from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
-from core.kv.base import AllocStatus, KVCacheError, MemoryBreakdown, new_breakdown
+from core.kv.base import (
+    AllocStatus,
+    KVCacheError,
+    MemoryBreakdown,
+    check_at_least,
+    new_breakdown,
+)
 from core.kv.block_pool import BlockPool
 from core.request import RequestError, Sequence, SequenceGroup
 
@@ -58,12 +64,8 @@ class PagedKVCacheManager:
         watermark: float = DEFAULT_WATERMARK,
         enable_prefix_caching: bool = False,
     ) -> None:
-        if num_device_blocks < 1:
-            raise ValueError(f"num_device_blocks must be >= 1, got {num_device_blocks}")
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
-        if num_cpu_blocks < 0:
-            raise ValueError(f"num_cpu_blocks must be >= 0, got {num_cpu_blocks}")
+        check_at_least(1, num_device_blocks=num_device_blocks, block_size=block_size)
+        check_at_least(0, num_cpu_blocks=num_cpu_blocks)
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
         self.block_size = block_size
