@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import itertools
+from typing import Generic, TypeVar
+
+from hypothesis.stateful import RuleBasedStateMachine
 
 from core.request import Request, SamplingParams, Sequence, SequenceGroup
 
 _next_id = itertools.count()
+
+M = TypeVar("M")
 
 
 def make_group(
@@ -29,3 +34,16 @@ def spawn(parent: Sequence) -> Sequence:
     child.status = parent.status
     parent.group.seqs.append(child)
     return child
+
+
+class ManagerMachine(RuleBasedStateMachine, Generic[M]):
+    """A state machine over one KV-cache manager ``self.m``, built by its initialize rule
+    (Hypothesis runs rules and invariants only after the initialize rules)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.m: M | None = None
+
+    def manager(self) -> M:
+        assert self.m is not None, "the initialize rule builds the manager"
+        return self.m

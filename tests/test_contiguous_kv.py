@@ -8,7 +8,6 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
@@ -19,7 +18,7 @@ from core.kv.base import AllocStatus, KVCacheError, KVCacheManager
 from core.kv.buddy import next_power_of_two
 from core.kv.contiguous import ContiguousKVCacheManager
 from core.request import Request, SequenceGroup, SequenceStatus
-from tests.kv_helpers import make_group, spawn
+from tests.kv_helpers import ManagerMachine, make_group, spawn
 
 
 def expected_reservation(policy: str, prompt: int, output: int, max_len: int) -> int:
@@ -140,12 +139,11 @@ def test_errors() -> None:
         ContiguousKVCacheManager(60, "max", 32, block_size=3)
 
 
-class ContiguousMachine(RuleBasedStateMachine):
+class ContiguousMachine(ManagerMachine[ContiguousKVCacheManager]):
     """Random admissions, growth, forks and frees against brute-force recounts."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.m: ContiguousKVCacheManager | None = None
         self.groups: list[SequenceGroup] = []
 
     @initialize(
@@ -159,8 +157,7 @@ class ContiguousMachine(RuleBasedStateMachine):
 
     @rule(prompt=st.integers(1, 120), output=st.integers(1, 120), n=st.integers(1, 3))
     def admit(self, prompt: int, output: int, n: int) -> None:
-        m = self.m
-        assert m is not None
+        m = self.manager()
         g = make_group(prompt, output, n)
         r = expected_reservation(m.policy, prompt, output, m.max_model_len)
         size = max(m.block_size, next_power_of_two(r))
@@ -186,8 +183,7 @@ class ContiguousMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.groups)
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:
-        m = self.m
-        assert m is not None
+        m = self.manager()
         g = data.draw(st.sampled_from(self.groups))
         r = m.reservation(g.request)
         for s in g.live_seqs():
@@ -207,8 +203,7 @@ class ContiguousMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.groups)
     @rule(data=st.data())
     def fork(self, data: st.DataObject) -> None:
-        m = self.m
-        assert m is not None
+        m = self.manager()
         g = data.draw(st.sampled_from(self.groups))
         parent = data.draw(st.sampled_from(g.live_seqs()))
         child = spawn(parent)
@@ -225,8 +220,7 @@ class ContiguousMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.groups)
     @rule(data=st.data())
     def finish_seq(self, data: st.DataObject) -> None:
-        m = self.m
-        assert m is not None
+        m = self.manager()
         g = data.draw(st.sampled_from(self.groups))
         s = data.draw(st.sampled_from(g.live_seqs()))
         _, size = m.region(s.seq_id)
@@ -243,8 +237,7 @@ class ContiguousMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.groups)
     @rule()
     def free_everything(self) -> None:
-        m = self.m
-        assert m is not None
+        m = self.manager()
         for g in self.groups:
             for s in g.seqs:
                 m.free(s.seq_id)
@@ -253,9 +246,7 @@ class ContiguousMachine(RuleBasedStateMachine):
 
     @invariant()
     def recount(self) -> None:
-        m = self.m
-        if m is None:
-            return
+        m = self.manager()
         m.check_integrity()
         tokens = reserved = frag = padding = 0
         regions = m.allocator.allocated_blocks()

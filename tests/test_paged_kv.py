@@ -9,7 +9,6 @@ import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
@@ -19,7 +18,7 @@ from hypothesis.stateful import (
 from core.kv.base import AllocStatus, KVCacheError, KVCacheManager
 from core.kv.paged import PagedKVCacheManager
 from core.request import SequenceGroup, SequenceStatus
-from tests.kv_helpers import make_group, spawn
+from tests.kv_helpers import ManagerMachine, make_group, spawn
 
 
 def grow(m: PagedKVCacheManager, g: SequenceGroup) -> list[tuple[int, int]]:
@@ -215,14 +214,13 @@ def test_prefix_cache_hit_eviction_and_errors() -> None:
         m.can_allocate(make_group(4))
 
 
-class PagedMachine(RuleBasedStateMachine):
+class PagedMachine(ManagerMachine[PagedKVCacheManager]):
     """Random admissions, growth, forks, frees and swaps against brute-force recounts."""
 
     prefix_caching = False
 
     def __init__(self) -> None:
         super().__init__()
-        self.m: PagedKVCacheManager | None = None
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
         self.content: dict[int, tuple[int, ...]] = {}  # device block -> tokens computed there
@@ -239,13 +237,12 @@ class PagedMachine(RuleBasedStateMachine):
         self.m = PagedKVCacheManager(blocks, bs, cpu, watermark, self.prefix_caching)
 
     def tables(self) -> dict[int, list[int]]:
-        assert self.m is not None
-        return {s.seq_id: self.m.block_table(s.seq_id) for g in self.running for s in g.seqs}
+        m = self.manager()
+        return {s.seq_id: m.block_table(s.seq_id) for g in self.running for s in g.seqs}
 
     @rule(prompt_len=st.integers(1, 60), n=st.integers(1, 3), base=st.integers(0, 2))
     def admit(self, prompt_len: int, n: int, base: int) -> None:
-        m = self.m
-        assert m is not None
+        m = self.manager()
         prompt = self.bases[base][:prompt_len] if self.prefix_caching else None
         g = make_group(prompt_len, 50, n, prompt)
         status = m.can_allocate(g)
@@ -276,8 +273,7 @@ class PagedMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.running)
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:
-        m = self.m
-        assert m is not None
+        m = self.manager()
         g = data.draw(st.sampled_from(self.running))
         bs, pool = m.block_size, m.device_pool
         for s in g.live_seqs():  # compute every token, record what each full block holds
@@ -320,8 +316,7 @@ class PagedMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.running)
     @rule(data=st.data())
     def fork(self, data: st.DataObject) -> None:
-        m = self.m
-        assert m is not None
+        m = self.manager()
         g = data.draw(st.sampled_from(self.running))
         parent = data.draw(st.sampled_from(g.live_seqs()))
         refs = list(m.device_pool.ref)
@@ -335,8 +330,7 @@ class PagedMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.running or self.swapped)
     @rule(data=st.data())
     def finish_seq(self, data: st.DataObject) -> None:
-        m = self.m
-        assert m is not None
+        m = self.manager()
         g = data.draw(st.sampled_from(self.running + self.swapped))
         s = data.draw(st.sampled_from(g.live_seqs()))
         m.free(s.seq_id)
@@ -351,19 +345,18 @@ class PagedMachine(RuleBasedStateMachine):
         self, g: SequenceGroup, table_of: Callable[[int], list[int]]
     ) -> list[tuple[int, list[int]]]:
         """Each seq's slots and its table renamed by first appearance (sharing pattern)."""
-        assert self.m is not None
+        m = self.manager()
         names: dict[int, int] = {}
         out = []
         for s in g.live_seqs():
             renamed = [names.setdefault(b, len(names)) for b in table_of(s.seq_id)]
-            out.append((self.m.num_slots(s.seq_id), renamed))
+            out.append((m.num_slots(s.seq_id), renamed))
         return out
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())
     def swap_out(self, data: st.DataObject) -> None:
-        m = self.m
-        assert m is not None
+        m = self.manager()
         g = data.draw(st.sampled_from(self.running))
         shape = self.structure(g, m.block_table)
         distinct = {b for s in g.live_seqs() for b in m.block_table(s.seq_id)}
@@ -382,8 +375,7 @@ class PagedMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.swapped)
     @rule(data=st.data())
     def swap_in(self, data: st.DataObject) -> None:
-        m = self.m
-        assert m is not None
+        m = self.manager()
         g = data.draw(st.sampled_from(self.swapped))
         shape = self.structure(g, m.cpu_block_table)
         if not m.can_swap_in(g):
@@ -400,9 +392,7 @@ class PagedMachine(RuleBasedStateMachine):
 
     @invariant()
     def recount(self) -> None:
-        m = self.m
-        if m is None:
-            return
+        m = self.manager()
         m.check_integrity()
         bs = m.block_size
         dev = [0] * m.num_device_blocks
