@@ -8,14 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
-from hydra import compose, initialize_config_dir
 
 from experiments import calibrate, validate
+from experiments.bench.cpu_cross_run import serve_run
 from experiments.lib.checks import ConfigError
-from experiments.serve import run
 
-CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 # 12 requests into 0.002 GiB of fp32 tiny-opt KV (2048 slots): vllm runs a real batch and
 # Poisson arrivals at 30/s leave idle gaps and mid-run arrivals.
 RUN = [
@@ -28,15 +25,7 @@ RUN = [
 
 
 def _serve(tmp: Path, overrides: list[str]) -> Path:
-    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        cfg = compose(config_name="serve", overrides=[*RUN, *overrides])
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run(cfg, tmp)
-    finally:
-        torch.set_num_threads(before)
-    return tmp
+    return serve_run(tmp, [*RUN, *overrides])
 
 
 @pytest.fixture(scope="module")
