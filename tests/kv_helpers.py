@@ -7,6 +7,7 @@ from typing import Generic, TypeVar
 
 from hypothesis.stateful import RuleBasedStateMachine
 
+from core.kv.base import KVCacheManager
 from core.request import Request, SamplingParams, Sequence, SequenceGroup
 
 _next_id = itertools.count()
@@ -34,6 +35,16 @@ def spawn(parent: Sequence) -> Sequence:
     child.status = parent.status
     parent.group.seqs.append(child)
     return child
+
+
+def admit_and_fork(m: KVCacheManager, prompt_len: int) -> tuple[SequenceGroup, Sequence]:
+    """An ``n=2`` group of ``prompt_len`` admitted to ``m``, then its first sequence forked
+    (as parallel sampling starts); returns the group and the child."""
+    g = make_group(prompt_len, n=2)
+    m.allocate(g)
+    child = spawn(g.seqs[0])
+    m.fork(g.seqs[0].seq_id, child.seq_id)
+    return g, child
 
 
 class ManagerMachine(RuleBasedStateMachine, Generic[M]):

@@ -18,7 +18,7 @@ from hypothesis.stateful import (
 from core.kv.base import AllocStatus, KVCacheError, KVCacheManager
 from core.kv.paged import PagedKVCacheManager
 from core.request import SequenceGroup, SequenceStatus
-from tests.kv_helpers import ManagerMachine, make_group, spawn
+from tests.kv_helpers import ManagerMachine, admit_and_fork, make_group, spawn
 
 
 def grow(m: PagedKVCacheManager, g: SequenceGroup) -> list[tuple[int, int]]:
@@ -78,10 +78,7 @@ def test_fork_then_copy_on_write() -> None:
 
 def test_can_append_counts_cow_exactly() -> None:
     m = PagedKVCacheManager(num_device_blocks=3, block_size=4, watermark=0.0)
-    g = make_group(prompt_len=6, n=2)
-    m.allocate(g)
-    spawn_id = spawn(g.seqs[0]).seq_id
-    m.fork(g.seqs[0].seq_id, spawn_id)
+    g, _ = admit_and_fork(m, 6)
     assert m.num_free_blocks() == 1
     assert grow(m, g) == [(1, 2)]  # exactly one block was needed
     m.check_integrity()
@@ -104,10 +101,8 @@ def test_admission_watermark_and_never() -> None:
 
 def test_swap_round_trip_keeps_sharing() -> None:
     m = PagedKVCacheManager(num_device_blocks=12, block_size=4, num_cpu_blocks=4, watermark=0.0)
-    g = make_group(prompt_len=9, n=2)
-    m.allocate(g)
-    a, b = g.seqs[0], spawn(g.seqs[0])
-    m.fork(a.seq_id, b.seq_id)
+    g, b = admit_and_fork(m, 9)
+    a = g.seqs[0]
     assert m.can_swap_out(g)
     pairs = m.swap_out(g)
     assert len(pairs) == 3 and m.num_free_blocks() == 12 and m.num_free_cpu_blocks() == 1
@@ -449,10 +444,7 @@ def test_prefix_cache_indexes_only_computed_blocks() -> None:
 
 def test_recompute_of_a_forked_group_gives_each_seq_its_own_blocks() -> None:
     m = PagedKVCacheManager(num_device_blocks=8, block_size=4, watermark=0.0)
-    g = make_group(prompt_len=6, n=2)
-    m.allocate(g)
-    child = spawn(g.seqs[0])
-    m.fork(g.seqs[0].seq_id, child.seq_id)
+    g, _ = admit_and_fork(m, 6)
     grow(m, g)
     for s in g.seqs:  # preempted by recompute
         m.free(s.seq_id)

@@ -14,15 +14,12 @@ from core.systems import build_scheduler
 from core.workload.spec import build_workload
 from sim.cost.roofline import RooflineCostModel
 from sim.driver import simulate
-from tests.kv_helpers import make_group, spawn
+from tests.kv_helpers import admit_and_fork, make_group
 
 
 def test_breakdown_counts_blocks_with_and_without_sharing() -> None:
     m = PagedKVCacheManager(num_device_blocks=10, block_size=4, watermark=0.0)
-    g = make_group(prompt_len=6, n=2)
-    m.allocate(g)
-    child = spawn(g.seqs[0])
-    m.fork(g.seqs[0].seq_id, child.seq_id)
+    admit_and_fork(m, 6)
     b = m.breakdown()
     assert (b.physical_blocks, b.logical_blocks) == (2, 4)
     assert b.logical_blocks - b.physical_blocks == m.blocks_saved_by_sharing()
