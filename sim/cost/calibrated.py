@@ -2,8 +2,8 @@
 
 ``duration ≈ c0 + c1 · t_linear + c2 · t_attn + c3 · t_bytes`` with all ``c ≥ 0``, where
 the basis times are at datasheet peak (efficiency 1): ``t_linear`` = linear-layer FLOPs /
-peak, ``t_attn`` = attention FLOPs / peak, ``t_bytes`` = (weights + K/V read and written)
-/ bandwidth (see :mod:`sim.cost.roofline` for the counts). ``c0`` is the per-step overhead
+peak, ``t_attn`` = attention FLOPs / peak, ``t_bytes`` = (weights + activations + K/V read
+and written) / bandwidth, all from :func:`sim.cost.work.count_work`. ``c0`` is the per-step overhead
 and ``1 / c1`` reads as the matmul efficiency. Swaps and block copies are not fitted; they
 are priced by the roofline model at default efficiency and added.
 """
@@ -20,6 +20,7 @@ from core.defaults import DEFAULT_BLOCK_SIZE
 from core.plan import BatchShape
 from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.cost.roofline import RooflineCostModel
+from sim.cost.work import count_work
 
 TERMS = ("constant", "linear_flop_time", "attn_flop_time", "byte_time")
 REQUIRED_COLUMNS = (
@@ -106,14 +107,16 @@ class CalibratedCostModel:
         decode_ctx_tokens: Any,
     ) -> tuple[Any, Any, Any, Any]:
         """The four basis times (scalars or numpy arrays, elementwise)."""
-        rf = self.roofline
-        tokens = prefill_tokens + decode_seqs
-        lin = (
-            tokens * rf.flops_per_token + (prefill_seqs + decode_seqs) * rf.flops_per_logit
-        ) / self._peak
-        attn = (prefill_attn_pairs + decode_ctx_tokens) * rf.flops_per_pair / self._peak
-        kv = (decode_ctx_tokens + prefill_kv_read_tokens + tokens) * rf.kv_bytes_per_token
-        byte = (rf.weight_bytes * (tokens > 0) + kv) / self._bw
+        lf, lb, af, ab = count_work(
+            self.roofline.work_coefficients,
+            prefill_tokens,
+            prefill_seqs,
+            prefill_attn_pairs,
+            prefill_kv_read_tokens,
+            decode_seqs,
+            decode_ctx_tokens,
+        )
+        lin, attn, byte = lf / self._peak, af / self._peak, (lb + ab) / self._bw
         return 1.0 + 0.0 * lin, lin, attn, byte
 
     @classmethod
