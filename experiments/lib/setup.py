@@ -33,6 +33,7 @@ from sim.catalog import GPUSpec, ModelSpec, model_from_config, resolve_gpu
 from sim.cost import CostModel, Efficiency, build_cost_model
 
 GIB = 1024**3
+REPO_ROOT = Path(__file__).resolve().parents[2]  # relative profile paths start here
 log = logging.getLogger(__name__)
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -217,8 +218,11 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
         extra["efficiency"] = Efficiency().with_values(
             {k: "set in the run's config (cost group)" for k in overrides}, **overrides
         )
-    if kind == "roofline":
+    if kind in ("roofline", "profiled"):
         extra.setdefault("block_size", block_size(c["system"]))
+    if kind == "profiled" and extra.get("profile") is not None:
+        path = Path(str(extra["profile"]))  # relative: from the repository root
+        extra["profile"] = path if path.is_absolute() else REPO_ROOT / path
     if kind == "calibrated" and extra.get("path"):
         return calibrated_from_file(Path(extra["path"]), model, gpu, tp)
     try:

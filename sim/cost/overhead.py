@@ -174,8 +174,9 @@ STACKS: dict[str, Stack] = {
         "vllm-2023", A100_CPU_OVERHEAD[1], False, FIG18A_GATHER_TOKENS_PER_BLOCK, True,
         MEMCPY_LATENCY_S, 2,
         "eager PyTorch, Python scheduler and sampler, synchronous: step = GPU + CPU",
-        {"cpu": "see the CPU fit below", "overlap": "vLLM v0.1 (2023) ran schedule, input "
-         "preparation, the model, the sampler and output processing one after another",
+        {"cpu": "the tp-1 fit above (tp >= 2: the tp >= 2 fit)",
+         "overlap": "vLLM v0.1 (2023) ran schedule, input preparation, the model, the "
+         "sampler and output processing one after another",
          **_KERNEL_SOURCES},
     ),
     "vllm-v1": Stack(

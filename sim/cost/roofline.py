@@ -91,32 +91,49 @@ class RooflineCostModel:
             "attn_bytes": float(ab),
         }
 
+    def gpu_parts(self, shape: BatchShape) -> tuple[float, float]:
+        """Seconds of the linear part and of the attention part of a non-empty step
+        (attention includes the stack's per-block gather and last-block waste)."""
+        fr, br = self._flop_rate, self._byte_rate
+        lf, lb, af, ab = count_work(
+            self.work_coefficients,
+            shape.prefill_tokens,
+            shape.prefill_seqs,
+            shape.prefill_attn_pairs,
+            shape.prefill_kv_read_tokens,
+            shape.decode_seqs,
+            shape.decode_ctx_tokens,
+        )
+        if not self._plain:
+            ab += self.kv_bytes_per_token * extra_kv_tokens(
+                self.stack, shape.decode_seqs, shape.decode_ctx_tokens, self.block_size
+            )
+        # max(a, b) as conditionals: the same float, without two builtin calls
+        a, b = lf / fr, lb / br
+        c, d = af / fr, ab / br
+        return (a if a >= b else b), (c if c >= d else d)
+
+    def allreduce_time(self, tokens: int) -> float:
+        """Seconds of the step's all-reduces (0 at tp 1)."""
+        if not self._allreduce_calls:
+            return 0.0
+        return tokens * self._allreduce_s_per_token + self._allreduce_fixed_s
+
     def step_time(self, shape: BatchShape) -> float:
         """Seconds for one step; 0 for an empty shape."""
-        decode_seqs = shape.decode_seqs
-        tokens = shape.prefill_tokens + decode_seqs
+        tokens = shape.prefill_tokens + shape.decode_seqs
         t = 0.0
         if tokens:
-            fr, br = self._flop_rate, self._byte_rate
-            lf, lb, af, ab = count_work(
-                self.work_coefficients,
-                shape.prefill_tokens,
-                shape.prefill_seqs,
-                shape.prefill_attn_pairs,
-                shape.prefill_kv_read_tokens,
-                decode_seqs,
-                shape.decode_ctx_tokens,
-            )
-            if not self._plain:
-                ab += self.kv_bytes_per_token * extra_kv_tokens(
-                    self.stack, decode_seqs, shape.decode_ctx_tokens, self.block_size
-                )
-            # max(a, b) as conditionals: the same float, without two builtin calls
-            a, b = lf / fr, lb / br
-            c, d = af / fr, ab / br
-            t = (a if a >= b else b) + (c if c >= d else d)
+            lin, attn = self.gpu_parts(shape)
+            t = lin + attn
             if self._allreduce_calls:
-                t += tokens * self._allreduce_s_per_token + self._allreduce_fixed_s
+                t += self.allreduce_time(tokens)
+        return self.finish(t, shape)
+
+    def finish(self, gpu_s: float, shape: BatchShape) -> float:
+        """Add to the operators' ``gpu_s`` the transfers, the per-step overhead and the
+        stack's CPU time (nothing to an empty step)."""
+        t = gpu_s
         if shape.swap_in_blocks or shape.swap_out_blocks or shape.copy_blocks:
             t += self.transfer_time(shape)  # else it adds exactly 0.0
         if t > 0.0:

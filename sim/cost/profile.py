@@ -1,0 +1,205 @@
+"""Per-operator GPU profiles: kvlab's format and Vidur's, read into one table.
+
+kvlab's format (``experiments/bench/profile_gpu.py`` writes it): ``operator_profile.csv``
+with columns ``op,num_tokens,context_tokens,time_ms`` and a sidecar
+``operator_profile.json`` ``{"format": "kvlab-operator-profile/1", "model", "gpu",
+"dtype", "tp", "block_size", "date", "command", "torch", "triton"}``. Times are medians in
+milliseconds, per decoder layer except ``lm_head`` (whole model):
+
+- ``linear``: the decoder layer's matmuls (QKV, O, MLP) for ``num_tokens`` rows;
+- ``other``: norms, activation, residual adds, rotary for ``num_tokens`` rows;
+- ``attn_prefill``: causal prefill attention of one sequence of ``num_tokens`` tokens
+  (``context_tokens == num_tokens``);
+- ``attn_decode``: paged decode attention of ``num_tokens`` sequences whose contexts sum to
+  ``context_tokens``;
+- ``lm_head``: logits for ``num_tokens`` rows.
+
+Vidur's format (``mlp_<model>.csv``, e.g. ``../shared/measurements/vidur/a100/``): one row
+per ``num_tokens`` and ``num_tensor_parallel_workers`` with ``time_stats.<op>.median``
+columns (ms, per layer; a token count that appears twice is averaged). ``linear`` =
+attn_pre_proj + attn_post_proj + mlp_up_proj + mlp_down_proj; ``other`` =
+input_layernorm + attn_rope + post_attention_layernorm + mlp_act + add. It has no
+attention or LM-head rows; the shape comes from its ``n_head``, ``n_kv_head``, ``n_embd``,
+``n_expanded_embd``, ``use_gated_mlp`` columns and the GPU from its directory (Vidur
+profiles ``a100`` on A100 80GB and ``h100`` on H100, per Vidur's README).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "kvlab-operator-profile/1"
+OPS = ("linear", "other", "attn_prefill", "attn_decode", "lm_head")
+REQUIRED_OPS = ("linear", "other")
+VIDUR_LINEAR = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+VIDUR_OTHER = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+VIDUR_GPUS = {"a100": "a100-80gb", "h100": "h100"}
+
+
+class ProfileError(ValueError):
+    """A profile file is malformed; the message names the file and row."""
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What a per-layer profile needs to know about the profiled model to be transferred:
+    hidden size, query/KV widths, MLP width and gating."""
+
+    hidden_size: int
+    q_size: int
+    kv_size: int
+    ffn_hidden_size: int
+    gated_mlp: bool
+    head_dim: int
+    num_heads: int
+
+
+@dataclass
+class OperatorProfile:
+    """Per-op arrays ``(num_tokens, context_tokens, time_s)`` sorted by size, with where the
+    profile was measured. ``model`` is a catalog name or None (then ``layer_shape``)."""
+
+    ops: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+    gpu: str
+    tp: int
+    model: str | None
+    layer_shape: LayerShape | None
+    block_size: int | None
+    source: str
+    meta: dict[str, object] = field(default_factory=dict)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    try:
+        with path.open(newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read ({e.strerror})") from e
+
+
+def _check(
+    path: Path, op: str, n: np.ndarray, c: np.ndarray, t: np.ndarray, rows: list[int]
+) -> None:
+    for i in range(len(t)):
+        if not (t[i] >= 0 and np.isfinite(t[i])):
+            raise ProfileError(f"{path}: row {rows[i]}: op {op} has time {t[i] * 1e3:g} ms (< 0)")
+        if n[i] < 1 or c[i] < 0:
+            raise ProfileError(f"{path}: row {rows[i]}: op {op} has sizes ({n[i]:g}, {c[i]:g})")
+    keys = list(zip(n.tolist(), c.tolist(), strict=True))
+    for i in range(1, len(keys)):
+        if keys[i] <= keys[i - 1]:
+            raise ProfileError(
+                f"{path}: row {rows[i]}: op {op} sizes not increasing "
+                f"({keys[i - 1]} then {keys[i]})"
+            )
+
+
+def read_kvlab_profile(path: Path | str) -> OperatorProfile:
+    """``path``: ``operator_profile.csv`` or the directory holding it and its sidecar."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "operator_profile.csv"
+    side = p.with_suffix(".json")
+    try:
+        meta = json.loads(side.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ProfileError(f"{side}: cannot read the profile's sidecar ({e})") from e
+    if meta.get("format") != FORMAT:
+        raise ProfileError(f"{side}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    for key in ("model", "gpu", "tp"):
+        if key not in meta:
+            raise ProfileError(f"{side}: missing key {key!r}")
+    by_op: dict[str, list[tuple[float, float, float, int]]] = {}
+    for i, r in enumerate(_rows(p), start=2):  # row numbers as a text editor shows them
+        try:
+            op = r["op"]
+            item = (float(r["num_tokens"]), float(r["context_tokens"]), float(r["time_ms"]), i)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProfileError(
+                f"{p}: row {i}: need op,num_tokens,context_tokens,time_ms ({e})"
+            ) from e
+        if op not in OPS:
+            raise ProfileError(f"{p}: row {i}: unknown op {op!r}; known: {', '.join(OPS)}")
+        by_op.setdefault(op, []).append(item)
+    missing = [o for o in OPS if o not in by_op]
+    if missing:
+        raise ProfileError(f"{p}: missing operators {', '.join(missing)}")
+    ops = {}
+    for op, items in by_op.items():
+        n, c, t = (np.array([x[j] for x in items]) for j in range(3))
+        _check(p, op, n, c, t / 1e3, [x[3] for x in items])
+        ops[op] = (n, c, t / 1e3)
+    bs = meta.get("block_size")
+    return OperatorProfile(
+        ops, str(meta["gpu"]), int(meta["tp"]), str(meta["model"]), None,
+        None if bs is None else int(bs),
+        f"kvlab operator profile {p} ({meta.get('model')} on {meta.get('gpu')}, "
+        f"{meta.get('date', 'undated')})",
+        meta,
+    )  # fmt: skip
+
+
+def read_vidur_profile(path: Path | str, tp: int = 1) -> OperatorProfile:
+    """Vidur's ``mlp_<model>.csv``: the rows with ``num_tensor_parallel_workers == tp``."""
+    p = Path(path)
+    gpu_dir = p.parent.name
+    if gpu_dir not in VIDUR_GPUS:
+        raise ProfileError(
+            f"{p}: GPU directory {gpu_dir!r} unknown; known: {', '.join(VIDUR_GPUS)}"
+        )
+    picked: list[tuple[float, float, float, int, dict[str, str]]] = []
+    for i, r in enumerate(_rows(p), start=2):
+        try:
+            if int(r["num_tensor_parallel_workers"]) != tp:
+                continue
+            lin = sum(float(r[f"time_stats.{o}.median"]) for o in VIDUR_LINEAR)
+            oth = sum(float(r[f"time_stats.{o}.median"]) for o in VIDUR_OTHER)
+            picked.append((float(r["num_tokens"]), lin, oth, i, r))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProfileError(f"{p}: row {i}: bad or missing Vidur column ({e})") from e
+    if not picked:
+        raise ProfileError(f"{p}: no rows with num_tensor_parallel_workers == {tp}")
+    picked.sort(key=lambda x: x[0])
+    merged: dict[float, list[tuple[float, float, float, int, dict[str, str]]]] = {}
+    for x in picked:  # Vidur repeats some token counts: their mean
+        merged.setdefault(x[0], []).append(x)
+    picked = [
+        (k, float(np.mean([x[1] for x in v])), float(np.mean([x[2] for x in v])), v[0][3], v[0][4])
+        for k, v in merged.items()
+    ]
+    n = np.array([x[0] for x in picked])
+    rows = [x[3] for x in picked]
+    zeros = np.zeros(len(n))
+    ops = {}
+    for j, op in ((1, "linear"), (2, "other")):
+        t = np.array([x[j] for x in picked]) / 1e3
+        _check(p, op, n, zeros, t, rows)
+        ops[op] = (n, zeros, t)
+    r0 = picked[0][4]
+    h, heads, kv_heads = int(r0["n_embd"]), int(r0["n_head"]), int(r0["n_kv_head"])
+    hd = h // heads
+    shape = LayerShape(
+        h, heads * hd, kv_heads * hd, int(r0["n_expanded_embd"]),
+        r0["use_gated_mlp"].strip().lower() == "true", hd, heads,
+    )  # fmt: skip
+    return OperatorProfile(
+        ops, VIDUR_GPUS[gpu_dir], tp, None, shape, None,
+        f"Vidur profile {gpu_dir}/{p.name} (microsoft/vidur 7d47513, MIT), tp {tp}, "
+        f"{len(n)} token counts {int(n[0])}-{int(n[-1])}",
+    )  # fmt: skip
+
+
+def read_profile(path: Path | str, tp: int = 1) -> OperatorProfile:
+    """Either format: a directory or ``operator_profile.csv`` is kvlab's, any other CSV
+    Vidur's (its ``tp`` rows)."""
+    p = Path(path)
+    if not p.exists():
+        raise ProfileError(f"{p}: no such profile file or directory")
+    if p.is_dir() or p.name == "operator_profile.csv":
+        return read_kvlab_profile(p)
+    return read_vidur_profile(p, tp)

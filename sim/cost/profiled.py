@@ -1,0 +1,268 @@
+"""Step time from a measured per-operator profile (``cost=profiled``).
+
+Per step: ``layers × (linear(N) + other(N)) + lm_head(rows) + attention`` where ``N`` is the
+step's tokens and ``rows`` its sampled rows, plus all-reduces, transfers and the stack's
+CPU time (as in :class:`~sim.cost.roofline.RooflineCostModel`).
+
+When the profile was measured on the simulated model, GPU and tp, its times are used as
+they are (linear interpolation between token counts, linear extrapolation past the ends).
+Otherwise each operator is *transferred*:
+
+- ``linear``: ``profile(N) × roofline_target(N) / roofline_profiled(N)``, the roofline at
+  datasheet peaks of each side's GPU with the layer's FLOPs and bytes
+  (:mod:`sim.cost.work`): the profile gives the achieved fraction of the roofline at each
+  token count (small batches reach neither peak), the target keeps that fraction;
+- ``other`` (elementwise, launch-bound at small N): ``profile(N × hidden_t / hidden_p)``;
+  not rescaled between GPUs;
+- ``lm_head`` (when not profiled on the target): the LM head's roofline at the linear
+  operator's achieved fraction for the same row count;
+- attention, when the profile has none (Vidur's tables): the roofline's attention at the
+  profile's achieved fractions, memory = the linear operator's at its smallest token count
+  (a weight stream), compute = at its largest; the stack's per-block gather and last-block
+  waste come on top. With kvlab's ``attn_decode`` rows: per sequence count, time is linear
+  in context tokens (least squares), interpolated over sequence counts, rescaled by K/V
+  bytes per token and bandwidth when transferred, and the stack's per-block terms adjust
+  for a block size other than the profiled one. ``attn_prefill``: prefill sequences of
+  equal length ``tokens / seqs`` (BatchShape keeps sums), rescaled by FLOPs per pair and
+  peak when transferred.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.plan import BatchShape
+from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
+from sim.cost.efficiency import Efficiency
+from sim.cost.overhead import Stack, describe_stack, extra_kv_tokens
+from sim.cost.profile import LayerShape, OperatorProfile, read_profile
+from sim.cost.roofline import RooflineCostModel
+
+DENSE_TOKENS = 8192  # token counts priced by table lookup; larger ones are computed
+
+
+def _interp(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
+    """Piecewise-linear through the points, linear extrapolation past both ends, >= 0."""
+    y = np.interp(x, xp, fp)
+    if len(xp) > 1:
+        lo, hi = x < xp[0], x > xp[-1]
+        y = np.where(lo, fp[0] + (x - xp[0]) * (fp[1] - fp[0]) / (xp[1] - xp[0]), y)
+        y = np.where(hi, fp[-1] + (x - xp[-1]) * (fp[-1] - fp[-2]) / (xp[-1] - xp[-2]), y)
+    return np.maximum(y, 0.0)
+
+
+def _layer_of(spec: ModelSpec) -> LayerShape:
+    return LayerShape(
+        spec.hidden_size, spec.q_size, spec.kv_size, spec.ffn_hidden_size, spec.gated_mlp,
+        spec.head_dim, spec.num_heads,
+    )  # fmt: skip
+
+
+def _layer_work(s: LayerShape, tp: int) -> tuple[float, float]:
+    """(matmul weight elements, activation elements per token) of one layer per GPU."""
+    h, f = s.hidden_size, s.ffn_hidden_size
+    params = h * s.q_size + 2 * h * s.kv_size + s.q_size * h + (3 if s.gated_mlp else 2) * h * f
+    g = 2 if s.gated_mlp else 1
+    act = 4 * h + (s.q_size + 2 * s.kv_size + 3 * s.q_size + 2 * (g + 1) * f) / tp
+    return params / tp, act
+
+
+class ProfiledCostModel:
+    """Step time of ``model`` on ``tp`` × ``gpu`` from ``profile``; see the module doc."""
+
+    def __init__(
+        self,
+        profile: OperatorProfile | str | Path,
+        model: ModelSpec | str,
+        gpu: GPUSpec | str,
+        tp: int = 1,
+        dtype_bytes: int = 2,
+        block_size: int = 16,
+        stack: str | Stack | None = None,
+    ) -> None:
+        self.model = m = get_model(model)
+        self.gpu = g = get_gpu(gpu)
+        self.tp = tp
+        self.profile = prof = (
+            profile if isinstance(profile, OperatorProfile) else read_profile(profile, tp)
+        )
+        gp = get_gpu(prof.gpu)
+        ref = _layer_of(get_model(prof.model)) if prof.model else prof.layer_shape
+        assert ref is not None
+        self.same = prof.model == m.name and gp.name == g.name and prof.tp == tp
+        p_t, act_t = _layer_work(_layer_of(m), tp)
+        p_p, act_p = _layer_work(ref, prof.tp)
+
+        def roof(params: float, act: float, spec: GPUSpec, n: np.ndarray) -> np.ndarray:
+            return np.maximum(
+                2 * params * n / spec.peak_flops,
+                (params + n * act) * dtype_bytes / spec.mem_bandwidth,
+            )
+
+        n_lin, _, t_lin = prof.ops["linear"]
+        n_oth, _, t_oth = prof.ops["other"]
+        self._achieved = roof(p_p, act_p, gp, n_lin) / t_lin  # fraction of the roofline
+        hidden_ratio = m.hidden_size / ref.hidden_size
+
+        def layer_s(n: np.ndarray) -> np.ndarray:
+            lin = _interp(n, n_lin, t_lin)
+            if not self.same:
+                lin = lin * roof(p_t, act_t, g, n) / roof(p_p, act_p, gp, n)
+            oth = _interp(n if self.same else n * hidden_ratio, n_oth, t_oth)
+            return m.num_layers * (lin + oth)
+
+        h, vocab = m.hidden_size, m.vocab_size
+        lm_params, lm_act = h * vocab / tp, h + vocab / tp
+
+        def lm_head_s(rows: np.ndarray) -> np.ndarray:
+            if self.same and "lm_head" in prof.ops:
+                n, _, t = prof.ops["lm_head"]
+                return _interp(rows, n, t)
+            frac = _interp(rows, n_lin, self._achieved)
+            return roof(lm_params, lm_act, g, rows) / np.maximum(frac, 1e-9)
+
+        self._layer_fn, self._lm_fn = layer_s, lm_head_s
+        dense = np.arange(DENSE_TOKENS + 1, dtype=float)
+        self._layer = [0.0, *layer_s(dense[1:]).tolist()]
+        self._lm = [0.0, *lm_head_s(dense[1:]).tolist()]
+        mem = float(min(1.0, self._achieved[0]))
+        comp = float(min(1.0, self._achieved[-1]))
+        eff = Efficiency().with_values(
+            {
+                "compute": f"achieved fraction of the roofline of the profile's linear "
+                f"operator at its largest token count ({int(n_lin[-1])}): {prof.source}",
+                "memory": f"achieved fraction of the roofline of the profile's linear "
+                f"operator at its smallest token count ({int(n_lin[0])}): {prof.source}",
+            },
+            compute=comp,
+            memory=mem,
+        )
+        self.roofline = RooflineCostModel(m, g, tp, dtype_bytes, eff, block_size, stack)
+        self.stack = self.roofline.stack
+        self.block_size = block_size
+        self._decode_fit = self._fit_decode(prof, m, g, gp, ref, tp, dtype_bytes)
+        self._prefill = self._prefill_table(prof, m, g, gp, ref, tp)
+
+    def _fit_decode(
+        self, prof: OperatorProfile, m: ModelSpec, g: GPUSpec, gp: GPUSpec,
+        ref: LayerShape, tp: int, dtype_bytes: int,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:  # fmt: skip
+        """Per profiled sequence count: (seqs, intercept s, seconds per context token), for
+        all layers of the target."""
+        if "attn_decode" not in prof.ops:
+            return None
+        n, c, t = prof.ops["attn_decode"]
+        scale = 1.0
+        if not self.same:
+            kv_t = 2 * (m.num_kv_heads // tp if m.num_kv_heads >= tp else 1) * m.head_dim
+            kv_p = 2 * max(1, ref.kv_size // ref.head_dim // prof.tp) * ref.head_dim
+            scale = (kv_t / kv_p) * (gp.mem_bandwidth / g.mem_bandwidth)
+        seqs, a, b = [], [], []
+        for s in np.unique(n):
+            sel = n == s
+            cs, ts = c[sel], t[sel]
+            if len(cs) > 1 and np.ptp(cs) > 0:
+                slope, icpt = np.polyfit(cs, ts, 1)
+            else:
+                slope, icpt = ts[0] / max(cs[0], 1.0), 0.0
+            seqs.append(s)
+            a.append(max(icpt, 0.0) * scale * m.num_layers)
+            b.append(max(slope, 0.0) * scale * m.num_layers)
+        del dtype_bytes
+        return np.array(seqs), np.array(a), np.array(b)
+
+    def _prefill_table(
+        self, prof: OperatorProfile, m: ModelSpec, g: GPUSpec, gp: GPUSpec,
+        ref: LayerShape, tp: int,
+    ) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
+        if "attn_prefill" not in prof.ops:
+            return None
+        n, _, t = prof.ops["attn_prefill"]
+        scale = float(m.num_layers)
+        if not self.same:
+            heads_t, heads_p = m.num_heads // tp, ref.num_heads // prof.tp
+            scale *= (heads_t * m.head_dim) / (heads_p * ref.head_dim)
+            scale *= gp.peak_flops / g.peak_flops
+        return n, t * scale
+
+    def _decode_attn_s(self, seqs: int, ctx: int) -> float:
+        assert self._decode_fit is not None
+        s, a, b = self._decode_fit
+        x = np.array([float(seqs)])
+        if seqs > s[-1]:  # beyond the profile: intercept per sequence, same slope
+            icpt, slope = a[-1] * seqs / s[-1], b[-1]
+        else:
+            icpt, slope = float(np.interp(x, s, a)[0]), float(np.interp(x, s, b)[0])
+        bs_p = self.profile.block_size or self.block_size
+        extra = extra_kv_tokens(self.stack, seqs, ctx, self.block_size) - extra_kv_tokens(
+            self.stack, seqs, ctx, bs_p
+        )
+        return max(icpt + slope * (ctx + extra), 0.0)
+
+    def _attention_s(self, shape: BatchShape) -> float:
+        if self._decode_fit is None and self._prefill is None:
+            return self.roofline.gpu_parts(shape)[1]
+        t = 0.0
+        if shape.decode_seqs:
+            t += self._decode_attn_s(shape.decode_seqs, shape.decode_ctx_tokens)
+        if shape.prefill_seqs and self._prefill is not None:
+            n, tt = self._prefill
+            length = np.array([shape.prefill_tokens / shape.prefill_seqs])
+            t += shape.prefill_seqs * float(_interp(length, n, tt)[0])
+        return t
+
+    def gpu_seconds(self, shape: BatchShape) -> float:
+        """Operator seconds of a step (no transfers, no CPU)."""
+        tokens = shape.prefill_tokens + shape.decode_seqs
+        if not tokens:
+            return 0.0
+        rows = shape.prefill_seqs + shape.decode_seqs
+        if tokens <= DENSE_TOKENS:
+            lin = self._layer[tokens] + self._lm[rows]
+        else:
+            lin = float(self._layer_fn(np.array([float(tokens)]))[0])
+            lin += float(self._lm_fn(np.array([float(rows)]))[0])
+        return lin + self._attention_s(shape) + self.roofline.allreduce_time(tokens)
+
+    def step_time(self, shape: BatchShape) -> float:
+        """Seconds for one step; 0 for an empty shape."""
+        return self.roofline.finish(self.gpu_seconds(shape), shape)
+
+    def config(self) -> dict[str, Any]:
+        rf = self.roofline
+        return {
+            "kind": "profiled",
+            "model": self.model.name,
+            "gpu": self.gpu.name,
+            "tp": self.tp,
+            "block_size": self.block_size,
+            "stack": self.stack.name,
+            "profile": self.profile.source,
+            "transferred": not self.same,
+            "dtype_bytes": rf.dtype_bytes,
+        }
+
+    def describe(self) -> str:
+        prof = self.profile
+        how = "used as measured" if self.same else (
+            f"transferred from {prof.model or 'the profiled layer shape'} on {prof.gpu} "
+            f"(tp {prof.tp}) by the roofline ratio at each token count"
+        )  # fmt: skip
+        n, _, _ = prof.ops["linear"]
+        pts = [1, 16, 64, 256, 1024, 4096]
+        frac = _interp(np.array(pts, dtype=float), n, self._achieved)
+        curve = ", ".join(f"{p}: {f:.2f}" for p, f in zip(pts, frac, strict=True))
+        attn = "profiled" if self._decode_fit is not None else "roofline at the efficiencies below"
+        lines = [
+            f"profiled cost model: {self.model.name} on {self.tp} × {self.gpu.name} "
+            f"(block {self.block_size})",
+            f"  profile: {prof.source}; {how}",
+            f"  linear operator, achieved fraction of roofline by tokens/step: {curve}",
+            f"  attention: {attn}",
+            self.roofline.efficiency.describe(),
+            describe_stack(self.stack),
+        ]
+        return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""cost=profiled: reading kvlab's and Vidur's profile formats, using and transferring them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.plan import BatchShape
+from sim.cost import ProfiledCostModel, RooflineCostModel, build_cost_model
+from sim.cost.profile import FORMAT, ProfileError, read_profile
+
+VIDUR_A100 = Path(__file__).resolve().parents[1].parent / (
+    "shared/measurements/vidur/a100/mlp_llama-2-7b.csv"
+)
+needs_vidur = pytest.mark.skipif(not VIDUR_A100.exists(), reason="../shared not present")
+
+
+def write_profile(d: Path, rows: list[tuple[str, int, int, float]], **meta: object) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    lines = ["op,num_tokens,context_tokens,time_ms", *(f"{o},{n},{c},{t}" for o, n, c, t in rows)]
+    (d / "operator_profile.csv").write_text("\n".join(lines) + "\n")
+    side = {"format": FORMAT, "model": "opt-13b", "gpu": "a100-40gb", "dtype": "float16",
+            "tp": 1, "block_size": 16, "date": "2026-11-30", "command": "synthetic",
+            "torch": "-", "triton": "-", **meta}  # fmt: skip
+    (d / "operator_profile.json").write_text(json.dumps(side))
+    return d
+
+
+def synthetic_rows() -> list[tuple[str, int, int, float]]:
+    """Times of a made-up GPU: linear 0.5 ms + 1 us/token, other 0.02 ms + 0.01 us/token,
+    prefill quadratic, decode 0.01 ms + 0.1 us per context token, lm head 1 ms + 5 us/row."""
+    rows: list[tuple[str, int, int, float]] = []
+    for n in (1, 8, 64, 512, 2048):
+        rows.append(("linear", n, 0, 0.5 + 1e-3 * n))
+        rows.append(("other", n, 0, 0.02 + 1e-5 * n))
+        rows.append(("attn_prefill", n, n, 1e-6 * n * n + 0.01))
+        rows.append(("lm_head", n, 0, 1.0 + 5e-3 * n))
+    for s in (1, 8, 64):
+        for ctx in (s * 16, s * 256, s * 1024):
+            rows.append(("attn_decode", s, ctx, 0.01 + 1e-4 * ctx))
+    return rows
+
+
+def test_profile_used_as_measured_on_its_own_model(tmp_path: Path) -> None:
+    m = ProfiledCostModel(write_profile(tmp_path / "p", synthetic_rows()), "opt-13b", "a100-40gb")
+    assert m.same
+    shape = BatchShape(decode_seqs=8, decode_ctx_tokens=8 * 256)
+    layers = 40
+    expected_ms = (
+        layers * (0.5 + 8e-3 + 0.02 + 8e-5)  # linear + other at 8 tokens
+        + (1.0 + 5e-3 * 8)  # lm head, 8 rows
+        + layers * (0.01 + 1e-4 * 8 * 256)  # decode attention
+    )
+    assert m.gpu_seconds(shape) * 1e3 == pytest.approx(expected_ms, rel=1e-9)
+    assert m.step_time(BatchShape()) == 0.0
+    assert "used as measured" in m.describe()
+
+
+def test_profiled_step_time_is_monotone_in_tokens_and_context(tmp_path: Path) -> None:
+    m = ProfiledCostModel(write_profile(tmp_path / "p", synthetic_rows()), "opt-13b",
+                          "a100-40gb", stack="vllm-2023")  # fmt: skip
+    for n in (1, 8, 64, 256):
+        ts = [m.step_time(BatchShape(decode_seqs=n, decode_ctx_tokens=n * c))
+              for c in (16, 256, 1024, 2048)]  # fmt: skip
+        assert ts == sorted(ts) and ts[0] < ts[-1]
+    by_prefill = [m.step_time(BatchShape(prefill_tokens=t, prefill_seqs=1,
+                                         prefill_attn_pairs=t * (t + 1) // 2))
+                  for t in (16, 128, 512, 2048, 9000)]  # fmt: skip
+    assert by_prefill == sorted(by_prefill) and by_prefill[0] < by_prefill[-1]
+
+
+def test_block_size_other_than_profiled_adds_or_removes_gather_cost(tmp_path: Path) -> None:
+    d = write_profile(tmp_path / "p", synthetic_rows())
+    shape = BatchShape(decode_seqs=8, decode_ctx_tokens=8 * 512)
+    t = {b: ProfiledCostModel(d, "opt-13b", "a100-40gb", block_size=b, stack="vllm-2023")
+         .gpu_seconds(shape) for b in (1, 16, 64)}  # fmt: skip
+    assert t[1] > t[16] and t[64] != t[16]
+    plain = ProfiledCostModel(d, "opt-13b", "a100-40gb", block_size=1)
+    assert plain.gpu_seconds(shape) == pytest.approx(t[16])  # stack none: no block terms
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([r for r in synthetic_rows() if r[0] != "lm_head"], "missing operators lm_head"),
+        ([*synthetic_rows()[:4], ("linear", 1, 0, 0.7), *synthetic_rows()[4:]],
+         r"row 6: op linear sizes not increasing"),
+        ([("linear", 1, 0, -0.5), *synthetic_rows()[1:]], r"row 2: op linear has time -0.5 ms"),
+        ([("matmul", 1, 0, 0.5), *synthetic_rows()], r"row 2: unknown op 'matmul'"),
+    ],
+)  # fmt: skip
+def test_bad_profile_names_file_and_row(tmp_path: Path, rows: list, message: str) -> None:
+    d = write_profile(tmp_path / "bad", rows)
+    with pytest.raises(ProfileError, match=message) as e:
+        read_profile(d)
+    assert "operator_profile.csv" in str(e.value)
+
+
+def test_bad_sidecar_and_missing_file(tmp_path: Path) -> None:
+    d = write_profile(tmp_path / "p", synthetic_rows(), format="other/2")
+    with pytest.raises(ProfileError, match=r"operator_profile\.json: format 'other/2'"):
+        read_profile(d)
+    with pytest.raises(ProfileError, match="no such profile"):
+        read_profile(tmp_path / "nothing.csv")
+    with pytest.raises(ValueError, match="needs profile="):
+        build_cost_model("profiled", "opt-13b", "a100-40gb")
+
+
+@needs_vidur
+def test_vidur_profile_transfers_by_achieved_fraction() -> None:
+    prof = read_profile(VIDUR_A100, tp=1)
+    assert prof.gpu == "a100-80gb" and set(prof.ops) == {"linear", "other"}
+    m = ProfiledCostModel(prof, "opt-13b", "a100-40gb", stack="vllm-2023")
+    roof = RooflineCostModel("opt-13b", "a100-40gb")
+    # achieved fraction: below 1 everywhere, a weight stream at 1 token
+    assert np.all(m._achieved < 1.0) and 0.6 < m._achieved[0] < 0.9
+    for n in (1, 16, 128):
+        shape = BatchShape(decode_seqs=n, decode_ctx_tokens=n * 300)
+        assert m.step_time(shape) > roof.step_time(shape)
+    # the same model on the profiled GPU, scaled the same way, reproduces the profile
+    llama = ProfiledCostModel(prof, "llama-7b", "a100-80gb")
+    n_lin, _, t_lin = prof.ops["linear"]
+    _, _, t_oth = prof.ops["other"]
+    i = int(np.searchsorted(n_lin, 64))
+    assert llama._layer[64] == pytest.approx(32 * (t_lin[i] + t_oth[i]), rel=1e-9)
