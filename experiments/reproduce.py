@@ -8,6 +8,10 @@ Writes into ``--out`` (default ``results/reproduce``):
 - ``fig12_opt13b_sharegpt.csv/.png/.pdf``: normalized latency vs request rate for the five
   systems (Fig. 12, OPT-13B ShareGPT panel) and ``fig12_capacity.csv``: each system's
   sustainable rate and its ratio to vLLM's;
+- ``fig18b_block_size.csv/.png/.pdf``: vLLM's normalized latency against block size on
+  ShareGPT and Alpaca (Fig. 18b);
+- ``fig19_swap_recompute.csv`` (end to end, swap vs recompute by block size) and
+  ``fig19_preemption_cost.csv`` (the cost model's price of one preemption), with a figure;
 - ``report.md``: kvlab's numbers next to the paper's, with the cost model's constants;
 - ``fig14_*``, ``fig15_sharing``, ``fig16_*``, ``fig17_*`` (CSV, PNG, PDF): the sharing
   figures (``experiments.report.sharing``), on 30-second traces by default;
@@ -19,6 +23,12 @@ rerun skips the jobs already finished there.
 
 The default uses 10-minute traces (a few minutes on 2 cores); ``--full`` uses the paper's
 1-hour traces. Every run goes through the same configs as ``experiments.simulate``.
+
+The clock is the paper-era A100 stack by default (``--cost paper-a100``: ``cost=profiled``,
+Vidur's measured A100 operator profile transferred to OPT-13B on an A100-40GB, and
+``cost.stack=vllm-2023``: eager execution, Python scheduler and sampler, measured CPU time
+per step, the paged kernel's per-block cost, per-copy swap latency). ``--cost roofline`` runs
+the bare datasheet roofline instead (a lower bound on step time).
 """
 
 from __future__ import annotations
@@ -46,6 +56,14 @@ log = logging.getLogger("kvlab.reproduce")
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
 FIG2_SYSTEMS = ("orca_max", "orca_pow2", "orca_oracle", "vllm")
 FIG12_SYSTEMS = ("fastertransformer", "orca_max", "orca_pow2", "orca_oracle", "vllm")
+COSTS = {
+    "paper-a100": ["cost=profiled", "cost.stack=vllm-2023"],
+    "roofline": ["cost=roofline"],
+}
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Fixed inputs, chosen before any result: ShareGPT at Fig. 13's 2 req/s; Alpaca at 25 req/s,
+# near the top of the paper's OPT-13B Alpaca axis (0-30 req/s).
+BLOCK_STUDY_RATES = {"sharegpt": 2.0, "alpaca": 25.0}
 FIG12_RATES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0)
 
 
@@ -162,14 +180,32 @@ OVERHEADS_S = (0.0, 0.005, 0.01, 0.02, 0.05)
 
 
 def overhead_sensitivity(pool: ProcessPoolExecutor, base: list[str]) -> list[tuple[float, Any]]:
-    """vLLM at 2 req/s with extra per-step overhead on top of the roofline: shows how much
-    of the Fig. 13 gap is step time (the roofline is a lower bound) rather than memory."""
+    """vLLM at 2 req/s on the bare roofline plus a fixed per-step overhead: how strongly
+    step time moves vLLM's batch (an appendix; the default clock models the overhead)."""
     return [
         (o, pool.submit(run_one, f"sens_overhead{o * 1e3:g}ms",
-                        [*base, "system=vllm", "workload.rate=2.0",
+                        [*base, "cost=roofline", "system=vllm", "workload.rate=2.0",
                          f"cost.per_step_overhead_s={o}"], None))
         for o in OVERHEADS_S
     ]  # fmt: skip
+
+
+def block_study(pool: ProcessPoolExecutor, base: list[str]) -> list[tuple[dict[str, Any], Any]]:
+    """Fig. 18b (vLLM, recompute, both workloads) and Fig. 19 (ShareGPT, swap) by block size."""
+    jobs = []
+    for bs in BLOCK_SIZES:
+        for workload, rate in BLOCK_STUDY_RATES.items():
+            key = {"study": "fig18b", "workload": workload, "rate": rate, "block_size": bs,
+                   "preemption_mode": "recompute"}  # fmt: skip
+            over = [*base, "system=vllm", f"workload={workload}", f"workload.rate={rate}",
+                    f"system.block_size={bs}"]  # fmt: skip
+            jobs.append((key, pool.submit(run_one, f"fig18b_{workload}_bs{bs}", over, None)))
+        key = {"study": "fig19", "workload": "sharegpt", "rate": 2.0, "block_size": bs,
+               "preemption_mode": "swap"}  # fmt: skip
+        over = [*base, "system=vllm", "workload.rate=2.0", f"system.block_size={bs}",
+                "system.preemption_mode=swap"]  # fmt: skip
+        jobs.append((key, pool.submit(run_one, f"fig19_swap_bs{bs}", over, None)))
+    return jobs
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -198,6 +234,13 @@ def main(argv: list[str] | None = None) -> Path:
         default=[],
         help="a hydra.launcher.* override, e.g. hydra.launcher.partition=cpu",
     )
+    p.add_argument("--skip-blocks", action="store_true", help="no Fig. 18b / Fig. 19 runs")
+    p.add_argument(
+        "--cost",
+        choices=sorted(COSTS),
+        default="paper-a100",
+        help="the clock: the paper-era A100 stack (default) or the bare roofline",
+    )
     args = p.parse_args(argv)  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("fontTools").setLevel(logging.WARNING)
@@ -210,6 +253,7 @@ def main(argv: list[str] | None = None) -> Path:
         "model=opt-13b", "hardware=a100-40gb", "workload=sharegpt",
         f"workload.duration_s={duration}", f"seed={args.seed}",
     ]  # fmt: skip
+    common, base = base, [*base, *COSTS[args.cost]]
     t0 = time.perf_counter()
     from experiments.report.markdown import write_outputs
 
@@ -224,7 +268,8 @@ def main(argv: list[str] | None = None) -> Path:
                            runs_dir / f"fig2_{s}")
             for s in FIG2_SYSTEMS
         }  # fmt: skip
-        sens_jobs = overhead_sensitivity(pool, base)
+        sens_jobs = overhead_sensitivity(pool, common)
+        block_jobs = [] if args.skip_blocks else block_study(pool, base)
         fig12_jobs = []
         if not args.skip_fig12:
             fig12_jobs = [
@@ -242,6 +287,7 @@ def main(argv: list[str] | None = None) -> Path:
             [{"per_step_overhead_ms": o * 1e3, **_keep(job.result())} for o, job in sens_jobs]
         )
         log.info("Fig. 2/13 runs done (%.0f s)", time.perf_counter() - t0)
+        blocks = pd.DataFrame([key | _keep(job.result()) for key, job in block_jobs])
         curves = pd.DataFrame([row for job in fig12_jobs for row in job.result()])
         log.info("Fig. 12 runs done (%.0f s)", time.perf_counter() - t0)
         sharing_text = (
@@ -251,7 +297,7 @@ def main(argv: list[str] | None = None) -> Path:
     capacity = sustainable_rates(curves, args.threshold) if len(curves) else pd.DataFrame()
     cfg = compose_config([*base, "system=vllm"])
     write_outputs(
-        out, fig2, sens, curves, capacity, cfg,
+        out, fig2, sens, curves, capacity, cfg, blocks,
         duration=duration, threshold=args.threshold, wall_s=time.perf_counter() - t0,
     )  # fmt: skip
     if sharing_text:

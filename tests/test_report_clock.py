@@ -1,0 +1,66 @@
+"""The report's clock sections: the preemption price table and the computed gap lines."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from experiments.report.clock import block_sections, gap_lines, preemption_cost
+from sim.cost import RooflineCostModel
+
+SIZES = (1, 16, 256)
+
+
+def _price(stack: str) -> pd.DataFrame:
+    return preemption_cost(
+        lambda bs: RooflineCostModel("opt-13b", "a100-40gb", block_size=bs, stack=stack), SIZES
+    )
+
+
+def test_per_copy_latency_makes_small_block_swaps_expensive() -> None:
+    grounded, bare = _price("vllm-2023"), _price("none")
+    # bytes only: the swap price does not depend on the block size (512 is a multiple)
+    assert bare["swap_total_ms"].nunique() == 1
+    # with a latency per copy it falls with the block size; recompute does not move
+    assert list(grounded["swap_total_ms"]) == sorted(grounded["swap_total_ms"], reverse=True)
+    assert grounded["recompute_ms"].nunique() == 1
+    assert (grounded["swap_total_ms"] > bare["swap_total_ms"]).all()
+
+
+def _runs() -> pd.DataFrame:
+    rows = []
+    for bs, lat in zip(SIZES, (0.3, 0.1, 0.2), strict=True):
+        for wl, rate in (("sharegpt", 2.0), ("alpaca", 25.0)):
+            rows.append({"study": "fig18b", "workload": wl, "rate": rate, "block_size": bs,
+                         "preemption_mode": "recompute", "normalized_latency": lat,
+                         "mean_batch_size": 20.0, "num_preemptions": 3})  # fmt: skip
+        rows.append({"study": "fig19", "workload": "sharegpt", "rate": 2.0, "block_size": bs,
+                     "preemption_mode": "swap", "normalized_latency": 2 * lat,
+                     "mean_batch_size": 20.0, "num_preemptions": 4})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_block_sections_name_the_best_block_and_the_swap_ratio() -> None:
+    text = "\n".join(block_sections(_runs(), _price("vllm-2023"), "Clock: test"))
+    assert "kvlab's best block size is 16" in text
+    assert "the paper's best range is 16–128" in text and "16–32" in text
+    assert "| 16 | 0.100 (3) | 0.200 (4) | 2.00 |" in text
+
+
+def test_gap_lines_compare_with_the_paper() -> None:
+    fig2 = pd.DataFrame([
+        {"system": "vllm", "kv_token_states_pct": 90.0, "kv_free_pct": 5.0,
+         "mean_batch_size": 27.24},
+        {"system": "orca_oracle", "kv_token_states_pct": 39.0, "kv_free_pct": 1.0,
+         "mean_batch_size": 12.0},
+    ])  # fmt: skip
+    capacity = pd.DataFrame([
+        {"system": "vllm", "max_rate": 2.4, "vllm_ratio": 1.0},
+        {"system": "orca_oracle", "max_rate": 1.2, "vllm_ratio": 2.0},
+        {"system": "orca_max", "max_rate": 1.2, "vllm_ratio": 2.0},
+    ])  # fmt: skip
+    text = "\n".join(gap_lines(fig2, capacity))
+    assert "(paper 96.3%, -6.3 points)" in text
+    assert "vLLM's batch is 2.27× Orca (Oracle)'s (paper 2.23×)" in text
+    assert "2.40 req/s, beyond the paper's axis" in text
+    assert "Orca (Oracle) = 2.00 (paper 1.7–2.7×, over 3 model sizes): inside" in text
+    assert "Orca (Max) = 2.00 (paper 2.7–8×, over 3 model sizes): outside by -0.70" in text
