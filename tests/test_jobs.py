@@ -111,7 +111,15 @@ def test_two_by_two_sweep_on_a_local_ray(tmp_path: Path) -> None:
 def test_reproduce_runs_every_simulation_as_a_resumable_job(tmp_path: Path) -> None:
     from experiments import reproduce
 
-    args = ["--duration", "15", "--skip-fig12", "--skip-sharing", "--out", str(tmp_path)]
+    args = [
+        "--duration",
+        "15",
+        "--skip-fig12",
+        "--skip-sharing",
+        "--skip-blocks",
+        "--out",
+        str(tmp_path),
+    ]
     try:
         reproduce.main([*args, "--launcher", "basic"])
         stamps = _mtimes(tmp_path / "runs")
