@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from core.mapping_file import read_mapping
+
 Family = Literal["opt", "llama"]
 
 # OPT's learned positional table has 2 extra rows (position ids start at offset 2).
@@ -274,12 +276,7 @@ class ModelSpec:
             path = path / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no model config at {path}")
-        try:
-            config = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not JSON ({e})") from None
-        if not isinstance(config, dict):
-            raise ValueError(f"{path}: expected a JSON object")
+        config = read_mapping(path, json.loads, json.JSONDecodeError, "JSON", "a JSON object")
         label = name or str(config.get("_name_or_path") or path.parent.name)
         try:
             return cls.from_hf_config(config, label)

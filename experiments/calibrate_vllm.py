@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core.mapping_file import read_mapping
 from core.model_spec import ModelSpec
 from core.request import Request
 from core.sched.base import SchedulerConfig
@@ -137,9 +138,9 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
     if not meta_path.is_file():
         raise RunError(f"{meta_path}: not found (a vLLM run directory holds meta.json)")
     try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as e:
-        raise RunError(f"{meta_path}: not JSON ({e})") from None
+        meta = read_mapping(meta_path, json.loads, json.JSONDecodeError, "JSON", "a JSON object")
+    except ValueError as e:
+        raise RunError(str(e)) from None
     logged = read_vllm_log(run_dir)
     ids = None if workload is None else read_token_ids(workload, [r.prompt_len for r in logged])
     ek = "engine_kwargs"

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from core.mapping_file import read_mapping
 from core.model_spec import OPT_POSITION_OFFSET, ModelSpec
 
 GIB = 1 << 30
@@ -100,13 +101,7 @@ def gpu_from_config(cfg: Mapping[str, Any], origin: str = "hardware") -> GPUSpec
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not YAML ({e})") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"{path}: expected a mapping of keys")
-    return doc
+    return read_mapping(path, yaml.safe_load, yaml.YAMLError, "YAML", "a mapping of keys")
 
 
 @cache

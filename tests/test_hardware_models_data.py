@@ -103,6 +103,9 @@ def test_hf_config_path_and_shape_groups(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"config.json: not JSON"):
         model_from_config({"hf_config": str(tmp_path)})
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"config.json: expected a JSON object"):
+        model_from_config({"hf_config": str(tmp_path)})
 
 
 def test_tensor_parallel_over_pcie_is_priced_by_the_peer_link() -> None:

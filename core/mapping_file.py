@@ -1,0 +1,27 @@
+"""Reading a file that must hold one mapping: a model's ``config.json``, a run's
+``meta.json``, a catalog YAML."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def read_mapping(
+    path: Path,
+    parse: Callable[[str], Any],
+    errors: type[Exception] | tuple[type[Exception], ...],
+    fmt: str,
+    expected: str,
+) -> dict[str, Any]:
+    """``parse`` of the file's text, which must be a dict. ``ValueError("<path>: not <fmt>
+    (<error>)")`` when ``parse`` raises one of ``errors``; ``ValueError("<path>: expected
+    <expected>")`` when the document is not a mapping."""
+    try:
+        doc = parse(path.read_text())
+    except errors as e:
+        raise ValueError(f"{path}: not {fmt} ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected {expected}")
+    return doc
