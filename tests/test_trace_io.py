@@ -316,19 +316,25 @@ def test_sharegpt_json(tmp_path: Path) -> None:
     assert chars[0].prompt_token_ids is None
 
 
-def test_sharegpt_json_malformed(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            json.dumps([{"conversations": []}, {"turns": []}]),
+            "entry 1: expected an object with 'conversations'",
+        ),
+        (
+            json.dumps([{"conversations": [{"value": "a b"}, {"value": 3}]}]),
+            "entry 0: 'value' must be a string",
+        ),
+        ('[{"conversations": []},\n  oops]', "line 2: invalid JSON"),
+        ('{"conversations": []}', "expected a JSON list"),
+    ],
+)
+def test_sharegpt_json_malformed(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "sg.json"
-    path.write_text(json.dumps([{"conversations": []}, {"turns": []}]))
-    with pytest.raises(TraceFormatError, match="entry 1: expected an object with 'conversations'"):
-        read_sharegpt_json(path)
-    path.write_text(json.dumps([{"conversations": [{"value": "a b"}, {"value": 3}]}]))
-    with pytest.raises(TraceFormatError, match="entry 0: 'value' must be a string"):
-        read_sharegpt_json(path)
-    path.write_text('[{"conversations": []},\n  oops]')
-    with pytest.raises(TraceFormatError, match="line 2: invalid JSON"):
-        read_sharegpt_json(path)
-    path.write_text('{"conversations": []}')
-    with pytest.raises(TraceFormatError, match="expected a JSON list"):
+    path.write_text(text)
+    with pytest.raises(TraceFormatError, match=message):
         read_sharegpt_json(path)
 
 
