@@ -24,7 +24,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from experiments.lib.checks import ConfigError
-from experiments.lib.cli import run_plain_cli
+from experiments.lib.cli import plain_cli
 from experiments.lib.results import write_json
 from experiments.lib.setup import block_size
 from sim.catalog import model_from_config
@@ -80,11 +80,8 @@ def calibration_doc(model: CalibratedCostModel, run_dir: Path) -> dict[str, Any]
     return doc
 
 
+@plain_cli
 def main(argv: list[str] | None = None) -> int:
-    return run_plain_cli(_main, argv)
-
-
-def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.calibrate", description=__doc__)
     parser.add_argument("run_dir", type=Path, help="an engine run directory")
     parser.add_argument("--out", type=Path, default=None, help="default RUN_DIR/calibration.json")

@@ -34,7 +34,7 @@ from core.metrics.summary import summarize_recorder
 from core.request import Request
 from experiments.calibrate import read_run_config
 from experiments.lib.checks import ConfigError
-from experiments.lib.cli import run_plain_cli
+from experiments.lib.cli import plain_cli
 from experiments.lib.results import read_metrics, write_json
 from experiments.lib.setup import build_requests, scheduler_factory, served_max_model_len
 from sim.catalog import model_from_config
@@ -152,11 +152,8 @@ def _num(x: Any) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
+@plain_cli
 def main(argv: list[str] | None = None) -> int:
-    return run_plain_cli(_main, argv)
-
-
-def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.validate", description=__doc__)
     parser.add_argument("run_dir", type=Path, help="an engine run directory")
     parser.add_argument("--calibration", type=Path, default=None, help="RUN_DIR/calibration.json")

@@ -12,6 +12,7 @@ one-line config errors, ``error.txt`` for failures, the runs index and the end-o
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import traceback
@@ -50,14 +51,19 @@ def report_config_error(err: ConfigError) -> None:
     sys.exit(CONFIG_ERROR_STATUS)
 
 
-def run_plain_cli(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
-    """``main(argv)`` for an argparse (non-Hydra) command: a :class:`ConfigError` becomes
-    one line on stderr and status 2 (:func:`report_config_error`)."""
-    try:
-        return main(argv)
-    except ConfigError as err:
-        report_config_error(err)
-        return CONFIG_ERROR_STATUS
+def plain_cli(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+    """Decorate an argparse (non-Hydra) ``main(argv)``: a :class:`ConfigError` becomes one
+    line on stderr and status 2 (:func:`report_config_error`)."""
+
+    @functools.wraps(main)
+    def wrapped(argv: list[str] | None = None) -> int:
+        try:
+            return main(argv)
+        except ConfigError as err:
+            report_config_error(err)
+            return CONFIG_ERROR_STATUS
+
+    return wrapped
 
 
 def exclusive_nulls(overrides: Sequence[str]) -> dict[str, None]:
