@@ -1,45 +1,103 @@
 #!/usr/bin/env bash
-# Every GPU measurement of kvlab in one command, sized for a single 10-minute session on one
-# H200:  bash experiments/gpu_all.sh [OUT_DIR]   (default: $OUT)
+# Every GPU measurement of kvlab in one command, sized to finish within 8 minutes on one
+# H200 (the sum of the part limits below is 450 s):
 #
-#   OUT_DIR/kernels/  python -m experiments.bench.kernels_gpu            (timeout 200 s)
-#   OUT_DIR/engine/   python -m experiments.bench.engine_gpu       (timeout 330 s; starts no run
-#                     after 280 s and rewrites its summary after every run)
-#   OUT_DIR/engine/opt-13b_vllm_online/{calibration,validation}.json
-#                     calibrate + validate of one engine run (CPU only, timeout 60 s)
-#   OUT_DIR/*.log     each part's output
+#   bash experiments/gpu_all.sh OUT_DIR          (default: $OUT)
+#   PACK_DIR=$OUT bash experiments/gpu_all.sh /tmp/kvlab-gpu     (the device call; see README)
 #
-# A part that fails or times out does not stop the others; the exit status is 1 if any did.
-# Run from the repository root with the project's Python environment active. DRY=1 runs
-# every part in its --dry mode on CPU (a check of this script; timings meaningless).
+# Runs from anywhere (it changes to the repository root). First, if .whl/ holds wheels
+# (experiments/gpu_prepare.sh puts there what the device image lacks), they are installed
+# with pip --no-index --no-deps into a temporary target that is put on PYTHONPATH. Then:
+#
+#   part       limit  writes
+#   env          30s  OUT_DIR/env.json: torch sees a GPU? its name, versions, imports
+#                     (python -m experiments.bench.gpu_env); if it fails nothing else runs
+#   profile      70s  OUT_DIR/profile/operator_profile.{csv,json}
+#                     (python -m experiments.bench.profile_gpu)
+#   kernels     100s  OUT_DIR/kernels/  (python -m experiments.bench.kernels_gpu)
+#   engine      190s  OUT_DIR/engine/   (python -m experiments.bench.engine_gpu --max-seconds
+#                     150: starts no run after 150 s, rewrites its summary after every run)
+#   calibrate    20s  OUT_DIR/engine/<model>_vllm_online/calibration.json (CPU)
+#   validate     40s  OUT_DIR/engine/<model>_vllm_online/validation.json  (CPU)
+#
+# plus OUT_DIR/<part>.log (each part's output) and OUT_DIR/parts.tsv (part, limit, exit
+# status, seconds). A part that fails or times out does not stop the later ones; the exit
+# status is 1 if any did. With PACK_DIR set, OUT_DIR is also packed into
+# PACK_DIR/kvlab-gpu.tar.gz, with env.json, parts.tsv and the profile beside it (the device
+# tool returns at most 8 files). PYTHON (default python3) is the interpreter. DRY=1 runs
+# every part in its --dry mode on CPU (a check of this script; timings meaningless), with
+# every limit times LIMIT_SCALE (default 10 when DRY=1, else 1).
 set -u -o pipefail
 
 OUT_DIR="${1:-${OUT:?give an output directory or set OUT}}"
-mkdir -p "$OUT_DIR"
+mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd) || exit 1
+cd "$(dirname "$0")/.." || exit 1
+PYTHON="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1
 status=0
 dry=()
 model=opt-13b
+scale=${LIMIT_SCALE:-1}
 if [ "${DRY:-0}" = 1 ]; then
     dry=(--dry)
     model=tiny-opt
+    scale=${LIMIT_SCALE:-10}
 fi
+printf 'part\tlimit_s\texit\tseconds\n' >"$OUT_DIR/parts.tsv"
 
-part() {  # part NAME SECONDS COMMAND...
-    local name=$1 seconds=$2
+part() { # part NAME SECONDS COMMAND...
+    local name=$1 seconds=$(($2 * scale))
     shift 2
-    echo "== $name (timeout ${seconds}s): $*"
+    echo "== $name (limit ${seconds}s): $*"
     local start=$SECONDS
-    timeout --kill-after=10 "$seconds" "$@" 2>&1 | tee "$OUT_DIR/$name.log"
+    timeout --kill-after=5 "$seconds" "$@" 2>&1 | tee "$OUT_DIR/$name.log"
     local rc=$?
-    echo "== $name: exit $rc after $((SECONDS - start))s"
+    echo "== $name: exit $rc after $((SECONDS - start))s$([ "$rc" -ge 124 ] && echo ' (time limit?)')"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$seconds" "$rc" "$((SECONDS - start))" >>"$OUT_DIR/parts.tsv"
     [ "$rc" -eq 0 ] || status=1
+    return "$rc"
 }
 
-part kernels 200 python -m experiments.bench.kernels_gpu --out "$OUT_DIR/kernels" "${dry[@]}"
-part engine 330 python -m experiments.bench.engine_gpu --out "$OUT_DIR/engine" --max-seconds 280 "${dry[@]}"
+pack() {
+    [ -n "${PACK_DIR:-}" ] || return 0
+    mkdir -p "$PACK_DIR"
+    tar -czf "$PACK_DIR/kvlab-gpu.tar.gz" -C "$(dirname "$OUT_DIR")" "$(basename "$OUT_DIR")"
+    for f in env.json parts.tsv profile/operator_profile.csv profile/operator_profile.json; do
+        [ -f "$OUT_DIR/$f" ] && cp "$OUT_DIR/$f" "$PACK_DIR/"
+    done
+    echo "packed $OUT_DIR into $PACK_DIR/kvlab-gpu.tar.gz"
+}
+
+wheels=(.whl/*.whl)
+if [ -e "${wheels[0]}" ]; then
+    site=$(mktemp -d "${TMPDIR:-/tmp}/kvlab-site.XXXXXX")
+    echo "== installing ${#wheels[@]} wheels from .whl/ into $site"
+    if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target "$site" "${wheels[@]}"; then
+        echo "wheel install failed: nothing can run"
+        exit 1
+    fi
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+else
+    echo "== no wheels in .whl/: using the installed environment"
+fi
+
+if ! part env 30 "$PYTHON" -m experiments.bench.gpu_env --out "$OUT_DIR/env.json" "${dry[@]}"; then
+    echo "environment check failed (see $OUT_DIR/env.log): no other part runs"
+    pack
+    exit 1
+fi
+part profile 70 "$PYTHON" -m experiments.bench.profile_gpu --out "$OUT_DIR/profile" "${dry[@]}"
+part kernels 100 "$PYTHON" -m experiments.bench.kernels_gpu --out "$OUT_DIR/kernels" "${dry[@]}"
+part engine 190 "$PYTHON" -m experiments.bench.engine_gpu --out "$OUT_DIR/engine" \
+    --max-seconds $((150 * scale)) "${dry[@]}"
 run_dir="$OUT_DIR/engine/${model}_vllm_online"
 if [ -f "$run_dir/steps.csv" ]; then
-    part calibrate 60 python -m experiments.calibrate "$run_dir"
-    part validate 60 python -m experiments.validate "$run_dir"
+    part calibrate 20 "$PYTHON" -m experiments.calibrate "$run_dir"
+    part validate 40 "$PYTHON" -m experiments.validate "$run_dir"
+else
+    echo "no $run_dir/steps.csv: calibrate and validate skipped"
+    status=1
 fi
+pack
 exit $status

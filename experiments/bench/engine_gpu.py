@@ -11,15 +11,16 @@ writes its serve files into ``DIR/<model>_<system>_<mode>[_torch]/``; ``DIR/summ
 and ``DIR/summary.json`` (rows, throughput and batch ratios, metadata: device, versions,
 date, command) are rewritten after every run, so a killed run keeps what finished.
 
-Work cap (for < 5 minutes on an H200): the trace is drawn from the fitted ShareGPT model
-with vLLM's filter at prompt + output <= 1024 (mean output ~275, max ~900 tokens; the
-schedulers keep OPT's max_model_len 2048, so Orca (Max) still reserves 2048 slots);
-OPT-1.3B serves 200 requests offline and 64 online at 16 req/s, OPT-13B 100 offline and 40
-online at 4 req/s; the cross-check uses 64 requests. Estimate (engine step ~6 ms for 1.3B,
-~12 ms for 13B, with Orca (Max) limited to 32 resp. 7 concurrent requests by the 12 GiB
-budget): ~80 s for OPT-1.3B, ~110 s for OPT-13B (Orca (Max) offline ~40 s of it), plus
-model builds and Triton compilation: ~4 minutes. ``--max-seconds`` (default 280) skips the
-runs that would start after that, in priority order (offline, online, cross-check).
+Work cap (about 2.5 minutes on an H200, the engine's share of ``experiments/gpu_all.sh``'s
+8): the trace is drawn from the fitted ShareGPT model with vLLM's filter at prompt + output
+<= 1024 (mean output ~275, max ~900 tokens; the schedulers keep OPT's max_model_len 2048,
+so Orca (Max) still reserves 2048 slots); OPT-1.3B serves 100 requests offline and 32
+online at 16 req/s, OPT-13B 50 offline and 20 online at 4 req/s; the cross-check uses 32
+requests. Estimate (engine step ~6 ms for 1.3B, ~12 ms for 13B, with Orca (Max) limited to
+32 resp. 7 concurrent requests by the 12 GiB budget): ~40 s for OPT-1.3B, ~55 s for
+OPT-13B (Orca (Max) offline ~20 s of it), plus model builds and Triton compilation: ~2.5
+minutes. ``--max-seconds`` (default 150) skips the runs that would start after that, in
+priority order (offline, online, cross-check).
 
 ``--dry`` runs the same code path on CPU (tiny-opt and tiny-llama, fp32, a 1 MiB-class
 budget, a few short requests, Triton under its interpreter) so CI can check the script; its
@@ -103,8 +104,8 @@ def make_plan(dry: bool) -> EnginePlan:
         )  # fmt: skip
     return EnginePlan(
         False, "cuda", "float16", "triton", 1024, 1.0,
-        (ModelPlan("opt-1.3b", 12.0, 200, 64, 16.0), ModelPlan("opt-13b", 12.0, 100, 40, 4.0)),
-        64, 0.0,
+        (ModelPlan("opt-1.3b", 12.0, 100, 32, 16.0), ModelPlan("opt-13b", 12.0, 50, 20, 4.0)),
+        32, 0.0,
     )  # fmt: skip
 
 
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--dry", action="store_true", help="tiny CPU run under the interpreter")
-    parser.add_argument("--max-seconds", type=float, default=280.0, help="start no run after")
+    parser.add_argument("--max-seconds", type=float, default=150.0, help="start no run after")
     args_list = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(args_list)
     if args.dry:

@@ -25,15 +25,14 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from experiments.bench import timing
 from experiments.bench.tables import print_table, write_csv
 
 SECTIONS = ("correctness", "fig18a", "long_context", "block_size")
@@ -77,29 +76,8 @@ def make_plan(dry: bool) -> Plan:
 
 
 def time_ms(fn: Callable[[], object], plan: Plan) -> float:
-    """Median milliseconds of ``fn`` over ``plan.repeats`` calls after ``plan.warmup`` calls."""
-    for _ in range(plan.warmup):
-        fn()
-    if plan.device.type != "cuda":
-        times = []
-        for _ in range(plan.repeats):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
-    flush = torch.empty(plan.flush_bytes, dtype=torch.uint8, device=plan.device)
-    events = []
-    torch.cuda.synchronize()
-    for _ in range(plan.repeats):
-        torch.cuda._sleep(200_000)  # ~0.1 ms of GPU work to hide the host launch path
-        flush.fill_(1)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
+    """Median milliseconds of ``fn`` under ``plan`` (see ``experiments.bench.timing``)."""
+    return timing.time_ms(fn, plan.device, plan.repeats, plan.warmup, plan.flush_bytes)
 
 
 @dataclass

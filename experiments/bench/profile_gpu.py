@@ -1,0 +1,336 @@
+"""Operator profile of kvlab's engine on one GPU, the table the simulator's ``cost=profiled``
+interpolates: ``python -m experiments.bench.profile_gpu --out DIR [--dry] [--model NAME]
+[--block-size B]``.
+
+Format ``kvlab-operator-profile/1``, two files in ``DIR``:
+
+- ``operator_profile.csv``, columns ``op,num_tokens,context_tokens,time_ms``: one row per
+  measured point, sorted by op, then num_tokens, then context_tokens; ``time_ms`` is the
+  median GPU time in milliseconds. Ops (per decoder layer unless stated):
+
+  - ``linear``: all the decoder layer's matmuls (QKV, O, MLP, biases included) for
+    ``num_tokens`` token rows; ``context_tokens`` 0;
+  - ``other``: the rest of the layer for ``num_tokens`` rows: norms, activation, residual
+    adds, rotary embedding (Llama); ``context_tokens`` 0;
+  - ``attn_prefill``: causal prefill attention of one sequence of ``num_tokens`` tokens
+    (``context_tokens`` = ``num_tokens``), K/V store included;
+  - ``attn_decode``: paged decode attention of ``num_tokens`` sequences whose contexts
+    (equal within the batch) sum to ``context_tokens``, K/V store included, through the
+    Triton kernels at the sidecar's block size;
+  - ``lm_head``: logits for ``num_tokens`` rows, whole model (not per layer);
+    ``context_tokens`` 0.
+
+- ``operator_profile.json``, the sidecar: ``{"format": "kvlab-operator-profile/1", "model",
+  "gpu" (device name), "dtype", "tp": 1, "block_size", "date", "command", "torch",
+  "triton"}`` plus ``"dry"`` and ``"method"``; readers ignore keys they do not know.
+
+What runs is kvlab's own code: one decoder layer and the LM head built by
+``engine.models.build_model`` (seeded dummy weights), attention through the engine's
+``triton`` backend (``kernels.store_kv`` + ``kernels.paged_attention``, split-KV chosen as
+in the engine), block tables a random permutation of a shared cache. ``other`` is the same
+layer's forward with every ``nn.Linear`` replaced by a preset output and attention by the
+identity, so only the remaining operations launch kernels.
+
+Sweep: ``num_tokens`` over powers of two 1 … 4096; decode batches of ``num_tokens``
+sequences with per-sequence contexts 16 … 2048 (powers of two), totals up to 2^17 tokens.
+Timing (``experiments.bench.timing``): CUDA events, warm-up then the median of repeats,
+a ~0.5 ms GPU sleep before each repeat so host launch overhead is not timed, and a 256 MiB
+write before each (cold L2). GPU default: OPT-13B's layer shape, fp16, block size 16 (the
+engine runs' settings). ``--dry`` runs the same code on CPU under the Triton interpreter
+with tiny-opt, fp32 and a small sweep; its times are meaningless and labelled so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import datetime
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+FORMAT = "kvlab-operator-profile/1"
+COLUMNS = ("op", "num_tokens", "context_tokens", "time_ms")
+OPS = ("linear", "other", "attn_prefill", "attn_decode", "lm_head")
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    """What to measure and how often (full on a GPU, tiny for ``--dry``)."""
+
+    device: torch.device
+    dry: bool
+    model: str
+    dtype: torch.dtype
+    block_size: int
+    token_counts: tuple[int, ...]  # num_tokens of every op; decode batch sizes too
+    seq_contexts: tuple[int, ...]  # per-sequence contexts of decode batches
+    max_context_tokens: int  # decode: largest total context
+    repeats: int
+    warmup: int
+    flush_bytes: int
+    sleep_cycles: int
+
+
+def make_plan(dry: bool, model: str | None = None, block_size: int = 16) -> ProfilePlan:
+    if dry:
+        return ProfilePlan(torch.device("cpu"), True, model or "tiny-opt", torch.float32,
+                           block_size, (1, 2, 4), (16, 32), 64, 2, 1, 0, 0)  # fmt: skip
+    return ProfilePlan(
+        torch.device("cuda"), False, model or "opt-13b", torch.float16, block_size,
+        tuple(2**i for i in range(13)), tuple(2**i for i in range(4, 12)), 2**17,
+        30, 5, 256 << 20, 1_000_000,
+    )  # fmt: skip
+
+
+def decode_points(plan: ProfilePlan) -> list[tuple[int, int]]:
+    """``(num_seqs, context_tokens)`` of every decode batch, in sorted order."""
+    return [(n, n * c) for n in plan.token_counts for c in plan.seq_contexts
+            if n * c <= plan.max_context_tokens]  # fmt: skip
+
+
+class _PresetOutput(nn.Module):
+    """Stands in for an ``nn.Linear``: returns rows of a preset tensor, launching nothing."""
+
+    def __init__(self, out: torch.Tensor) -> None:
+        super().__init__()
+        self.out = out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out[: x.shape[0]]
+
+
+class _IdentityAttention:
+    """Stands in for the attention backend: returns the queries, launching nothing."""
+
+    name = "identity"
+
+    def forward(self, q: torch.Tensor, *_: Any) -> torch.Tensor:
+        return q
+
+
+class Profiler:
+    """One decoder layer, the LM head and a paged KV cache of ``plan.model`` on the device."""
+
+    def __init__(self, plan: ProfilePlan) -> None:
+        from dataclasses import replace
+
+        from engine.attention.registry import get_backend
+        from engine.config import ModelConfig
+        from engine.models import build_model
+        from engine.weights import init_dummy_weights
+        from sim.catalog import get_model
+
+        self.plan = plan
+        config = ModelConfig.from_hf_dict(get_model(plan.model).to_hf_config())
+        self.config = replace(config, num_layers=1)
+        self.model = build_model(self.config, "triton", plan.dtype, plan.device)
+        init_dummy_weights(self.model, seed=0)
+        self.layer = self.model.decoder().layers[0]
+        self.backend = get_backend("triton")
+        self.gen = torch.Generator(device=plan.device).manual_seed(0)
+        rows = max(plan.token_counts)
+        self.linears = [m for m in self.layer.modules() if isinstance(m, nn.Linear)]
+        widths = {m.in_features for m in self.linears} | {self.config.embed_dim}
+        self.inputs = {w: self._randn(rows, w) for w in widths}
+        num_blocks = -(-max(plan.max_context_tokens, rows) // plan.block_size)
+        shape = (num_blocks, plan.block_size, self.config.num_kv_heads, self.config.head_dim)
+        self.k_cache, self.v_cache = self._randn(*shape), self._randn(*shape)
+        self.stub = self._stub_layer(rows)
+
+    def _randn(self, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen, device=self.plan.device).to(self.plan.dtype)
+
+    def _stub_layer(self, rows: int) -> nn.Module:
+        stub = copy.deepcopy(self.layer)
+        for module in stub.modules():
+            if hasattr(module, "backend"):
+                module.backend = _IdentityAttention()
+        for name, module in list(stub.named_modules()):
+            if isinstance(module, nn.Linear):
+                parent, _, attr = name.rpartition(".")
+                out = self._randn(rows, module.out_features)
+                setattr(stub.get_submodule(parent), attr, _PresetOutput(out))
+        return stub
+
+    def time(self, fn: Callable[[], object]) -> float:
+        from experiments.bench.timing import time_ms
+
+        p = self.plan
+        return time_ms(fn, p.device, p.repeats, p.warmup, p.flush_bytes, p.sleep_cycles)
+
+    def linear(self, tokens: int) -> float:
+        xs = [(m, self.inputs[m.in_features][:tokens]) for m in self.linears]
+        return self.time(lambda: [m(x) for m, x in xs])
+
+    def other(self, tokens: int) -> float:
+        x = self.inputs[self.config.hidden_size][:tokens]
+        meta = self._meta([tokens], [tokens])
+        args: tuple[Any, ...] = ((self.k_cache, self.v_cache), meta)
+        if self.config.family == "llama":
+            from engine.models.llama import rope_cos_sin
+
+            positions = torch.arange(tokens, device=self.plan.device)
+            cfg = self.config
+            args = (rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, x.dtype), *args)
+        return self.time(lambda: self.stub(x, *args))
+
+    def attention(self, query_lens: list[int], context_lens: list[int]) -> float:
+        cfg = self.config
+        tokens = sum(query_lens)
+        q = self._randn(tokens, cfg.num_heads, cfg.head_dim)
+        k = self._randn(tokens, cfg.num_kv_heads, cfg.head_dim)
+        v = self._randn(tokens, cfg.num_kv_heads, cfg.head_dim)
+        meta = self._meta(query_lens, context_lens)
+        scale = cfg.head_dim**-0.5
+        fn = lambda: self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, scale)  # noqa: E731
+        return self.time(fn)
+
+    def lm_head(self, tokens: int) -> float:
+        hidden = self.inputs[self.config.embed_dim][:tokens]
+        return self.time(lambda: self.model.compute_logits(hidden))
+
+    def _meta(self, query_lens: list[int], context_lens: list[int]) -> Any:
+        """Attention metadata of sequences with these lengths, each in randomly chosen blocks
+        of the shared cache; the new tokens are the last ``query_lens[i]`` of each."""
+        from engine.attention.metadata import AttentionMetadata
+
+        bs, dev = self.plan.block_size, self.plan.device
+        per_seq = [-(-c // bs) for c in context_lens]
+        perm = torch.randperm(self.k_cache.shape[0], generator=self.gen, device=dev)
+        tables = torch.zeros(len(per_seq), max(per_seq), dtype=torch.int64, device=dev)
+        slots, used = [], 0
+        for i, (n, ql, ctx) in enumerate(zip(per_seq, query_lens, context_lens, strict=True)):
+            tables[i, :n] = perm[used : used + n]
+            used += n
+            pos = torch.arange(ctx - ql, ctx, device=dev)
+            slots.append(tables[i, pos // bs] * bs + pos % bs)
+        starts = torch.tensor([0, *query_lens], device=dev).cumsum(0)
+        return AttentionMetadata(
+            query_start_loc=starts.to(torch.int32),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),
+            block_tables=tables.to(torch.int32),
+            slot_mapping=torch.cat(slots),
+            max_query_len=max(query_lens),
+            max_context_len=max(context_lens),
+        )
+
+
+def measure(plan: ProfilePlan, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Every row of the profile (see the module doc), in sorted order."""
+    prof = Profiler(plan)
+    rows: list[dict[str, Any]] = []
+
+    def add(op: str, tokens: int, context: int, ms: float) -> None:
+        if not (ms > 0 and ms < float("inf")):
+            raise RuntimeError(f"{op} at {tokens} tokens, context {context}: time {ms} ms")
+        rows.append({"op": op, "num_tokens": tokens, "context_tokens": context, "time_ms": ms})
+
+    with torch.inference_mode():
+        for t in plan.token_counts:
+            add("linear", t, 0, prof.linear(t))
+            add("other", t, 0, prof.other(t))
+            add("attn_prefill", t, t, prof.attention([t], [t]))
+            add("lm_head", t, 0, prof.lm_head(t))
+            log(f"{t} tokens: linear {rows[-4]['time_ms']:.4g} ms, other "
+                f"{rows[-3]['time_ms']:.4g}, prefill attention {rows[-2]['time_ms']:.4g}, "
+                f"lm_head {rows[-1]['time_ms']:.4g}")  # fmt: skip
+        for n, total in decode_points(plan):
+            add("attn_decode", n, total, prof.attention([1] * n, [total // n] * n))
+    rows.sort(key=lambda r: (OPS.index(r["op"]), r["num_tokens"], r["context_tokens"]))
+    return rows
+
+
+def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
+    import triton
+
+    gpu = "cpu (Triton interpreter)" if plan.dry else torch.cuda.get_device_name(plan.device)
+    return {
+        "format": FORMAT,
+        "model": plan.model,
+        "gpu": gpu,
+        "dtype": str(plan.dtype).removeprefix("torch."),
+        "tp": 1,
+        "block_size": plan.block_size,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python -m experiments.bench.profile_gpu", *argv]),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "dry": plan.dry,
+        "method": "MEANINGLESS: dry run on CPU under the Triton interpreter"
+        if plan.dry
+        else f"CUDA events, median of {plan.repeats} after {plan.warmup} warm-up calls, "
+        "launch overhead hidden, cold L2",
+    }
+
+
+def write_profile(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """Write ``operator_profile.csv`` and ``.json`` in ``out``, each atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    csv_tmp = out / "operator_profile.csv.tmp"
+    with csv_tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({**r, "time_ms": f"{r['time_ms']:.6g}"} for r in rows)
+    json_tmp = out / "operator_profile.json.tmp"
+    json_tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    csv_tmp.replace(out / "operator_profile.csv")
+    json_tmp.replace(out / "operator_profile.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench.profile_gpu", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument("--dry", action="store_true", help="tiny CPU run under the interpreter")
+    parser.add_argument("--model", help="catalog model (default opt-13b; dry: tiny-opt)")
+    parser.add_argument("--block-size", type=int, default=16, help="KV block size (default 16)")
+    args_list = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(args_list)
+    if args.dry:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton
+    elif not torch.cuda.is_available():
+        parser.error("no CUDA device; use --dry for a CPU check of the script")
+    if args.block_size < 1 or args.block_size & (args.block_size - 1):
+        parser.error(f"--block-size must be a power of two, got {args.block_size}")
+    from sim.catalog import get_model
+
+    try:
+        get_model(args.model or "opt-13b")
+    except KeyError as exc:
+        parser.error(str(exc.args[0]))
+    plan = make_plan(args.dry, args.model, args.block_size)
+    rows = measure(plan)
+    write_profile(args.out, rows, sidecar(plan, args_list))
+    from experiments.bench.tables import print_table
+
+    note = " (dry: times meaningless)" if plan.dry else ""
+    print_table(f"operator profile, {plan.model}, ms{note}", _wide(rows))
+    print(f"wrote {args.out / 'operator_profile.csv'} ({len(rows)} rows) and its .json")
+    return 0
+
+
+def _wide(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per num_tokens: each op's time; decode at its largest context."""
+    table: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        line = table.setdefault(r["num_tokens"], {"num_tokens": r["num_tokens"]})
+        line[r["op"]] = r["time_ms"]
+        if r["op"] == "attn_decode":
+            line["decode_ctx"] = r["context_tokens"]
+    return [{"num_tokens": t, **{k: line.get(k, "") for k in (*OPS, "decode_ctx")}}
+            for t, line in sorted(table.items())]  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""``experiments/gpu_all.sh`` itself: order, limits, dry flags, failure handling, packing.
+
+The script runs against a stub interpreter (``PYTHON``) that logs each call and writes the
+files the next part looks for, so this is fast; the parts themselves have their own dry
+tests (``test_bench_gpu_dry``, ``test_gpu_engine_dry``, ``test_profile_gpu_dry``,
+``test_gpu_env``). A copy of the script in a temporary tree keeps the repository's
+``.whl/`` out, except in the test that installs those wheels.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEELS = sorted((ROOT / ".whl").glob("*.whl"))
+PARTS = ["env", "profile", "kernels", "engine", "calibrate", "validate"]
+DEVICE_BUDGET_S = 8 * 60
+
+STUB = r"""#!/usr/bin/env bash
+echo "PYTHONPATH=${PYTHONPATH:-} $*" >>"$STUB_LOG"
+if [ "$1 $2" = "-m pip" ]; then exec "$REAL_PYTHON" "$@"; fi
+out="" prev=""
+for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done
+[ "$2" = "${STUB_FAIL:-}" ] && { echo "stub: $2 fails"; exit 3; }
+case $2 in
+experiments.bench.gpu_env) echo '{"stub": true}' >"$out" ;;
+experiments.bench.profile_gpu) mkdir -p "$out" && touch "$out/operator_profile.csv" \
+    "$out/operator_profile.json" ;;
+experiments.bench.engine_gpu) mkdir -p "$out/tiny-opt_vllm_online" && touch \
+    "$out/tiny-opt_vllm_online/steps.csv" ;;
+esac
+echo "stub: $2 ok"
+"""
+
+
+def run_script(tmp_path: Path, wheels: bool = False, **env: str) -> tuple[int, Path, Path]:
+    """Run a copy of gpu_all.sh with DRY=1 and the stub; (exit status, out dir, pack dir)."""
+    tree = tmp_path / "tree"
+    (tree / "experiments").mkdir(parents=True)
+    shutil.copy(ROOT / "experiments" / "gpu_all.sh", tree / "experiments")
+    if wheels:
+        shutil.copytree(ROOT / ".whl", tree / ".whl")
+    stub = tmp_path / "python3"
+    stub.write_text(STUB)
+    stub.chmod(0o755)
+    out, pack = tmp_path / "out", tmp_path / "pack"
+    variables = {**os.environ, "PYTHON": str(stub), "REAL_PYTHON": sys.executable,
+                 "STUB_LOG": str(tmp_path / "calls.log"), "DRY": "1", "PACK_DIR": str(pack),
+                 **env}  # fmt: skip
+    variables.pop("PYTHONPATH", None)
+    cmd = ["bash", str(tree / "experiments" / "gpu_all.sh"), str(out)]
+    done = subprocess.run(cmd, env=variables, capture_output=True, text=True, timeout=300)
+    return done.returncode, out, pack
+
+
+def parts(out: Path) -> list[dict[str, str]]:
+    with (out / "parts.tsv").open() as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def calls(tmp_path: Path) -> list[str]:
+    return (tmp_path / "calls.log").read_text().splitlines()
+
+
+def test_every_part_runs_dry_in_order_within_the_device_budget(tmp_path: Path) -> None:
+    rc, out, pack = run_script(tmp_path, LIMIT_SCALE="1")
+    assert rc == 0
+    rows = parts(out)
+    assert [r["part"] for r in rows] == PARTS
+    assert all(r["exit"] == "0" for r in rows)
+    assert sum(int(r["limit_s"]) for r in rows) <= DEVICE_BUDGET_S
+    modules = [c.split(" -m ")[1].split()[0] for c in calls(tmp_path)]
+    assert modules == [
+        "experiments.bench.gpu_env", "experiments.bench.profile_gpu",
+        "experiments.bench.kernels_gpu", "experiments.bench.engine_gpu",
+        "experiments.calibrate", "experiments.validate",
+    ]  # fmt: skip
+    assert all("--dry" in c for c in calls(tmp_path)[:4])
+    assert "--max-seconds 150" in calls(tmp_path)[3]
+    for part in PARTS:
+        assert (out / f"{part}.log").is_file()
+    packed = sorted(p.name for p in pack.iterdir())
+    assert packed == sorted(["kvlab-gpu.tar.gz", "env.json", "parts.tsv",
+                             "operator_profile.csv", "operator_profile.json"])  # fmt: skip
+    assert len(packed) <= 8  # what the device tool returns
+    with tarfile.open(pack / "kvlab-gpu.tar.gz") as tar:
+        names = tar.getnames()
+    assert {"out/env.json", "out/kernels.log", "out/engine/tiny-opt_vllm_online/steps.csv"} <= set(
+        names
+    )
+
+
+def test_dry_limits_are_scaled_for_cpu(tmp_path: Path) -> None:
+    rc, out, _ = run_script(tmp_path)
+    assert rc == 0
+    assert [int(r["limit_s"]) for r in parts(out)] == [300, 700, 1000, 1900, 200, 400]
+    assert "--max-seconds 1500" in calls(tmp_path)[3]
+
+
+def test_a_failing_part_does_not_stop_the_others(tmp_path: Path) -> None:
+    rc, out, pack = run_script(tmp_path, STUB_FAIL="experiments.bench.kernels_gpu")
+    assert rc == 1
+    rows = {r["part"]: r["exit"] for r in parts(out)}
+    assert rows == {"env": "0", "profile": "0", "kernels": "3", "engine": "0", "calibrate": "0",
+                    "validate": "0"}  # fmt: skip
+    assert (pack / "kvlab-gpu.tar.gz").is_file()
+
+
+def test_a_failed_environment_check_stops_the_run(tmp_path: Path) -> None:
+    rc, out, pack = run_script(tmp_path, STUB_FAIL="experiments.bench.gpu_env")
+    assert rc == 1
+    assert [r["part"] for r in parts(out)] == ["env"]
+    assert (pack / "kvlab-gpu.tar.gz").is_file() and (pack / "parts.tsv").is_file()
+
+
+def test_no_engine_run_skips_calibration_and_fails(tmp_path: Path) -> None:
+    rc, out, _ = run_script(tmp_path, STUB_FAIL="experiments.bench.engine_gpu")
+    assert rc == 1
+    assert [r["part"] for r in parts(out)] == ["env", "profile", "kernels", "engine"]
+
+
+@pytest.mark.skipif(not WHEELS, reason="no .whl/: run `bash experiments/gpu_prepare.sh` first")
+def test_wheels_are_installed_and_put_on_pythonpath(tmp_path: Path) -> None:
+    rc, _, _ = run_script(tmp_path, wheels=True)
+    assert rc == 0
+    log = calls(tmp_path)
+    assert " -m pip install " in log[0] and "--no-index --no-deps" in log[0]
+    site = Path(log[1].split()[0].removeprefix("PYTHONPATH="))
+    assert (site / "simpy").is_dir() and (site / "hydra").is_dir()
+    assert all(c.startswith(f"PYTHONPATH={site} ") for c in log[1:])

@@ -1,0 +1,75 @@
+"""The operator profile script in its ``--dry`` mode (CPU, tiny models, Triton interpreter)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from experiments.bench.profile_gpu import COLUMNS, FORMAT, OPS, Profiler, main, make_plan, measure
+
+SIDECAR_KEYS = {"format", "model", "gpu", "dtype", "tp", "block_size", "date", "command",
+                "torch", "triton"}  # fmt: skip
+
+
+def test_dry_run_writes_the_profile_format(tmp_path: Path) -> None:
+    assert main(["--out", str(tmp_path), "--dry"]) == 0
+    with (tmp_path / "operator_profile.csv").open() as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames or ()) == COLUMNS
+        rows = list(reader)
+    meta = json.loads((tmp_path / "operator_profile.json").read_text())
+    assert set(meta) >= SIDECAR_KEYS
+    assert meta["format"] == FORMAT and meta["tp"] == 1 and meta["block_size"] == 16
+    assert meta["model"] == "tiny-opt" and meta["dtype"] == "float32" and meta["dry"] is True
+    assert [r["op"] for r in rows] == sorted((r["op"] for r in rows), key=OPS.index)
+    assert {r["op"] for r in rows} == set(OPS)
+    plan = make_plan(dry=True)
+    for op in OPS:
+        points = [(int(r["num_tokens"]), int(r["context_tokens"])) for r in rows if r["op"] == op]
+        assert points == sorted(points), op
+        if op == "attn_decode":
+            assert len(points) == len({(n, c) for n in plan.token_counts
+                                        for c in plan.seq_contexts if n * c <= 64})  # fmt: skip
+        else:
+            assert [n for n, _ in points] == list(plan.token_counts), op
+            assert all(c == (n if op == "attn_prefill" else 0) for n, c in points), op
+    assert all(float(r["time_ms"]) > 0 for r in rows)
+
+
+def test_llama_layer_profiles_and_other_launches_no_matmul_or_attention() -> None:
+    plan = replace(make_plan(dry=True, model="tiny-llama"), token_counts=(1, 2), seq_contexts=(16,))
+    prof = Profiler(plan)
+    assert not any(isinstance(m, nn.Linear) for m in prof.stub.modules())
+    assert all(isinstance(m, nn.Linear) for m in prof.linears) and len(prof.linears) == 7
+    assert prof.layer.self_attn.backend.name == "triton"  # the stub is a copy
+    rows = measure(plan, log=lambda _: None)
+    assert {r["op"] for r in rows} == set(OPS)
+
+
+def test_profiled_attention_is_a_valid_paged_batch() -> None:
+    """The metadata the profiler builds gives the reference result through the Triton path."""
+    from engine.attention.torch_ref import TorchRefBackend
+
+    prof = Profiler(replace(make_plan(dry=True), token_counts=(4,), max_context_tokens=96))
+    cfg = prof.config
+    meta = prof._meta([1, 3, 1], [40, 20, 17])
+    q = torch.randn(5, cfg.num_heads, cfg.head_dim)
+    k, v = torch.randn(5, cfg.num_kv_heads, cfg.head_dim), torch.randn(5, cfg.num_kv_heads, 16)
+    caches = (prof.k_cache.clone(), prof.v_cache.clone())
+    got = prof.backend.forward(q, k, v, *caches, meta, 0.25)
+    ref = TorchRefBackend().forward(q, k, v, prof.k_cache, prof.v_cache, meta, 0.25)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    assert torch.equal(caches[0], prof.k_cache)  # both stored the new K at the same slots
+
+
+def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, needle in ((["--block-size", "12"], "power of two"), (["--model", "gpt-9"], "gpt-9")):
+        with pytest.raises(SystemExit):
+            main(["--out", "unused", "--dry", *argv])
+        assert needle in capsys.readouterr().err
