@@ -27,6 +27,7 @@ def test_dry_run_writes_the_profile_format(tmp_path: Path) -> None:
     assert set(meta) >= SIDECAR_KEYS
     assert meta["format"] == FORMAT and meta["tp"] == 1 and meta["block_size"] == 16
     assert meta["model"] == "tiny-opt" and meta["dtype"] == "float32" and meta["dry"] is True
+    assert meta["complete"] is True
     assert [r["op"] for r in rows] == sorted((r["op"] for r in rows), key=OPS.index)
     assert {r["op"] for r in rows} == set(OPS)
     plan = make_plan(dry=True)
@@ -56,7 +57,7 @@ def test_profiled_attention_is_a_valid_paged_batch() -> None:
     """The metadata the profiler builds gives the reference result through the Triton path."""
     from engine.attention.torch_ref import TorchRefBackend
 
-    prof = Profiler(replace(make_plan(dry=True), token_counts=(4,), max_context_tokens=96))
+    prof = Profiler(replace(make_plan(dry=True), token_counts=(4,), max_context_tokens=128))
     cfg = prof.config
     meta = prof._meta([1, 3, 1], [40, 20, 17])
     q = torch.randn(5, cfg.num_heads, cfg.head_dim)
@@ -66,6 +67,8 @@ def test_profiled_attention_is_a_valid_paged_batch() -> None:
     ref = TorchRefBackend().forward(q, k, v, prof.k_cache, prof.v_cache, meta, 0.25)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     assert torch.equal(caches[0], prof.k_cache)  # both stored the new K at the same slots
+    with pytest.raises(ValueError, match="blocks"):  # 9 blocks asked of a cache of 8
+        prof._meta([1, 1, 1], [48, 48, 48])
 
 
 def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,8 @@ Format ``kvlab-operator-profile/1``, two files in ``DIR``:
 
 - ``operator_profile.json``, the sidecar: ``{"format": "kvlab-operator-profile/1", "model",
   "gpu" (device name), "dtype", "tp": 1, "block_size", "date", "command", "torch",
-  "triton"}`` plus ``"dry"`` and ``"method"``; readers ignore keys they do not know.
+  "triton"}`` plus ``"dry"``, ``"method"`` and ``"complete"`` (false in the copy written
+  after the token sweep, before the decode sweep); readers ignore keys they do not know.
 
 What runs is kvlab's own code: one decoder layer and the LM head built by
 ``engine.models.build_model`` (seeded dummy weights), attention through the engine's
@@ -204,28 +205,40 @@ class Profiler:
         from engine.attention.metadata import AttentionMetadata
 
         bs, dev = self.plan.block_size, self.plan.device
-        per_seq = [-(-c // bs) for c in context_lens]
+        q_lens = torch.tensor(query_lens, device=dev)
+        ctx = torch.tensor(context_lens, device=dev)
+        per_seq = (ctx + bs - 1) // bs
+        if int(per_seq.sum()) > self.k_cache.shape[0]:
+            raise ValueError(
+                f"contexts {context_lens} need more than {self.k_cache.shape[0]} blocks"
+            )
+        first = torch.cumsum(per_seq, 0) - per_seq  # each sequence's run in the permutation
+        cols = torch.arange(int(per_seq.max()), device=dev)
+        used = cols[None, :] < per_seq[:, None]
         perm = torch.randperm(self.k_cache.shape[0], generator=self.gen, device=dev)
-        tables = torch.zeros(len(per_seq), max(per_seq), dtype=torch.int64, device=dev)
-        slots, used = [], 0
-        for i, (n, ql, ctx) in enumerate(zip(per_seq, query_lens, context_lens, strict=True)):
-            tables[i, :n] = perm[used : used + n]
-            used += n
-            pos = torch.arange(ctx - ql, ctx, device=dev)
-            slots.append(tables[i, pos // bs] * bs + pos % bs)
-        starts = torch.tensor([0, *query_lens], device=dev).cumsum(0)
+        picks = perm[(first[:, None] + cols[None, :]).clamp(max=perm.numel() - 1)]
+        tables = torch.where(used, picks, 0)
+        starts = torch.cumsum(torch.cat([q_lens.new_zeros(1), q_lens]), 0)
+        seq = torch.repeat_interleave(torch.arange(len(query_lens), device=dev), q_lens)
+        pos = ctx[seq] - q_lens[seq] + torch.arange(int(starts[-1]), device=dev) - starts[seq]
         return AttentionMetadata(
             query_start_loc=starts.to(torch.int32),
             context_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),
             block_tables=tables.to(torch.int32),
-            slot_mapping=torch.cat(slots),
+            slot_mapping=tables[seq, pos // bs] * bs + pos % bs,
             max_query_len=max(query_lens),
             max_context_len=max(context_lens),
         )
 
 
-def measure(plan: ProfilePlan, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Every row of the profile (see the module doc), in sorted order."""
+def measure(
+    plan: ProfilePlan,
+    log: Callable[[str], None] = print,
+    partial: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every row of the profile (see the module doc), in sorted order. ``partial`` gets the
+    rows measured so far after the token sweep (so a run killed in the decode sweep keeps
+    them)."""
     prof = Profiler(plan)
     rows: list[dict[str, Any]] = []
 
@@ -243,10 +256,16 @@ def measure(plan: ProfilePlan, log: Callable[[str], None] = print) -> list[dict[
             log(f"{t} tokens: linear {rows[-4]['time_ms']:.4g} ms, other "
                 f"{rows[-3]['time_ms']:.4g}, prefill attention {rows[-2]['time_ms']:.4g}, "
                 f"lm_head {rows[-1]['time_ms']:.4g}")  # fmt: skip
+        if partial is not None:
+            partial(sorted_rows(rows))
         for n, total in decode_points(plan):
             add("attn_decode", n, total, prof.attention([1] * n, [total // n] * n))
-    rows.sort(key=lambda r: (OPS.index(r["op"]), r["num_tokens"], r["context_tokens"]))
-    return rows
+    return sorted_rows(rows)
+
+
+def sorted_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` by op (in ``OPS`` order), then num_tokens, then context_tokens."""
+    return sorted(rows, key=lambda r: (OPS.index(r["op"]), r["num_tokens"], r["context_tokens"]))
 
 
 def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
@@ -310,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as exc:
         parser.error(str(exc.args[0]))
     plan = make_plan(args.dry, args.model, args.block_size)
-    rows = measure(plan)
-    write_profile(args.out, rows, sidecar(plan, args_list))
+    meta = sidecar(plan, args_list)
+    rows = measure(plan, partial=lambda r: write_profile(args.out, r, {**meta, "complete": False}))
+    write_profile(args.out, rows, {**meta, "complete": True})
     from experiments.bench.tables import print_table
 
     note = " (dry: times meaningless)" if plan.dry else ""
