@@ -27,6 +27,7 @@ needs_wheels = pytest.mark.skipif(
     not WHEELS, reason="no .whl/: run `bash experiments/gpu_prepare.sh` first"
 )
 CARRIED = {"simpy", "hydra-core", "omegaconf", "antlr4-python3-runtime"}
+pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
 
 
 def test_the_image_lacks_exactly_simpy_hydra_and_their_requirements() -> None:

@@ -17,6 +17,7 @@ SIDECAR_KEYS = {"format", "model", "gpu", "dtype", "tp", "block_size", "date", "
                 "torch", "triton"}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_dry_run_writes_the_profile_format(tmp_path: Path) -> None:
     assert main(["--out", str(tmp_path), "--dry"]) == 0
     with (tmp_path / "operator_profile.csv").open() as f:
