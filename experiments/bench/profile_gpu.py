@@ -125,14 +125,13 @@ class Profiler:
         from dataclasses import replace
 
         from engine.attention.registry import get_backend
-        from engine.config import ModelConfig
+        from engine.config import check_engine_support
         from engine.models import build_model
         from engine.weights import init_dummy_weights
         from sim.catalog import get_model
 
         self.plan = plan
-        config = ModelConfig.from_hf_dict(get_model(plan.model).to_hf_config())
-        self.config = replace(config, num_layers=1)
+        self.config = replace(check_engine_support(get_model(plan.model)), num_layers=1)
         self.model = build_model(self.config, "triton", plan.dtype, plan.device)
         init_dummy_weights(self.model, seed=0)
         self.layer = self.model.decoder().layers[0]
