@@ -1,4 +1,4 @@
-"""The recorder's inter-token gaps, taken in one pass at the end, equal each finished
+"""The recorder's tables and inter-token gaps, built once at the end: the gaps equal each finished
 request's own ``np.diff`` of its token times, in finishing order."""
 
 from __future__ import annotations
@@ -31,3 +31,25 @@ def test_gaps_match_per_request_diff(token_times):
     want = np.concatenate(expected) if expected else np.empty(0)
     assert rec.inter_token_latencies().tobytes() == want.tobytes()
     assert rec.max_itl_by_request() == peaks
+
+
+def test_tables_are_fresh_copies_and_follow_new_rows():
+    rec = Recorder()
+
+    def finish(rid: int, times: list[float]) -> None:
+        group = SequenceGroup(Request(rid, 0.0, 4, len(times)), rid)
+        group.first_scheduled_time = group.first_token_time = times[0]
+        group.first_token_step, group.finish_step, group.finish_time = 0, 1, times[-1]
+        group.token_times = times
+        rec.record_request(group)
+
+    finish(2, [1.0, 1.5, 3.0])
+    first = rec.requests_frame()
+    first.loc[0, "output_len"] = 99
+    rec.inter_token_latencies()[:] = -1.0
+    assert rec.requests_frame()["output_len"].tolist() == [3]
+    assert rec.inter_token_latencies().tolist() == [0.5, 1.5]
+    finish(1, [2.0, 2.25])
+    assert rec.requests_frame()["request_id"].tolist() == [1, 2]
+    assert rec.inter_token_latencies().tolist() == [0.5, 1.5, 0.25]
+    assert rec.max_itl_by_request() == {2: 1.5, 1: 0.25}

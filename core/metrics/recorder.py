@@ -12,8 +12,10 @@ Rows are kept as tuples (cheap on the hot path) and become DataFrames only at th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import chain
 from operator import attrgetter
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -86,6 +88,9 @@ class Recorder:
         # are taken in one vectorized pass at the end, not one NumPy call per request
         self._token_times: list[tuple[int, list[float]]] = []
         self.keep_token_times = keep_token_times
+        # Tables built at the end, kept while no row is added (an app asks for them twice:
+        # for its metrics and for its files); keyed by the row count they were built from.
+        self._built: dict[str, tuple[int, Any]] = {}
 
     def record_step(
         self,
@@ -158,15 +163,28 @@ class Recorder:
     def num_requests(self) -> int:
         return len(self._requests)
 
+    def _cached(self, name: str, rows: int, build: Callable[[], Any]) -> Any:
+        hit = self._built.get(name)
+        if hit is None or hit[0] != rows:
+            hit = self._built[name] = (rows, build())
+        return hit[1]
+
     def steps_frame(self) -> pd.DataFrame:
         """One row per step; ``start_s`` and ``duration_s`` are floats, every other column
-        an integer count (built through a NumPy record array: a third of the time of
-        ``DataFrame.from_records`` on a long run)."""
+        an integer count. A new frame on each call (a copy of the one built, through a
+        NumPy record array, when the first was asked for)."""
+        return self._cached("steps", len(self._steps), self._build_steps).copy()
+
+    def _build_steps(self) -> pd.DataFrame:
         if not self._steps:
             return pd.DataFrame.from_records(self._steps, columns=list(STEP_COLUMNS))
         return pd.DataFrame(np.array(self._steps, dtype=_STEP_DTYPE))
 
     def requests_frame(self) -> pd.DataFrame:
+        """One row per request, by request id; a new frame on each call."""
+        return self._cached("requests", len(self._requests), self._build_requests).copy()
+
+    def _build_requests(self) -> pd.DataFrame:
         df = pd.DataFrame.from_records(self._requests, columns=list(REQUEST_COLUMNS))
         return df.sort_values("request_id", kind="stable").reset_index(drop=True)
 
@@ -185,10 +203,13 @@ class Recorder:
         the order they finished."""
         if not self._token_times:
             return np.empty(0)
-        return self._gaps()[0]
+        return self._gaps()[0].copy()
 
     def _gaps(self) -> tuple[np.ndarray, np.ndarray]:
         """All requests' token gaps, concatenated, and how many each request has."""
+        return self._cached("gaps", len(self._token_times), self._build_gaps)
+
+    def _build_gaps(self) -> tuple[np.ndarray, np.ndarray]:
         lists = [times for _, times in self._token_times]
         lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
         ends = np.cumsum(lengths)
