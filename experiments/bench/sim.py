@@ -143,6 +143,8 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        # other load during the run (CPU time is less sensitive to it than wall time)
+        "load_avg_1_5_15min": [round(x, 2) for x in os.getloadavg()],
     }
 
 
