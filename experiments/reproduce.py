@@ -92,6 +92,12 @@ def run_one(label: str, overrides: list[str], out_dir: Path | None) -> dict[str,
     return metrics
 
 
+def run_on_clock(clock: list[str], label: str, overrides: list[str]) -> dict[str, Any]:
+    """:func:`run_one` (no files) with the report's clock overrides appended, so the sharing
+    figures run on the same cost model as every other figure of the report."""
+    return run_one(label, [*overrides, *clock], None)
+
+
 def _sweep_system(
     system: str, base: list[str], rates: tuple[float, ...], threshold: float, runs_dir: Path,
     bisect_evals: int,
@@ -280,7 +286,7 @@ def main(argv: list[str] | None = None) -> Path:
         if not args.skip_sharing:
             sharing_s = args.duration or (sharing.FULL_DURATION_S if args.full
                                           else sharing.DURATION_S)  # fmt: skip
-            run = partial(run_one, out_dir=None)
+            run = partial(run_on_clock, COSTS[args.cost])
             sharing_jobs = sharing.submit(pool, run, sharing_s, args.seed, args.threshold)
         fig2 = pd.DataFrame([_keep(fig2_jobs[s].result()) | {"system": s} for s in FIG2_SYSTEMS])
         sens = pd.DataFrame(
