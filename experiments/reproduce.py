@@ -250,6 +250,9 @@ def main(argv: list[str] | None = None) -> Path:
     args = p.parse_args(argv)  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("fontTools").setLevel(logging.WARNING)
+    # Hundreds of runs: their per-run capacity breakdown is Table 1's, printed once in the report.
+    logging.getLogger("experiments.simulate").setLevel(logging.WARNING)
+    logging.getLogger("matplotlib.category").setLevel(logging.WARNING)
 
     duration = args.duration or (3600.0 if args.full else 600.0)
     out: Path = args.out
