@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.cache_layout import cache_strides
+
 
 @triton.jit
 def _store_kv_kernel(
@@ -113,12 +115,7 @@ def store_kv(
         k.stride(1),
         v.stride(0),
         v.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        *cache_strides(k_cache, v_cache),
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=k_cache.shape[1],

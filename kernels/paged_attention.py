@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.cache_layout import cache_strides
+
 _LOG2E = 1.4426950408889634
 _MIN_ROWS = 16  # tl.dot needs M, N, K >= 16 when compiled
 _TARGET_ROWS = 64
@@ -367,12 +369,7 @@ def paged_attention(
         num_tokens,
         q.stride(0),
         q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        *cache_strides(k_cache, v_cache),
         out.stride(0),
         out.stride(1),
         block_tables.stride(0),
