@@ -319,10 +319,11 @@ def _fit_rows(
     meas: pd.DataFrame, fit_ids: set[int],
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Rows ``(basis sums, measured)`` of the fit part's TPOTs and no-wait TTFTs on the
-    simulated schedule ``steps``; basis columns: constant, compute time, memory time."""
+    simulated schedule ``steps``; basis columns: constant, compute time, memory time (the
+    per-sequence terms are not fitted here: they stay 0)."""
     steps = steps.sort_values("start_s")
     col = {c: steps[c].to_numpy(dtype=float) for c in steps.columns if c != "step"}
-    const, lin, attn, byte = probe.basis(
+    const, lin, attn, byte, *_ = probe.basis(
         col["prefill_tokens"], col["prefill_seqs"], col["prefill_attn_pairs"],
         col["prefill_kv_read_tokens"], col["decode_seqs"], col["decode_ctx_tokens"],
     )  # fmt: skip

@@ -1,11 +1,19 @@
 """Step-time model fitted to measured engine steps on roofline basis terms.
 
-``duration ≈ c0 + c1 · t_linear + c2 · t_attn + c3 · t_bytes`` with all ``c ≥ 0``, where
-the basis times are at datasheet peak (efficiency 1): ``t_linear`` = linear-layer FLOPs /
-peak, ``t_attn`` = attention FLOPs / peak, ``t_bytes`` = (weights + activations + K/V read
-and written) / bandwidth, all from :func:`sim.cost.work.count_work`. ``c0`` is the per-step overhead
-and ``1 / c1`` reads as the matmul efficiency. Swaps and block copies are not fitted; they
-are priced by the roofline model at default efficiency and added.
+``duration ≈ c0 + c1 · t_linear + c2 · t_attn + c3 · t_bytes + c4 · n_seqs + c5 · n_prefill``
+with all ``c ≥ 0``, where the basis times are at datasheet peak (efficiency 1):
+``t_linear`` = linear-layer FLOPs / peak, ``t_attn`` = attention FLOPs / peak, ``t_bytes`` =
+(weights + activations + K/V read and written) / bandwidth, all from
+:func:`sim.cost.work.count_work`; ``n_seqs`` = sequences in the step (prefill + decode) and
+``n_prefill`` = prefill sequences in the step. ``c0`` is the per-step overhead, ``1 / c1``
+reads as the matmul efficiency, ``c4`` is the host work per sequence per step (block
+tables, sampling: what the CPU engine pays in Python for every sequence it runs) and
+``c5`` the extra host work of a sequence's prefill (its input preparation). Swaps and block
+copies are not fitted; they are priced by the roofline model at default efficiency and
+added.
+
+The two per-sequence terms came later than the other four: coefficients (and
+``calibration.json`` files) without them still load, with the term at 0.
 """
 
 from __future__ import annotations
@@ -22,7 +30,16 @@ from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.cost.roofline import RooflineCostModel
 from sim.cost.work import count_work
 
-TERMS = ("constant", "linear_flop_time", "attn_flop_time", "byte_time")
+TERMS = (
+    "constant",
+    "linear_flop_time",
+    "attn_flop_time",
+    "byte_time",
+    "per_sequence",
+    "per_prefill_sequence",
+)
+# the terms a coefficient set must name; the others default to 0 (files written before them)
+CORE_TERMS = TERMS[:4]
 REQUIRED_COLUMNS = (
     "prefill_tokens",
     "prefill_attn_pairs",
@@ -82,9 +99,13 @@ class CalibratedCostModel:
         block_size: int = DEFAULT_BLOCK_SIZE,
         fit_stats: Mapping[str, float] | None = None,
     ) -> None:
-        missing = [t for t in TERMS if t not in coefficients]
+        missing = [t for t in CORE_TERMS if t not in coefficients]
         if missing:
-            raise ValueError(f"calibrated coefficients lack {missing}; need {TERMS}")
+            raise ValueError(f"calibrated coefficients lack {missing}; need {CORE_TERMS}")
+        unknown = [t for t in coefficients if t not in TERMS]
+        if unknown:
+            raise ValueError(f"calibrated coefficients name unknown terms {unknown}; know {TERMS}")
+        coefficients = {t: coefficients.get(t, 0.0) for t in TERMS}
         bad = {t: coefficients[t] for t in TERMS if not 0.0 <= float(coefficients[t]) < np.inf}
         if bad:
             raise ValueError(f"calibrated coefficients must be finite and >= 0, got {bad}")
@@ -105,8 +126,9 @@ class CalibratedCostModel:
         prefill_kv_read_tokens: Any,
         decode_seqs: Any,
         decode_ctx_tokens: Any,
-    ) -> tuple[Any, Any, Any, Any]:
-        """The four basis times (scalars or numpy arrays, elementwise)."""
+    ) -> tuple[Any, ...]:
+        """The basis values in ``TERMS`` order (scalars or numpy arrays, elementwise): one,
+        the three basis times in seconds, sequences in the step, prefill sequences."""
         lf, lb, af, ab = count_work(
             self.roofline.work_coefficients,
             prefill_tokens,
@@ -117,7 +139,8 @@ class CalibratedCostModel:
             decode_ctx_tokens,
         )
         lin, attn, byte = lf / self._peak, af / self._peak, (lb + ab) / self._bw
-        return 1.0 + 0.0 * lin, lin, attn, byte
+        seqs = prefill_seqs + decode_seqs
+        return 1.0 + 0.0 * lin, lin, attn, byte, seqs + 0.0 * lin, prefill_seqs + 0.0 * lin
 
     @classmethod
     def fit(
@@ -132,7 +155,8 @@ class CalibratedCostModel:
         """Non-negative least squares of ``steps.duration_s`` on the basis terms.
 
         ``steps`` needs the columns in ``REQUIRED_COLUMNS``; ``prefill_seqs`` is optional
-        (missing: 0, so prefill LM-head FLOPs go uncounted). Rows with no tokens (swap-only
+        (missing: 0, so prefill LM-head FLOPs and the prefill sequences go uncounted and
+        ``per_prefill_sequence`` fits to 0). Rows with no tokens (swap-only
         steps) are dropped. ``fit_stats`` records ``r2``, ``mape`` and ``n_steps``.
         """
         missing = [c for c in REQUIRED_COLUMNS if c not in steps.columns]
@@ -187,8 +211,7 @@ class CalibratedCostModel:
                 shape.decode_seqs,
                 shape.decode_ctx_tokens,
             )
-            c = self._c
-            t += c[0] + c[1] * b[1] + c[2] * b[2] + c[3] * b[3]
+            t += sum(c * v for c, v in zip(self._c, b, strict=True))
         return t
 
     def to_dict(self) -> dict[str, Any]:
@@ -236,6 +259,11 @@ class CalibratedCostModel:
             ("byte_time", "1/memory efficiency"),
         ):
             lines.append(f"  {term:<28} {c[term]:10.4f}  ({reading})")
+        for term, reading in (
+            ("per_sequence", "per sequence in the step"),
+            ("per_prefill_sequence", "extra per prefill sequence"),
+        ):
+            lines.append(f"  {term:<28} {c[term] * 1e3:10.4f} ms ({reading})")
         stats = [
             text
             for key, text in (
