@@ -21,3 +21,10 @@ def test_calibrate_on_one_run_validate_on_another(tmp_path: Path) -> None:
     cfg_b = (tmp_path / "run_b" / "config.yaml").read_text()
     assert "sharegpt" in cfg_a and "alpaca" in cfg_b  # another workload ...
     assert "rate: 30" in cfg_a and "rate: 60" in cfg_b  # ... and another rate
+    # --reuse-runs recalibrates on the runs already served: their steps are left untouched
+    steps_a = (tmp_path / "run_a" / "steps.csv").read_bytes()
+    (tmp_path / "cross_run.json").unlink()
+    assert main(["--out", str(tmp_path), "--quick", "--reuse-runs"]) == 0
+    assert (tmp_path / "run_a" / "steps.csv").read_bytes() == steps_a
+    again = json.loads((tmp_path / "cross_run.json").read_text())
+    assert again["rows"] == doc["rows"]

@@ -13,6 +13,9 @@ model to A's ``steps.csv``; ``experiments.validate`` simulates B's workload on B
 with that model and compares with B's measured metrics (and, for reference, A's in-sample
 fit). Writes ``DIR/cross_run.json`` and ``DIR/cross_run.csv`` and prints the table.
 ``--quick`` uses tiny-opt and a handful of requests (seconds) so a test can run it.
+``--reuse-runs`` keeps ``DIR/run_a`` and ``DIR/run_b`` where they already hold a
+``steps.csv`` (recalibrate and revalidate after a change to the cost model without serving
+again).
 """
 
 from __future__ import annotations
@@ -61,12 +64,19 @@ def serve_run(out: Path, overrides: list[str]) -> Path:
     return out
 
 
-def cross_run(out: Path, quick: bool = False) -> dict[str, Any]:
-    """Serve A and B, calibrate on A, validate on A and B; the rows and the documents."""
+def cross_run(out: Path, quick: bool = False, reuse_runs: bool = False) -> dict[str, Any]:
+    """Serve A and B (or, with ``reuse_runs``, keep the runs already in ``out``), calibrate
+    on A, validate on A and B; the rows and the documents."""
     plan = QUICK if quick else FULL
     base = [f"model={plan['model']}", plan["kv"], *COMMON]
-    run_a = serve_run(out / "run_a", [*base, *plan["a"], "seed=1"])
-    run_b = serve_run(out / "run_b", [*base, *plan["b"], "seed=2"])
+    runs = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        run_dir = out / f"run_{name}"
+        if reuse_runs and (run_dir / "steps.csv").is_file():
+            runs[name] = run_dir
+        else:
+            runs[name] = serve_run(run_dir, [*base, *plan[name], f"seed={seed}"])
+    run_a, run_b = runs["a"], runs["b"]
     fitted = calibrate.calibrate(run_a)
     doc = calibrate.calibration_doc(fitted, run_a)
     write_json(run_a / "calibration.json", doc)
@@ -93,9 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench.cpu_cross_run")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="tiny-opt, seconds")
+    parser.add_argument(
+        "--reuse-runs", action="store_true", help="keep DIR/run_a and DIR/run_b if served"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    result = cross_run(args.out, args.quick)
+    result = cross_run(args.out, args.quick, args.reuse_runs)
     print(result["calibration"].get("coefficients"))
     print_table("calibrated on run A, validated on A and on B", result["rows"])
     write_csv(args.out / "cross_run.csv", result["rows"])
