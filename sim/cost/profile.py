@@ -14,6 +14,10 @@ milliseconds, per decoder layer except ``lm_head`` (whole model):
   ``context_tokens``;
 - ``lm_head``: logits for ``num_tokens`` rows.
 
+Every op is required unless the sidecar lists the ones it holds (``"ops"``, which must
+include ``linear`` and ``other``); the cost model prices missing attention or LM-head rows
+by the roofline, as for Vidur's tables.
+
 Vidur's format (``mlp_<model>.csv``, e.g. ``../shared/measurements/vidur/a100/``): one row
 per ``num_tokens`` and ``num_tensor_parallel_workers`` with ``time_stats.<op>.median``
 columns (ms, per layer; a token count that appears twice is averaged). ``linear`` =
@@ -126,7 +130,8 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
         if op not in OPS:
             raise ProfileError(f"{p}: row {i}: unknown op {op!r}; known: {', '.join(OPS)}")
         by_op.setdefault(op, []).append(item)
-    missing = [o for o in OPS if o not in by_op]
+    expected = dict.fromkeys([*REQUIRED_OPS, *meta.get("ops", OPS)])
+    missing = [o for o in expected if o not in by_op]
     if missing:
         raise ProfileError(f"{p}: missing operators {', '.join(missing)}")
     ops = {}

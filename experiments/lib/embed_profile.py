@@ -1,0 +1,65 @@
+"""Write the profile the simulator ships, derived from Vidur's A100 measurement.
+
+``python -m experiments.lib.embed_profile`` reads
+``../shared/measurements/vidur/a100/mlp_llama-2-7b.csv`` (Vidur, microsoft/vidur 7d47513,
+MIT) with :func:`sim.cost.profile.read_vidur_profile` and writes its ``linear`` and ``other``
+operators, tp 1, in kvlab's operator-profile format to :data:`EMBEDDED`, so ``cost=profiled``
+(and ``experiments.reproduce``'s paper-era clock) runs on a machine without ``../shared``.
+The numbers are Vidur's medians summed per operator group, nothing else;
+``tests/test_embedded_profile.py`` checks the shipped file against a fresh derivation when
+``../shared`` is present. Llama-2-7B's layer shape is LLaMA-7B's (hidden 4096, 32 heads,
+gated MLP 11008; Touvron et al. 2023), so the profile names the catalog's ``llama-7b``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from sim.cost.profile import FORMAT, read_vidur_profile
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE = Path("../shared/measurements/vidur/a100/mlp_llama-2-7b.csv")
+EMBEDDED = Path("sim/cost/profiles/vidur-a100-llama-2-7b")
+
+
+def derive(source: Path) -> tuple[str, dict[str, object]]:
+    """The profile CSV text and sidecar derived from Vidur's ``source`` table."""
+    prof = read_vidur_profile(source, tp=1)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["op", "num_tokens", "context_tokens", "time_ms"])
+    for op in ("linear", "other"):
+        n, c, t = prof.ops[op]
+        for ni, ci, ti in zip(n, c, t, strict=True):
+            writer.writerow([op, int(ni), int(ci), repr(round(float(ti) * 1e3, 9))])
+    meta = {
+        "format": FORMAT,
+        "model": "llama-7b",
+        "gpu": prof.gpu,
+        "dtype": "float16",
+        "tp": 1,
+        "block_size": None,
+        "ops": ["linear", "other"],
+        "date": "Vidur commit 7d47513",
+        "command": "python -m experiments.lib.embed_profile",
+        "source": f"{prof.source}: linear = attn_pre_proj + attn_post_proj + mlp_up_proj + "
+        "mlp_down_proj, other = input_layernorm + attn_rope + post_attention_layernorm + "
+        "mlp_act + add (medians, ms per layer)",
+    }
+    return buf.getvalue(), meta
+
+
+def main() -> None:
+    text, meta = derive(REPO / SOURCE)
+    out = REPO / EMBEDDED
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "operator_profile.csv").write_text(text)
+    (out / "operator_profile.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
