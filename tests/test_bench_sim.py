@@ -25,3 +25,15 @@ def test_bench_sim_times_loop_and_whole_run(tmp_path):
     doc = json.loads((tmp_path / "bench_sim.json").read_text())
     assert doc["setup"]["duration_s"] == 5 and len(doc["rows"]) == 2
     assert doc["machine"]["cpu_count"] >= 1
+
+
+def test_bench_sim_times_each_clock(tmp_path):
+    table = main(
+        ["--duration", "5", "--systems", "vllm", "--modes", "loop", "--cost", "roofline",
+         "paper-a100", "--out", str(tmp_path)]
+    )  # fmt: skip
+    assert list(table["cost"]) == ["roofline", "paper-a100"]
+    roofline, paper = table.iloc[0], table.iloc[1]
+    assert roofline["requests"] == paper["requests"]
+    # The paper-era clock's steps are slower than the bare roofline's lower bound.
+    assert paper["sim_s"] >= roofline["sim_s"]

@@ -40,13 +40,14 @@ import pandas as pd
 
 from experiments.lib.results import write_json
 from experiments.lib.setup import as_dict, build_setup
-from experiments.reproduce import compose_config
+from experiments.reproduce import COSTS, compose_config
 from sim.driver import simulate
 
 SYSTEMS = ("vllm", "orca_max", "orca_pow2", "orca_oracle", "fastertransformer")
 MODES = ("loop", "e2e")
 COLUMNS = (
     "system",
+    "cost",
     "mode",
     "requests",
     "sim_s",
@@ -60,8 +61,9 @@ COLUMNS = (
 )
 
 
-def overrides(system: str, duration_s: float, rate: float, seed: int) -> list[str]:
-    """The benchmark run's config overrides (``configs/simulate.yaml`` groups)."""
+def overrides(system: str, duration_s: float, rate: float, seed: int, cost: str) -> list[str]:
+    """The benchmark run's config overrides (``configs/simulate.yaml`` groups); ``cost`` is a
+    clock of ``experiments.reproduce`` (``roofline``: simulate's default)."""
     return [
         "model=opt-13b",
         "hardware=a100-40gb",
@@ -70,12 +72,16 @@ def overrides(system: str, duration_s: float, rate: float, seed: int) -> list[st
         f"workload.rate={rate}",
         f"seed={seed}",
         f"system={system}",
+        *COSTS[cost],
     ]
 
 
-def _row(system: str, mode: str, n: int, sim_s: float, steps: int, wall: float, cpu: float):
+def _row(
+    system: str, cost: str, mode: str, n: int, sim_s: float, steps: int, wall: float, cpu: float
+):
     return {
         "system": system,
+        "cost": cost,
         "mode": mode,
         "requests": n,
         "sim_s": sim_s,
@@ -89,16 +95,16 @@ def _row(system: str, mode: str, n: int, sim_s: float, steps: int, wall: float, 
     }
 
 
-def bench_loop(system: str, duration_s: float, rate: float, seed: int) -> dict[str, Any]:
+def bench_loop(system: str, duration_s: float, rate: float, seed: int, cost: str) -> dict[str, Any]:
     """Simulate one system on the benchmark trace in this process; times the loop alone."""
-    c = as_dict(compose_config(overrides(system, duration_s, rate, seed)))
+    c = as_dict(compose_config(overrides(system, duration_s, rate, seed, cost)))
     setup = build_setup(c)
     cost_model = setup.cost_model
     t0, c0 = time.perf_counter(), time.process_time()
     result = simulate(setup.requests, setup.make_scheduler, cost_model, seed=seed)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     n = len(setup.requests)
-    return _row(system, "loop", n, result.end_time_s, result.num_steps, wall, cpu)
+    return _row(system, cost, "loop", n, result.end_time_s, result.num_steps, wall, cpu)
 
 
 def _children_cpu() -> float:
@@ -106,13 +112,13 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def bench_e2e(system: str, duration_s: float, rate: float, seed: int) -> dict[str, Any]:
+def bench_e2e(system: str, duration_s: float, rate: float, seed: int, cost: str) -> dict[str, Any]:
     """Run ``python -m experiments.simulate`` for one system in a subprocess (into a
     temporary directory) and time it from start to exit with ``metrics.json`` written."""
     with tempfile.TemporaryDirectory(prefix="bench_sim_") as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "experiments.simulate"]
-        cmd += [*overrides(system, duration_s, rate, seed), f"hydra.run.dir={run_dir}"]
+        cmd += [*overrides(system, duration_s, rate, seed, cost), f"hydra.run.dir={run_dir}"]
         c0, t0 = _children_cpu(), time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
@@ -123,7 +129,14 @@ def bench_e2e(system: str, duration_s: float, rate: float, seed: int) -> dict[st
         metrics = json.loads(metrics_path.read_text())
         end_s = _last_step_end(run_dir / "steps.csv")
     return _row(
-        system, "e2e", int(metrics["num_requests"]), end_s, int(metrics["num_steps"]), wall, cpu
+        system,
+        cost,
+        "e2e",
+        int(metrics["num_requests"]),
+        end_s,
+        int(metrics["num_steps"]),
+        wall,
+        cpu,
     )
 
 
@@ -158,6 +171,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "--modes", nargs="+", default=list(MODES), choices=MODES,
         help="loop: simulate() alone in this process; e2e: a whole experiments.simulate run",
     )  # fmt: skip
+    p.add_argument(
+        "--cost", nargs="+", default=["roofline"], choices=sorted(COSTS),
+        help="clocks to time: roofline (simulate's default) and/or paper-a100 (reproduce's)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("results/bench_sim"))
     args = p.parse_args(argv)
     if args.duration <= 0 or args.rate <= 0:
@@ -165,13 +182,15 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
 
     bench = {"loop": bench_loop, "e2e": bench_e2e}
     rows = []
-    for system in args.systems:
-        for mode in args.modes:
-            rows.append(bench[mode](system, args.duration, args.rate, args.seed))
-            row = rows[-1]
-            print(
-                f"{system} {mode}: {row['wall_s']:.2f} s wall, {row['cpu_s']:.2f} s CPU", flush=True
-            )
+    for cost in args.cost:
+        for system in args.systems:
+            for mode in args.modes:
+                rows.append(bench[mode](system, args.duration, args.rate, args.seed, cost))
+                row = rows[-1]
+                print(
+                    f"{system} {cost} {mode}: {row['wall_s']:.2f} s wall, {row['cpu_s']:.2f} s CPU",
+                    flush=True,
+                )
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     print(table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -187,6 +206,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 "duration_s": args.duration,
                 "rate": args.rate,
                 "seed": args.seed,
+                "cost": args.cost,
             },
             "rows": rows,
         },
