@@ -12,7 +12,7 @@ from core.plan import BatchShape
 from sim.catalog import get_model
 from sim.cost import CalibratedCostModel, Efficiency, RooflineCostModel
 from sim.cost.calibrated import TERMS
-from sim.cost.work import WorkCoefficients, count_work
+from sim.cost.work import WorkCoefficients, count_work, shape_counts
 
 FULL = Efficiency(compute=1.0, memory=1.0)
 MODELS = ("opt-13b", "llama-3-8b", "tiny-llama")
@@ -40,18 +40,6 @@ def decode_shapes(draw: st.DrawFn) -> BatchShape:
     return BatchShape(decode_seqs=seqs, decode_ctx_tokens=ctx)
 
 
-def _counts(shape: BatchShape) -> tuple[int, ...]:
-    s = shape
-    return (
-        s.prefill_tokens,
-        s.prefill_seqs,
-        s.prefill_attn_pairs,
-        s.prefill_kv_read_tokens,
-        s.decode_seqs,
-        s.decode_ctx_tokens,
-    )
-
-
 def _models(name: str, tp: int = 1) -> tuple[RooflineCostModel, CalibratedCostModel]:
     roof = RooflineCostModel(name, "a100-40gb", tp, efficiency=FULL)
     cal = CalibratedCostModel(name, "a100-40gb", dict.fromkeys(TERMS, 0.0), tp)
@@ -63,14 +51,14 @@ def _models(name: str, tp: int = 1) -> tuple[RooflineCostModel, CalibratedCostMo
 def test_work_and_basis_are_one_count(shape: BatchShape, name: str) -> None:
     roof, cal = _models(name)
     w = roof.work(shape)
-    lf, lb, af, ab = count_work(roof.work_coefficients, *_counts(shape))
+    lf, lb, af, ab = count_work(roof.work_coefficients, *shape_counts(shape))
     assert (w["linear_flops"], w["linear_bytes"], w["attn_flops"], w["attn_bytes"]) == (
         lf,
         lb,
         af,
         ab,
     )
-    _, lin, attn, byte, *_ = cal.basis(*_counts(shape))
+    _, lin, attn, byte, *_ = cal.basis(*shape_counts(shape))
     g = roof.gpu
     assert lin == pytest.approx(w["linear_flops"] / g.peak_flops, rel=1e-12)
     assert attn == pytest.approx(w["attn_flops"] / g.peak_flops, rel=1e-12)
@@ -87,7 +75,7 @@ def test_compute_bound_step_is_the_flop_basis(shape: BatchShape, name: str) -> N
     g = roof.gpu
     assert w["linear_flops"] / g.peak_flops > w["linear_bytes"] / g.mem_bandwidth
     assert w["attn_flops"] / g.peak_flops > w["attn_bytes"] / g.mem_bandwidth
-    _, lin, attn, *_ = cal.basis(*_counts(shape))
+    _, lin, attn, *_ = cal.basis(*shape_counts(shape))
     assert roof.step_time(shape) == pytest.approx(lin + attn, rel=1e-12)
 
 
@@ -99,7 +87,7 @@ def test_memory_bound_step_is_the_byte_basis(shape: BatchShape, name: str) -> No
     g = roof.gpu
     assert w["linear_flops"] / g.peak_flops < w["linear_bytes"] / g.mem_bandwidth
     assert w["attn_flops"] / g.peak_flops < w["attn_bytes"] / g.mem_bandwidth
-    _, _, _, byte, *_ = cal.basis(*_counts(shape))
+    _, _, _, byte, *_ = cal.basis(*shape_counts(shape))
     assert roof.step_time(shape) == pytest.approx(byte, rel=1e-12)
 
 
@@ -107,8 +95,10 @@ def test_count_work_is_elementwise_over_arrays() -> None:
     k = WorkCoefficients.of(get_model("opt-13b"))
     shapes = [BatchShape(decode_seqs=4, decode_ctx_tokens=900), BatchShape(), BatchShape(
         prefill_tokens=300, prefill_seqs=2, prefill_attn_pairs=30000)]  # fmt: skip
-    cols = [np.array(c, dtype=float) for c in zip(*map(_counts, shapes), strict=True)]
+    cols = [np.array(c, dtype=float) for c in zip(*map(shape_counts, shapes), strict=True)]
     arrays = count_work(k, *cols)
     for i, s in enumerate(shapes):
-        assert tuple(float(a[i]) for a in arrays) == tuple(map(float, count_work(k, *_counts(s))))
+        assert tuple(float(a[i]) for a in arrays) == tuple(
+            map(float, count_work(k, *shape_counts(s)))
+        )
     assert all(float(a[1]) == 0.0 for a in arrays)  # an empty step has no work

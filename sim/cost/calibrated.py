@@ -28,7 +28,7 @@ from core.defaults import DEFAULT_BLOCK_SIZE
 from core.plan import BatchShape
 from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.cost.roofline import RooflineCostModel
-from sim.cost.work import count_work
+from sim.cost.work import count_work, shape_counts
 
 TERMS = (
     "constant",
@@ -203,14 +203,7 @@ class CalibratedCostModel:
             return 0.0
         t = self.roofline.transfer_time(shape)
         if shape.prefill_tokens + shape.decode_seqs:
-            b = self.basis(
-                shape.prefill_tokens,
-                shape.prefill_seqs,
-                shape.prefill_attn_pairs,
-                shape.prefill_kv_read_tokens,
-                shape.decode_seqs,
-                shape.decode_ctx_tokens,
-            )
+            b = self.basis(*shape_counts(shape))
             t += sum(c * v for c, v in zip(self._c, b, strict=True))
         return t
 

@@ -25,7 +25,7 @@ from core.plan import BatchShape
 from sim.catalog import GPUSpec, get_gpu, get_model
 from sim.cost.efficiency import Efficiency
 from sim.cost.overhead import Stack, describe_stack, extra_kv_tokens, get_stack, swap_seconds
-from sim.cost.work import WorkCoefficients, count_work
+from sim.cost.work import WorkCoefficients, count_work, shape_counts
 
 
 class RooflineCostModel:
@@ -75,15 +75,7 @@ class RooflineCostModel:
 
     def work(self, shape: BatchShape) -> dict[str, float]:
         """Per-GPU FLOPs and bytes of ``shape`` by part (for inspection and fitting)."""
-        lf, lb, af, ab = count_work(
-            self.work_coefficients,
-            shape.prefill_tokens,
-            shape.prefill_seqs,
-            shape.prefill_attn_pairs,
-            shape.prefill_kv_read_tokens,
-            shape.decode_seqs,
-            shape.decode_ctx_tokens,
-        )
+        lf, lb, af, ab = count_work(self.work_coefficients, *shape_counts(shape))
         return {
             "linear_flops": float(lf),
             "linear_bytes": float(lb),
@@ -95,15 +87,7 @@ class RooflineCostModel:
         """Seconds of the linear part and of the attention part of a non-empty step
         (attention includes the stack's per-block gather and last-block waste)."""
         fr, br = self._flop_rate, self._byte_rate
-        lf, lb, af, ab = count_work(
-            self.work_coefficients,
-            shape.prefill_tokens,
-            shape.prefill_seqs,
-            shape.prefill_attn_pairs,
-            shape.prefill_kv_read_tokens,
-            shape.decode_seqs,
-            shape.decode_ctx_tokens,
-        )
+        lf, lb, af, ab = count_work(self.work_coefficients, *shape_counts(shape))
         if not self._plain:
             ab += self.kv_bytes_per_token * extra_kv_tokens(
                 self.stack, shape.decode_seqs, shape.decode_ctx_tokens, self.block_size

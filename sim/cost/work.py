@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.model_spec import ModelSpec, kv_bytes_per_token
+from core.plan import BatchShape
 from sim.capacity import check_tp
 
 
@@ -87,3 +88,15 @@ def count_work(
     attn_flops = (prefill_attn_pairs + decode_ctx_tokens) * k.flops_per_pair
     attn_bytes = (decode_ctx_tokens + prefill_kv_read_tokens + tokens) * k.kv_bytes_per_token
     return lin_flops, lin_bytes, attn_flops, attn_bytes
+
+
+def shape_counts(shape: BatchShape) -> tuple[int, int, int, int, int, int]:
+    """The six :class:`~core.plan.BatchShape` counts :func:`count_work` takes, in its order."""
+    return (
+        shape.prefill_tokens,
+        shape.prefill_seqs,
+        shape.prefill_attn_pairs,
+        shape.prefill_kv_read_tokens,
+        shape.decode_seqs,
+        shape.decode_ctx_tokens,
+    )
