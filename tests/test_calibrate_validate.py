@@ -90,3 +90,21 @@ def test_calibrate_names_a_directory_that_is_not_a_run(tmp_path: Path, capsys) -
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: run_dir: ") and "\n" not in err
+
+
+def test_open_loop_prediction_is_step_time_row_by_row(online_run: Path) -> None:
+    """``predict_steps`` prices each measured step as ``step_time`` prices its shape."""
+    import pandas as pd
+
+    from core.plan import BatchShape
+
+    model = calibrate.calibrate(online_run)
+    steps = pd.read_csv(online_run / "steps.csv")
+    steps = steps[(steps["prefill_tokens"] + steps["decode_seqs"]) > 0].head(40)
+    fields = ("prefill_tokens", "prefill_seqs", "prefill_attn_pairs", "prefill_kv_read_tokens",
+              "decode_seqs", "decode_ctx_tokens")  # fmt: skip
+    by_shape = [
+        model.step_time(BatchShape(**{f: int(row[f]) for f in fields}))
+        for _, row in steps.iterrows()
+    ]
+    assert model.predict_steps(steps).tolist() == pytest.approx(by_shape, rel=1e-12)

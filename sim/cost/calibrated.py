@@ -166,21 +166,8 @@ class CalibratedCostModel:
         if len(df) < len(TERMS):
             raise ValueError(f"need at least {len(TERMS)} non-empty steps to fit, got {len(df)}")
         probe = cls(model, gpu, dict.fromkeys(TERMS, 0.0), tp, dtype_bytes, block_size)
-        col = {c: df[c].to_numpy(dtype=float) for c in REQUIRED_COLUMNS}
-        prefill_seqs = (
-            df["prefill_seqs"].to_numpy(dtype=float) if "prefill_seqs" in df else np.zeros(len(df))
-        )
-        a = np.column_stack(
-            probe.basis(
-                col["prefill_tokens"],
-                prefill_seqs,
-                col["prefill_attn_pairs"],
-                col["prefill_kv_read_tokens"],
-                col["decode_seqs"],
-                col["decode_ctx_tokens"],
-            )
-        )
-        y = col["duration_s"]
+        a = probe.basis_matrix(df)
+        y = df["duration_s"].to_numpy(dtype=float)
         scale = np.linalg.norm(a, axis=0)
         scale[scale == 0] = 1.0
         coef = nnls(a / scale, y) / scale
@@ -196,6 +183,32 @@ class CalibratedCostModel:
         return cls(
             model, gpu, dict(zip(TERMS, coef, strict=True)), tp, dtype_bytes, block_size, stats
         )
+
+    def basis_matrix(self, steps: pd.DataFrame) -> np.ndarray:
+        """The basis values of every row of a steps table, ``[rows, len(TERMS)]``
+        (``prefill_seqs`` missing: 0)."""
+        col = {c: steps[c].to_numpy(dtype=float) for c in REQUIRED_COLUMNS if c != "duration_s"}
+        prefill_seqs = (
+            steps["prefill_seqs"].to_numpy(dtype=float)
+            if "prefill_seqs" in steps
+            else np.zeros(len(steps))
+        )
+        return np.column_stack(
+            self.basis(
+                col["prefill_tokens"],
+                prefill_seqs,
+                col["prefill_attn_pairs"],
+                col["prefill_kv_read_tokens"],
+                col["decode_seqs"],
+                col["decode_ctx_tokens"],
+            )
+        )
+
+    def predict_steps(self, steps: pd.DataFrame) -> np.ndarray:
+        """Fitted seconds of every row of a steps table, open loop (the measured batches,
+        not the simulator's): the model's error with the queue taken out. Transfers are
+        not included (the fit does not price them either)."""
+        return self.basis_matrix(steps) @ np.asarray(self._c)
 
     def step_time(self, shape: BatchShape) -> float:
         """Fitted seconds for ``shape`` plus roofline swap/copy time; 0 when empty."""
