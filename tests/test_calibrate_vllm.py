@@ -119,3 +119,18 @@ def test_gpu_and_model_given_by_yaml_and_config_json(tmp_path: Path) -> None:
     assert main([*args, "--split", "0.5", "--out", str(out)]) == 0
     assert json.loads((out / "calibration.json").read_text())["gpu"] == "my-gpu"
     assert (out / "calibrate_vllm.png").is_file()
+    # simulate takes that calibration with the same GPU YAML (on Hydra's search path) and
+    # the same config.json
+    from experiments.reproduce import compose_config
+    from experiments.simulate import run as simulate_run
+
+    (tmp_path / "conf" / "hardware").mkdir(parents=True)
+    (tmp_path / "my-gpu.yaml").rename(tmp_path / "conf" / "hardware" / "my-gpu.yaml")
+    cfg = compose_config([
+        f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "hardware=my-gpu",
+        f"model.hf_config={model_dir}", "cost=calibrated",
+        f"cost.path={out / 'calibration.json'}", "workload.num_requests=6", "workload.rate=2",
+        "system.max_model_len=2048",
+    ])  # fmt: skip
+    metrics = simulate_run(cfg, None)
+    assert metrics["completed"] == 6

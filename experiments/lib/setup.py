@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
 from core.request import Request, RequestError
-from core.sched.base import BaseScheduler, SchedulerConfig
+from core.sched.base import BaseScheduler, SchedulerConfig, SchedulerConfigError
 from core.systems import SystemConfigError, build_scheduler
 from core.workload.spec import FILE_KINDS, build_workload
 from core.workload.trace_io import TraceFormatError
@@ -129,13 +130,22 @@ def block_size(system: Mapping[str, Any]) -> int:
 
 
 def scheduler_config(system: Mapping[str, Any], max_model_len: int) -> SchedulerConfig:
-    return SchedulerConfig(
-        max_num_seqs=int(system.get("max_num_seqs", 256)),
-        max_num_batched_tokens=int(system.get("max_num_batched_tokens", 2560)),
-        max_model_len=max_model_len,
-        preemption_mode=str(system.get("preemption_mode", "recompute")),
-        chunked_prefill=bool(system.get("chunked_prefill", False)),
-    )
+    """The scheduler limits of the system group; an impossible combination is a
+    ConfigError naming the system key (e.g. a token budget below ``max_model_len``)."""
+    try:
+        return SchedulerConfig(
+            max_num_seqs=int(system.get("max_num_seqs", 256)),
+            max_num_batched_tokens=int(system.get("max_num_batched_tokens", 2560)),
+            max_model_len=max_model_len,
+            preemption_mode=str(system.get("preemption_mode", "recompute")),
+            chunked_prefill=bool(system.get("chunked_prefill", False)),
+        )
+    except SchedulerConfigError as exc:
+        key = re.match(r"\w+", str(exc))
+        problem = str(exc)
+        if "max_model_len=" in problem:
+            problem += " (or set system.max_model_len lower)"
+        raise ConfigError(f"system.{key.group(0) if key else 'name'}", problem) from None
 
 
 def manager_options(system: Mapping[str, Any]) -> dict[str, Any]:
