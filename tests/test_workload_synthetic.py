@@ -77,6 +77,27 @@ def test_fit_hits_published_filtered_means_exactly(dataset: str) -> None:
     assert fit(dataset).sigma_input == stats.sigma_input
 
 
+def test_a_configured_sigma_keeps_the_published_means_and_widens_the_spread() -> None:
+    stats = PUBLISHED["sharegpt"]
+    narrow, wide = fit("sharegpt", None, 0.6), fit("sharegpt", None, 1.4)
+    for model in (narrow, wide):
+        mean_in, mean_out = filtered_means(model)
+        assert mean_in == pytest.approx(stats.mean_input, abs=1e-6)
+        assert mean_out == pytest.approx(stats.mean_output, abs=1e-6)
+    assert (narrow.sigma_input, narrow.sigma_output) == (stats.sigma_input, 0.6)
+    spread = {
+        s: np.std([r.output_len for r in build_workload(
+            {"kind": "synthetic", "rate": None, "num_requests": 4000, "sigma_output": s}, seed=3
+        )])
+        for s in (0.6, 1.4)
+    }  # fmt: skip
+    assert spread[0.6] < spread[1.4]
+    with pytest.raises(RequestError, match="sigma_output must be in"):
+        fit("sharegpt", None, 9.0)
+    with pytest.raises(RequestError, match="not used by kind 'multi_turn'"):
+        build_workload({"kind": "multi_turn", "num_conversations": 2, "sigma_output": 1.0})
+
+
 def test_solve_mus_rejects_impossible_targets() -> None:
     with pytest.raises(RequestError, match="mean_input"):
         solve_mus(DatasetStats(2000.0, 100.0, 1.0, 1.0))

@@ -189,12 +189,26 @@ def solve_mus(stats: DatasetStats, tol: float = 1e-9, max_iter: int = 200) -> Le
 
 
 @cache
-def fit(dataset: str) -> LengthModel:
-    """The fitted length model of a published dataset ("sharegpt" or "alpaca")."""
+def fit(
+    dataset: str, sigma_input: float | None = None, sigma_output: float | None = None
+) -> LengthModel:
+    """The fitted length model of a published dataset ("sharegpt" or "alpaca"); a sigma
+    given replaces the documented assumption (the mus are solved again, so the filtered
+    means stay the published ones)."""
     key = dataset.lower()
     if key not in PUBLISHED:
         raise RequestError(f"unknown dataset {dataset!r}; expected one of {sorted(PUBLISHED)}")
-    return solve_mus(PUBLISHED[key])
+    stats = PUBLISHED[key]
+    for name, value in (("sigma_input", sigma_input), ("sigma_output", sigma_output)):
+        if value is not None and not 0.05 <= value <= 3.0:
+            raise RequestError(f"{name} must be in [0.05, 3] (log-space spread), got {value}")
+    stats = DatasetStats(
+        stats.mean_input,
+        stats.mean_output,
+        stats.sigma_input if sigma_input is None else float(sigma_input),
+        stats.sigma_output if sigma_output is None else float(sigma_output),
+    )
+    return solve_mus(stats)
 
 
 def describe(dataset: str, n: int = 20000, seed: int = 0) -> dict[str, float]:

@@ -97,6 +97,8 @@ DEFAULTS: dict[str, Any] = {
     "think_time_s": 10.0,
     "max_prompt_len": 1024,  # Fig. 17: history truncated to the last 1024 tokens
     "max_output_len": 1024,  # Fig. 17: replies of at most 1024 tokens
+    "sigma_input": None,  # None: the dataset's assumed spread (core.workload.lengths)
+    "sigma_output": None,
 }
 KNOWN_KEYS = frozenset({"kind", *DEFAULTS})
 
@@ -111,7 +113,10 @@ _CHAT = frozenset(
     | {"max_prompt_len", "max_output_len"}
 )
 USES: dict[str, frozenset[str]] = {
-    "synthetic": _SAMPLING | _ARRIVALS | _WINDOW | {"dataset", "with_token_ids"},
+    "synthetic": _SAMPLING
+    | _ARRIVALS
+    | _WINDOW
+    | {"dataset", "with_token_ids", "sigma_input", "sigma_output"},
     "shared_prefix": _SAMPLING | _ARRIVALS | _WINDOW | _PREFIX,
     "multi_turn": _SAMPLING | _ARRIVALS | _CHAT,
     "native": _WINDOW | {"path"},
@@ -222,6 +227,7 @@ def build_workload(
         return synthesize(
             c["dataset"], c["rate"], count, c["duration_s"], c["arrival"], c["burstiness"],
             max_model_len, seed, sampling, bool(c["with_token_ids"]), int(c["vocab_size"]),
+            (c["sigma_input"], c["sigma_output"]),
         )  # fmt: skip
     if kind == "shared_prefix":
         return shared_prefix(

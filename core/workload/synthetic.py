@@ -58,15 +58,17 @@ def synthesize(
     sampling: SamplingParams | None = None,
     with_token_ids: bool = False,
     vocab_size: int = OPT_VOCAB_SIZE,
+    sigmas: tuple[float | None, float | None] = (None, None),
 ) -> list[Request]:
-    """Requests with lengths from the fitted ``dataset`` model ("sharegpt" or "alpaca").
+    """Requests with lengths from the fitted ``dataset`` model ("sharegpt" or "alpaca");
+    ``sigmas`` (input, output) replace the model's assumed log-space spreads where given.
 
     Exactly one of ``num_requests`` / ``duration_s`` (every arrival before that time).
     ``rate=None`` puts all requests at t = 0 and needs ``num_requests``. Lengths pass vLLM's
     benchmark filter with ``max_model_len`` (see :mod:`core.workload.lengths`). With
     ``with_token_ids`` each prompt gets uniform random ids in ``[0, vocab_size)``.
     """
-    model = fit(dataset)
+    model = fit(dataset, *sigmas)
     _check_vocab(vocab_size)
     arr_rng, len_rng, tok_rng = _streams(seed)
     times = _arrivals(arrival, rate, num_requests, duration_s, burstiness, arr_rng)
