@@ -4,7 +4,8 @@ Writes into ``--out`` (default ``results/reproduce``):
 
 - ``table1.csv``: KV capacity per model/GPU setup, computed vs the paper's Table 1;
 - ``fig2_breakdown.csv/.png/.pdf``: KV memory breakdown per system (Fig. 2);
-- ``fig13_batch.csv/.png/.pdf``: mean batched requests, ShareGPT at 2 req/s (Fig. 13);
+- ``fig13_batch.csv/.png/.pdf``: mean batched requests, (a) ShareGPT at 2 req/s (Fig. 2's
+  runs) and (b) Alpaca at :data:`FIG13_ALPACA_RATE` (Fig. 13);
 - ``fig12_opt13b_sharegpt.csv/.png/.pdf``: normalized latency vs request rate for the five
   systems (Fig. 12, OPT-13B ShareGPT panel) and ``fig12_capacity.csv``: each system's
   sustainable rate and its ratio to vLLM's;
@@ -46,15 +47,19 @@ from typing import Any
 import pandas as pd
 from hydra import compose, initialize_config_dir
 
-from experiments.lib.cli import apply_exclusive
+from experiments.lib.checks import ConfigError
+from experiments.lib.cli import apply_exclusive, report_config_error
 from experiments.lib.jobs import LaunchQueue, exit_if_launcher_missing
 from experiments.lib.results import write_json
-from experiments.report import sharing
+from experiments.report import selection, sharing
 from sim.search import find_max_rate
 
 log = logging.getLogger("kvlab.reproduce")
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
 FIG2_SYSTEMS = ("orca_max", "orca_pow2", "orca_oracle", "vllm")
+# Fig. 13 (b), OPT-13B on Alpaca: PAPER.md does not state its rate. 30 req/s is the end of
+# the paper's OPT-13B Alpaca axis in Fig. 12 (0-30 req/s), chosen before any result.
+FIG13_ALPACA_RATE = 30.0
 FIG12_SYSTEMS = ("fastertransformer", "orca_max", "orca_pow2", "orca_oracle", "vllm")
 COSTS = {
     "paper-a100": ["cost=profiled", "cost.stack=vllm-2023"],
@@ -196,16 +201,23 @@ def overhead_sensitivity(pool: ProcessPoolExecutor, base: list[str]) -> list[tup
     ]  # fmt: skip
 
 
-def block_study(pool: ProcessPoolExecutor, base: list[str]) -> list[tuple[dict[str, Any], Any]]:
-    """Fig. 18b (vLLM, recompute, both workloads) and Fig. 19 (ShareGPT, swap) by block size."""
+def block_study(
+    pool: ProcessPoolExecutor, base: list[str], figures: tuple[str, ...] = ("fig18b", "fig19")
+) -> list[tuple[dict[str, Any], Any]]:
+    """Fig. 18b (vLLM, recompute, both workloads) and Fig. 19 (ShareGPT, swap, beside
+    Fig. 18b's ShareGPT recompute runs) by block size, for those of ``figures`` selected."""
     jobs = []
+    workloads = [w for w in BLOCK_STUDY_RATES if "fig18b" in figures or w == "sharegpt"]
     for bs in BLOCK_SIZES:
-        for workload, rate in BLOCK_STUDY_RATES.items():
+        for workload in workloads:
+            rate = BLOCK_STUDY_RATES[workload]
             key = {"study": "fig18b", "workload": workload, "rate": rate, "block_size": bs,
                    "preemption_mode": "recompute"}  # fmt: skip
             over = [*base, "system=vllm", f"workload={workload}", f"workload.rate={rate}",
                     f"system.block_size={bs}"]  # fmt: skip
             jobs.append((key, pool.submit(run_one, f"fig18b_{workload}_bs{bs}", over, None)))
+        if "fig19" not in figures:
+            continue
         key = {"study": "fig19", "workload": "sharegpt", "rate": 2.0, "block_size": bs,
                "preemption_mode": "swap"}  # fmt: skip
         over = [*base, "system=vllm", "workload.rate=2.0", f"system.block_size={bs}",
@@ -227,7 +239,12 @@ def main(argv: list[str] | None = None) -> Path:
     )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip-fig12", action="store_true")
+    p.add_argument(
+        "--figures",
+        metavar="NAME[,NAME...]",
+        help=f"make only these figures ({', '.join(selection.FIGURES)}; default: all)",
+    )
+    p.add_argument("--skip-fig12", action="store_true", help="no Fig. 12 (less from --figures)")
     p.add_argument("--skip-sharing", action="store_true", help="no Fig. 14-17")
     p.add_argument(
         "--launcher",
@@ -248,6 +265,10 @@ def main(argv: list[str] | None = None) -> Path:
         help="the clock: the paper-era A100 stack (default) or the bare roofline",
     )
     args = p.parse_args(argv)  # fmt: skip
+    try:
+        figs = selection.select(args.figures, [k for k in selection.SKIPS if getattr(args, k)])
+    except ConfigError as err:
+        report_config_error(err)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("fontTools").setLevel(logging.WARNING)
     # Hundreds of runs: their per-run capacity breakdown is Table 1's, printed once in the report.
@@ -264,6 +285,8 @@ def main(argv: list[str] | None = None) -> Path:
     ]  # fmt: skip
     common, base = base, [*base, *COSTS[args.cost]]
     t0 = time.perf_counter()
+    progress = selection.Progress(log, t0)
+    log.info("figures: %s", ", ".join(figs))
     from experiments.report.markdown import write_outputs
 
     global _LAUNCH
@@ -275,39 +298,66 @@ def main(argv: list[str] | None = None) -> Path:
         fig2_jobs = {
             s: pool.submit(run_one, f"fig2_{s}", [*base, f"system={s}", "workload.rate=2.0"],
                            runs_dir / f"fig2_{s}")
-            for s in FIG2_SYSTEMS
+            for s in FIG2_SYSTEMS if {"fig2", "fig13"} & set(figs)
         }  # fmt: skip
-        sens_jobs = overhead_sensitivity(pool, common)
-        block_jobs = [] if args.skip_blocks else block_study(pool, base)
+        sens_jobs = overhead_sensitivity(pool, common) if "sensitivity" in figs else []
+        block_figs = tuple(f for f in ("fig18b", "fig19") if f in figs)
+        block_jobs = block_study(pool, base, block_figs) if block_figs else []
+        progress.runs("fig2", list(fig2_jobs.values()) if "fig2" in figs else [])
+        fig13_jobs = {
+            s: pool.submit(run_one, f"fig13_alpaca_{s}",
+                           [*base, f"system={s}", "workload=alpaca",
+                            f"workload.rate={FIG13_ALPACA_RATE}"], runs_dir / f"fig13_alpaca_{s}")
+            for s in FIG2_SYSTEMS if "fig13" in figs
+        }  # fmt: skip
+        progress.runs("fig13", [*fig2_jobs.values(), *fig13_jobs.values()] if fig13_jobs else [])
+        progress.runs("sensitivity", [job for _, job in sens_jobs])
+        for name in block_figs:  # Fig. 19 also reads Fig. 18b's ShareGPT runs
+            jobs = [
+                job
+                for key, job in block_jobs
+                if key["study"] == name or (name == "fig19" and key["workload"] == "sharegpt")
+            ]
+            progress.runs(name, jobs)
         fig12_jobs = []
-        if not args.skip_fig12:
+        if "fig12" in figs:
             fig12_jobs = [
                 pool.submit(_sweep_system, s, base, FIG12_RATES, args.threshold, runs_dir, 4)
                 for s in FIG12_SYSTEMS
             ]
+            progress.runs("fig12", fig12_jobs)
         sharing_jobs, sharing_s = {}, 0.0
-        if not args.skip_sharing:
+        sharing_figs = [f for f in sharing.WRITERS if f in figs]
+        if sharing_figs:
             sharing_s = args.duration or (sharing.FULL_DURATION_S if args.full
                                           else sharing.DURATION_S)  # fmt: skip
             run = partial(run_on_clock, COSTS[args.cost])
-            sharing_jobs = sharing.submit(pool, run, sharing_s, args.seed, args.threshold)
-        fig2 = pd.DataFrame([_keep(fig2_jobs[s].result()) | {"system": s} for s in FIG2_SYSTEMS])
+            sharing_jobs = sharing.submit(pool, run, sharing_s, args.seed, args.threshold,
+                                          sharing_figs)  # fmt: skip
+            for name, jobs in sharing_jobs.items():
+                progress.runs(name, jobs)
+        fig2 = pd.DataFrame([_keep(job.result()) | {"system": s} for s, job in fig2_jobs.items()])
+        fig13_alpaca = pd.DataFrame(
+            [_keep(job.result()) | {"system": s} for s, job in fig13_jobs.items()]
+        )
         sens = pd.DataFrame(
             [{"per_step_overhead_ms": o * 1e3, **_keep(job.result())} for o, job in sens_jobs]
         )
-        log.info("Fig. 2/13 runs done (%.0f s)", time.perf_counter() - t0)
         blocks = pd.DataFrame([key | _keep(job.result()) for key, job in block_jobs])
         curves = pd.DataFrame([row for job in fig12_jobs for row in job.result()])
-        log.info("Fig. 12 runs done (%.0f s)", time.perf_counter() - t0)
         sharing_text = (
-            sharing.write(sharing_jobs, out, sharing._plt(), sharing_s) if sharing_jobs else ""
-        )
-    log.info("all runs done (%.0f s)", time.perf_counter() - t0)
+            sharing.write(sharing_jobs, out, sharing._plt(), sharing_s, sharing_figs,
+                          progress.wrote)
+            if sharing_jobs else ""
+        )  # fmt: skip
+    log.info("all runs done (%.0f s)", progress.elapsed())
     capacity = sustainable_rates(curves, args.threshold) if len(curves) else pd.DataFrame()
     cfg = compose_config([*base, "system=vllm"])
     write_outputs(
         out, fig2, sens, curves, capacity, cfg, blocks,
         duration=duration, threshold=args.threshold, wall_s=time.perf_counter() - t0,
+        figures=figs, on_written=progress.wrote, fig13_alpaca=fig13_alpaca,
+        fig13_alpaca_rate=FIG13_ALPACA_RATE,
     )  # fmt: skip
     if sharing_text:
         with (out / "report.md").open("a") as f:

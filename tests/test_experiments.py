@@ -91,7 +91,17 @@ def test_reproduce_writes_figures_and_report(tmp_path):
     # Each Fig. 13 row: kvlab's mean batch from its run, the paper's, and their ratio.
     rows = _md_table_rows(report, "## Fig. 13")
     assert [r[0] for r in rows] == [SYSTEM_LABELS[s] for s in FIG2_SYSTEMS]
-    csv = pd.read_csv(tmp_path / "fig13_batch.csv").set_index("system")
+    csv = pd.read_csv(tmp_path / "fig13_batch.csv")
+    assert list(csv["workload"].unique()) == ["sharegpt", "alpaca"]
+    alpaca = csv[csv["workload"] == "alpaca"].set_index("system")
+    assert alpaca["paper_mean_batch"].isna().all()  # not in the reference facts: none shown
+    for system in FIG2_SYSTEMS:
+        run = json.loads(
+            (tmp_path / "runs" / f"fig13_alpaca_{system}" / "metrics.json").read_text()
+        )
+        assert alpaca.loc[system, "kvlab_mean_batch"] == pytest.approx(run["mean_batch_size"])
+    assert "### (b) Alpaca, 30 req/s" in report and "not in kvlab's reference facts" in report
+    csv = csv[csv["workload"] == "sharegpt"].set_index("system")
     for system, row in zip(FIG2_SYSTEMS, rows, strict=True):
         metrics = json.loads((tmp_path / "runs" / f"fig2_{system}" / "metrics.json").read_text())
         kvlab, paper = metrics["mean_batch_size"], FIG13_BATCH[system]

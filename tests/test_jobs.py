@@ -123,7 +123,7 @@ def test_reproduce_runs_every_simulation_as_a_resumable_job(tmp_path: Path) -> N
     try:
         reproduce.main([*args, "--launcher", "basic"])
         stamps = _mtimes(tmp_path / "runs")
-        assert len(stamps) == 9 and (tmp_path / "runs/fig2_vllm/steps.csv").is_file()
+        assert len(stamps) == 13 and (tmp_path / "runs/fig2_vllm/steps.csv").is_file()
         reproduce.main([*args, "--launcher", "basic"])
         assert _mtimes(tmp_path / "runs") == stamps  # nothing ran again
     finally:

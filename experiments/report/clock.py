@@ -8,13 +8,12 @@ PAPER.md (§7.2, §7.3) beside them, never fitted.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from core.plan import BatchShape
-from experiments.report.figures import pyplot, save
+from experiments.report.figures import PREEMPTION_COLORS, WORKLOAD_COLORS, pyplot
 from experiments.report.paper import FIG12_SHAREGPT_RATIO, FIG13_BATCH, SYSTEM_LABELS
 
 PREEMPTED_TOKENS = 512  # one preempted sequence's context for the Fig. 19 price table
@@ -49,13 +48,15 @@ def preemption_cost(make_cost: Any, block_sizes: tuple[int, ...]) -> pd.DataFram
     return pd.DataFrame(rows)
 
 
-def plot_blocks(blocks: pd.DataFrame, price: pd.DataFrame, out: Path) -> None:
-    plt = pyplot(headless=True)
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+def draw_fig18b(blocks: pd.DataFrame) -> Any:
+    """Fig. 18b: vLLM's normalized latency against block size, one line per workload.
+    ``blocks``: ``reproduce.block_study``'s rows (``fig18b_block_size.csv``)."""
+    fig, ax = pyplot().subplots(figsize=(5, 3.2))
     f18 = blocks[blocks["study"] == "fig18b"]
     for workload, df in f18.groupby("workload"):
         df = df.sort_values("block_size")
         ax.plot(df["block_size"], df["normalized_latency"], marker="o", ms=3,
+                color=WORKLOAD_COLORS.get(str(workload)),
                 label=f"{workload} {df['rate'].iloc[0]:g} req/s")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -63,31 +64,37 @@ def plot_blocks(blocks: pd.DataFrame, price: pd.DataFrame, out: Path) -> None:
     ax.set_ylabel("Normalized latency (s/token)")
     ax.set_title("Fig. 18b: vLLM, OPT-13B, block size (simulated)", fontsize=9)
     ax.legend(fontsize=7)
-    save(fig, out, "fig18b_block_size")
-    plt.close(fig)
+    return fig
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.2))
-    a.plot(price["block_size"], price["swap_total_ms"], marker="o", ms=3, label="swap out + in")
-    a.plot(price["block_size"], price["recompute_ms"], marker="o", ms=3, label="recompute")
+
+def draw_fig19(blocks: pd.DataFrame, price: pd.DataFrame) -> Any:
+    """Fig. 19: (a) the cost model's price of one preemption by block size, swap against
+    recompute (``price``: :func:`preemption_cost`); (b) end to end, normalized latency of
+    the swap runs beside the recompute runs (``blocks``: ``reproduce.block_study``'s rows)."""
+    fig, (a, b) = pyplot().subplots(1, 2, figsize=(8, 3.2))
+    a.plot(price["block_size"], price["swap_total_ms"], marker="o", ms=3,
+           color=PREEMPTION_COLORS["swap"], label="swap out + in")  # fmt: skip
+    a.plot(price["block_size"], price["recompute_ms"], marker="o", ms=3,
+           color=PREEMPTION_COLORS["recompute"], label="recompute")  # fmt: skip
     a.set_xscale("log", base=2)
     a.set_yscale("log")
     a.set_xlabel("Block size (tokens)")
     a.set_ylabel(f"ms per {PREEMPTED_TOKENS}-token sequence")
     a.set_title("Fig. 19a: preemption price (cost model)", fontsize=9)
     a.legend(fontsize=7)
-    for mode, df in _fig19_e2e(blocks).groupby("preemption_mode"):
+    for mode, df in fig19_runs(blocks).groupby("preemption_mode"):
         df = df.sort_values("block_size")
-        b.plot(df["block_size"], df["normalized_latency"], marker="o", ms=3, label=mode)
+        b.plot(df["block_size"], df["normalized_latency"], marker="o", ms=3,
+               color=PREEMPTION_COLORS.get(str(mode)), label=mode)  # fmt: skip
     b.set_xscale("log", base=2)
     b.set_xlabel("Block size (tokens)")
     b.set_ylabel("Normalized latency (s/token)")
     b.set_title("Fig. 19b: ShareGPT 2 req/s (simulated)", fontsize=9)
     b.legend(fontsize=7)
-    save(fig, out, "fig19_swap_recompute")
-    plt.close(fig)
+    return fig
 
 
-def _fig19_e2e(blocks: pd.DataFrame) -> pd.DataFrame:
+def fig19_runs(blocks: pd.DataFrame) -> pd.DataFrame:
     """Swap runs and the recompute runs of the same workload and rate."""
     swap = blocks[blocks["study"] == "fig19"]
     if not len(swap):
@@ -104,6 +111,11 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
 
 def block_sections(blocks: pd.DataFrame, price: pd.DataFrame, cost_line: str) -> list[str]:
     """Markdown for Fig. 18b and Fig. 19, each with its computed gap line."""
+    return [*fig18b_section(blocks, cost_line), *fig19_section(blocks, price, cost_line)]
+
+
+def fig18b_section(blocks: pd.DataFrame, cost_line: str) -> list[str]:
+    """Markdown for Fig. 18b with its computed gap lines."""
     from experiments.report.markdown import _md_table
 
     parts = ["## Fig. 18b: block size (vLLM, OPT-13B, recompute)", "", cost_line, ""]
@@ -136,7 +148,14 @@ def block_sections(blocks: pd.DataFrame, price: pd.DataFrame, cost_line: str) ->
             if 1 in df.index and 16 in df.index and 256 in df.index else
             f"- Gap ({workload}): best block size {best}; paper's best range {lo}–{hi}."
         )  # fmt: skip
-    parts += ["", "## Fig. 19: recompute vs swap (vLLM, OPT-13B, ShareGPT)", "", cost_line, ""]
+    return [*parts, ""]
+
+
+def fig19_section(blocks: pd.DataFrame, price: pd.DataFrame, cost_line: str) -> list[str]:
+    """Markdown for Fig. 19 (the preemption price and the end-to-end runs) with its gap."""
+    from experiments.report.markdown import _md_table
+
+    parts = ["## Fig. 19: recompute vs swap (vLLM, OPT-13B, ShareGPT)", "", cost_line, ""]
     parts.append(
         f"(a) The cost model's price of preempting one {PREEMPTED_TOKENS}-token sequence "
         "(swap: its blocks out and back in over the host link, one copy per block per layer "
@@ -148,7 +167,7 @@ def block_sections(blocks: pd.DataFrame, price: pd.DataFrame, cost_line: str) ->
           _fmt(r["recompute_ms"], ".2f"), _fmt(r["recompute_ms"] / r["swap_total_ms"], ".2f")]
          for _, r in price.iterrows()],
     ), ""]  # fmt: skip
-    e2e = _fig19_e2e(blocks)
+    e2e = fig19_runs(blocks)
     if len(e2e):
         piv = e2e.pivot_table(index="block_size", columns="preemption_mode",
                               values="normalized_latency")  # fmt: skip
@@ -181,7 +200,7 @@ def _ratio_at(price: pd.DataFrame, bs: int) -> float:
 
 def gap_lines(fig2_runs: pd.DataFrame, capacity: pd.DataFrame) -> list[str]:
     """One computed line per step-time-bound gap (Fig. 2 vLLM, Fig. 13 ratio, Fig. 12)."""
-    by = fig2_runs.set_index("system")
+    by = fig2_runs.set_index("system") if len(fig2_runs) else pd.DataFrame()
     lines = []
     if "vllm" in by.index:
         v = by.loc["vllm"]

@@ -40,6 +40,8 @@ SYSTEM_COLORS = {
     "vllm_v1": "#64b5cd",
 }
 SOURCE_COLORS = {"kvlab": "#4c72b0", "paper": "#dd8452"}
+WORKLOAD_COLORS = {"sharegpt": "#4c72b0", "alpaca": "#55a868"}
+PREEMPTION_COLORS = {"recompute": "#4c72b0", "swap": "#c44e52"}
 
 
 def pyplot(headless: bool = False) -> Any:
@@ -94,19 +96,46 @@ def fig2_breakdown(table: pd.DataFrame) -> Any:
     return fig
 
 
+WORKLOAD_LABELS = {"sharegpt": "ShareGPT", "alpaca": "Alpaca"}
+
+
 def fig13_batch(table: pd.DataFrame) -> Any:
-    """Fig. 13: mean batched requests, kvlab beside the paper.
-    ``table``: ``experiments.report.markdown.fig13_table``."""
-    fig, ax = pyplot().subplots(figsize=(5, 3))
-    xs = list(range(len(table)))
-    for offset, who, label in ((-0.2, "kvlab", "kvlab"), (0.2, "paper", "paper (Fig. 13)")):
-        ax.bar([x + offset for x in xs], table[f"{who}_mean_batch"], width=0.4,
-               color=SOURCE_COLORS[who], label=label)  # fmt: skip
-    ax.set_xticks(xs, [SYSTEM_LABELS[s] for s in table["system"]], fontsize=8)
-    ax.set_ylabel("# batched requests")
-    ax.set_title("Fig. 13: mean batched requests, OPT-13B, ShareGPT 2 req/s", fontsize=9)
-    ax.legend(fontsize=8)
+    """Fig. 13: mean batched requests, one panel per workload of ``table`` (``workload``
+    column, ShareGPT first), each drawn by :func:`fig13_panel`.
+    ``table``: ``experiments.report.markdown.fig13_table`` rows (``fig13_batch.csv``)."""
+    workloads = list(dict.fromkeys(table["workload"])) if "workload" in table else [None]
+    fig, axes = pyplot().subplots(1, len(workloads), figsize=(5 * len(workloads), 3),
+                                  squeeze=False)  # fmt: skip
+    for i, (ax, workload) in enumerate(zip(axes[0], workloads, strict=True)):
+        panel = table if workload is None else table[table["workload"] == workload]
+        fig13_panel(ax, panel.reset_index(drop=True), f"({chr(ord('a') + i)})")
     return fig
+
+
+def fig13_panel(ax: Any, panel: pd.DataFrame, tag: str) -> None:
+    """One Fig. 13 panel: kvlab's mean batch per system (value on each bar) beside the
+    paper's where the paper's number is known; a note where it is not."""
+    xs = list(range(len(panel)))
+    paper = panel["paper_mean_batch"].astype(float)
+    known = bool(paper.notna().any())
+    offset, width = (-0.2, 0.4) if known else (0.0, 0.5)
+    bars = ax.bar([x + offset for x in xs], panel["kvlab_mean_batch"], width=width,
+                  color=SOURCE_COLORS["kvlab"], label="kvlab")  # fmt: skip
+    ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    if known:
+        ax.bar([x + 0.2 for x in xs], paper, width=0.4, color=SOURCE_COLORS["paper"],
+               label="paper (Fig. 13)")  # fmt: skip
+    else:
+        ax.text(0.02, 0.97, "paper's values: not in kvlab's reference facts",
+                transform=ax.transAxes, fontsize=7, va="top")  # fmt: skip
+    ax.set_xticks(xs, [SYSTEM_LABELS[s] for s in panel["system"]], fontsize=8)
+    ax.set_ylabel("# batched requests")
+    ax.margins(y=0.15)
+    workload = panel["workload"].iloc[0] if "workload" in panel else "sharegpt"
+    rate = panel["rate"].iloc[0] if "rate" in panel else 2.0
+    ax.set_title(f"Fig. 13 {tag}: OPT-13B, {WORKLOAD_LABELS.get(workload, workload)} "
+                 f"{rate:g} req/s", fontsize=9)  # fmt: skip
+    ax.legend(fontsize=8, loc="upper left" if known else "center left")
 
 
 def fig12_rates(curves: pd.DataFrame, capacity: pd.DataFrame, threshold: float) -> Any:

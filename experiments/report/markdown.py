@@ -9,16 +9,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from experiments.lib.setup import as_dict, build_setup, make_cost_model
-from experiments.report.clock import block_sections, gap_lines, plot_blocks, preemption_cost
+from experiments.report.clock import (
+    draw_fig18b,
+    draw_fig19,
+    fig18b_section,
+    fig19_runs,
+    fig19_section,
+    gap_lines,
+    preemption_cost,
+)
 from experiments.report.figures import (
     KV_PARTS,
     PART_LABELS,
+    WORKLOAD_LABELS,
     fig2_breakdown,
     fig12_rates,
     fig13_batch,
@@ -31,6 +41,7 @@ from experiments.report.paper import (
     FIG13_BATCH,
     SYSTEM_LABELS,
 )
+from experiments.report.selection import FIGURES
 from sim.capacity import format_table1, table1
 
 PARTS = KV_PARTS[:4]  # the paper's four; "free" (nobody waiting) is kvlab's fifth
@@ -75,32 +86,50 @@ def write_outputs(
     duration: float,
     threshold: float,
     wall_s: float,
+    figures: Collection[str] = FIGURES,
+    on_written: Callable[..., None] = lambda figure, *files: None,
+    fig13_alpaca: pd.DataFrame | None = None,
+    fig13_alpaca_rate: float | None = None,
 ) -> None:
-    """Write every CSV, figure and ``report.md`` into ``out``. ``fig2``: the Fig. 2/13 runs;
-    ``sensitivity``: vLLM at 2 req/s on the roofline with added per-step overheads;
-    ``blocks``: the Fig. 18b / Fig. 19 runs (``reproduce.block_study``), if any."""
+    """Write the CSVs, figures and ``report.md`` of the selected ``figures``
+    (``experiments.report.selection``) into ``out``, calling ``on_written(figure, *files)``
+    after each. ``fig2``: the Fig. 2/13 runs; ``sensitivity``: vLLM at 2 req/s on the
+    roofline with added per-step overheads; ``blocks``: the Fig. 18b / Fig. 19 runs
+    (``reproduce.block_study``), if any; ``fig13_alpaca``: Fig. 13 (b)'s runs (Alpaca at
+    ``fig13_alpaca_rate`` req/s)."""
     out.mkdir(parents=True, exist_ok=True)
     t1 = table1()
-    pd.DataFrame([dataclasses.asdict(r) for r in t1]).to_csv(out / "table1.csv", index=False)
+    if "table1" in figures:
+        pd.DataFrame([dataclasses.asdict(r) for r in t1]).to_csv(out / "table1.csv", index=False)
+        on_written("table1", "table1.csv")
 
-    f2 = fig2_table(fig2)
-    f2.to_csv(out / "fig2_breakdown.csv", index=False)
     plt = pyplot(headless=True)
-    figures = [(fig2_breakdown(f2), "fig2_breakdown")]
+    drawn = []
+    f2 = fig2_table(fig2) if len(fig2) else pd.DataFrame()
+    if "fig2" in figures:
+        f2.to_csv(out / "fig2_breakdown.csv", index=False)
+        drawn.append(("fig2", fig2_breakdown(f2), "fig2_breakdown"))
 
-    f13 = fig13_table(fig2)
-    f13.to_csv(out / "fig13_batch.csv", index=False)
-    sensitivity.to_csv(out / "vllm_overhead_sensitivity.csv", index=False)
-    figures.append((fig13_batch(f13), "fig13_batch"))
+    alpaca = fig13_alpaca if fig13_alpaca is not None else pd.DataFrame()
+    panels = [fig13_table(fig2, "sharegpt", 2.0)] if len(fig2) else []
+    if len(alpaca):
+        panels.append(fig13_table(alpaca, "alpaca", fig13_alpaca_rate))
+    f13 = pd.concat(panels, ignore_index=True) if panels else pd.DataFrame()
+    if "fig13" in figures:
+        f13.to_csv(out / "fig13_batch.csv", index=False)
+        drawn.append(("fig13", fig13_batch(f13), "fig13_batch"))
+    if "sensitivity" in figures:
+        sensitivity.to_csv(out / "vllm_overhead_sensitivity.csv", index=False)
+        on_written("sensitivity", "vllm_overhead_sensitivity.csv")
 
     if len(curves):
         curves.sort_values(["system", "rate"]).to_csv(out / "fig12_opt13b_sharegpt.csv",
                                                       index=False)  # fmt: skip
         capacity.to_csv(out / "fig12_capacity.csv", index=False)
-        figures.append((fig12_rates(curves, capacity, threshold), "fig12_opt13b_sharegpt"))
-    for fig, stem in figures:
-        save(fig, out, stem)
-        plt.close(fig)
+        drawn.append(("fig12", fig12_rates(curves, capacity, threshold), "fig12_opt13b_sharegpt"))
+    for name, fig, stem in drawn:
+        _save(plt, fig, out, stem)
+        on_written(name, f"{stem}.csv/.png/.pdf")
 
     c = as_dict(cfg)
     setup = build_setup(c)
@@ -120,29 +149,90 @@ def write_outputs(
             return make_cost_model(at_bs, setup.model, setup.gpu, setup.tp)
 
         price = preemption_cost(cost_at, sizes)
-        blocks.to_csv(out / "fig18b_block_size.csv", index=False)
-        price.to_csv(out / "fig19_preemption_cost.csv", index=False)
-        plot_blocks(blocks, price, out)
-        extra += block_sections(blocks, price, cost_line)
+        if "fig18b" in figures:
+            blocks[blocks["study"] == "fig18b"].to_csv(out / "fig18b_block_size.csv", index=False)
+            _save(plt, draw_fig18b(blocks), out, "fig18b_block_size")
+            extra += fig18b_section(blocks, cost_line)
+            on_written("fig18b", "fig18b_block_size.csv/.png/.pdf")
+        if "fig19" in figures:
+            fig19_runs(blocks).to_csv(out / "fig19_swap_recompute.csv", index=False)
+            price.to_csv(out / "fig19_preemption_cost.csv", index=False)
+            _save(plt, draw_fig19(blocks, price), out, "fig19_swap_recompute")
+            extra += fig19_section(blocks, price, cost_line)
+            on_written("fig19", "fig19_swap_recompute.csv/.png/.pdf", "fig19_preemption_cost.csv")
     text = _report(
         f2, f13, sensitivity, capacity, t1, cost.describe(), fig2, duration, threshold, wall_s,
-        extra,
+        extra, figures, alpaca,
     )  # fmt: skip
     tmp = out / "report.md.tmp"
     tmp.write_text(text)
     tmp.replace(out / "report.md")
 
 
-def fig13_table(runs: pd.DataFrame) -> pd.DataFrame:
+def _save(plt: Any, fig: Any, out: Path, stem: str) -> None:
+    save(fig, out, stem)
+    plt.close(fig)
+
+
+def fig13_table(
+    runs: pd.DataFrame, workload: str = "sharegpt", rate: float | None = 2.0
+) -> pd.DataFrame:
+    """One Fig. 13 panel's rows: per system, kvlab's mean batched requests beside the
+    paper's. The paper's numbers in kvlab's reference facts are the ShareGPT panel's
+    (``FIG13_BATCH``); other workloads get none (NaN), never an invented value."""
+    paper = FIG13_BATCH if workload == "sharegpt" else {}
     f13 = pd.DataFrame(
         {
+            "workload": workload,
+            "rate": rate,
             "system": runs["system"],
             "kvlab_mean_batch": runs["mean_batch_size"],
-            "paper_mean_batch": [FIG13_BATCH.get(s) for s in runs["system"]],
+            "paper_mean_batch": [paper.get(s, math.nan) for s in runs["system"]],
         }
     )
     f13["kvlab_over_paper"] = f13["kvlab_mean_batch"] / f13["paper_mean_batch"]
     return f13
+
+
+def fig13_section(f13: pd.DataFrame, sharegpt: pd.DataFrame, alpaca: pd.DataFrame) -> list[str]:
+    """The report's Fig. 13: (a) ShareGPT beside the paper, with a gap line; (b) Alpaca,
+    kvlab's numbers only. ``sharegpt`` and ``alpaca``: the panels' runs."""
+    parts = ["## Fig. 13: mean batched requests (OPT-13B)", ""]
+    for workload, runs in (("sharegpt", sharegpt), ("alpaca", alpaca)):
+        t = f13[f13["workload"] == workload] if len(f13) else f13
+        if not len(t):
+            continue
+        rate = float(t["rate"].iloc[0])
+        panel = "(a) ShareGPT" if workload == "sharegpt" else "(b) Alpaca"
+        parts += [f"### {panel}, {rate:g} req/s", "", _md_table(BATCH_HEADER, _batch_rows(t)), ""]
+        if t["paper_mean_batch"].notna().any():
+            gaps = [
+                f"{SYSTEM_LABELS[r['system']]} {r['kvlab_mean_batch'] - r['paper_mean_batch']:+.2f}"
+                f" ({r['kvlab_over_paper'] - 1:+.0%})"
+                for _, r in t.iterrows()
+            ]
+            name = WORKLOAD_LABELS[workload]
+            parts += [f"Gap ({name}), kvlab − paper: " + "; ".join(gaps) + ".", ""]
+        else:
+            parts += [
+                "The paper's values for this panel are not in kvlab's reference facts "
+                "(`../shared/PAPER.md` gives only the ShareGPT panel's), so no paper column "
+                "or gap is computed. PAPER.md does not state this panel's rate either; "
+                f"{rate:g} req/s is kvlab's choice (`reproduce.FIG13_ALPACA_RATE`).",
+                "",
+            ]
+        parts += [
+            "Other metrics of the same runs:",
+            "",
+            _md_table(
+                ["system", "completed", "req/s", "normalized latency (s/token)", "preemptions"],
+                [[SYSTEM_LABELS[r["system"]], str(r["completed"]),
+                  _fmt(r["request_throughput"], ".3f"), _fmt(r["normalized_latency"], ".3f"),
+                  str(r["num_preemptions"])] for _, r in runs.iterrows()],
+            ),
+            "",
+        ]  # fmt: skip
+    return parts
 
 
 def _breakdown_rows(f2: pd.DataFrame) -> list[list[str]]:
@@ -193,6 +283,8 @@ def _report(
     threshold: float,
     wall_s: float,
     extra: list[str] | None = None,
+    figures: Collection[str] = FIGURES,
+    fig13_alpaca: pd.DataFrame | None = None,
 ) -> str:
     parts = [
         "# kvlab reproduction of the vLLM paper (simulated)",
@@ -202,6 +294,11 @@ def _report(
         f"{wall_s:.0f} s. Every number below is what kvlab computed; the paper's "
         "(Kwon et al., SOSP 2023) stand beside it in parentheses or their own column.",
         "",
+        *(
+            [f"Figures made (`--figures`): {', '.join(f for f in FIGURES if f in figures)}.", ""]
+            if set(FIGURES) - set(figures)
+            else []
+        ),
         "## Cost model (printed beside every reproduced figure)",
         "",
         "```",
@@ -209,46 +306,26 @@ def _report(
         "```",
         "",
     ]
-    parts += [
-        "## Table 1: KV cache capacity",
-        "",
-        "```",
-        format_table1(t1).strip(),
-        "```",
-        "",
-        "## Fig. 2: KV memory breakdown (% of KV slots, time-averaged, ShareGPT 2 req/s)",
-        "",
-        _md_table(BREAKDOWN_HEADER, _breakdown_rows(f2)),
-        "",
-        "Definitions (kvlab): token states = slots holding K/V; reservation = slots set aside "
-        "for tokens the request will still generate; internal fragmentation = slots reserved "
-        "beyond the true output (contiguous) or the unfilled tail of each last block (paged); "
-        "external fragmentation & other = buddy-allocator rounding plus free slots while "
-        "requests wait for admission; free = free slots with nobody waiting.",
-        "",
-        "Largest differences from the paper: " + "; ".join(_largest_gaps(f2)) + ".",
-        "",
-        "## Fig. 13: mean batched requests (ShareGPT, 2 req/s)",
-        "",
-        _md_table(BATCH_HEADER, _batch_rows(f13)),
-        "",
-        "Other metrics of the same runs:",
-        "",
-        _md_table(
-            ["system", "completed", "req/s", "normalized latency (s/token)", "preemptions"],
-            [
-                [
-                    SYSTEM_LABELS[r["system"]],
-                    str(r["completed"]),
-                    _fmt(r["request_throughput"], ".3f"),
-                    _fmt(r["normalized_latency"], ".3f"),
-                    str(r["num_preemptions"]),
-                ]
-                for _, r in fig2_runs.iterrows()
-            ],
-        ),
-        "",
-    ]
+    if "table1" in figures:
+        parts += ["## Table 1: KV cache capacity", "", "```", format_table1(t1).strip(), "```", ""]
+    if "fig2" in figures:
+        parts += [
+            "## Fig. 2: KV memory breakdown (% of KV slots, time-averaged, ShareGPT 2 req/s)",
+            "",
+            _md_table(BREAKDOWN_HEADER, _breakdown_rows(f2)),
+            "",
+            "Definitions (kvlab): token states = slots holding K/V; reservation = slots set aside "
+            "for tokens the request will still generate; internal fragmentation = slots reserved "
+            "beyond the true output (contiguous) or the unfilled tail of each last block (paged); "
+            "external fragmentation & other = buddy-allocator rounding plus free slots while "
+            "requests wait for admission; free = free slots with nobody waiting.",
+            "",
+            "Largest differences from the paper: " + "; ".join(_largest_gaps(f2)) + ".",
+            "",
+        ]
+    if "fig13" in figures:
+        alpaca = fig13_alpaca if fig13_alpaca is not None else pd.DataFrame()
+        parts += fig13_section(f13, fig2_runs, alpaca)
     if len(capacity):
         parts += [
             "## Fig. 12 (OPT-13B, ShareGPT): sustainable request rate",
@@ -273,36 +350,37 @@ def _report(
         ]
     parts += extra or []
     parts += [GAPS_TEXT, ""]
-    parts += [
-        "## Appendix: how strongly step time moves vLLM (computed)",
-        "",
-        "vLLM's batch at 2 req/s depends on how fast steps are. The same vLLM run on the bare "
-        "datasheet roofline (a lower bound on step time) with a fixed overhead added to every "
-        "step; nothing here is fitted and the report's clock does not use these numbers:",
-        "",
-        _md_table(
-            [
-                "added overhead (ms/step)",
-                "mean batch",
-                "normalized latency (s/token)",
-                "token states %",
-                "free %",
-                "preemptions",
-            ],
-            [
+    if "sensitivity" in figures:
+        parts += [
+            "## Appendix: how strongly step time moves vLLM (computed)",
+            "",
+            "vLLM's batch at 2 req/s depends on how fast steps are. The same vLLM run on the bare "
+            "datasheet roofline (a lower bound on step time) with a fixed overhead added to every "
+            "step; nothing here is fitted and the report's clock does not use these numbers:",
+            "",
+            _md_table(
                 [
-                    _fmt(r["per_step_overhead_ms"], "g"),
-                    _fmt(r["mean_batch_size"], ".2f"),
-                    _fmt(r["normalized_latency"], ".3f"),
-                    _fmt(r["kv_token_states_pct"]),
-                    _fmt(r["kv_free_pct"]),
-                    str(r["num_preemptions"]),
-                ]
-                for _, r in sensitivity.iterrows()
-            ],
-        ),
-        "",
-    ]
+                    "added overhead (ms/step)",
+                    "mean batch",
+                    "normalized latency (s/token)",
+                    "token states %",
+                    "free %",
+                    "preemptions",
+                ],
+                [
+                    [
+                        _fmt(r["per_step_overhead_ms"], "g"),
+                        _fmt(r["mean_batch_size"], ".2f"),
+                        _fmt(r["normalized_latency"], ".3f"),
+                        _fmt(r["kv_token_states_pct"]),
+                        _fmt(r["kv_free_pct"]),
+                        str(r["num_preemptions"]),
+                    ]
+                    for _, r in sensitivity.iterrows()
+                ],
+            ),
+            "",
+        ]
 
     return "\n".join(parts) + "\n"
 

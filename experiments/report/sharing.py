@@ -15,7 +15,7 @@ import argparse
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -26,24 +26,40 @@ from experiments.report.figures import pyplot
 from experiments.report.rate_search import Runner, run_search
 
 log = logging.getLogger("kvlab.reproduce")
+STEMS = {"fig14": "fig14_sampling", "fig15": "fig15_sharing", "fig16": "fig16_prefix",
+         "fig17": "fig17_chatbot"}  # fmt: skip
 DURATION_S = 30.0
 FULL_DURATION_S = 3600.0
 FIGURES = {"fig14": fig14_sampling, "fig16": fig16_prefix, "fig17": fig17_chatbot}
+WRITERS = {
+    "fig14": ("fig14", fig14_sampling.write),
+    "fig15": ("fig14", fig15_sharing.write),  # Fig. 15 reads Fig. 14's vLLM runs
+    "fig16": ("fig16", fig16_prefix.write),
+    "fig17": ("fig17", fig17_chatbot.write),
+}  # figure -> (the searches it reads, its writer)
 
 
 def submit(
-    pool: Executor, run: Runner, duration_s: float, seed: int, threshold: float
-) -> dict[str, list[Future]]:
-    """Queue every search of Fig. 14, 16 and 17 on ``pool``; Fig. 15 reuses Fig. 14's."""
+    pool: Executor, run: Runner, duration_s: float, seed: int, threshold: float,
+    figures: Sequence[str] = tuple(WRITERS),
+) -> dict[str, list[Future]]:  # fmt: skip
+    """Queue on ``pool`` every search the selected ``figures`` read (:data:`WRITERS`)."""
+    needed = {WRITERS[f][0] for f in figures}
     jobs: dict[str, list[Future]] = {}
     for name, module in FIGURES.items():
+        if name not in needed:
+            continue
         searches = module.searches(duration_s, seed)
         jobs[name] = [pool.submit(run_search, run, s, threshold) for s in searches]
     return jobs
 
 
-def write(jobs: dict[str, list[Future]], out: Path, plt: Any, duration_s: float) -> str:
-    """Wait for the searches, write the figures' files into ``out``; the report text."""
+def write(
+    jobs: dict[str, list[Future]], out: Path, plt: Any, duration_s: float,
+    figures: Sequence[str] = tuple(WRITERS), on_written: Callable[..., None] | None = None,
+) -> str:  # fmt: skip
+    """Wait for the searches, write the selected ``figures``' files into ``out`` (calling
+    ``on_written(figure, *file_stems)`` after each); the report text."""
     sections = [
         "# Sharing: parallel sampling, beam search, shared prefix, chatbot\n\n"
         f"Traces of {duration_s:g} s of arrivals (the paper: 1 hour; `--full`). A rate "
@@ -57,10 +73,11 @@ def write(jobs: dict[str, list[Future]], out: Path, plt: Any, duration_s: float)
         t0 = time.perf_counter()
         rows[name] = [row for f in futures for row in f.result()]
         log.info("%s: %d runs (waited %.0f s)", name, len(rows[name]), time.perf_counter() - t0)
-    sections.append(fig14_sampling.write(rows["fig14"], out, plt))
-    sections.append(fig15_sharing.write(rows["fig14"], out, plt))
-    sections.append(fig16_prefix.write(rows["fig16"], out, plt))
-    sections.append(fig17_chatbot.write(rows["fig17"], out, plt))
+    for figure in figures:
+        searches, writer = WRITERS[figure]
+        sections.append(writer(rows[searches], out, plt))
+        if on_written is not None:
+            on_written(figure, f"{STEMS[figure]}.csv/.png/.pdf")
     return "\n".join(sections)
 
 

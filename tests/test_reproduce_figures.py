@@ -1,0 +1,64 @@
+"""``reproduce --figures``: the selection of figures, its one-line error, and a selected run
+that makes only what it names."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from experiments import reproduce
+from experiments.lib.checks import ConfigError
+from experiments.report.selection import FIGURES, select
+
+
+def test_selection_keeps_report_order_and_the_skip_flags() -> None:
+    assert select(None) == FIGURES
+    assert select("fig19, table1,fig2") == ("table1", "fig2", "fig19")
+    assert select(None, ["skip_sharing", "skip_blocks"]) == (
+        "table1", "fig2", "fig12", "fig13", "sensitivity",
+    )  # fmt: skip
+    assert select("fig12,fig13", ["skip_fig12"]) == ("fig13",)
+
+
+@pytest.mark.parametrize("spec", ["fig2,fig99", "", " , "])
+def test_a_bad_selection_names_the_valid_figures(spec: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        select(spec)
+    assert err.value.line().startswith("error: --figures: ")
+    assert ", ".join(FIGURES) in err.value.line()
+
+
+def test_an_unknown_figure_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as ended:
+        reproduce.main(["--figures", "fig13,fig99", "--out", str(tmp_path)])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'fig99'" in err and "fig18b" in err
+    assert not any(tmp_path.iterdir())  # nothing ran
+
+
+def test_a_selection_runs_and_writes_only_its_figures(tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="kvlab.reproduce")
+    reproduce.main(["--figures", "table1,fig13", "--duration", "8", "--workers", "1",
+                    "--out", str(tmp_path)])  # fmt: skip
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert runs == sorted(
+        [f"fig2_{s}" for s in reproduce.FIG2_SYSTEMS]
+        + [f"fig13_alpaca_{s}" for s in reproduce.FIG2_SYSTEMS]
+    )
+    files = {p.name for p in tmp_path.iterdir() if p.is_file()}
+    assert files == {
+        "report.md",
+        "table1.csv",
+        *(f"fig13_batch.{e}" for e in ("csv", "png", "pdf")),
+    }
+    report = (tmp_path / "report.md").read_text()
+    assert "## Table 1" in report and "## Fig. 13" in report
+    assert "## Fig. 2:" not in report and "## Appendix" not in report
+    # progress: one line when each figure's runs are done, one when its files are written
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("fig13: 8 jobs done (") for m in messages), messages
+    assert any(m.startswith("fig13: wrote fig13_batch.csv/.png/.pdf (") for m in messages)
+    assert any(m.startswith("table1: wrote table1.csv (") for m in messages)
