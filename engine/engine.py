@@ -4,7 +4,8 @@ Each step is ``core.loop.StepLoop``'s, the very sequence the simulator runs (so 
 simulator replaying the engine's measured step times makes the same decisions: the *one
 policy, two bodies* identity); the engine supplies the executor, which runs the plan's
 swap-outs, swap-ins and block copies, the forward and the sampling, and times them
-(CUDA is synchronized).
+(CUDA is synchronized at the step's end). With phase timing on (the default on CPU), each
+step's phases are timed apart (:mod:`engine.phases`): ``EngineResult.phases``.
 
 Clocks: ``virtual`` advances ``now`` by the measured durations and jumps to the next
 arrival when idle (deterministic trace replay; arrival instants are chained exactly as
@@ -25,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 from tqdm import tqdm
 
@@ -38,7 +40,8 @@ from core.sched.base import BaseScheduler, SchedulerConfig
 from core.systems import build_scheduler
 from engine.kv_cache import PagedKVCache, resolve_kv_budget
 from engine.models import build_model
-from engine.runner import ModelRunner, sampling_seqs
+from engine.phases import PhaseTimer, device_clock, phase_timing_default
+from engine.runner import ModelRunner
 from engine.sampler import Sampler, mix_seed
 from engine.weights import init_dummy_weights, load_checkpoint
 
@@ -67,6 +70,7 @@ class EngineResult:
     recorder: Recorder
     end_time_s: float
     num_steps: int
+    phases: pd.DataFrame | None = None  # engine.phases.PHASE_COLUMNS per step, if timed
 
 
 class LLMEngine:
@@ -74,7 +78,8 @@ class LLMEngine:
     tensors' blocks. Exactly one of ``kv_budget_bytes`` and ``num_blocks`` sizes the cache.
     ``sched_config`` defaults to vLLM's knobs with ``max_model_len`` = the model's maximum;
     ``watermark`` and ``enable_prefix_caching`` go to the paged manager as in
-    ``core.systems.build_scheduler``."""
+    ``core.systems.build_scheduler``. ``time_phases`` times each step's phases
+    (:mod:`engine.phases`; None: on CPU only, where it costs nothing)."""
 
     def __init__(
         self,
@@ -92,6 +97,7 @@ class LLMEngine:
         weights_path: str | None = None,
         watermark: float = DEFAULT_WATERMARK,
         enable_prefix_caching: bool = False,
+        time_phases: bool | None = None,
     ) -> None:
         if (kv_budget_bytes is None) == (num_blocks is None):
             raise EngineError("give exactly one of kv_budget_bytes and num_blocks")
@@ -115,6 +121,9 @@ class LLMEngine:
         self.enable_prefix_caching = enable_prefix_caching
         self.seed = seed
         self.device = torch.device(device)
+        self.time_phases = (
+            phase_timing_default(self.device) if time_phases is None else bool(time_phases)
+        )
         self.model = build_model(model_config, backend, dtype=dtype, device=self.device)
         if weights_path is None:
             init_dummy_weights(self.model, seed)
@@ -142,10 +151,12 @@ class LLMEngine:
         self.recorder = Recorder()
         self.groups: dict[int, SequenceGroup] = {}
         self.clock: Clock = VirtualClock() if clock is None else clock
+        self.phase_timer = PhaseTimer() if self.time_phases else None
         executor = _ModelExecutor(
-            self.kv_cache, self.runner, self.sampler, self.scheduler, self.device
-        )
-        self.loop = StepLoop(self.scheduler, executor, self.recorder)
+            self.kv_cache, self.runner, self.sampler, self.scheduler, self.device,
+            self.phase_timer,
+        )  # fmt: skip
+        self.loop = StepLoop(self.scheduler, executor, self.recorder, observer=self.phase_timer)
 
     @property
     def now(self) -> float:
@@ -226,7 +237,8 @@ class LLMEngine:
             bar.close()
         end = self.now
         self.clock = VirtualClock(end)
-        return EngineResult(self._outputs(), self.recorder, end, self.num_steps)
+        phases = None if self.phase_timer is None else self.phase_timer.frame()
+        return EngineResult(self._outputs(), self.recorder, end, self.num_steps, phases)
 
     def _outputs(self) -> dict[int, RequestOutput]:
         return {
@@ -242,7 +254,8 @@ class LLMEngine:
 
 class _ModelExecutor:
     """Runs a plan on the KV tensors, the model and the sampler, and times it (CUDA is
-    synchronized before the clock is read)."""
+    synchronized before the step's end is read; with a ``timer``, at every phase boundary,
+    and the phases go to the timer)."""
 
     def __init__(
         self,
@@ -251,27 +264,37 @@ class _ModelExecutor:
         sampler: Sampler,
         sched: BaseScheduler,
         device: torch.device,
+        timer: PhaseTimer | None = None,
     ) -> None:
         self.kv_cache = kv_cache
         self.device = device
         self.runner = runner
         self.sampler = sampler
         self.manager = sched.manager
+        self.timer = timer
+        self.mark = device_clock(device, synchronize=timer is not None)
+        self.end = device_clock(device, synchronize=True)
 
     def execute(self, plan: StepPlan, shape: BatchShape, start: float) -> StepOutcome:
-        t0 = time.perf_counter()
+        mark = self.mark
+        t0 = time.perf_counter()  # the previous step ended synchronized
         self.kv_cache.swap_out(plan.swap_out)
         self.kv_cache.swap_in(plan.swap_in)
         self.kv_cache.copy_blocks(plan.copies)
-        logits = self.runner.execute(plan, self.manager)
-        samples = self.sampler.sample(sampling_seqs(plan), logits)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        duration = time.perf_counter() - t0
-        return StepOutcome(duration, samples.token_ids, samples.extra_samples, samples.beams)
+        t1 = mark()
+        batch = self.runner.prepare(plan, self.manager)
+        t2 = mark()
+        logits = self.runner.forward(batch)
+        t3 = mark()
+        samples = self.sampler.sample(batch.sample_seqs, logits)
+        t4 = self.end()
+        if self.timer is not None:
+            self.timer.executed(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+        return StepOutcome(t4 - t0, samples.token_ids, samples.extra_samples, samples.beams)
 
     def at_end(self, plan: StepPlan, outcome: StepOutcome) -> None:
-        pass
+        if self.timer is not None:
+            self.timer.output_begins()
 
 
 class WallClock:

@@ -100,16 +100,24 @@ class ModelRunner:
         self.backend = backend
         self.device = kv_cache.device
 
-    @torch.inference_mode()
     def execute(self, plan: StepPlan, manager: KVCacheManager) -> torch.Tensor:
         """fp32 logits ``[num_sampling_rows, vocab]`` for the sequences that sample, in the
-        order of :func:`sampling_seqs`; writes every computed token's K/V to the cache."""
+        order of :func:`sampling_seqs`; writes every computed token's K/V to the cache.
+        :meth:`prepare` then :meth:`forward` (the engine calls them apart to time them)."""
+        return self.forward(self.prepare(plan, manager))
+
+    def prepare(self, plan: StepPlan, manager: KVCacheManager) -> BatchInputs:
+        """The forward's inputs for ``plan`` (:func:`build_inputs` on the runner's device)."""
         if manager.block_size != self.kv_cache.block_size:
             raise ValueError(
                 f"manager block_size {manager.block_size} != KV cache block_size "
                 f"{self.kv_cache.block_size}"
             )
-        batch = build_inputs(plan, manager, self.device)
+        return build_inputs(plan, manager, self.device)
+
+    @torch.inference_mode()
+    def forward(self, batch: BatchInputs) -> torch.Tensor:
+        """The model on ``batch``: fp32 logits of its sampled rows (see :meth:`execute`)."""
         vocab = self.model.config.vocab_size
         if batch.input_ids.numel() == 0:
             return torch.empty((0, vocab), dtype=torch.float32, device=self.device)

@@ -11,6 +11,8 @@ both bodies); weights are seeded dummies unless ``model.path`` names a local che
 Writes the simulator's files (``config.yaml``, ``requests.csv``, ``steps.csv`` with
 measured ``duration_s``, ``metrics.json``) plus ``engine.json``; both JSON files record
 the device the engine ran on (CPU model or GPU name), torch's thread count and version.
+With ``time_phases`` (null: on CPU only; true on CUDA synchronizes at each phase boundary)
+``steps.csv`` also holds each step's phase seconds, :data:`engine.phases.PHASE_COLUMNS`.
 ``run(cfg, out_dir)`` is the plain function tests and notebooks call. ``backend=triton``
 on ``device=cpu`` needs ``TRITON_INTERPRET=1`` (Triton's CPU interpreter; slow).
 
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import pandas as pd
 import torch
 from omegaconf import DictConfig
 
@@ -129,6 +132,7 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
             num_cpu_blocks=int(float(c.get("swap_space_gb", 0)) * GIB) // per_block,
             seed=int(c.get("seed", 0)),
             weights_path=c["model"].get("path"),
+            time_phases=c.get("time_phases"),
             **options,
         )
     except KVBudgetError as exc:
@@ -160,6 +164,8 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
     wall = time.perf_counter() - t0
     rec = result.recorder
     req_frame, steps = rec.requests_frame(), rec.steps_frame()
+    if result.phases is not None:
+        steps = with_phases(steps, result.phases)
     metrics = summarize_recorder(rec, c.get("slo_ms"))
     kv = engine.kv_cache
     where = {
@@ -184,12 +190,20 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
             "kv_bytes": kv.device_bytes,
             "dtype": str(kv.dtype),
             "num_steps": result.num_steps,
+            "phase_columns": None if result.phases is None else list(result.phases.columns),
             "cost_basis_hardware": (c.get("hardware") or {}).get("name"),
             **where,
             "device": where["hardware"],
         }
         write_run(out_dir, c, metrics, req_frame, steps, extra={"engine": doc})
     return metrics
+
+
+def with_phases(steps: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
+    """``steps`` with the engine's per-step phase columns appended (one row each)."""
+    if len(phases) != len(steps):
+        raise RuntimeError(f"{len(phases)} phase rows for {len(steps)} steps")
+    return pd.concat([steps, phases.set_axis(steps.index)], axis=1)
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="serve", version_base="1.3")

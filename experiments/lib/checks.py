@@ -226,6 +226,13 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("mode", one_of("online", "offline"), "online or offline", "unknown mode", apps=SERVE),
     Rule("clock", one_of("virtual", "wall"), "virtual or wall", "unknown clock", apps=SERVE),
+    Rule(
+        "time_phases",
+        is_bool,
+        "true, false or null (on CPU only)",
+        "not a boolean",
+        apps=SERVE,
+    ),
 )
 
 

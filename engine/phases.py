@@ -1,0 +1,98 @@
+"""Per-step phase times of the engine: where a step's seconds go, measured on any device.
+
+One row per recorded step, in step order, with these columns (seconds, ``time.perf_counter``):
+
+- ``schedule_s``: the core scheduler's ``schedule`` calls for the step (a reschedule after
+  a preemption that ran nothing included);
+- ``transfer_s``: the plan's swap-outs, swap-ins and device block copies (copy-on-write);
+- ``prepare_s``: building the batch's input tensors and block tables
+  (:func:`engine.runner.build_inputs`);
+- ``forward_s``: the model's forward and the LM head on the sampled rows;
+- ``sample_s``: the sampler (greedy / random draws / beam candidates, tokens to the host);
+- ``output_s``: output processing: ``scheduler.update`` (appending tokens, stop checks,
+  freeing finished sequences) and recording the step and the finished requests.
+
+``transfer_s + prepare_s + forward_s + sample_s`` is the step's ``duration_s`` (what the
+executor returns and the virtual clock advances by); ``schedule_s`` and ``output_s`` run
+outside it, between steps. The CPU phases of a synchronous (vLLM v0-style) stack, the ones
+``experiments.calibrate_overhead`` fits, are :data:`CPU_PHASES`.
+
+On CUDA, kernels run asynchronously, so a phase's clock reading is only meaningful after
+``torch.cuda.synchronize``: the engine synchronizes at each phase boundary only when phase
+timing is on (``time_phases=True``); otherwise it synchronizes once at the step's end, as
+without phase timing, and records no phase rows. On CPU every operation is synchronous and
+timing costs a few clock reads per step, so it is on by default.
+
+The timer sees the schedule and output phases through :class:`core.loop.LoopObserver`'s
+hooks and the executor's ``at_end`` call (``core`` itself times nothing).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pandas as pd
+import torch
+
+from core.loop import LoopObserver
+from core.plan import StepPlan
+from core.request import SequenceGroup
+from core.sched.base import BaseScheduler
+
+PHASE_COLUMNS = ("schedule_s", "transfer_s", "prepare_s", "forward_s", "sample_s", "output_s")
+# The framework's CPU phases (forward and transfers, the device's work, excluded).
+CPU_PHASES = ("schedule_s", "prepare_s", "sample_s", "output_s")
+
+
+def phase_timing_default(device: torch.device) -> bool:
+    """Whether phases are timed when the caller does not say: where it costs nothing (CPU)."""
+    return device.type != "cuda"
+
+
+def device_clock(device: torch.device, synchronize: bool) -> Callable[[], float]:
+    """``time.perf_counter``, preceded on CUDA by a device synchronize when ``synchronize``."""
+    if device.type == "cuda" and synchronize:
+
+        def clock() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+
+        return clock
+    return time.perf_counter
+
+
+class PhaseTimer(LoopObserver):
+    """Collects :data:`PHASE_COLUMNS` per step: the loop's observer for ``schedule_s`` and
+    ``output_s``, the executor's :meth:`executed` and :meth:`output_begins` for the rest."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[float, ...]] = []
+        self._schedule = 0.0
+        self._mark = 0.0
+        self._executed: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+
+    def before_schedule(self, scheduler: BaseScheduler) -> None:
+        self._mark = time.perf_counter()
+
+    def after_schedule(self, plan: StepPlan) -> None:
+        self._schedule += time.perf_counter() - self._mark
+        if plan.is_empty and not plan.preempted:
+            self._schedule = 0.0  # idle (or a stall): no step follows this call
+
+    def executed(self, transfer: float, prepare: float, forward: float, sample: float) -> None:
+        """The executor's four phases of the step being run."""
+        self._executed = (transfer, prepare, forward, sample)
+
+    def output_begins(self) -> None:
+        """Called by the executor's ``at_end``, just before the scheduler's update."""
+        self._mark = time.perf_counter()
+
+    def after_step(self, plan: StepPlan, finished: list[SequenceGroup]) -> None:
+        output = time.perf_counter() - self._mark
+        self.rows.append((self._schedule, *self._executed, output))
+        self._schedule = 0.0
+
+    def frame(self) -> pd.DataFrame:
+        """One row per step so far, columns :data:`PHASE_COLUMNS`."""
+        return pd.DataFrame(self.rows, columns=list(PHASE_COLUMNS), dtype="float64")
