@@ -15,6 +15,7 @@ from sim.cost.overhead import (
     CPU_OVERHEADS_CSV,
     FIG18A_GATHER_TOKENS_PER_BLOCK,
     STACKS,
+    device_copy_seconds,
     extra_kv_tokens,
     fit_cpu_overheads,
     get_stack,
@@ -105,8 +106,40 @@ def test_swap_costs_a_latency_per_copy_plus_bytes() -> None:
     # at a fixed number of bytes, small blocks pay more latency
     small = RooflineCostModel("opt-13b", "a100-40gb", stack="vllm-2023", block_size=1)
     assert small.transfer_time(BatchShape(swap_out_blocks=16)) > m.transfer_time(one)
-    copies = BatchShape(copy_blocks=3)
-    assert m.transfer_time(copies) == plain.transfer_time(copies)
+    assert m.transfer_time(BatchShape()) == plain.transfer_time(BatchShape()) == 0.0
+
+
+def test_device_copies_cost_a_call_latency_plus_bytes_read_and_written() -> None:
+    """Stated: a step with CoW copies pays ``d2d_calls_per_step`` call latencies (vLLM v0:
+    one kernel) plus 2 x block bytes per copied block at HBM bandwidth x 'memory'; nothing
+    without copies; monotone in copies and in block bytes."""
+    m = RooflineCostModel("opt-13b", "a100-40gb", stack="vllm-2023", block_size=16)
+    plain = RooflineCostModel("opt-13b", "a100-40gb", block_size=16)
+    s = m.stack
+    assert s.d2d_calls_per_step == 1 and s.d2d_call_latency_s == pytest.approx(6e-6)
+    rate = m.gpu.mem_bandwidth * m.efficiency.memory
+    for n in (1, 3, 50):
+        shape = BatchShape(copy_blocks=n)
+        assert plain.transfer_time(shape) == pytest.approx(n * 2 * m.block_bytes / rate)
+        assert m.transfer_time(shape) == pytest.approx(
+            plain.transfer_time(shape) + s.d2d_call_latency_s
+        )
+    assert device_copy_seconds(s, 0, m.block_bytes, rate) == 0.0
+    by_copies = [m.transfer_time(BatchShape(copy_blocks=n)) for n in range(0, 40, 3)]
+    assert by_copies == sorted(by_copies) and len(set(by_copies)) == len(by_copies)
+    by_block = [
+        RooflineCostModel("opt-13b", "a100-40gb", stack="vllm-2023", block_size=b).transfer_time(
+            BatchShape(copy_blocks=4)
+        )
+        for b in (1, 8, 16, 64)
+    ]
+    assert by_block == sorted(by_block) and by_block[0] < by_block[-1]
+    # the step pays it: a decode step with copies costs exactly the copy term more
+    shape, copied = _decode(8, 64), BatchShape(decode_seqs=8, decode_ctx_tokens=512, copy_blocks=2)
+    assert m.step_time(copied) - m.step_time(shape) == pytest.approx(
+        m.transfer_time(BatchShape(copy_blocks=2)), rel=1e-9
+    )
+    assert "d2d_call_latency_s" in m.describe()
 
 
 def test_stacked_step_time_is_monotone_in_tokens_and_context() -> None:

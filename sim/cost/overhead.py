@@ -131,7 +131,10 @@ class Stack:
     - ``block_granular``: the kernel works in whole blocks, so each sequence's unfilled last
       block costs as if read;
     - ``copy_latency_s`` / ``copies_per_block``: a swap issues one host-link copy per block,
-      per layer, for K and V each, and each copy costs this latency on top of its bytes.
+      per layer, for K and V each, and each copy costs this latency on top of its bytes;
+    - ``d2d_call_latency_s`` / ``d2d_calls_per_step``: a step with device block copies
+      (copy-on-write) issues that many copy calls (kernel launches), each costing this
+      latency on top of the bytes read and written at the device's bandwidth.
     """
 
     name: str
@@ -143,6 +146,8 @@ class Stack:
     copies_per_block_per_layer: int
     summary: str
     sources: dict[str, str]
+    d2d_call_latency_s: float = 0.0
+    d2d_calls_per_step: int = 0
 
 
 # §7.1 / Fig. 18a of the vLLM paper (Kwon et al., SOSP 2023): its paged attention kernel is
@@ -152,6 +157,12 @@ FIG18A_GATHER_TOKENS_PER_BLOCK = 0.23 * 16
 # DualPath (Wu et al., arXiv 2602.21548, §5.2): one cudaMemcpyAsync call costs ~5–7 µs
 # on top of its bytes when copying many small chunks; midpoint.
 MEMCPY_LATENCY_S = 6e-6
+# A device block copy is one call that enqueues device work, as a cudaMemcpyAsync is: the
+# same ~6 µs per call is taken for its launch (an assumption, not measured for kernels).
+D2D_CALL_LATENCY_S = MEMCPY_LATENCY_S
+# vLLM v0's copy_blocks (csrc/cache_kernels.cu): one kernel per step for every CoW pair of
+# every layer (grid: layers x pairs).
+D2D_CALLS_PER_STEP = 1
 
 _KERNEL_SOURCES = {
     "gather_tokens_per_block": "vLLM paper Fig. 18a (§7.1): paged kernel 20-26% slower than "
@@ -162,6 +173,12 @@ _KERNEL_SOURCES = {
     "~5-7 us per call for small chunks -> 6 us",
     "copies_per_block_per_layer": "vLLM v0 swap: one cudaMemcpyAsync per block, per layer, "
     "for K and V (2 copies per block per layer)",
+    "d2d_calls_per_step": "vLLM v0 copy_blocks (csrc/cache_kernels.cu): one kernel per step "
+    "for all copy-on-write pairs of all layers (grid layers x pairs)",
+    "d2d_call_latency_s": "assumption: a kernel launch costs what one cudaMemcpyAsync call "
+    "does (DualPath §5.2, ~5-7 us) -> 6 us per call",
+    "d2d_bytes": "each copied block read and written at the GPU's HBM bandwidth x the "
+    "efficiency factor 'memory' (H200 device-to-device copy measurement, 4.3 of 4.8 TB/s)",
 }
 
 STACKS: dict[str, Stack] = {
@@ -178,6 +195,7 @@ STACKS: dict[str, Stack] = {
          "overlap": "vLLM v0.1 (2023) ran schedule, input preparation, the model, the "
          "sampler and output processing one after another",
          **_KERNEL_SOURCES},
+        d2d_call_latency_s=D2D_CALL_LATENCY_S, d2d_calls_per_step=D2D_CALLS_PER_STEP,
     ),
     "vllm-v1": Stack(
         "vllm-v1", A100_CPU_OVERHEAD[1], True, FIG18A_GATHER_TOKENS_PER_BLOCK, True,
@@ -187,6 +205,7 @@ STACKS: dict[str, Stack] = {
          "here)", "overlap": "assumption from vLLM V1's design (async scheduling, CUDA "
          "graphs; the vllm/ measurement in ../shared ran with both on): the next step is "
          "scheduled while the GPU runs", **_KERNEL_SOURCES},
+        d2d_call_latency_s=D2D_CALL_LATENCY_S, d2d_calls_per_step=D2D_CALLS_PER_STEP,
     ),
 }  # fmt: skip
 
@@ -225,6 +244,15 @@ def swap_seconds(s: Stack, blocks: int, block_bytes: float, layers: int, link_bp
     return blocks * block_bytes / link_bps + copies * s.copy_latency_s
 
 
+def device_copy_seconds(s: Stack, blocks: int, block_bytes: float, byte_rate: float) -> float:
+    """Seconds of ``blocks`` device block copies (copy-on-write) in one step: each block read
+    and written at ``byte_rate`` plus ``d2d_calls_per_step`` call latencies (0 without
+    copies)."""
+    if not blocks:
+        return 0.0
+    return blocks * 2 * block_bytes / byte_rate + s.d2d_calls_per_step * s.d2d_call_latency_s
+
+
 def describe_stack(s: Stack) -> str:
     lines = [f"stack {s.name}: {s.summary}"]
     if s.cpu is not None:
@@ -236,5 +264,7 @@ def describe_stack(s: Stack) -> str:
     lines.append(f"  block_granular {s.block_granular}")
     lines.append(f"  copy_latency_s {s.copy_latency_s:.3g} x {s.copies_per_block_per_layer} "
                  "per block per layer")  # fmt: skip
+    lines.append(f"  d2d_call_latency_s {s.d2d_call_latency_s:.3g} x {s.d2d_calls_per_step} "
+                 "per step with block copies")  # fmt: skip
     lines += [f"  source {k}: {v}" for k, v in s.sources.items()]
     return "\n".join(lines)

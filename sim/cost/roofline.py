@@ -12,7 +12,7 @@ bound on step time.
 
 A ``stack`` preset (:mod:`sim.cost.overhead`) adds what a serving stack costs around the
 operators: CPU time per step (serial or overlapped), the paged kernel's per-block gather
-and last-block waste, and a latency per host-link copy.
+and last-block waste, a latency per host-link copy and per device-copy call.
 """
 
 from __future__ import annotations
@@ -24,7 +24,14 @@ from core.model_spec import ModelSpec
 from core.plan import BatchShape
 from sim.catalog import GPUSpec, get_gpu, get_model
 from sim.cost.efficiency import Efficiency
-from sim.cost.overhead import Stack, describe_stack, extra_kv_tokens, get_stack, swap_seconds
+from sim.cost.overhead import (
+    Stack,
+    describe_stack,
+    device_copy_seconds,
+    extra_kv_tokens,
+    get_stack,
+    swap_seconds,
+)
 from sim.cost.work import WorkCoefficients, count_work, shape_counts
 
 
@@ -138,9 +145,9 @@ class RooflineCostModel:
 
     def transfer_time(self, shape: BatchShape) -> float:
         """Seconds of block swaps over the host link (plus the stack's per-copy latency)
-        and device block copies (read + write)."""
+        and device block copies (read + write, plus the stack's per-call latency)."""
         swaps = shape.swap_in_blocks + shape.swap_out_blocks
-        copy = shape.copy_blocks * 2 * self.block_bytes / self._byte_rate
+        copy = device_copy_seconds(self.stack, shape.copy_blocks, self.block_bytes, self._byte_rate)
         if self._plain:
             return swaps * self.block_bytes / self._pcie + copy
         layers = self.model.num_layers
