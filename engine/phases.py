@@ -36,13 +36,12 @@ import pandas as pd
 import torch
 
 from core.loop import LoopObserver
+from core.metrics.phases import CPU_PHASES, PHASE_COLUMNS
 from core.plan import StepPlan
 from core.request import SequenceGroup
 from core.sched.base import BaseScheduler
 
-PHASE_COLUMNS = ("schedule_s", "transfer_s", "prepare_s", "forward_s", "sample_s", "output_s")
-# The framework's CPU phases (forward and transfers, the device's work, excluded).
-CPU_PHASES = ("schedule_s", "prepare_s", "sample_s", "output_s")
+__all__ = ["CPU_PHASES", "PHASE_COLUMNS", "PhaseTimer", "device_clock", "phase_timing_default"]
 
 
 def phase_timing_default(device: torch.device) -> bool:

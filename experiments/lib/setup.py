@@ -32,6 +32,8 @@ from experiments.lib.checks import ConfigError
 from sim.capacity import KVCapacity, kv_capacity
 from sim.catalog import GPUSpec, ModelSpec, model_from_config, resolve_gpu
 from sim.cost import CostModel, Efficiency, build_cost_model
+from sim.cost.overhead import Stack
+from sim.cost.stack_file import MEASURED, load_stack_file
 
 GIB = 1024**3
 REPO_ROOT = Path(__file__).resolve().parents[2]  # relative profile paths start here
@@ -235,10 +237,29 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
         extra["profile"] = path if path.is_absolute() else REPO_ROOT / path
     if kind == "calibrated" and extra.get("path"):
         return calibrated_from_file(Path(extra["path"]), model, gpu, tp)
+    stack_path = extra.pop("stack_path", None)
+    if stack_path is not None or extra.get("stack") == MEASURED:
+        extra["stack"] = measured_stack(extra.get("stack"), stack_path)
     try:
         return build_cost_model(kind, model, gpu, tp, **extra)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError("cost", str(exc).strip("'\""), kind) from None
+
+
+def measured_stack(name: Any, path: Any) -> Stack:
+    """``cost.stack=measured`` read from ``cost.stack_path`` (a relative path from the
+    working directory, as ``cost.path``)."""
+    if name != MEASURED:
+        raise ConfigError("cost.stack_path", "is read only with cost.stack=measured", path, "null")
+    if path is None:
+        raise ConfigError(
+            "cost.stack_path", "cost.stack=measured needs a stack file", None,
+            "a file written by experiments.calibrate_overhead",
+        )  # fmt: skip
+    try:
+        return load_stack_file(Path(str(path)))
+    except ValueError as exc:
+        raise ConfigError("cost.stack_path", str(exc)) from None
 
 
 def calibrated_from_file(path: Path, model: ModelSpec, gpu: GPUSpec, tp: int) -> CostModel:

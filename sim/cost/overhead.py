@@ -23,6 +23,7 @@ out: every other model's rows of that group (:func:`fit_cpu_overheads` reports b
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,21 @@ def read_cpu_overheads(path: Path) -> list[dict[str, float | str]]:
     return rows
 
 
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``(a, b)`` of ``y = a + b x``."""
+    n = len(xs)
+    sx, sy = sum(xs), sum(ys)
+    sxx = sum(x * x for x in xs)
+    sxy = sum(x * y for x, y in zip(xs, ys, strict=True))
+    b = (n * sxy - sx * sy) / (n * sxx - sx * sx)
+    return float((sy - b * sx) / n), float(b)
+
+
+def relative_errors(a: float, b: float, xs: Iterable[float], ys: Iterable[float]) -> list[float]:
+    """``|a + b x − y| / y`` at each point."""
+    return [abs(a + b * float(x) - float(y)) / float(y) for x, y in zip(xs, ys, strict=True)]
+
+
 def fit_cpu_overheads(path: Path, tp_group: int) -> tuple[float, float, float, float, float]:
     """Re-fit one group (1: tp 1; 2: tp >= 2) of the table: ``(per_step_s, per_seq_s,
     train_mape, heldout_mape, heldout_max_err)``. Held-out rows exclude Qwen-72B (see
@@ -102,18 +118,10 @@ def fit_cpu_overheads(path: Path, tp_group: int) -> tuple[float, float, float, f
     rows = [r for r in read_cpu_overheads(path) if (r["tp"] == 1) == (tp_group == 1)]
     train = [r for r in rows if r["model"] == TRAIN_MODEL[tp_group]]
     held = [r for r in rows if r["model"] != TRAIN_MODEL[tp_group] and "Qwen" not in r["model"]]
-    n = len(train)
-    sx = sum(float(r["seqs"]) for r in train)
-    sy = sum(float(r["total_s"]) for r in train)
-    sxx = sum(float(r["seqs"]) ** 2 for r in train)
-    sxy = sum(float(r["seqs"]) * float(r["total_s"]) for r in train)
-    b = (n * sxy - sx * sy) / (n * sxx - sx * sx)
-    a = (sy - b * sx) / n
+    a, b = fit_line([float(r["seqs"]) for r in train], [float(r["total_s"]) for r in train])
 
     def errors(part: list[dict[str, float | str]]) -> list[float]:
-        return [
-            abs(a + b * float(r["seqs"]) - float(r["total_s"])) / float(r["total_s"]) for r in part
-        ]
+        return relative_errors(a, b, [r["seqs"] for r in part], [r["total_s"] for r in part])
 
     tr, he = errors(train), errors(held)
     return a, b, sum(tr) / len(tr), sum(he) / len(he), max(he)
@@ -212,10 +220,19 @@ STACKS: dict[str, Stack] = {
 
 def get_stack(name: str | None, tp: int = 1) -> Stack:
     """The preset ``name`` (None: ``"none"``) with its CPU fit for ``tp``; an unknown name
-    raises ``ValueError`` listing the known ones."""
+    raises ``ValueError`` listing the known ones (``measured`` is read from a file:
+    :func:`sim.cost.stack_file.load_stack_file`)."""
     key = "none" if name is None else str(name)
+    if key == "measured":
+        raise ValueError(
+            "cost.stack=measured needs cost.stack_path=<a stack file written by "
+            "experiments.calibrate_overhead>"
+        )
     if key not in STACKS:
-        raise ValueError(f"unknown cost.stack {key!r}; known stacks: {', '.join(STACKS)}")
+        raise ValueError(
+            f"unknown cost.stack {key!r}; known stacks: {', '.join(STACKS)}, measured (with "
+            "cost.stack_path)"
+        )
     s = STACKS[key]
     if s.cpu is None or tp == 1:
         return s

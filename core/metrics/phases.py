@@ -1,0 +1,15 @@
+"""Names of the engine's per-step phase columns in ``steps.csv`` (the engine times them,
+:mod:`engine.phases`; the simulator's overhead fit reads them, :mod:`sim.cost.stack_file`).
+
+Seconds per step: ``schedule_s`` (the scheduler's ``schedule`` calls), ``transfer_s``
+(swaps and device block copies), ``prepare_s`` (input tensors and block tables),
+``forward_s`` (the model), ``sample_s`` (the sampler), ``output_s`` (the scheduler's
+update: appending tokens, stop checks; and recording the step).
+"""
+
+from __future__ import annotations
+
+PHASE_COLUMNS = ("schedule_s", "transfer_s", "prepare_s", "forward_s", "sample_s", "output_s")
+# The framework's CPU phases: the four a synchronous (vLLM v0-style) stack runs while the
+# device waits; forward and transfers, the device's work, excluded.
+CPU_PHASES = ("schedule_s", "prepare_s", "sample_s", "output_s")

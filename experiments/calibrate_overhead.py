@@ -1,0 +1,108 @@
+"""``python -m experiments.calibrate_overhead RUN_DIR [RUN_DIR ...] --out FILE``: fit the
+framework-overhead model to kvlab's own engine.
+
+Each ``RUN_DIR`` is an engine run (``experiments.serve`` or ``experiments.bench.engine_gpu``)
+whose ``steps.csv`` holds the per-step phase columns (phase timing is on by default on CPU;
+``time_phases=true`` on CUDA). The fit (:func:`sim.cost.stack_file.fit_measured_overhead`)
+is ``a + b × sequences`` over the median CPU seconds per step (schedule + prepare + sample
++ output) by number of sequences, on a stated split: ``--split half`` (default: each run's
+first half of steps trains, the second half is held out) or ``--split runs`` (the last
+run is held out). Prints the points with the fit and its error, and writes ``FILE``, which
+a simulator run takes as ``cost.stack=measured cost.stack_path=FILE`` (with ``cost=roofline``
+or ``cost=profiled``); the measured stack keeps ``--base``'s other terms (per-block gather,
+per-copy latencies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments.bench.tables import print_table
+from experiments.lib.checks import ConfigError
+from experiments.lib.cli import plain_cli
+from experiments.lib.results import write_json
+from sim.cost.overhead import STACKS
+from sim.cost.stack_file import SPLITS, fit_measured_overhead, fit_source, load_stack_file
+
+
+def read_steps(run_dir: Path) -> pd.DataFrame:
+    path = Path(run_dir) / "steps.csv"
+    if not path.is_file():
+        raise ConfigError("run_dir", "no steps.csv (not an engine run directory)", str(run_dir))
+    return pd.read_csv(path)
+
+
+def measured_on(run_dirs: list[Path]) -> str | None:
+    """The device the runs' ``engine.json`` names (all of them, joined, if they differ)."""
+    names = []
+    for run_dir in run_dirs:
+        doc = Path(run_dir) / "engine.json"
+        if doc.is_file():
+            name = json.loads(doc.read_text()).get("device")
+            if name and name not in names:
+                names.append(str(name))
+    return " / ".join(names) or None
+
+
+def calibrate_overhead(
+    run_dirs: list[Path], split: str = "half", min_steps: int = 5, base: str = "vllm-2023"
+) -> dict[str, Any]:
+    """The stack file's document for ``run_dirs`` (see the module doc)."""
+    if base not in STACKS or STACKS[base].cpu is None:
+        known = ", ".join(k for k, s in STACKS.items() if s.cpu is not None)
+        raise ConfigError("--base", "not a stack preset with CPU costs", base, known)
+    runs = [(Path(d).name, read_steps(d)) for d in run_dirs]
+    try:
+        doc = fit_measured_overhead(runs, split, min_steps)
+    except ValueError as exc:
+        raise ConfigError("run_dir", str(exc), " ".join(map(str, run_dirs))) from None
+    doc["base"] = base
+    doc["measured_on"] = measured_on(run_dirs)
+    doc["fit"]["source"] = fit_source(doc)
+    return doc
+
+
+def point_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    cpu = doc["cpu"]
+    rows = []
+    for part in ("train", "heldout"):
+        for seqs, median, steps in doc["fit"]["points"][part]:
+            fitted = cpu["per_step_s"] + cpu["per_seq_s"] * seqs
+            rows.append({
+                "part": part, "seqs": seqs, "steps": steps, "measured_ms": median * 1e3,
+                "fit_ms": fitted * 1e3, "rel_err": abs(fitted - median) / median,
+            })  # fmt: skip
+    return rows
+
+
+@plain_cli
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.calibrate_overhead", description=__doc__
+    )
+    parser.add_argument("run_dirs", type=Path, nargs="+", help="engine run directories")
+    parser.add_argument("--out", type=Path, required=True, help="the stack file to write")
+    parser.add_argument("--split", choices=SPLITS, default="half")
+    parser.add_argument("--min-steps", type=int, default=5, help="steps per point, at least")
+    parser.add_argument("--base", default="vllm-2023", help="preset whose other terms to keep")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    doc = calibrate_overhead(args.run_dirs, args.split, args.min_steps, args.base)
+    print_table("CPU ms per step (median by sequences) and the fit", point_rows(doc))
+    write_json(args.out, doc)
+    stack = load_stack_file(args.out)  # what the simulator will read
+    cpu = stack.cpu
+    assert cpu is not None
+    print(f"\ncpu per step = {cpu.per_step_s * 1e3:.4g} ms + {cpu.per_seq_s * 1e6:.4g} us x "
+          f"sequences\n{cpu.source}\nwrote {args.out} "
+          f"(cost.stack=measured cost.stack_path={args.out})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

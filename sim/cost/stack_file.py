@@ -1,0 +1,184 @@
+"""A serving-stack preset measured on kvlab's own engine: ``cost.stack=measured
+cost.stack_path=FILE``.
+
+The measurement: engine runs (``experiments.serve``) whose ``steps.csv`` holds the per-step
+phase seconds (:mod:`core.metrics.phases`). Per step, the CPU time is the sum of the four
+CPU phases (schedule, prepare, sample, output: the phases the Vidur table behind
+:data:`sim.cost.overhead.A100_CPU_OVERHEAD` sums; forward and transfers excluded) and the
+sequences are ``prefill_seqs + decode_seqs``. As in that table, the points are medians by
+number of sequences (only sequence counts with at least ``min_steps`` steps), and the fit
+is the same form, ``a + b × sequences``, by least squares over the train points.
+
+Splits: ``half``: each run's first half of steps (by step index) trains, its second half
+is held out; ``runs``: every run but the last trains, the last is held out. The fit reports
+the mean and max absolute relative error at the train points and at the held-out points.
+
+The file (JSON, ``kind: "stack"``) keeps the fit, its errors and points, and the ``base``
+preset whose other terms (per-block gather, last-block waste, per-copy latencies) the
+measured stack keeps; :func:`load_stack_file` turns it into a :class:`Stack`. kvlab's engine
+is synchronous, so the measured stack is serial (step = GPU + CPU).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core.metrics.phases import CPU_PHASES
+from sim.cost.overhead import STACKS, CPUOverheadFit, Stack, fit_line, relative_errors
+
+SPLITS = ("half", "runs")
+FILE_KIND = "stack"
+MEASURED = "measured"
+
+
+def cpu_points(steps: pd.DataFrame, min_steps: int, where: str) -> pd.DataFrame:
+    """Median CPU seconds per step by sequences: columns ``seqs``, ``cpu_s``, ``steps``
+    (sequence counts with fewer than ``min_steps`` steps dropped)."""
+    missing = [c for c in (*CPU_PHASES, "prefill_seqs", "decode_seqs") if c not in steps]
+    if missing:
+        raise ValueError(
+            f"{where}: no column {missing[0]} (an engine run's steps.csv with phase timing)"
+        )
+    frame = pd.DataFrame(
+        {
+            "seqs": steps["prefill_seqs"] + steps["decode_seqs"],
+            "cpu_s": steps[list(CPU_PHASES)].sum(axis=1),
+        }
+    )
+    grouped = frame.groupby("seqs")["cpu_s"].agg(["median", "size"]).reset_index()
+    grouped.columns = ["seqs", "cpu_s", "steps"]
+    return grouped[grouped["steps"] >= min_steps].reset_index(drop=True)
+
+
+def split_steps(
+    runs: Sequence[tuple[str, pd.DataFrame]], split: str
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The train and held-out steps of ``runs`` (name, steps frame) under ``split``."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; known splits: {', '.join(SPLITS)}")
+    if split == "runs":
+        if len(runs) < 2:
+            raise ValueError("split 'runs' needs two runs or more (the last one is held out)")
+        train = pd.concat([f for _, f in runs[:-1]], ignore_index=True)
+        return train, runs[-1][1]
+    halves = [(f.iloc[: len(f) // 2], f.iloc[len(f) // 2 :]) for _, f in runs]
+    return (
+        pd.concat([a for a, _ in halves], ignore_index=True),
+        pd.concat([b for _, b in halves], ignore_index=True),
+    )
+
+
+def fit_measured_overhead(
+    runs: Sequence[tuple[str, pd.DataFrame]], split: str = "half", min_steps: int = 5
+) -> dict[str, Any]:
+    """Fit ``a + b × sequences`` to the runs' CPU phases (see the module doc): the stack
+    file's document, without ``base`` and ``measured_on``."""
+    if not runs:
+        raise ValueError("no runs to fit")
+    for name, frame in runs:
+        cpu_points(frame, 1, name)  # every run has the columns
+    train_steps, held_steps = split_steps(runs, split)
+    train = cpu_points(train_steps, min_steps, "train steps")
+    held = cpu_points(held_steps, min_steps, "held-out steps")
+    if len(train) < 2:
+        raise ValueError(
+            f"the train steps hold {len(train)} sequence count(s) with >= {min_steps} steps; "
+            "the fit needs two (serve more requests, or lower --min-steps)"
+        )
+    a, b = fit_line(train["seqs"].to_numpy(float), train["cpu_s"].to_numpy(float))
+    if a < 0 or b < 0:
+        raise ValueError(
+            f"the fit has a negative term ({a:.3g} s + {b:.3g} s x sequences): too few or too "
+            "noisy points"
+        )
+    tr = relative_errors(a, b, train["seqs"], train["cpu_s"])
+    he = relative_errors(a, b, held["seqs"], held["cpu_s"])
+
+    def points(p: pd.DataFrame) -> list[list[float]]:
+        return [[int(s), float(c), int(n)] for s, c, n in p.itertuples(index=False)]
+
+    return {
+        "kind": FILE_KIND,
+        "name": MEASURED,
+        "overlapped": False,
+        "cpu": {
+            "per_step_s": a,
+            "per_seq_s": b,
+            "train_mape": float(np.mean(tr)),
+            "train_max_err": float(np.max(tr)),
+            "heldout_mape": float(np.mean(he)) if len(he) else None,
+            "heldout_max_err": float(np.max(he)) if len(he) else None,
+        },
+        "fit": {
+            "runs": [name for name, _ in runs],
+            "split": split,
+            "min_steps": min_steps,
+            "phases": list(CPU_PHASES),
+            "points": {"train": points(train), "heldout": points(held)},
+            "point_columns": ["seqs", "median_cpu_s", "steps"],
+        },
+    }
+
+
+def fit_source(doc: dict[str, Any]) -> str:
+    """One line naming the measurement, the split and the errors."""
+    cpu, fit = doc["cpu"], doc["fit"]
+    held = (
+        "no held-out point"
+        if cpu["heldout_mape"] is None
+        else f"held out MAPE {cpu['heldout_mape']:.1%}, max {cpu['heldout_max_err']:.1%}"
+    )
+    where = f" on {doc['measured_on']}" if doc.get("measured_on") else ""
+    return (
+        f"kvlab engine{where}: {' + '.join(fit['phases'])} medians by sequences, runs "
+        f"{', '.join(fit['runs'])}, split {fit['split']}; train MAPE {cpu['train_mape']:.1%}, "
+        f"max {cpu['train_max_err']:.1%}; {held}"
+    )
+
+
+def load_stack_file(path: Path) -> Stack:
+    """The measured stack in ``path``; a bad file raises ``ValueError`` naming it."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the stack file ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("kind") != FILE_KIND:
+        raise ValueError(
+            f"{path}: not a stack file (kind 'stack', from experiments.calibrate_overhead)"
+        )
+    try:
+        cpu = doc["cpu"]
+        base = STACKS[str(doc.get("base", "vllm-2023"))]
+        fit = CPUOverheadFit(
+            float(cpu["per_step_s"]),
+            float(cpu["per_seq_s"]),
+            float(cpu["train_mape"]),
+            float(cpu["heldout_mape"] if cpu["heldout_mape"] is not None else "nan"),
+            float(cpu["heldout_max_err"] if cpu["heldout_max_err"] is not None else "nan"),
+            fit_source(doc),
+        )
+        overlapped = bool(doc.get("overlapped", False))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: bad or missing field {exc}") from None
+    if fit.per_step_s < 0 or fit.per_seq_s < 0:
+        raise ValueError(f"{path}: cpu.per_step_s and cpu.per_seq_s must be >= 0")
+    return replace(
+        base,
+        name=MEASURED,
+        cpu=fit,
+        overlapped=overlapped,
+        summary=f"kvlab's engine, measured ({path.name}); other terms as {base.name}: "
+        + ("CPU overlapped, step = max(GPU, CPU)" if overlapped else "step = GPU + CPU"),
+        sources={**base.sources, "cpu": fit.source, "overlap": "kvlab's engine is "
+                 "synchronous: schedule, prepare, forward, sample, output in turn"},
+    )  # fmt: skip
