@@ -9,7 +9,9 @@ cross-check (offline decisions do not depend on step times, so both backends mus
 same steps). Every run is ``experiments.serve.run`` on a composed ``serve`` config and
 writes its serve files into ``DIR/<model>_<system>_<mode>[_torch]/``; ``DIR/summary.csv``
 and ``DIR/summary.json`` (rows, throughput and batch ratios, metadata: device, versions,
-date, command) are rewritten after every run, so a killed run keeps what finished.
+date, command) are rewritten after every run, so a killed run keeps what finished. Runs
+time their phases (``time_phases=true``: CUDA synchronized at each phase boundary), so each
+``steps.csv`` holds the per-step CPU phases ``experiments.calibrate_overhead`` fits.
 
 Work cap (about 2.5 minutes on an H200, the engine's share of ``experiments/gpu_all.sh``'s
 8): the trace is drawn from the fitted ShareGPT model with vLLM's filter at prompt + output
@@ -131,7 +133,7 @@ def run_specs(plan: EnginePlan, traces: dict[str, Path]) -> list[RunSpec]:
     common = (
         f"device={plan.device}", f"dtype={plan.dtype}", f"swap_space_gb={plan.swap_space_gb}",
         "kv_budget_fraction=null", "clock=virtual", "progress=false", "seed=0",
-        "hardware=h200", "workload=trace",
+        "hardware=h200", "workload=trace", "time_phases=true",
     )  # fmt: skip
 
     def spec(m: ModelPlan, system: str, mode: str, count: int, backend: str) -> RunSpec:
@@ -219,7 +221,8 @@ def metadata(plan: EnginePlan, argv: list[str]) -> dict[str, Any]:
         "dry": plan.dry,
         "timings": "MEANINGLESS: dry run on CPU under the Triton interpreter"
         if plan.dry
-        else "engine wall clock per step, CUDA synchronized",
+        else "engine wall clock per step, CUDA synchronized at each phase boundary "
+        "(time_phases=true: steps.csv holds the phase columns of engine.phases)",
         "plan": asdict(plan),
     }
 
