@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -52,7 +51,7 @@ from experiments.lib.cli import apply_exclusive, report_config_error
 from experiments.lib.jobs import LaunchQueue, exit_if_launcher_missing
 from experiments.lib.results import write_json
 from experiments.report import selection, sharing
-from sim.search import find_max_rate
+from experiments.report.rate_search import Search, capacity_table, run_search
 
 log = logging.getLogger("kvlab.reproduce")
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
@@ -103,53 +102,22 @@ def run_on_clock(clock: list[str], label: str, overrides: list[str]) -> dict[str
     return run_one(label, [*overrides, *clock], None)
 
 
-def _sweep_system(
-    system: str, base: list[str], rates: tuple[float, ...], threshold: float, runs_dir: Path,
-    bisect_evals: int,
-) -> list[dict[str, Any]]:  # fmt: skip
-    """Ascending rates for one system; stop after two failing rates; then bisect."""
-    rows: list[dict[str, Any]] = []
-    fails = 0
-
-    def evaluate(rate: float) -> float | None:
-        label = f"fig12_{system}_rate{rate:.4g}"
-        m = run_one(label, [*base, f"system={system}", f"workload.rate={rate}"], None)
-        (runs_dir / label).mkdir(parents=True, exist_ok=True)
-        write_json(runs_dir / label / "metrics.json", m)
-        if not m["num_requests"]:
-            return None  # no arrival within the trace at this rate: not measured
-        rows.append({"system": system, "rate": rate, **_keep(m)})
-        return m["normalized_latency"]
-
-    rate = 0.0
-    for rate in rates:
-        value = evaluate(rate)
-        if value is None:
-            continue
-        fails = 0 if _passes_value(value, threshold) else fails + 1
-        if fails >= 2:
-            break
-    while fails == 0 and rate < 64:  # still sustained at the top of the grid: go higher
-        rate *= 1.5
-        fails = 0 if _passes_value(evaluate(rate), threshold) else 1
-    passing = [r["rate"] for r in rows if _passes(r, threshold)]
-    if passing:
-        lo = max(passing)
-        above = [r["rate"] for r in rows if r["rate"] > lo and not _passes(r, threshold)]
-        if above:
-            find_max_rate(
-                evaluate, threshold, lo, min(above), rel_tol=0.03, max_evals=bisect_evals,
-                bracket_known=True,
-            )  # fmt: skip
-    return rows
+def run_recorded(runs_dir: Path, clock: list[str], label: str, overrides: list[str]) -> dict:
+    """:func:`run_on_clock`, and the run's ``metrics.json`` kept in ``runs/<label>/``."""
+    m = run_on_clock(clock, label, overrides)
+    (runs_dir / label).mkdir(parents=True, exist_ok=True)
+    write_json(runs_dir / label / "metrics.json", m)
+    return m
 
 
-def _passes_value(value: float | None, threshold: float) -> bool:
-    return value is not None and value == value and value <= threshold
-
-
-def _passes(row: dict[str, Any], threshold: float) -> bool:
-    return _passes_value(row["normalized_latency"], threshold)
+def fig12_searches(base: list[str], seeds: tuple[int, ...]) -> list[Search]:
+    """Fig. 12 (OPT-13B, ShareGPT): one capacity search per system on ``FIG12_RATES``; a
+    search still passing at the grid's top goes on in steps of 1.5x up to 64 req/s."""
+    return [
+        Search("fig12", "opt-13b sharegpt", s, (*base, f"system={s}"), FIG12_RATES,
+               seeds=seeds, bisect_evals=4, grow_to=64 / FIG12_RATES[-1])
+        for s in FIG12_SYSTEMS
+    ]  # fmt: skip
 
 
 _KEEP = (
@@ -163,28 +131,6 @@ _KEEP = (
 
 def _keep(m: dict[str, Any]) -> dict[str, Any]:
     return {k: m.get(k) for k in _KEEP}
-
-
-def sustainable_rates(curves: pd.DataFrame, threshold: float) -> pd.DataFrame:
-    """Per system: the highest passing rate below the first failing one."""
-    rows = []
-    for system, df in curves.groupby("system", sort=False):
-        df = df.sort_values("rate")
-        ok = df["normalized_latency"].le(threshold) & df["normalized_latency"].notna()
-        first_fail = df.loc[~ok, "rate"].min() if (~ok).any() else math.inf
-        passing = df.loc[ok & (df["rate"] < first_fail), "rate"]
-        rows.append(
-            {
-                "system": system,
-                "max_rate": float(passing.max()) if len(passing) else 0.0,
-                "first_failing_rate": None if math.isinf(first_fail) else float(first_fail),
-            }
-        )
-    out = pd.DataFrame(rows)
-    v = out.loc[out["system"] == "vllm", "max_rate"]
-    vllm_rate = float(v.iloc[0]) if len(v) else math.nan
-    out["vllm_ratio"] = [vllm_rate / r if r > 0 else math.inf for r in out["max_rate"]]
-    return out
 
 
 OVERHEADS_S = (0.0, 0.005, 0.01, 0.02, 0.05)
@@ -279,11 +225,10 @@ def main(argv: list[str] | None = None) -> Path:
     out: Path = args.out
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    base = [
-        "model=opt-13b", "hardware=a100-40gb", "workload=sharegpt",
-        f"workload.duration_s={duration}", f"seed={args.seed}",
-    ]  # fmt: skip
-    common, base = base, [*base, *COSTS[args.cost]]
+    scenario = ["model=opt-13b", "hardware=a100-40gb", "workload=sharegpt",
+                f"workload.duration_s={duration}"]  # fmt: skip
+    common = [*scenario, f"seed={args.seed}"]
+    base = [*common, *COSTS[args.cost]]
     t0 = time.perf_counter()
     progress = selection.Progress(log, t0)
     log.info("figures: %s", ", ".join(figs))
@@ -321,9 +266,10 @@ def main(argv: list[str] | None = None) -> Path:
             progress.runs(name, jobs)
         fig12_jobs = []
         if "fig12" in figs:
+            recorded = partial(run_recorded, runs_dir, COSTS[args.cost])
             fig12_jobs = [
-                pool.submit(_sweep_system, s, base, FIG12_RATES, args.threshold, runs_dir, 4)
-                for s in FIG12_SYSTEMS
+                pool.submit(run_search, recorded, search, args.threshold)
+                for search in fig12_searches(scenario, (args.seed,))
             ]
             progress.runs("fig12", fig12_jobs)
         sharing_jobs, sharing_s = {}, 0.0
@@ -351,7 +297,7 @@ def main(argv: list[str] | None = None) -> Path:
             if sharing_jobs else ""
         )  # fmt: skip
     log.info("all runs done (%.0f s)", progress.elapsed())
-    capacity = sustainable_rates(curves, args.threshold) if len(curves) else pd.DataFrame()
+    capacity = pd.DataFrame(capacity_table(curves.to_dict("records"), "vllm"))
     cfg = compose_config([*base, "system=vllm"])
     write_outputs(
         out, fig2, sens, curves, capacity, cfg, blocks,

@@ -29,7 +29,7 @@ from _common import require, results_dir, save
 
 from experiments.report.figures import fig12_rates
 from experiments.report.paper import FIG12_SHAREGPT_RATIO
-from experiments.reproduce import sustainable_rates
+from experiments.report.rate_search import capacity_table
 
 # The normalized-latency bound (s/token) a sustained rate must meet: reproduce's
 # `--threshold` (default 1.0). Checked against fig12_capacity.csv below.
@@ -39,7 +39,8 @@ RESULTS = results_dir()
 curves_csv, capacity_csv = require(RESULTS, "fig12_opt13b_sharegpt.csv", "fig12_capacity.csv")
 curves = pd.read_csv(curves_csv)
 capacity = pd.read_csv(capacity_csv)
-recomputed = sustainable_rates(curves, THRESHOLD).set_index("system")["max_rate"]
+recomputed = pd.DataFrame(capacity_table(curves.to_dict("records"), "vllm"))
+recomputed = recomputed.set_index("system")["max_rate"]
 if not recomputed.sort_index().equals(capacity.set_index("system")["max_rate"].sort_index()):
     raise ValueError(
         f"fig12_capacity.csv does not match THRESHOLD = {THRESHOLD:g} s/token: set THRESHOLD "

@@ -143,7 +143,7 @@ def fig12_rates(curves: pd.DataFrame, capacity: pd.DataFrame, threshold: float) 
     threshold, and each system's sustainable rate (open circle). Right: vLLM's sustainable
     rate as a multiple of each baseline's (kvlab: dot, "∞" at the top when the baseline
     sustains no rate on the grid) beside the paper's range over three model sizes (bar;
-    "up to" ranges start at 1). ``capacity``: ``experiments.reproduce.sustainable_rates``."""
+    "up to" ranges start at 1). ``capacity``: ``experiments.report.rate_search.capacity_table``."""
     fig, (ax_c, ax_r) = pyplot().subplots(1, 2, figsize=(9.5, 3.6))
     max_rate = capacity.set_index("system")["max_rate"]
     for system in [s for s in SYSTEM_COLORS if s in set(curves["system"])]:

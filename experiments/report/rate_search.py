@@ -1,16 +1,26 @@
-"""The sustainable request rate of one system on one setting, for the sharing figures
-(Fig. 14, 16, 17): an ascending rate grid that stops after two failing rates (or, while
-the grid's top still passes, goes on in steps of 1.5x up to 8x the top), then a bisection
-between the highest passing rate and the next failing one.
+"""The sustainable request rate of one system on one setting: the capacity search of every
+rate-based figure of the report (Fig. 12, 14, 16, 17).
 
-A run *passes* when its normalized latency (s/token) is at or under the threshold, the
-criterion of ``experiments.reproduce``'s Fig. 12. ``run(label, overrides) -> metrics`` is
-the caller's runner (a local call or a Hydra launcher job), so the search itself knows
-nothing of where runs execute.
+One search evaluates each rate on every seed of the search. A run *passes* when its
+normalized latency (s/token) is at or under the threshold and every request of its trace
+completed (none rejected); a *rate passes* when every seed's run passes. The search walks an
+ascending rate grid and stops after two rates in a row that do not pass (or, while the grid's
+top still passes, goes on in steps of 1.5x up to ``grow_to`` times the top), then bisects
+between the highest passing rate and the next rate that does not pass.
+
+Aggregation over seeds (:func:`max_rate`, :func:`seed_rates`, :func:`curve_table`): the
+sustainable rate is the highest rate that passes on every seed, below the lowest rate that
+does not; its interval is the min–max over seeds of each seed's own sustainable rate on the
+same evaluated rates (the lower end equals the sustainable rate when each seed's curve is
+monotone).
+
+``run(label, overrides) -> metrics`` is the caller's runner (a local call or a Hydra launcher
+job), so the search itself knows nothing of where runs execute.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,74 +29,127 @@ from sim.search import find_max_rate
 
 Runner = Callable[[str, list[str]], dict[str, Any]]
 KEEP = (
-    "num_requests", "completed", "normalized_latency", "request_throughput",
-    "output_throughput", "mean_batch_size", "num_preemptions", "kv_sharing_saving_pct",
-    "kv_token_states_pct",
+    "label", "num_requests", "completed", "rejected", "normalized_latency",
+    "request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+    "mean_e2el_ms", "mean_batch_size", "num_preemptions", "kv_sharing_saving_pct",
+    "kv_token_states_pct", "kv_reserved_pct", "kv_internal_frag_pct", "kv_external_frag_pct",
+    "kv_free_pct", "kv_slots", "duration_s", "num_steps", "wall_s",
 )  # fmt: skip
 
 
 def passes(metrics: dict[str, Any], threshold: float) -> bool:
+    """One run passes: normalized latency <= ``threshold`` and every request completed."""
     value = metrics.get("normalized_latency")
-    return value is not None and value == value and value <= threshold
+    if value is None or value != value or value > threshold:
+        return False
+    n, done = metrics.get("num_requests"), metrics.get("completed")
+    return n is None or done is None or (n > 0 and done == n)
 
 
 def search_rate(
     run: Runner,
     label: str,
-    overrides_at: Callable[[float], list[str]],
+    overrides_at: Callable[[float, int | None], list[str]],
     rates: Sequence[float],
     threshold: float,
+    seeds: Sequence[int | None] = (None,),
     bisect_evals: int = 3,
+    grow_to: float = 8.0,
 ) -> list[dict[str, Any]]:
-    """Every evaluated rate of one search as a row (``rate``, ``passes`` and :data:`KEEP`),
-    in evaluation order. ``overrides_at(rate)`` gives the run's config overrides."""
+    """Every run of one search as a row (``rate``, ``seed``, ``passes`` and :data:`KEEP`), in
+    evaluation order. ``overrides_at(rate, seed)`` gives the run's config overrides (``seed``
+    None: the caller's overrides fix the seed). ``bisect_evals`` rates at most are bisected."""
     rows: list[dict[str, Any]] = []
 
-    def evaluate(rate: float) -> float:
-        m = run(f"{label}_rate{rate:.4g}", overrides_at(rate))
-        rows.append({"rate": rate, "passes": passes(m, threshold), **{k: m.get(k) for k in KEEP}})
-        value = m.get("normalized_latency")
-        return float("nan") if value is None else float(value)
+    def evaluate(rate: float) -> bool | None:
+        ok: bool | None = True
+        for seed in seeds:
+            suffix = "" if seed is None else f"_seed{seed}"
+            run_label = f"{label}_rate{rate:.4g}{suffix}"
+            m = run(run_label, overrides_at(rate, seed))
+            measured = m.get("num_requests") != 0
+            row = {"rate": rate, "seed": seed, "passes": passes(m, threshold) if measured else None}
+            rows.append(row | {k: m.get(k) for k in KEEP} | {"label": run_label})
+            ok = None if ok is None or not measured else ok and row["passes"]
+        return ok
 
     fails = 0
     rate = 0.0
+    last_ok: bool | None = False
     for rate in rates:
-        evaluate(rate)
-        fails = 0 if rows[-1]["passes"] else fails + 1
+        last_ok = evaluate(rate)
+        if last_ok is None:
+            continue  # a trace without a request at this rate: not measured
+        fails = 0 if last_ok else fails + 1
         if fails >= 2:
             break
-    while rows[-1]["passes"] and rate < 8 * rates[-1]:  # sustained at the grid's top
+    while last_ok and rate < grow_to * rates[-1]:  # sustained at the grid's top
         rate *= 1.5
-        evaluate(rate)
-    ok = [r["rate"] for r in rows if r["passes"]]
-    if ok:
-        lo = max(ok)
-        above = [r["rate"] for r in rows if r["rate"] > lo and not r["passes"]]
-        if above and bisect_evals > 0:
-            find_max_rate(evaluate, threshold, lo, min(above), rel_tol=0.03,
-                          max_evals=bisect_evals, bracket_known=True)  # fmt: skip
+        last_ok = evaluate(rate)
+    lo = max_rate(rows)
+    above = [r for r in _rate_passes(rows) if r > lo and not _rate_passes(rows)[r]]
+    if lo > 0 and above and bisect_evals > 0:
+        # find_max_rate wants a value and a threshold: 0 passes, 1 fails (at threshold 0.5).
+        find_max_rate(lambda r: 0.0 if evaluate(r) else 1.0, 0.5, lo, min(above), rel_tol=0.03,
+                      max_evals=max(2, bisect_evals), bracket_known=True)  # fmt: skip
     return rows
 
 
+def _rate_passes(rows: Sequence[dict[str, Any]]) -> dict[float, bool]:
+    """Per measured rate: does every run at it pass? (A rate where some seed's trace held no
+    request, ``passes`` None, is not measured.)"""
+    out: dict[float, bool] = {}
+    unmeasured = {r["rate"] for r in rows if r["passes"] is None}
+    for r in rows:
+        if r["rate"] not in unmeasured:
+            out[r["rate"]] = out.get(r["rate"], True) and bool(r["passes"])
+    return out
+
+
 def max_rate(rows: Sequence[dict[str, Any]]) -> float:
-    """The highest passing rate below the first failing one (0 when none passes)."""
-    failing = [r["rate"] for r in rows if not r["passes"]]
-    first_fail = min(failing) if failing else float("inf")
-    ok = [r["rate"] for r in rows if r["passes"] and r["rate"] < first_fail]
+    """The highest rate that passes on every seed, below the lowest rate that does not
+    (0 when none passes)."""
+    by_rate = _rate_passes(rows)
+    failing = [r for r, ok in by_rate.items() if not ok]
+    first_fail = min(failing) if failing else math.inf
+    ok = [r for r, good in by_rate.items() if good and r < first_fail]
     return max(ok) if ok else 0.0
 
 
+def first_failing_rate(rows: Sequence[dict[str, Any]]) -> float | None:
+    """The lowest evaluated rate that does not pass on every seed (None when all pass)."""
+    failing = [r for r, ok in _rate_passes(rows).items() if not ok]
+    return min(failing) if failing else None
+
+
+def seed_rates(rows: Sequence[dict[str, Any]]) -> dict[Any, float]:
+    """Per seed: its own sustainable rate (:func:`max_rate` on that seed's runs)."""
+    seeds = dict.fromkeys(r.get("seed") for r in rows)
+    return {s: max_rate([r for r in rows if r.get("seed") == s]) for s in seeds}
+
+
 def at_max_rate(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The row of the highest sustained rate (None when none passes)."""
+    """The runs at the sustainable rate as one row: numbers averaged over seeds, ``seeds``
+    the number of runs (None when no rate passes)."""
     best = max_rate(rows)
-    return next((r for r in rows if r["rate"] == best and r["passes"]), None)
+    at = [r for r in rows if r["rate"] == best and r["passes"]]
+    if not at:
+        return None
+    out = dict(at[0])
+    for key, value in at[0].items():
+        if isinstance(value, int | float) and not isinstance(value, bool) and key != "seed":
+            vals = [r[key] for r in at if r.get(key) is not None]
+            out[key] = sum(vals) / len(vals) if vals else None
+    out["seeds"] = len(at)
+    return out
 
 
 @dataclass(frozen=True)
 class Search:
     """One capacity search of a figure: ``setting`` (e.g. "beam 4") and ``system`` name the
     row; ``fixed`` are the config overrides of every run; ``rate_overrides(rate)`` adds the
-    rate-dependent ones (picklable, so a process pool can run the search)."""
+    rate-dependent ones (picklable, so a process pool can run the search); ``seeds``: each
+    rate runs once per seed (None: ``fixed`` sets the seed)."""
 
     figure: str
     setting: str
@@ -94,10 +157,13 @@ class Search:
     fixed: tuple[str, ...]
     rates: tuple[float, ...]
     rate_overrides: Callable[[float], list[str]] = field(default=None)  # type: ignore[assignment]
+    seeds: tuple[int, ...] | None = None
+    bisect_evals: int = 3
+    grow_to: float = 8.0
 
-    def overrides(self, rate: float) -> list[str]:
+    def overrides(self, rate: float, seed: int | None = None) -> list[str]:
         extra = self.rate_overrides(rate) if self.rate_overrides else [f"workload.rate={rate}"]
-        return [*self.fixed, *extra]
+        return [*self.fixed, *extra, *([] if seed is None else [f"seed={seed}"])]
 
     @property
     def label(self) -> str:
@@ -106,21 +172,58 @@ class Search:
 
 def run_search(run: Runner, search: Search, threshold: float) -> list[dict[str, Any]]:
     """:func:`search_rate` for ``search``; each row also names its setting and system."""
-    rows = search_rate(run, search.label, search.overrides, search.rates, threshold)
+    rows = search_rate(
+        run, search.label, search.overrides, search.rates, threshold,
+        seeds=search.seeds or (None,), bisect_evals=search.bisect_evals, grow_to=search.grow_to,
+    )  # fmt: skip
     return [{"setting": search.setting, "system": search.system, **r} for r in rows]
 
 
 def capacity_table(rows: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
-    """Per (setting, system): the sustained rate and vLLM's rate over it; ``baseline``'s
-    row carries vLLM / baseline."""
+    """Per (setting, system): the sustainable rate (``max_rate``), its seed interval
+    (``rate_lo``, ``rate_hi``), the lowest rate that failed, the seeds, and vLLM's rate over
+    it (``vllm_ratio``; ``ratio_lo``/``ratio_hi``: vLLM's interval over this one's, its
+    lowest over this one's highest and back). ``baseline`` names the figure's reference."""
     by: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         by.setdefault((r["setting"], r["system"]), []).append(r)
     out = []
     for (setting, system), rs in by.items():
-        out.append({"setting": setting, "system": system, "max_rate": max_rate(rs)})
-    vllm = {o["setting"]: o["max_rate"] for o in out if o["system"] == "vllm"}
+        per_seed = seed_rates(rs)
+        out.append({
+            "setting": setting, "system": system, "max_rate": max_rate(rs),
+            "rate_lo": min(per_seed.values()), "rate_hi": max(per_seed.values()),
+            "first_failing_rate": first_failing_rate(rs), "seeds": len(per_seed),
+        })  # fmt: skip
+    vllm = {o["setting"]: o for o in out if o["system"] == "vllm"}
     for o in out:
-        base = o["max_rate"]
-        o["vllm_ratio"] = vllm.get(o["setting"], float("nan")) / base if base > 0 else float("inf")
+        v = vllm.get(o["setting"])
+        o["vllm_ratio"] = _ratio(v["max_rate"] if v else math.nan, o["max_rate"])
+        o["ratio_lo"] = _ratio(v["rate_lo"] if v else math.nan, o["rate_hi"])
+        o["ratio_hi"] = _ratio(v["rate_hi"] if v else math.nan, o["rate_lo"])
+    return out
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else math.inf
+
+
+def curve_table(rows: Sequence[dict[str, Any]], value: str = "normalized_latency") -> list[dict]:
+    """Per (setting, system, rate): ``value``'s mean, min and max over seeds, the number of
+    seeds, and whether the rate passes on every seed; sorted by rate."""
+    by: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault((r["setting"], r["system"], r["rate"]), []).append(r)
+    out = []
+    for (setting, system, rate), rs in sorted(by.items(), key=lambda kv: kv[0][2]):
+        vals = [float(r[value]) for r in rs if r.get(value) is not None]
+        vals = [v for v in vals if v == v]
+        out.append({
+            "setting": setting, "system": system, "rate": rate, "seeds": len(rs),
+            f"{value}_mean": sum(vals) / len(vals) if vals else math.nan,
+            f"{value}_min": min(vals) if vals else math.nan,
+            f"{value}_max": max(vals) if vals else math.nan,
+            "passes": all(r["passes"] for r in rs),
+            "num_requests_mean": sum(r.get("num_requests") or 0 for r in rs) / len(rs),
+        })  # fmt: skip
     return out
