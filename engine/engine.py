@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +40,7 @@ from core.sched.base import BaseScheduler, SchedulerConfig
 from core.systems import build_scheduler
 from engine.kv_cache import PagedKVCache, resolve_kv_budget
 from engine.models import build_model
-from engine.phases import PhaseTimer, device_clock, phase_timing_default
+from engine.phases import PhaseTimer, device_clock, phase_timing_default, step_timer
 from engine.runner import ModelRunner
 from engine.sampler import Sampler, mix_seed
 from engine.weights import init_dummy_weights, load_checkpoint
@@ -79,7 +79,9 @@ class LLMEngine:
     ``sched_config`` defaults to vLLM's knobs with ``max_model_len`` = the model's maximum;
     ``watermark`` and ``enable_prefix_caching`` go to the paged manager as in
     ``core.systems.build_scheduler``. ``time_phases`` times each step's phases
-    (:mod:`engine.phases`; None: on CPU only, where it costs nothing)."""
+    (:mod:`engine.phases`; None: on CPU only, where it costs nothing). ``step_timer``
+    (``wall`` or, on CPU with one torch thread, ``thread_cpu``) is what step and phase
+    seconds are read from (:data:`engine.phases.STEP_TIMERS`)."""
 
     def __init__(
         self,
@@ -98,6 +100,7 @@ class LLMEngine:
         watermark: float = DEFAULT_WATERMARK,
         enable_prefix_caching: bool = False,
         time_phases: bool | None = None,
+        step_timer_name: str = "wall",
     ) -> None:
         if (kv_budget_bytes is None) == (num_blocks is None):
             raise EngineError("give exactly one of kv_budget_bytes and num_blocks")
@@ -121,6 +124,11 @@ class LLMEngine:
         self.enable_prefix_caching = enable_prefix_caching
         self.seed = seed
         self.device = torch.device(device)
+        try:
+            self.step_timer = step_timer(self.device, step_timer_name)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        self.step_timer_name = step_timer_name
         self.time_phases = (
             phase_timing_default(self.device) if time_phases is None else bool(time_phases)
         )
@@ -151,10 +159,10 @@ class LLMEngine:
         self.recorder = Recorder()
         self.groups: dict[int, SequenceGroup] = {}
         self.clock: Clock = VirtualClock() if clock is None else clock
-        self.phase_timer = PhaseTimer() if self.time_phases else None
+        self.phase_timer = PhaseTimer(self.step_timer) if self.time_phases else None
         executor = _ModelExecutor(
             self.kv_cache, self.runner, self.sampler, self.scheduler, self.device,
-            self.phase_timer,
+            self.phase_timer, self.step_timer,
         )  # fmt: skip
         self.loop = StepLoop(self.scheduler, executor, self.recorder, observer=self.phase_timer)
 
@@ -220,6 +228,11 @@ class LLMEngine:
             raise EngineError(f"mode must be one of {MODES}, got {mode!r}")
         if clock not in CLOCKS:
             raise EngineError(f"clock must be one of {CLOCKS}, got {clock!r}")
+        if clock == "wall" and self.step_timer_name != "wall":
+            raise EngineError(
+                f"clock 'wall' runs in real time; step_timer {self.step_timer_name!r} needs "
+                "clock 'virtual'"
+            )
         reqs = [self.with_token_ids(r) for r in requests]
         if mode == "offline":
             reqs = [dataclasses.replace(r, arrival_time=0.0) for r in reqs]
@@ -265,6 +278,7 @@ class _ModelExecutor:
         sched: BaseScheduler,
         device: torch.device,
         timer: PhaseTimer | None = None,
+        now: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.kv_cache = kv_cache
         self.device = device
@@ -272,12 +286,13 @@ class _ModelExecutor:
         self.sampler = sampler
         self.manager = sched.manager
         self.timer = timer
-        self.mark = device_clock(device, synchronize=timer is not None)
-        self.end = device_clock(device, synchronize=True)
+        self.now = now
+        self.mark = device_clock(device, synchronize=timer is not None, now=now)
+        self.end = device_clock(device, synchronize=True, now=now)
 
     def execute(self, plan: StepPlan, shape: BatchShape, start: float) -> StepOutcome:
         mark = self.mark
-        t0 = time.perf_counter()  # the previous step ended synchronized
+        t0 = self.now()  # the previous step ended synchronized
         self.kv_cache.swap_out(plan.swap_out)
         self.kv_cache.swap_in(plan.swap_in)
         self.kv_cache.copy_blocks(plan.copies)

@@ -1,6 +1,7 @@
 """Per-step phase times of the engine: where a step's seconds go, measured on any device.
 
-One row per recorded step, in step order, with these columns (seconds, ``time.perf_counter``):
+One row per recorded step, in step order, with these columns (seconds of the engine's step
+timer, :data:`STEP_TIMERS`: ``time.perf_counter`` by default):
 
 - ``schedule_s``: the core scheduler's ``schedule`` calls for the step (a reschedule after
   a preemption that ran nothing included);
@@ -41,7 +42,10 @@ from core.plan import StepPlan
 from core.request import SequenceGroup
 from core.sched.base import BaseScheduler
 
-__all__ = ["CPU_PHASES", "PHASE_COLUMNS", "PhaseTimer", "device_clock", "phase_timing_default"]
+__all__ = [
+    "CPU_PHASES", "PHASE_COLUMNS", "STEP_TIMERS", "PhaseTimer", "device_clock",
+    "phase_timing_default", "step_timer",
+]  # fmt: skip
 
 
 def phase_timing_default(device: torch.device) -> bool:
@@ -49,33 +53,56 @@ def phase_timing_default(device: torch.device) -> bool:
     return device.type != "cuda"
 
 
-def device_clock(device: torch.device, synchronize: bool) -> Callable[[], float]:
-    """``time.perf_counter``, preceded on CUDA by a device synchronize when ``synchronize``."""
+STEP_TIMERS: dict[str, Callable[[], float]] = {
+    "wall": time.perf_counter,
+    "thread_cpu": time.thread_time,
+}
+"""What a step's seconds are read from. ``wall``: real time (the only meaningful choice on
+CUDA). ``thread_cpu``: the CPU time of the engine's thread, for a CPU engine with one torch
+thread, where every operation runs on the calling thread: unlike wall time it does not grow
+when other processes share the cores (a step the machine's neighbours slowed by 2.4x in wall
+time costs the same CPU time), so measured step times are a property of the engine."""
+
+
+def step_timer(device: torch.device, name: str) -> Callable[[], float]:
+    """The clock named ``name`` (:data:`STEP_TIMERS`); ``thread_cpu`` only on CPU."""
+    if name not in STEP_TIMERS:
+        raise ValueError(f"step_timer must be one of {sorted(STEP_TIMERS)}, got {name!r}")
+    if name == "thread_cpu" and device.type != "cpu":
+        raise ValueError(f"step_timer 'thread_cpu' times a CPU engine, not {device.type}")
+    return STEP_TIMERS[name]
+
+
+def device_clock(
+    device: torch.device, synchronize: bool, now: Callable[[], float] = time.perf_counter
+) -> Callable[[], float]:
+    """``now``, preceded on CUDA by a device synchronize when ``synchronize``."""
     if device.type == "cuda" and synchronize:
 
         def clock() -> float:
             torch.cuda.synchronize(device)
-            return time.perf_counter()
+            return now()
 
         return clock
-    return time.perf_counter
+    return now
 
 
 class PhaseTimer(LoopObserver):
     """Collects :data:`PHASE_COLUMNS` per step: the loop's observer for ``schedule_s`` and
     ``output_s``, the executor's :meth:`executed` and :meth:`output_begins` for the rest."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.now = now
         self.rows: list[tuple[float, ...]] = []
         self._schedule = 0.0
         self._mark = 0.0
         self._executed: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
     def before_schedule(self, scheduler: BaseScheduler) -> None:
-        self._mark = time.perf_counter()
+        self._mark = self.now()
 
     def after_schedule(self, plan: StepPlan) -> None:
-        self._schedule += time.perf_counter() - self._mark
+        self._schedule += self.now() - self._mark
         if plan.is_empty and not plan.preempted:
             self._schedule = 0.0  # idle (or a stall): no step follows this call
 
@@ -85,10 +112,10 @@ class PhaseTimer(LoopObserver):
 
     def output_begins(self) -> None:
         """Called by the executor's ``at_end``, just before the scheduler's update."""
-        self._mark = time.perf_counter()
+        self._mark = self.now()
 
     def after_step(self, plan: StepPlan, finished: list[SequenceGroup]) -> None:
-        output = time.perf_counter() - self._mark
+        output = self.now() - self._mark
         self.rows.append((self._schedule, *self._executed, output))
         self._schedule = 0.0
 

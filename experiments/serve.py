@@ -133,6 +133,7 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
             seed=int(c.get("seed", 0)),
             weights_path=c["model"].get("path"),
             time_phases=c.get("time_phases"),
+            step_timer_name=str(c.get("step_timer") or "wall"),
             **options,
         )
     except KVBudgetError as exc:
@@ -172,6 +173,7 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
         "device": str(engine.device),
         "hardware": device_name(engine.device),
         "threads": torch.get_num_threads(),
+        "step_timer": engine.step_timer_name,
         "torch_version": torch.__version__,
     }
     metrics.update(

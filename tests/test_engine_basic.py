@@ -163,3 +163,26 @@ def test_wall_clock_online_run_never_schedules_before_arrival() -> None:
     assert (frame["finish_s"] > frame["first_token_s"]).all()
     assert wall.end_time_s >= 0.05
     assert wall.outputs == make_engine().generate(reqs, mode="online").outputs
+
+
+def test_thread_cpu_step_timer_times_steps_on_the_engine_thread() -> None:
+    """The thread-CPU step timer gives the same tokens, positive step and phase times, and
+    is refused where it cannot mean anything (CUDA, a wall clock)."""
+    from engine.phases import STEP_TIMERS, step_timer
+
+    reqs = requests([(5, 4), (6, 5), (4, 3)], [0.0, 0.01, 0.02])
+    plain = make_engine()
+    timed = make_engine()
+    timed.step_timer_name, timed.step_timer = "thread_cpu", STEP_TIMERS["thread_cpu"]
+    timed.reset()
+    result = timed.generate(reqs, mode="online")
+    assert result.outputs == plain.generate(reqs, mode="online").outputs
+    steps = result.recorder.steps_frame()
+    assert (steps["duration_s"] > 0).all()
+    assert (result.phases[["prepare_s", "forward_s"]] > 0).all().all()
+    with pytest.raises(EngineError, match="clock 'virtual'"):
+        timed.generate(reqs, mode="online", clock="wall")
+    with pytest.raises(ValueError, match="CPU engine"):
+        step_timer(torch.device("cuda"), "thread_cpu")
+    with pytest.raises(ValueError, match="one of"):
+        step_timer(torch.device("cpu"), "cycles")

@@ -8,11 +8,13 @@ Calibrate on one engine run, validate on a *different* one (another workload and
 
 both ``experiments.serve`` runs of the ``vllm`` system on OPT-125M shapes (seeded dummy
 weights, fp32, one torch thread, online arrivals on the virtual clock: the timeline
-advances by each step's measured time). ``experiments.calibrate`` fits the calibrated step
-model to A's ``steps.csv``; ``experiments.validate`` simulates B's workload on B's KV cache
-with that model and compares with B's measured metrics (and, for reference, A's in-sample
-fit). It also prices each run's measured steps with the fitted model, open loop (the
-engine's own batches, no queue): the step model's error before queueing amplifies it.
+advances by each step's measured time, read as the engine thread's CPU time,
+``step_timer=thread_cpu``, so other processes on the machine do not inflate it).
+``experiments.calibrate`` fits the calibrated step model to A's ``steps.csv``;
+``experiments.validate`` simulates B's workload on B's KV cache with that model and
+compares with B's measured metrics (and, for reference, A's in-sample fit). It also prices
+each run's measured steps with the fitted model, open loop (the engine's own batches, no
+queue): the step model's error before queueing amplifies it.
 Writes ``DIR/cross_run.json`` and ``DIR/cross_run.csv`` and prints both tables.
 ``--quick`` uses tiny-opt and a handful of requests (seconds) so a test can run it.
 ``--reuse-runs`` keeps ``DIR/run_a`` and ``DIR/run_b`` where they already hold a
@@ -38,7 +40,10 @@ from experiments.serve import run as serve
 
 CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
 RATE_A, RATE_B = 2.0, 6.0
-COMMON = ["system=vllm", "dtype=float32", "progress=false", "mode=online", "clock=virtual"]
+COMMON = [
+    "system=vllm", "dtype=float32", "progress=false", "mode=online", "clock=virtual",
+    "threads=1", "step_timer=thread_cpu",
+]  # fmt: skip
 FULL = {
     "model": "opt-125m",
     "a": ["workload=sharegpt", f"workload.rate={RATE_A}", "workload.num_requests=24"],

@@ -227,6 +227,13 @@ RULES: tuple[Rule, ...] = (
     Rule("mode", one_of("online", "offline"), "online or offline", "unknown mode", apps=SERVE),
     Rule("clock", one_of("virtual", "wall"), "virtual or wall", "unknown clock", apps=SERVE),
     Rule(
+        "step_timer",
+        one_of("wall", "thread_cpu"),
+        "wall or thread_cpu",
+        "unknown step timer",
+        apps=SERVE,
+    ),
+    Rule(
         "time_phases",
         is_bool,
         "true, false or null (on CPU only)",
@@ -407,6 +414,18 @@ def check_engine_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
             "triton",
             "backend=torch on CPU, or TRITON_INTERPRET=1 in the environment",
         )
+    if c.get("step_timer") == "thread_cpu":
+        if device != "cpu":
+            raise ConfigError("step_timer", "thread CPU time times a CPU engine", device, "wall")
+        if c.get("threads") != 1:
+            raise ConfigError(
+                "step_timer",
+                "thread CPU time misses the work of other torch threads",
+                f"threads={c.get('threads')}",
+                "threads=1",
+            )
+        if c.get("clock") == "wall":
+            raise ConfigError("step_timer", "clock=wall runs in real time", "thread_cpu", "wall")
     if c.get("kv_budget_fraction") is not None and device != "cuda":
         raise ConfigError(
             "kv_budget_fraction",
