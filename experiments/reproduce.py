@@ -2,7 +2,8 @@
 
 Writes into ``--out`` (default ``results/reproduce``):
 
-- ``table1.csv``: KV capacity per model/GPU setup, computed vs the paper's Table 1;
+- ``table1.csv/.png/.pdf``: KV capacity per model/GPU setup, computed vs the paper's
+  Table 1;
 - ``fig2_breakdown.csv/.png/.pdf``: KV memory breakdown per system (Fig. 2);
 - ``fig13_batch.csv/.png/.pdf``: mean batched requests, (a) ShareGPT at 2 req/s (Fig. 2's
   runs) and (b) Alpaca at :data:`FIG13_ALPACA_RATE` (Fig. 13);
@@ -14,6 +15,8 @@ Writes into ``--out`` (default ``results/reproduce``):
 - ``fig19_swap_recompute.csv`` (end to end, swap vs recompute by block size) and
   ``fig19_preemption_cost.csv`` (the cost model's price of one preemption), with a figure;
 - ``report.md``: kvlab's numbers next to the paper's, with the cost model's constants;
+- ``vllm_overhead_sensitivity.csv/.png/.pdf``: the appendix (vLLM against a per-step
+  overhead);
 - ``fig14_*``, ``fig15_sharing``, ``fig16_*``, ``fig17_*`` (CSV, PNG, PDF): the sharing
   figures (``experiments.report.sharing``), on 30-second traces by default;
 - ``runs/<label>/``: every run's ``metrics.json`` (Fig. 2/13 runs: all result files).

@@ -22,27 +22,22 @@
 # (default `results/reproduce`); run `python -m experiments.reproduce` first.
 
 # %%
-import matplotlib.pyplot as plt
 import pandas as pd
 from _common import require, results_dir, save
+
+from experiments.report.figures import table1_capacity
 
 RESULTS = results_dir()
 (table1_csv,) = require(RESULTS, "table1.csv")
 t1 = pd.read_csv(table1_csv)
-t1["setup"] = t1["model"] + "\n" + t1["num_gpus"].astype(str) + "× " + t1["gpu"]
 t1["slots_vs_paper_pct"] = 100 * (t1["max_slots"] / t1["paper_slots"] - 1)
 t1[["model", "gpu", "num_gpus", "kv_gib", "paper_kv_gib", "max_slots", "paper_slots",
     "slots_vs_paper_pct"]]  # fmt: skip
 
+# %% [markdown]
+# The report's figure (`experiments.report.figures.table1_capacity`): kvlab's slots beside
+# the paper's, kvlab's difference in percent on its bar.
+
 # %%
-fig, ax = plt.subplots(figsize=(5.5, 3.2))
-x = range(len(t1))
-ax.bar([i - 0.2 for i in x], t1["max_slots"] / 1e3, width=0.4, label="kvlab")
-ax.bar([i + 0.2 for i in x], t1["paper_slots"] / 1e3, width=0.4, label="paper (Table 1)")
-for i, (slots, diff) in enumerate(zip(t1["max_slots"], t1["slots_vs_paper_pct"], strict=True)):
-    ax.annotate(f"{diff:+.1f}%", (i - 0.2, slots / 1e3), ha="center", va="bottom", fontsize=7)
-ax.set_xticks(list(x), t1["setup"], fontsize=8)
-ax.set_ylabel("KV slots (thousand tokens)")
-ax.set_title("Table 1: KV-cache capacity, kvlab vs paper", fontsize=9)
-ax.legend(fontsize=8)
+fig = table1_capacity(t1)
 save(fig, RESULTS, "table1_kv_capacity")

@@ -17,23 +17,44 @@ pytest.importorskip("matplotlib")
 
 NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(p for p in NB_DIR.glob("*.py") if not p.name.startswith("_"))
-EXPECTED = {
-    "table1_kv_capacity",
-    "fig02_kv_breakdown",
-    "fig12_latency_vs_rate",
-    "fig13_batch_size",
-    "vllm_step_time_sensitivity",
+# notebook -> (reproduce's --figures name, the function reproduce draws it with, its file stem)
+SHARED_FIGURES = {
+    "table1_kv_capacity": ("table1", "table1_capacity(", "table1"),
+    "fig02_kv_breakdown": ("fig2", "fig2_breakdown(", "fig2_breakdown"),
+    "fig12_latency_vs_rate": ("fig12", "fig12_rates(", "fig12_opt13b_sharegpt"),
+    "fig13_batch_size": ("fig13", "fig13_batch(", "fig13_batch"),
+    "fig14_sampling_rates": ("fig14", "draw_fig14(", "fig14_sampling"),
+    "fig15_memory_saving": ("fig15", "draw_fig15(", "fig15_sharing"),
+    "fig16_shared_prefix": ("fig16", "draw_fig16(", "fig16_prefix"),
+    "fig17_chatbot_rates": ("fig17", "draw_fig17(", "fig17_chatbot"),
+    "fig18b_block_size_study": ("fig18b", "draw_fig18b(", "fig18b_block_size"),
+    "fig19_recompute_vs_swap": ("fig19", "draw_fig19(", "fig19_swap_recompute"),
+    "vllm_step_time_sensitivity": (
+        "sensitivity",
+        "overhead_sensitivity(",
+        "vllm_overhead_sensitivity",
+    ),
 }
 CELL_TIMEOUT_S = 180
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One short reproduction (20-second traces, ~15 s on 2 cores) shared by the module."""
+    """One short reproduction (20-second traces) shared by the module. The sharing figures'
+    files (Fig. 14-17) are written by reproduce's own writer from searches on a stand-in
+    runner (``test_sharing_figures.fake_runner``): a real search takes minutes, and the
+    notebooks only read the files."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from experiments.report import sharing
     from experiments.reproduce import main
+    from tests.test_sharing_figures import fake_runner
 
     out = tmp_path_factory.mktemp("reproduce")
     main(["--duration", "20", "--skip-sharing", "--out", str(out), "--workers", "1"])
+    with ThreadPoolExecutor(2) as pool:
+        jobs = sharing.submit(pool, fake_runner([]), 60.0, 0, 1.0)
+        sharing.write(jobs, out, sharing._plt(), 60.0)
     return out
 
 
@@ -51,14 +72,10 @@ def execute(path: Path, results_dir: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_every_figure_has_a_notebook():
-    assert {p.stem for p in NOTEBOOKS} >= EXPECTED
+    from experiments.report.selection import FIGURES
 
-
-SHARED_FIGURES = {  # notebook -> the function the report draws the same figure with
-    "fig02_kv_breakdown": "fig2_breakdown(",
-    "fig12_latency_vs_rate": "fig12_rates(",
-    "fig13_batch_size": "fig13_batch(",
-}
+    assert {p.stem for p in NOTEBOOKS} == set(SHARED_FIGURES)
+    assert sorted(name for name, _, _ in SHARED_FIGURES.values()) == sorted(FIGURES)
 
 
 def test_paper_figures_share_the_reports_code_and_colours():
@@ -68,10 +85,9 @@ def test_paper_figures_share_the_reports_code_and_colours():
     assert set(SYSTEMS) <= set(SYSTEM_COLORS)  # every system has its colour
     for path in NOTEBOOKS:
         text = path.read_text()
-        if path.stem in SHARED_FIGURES:
-            assert SHARED_FIGURES[path.stem] in text, path.name
-        # Colours come from experiments.report.figures, not from matplotlib's cycle.
-        assert not re.search(r"[\"']C\d[\"']|f\"C\{", text), path.name
+        assert SHARED_FIGURES[path.stem][1] in text, path.name
+        # Colours come from experiments.report.figures: no colour cycle, no literal colour.
+        assert not re.search(r"[\"']C\d[\"']|f\"C\{|#[0-9a-fA-F]{6}\b", text), path.name
 
 
 @pytest.mark.slow
@@ -86,6 +102,11 @@ def test_notebook_writes_its_figure(
     text = pdf.read_bytes()
     assert text.startswith(b"%PDF")
     assert b"/Type3" not in text, "PDF fonts must be TrueType (pdf.fonttype 42)"
+    # The same code on the same numbers: the notebook's figure is reproduce's, pixel for pixel.
+    from matplotlib.image import imread
+
+    ours, reproduces = imread(png), imread(results / f"{SHARED_FIGURES[path.stem][2]}.png")
+    assert ours.shape == reproduces.shape and (ours == reproduces).all(), path.name
 
 
 def test_missing_results_name_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

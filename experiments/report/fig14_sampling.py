@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.report.figures import SYSTEM_COLORS, save
+from experiments.report.figures import SYSTEM_COLORS, pyplot, save
 from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
 
@@ -39,14 +39,10 @@ def searches(duration_s: float, seed: int) -> list[Search]:
     return out
 
 
-def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
-    """fig14_sampling.csv (every run), fig14_capacity.csv, fig14_sampling.png/.pdf; returns
-    the report section."""
-    runs = pd.DataFrame(rows)
-    runs.to_csv(out / "fig14_sampling.csv", index=False)
-    cap = pd.DataFrame(capacity_table(rows, "orca_oracle"))
-    cap.to_csv(out / "fig14_capacity.csv", index=False)
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2), sharey=False)
+def draw_fig14(cap: pd.DataFrame) -> Any:
+    """Fig. 14: the sustained rate of each system per setting, parallel sampling and beam
+    search side by side. ``cap``: :func:`capacity_table` rows (``fig14_capacity.csv``)."""
+    fig, axes = pyplot().subplots(1, 2, figsize=(8, 3.2), sharey=False)
     for ax, kind in zip(axes, ("n", "beam"), strict=True):
         sub = cap[cap["setting"].str.startswith(kind + " ")]
         ks = [int(s.split()[1]) for s in sub["setting"].unique()]
@@ -62,6 +58,17 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
         ax.set_ylabel("sustained rate (req/s)")
     axes[0].legend(fontsize=7)
     fig.suptitle("Fig. 14: OPT-13B, Alpaca (simulated)", fontsize=9)
+    return fig
+
+
+def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
+    """fig14_sampling.csv (every run), fig14_capacity.csv, fig14_sampling.png/.pdf; returns
+    the report section."""
+    runs = pd.DataFrame(rows)
+    runs.to_csv(out / "fig14_sampling.csv", index=False)
+    cap = pd.DataFrame(capacity_table(rows, "orca_oracle"))
+    cap.to_csv(out / "fig14_capacity.csv", index=False)
+    fig = draw_fig14(cap)
     save(fig, out, "fig14_sampling")
     plt.close(fig)
     lines = [

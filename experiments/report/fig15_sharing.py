@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.report.figures import SOURCE_COLORS, save
+from experiments.report.figures import SOURCE_COLORS, pyplot, save
 from experiments.report.rate_search import at_max_rate
 
 PAPER_RANGE = {"n": (6.1, 9.8), "beam": (37.6, 55.2)}  # §6.3, Alpaca, percent
@@ -39,11 +39,10 @@ def table(fig14_rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write(fig14_rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
-    """fig15_sharing.csv and .png/.pdf; returns the report section."""
-    t = table(fig14_rows)
-    t.to_csv(out / "fig15_sharing.csv", index=False)
-    fig, axes = plt.subplots(1, 2, figsize=(7, 3))
+def draw_fig15(t: pd.DataFrame) -> Any:
+    """Fig. 15: kvlab's memory saving per setting (bars) over the paper's range (band).
+    ``t``: :func:`table` (``fig15_sharing.csv``)."""
+    fig, axes = pyplot().subplots(1, 2, figsize=(7, 3))
     for ax, kind in zip(axes, ("n", "beam"), strict=True):
         sub = t[t["setting"].str.startswith(kind + " ")]
         ks = [s.split()[1] for s in sub["setting"]]
@@ -57,6 +56,14 @@ def write(fig14_rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
         ax.set_title("parallel sampling" if kind == "n" else "beam search", fontsize=9)
     axes[0].legend(fontsize=7)
     fig.suptitle("Fig. 15: memory saved by sharing, OPT-13B, Alpaca (simulated)", fontsize=9)
+    return fig
+
+
+def write(fig14_rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
+    """fig15_sharing.csv and .png/.pdf; returns the report section."""
+    t = table(fig14_rows)
+    t.to_csv(out / "fig15_sharing.csv", index=False)
+    fig = draw_fig15(t)
     save(fig, out, "fig15_sharing")
     plt.close(fig)
     lines = [

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.report.figures import SYSTEM_COLORS, save
+from experiments.report.figures import SYSTEM_COLORS, pyplot, save
 from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
 
@@ -39,12 +39,10 @@ def searches(duration_s: float, seed: int) -> list[Search]:
     return out
 
 
-def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
-    """fig16_prefix.csv (every run), fig16_capacity.csv, .png/.pdf; the report section."""
-    pd.DataFrame(rows).to_csv(out / "fig16_prefix.csv", index=False)
-    cap = pd.DataFrame(capacity_table(rows, "orca_oracle"))
-    cap.to_csv(out / "fig16_capacity.csv", index=False)
-    fig, ax = plt.subplots(figsize=(4.5, 3))
+def draw_fig16(cap: pd.DataFrame) -> Any:
+    """Fig. 16: the sustained rate of each system per prefix setting.
+    ``cap``: :func:`capacity_table` rows (``fig16_capacity.csv``)."""
+    fig, ax = pyplot().subplots(figsize=(4.5, 3))
     names = [n for n, _ in SETTINGS]
     for j, system in enumerate(SYSTEMS):
         label, color = SYSTEM_LABELS[system], SYSTEM_COLORS[system]
@@ -56,8 +54,18 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
     ax.set_ylabel("sustained rate (req/s)")
     ax.set_title("Fig. 16: shared prefix, LLaMA-13B (simulated)", fontsize=9)
     ax.legend(fontsize=7)
+    return fig
+
+
+def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
+    """fig16_prefix.csv (every run), fig16_capacity.csv, .png/.pdf; the report section."""
+    pd.DataFrame(rows).to_csv(out / "fig16_prefix.csv", index=False)
+    cap = pd.DataFrame(capacity_table(rows, "orca_oracle"))
+    cap.to_csv(out / "fig16_capacity.csv", index=False)
+    fig = draw_fig16(cap)
     save(fig, out, "fig16_prefix")
     plt.close(fig)
+    names = [n for n, _ in SETTINGS]
     lines = [
         "## Fig. 16: shared prefix (LLaMA-13B, translation with a few-shot prefix)",
         "",

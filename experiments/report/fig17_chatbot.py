@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.report.figures import SYSTEM_COLORS, save
+from experiments.report.figures import SYSTEM_COLORS, pyplot, save
 from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
 
@@ -46,13 +46,10 @@ def searches(duration_s: float, seed: int) -> list[Search]:
     ]
 
 
-def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
-    """fig17_chatbot.csv (every run), fig17_capacity.csv, .png/.pdf; the report section."""
-    runs = pd.DataFrame(rows)
-    runs.to_csv(out / "fig17_chatbot.csv", index=False)
-    cap = pd.DataFrame(capacity_table(rows, "vllm"))
-    cap.to_csv(out / "fig17_capacity.csv", index=False)
-    fig, ax = plt.subplots(figsize=(4.8, 3.2))
+def draw_fig17(runs: pd.DataFrame) -> Any:
+    """Fig. 17: normalized latency against request rate, one line per system.
+    ``runs``: every run of the searches (``fig17_chatbot.csv``)."""
+    fig, ax = pyplot().subplots(figsize=(4.8, 3.2))
     for system in SYSTEMS:
         label, color = SYSTEM_LABELS[system], SYSTEM_COLORS[system]
         df = runs[runs["system"] == system].sort_values("rate")
@@ -62,6 +59,16 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
     ax.set_ylim(0, 2.0)
     ax.set_title("Fig. 17: chatbot, OPT-13B (simulated)", fontsize=9)
     ax.legend(fontsize=7)
+    return fig
+
+
+def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
+    """fig17_chatbot.csv (every run), fig17_capacity.csv, .png/.pdf; the report section."""
+    runs = pd.DataFrame(rows)
+    runs.to_csv(out / "fig17_chatbot.csv", index=False)
+    cap = pd.DataFrame(capacity_table(rows, "vllm"))
+    cap.to_csv(out / "fig17_capacity.csv", index=False)
+    fig = draw_fig17(runs)
     save(fig, out, "fig17_chatbot")
     plt.close(fig)
     lines = [

@@ -14,7 +14,12 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.report.paper import FIG12_SHAREGPT_RATIO, SYSTEM_LABELS
+from experiments.report.paper import (
+    FIG2_BREAKDOWN,
+    FIG12_SHAREGPT_RATIO,
+    FIG13_BATCH,
+    SYSTEM_LABELS,
+)
 
 KV_PARTS = ("token_states", "reserved", "internal_frag", "external_frag", "free")
 PART_LABELS = {
@@ -190,4 +195,52 @@ def fig12_rates(curves: pd.DataFrame, capacity: pd.DataFrame, threshold: float) 
     ax_r.set_ylabel("vLLM rate / system rate")
     ax_r.set_title("sustainable-rate ratio", fontsize=9)
     ax_r.legend(fontsize=7)
+    return fig
+
+
+def table1_capacity(t1: pd.DataFrame) -> Any:
+    """Table 1: KV slots per model/GPU setup, kvlab beside the paper, kvlab's difference
+    in percent on its bar. ``t1``: ``table1.csv`` (``sim.capacity.table1`` rows)."""
+    fig, ax = pyplot().subplots(figsize=(5.5, 3.2))
+    xs = list(range(len(t1)))
+    diff = 100 * (t1["max_slots"] / t1["paper_slots"] - 1)
+    ax.bar([x - 0.2 for x in xs], t1["max_slots"] / 1e3, width=0.4,
+           color=SOURCE_COLORS["kvlab"], label="kvlab")  # fmt: skip
+    ax.bar([x + 0.2 for x in xs], t1["paper_slots"] / 1e3, width=0.4,
+           color=SOURCE_COLORS["paper"], label="paper (Table 1)")  # fmt: skip
+    for x, slots, d in zip(xs, t1["max_slots"], diff, strict=True):
+        ax.annotate(f"{d:+.1f}%", (x - 0.2, slots / 1e3), ha="center", va="bottom", fontsize=7)
+    setups = [f"{m}\n{n}× {g}" for m, n, g in zip(t1["model"], t1["num_gpus"], t1["gpu"],
+                                                  strict=True)]  # fmt: skip
+    ax.set_xticks(xs, setups, fontsize=8)
+    ax.set_ylabel("KV slots (thousand tokens)")
+    ax.set_title("Table 1: KV-cache capacity, kvlab vs paper", fontsize=9)
+    ax.legend(fontsize=8)
+    return fig
+
+
+SENSITIVITY_PANELS = (
+    ("mean_batch_size", "mean batched requests", FIG13_BATCH["vllm"], "paper Fig. 13"),
+    ("normalized_latency", "normalized latency (s/token)", None, None),
+    ("kv_token_states_pct", "token states (% of KV)", FIG2_BREAKDOWN["vllm"]["token_states"],
+     "paper Fig. 2"),
+)  # fmt: skip
+
+
+def overhead_sensitivity(sens: pd.DataFrame) -> Any:
+    """The appendix study: vLLM at 2 req/s on the bare roofline against a fixed per-step
+    overhead, with the paper's Fig. 13 batch and Fig. 2 token-state share as lines.
+    ``sens``: ``vllm_overhead_sensitivity.csv``."""
+    sens = sens.sort_values("per_step_overhead_ms")
+    fig, axes = pyplot().subplots(1, len(SENSITIVITY_PANELS), figsize=(10, 3))
+    for ax, (column, ylabel, paper, paper_label) in zip(axes, SENSITIVITY_PANELS, strict=True):
+        ax.plot(sens["per_step_overhead_ms"], sens[column], marker="o",
+                color=SOURCE_COLORS["kvlab"], label="kvlab vLLM")  # fmt: skip
+        if paper is not None:
+            ax.axhline(paper, color=SOURCE_COLORS["paper"], ls="--", label=paper_label)
+            ax.legend(fontsize=7)
+        ax.set_xlabel("added overhead (ms/step)")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+    fig.suptitle("vLLM, OPT-13B, ShareGPT 2 req/s: sensitivity to per-step overhead", fontsize=9)
     return fig
