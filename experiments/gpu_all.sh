@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU measurement of kvlab in one command, sized to finish within 8 minutes on one
-# H200 (the sum of the part limits below is 450 s):
+# H200 (the sum of the part limits below is 460 s):
 #
 #   bash experiments/gpu_all.sh OUT_DIR          (default: $OUT)
 #   PACK_DIR=$OUT bash experiments/gpu_all.sh /tmp/kvlab-gpu     (the device call; see README)
@@ -19,6 +19,8 @@
 #                     150: starts no run after 150 s, rewrites its summary after every run)
 #   calibrate    20s  OUT_DIR/engine/<model>_vllm_online/calibration.json (CPU)
 #   validate     40s  OUT_DIR/engine/<model>_vllm_online/validation.json  (CPU)
+#   overhead     10s  OUT_DIR/engine/overhead_stack.json: the framework overhead fitted to
+#                     the vllm offline + online runs' CPU phases (experiments.calibrate_overhead)
 #
 # plus OUT_DIR/<part>.log (each part's output) and OUT_DIR/parts.tsv (part, limit, exit
 # status, seconds). A part that fails or times out does not stop the later ones; the exit
@@ -37,10 +39,12 @@ export PYTHONUNBUFFERED=1
 status=0
 dry=()
 model=opt-13b
+min_steps=5
 scale=${LIMIT_SCALE:-1}
 if [ "${DRY:-0}" = 1 ]; then
     dry=(--dry)
     model=tiny-opt
+    min_steps=1 # a dry run's few steps
     scale=${LIMIT_SCALE:-10}
 fi
 printf 'part\tlimit_s\texit\tseconds\n' >"$OUT_DIR/parts.tsv"
@@ -95,8 +99,14 @@ run_dir="$OUT_DIR/engine/${model}_vllm_online"
 if [ -f "$run_dir/steps.csv" ]; then
     part calibrate 20 "$PYTHON" -m experiments.calibrate "$run_dir"
     part validate 40 "$PYTHON" -m experiments.validate "$run_dir"
+    runs=()
+    for mode in offline online; do
+        [ -f "$OUT_DIR/engine/${model}_vllm_$mode/steps.csv" ] && runs+=("$OUT_DIR/engine/${model}_vllm_$mode")
+    done
+    part overhead 10 "$PYTHON" -m experiments.calibrate_overhead "${runs[@]}" \
+        --out "$OUT_DIR/engine/overhead_stack.json" --min-steps "$min_steps"
 else
-    echo "no $run_dir/steps.csv: calibrate and validate skipped"
+    echo "no $run_dir/steps.csv: calibrate, validate and overhead skipped"
     status=1
 fi
 pack

@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEELS = sorted((ROOT / ".whl").glob("*.whl"))
-PARTS = ["env", "profile", "kernels", "engine", "calibrate", "validate"]
+PARTS = ["env", "profile", "kernels", "engine", "calibrate", "validate", "overhead"]
 DEVICE_BUDGET_S = 8 * 60
 
 STUB = r"""#!/usr/bin/env bash
@@ -81,8 +81,9 @@ def test_every_part_runs_dry_in_order_within_the_device_budget(tmp_path: Path) -
     assert modules == [
         "experiments.bench.gpu_env", "experiments.bench.profile_gpu",
         "experiments.bench.kernels_gpu", "experiments.bench.engine_gpu",
-        "experiments.calibrate", "experiments.validate",
+        "experiments.calibrate", "experiments.validate", "experiments.calibrate_overhead",
     ]  # fmt: skip
+    assert "tiny-opt_vllm_online --out" in calls(tmp_path)[6]
     assert all("--dry" in c for c in calls(tmp_path)[:4])
     assert "--max-seconds 150" in calls(tmp_path)[3]
     for part in PARTS:
@@ -101,7 +102,7 @@ def test_every_part_runs_dry_in_order_within_the_device_budget(tmp_path: Path) -
 def test_dry_limits_are_scaled_for_cpu(tmp_path: Path) -> None:
     rc, out, _ = run_script(tmp_path)
     assert rc == 0
-    assert [int(r["limit_s"]) for r in parts(out)] == [300, 700, 1000, 1900, 200, 400]
+    assert [int(r["limit_s"]) for r in parts(out)] == [300, 700, 1000, 1900, 200, 400, 100]
     assert "--max-seconds 1500" in calls(tmp_path)[3]
 
 
@@ -110,7 +111,7 @@ def test_a_failing_part_does_not_stop_the_others(tmp_path: Path) -> None:
     assert rc == 1
     rows = {r["part"]: r["exit"] for r in parts(out)}
     assert rows == {"env": "0", "profile": "0", "kernels": "3", "engine": "0", "calibrate": "0",
-                    "validate": "0"}  # fmt: skip
+                    "validate": "0", "overhead": "0"}  # fmt: skip
     assert (pack / "kvlab-gpu.tar.gz").is_file()
 
 
