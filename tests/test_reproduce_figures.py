@@ -59,3 +59,20 @@ def test_a_selection_runs_and_writes_only_its_figures(tmp_path: Path, caplog) ->
     assert any(m.startswith("fig13: 8 jobs done (") for m in messages), messages
     assert any(m.startswith("fig13: wrote fig13_batch.csv/.png/.pdf (") for m in messages)
     assert any(m.startswith("table1: wrote table1.csv/.png/.pdf (") for m in messages)
+
+
+def test_fig13_gives_the_paper_only_where_it_is_known() -> None:
+    import pandas as pd
+
+    from experiments.report.markdown import fig13_section, fig13_table
+
+    runs = pd.DataFrame({"system": ["orca_oracle", "vllm"], "mean_batch_size": [12.0, 33.0],
+                         "completed": [9, 9], "request_throughput": [1.0, 2.0],
+                         "normalized_latency": [0.5, 0.1], "num_preemptions": [0, 3]})  # fmt: skip
+    f13 = pd.concat([fig13_table(runs, "sharegpt", 2.0), fig13_table(runs, "alpaca", 30.0)])
+    assert f13[f13["workload"] == "alpaca"]["paper_mean_batch"].isna().all()
+    text = "\n".join(fig13_section(f13, runs, runs))
+    assert "### (a) ShareGPT, 2 req/s" in text and "### (b) Alpaca, 30 req/s" in text
+    # ShareGPT: kvlab − paper per system (paper: Orca (Oracle) 13.62, vLLM 30.42)
+    assert "Gap (ShareGPT), kvlab − paper: Orca (Oracle) -1.62 (-12%); vLLM +2.58 (+8%)." in text
+    assert text.count("Gap (") == 1 and "| vLLM | 33.00 | — | — |" in text
