@@ -21,6 +21,10 @@ Writes into ``--out`` (default ``results/reproduce``):
   figures (``experiments.report.sharing``), on 30-second traces by default;
 - ``runs/<label>/``: every run's ``metrics.json`` (Fig. 2/13 runs: all result files).
 
+``--figures NAME[,NAME...]`` makes only the named figures and runs only the runs they read
+(``experiments.report.selection``); each figure logs a line when its runs are done and when
+its files are written.
+
 ``--launcher <name>`` runs every simulation as a Hydra job on that launcher (joblib, Ray,
 Slurm; ``experiments.lib.jobs``), each in ``runs/<label>/`` with all its result files; a
 rerun skips the jobs already finished there.
@@ -193,7 +197,7 @@ def main(argv: list[str] | None = None) -> Path:
         metavar="NAME[,NAME...]",
         help=f"make only these figures ({', '.join(selection.FIGURES)}; default: all)",
     )
-    p.add_argument("--skip-fig12", action="store_true", help="no Fig. 12 (less from --figures)")
+    p.add_argument("--skip-fig12", action="store_true", help="leave Fig. 12 out of the selection")
     p.add_argument("--skip-sharing", action="store_true", help="no Fig. 14-17")
     p.add_argument(
         "--launcher",

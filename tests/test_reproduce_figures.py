@@ -76,3 +76,20 @@ def test_fig13_gives_the_paper_only_where_it_is_known() -> None:
     # ShareGPT: kvlab − paper per system (paper: Orca (Oracle) 13.62, vLLM 30.42)
     assert "Gap (ShareGPT), kvlab − paper: Orca (Oracle) -1.62 (-12%); vLLM +2.58 (+8%)." in text
     assert text.count("Gap (") == 1 and "| vLLM | 33.00 | — | — |" in text
+
+
+def test_fig15_alone_runs_fig14s_searches_and_writes_only_fig15(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from experiments.report import fig14_sampling, sharing
+    from tests.test_sharing_figures import fake_runner
+
+    calls: list = []
+    with ThreadPoolExecutor(2) as pool:
+        jobs = sharing.submit(pool, fake_runner(calls), 60.0, 0, 1.0, ["fig15"])
+        text = sharing.write(jobs, tmp_path, sharing._plt(), 60.0, ["fig15"])
+    assert set(jobs) == {"fig14"} and len(jobs["fig14"]) == len(fig14_sampling.searches(60.0, 0))
+    assert {p.name for p in tmp_path.iterdir()} == {
+        f"fig15_sharing.{e}" for e in ("csv", "png", "pdf")
+    }
+    assert "## Fig. 15" in text and "## Fig. 14" not in text
