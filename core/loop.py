@@ -28,7 +28,7 @@ from typing import Protocol
 
 from core.kv.base import MemoryBreakdown
 from core.metrics.recorder import Recorder
-from core.plan import BatchShape, StepOutcome, StepPlan
+from core.plan import BatchShape, StepOutcome, StepPlan, new_shape
 from core.request import Request, SequenceGroup
 from core.sched.base import BaseScheduler
 
@@ -196,6 +196,57 @@ class StepLoop:
         if self.observer is not None:
             self.observer.after_step(plan, finished)
         return finished
+
+    def fast_forward(
+        self,
+        now: float,
+        price: Callable[[BatchShape], float],
+        accept: Callable[[float], bool],
+    ) -> float:
+        """Run the plain decode steps the scheduler promises (:meth:`BaseScheduler.
+        decode_run`) at once, each priced by ``price`` and ended at ``now + duration``, for
+        as long as ``accept(end)`` holds for the step's end (a body whose clock sees other
+        events stops before one is due). Leaves the scheduler, recorder and counters as one
+        :meth:`begin` / :meth:`finish` per step with the executor returning ``price(shape)``
+        would, invariant checks included. Returns the clock after the last step run
+        (``now`` when none ran). Not with an observer (it would miss the steps)."""
+        if self.observer is not None:
+            return now
+        check = self.check_every
+        sched = self.scheduler
+        run = sched.decode_run(check - self.num_steps % check if check else 1 << 62)
+        if run is None:
+            return now
+        n, ctx, first = len(run.seqs), run.ctx_tokens, now
+        shapes: list[BatchShape] = []
+        durations: list[float] = []
+        ends: list[float] = []
+        for _ in run.new_blocks:
+            shape = new_shape(0, 0, 0, 0, n, ctx, 0, 0, 0)
+            duration = price(shape)
+            end = now + duration
+            if not accept(end):
+                break
+            shapes.append(shape)
+            durations.append(duration)
+            ends.append(end)
+            now = end
+            ctx += n
+        if not ends:
+            return now
+        self.ended = []
+        step = sched.step_index
+        memories = sched.advance_decode_run(run, ends)
+        record, groups, start = self.recorder.record_row, len(run.groups), first
+        for j, (shape, duration, memory) in enumerate(
+            zip(shapes, durations, memories, strict=True)
+        ):
+            record(step + j, start, duration, shape, groups, groups, 0, 0, 0, memory)
+            start = ends[j]
+        self.num_steps += len(ends)
+        if check and self.num_steps % check == 0:
+            sched.check_integrity()
+        return now
 
     def step(self, clock: Clock) -> PendingStep | None:
         """One whole step at ``clock.now()``; ``None`` when idle."""

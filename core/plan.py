@@ -96,7 +96,7 @@ def _shape_factory() -> Callable[..., BatchShape]:
     return make
 
 
-_new_shape = _shape_factory()
+new_shape = _shape_factory()
 
 
 @dataclass(slots=True)
@@ -124,7 +124,7 @@ class StepPlan:
         d_ctx = 0
         for s in self.decode:  # Sequence.num_tokens, inlined (the hot loop)
             d_ctx += s.group.request.prompt_len + s.num_generated
-        return _new_shape(
+        return new_shape(
             p_tokens,
             len(self.prefill),
             p_pairs,

@@ -69,12 +69,15 @@ def simulate(
     seed: int = 0,
     progress: bool = False,
     check_integrity_every: int = 0,
+    fast_forward: bool = True,
 ) -> SimResult:
     """Run ``requests`` to completion and return the recorder with every step and request.
 
     Request ids must be unique. ``make_scheduler`` builds one scheduler per replica.
     ``check_integrity_every > 0`` runs the scheduler's and manager's invariant checks every
-    that many steps (tests). Python's cyclic garbage collector is paused while the
+    that many steps (tests). ``fast_forward`` runs stretches of plain decode steps at once
+    (:meth:`core.loop.StepLoop.fast_forward`; identical results, False for the step-by-step
+    reference). Python's cyclic garbage collector is paused while the
     simulation runs (restored afterwards).
     """
     if num_replicas < 1:
@@ -117,10 +120,24 @@ def simulate(
         """Replica ``r``'s steps on the SimPy clock (the step itself is ``core.loop``'s)."""
         loop = loops[r]
         begin, finish = loop.begin, loop.finish
+        # Plain decode steps run at once while no other event is due (the rule below);
+        # not with beam search, whose stand-in draws random numbers at each step's end,
+        # nor with a cost model that must price each step once, in order.
+        ahead = loop.fast_forward if fast_forward and beams_rng is None else None
+        if getattr(cost_model, "priced_in_order", False):
+            ahead = None
+        price = cost_model.step_time
         timeout, peek = env.timeout, env.peek
         now = env.now  # this engine's clock; may run ahead of env.now, see below
         next_event = peek()  # the queue changes only while this process is suspended
+
+        def no_event_before(end: float) -> bool:
+            lag = env.now
+            return next_event > end and lag + (end - lag) == end
+
         while True:
+            if ahead is not None:
+                now = ahead(now, price, no_event_before)
             try:
                 pending = begin(now)
             except StallError as e:
@@ -138,7 +155,7 @@ def simulate(
                 continue
             end = pending.end
             lag = env.now
-            if next_event > end and lag + (end - lag) == end:
+            if no_event_before(end):
                 # No event is due before the step ends (nothing could run in between):
                 # skip the timeout. A later timeout of ``end - lag`` lands exactly on
                 # ``end`` (checked), so the clock stays bit-identical to one per step.

@@ -77,7 +77,8 @@ def run_case(
     name: str, batched: bool = True, check_every: int = 0
 ) -> tuple[str, dict[str, Any], pd.DataFrame]:
     """Simulate one case; returns (digest of steps, requests and metrics, metrics, steps).
-    ``batched=False`` makes the schedulers reserve decode slots group by group."""
+    ``batched=False`` makes the schedulers reserve decode slots group by group and the
+    driver run every step on its own (no fast-forward)."""
     system, sched_over, wl_over, slots = CASES[name]
     wl = {"kind": "synthetic", "dataset": "sharegpt", "rate": 4.0, "duration_s": 30.0}
     wl.update(wl_over)
@@ -101,7 +102,10 @@ def run_case(
 
     cost = RooflineCostModel("opt-13b", "a100-40gb")
     replicas = sched_over.get("replicas", 1)
-    result = simulate(requests, make, cost, replicas, seed=0, check_integrity_every=check_every)
+    result = simulate(
+        requests, make, cost, replicas, seed=0, check_integrity_every=check_every,
+        fast_forward=batched,
+    )  # fmt: skip
     rec = result.recorder
     req, steps = rec.requests_frame(), rec.steps_frame()
     metrics = summarize(req, steps, rec.inter_token_latencies())

@@ -317,6 +317,67 @@ class PagedKVCacheManager:
                 self._append_seq(seq, states[seq.seq_id], copies)
         return copies
 
+    def lockstep_blocks(self, seqs: list[Sequence], steps: int) -> list[int] | None:
+        """Blocks each of ``steps`` consecutive :meth:`append_all` calls would take if every
+        call grew each of ``seqs`` by one slot: element ``j`` for the ``j``-th call. None
+        unless each sequence is on the device, exactly one slot short of ``num_tokens``
+        (a plain decode step), and its last block is unshared, and prefix caching is off
+        (then the calls allocate only, never copy or register)."""
+        if self.enable_prefix_caching:
+            return None
+        bs, states, ref = self.block_size, self._seqs, self._device.ref
+        per_offset = [0] * bs  # sequences whose next new block comes after j % bs steps
+        for seq in seqs:
+            st = states.get(seq.seq_id)
+            if st is None or st.on_cpu or seq.num_tokens - st.slots != 1:
+                return None
+            off = st.slots % bs
+            if off and ref[st.table[-1]] != 1:
+                return None
+            per_offset[-off % bs] += 1
+        return [per_offset[j % bs] for j in range(steps)]
+
+    def advance_lockstep(self, seqs: list[Sequence], steps: int) -> None:
+        """The state ``steps`` consecutive :meth:`append_all` calls growing each of
+        ``seqs`` by one slot leave (blocks taken in the same order: call by call, in the
+        order of ``seqs``). The caller has checked :meth:`lockstep_blocks` and that the
+        blocks it counts are free."""
+        bs, pool, states = self.block_size, self._device, self._seqs
+        tables = [states[seq.seq_id] for seq in seqs]
+        by_offset: list[list[list[int]]] = [[] for _ in range(bs)]
+        for st in tables:
+            by_offset[-st.slots % bs].append(st.table)
+        allocate = pool.allocate
+        for j in range(steps):
+            for table in by_offset[j % bs]:
+                table.append(allocate())
+        fill = pool.fill  # add_fill without its checks: every block written is taken
+        for st in tables:
+            s, table = st.slots, st.table
+            target = s + steps
+            while s < target:
+                k = min(bs - s % bs, target - s)
+                fill[table[s // bs]] += k
+                s += k
+            st.slots = target
+        pool.num_filled += steps * len(tables)
+
+    def lockstep_breakdowns(self, num_seqs: int, new_blocks: list[int]) -> list[MemoryBreakdown]:
+        """What :meth:`breakdown` will say after each of ``len(new_blocks)`` lockstep
+        growth steps of ``num_seqs`` sequences (:meth:`lockstep_blocks`), without applying
+        them."""
+        bs, pool = self.block_size, self._device
+        tokens, used, logical = pool.num_filled, pool.num_used, pool.ref_total
+        free = pool.num_free()
+        out = []
+        for taken in new_blocks:
+            tokens += num_seqs
+            used += taken
+            logical += taken
+            free -= taken
+            out.append(new_breakdown(tokens, 0, used * bs - tokens, 0, free * bs, used, logical))
+        return out
+
     def _undo_one_slot(self, states: list[_SeqState]) -> None:
         fill = self._device.fill
         for st in states:

@@ -105,6 +105,26 @@ class Recorder:
         groups = set(map(_GROUP, plan.decode))  # groups hash by identity
         if plan.prefill:
             groups.update(c.seq.group for c in plan.prefill)
+        self.record_row(
+            step, start_s, duration_s, shape, len(groups), running_requests, plan.num_waiting,
+            plan.num_swapped, len(plan.preempted) + len(plan.preempted_by_swap), memory,
+        )  # fmt: skip
+
+    def record_row(
+        self,
+        step: int,
+        start_s: float,
+        duration_s: float,
+        shape: BatchShape,
+        batch_requests: int,
+        running_requests: int,
+        num_waiting: int,
+        num_swapped: int,
+        num_preempted: int,
+        memory: MemoryBreakdown,
+    ) -> None:
+        """One step's row from its counts (:meth:`record_step` counts them from the plan;
+        a body that runs plain decode steps at once knows them without one)."""
         self._steps.append(
             (
                 step,
@@ -116,11 +136,11 @@ class Recorder:
                 shape.prefill_kv_read_tokens,
                 shape.decode_seqs,
                 shape.decode_ctx_tokens,
-                len(groups),
+                batch_requests,
                 running_requests,
-                plan.num_waiting,
-                plan.num_swapped,
-                len(plan.preempted) + len(plan.preempted_by_swap),
+                num_waiting,
+                num_swapped,
+                num_preempted,
                 shape.swap_in_blocks,
                 shape.swap_out_blocks,
                 shape.copy_blocks,

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from core.kv.base import AllocStatus, KVCacheManager
+from core.kv.base import AllocStatus, KVCacheManager, MemoryBreakdown
 from core.plan import BeamChoice, StepOutcome, StepPlan
 from core.request import Request, Sequence, SequenceGroup, SequenceStatus
 
@@ -91,6 +91,21 @@ class Scheduler(Protocol):
     def has_unfinished(self) -> bool: ...
 
     def check_integrity(self) -> None: ...
+
+
+@dataclass(slots=True)
+class DecodeRun:
+    """A scheduler's promise about the coming steps (:meth:`BaseScheduler.decode_run`):
+    each of the next ``len(new_blocks)`` ``schedule`` calls, with no request added in
+    between, would be a plain decode of ``seqs`` (one sequence per group of ``groups``,
+    in this order), one new slot each, taking ``new_blocks[j]`` new blocks at the ``j``-th
+    call, and no ``update`` of them would finish a group. ``ctx_tokens``: the decode
+    context tokens of the first of those steps (each later one has ``len(seqs)`` more)."""
+
+    groups: list[SequenceGroup]
+    seqs: list[Sequence]
+    new_blocks: list[int]
+    ctx_tokens: int
 
 
 class BaseScheduler:
@@ -167,6 +182,20 @@ class BaseScheduler:
 
     def schedule(self, now: float) -> StepPlan:
         raise NotImplementedError
+
+    def decode_run(self, max_steps: int) -> DecodeRun | None:
+        """Up to ``max_steps`` coming steps that are plain decodes (:class:`DecodeRun`), so
+        that a body that only prices steps can run them at once
+        (:meth:`core.loop.StepLoop.fast_forward`); None when the next step is not one.
+        The default promises nothing."""
+        return None
+
+    def advance_decode_run(self, run: DecodeRun, ends: list[float]) -> list[MemoryBreakdown]:
+        """The state ``len(ends)`` steps of ``run`` leave, ``schedule`` and ``update``
+        called for each (``ends``: the steps' end times), at once; returns the memory
+        breakdown during each step (what ``manager.breakdown()`` said after its
+        ``schedule``)."""
+        raise NotImplementedError(f"{self.name} promises no decode runs")
 
     # -- helpers for subclasses -------------------------------------------------------
     def _new_seq_id(self) -> int:

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from operator import attrgetter
 
+from core.kv.base import MemoryBreakdown
+from core.kv.paged import PagedKVCacheManager
 from core.plan import PrefillChunk, StepPlan
 from core.request import Sequence, SequenceGroup, SequenceStatus
-from core.sched.base import BaseScheduler, SchedulerConfig
+from core.sched.base import BaseScheduler, DecodeRun, SchedulerConfig
 
 
 class VLLMScheduler(BaseScheduler):
@@ -36,6 +38,64 @@ class VLLMScheduler(BaseScheduler):
         elif self.swapped or not self._admit_prompts(plan, now):
             self._schedule_decodes(plan)  # prompt-only steps admit while nothing is swapped
         return self._finish_plan(plan)
+
+    def decode_run(self, max_steps: int) -> DecodeRun | None:
+        """Plain decode steps (no waiting, swapped or aborted group, no copy pending, no
+        chunking; every running group one unforked sequence with its first token) until
+        the step before the first group finishes, as long as the paged manager's free
+        blocks cover the steps' new blocks (no preemption)."""
+        if (
+            self.waiting
+            or self.swapped
+            or not self.running
+            or self._pending_copies
+            or self._aborted
+            or self.config.chunked_prefill
+        ):
+            return None
+        if not isinstance(self.manager, PagedKVCacheManager):
+            return None
+        groups = sorted(self.running, key=_arrival)
+        seqs: list[Sequence] = []
+        steps, ctx = max_steps, 0
+        for group in groups:
+            if len(group.seqs) != 1 or group.first_token_time is None:
+                return None
+            request = group.request
+            sampling = request.sampling
+            if sampling.n != 1 or sampling.beam_width != 1:  # update() would fork it
+                return None
+            seq = group.seqs[0]
+            steps = min(steps, request.output_len - seq.num_generated - 1)
+            ctx += request.prompt_len + seq.num_generated
+            seqs.append(seq)
+        if steps <= 0:
+            return None
+        new_blocks = self.manager.lockstep_blocks(seqs, steps)
+        if new_blocks is None:
+            return None
+        free, taken = self.manager.num_free_blocks(), 0
+        for j, n in enumerate(new_blocks):
+            taken += n
+            if taken > free:
+                del new_blocks[j:]
+                break
+        return DecodeRun(groups, seqs, new_blocks, ctx) if new_blocks else None
+
+    def advance_decode_run(self, run: DecodeRun, ends: list[float]) -> list[MemoryBreakdown]:
+        steps = len(ends)
+        manager = self.manager
+        assert isinstance(manager, PagedKVCacheManager)  # decode_run promised nothing otherwise
+        memories = manager.lockstep_breakdowns(len(run.seqs), run.new_blocks[:steps])
+        manager.advance_lockstep(run.seqs, steps)
+        for seq in run.seqs:
+            generated = seq.num_generated + steps
+            seq.num_generated = generated
+            seq.num_computed = seq.group.request.prompt_len + generated - 1
+            seq.group.token_times.extend(ends)
+        self.running = run.groups
+        self.step_index += steps
+        return memories
 
     # -- step kinds -----------------------------------------------------------------
     def _admit_prompts(self, plan: StepPlan, now: float, budget: int | None = None) -> bool:

@@ -15,6 +15,8 @@ class RecordedCostModel:
     when asked for more steps than were recorded.
     """
 
+    priced_in_order = True  # the i-th call answers the i-th step (sim.cost.base)
+
     def __init__(self, step_times: Sequence[float]) -> None:
         times = [float(t) for t in step_times]
         bad = [(i, t) for i, t in enumerate(times) if not t >= 0.0]

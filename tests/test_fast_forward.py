@@ -1,0 +1,157 @@
+"""Fast-forward (plain decode steps run at once) changes nothing but the speed.
+
+The paged manager's lockstep growth must leave the state, the per-step block counts and
+the memory breakdowns that one ``append_all`` per step leaves; a whole simulation with
+fast-forward must write the same tables, token gaps and clock as one step at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.kv.paged import PagedKVCacheManager
+from core.loop import StepLoop
+from core.sched.base import SchedulerConfig
+from core.systems import build_scheduler
+from core.workload.spec import build_workload
+from sim.cost.roofline import RooflineCostModel
+from sim.driver import simulate
+from tests.kv_helpers import make_group
+
+
+def _state(m: PagedKVCacheManager, seqs: list[Any]) -> tuple[Any, ...]:
+    pool = m.device_pool
+    tables = [(m.block_table(s.seq_id), m.num_slots(s.seq_id)) for s in seqs]
+    totals = (pool.num_used, pool.num_filled, pool.ref_total, pool.num_free())
+    return tables, list(pool.ref), list(pool.fill), list(pool._free), totals
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    prompts=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    block_size=st.integers(1, 8),
+    spare=st.integers(0, 12),
+    steps=st.integers(1, 30),
+)
+def test_lockstep_growth_is_append_all_step_by_step(
+    prompts: list[int], block_size: int, spare: int, steps: int
+) -> None:
+    need = sum(-(-p // block_size) for p in prompts)
+    managers = [PagedKVCacheManager(need + spare, block_size, watermark=0.0) for _ in "ab"]
+    runs = []
+    for m in managers:
+        groups = [make_group(p, output_len=100) for p in prompts]
+        for g in groups:
+            m.allocate(g)
+            g.seqs[0].num_generated += 1  # the prompt step sampled a token
+        runs.append([g.seqs[0] for g in groups])
+    (fast, slow), (fast_seqs, slow_seqs) = managers, runs
+    blocks = fast.lockstep_blocks(fast_seqs, steps)
+    assert blocks is not None and len(blocks) == steps
+    # step by step: the blocks each append_all takes, the breakdown after it
+    taken, memories, fit = [], [], 0
+    for _ in range(steps):
+        free = slow.num_free_blocks()
+        if slow.append_all([s.group for s in slow_seqs]) is None:
+            break
+        taken.append(free - slow.num_free_blocks())
+        memories.append(slow.breakdown())
+        for s in slow_seqs:
+            s.num_generated += 1
+        fit += 1
+    # what decode_run promises: the longest prefix whose blocks are free
+    free, cum, promised = fast.num_free_blocks(), 0, 0
+    for b in blocks:
+        cum += b
+        if cum > free:
+            break
+        promised += 1
+    assert promised == fit
+    assert blocks[:fit] == taken
+    assert fast.lockstep_breakdowns(len(fast_seqs), blocks[:fit]) == memories
+    fast.advance_lockstep(fast_seqs, fit)
+    for s in fast_seqs:
+        s.num_generated += fit
+    assert _state(fast, fast_seqs) == _state(slow, slow_seqs)
+    fast.check_integrity()
+
+
+def test_lockstep_blocks_refuses_what_is_not_a_plain_decode() -> None:
+    m = PagedKVCacheManager(20, 4, watermark=0.0)
+    g = make_group(6)
+    m.allocate(g)
+    seq = g.seqs[0]
+    assert m.lockstep_blocks([seq], 3) is None  # no token sampled yet: nothing to append
+    seq.num_generated += 2
+    assert m.lockstep_blocks([seq], 3) is None  # two slots behind
+    seq.num_generated -= 1
+    assert m.lockstep_blocks([seq], 3) == [0, 0, 1]  # slots 7, 8 fill block 1; 9 opens 2
+    cached = PagedKVCacheManager(20, 4, watermark=0.0, enable_prefix_caching=True)
+    assert cached.lockstep_blocks([], 1) is None
+
+
+def _simulate(
+    seed: int, rate: float, slots: int, replicas: int, check_every: int, fast: bool
+) -> tuple[Any, ...]:
+    wl = {"kind": "synthetic", "dataset": "sharegpt", "rate": rate, "duration_s": 15.0}
+    requests = build_workload(wl, max_model_len=2048, seed=seed)
+
+    def make() -> Any:
+        return build_scheduler("vllm", slots, config=SchedulerConfig(), num_cpu_slots=2048)
+
+    cost = RooflineCostModel("opt-13b", "a100-40gb")
+    result = simulate(
+        requests, make, cost, replicas, seed=seed, check_integrity_every=check_every,
+        fast_forward=fast,
+    )  # fmt: skip
+    rec = result.recorder
+    return (
+        rec.steps_frame(),
+        rec.requests_frame(),
+        list(rec.inter_token_latencies()),
+        result.end_time_s,
+        result.num_steps,
+    )
+
+
+def _assert_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
+    pd.testing.assert_frame_equal(a[0], b[0], check_exact=True)
+    pd.testing.assert_frame_equal(a[1], b[1], check_exact=True)
+    assert a[2:] == b[2:]
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 1000),
+    rate=st.sampled_from([0.5, 2.0, 6.0]),
+    slots=st.sampled_from([3000, 8000, 40000]),  # small ones preempt
+    replicas=st.sampled_from([1, 2]),
+    check_every=st.sampled_from([0, 5]),
+)
+def test_fast_forward_gives_the_step_by_step_results(
+    seed: int, rate: float, slots: int, replicas: int, check_every: int
+) -> None:
+    args = (seed, rate, slots, replicas, check_every)
+    _assert_same(_simulate(*args, fast=True), _simulate(*args, fast=False))
+
+
+def test_fast_forward_runs_most_steps_of_a_light_load(monkeypatch: Any) -> None:
+    """Not a no-op: on a lightly loaded cache most steps are plain decodes run at once."""
+    counted = {"ahead": 0}
+    original = StepLoop.fast_forward
+
+    def counting(self: StepLoop, *args: Any) -> float:
+        before = self.num_steps
+        out = original(self, *args)
+        counted["ahead"] += self.num_steps - before
+        return out
+
+    monkeypatch.setattr(StepLoop, "fast_forward", counting)
+    fast = _simulate(1, 1.0, 40000, 1, 0, fast=True)
+    assert counted["ahead"] > fast[4] / 2
+    monkeypatch.undo()
+    _assert_same(fast, _simulate(1, 1.0, 40000, 1, 0, fast=False))
