@@ -236,13 +236,15 @@ class StepLoop:
             return now
         self.ended = []
         step = sched.step_index
-        memories = sched.advance_decode_run(run, ends)
+        memories, finished = sched.advance_decode_run(run, ends)
         record, groups, start = self.recorder.record_row, len(run.groups), first
         for j, (shape, duration, memory) in enumerate(
             zip(shapes, durations, memories, strict=True)
         ):
             record(step + j, start, duration, shape, groups, groups, 0, 0, 0, memory)
             start = ends[j]
+        if finished:
+            self._done(finished)
         self.num_steps += len(ends)
         if check and self.num_steps % check == 0:
             sched.check_integrity()

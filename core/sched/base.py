@@ -99,8 +99,9 @@ class DecodeRun:
     each of the next ``len(new_blocks)`` ``schedule`` calls, with no request added in
     between, would be a plain decode of ``seqs`` (one sequence per group of ``groups``,
     in this order), one new slot each, taking ``new_blocks[j]`` new blocks at the ``j``-th
-    call, and no ``update`` of them would finish a group. ``ctx_tokens``: the decode
-    context tokens of the first of those steps (each later one has ``len(seqs)`` more)."""
+    call, and only the ``update`` of the last of them may finish groups. ``ctx_tokens``:
+    the decode context tokens of the first of those steps (each later one has
+    ``len(seqs)`` more)."""
 
     groups: list[SequenceGroup]
     seqs: list[Sequence]
@@ -190,11 +191,13 @@ class BaseScheduler:
         The default promises nothing."""
         return None
 
-    def advance_decode_run(self, run: DecodeRun, ends: list[float]) -> list[MemoryBreakdown]:
+    def advance_decode_run(
+        self, run: DecodeRun, ends: list[float]
+    ) -> tuple[list[MemoryBreakdown], list[SequenceGroup]]:
         """The state ``len(ends)`` steps of ``run`` leave, ``schedule`` and ``update``
         called for each (``ends``: the steps' end times), at once; returns the memory
         breakdown during each step (what ``manager.breakdown()`` said after its
-        ``schedule``)."""
+        ``schedule``) and the groups the last step finished (as ``update`` returns them)."""
         raise NotImplementedError(f"{self.name} promises no decode runs")
 
     # -- helpers for subclasses -------------------------------------------------------

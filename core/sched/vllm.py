@@ -41,8 +41,8 @@ class VLLMScheduler(BaseScheduler):
 
     def decode_run(self, max_steps: int) -> DecodeRun | None:
         """Plain decode steps (no waiting, swapped or aborted group, no copy pending, no
-        chunking; every running group one unforked sequence with its first token) until
-        the step before the first group finishes, as long as the paged manager's free
+        chunking; every running group one unforked sequence with its first token) up to
+        the step in which the first group finishes, as long as the paged manager's free
         blocks cover the steps' new blocks (no preemption)."""
         if (
             self.waiting
@@ -66,7 +66,7 @@ class VLLMScheduler(BaseScheduler):
             if sampling.n != 1 or sampling.beam_width != 1:  # update() would fork it
                 return None
             seq = group.seqs[0]
-            steps = min(steps, request.output_len - seq.num_generated - 1)
+            steps = min(steps, request.output_len - seq.num_generated)
             ctx += request.prompt_len + seq.num_generated
             seqs.append(seq)
         if steps <= 0:
@@ -82,20 +82,32 @@ class VLLMScheduler(BaseScheduler):
                 break
         return DecodeRun(groups, seqs, new_blocks, ctx) if new_blocks else None
 
-    def advance_decode_run(self, run: DecodeRun, ends: list[float]) -> list[MemoryBreakdown]:
+    def advance_decode_run(
+        self, run: DecodeRun, ends: list[float]
+    ) -> tuple[list[MemoryBreakdown], list[SequenceGroup]]:
         steps = len(ends)
         manager = self.manager
         assert isinstance(manager, PagedKVCacheManager)  # decode_run promised nothing otherwise
         memories = manager.lockstep_breakdowns(len(run.seqs), run.new_blocks[:steps])
         manager.advance_lockstep(run.seqs, steps)
+        finished: list[SequenceGroup] = []
         for seq in run.seqs:
+            group = seq.group
+            request = group.request
             generated = seq.num_generated + steps
             seq.num_generated = generated
-            seq.num_computed = seq.group.request.prompt_len + generated - 1
-            seq.group.token_times.extend(ends)
+            seq.num_computed = request.prompt_len + generated - 1
+            group.token_times.extend(ends)
+            if generated >= request.output_len:
+                finished.append(group)
         self.running = run.groups
         self.step_index += steps
-        return memories
+        if finished:
+            last, step = ends[-1], self.step_index - 1
+            for group in finished:
+                self._finish(group, last, step)
+            self._drop_finished()
+        return memories, finished
 
     # -- step kinds -----------------------------------------------------------------
     def _admit_prompts(self, plan: StepPlan, now: float, budget: int | None = None) -> bool:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import cache, lru_cache, partial
 
 import numpy as np
 
@@ -106,15 +106,20 @@ def _draw(mu: float, sigma: float, n: int, rng: np.random.Generator) -> np.ndarr
     return np.maximum(values, 1).astype(np.int64)
 
 
-_erf = np.frompyfunc(math.erf, 1, 1)
+def _erf(x: np.ndarray) -> np.ndarray:
+    """``math.erf`` elementwise (NumPy has no erf; the same values as a ufunc of it)."""
+    return np.fromiter(map(math.erf, x.tolist()), dtype=np.float64, count=x.size)
 
 
+@lru_cache(maxsize=4)
 def _pmf(mu: float, sigma: float, kmax: int) -> np.ndarray:
-    """P(L = k) for k = 0..kmax of ``L = max(1, round(exp(mu + sigma Z)))``."""
+    """P(L = k) for k = 0..kmax of ``L = max(1, round(exp(mu + sigma Z)))``; read-only
+    (cached: a fit's bisections keep one of the two distributions fixed)."""
     edges = np.log(np.arange(1, kmax + 1) + 0.5)  # upper edge of k = 1..kmax
-    cdf = 0.5 * (1.0 + _erf((edges - mu) / (sigma * math.sqrt(2.0))).astype(np.float64))
+    cdf = 0.5 * (1.0 + _erf((edges - mu) / (sigma * math.sqrt(2.0))))
     pmf = np.zeros(kmax + 1)
     pmf[1:] = np.diff(cdf, prepend=0.0)
+    pmf.flags.writeable = False
     return pmf
 
 
@@ -126,7 +131,7 @@ def filtered_means(
 ) -> tuple[float, float]:
     """Exact (prompt, output) means of ``model`` conditioned on passing the filter."""
     p = _pmf(model.mu_input, model.sigma_input, max_prompt_len)
-    q = _pmf(model.mu_output, model.sigma_output, max_model_len)
+    q = _pmf(model.mu_output, model.sigma_output, max_model_len).copy()
     q[:min_len] = 0.0
     k = np.arange(max_model_len + 1)
     q_cum = np.cumsum(q)  # q_cum[m] = P(min_len <= O <= m)

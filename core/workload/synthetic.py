@@ -75,9 +75,10 @@ def synthesize(
     prompt, output = model.sample(len(times), len_rng, max_model_len=max_model_len)
     params = sampling if sampling is not None else SamplingParams()
     requests = []
-    for i, (t, p, o) in enumerate(zip(times, prompt, output, strict=True)):
-        ids = tuple(tok_rng.integers(0, vocab_size, int(p)).tolist()) if with_token_ids else None
-        requests.append(Request(i, float(t), int(p), int(o), params, ids))
+    lengths = zip(np.asarray(times).tolist(), prompt.tolist(), output.tolist(), strict=True)
+    for i, (t, p, o) in enumerate(lengths):  # Python floats and ints, as float() and int()
+        ids = tuple(tok_rng.integers(0, vocab_size, p).tolist()) if with_token_ids else None
+        requests.append(Request(i, t, p, o, params, ids))
     return requests
 
 
