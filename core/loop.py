@@ -237,11 +237,12 @@ class StepLoop:
         self.ended = []
         step = sched.step_index
         memories, finished = sched.advance_decode_run(run, ends)
-        record, groups, start = self.recorder.record_row, len(run.groups), first
+        record, groups, waiting = self.recorder.record_row, len(run.groups), run.num_waiting
+        start = first
         for j, (shape, duration, memory) in enumerate(
             zip(shapes, durations, memories, strict=True)
         ):
-            record(step + j, start, duration, shape, groups, groups, 0, 0, 0, memory)
+            record(step + j, start, duration, shape, groups, groups, waiting, 0, 0, memory)
             start = ends[j]
         if finished:
             self._done(finished)

@@ -101,12 +101,13 @@ class DecodeRun:
     in this order), one new slot each, taking ``new_blocks[j]`` new blocks at the ``j``-th
     call, and only the ``update`` of the last of them may finish groups. ``ctx_tokens``:
     the decode context tokens of the first of those steps (each later one has
-    ``len(seqs)`` more)."""
+    ``len(seqs)`` more); ``num_waiting``: the groups that wait (for admission) meanwhile."""
 
     groups: list[SequenceGroup]
     seqs: list[Sequence]
     new_blocks: list[int]
     ctx_tokens: int
+    num_waiting: int = 0
 
 
 class BaseScheduler:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from core.kv.base import MemoryBreakdown
+from core.kv.base import AllocStatus, MemoryBreakdown
 from core.kv.paged import PagedKVCacheManager
 from core.plan import PrefillChunk, StepPlan
 from core.request import Sequence, SequenceGroup, SequenceStatus
@@ -40,17 +40,18 @@ class VLLMScheduler(BaseScheduler):
         return self._finish_plan(plan)
 
     def decode_run(self, max_steps: int) -> DecodeRun | None:
-        """Plain decode steps (no waiting, swapped or aborted group, no copy pending, no
-        chunking; every running group one unforked sequence with its first token) up to
-        the step in which the first group finishes, as long as the paged manager's free
-        blocks cover the steps' new blocks (no preemption)."""
+        """Plain decode steps (no swapped or aborted group, no copy pending, no chunking,
+        no admission: see :meth:`_admits_nothing`; every running group one unforked
+        sequence with its first token) up to the step in which the first group finishes,
+        as long as the paged manager's free blocks cover the steps' new blocks (no
+        preemption)."""
         if (
-            self.waiting
-            or self.swapped
+            self.swapped
             or not self.running
             or self._pending_copies
             or self._aborted
             or self.config.chunked_prefill
+            or (self.waiting and not self._admits_nothing())
         ):
             return None
         if not isinstance(self.manager, PagedKVCacheManager):
@@ -80,7 +81,24 @@ class VLLMScheduler(BaseScheduler):
             if taken > free:
                 del new_blocks[j:]
                 break
-        return DecodeRun(groups, seqs, new_blocks, ctx) if new_blocks else None
+        if not new_blocks:
+            return None
+        return DecodeRun(groups, seqs, new_blocks, ctx, len(self.waiting))
+
+    def _admits_nothing(self) -> bool:
+        """Whether :meth:`_admit_prompts` would admit and abort nothing now, and so at
+        every later call while the running groups stay and free blocks only shrink: the
+        queue's head must wait for memory (``LATER`` stays ``LATER`` as blocks are
+        taken), or fits but would exceed ``max_num_seqs``."""
+        head = self.waiting[0]
+        status = self.manager.can_allocate(head)
+        if status is AllocStatus.LATER:
+            return True
+        if status is AllocStatus.NEVER:
+            return False  # aborted at the next schedule
+        width = head.request.sampling.num_seqs
+        running = sum(g.request.sampling.num_seqs for g in self.running)
+        return running + width > self.config.max_num_seqs
 
     def advance_decode_run(
         self, run: DecodeRun, ends: list[float]
@@ -115,9 +133,11 @@ class VLLMScheduler(BaseScheduler):
         if not self.waiting:
             return False
         budget = self.config.max_num_batched_tokens if budget is None else budget
-        num_seqs = sum(g.request.sampling.num_seqs for g in self.running)
+        num_seqs = -1  # counted once a head can be allocated (often it cannot)
         admitted = False
         while (group := self._next_admissible()) is not None:
+            if num_seqs < 0:
+                num_seqs = sum(g.request.sampling.num_seqs for g in self.running)
             seqs = group.live_seqs()
             width = group.request.sampling.num_seqs  # what the group forks into
             need = sum(s.num_tokens for s in seqs)
