@@ -26,13 +26,14 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from core.metrics.recorder import STEP_COLUMNS
 from core.metrics.summary import summarize_recorder
 from experiments.lib.checks import CONFIG_DIR, check_config
 from experiments.lib.cli import apply_exclusive, main_with_checks, run_app
 from experiments.lib.jobs import exit_if_launcher_missing
-from experiments.lib.results import finished_metrics, summary_line, write_run
+from experiments.lib.results import RowTable, finished_metrics, summary_line, write_run
 from experiments.lib.setup import as_dict, build_setup, resolve_aliases
-from sim.driver import simulate
+from sim.driver import no_cyclic_gc, simulate
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,11 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
     cannot run raises ``ConfigError`` before any simulation."""
     c = resolve_aliases(as_dict(cfg))
     check_config(c, "simulate")
+    with no_cyclic_gc():  # the run's objects live until its files are written
+        return _run(c, out_dir)
+
+
+def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
     setup = build_setup(c)
     log.info("%s", setup.capacity.describe())
     t0 = time.perf_counter()
@@ -56,7 +62,7 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
     )
     wall = time.perf_counter() - t0
     rec = result.recorder
-    requests, steps = rec.requests_frame(), rec.steps_frame()
+    requests, steps = rec.requests_frame(), RowTable(STEP_COLUMNS, rec.step_rows())
     metrics = summarize_recorder(rec, c.get("slo_ms"))
     metrics.update(
         system=c["system"]["name"],

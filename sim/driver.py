@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +60,19 @@ class CostExecutor:
     def at_end(self, plan: StepPlan, outcome: StepOutcome) -> None:
         if self.beams_rng is not None:
             outcome.beams = sim_beams(plan, self.beams_rng)
+
+
+@contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (restored on exit): for phases that build
+    millions of long-lived objects, over which every collection pass would be wasted."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def simulate(
@@ -173,13 +187,8 @@ def simulate(
     # The run allocates millions of short-lived objects and keeps every step's row, but
     # makes little cyclic garbage (finished groups): cyclic GC passes over the growing
     # heap would cost more than they free, so they wait until the run is over.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with no_cyclic_gc():
         env.run(until=simpy.AllOf(env, procs))
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     bar.close()
     if recorder.num_requests != len(ordered):
         raise SimulationError(

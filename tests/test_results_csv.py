@@ -8,7 +8,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from experiments.lib.results import write_csv
+from experiments.lib.results import RowTable, write_csv
 
 _FLOATS = st.floats(allow_nan=False, width=64)
 _EDGE = [0.0, -0.0, 1e16, 1e-5, 123456789.0, 0.1, float("inf"), -float("inf"), 5e-324]
@@ -46,3 +46,26 @@ def _check(root, df):
     write_csv(root / "fast.csv", df)
     df.to_csv(root / "pandas.csv", index=False)
     assert (root / "fast.csv").read_bytes() == (root / "pandas.csv").read_bytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(-(2**62), 2**62), _FLOATS | st.sampled_from(_EDGE), st.integers()),
+        max_size=15,
+    )
+)
+def test_row_tables_match_the_frame_of_their_rows(tmp_path_factory, rows):
+    """A RowTable (a recorder's rows) is written as the frame built from it would be."""
+    rows = [(a, b, c % 2**40) for a, b, c in rows]
+    root = tmp_path_factory.mktemp("rows")
+    write_csv(root / "rows.csv", RowTable(("step", "start_s", "kv_free"), rows))
+    df = pd.DataFrame(
+        {
+            "step": np.array([r[0] for r in rows], dtype=np.int64),
+            "start_s": np.array([r[1] for r in rows], dtype=np.float64),
+            "kv_free": np.array([r[2] for r in rows], dtype=np.int64),
+        }
+    )
+    df.to_csv(root / "pandas.csv", index=False)
+    assert (root / "rows.csv").read_bytes() == (root / "pandas.csv").read_bytes()

@@ -20,7 +20,8 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -83,11 +84,25 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     write_atomic(path, json.dumps(_clean(dict(data)), indent=2, sort_keys=True) + "\n")
 
 
-def write_csv(path: Path, frame: pd.DataFrame) -> None:
+@dataclass(frozen=True)
+class RowTable:
+    """A table kept as row tuples (in ``columns`` order) of Python ints and floats, no NaN:
+    what a recorder holds before it builds a frame. :func:`write_csv` writes it as the frame
+    of those rows (integer and float64 columns) would be written, without building it."""
+
+    columns: tuple[str, ...]
+    rows: Sequence[tuple[int | float, ...]]
+
+
+def write_csv(path: Path, frame: pd.DataFrame | RowTable) -> None:
     """``frame.to_csv(path, index=False)``, atomically. A frame of integer and float columns
     only, without NaN (``steps.csv``), is formatted row by row: the same bytes (pandas
-    writes floats in their shortest round-trip form, as ``repr``) in about half the time."""
-    write_atomic(path, lambda tmp: _to_csv(frame, tmp))
+    writes floats in their shortest round-trip form, as ``repr``) in about half the time;
+    a :class:`RowTable` likewise, straight from its rows."""
+    if isinstance(frame, RowTable):
+        write_atomic(path, lambda tmp: _rows_to_csv(frame.columns, frame.rows, tmp))
+    else:
+        write_atomic(path, lambda tmp: _to_csv(frame, tmp))
 
 
 def _to_csv(df: pd.DataFrame, path: Path) -> None:
@@ -99,11 +114,14 @@ def _to_csv(df: pd.DataFrame, path: Path) -> None:
     if not (len(columns) and names and numeric) or nan or not df.columns.is_unique:
         df.to_csv(path, index=False)
         return
-    row = ",".join("%r" if f else "%d" for f in floats) + os.linesep
-    columns = [col.tolist() for col in columns]
+    _rows_to_csv(list(df.columns), zip(*[col.tolist() for col in columns], strict=True), path)
+
+
+def _rows_to_csv(names: Sequence[str], rows: Iterable[tuple[Any, ...]], path: Path) -> None:
+    row = ",".join(["%s"] * len(names)) + os.linesep  # str(float) is repr(float)
     with open(path, "w", encoding="utf-8", newline="") as f:
-        f.write(",".join(df.columns) + os.linesep)
-        f.writelines(map(row.__mod__, zip(*columns, strict=True)))
+        f.write(",".join(names) + os.linesep)
+        f.writelines(map(row.__mod__, rows))
 
 
 def write_run(
@@ -111,7 +129,7 @@ def write_run(
     cfg: DictConfig | Mapping[str, Any],
     metrics: Mapping[str, Any],
     requests: pd.DataFrame,
-    steps: pd.DataFrame,
+    steps: pd.DataFrame | RowTable,
     extra: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Path:
     """Write the run's files into ``out_dir`` (created), ``metrics.json`` last; return it."""
