@@ -37,3 +37,15 @@ def test_bench_sim_times_each_clock(tmp_path):
     assert roofline["requests"] == paper["requests"]
     # The paper-era clock's steps are slower than the bare roofline's lower bound.
     assert paper["sim_s"] >= roofline["sim_s"]
+
+
+def test_bench_sim_repeats_alternately_and_takes_medians(tmp_path):
+    table = main(
+        ["--duration", "3", "--systems", "vllm", "--modes", "loop", "--repeat", "3",
+         "--out", str(tmp_path)]
+    )  # fmt: skip
+    doc = json.loads((tmp_path / "bench_sim.json").read_text())
+    assert doc["setup"]["repeat"] == 3 and len(doc["runs"]) == 3 and len(table) == 1
+    cpus = sorted(run["cpu_s"] for run in doc["runs"])
+    assert table.iloc[0]["cpu_s"] == cpus[1]
+    assert {run["steps"] for run in doc["runs"]} == {table.iloc[0]["steps"]}

@@ -153,6 +153,10 @@ class KVCacheManager(Protocol):
         the executor must perform before the step (paged; empty for contiguous)."""
         ...
 
+    def try_append(self, group: SequenceGroup) -> list[tuple[int, int]] | None:
+        """``append(group)`` if ``can_append(group)``, else None and nothing changes."""
+        ...
+
     def append_all(self, groups: list[SequenceGroup]) -> list[tuple[int, int]] | None:
         """The batched decode step: if ``can_append`` would hold for every group with the
         groups appended one after another, ``append`` each in order and return all their

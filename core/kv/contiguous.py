@@ -210,6 +210,9 @@ class ContiguousKVCacheManager:
                 self._set_slots(s, seq.num_tokens)
         return []
 
+    def try_append(self, group: SequenceGroup) -> list[tuple[int, int]] | None:
+        return self.append(group) if self.can_append(group) else None
+
     def append_all(self, groups: list[SequenceGroup]) -> list[tuple[int, int]] | None:
         """``append`` for every group in order if every one fits its reservation; else
         None and nothing changes. Regions are private, so the result is identical."""

@@ -264,6 +264,16 @@ class PagedKVCacheManager:
             self._append_seq(seq, self._seqs[seq.seq_id], copies)
         return copies
 
+    def try_append(self, group: SequenceGroup) -> list[tuple[int, int]] | None:
+        """:meth:`append` if :meth:`can_append`, else None: the need counted once."""
+        seqs = group.live_seqs()
+        if self._append_need(seqs) > self._device.num_free():
+            return None
+        copies: list[tuple[int, int]] = []
+        for seq in seqs:
+            self._append_seq(seq, self._seqs[seq.seq_id], copies)
+        return copies
+
     def append_all(self, groups: list[SequenceGroup]) -> list[tuple[int, int]] | None:
         """``append`` for every group in order, if all of them fit together; else None and
         nothing changes. Each group's need is independent of the others' appends (blocks
@@ -342,6 +352,8 @@ class PagedKVCacheManager:
         ``seqs`` by one slot leave (blocks taken in the same order: call by call, in the
         order of ``seqs``). The caller has checked :meth:`lockstep_blocks` and that the
         blocks it counts are free."""
+        if steps <= 0:
+            return
         bs, pool, states = self.block_size, self._device, self._seqs
         tables = [states[seq.seq_id] for seq in seqs]
         by_offset: list[list[list[int]]] = [[] for _ in range(bs)]
@@ -354,12 +366,21 @@ class PagedKVCacheManager:
         fill = pool.fill  # add_fill without its checks: every block written is taken
         for st in tables:
             s, table = st.slots, st.table
-            target = s + steps
-            while s < target:
-                k = min(bs - s % bs, target - s)
-                fill[table[s // bs]] += k
-                s += k
-            st.slots = target
+            st.slots = target = s + steps
+            i, room = divmod(s, bs)
+            if room:
+                room = bs - room  # free slots in the partly filled last block
+                if room >= steps:  # the common case: no new block
+                    fill[table[i]] += steps
+                    continue
+                fill[table[i]] += room
+                s += room
+                i += 1
+            while target - s > bs:
+                fill[table[i]] += bs
+                s += bs
+                i += 1
+            fill[table[i]] += target - s
         pool.num_filled += steps * len(tables)
 
     def lockstep_breakdowns(self, num_seqs: int, new_blocks: list[int]) -> list[MemoryBreakdown]:

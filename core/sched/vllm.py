@@ -67,7 +67,9 @@ class VLLMScheduler(BaseScheduler):
             if sampling.n != 1 or sampling.beam_width != 1:  # update() would fork it
                 return None
             seq = group.seqs[0]
-            steps = min(steps, request.output_len - seq.num_generated)
+            left = request.output_len - seq.num_generated
+            if left < steps:
+                steps = left
             ctx += request.prompt_len + seq.num_generated
             seqs.append(seq)
         if steps <= 0:
@@ -216,7 +218,7 @@ class VLLMScheduler(BaseScheduler):
             if decode_only and any(s.needs_prefill for s in group.live_seqs()):
                 kept.append(group)
                 continue
-            while not self.manager.can_append(group):
+            while (copies := self.manager.try_append(group)) is None:
                 if not queue and not kept:
                     self._abort(group, _TOO_BIG.format(blocks=self.manager.num_device_blocks))
                     break
@@ -225,7 +227,7 @@ class VLLMScheduler(BaseScheduler):
                 if victim is group:
                     break
             else:
-                plan.copies.extend(self.manager.append(group))
+                plan.copies.extend(copies)
                 kept.append(group)
         self.running = kept
 

@@ -18,7 +18,10 @@ seconds / CPU seconds). Writes ``bench_sim.csv`` and ``bench_sim.json`` (rows pl
 machine: Python version, CPU count, platform, date) into ``--out``.
 
 A wall-clock number holds only for the machine and the load it ran under; compare
-systems or code versions side by side in one invocation.
+systems or code versions side by side in one invocation. ``--repeat N`` runs every
+configuration N times, alternating (all configurations once, then again), and reports
+each one's median wall and CPU seconds (every run is kept in ``bench_sim.json`` under
+``runs``), so that other load on a shared machine moves the medians less.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,6 +97,18 @@ def _row(
         "speed_vs_real": sim_s / wall,
         "speed_vs_real_cpu": sim_s / cpu,
     }
+
+
+def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's row from its runs: median wall and CPU seconds (the simulated
+    quantities are the same in every run), rates recomputed from them."""
+    first = runs[0]
+    wall = float(statistics.median(r["wall_s"] for r in runs))
+    cpu = float(statistics.median(r["cpu_s"] for r in runs))
+    return _row(
+        first["system"], first["cost"], first["mode"], first["requests"], first["sim_s"],
+        first["steps"], wall, cpu,
+    )  # fmt: skip
 
 
 def bench_loop(system: str, duration_s: float, rate: float, seed: int, cost: str) -> dict[str, Any]:
@@ -175,22 +191,30 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "--cost", nargs="+", default=["roofline"], choices=sorted(COSTS),
         help="clocks to time: roofline (simulate's default) and/or paper-a100 (reproduce's)",
     )  # fmt: skip
+    p.add_argument(
+        "--repeat", type=int, default=1,
+        help="runs of each configuration, alternating; the table gives the medians",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("results/bench_sim"))
     args = p.parse_args(argv)
     if args.duration <= 0 or args.rate <= 0:
         p.error(f"--duration and --rate must be > 0, got {args.duration}, {args.rate}")
+    if args.repeat < 1:
+        p.error(f"--repeat must be >= 1, got {args.repeat}")
 
     bench = {"loop": bench_loop, "e2e": bench_e2e}
-    rows = []
-    for cost in args.cost:
-        for system in args.systems:
-            for mode in args.modes:
-                rows.append(bench[mode](system, args.duration, args.rate, args.seed, cost))
-                row = rows[-1]
-                print(
-                    f"{system} {cost} {mode}: {row['wall_s']:.2f} s wall, {row['cpu_s']:.2f} s CPU",
-                    flush=True,
-                )
+    configs = [(c, s, m) for c in args.cost for s in args.systems for m in args.modes]
+    runs: dict[tuple[str, str, str], list[dict[str, Any]]] = {k: [] for k in configs}
+    for i in range(args.repeat):
+        for cost, system, mode in configs:
+            row = bench[mode](system, args.duration, args.rate, args.seed, cost)
+            runs[cost, system, mode].append(row)
+            print(
+                f"{system} {cost} {mode} (run {i + 1}/{args.repeat}): {row['wall_s']:.2f} s "
+                f"wall, {row['cpu_s']:.2f} s CPU",
+                flush=True,
+            )
+    rows = [_median_row(runs[k]) for k in configs]
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     print(table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -207,8 +231,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 "rate": args.rate,
                 "seed": args.seed,
                 "cost": args.cost,
+                "repeat": args.repeat,
             },
             "rows": rows,
+            "runs": [run for k in configs for run in runs[k]],
         },
     )
     return table
