@@ -202,54 +202,58 @@ class StepLoop:
         now: float,
         price: Callable[[BatchShape], float],
         accept: Callable[[float], bool],
-    ) -> float:
+    ) -> tuple[float, PendingStep | None]:
         """Run the plain decode steps the scheduler promises (:meth:`BaseScheduler.
         decode_run`) at once, each priced by ``price`` and ended at ``now + duration``, for
         as long as ``accept(end)`` holds for the step's end (a body whose clock sees other
         events stops before one is due). Leaves the scheduler, recorder and counters as one
         :meth:`begin` / :meth:`finish` per step with the executor returning ``price(shape)``
         would, invariant checks included. Returns the clock after the last step run
-        (``now`` when none ran). Not with an observer (it would miss the steps)."""
+        (``now`` when none ran) and, when a promised step's end was not accepted, that
+        step begun, as :meth:`begin` returns it (the caller finishes it with
+        :meth:`finish`), else None. Not with an observer (it would miss the steps)."""
         if self.observer is not None:
-            return now
+            return now, None
         check = self.check_every
         sched = self.scheduler
         run = sched.decode_run(check - self.num_steps % check if check else 1 << 62)
         if run is None:
-            return now
+            return now, None
         n, ctx, first = len(run.seqs), run.ctx_tokens, now
         shapes: list[BatchShape] = []
         durations: list[float] = []
         ends: list[float] = []
+        held = None  # the step whose end was not accepted: begun, not finished
         for _ in run.new_blocks:
             shape = new_shape(0, 0, 0, 0, n, ctx, 0, 0, 0)
             duration = price(shape)
             end = now + duration
             if not accept(end):
+                held = shape, duration
                 break
             shapes.append(shape)
             durations.append(duration)
             ends.append(end)
             now = end
             ctx += n
-        if not ends:
-            return now
         self.ended = []
         step = sched.step_index
-        memories, finished = sched.advance_decode_run(run, ends)
-        record, groups, waiting = self.recorder.record_row, len(run.groups), run.num_waiting
-        start = first
-        for j, (shape, duration, memory) in enumerate(
-            zip(shapes, durations, memories, strict=True)
-        ):
-            record(step + j, start, duration, shape, groups, groups, waiting, 0, 0, memory)
+        memories, finished = sched.advance_decode_run(run, ends, held is not None)
+        groups, waiting = len(run.groups), run.num_waiting
+        record, start = self.recorder.record_row, first
+        for j, (shape, duration) in enumerate(zip(shapes, durations, strict=True)):
+            record(step + j, start, duration, shape, groups, groups, waiting, 0, 0, memories[j])
             start = ends[j]
         if finished:
             self._done(finished)
         self.num_steps += len(ends)
-        if check and self.num_steps % check == 0:
+        if ends and check and self.num_steps % check == 0:
             sched.check_integrity()
-        return now
+        if held is None:
+            return now, None
+        plan = StepPlan([], list(run.seqs), [], [], [], [], [], waiting, 0)
+        shape, duration = held
+        return now, PendingStep(plan, shape, memories[-1], groups, now, StepOutcome(duration))
 
     def step(self, clock: Clock) -> PendingStep | None:
         """One whole step at ``clock.now()``; ``None`` when idle."""

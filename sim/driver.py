@@ -150,12 +150,14 @@ def simulate(
             return next_event > end and lag + (end - lag) == end
 
         while True:
+            pending = None
             if ahead is not None:
-                now = ahead(now, price, no_event_before)
-            try:
-                pending = begin(now)
-            except StallError as e:
-                raise SimulationError(f"replica {r}: {e}") from None
+                now, pending = ahead(now, price, no_event_before)
+            if pending is None:
+                try:
+                    pending = begin(now)
+                except StallError as e:
+                    raise SimulationError(f"replica {r}: {e}") from None
             if pending is None:
                 if state["arrivals_done"]:
                     if env.now != now:

@@ -193,12 +193,15 @@ class BaseScheduler:
         return None
 
     def advance_decode_run(
-        self, run: DecodeRun, ends: list[float]
+        self, run: DecodeRun, ends: list[float], schedule_next: bool = False
     ) -> tuple[list[MemoryBreakdown], list[SequenceGroup]]:
         """The state ``len(ends)`` steps of ``run`` leave, ``schedule`` and ``update``
-        called for each (``ends``: the steps' end times), at once; returns the memory
-        breakdown during each step (what ``manager.breakdown()`` said after its
-        ``schedule``) and the groups the last step finished (as ``update`` returns them)."""
+        called for each (``ends``: the steps' end times), at once; with
+        ``schedule_next``, also the next step of ``run`` scheduled (its plan: decodes of
+        ``run.seqs``; its ``update`` is the caller's, when it ends). Returns the memory
+        breakdown during each of those steps (what ``manager.breakdown()`` said after its
+        ``schedule``) and the groups the last ended step finished (as ``update`` returns
+        them)."""
         raise NotImplementedError(f"{self.name} promises no decode runs")
 
     # -- helpers for subclasses -------------------------------------------------------

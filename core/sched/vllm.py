@@ -103,13 +103,14 @@ class VLLMScheduler(BaseScheduler):
         return running + width > self.config.max_num_seqs
 
     def advance_decode_run(
-        self, run: DecodeRun, ends: list[float]
+        self, run: DecodeRun, ends: list[float], schedule_next: bool = False
     ) -> tuple[list[MemoryBreakdown], list[SequenceGroup]]:
         steps = len(ends)
+        scheduled = steps + schedule_next
         manager = self.manager
         assert isinstance(manager, PagedKVCacheManager)  # decode_run promised nothing otherwise
-        memories = manager.lockstep_breakdowns(len(run.seqs), run.new_blocks[:steps])
-        manager.advance_lockstep(run.seqs, steps)
+        memories = manager.lockstep_breakdowns(len(run.seqs), run.new_blocks[:scheduled])
+        manager.advance_lockstep(run.seqs, scheduled)
         finished: list[SequenceGroup] = []
         for seq in run.seqs:
             group = seq.group
