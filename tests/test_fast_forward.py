@@ -20,7 +20,7 @@ from core.systems import build_scheduler
 from core.workload.spec import build_workload
 from sim.cost.roofline import RooflineCostModel
 from sim.driver import simulate
-from tests.kv_helpers import make_group
+from tests.kv_helpers import admit_and_fork, make_group
 
 
 def _state(m: PagedKVCacheManager, seqs: list[Any]) -> tuple[Any, ...]:
@@ -155,3 +155,45 @@ def test_fast_forward_runs_most_steps_of_a_light_load(monkeypatch: Any) -> None:
     assert counted["ahead"] > fast[4] / 2
     monkeypatch.undo()
     _assert_same(fast, _simulate(1, 1.0, 40000, 1, 0, fast=False))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    prompts=st.lists(st.integers(1, 20), min_size=1, max_size=6),
+    forked=st.lists(st.booleans(), min_size=6, max_size=6),
+    block_size=st.integers(1, 6),
+    spare=st.integers(0, 4),
+    rounds=st.integers(1, 12),
+)
+def test_try_append_is_can_append_then_append(
+    prompts: list[int], forked: list[bool], block_size: int, spare: int, rounds: int
+) -> None:
+    """The preemption path's ``try_append`` (inlined for a lone decoding sequence) leaves
+    what ``can_append`` then ``append`` leave, shared last blocks (forks) included."""
+    need = sum(2 * -(-p // block_size) for p in prompts)
+    twins = [PagedKVCacheManager(need + spare, block_size, watermark=0.0) for _ in "ab"]
+    runs = []
+    for m in twins:
+        groups = []
+        for p, fork in zip(prompts, forked, strict=False):
+            if fork:
+                g, _ = admit_and_fork(m, p)
+            else:
+                g = make_group(p, output_len=100)
+                m.allocate(g)
+            groups.append(g)
+        runs.append(groups)
+    (fast, slow), (fast_groups, slow_groups) = twins, runs
+    for _ in range(rounds):
+        for gf, gs in zip(fast_groups, slow_groups, strict=True):
+            for s in gf.seqs + gs.seqs:
+                s.num_generated += 1
+            want = slow.append(gs) if slow.can_append(gs) else None
+            assert fast.try_append(gf) == want
+            if want is None:  # neither changed: step the sequences back
+                for s in gf.seqs + gs.seqs:
+                    s.num_generated -= 1
+    seqs_f = [s for g in fast_groups for s in g.seqs]
+    seqs_s = [s for g in slow_groups for s in g.seqs]
+    assert _state(fast, seqs_f) == _state(slow, seqs_s)
+    fast.check_integrity()

@@ -267,6 +267,27 @@ class PagedKVCacheManager:
     def try_append(self, group: SequenceGroup) -> list[tuple[int, int]] | None:
         """:meth:`append` if :meth:`can_append`, else None: the need counted once."""
         seqs = group.live_seqs()
+        if len(seqs) == 1 and not self.enable_prefix_caching:
+            # one sequence one slot behind (a decode): _append_need and _append_seq inlined
+            seq, pool = seqs[0], self._device
+            st = self._seqs.get(seq.seq_id)
+            if st is not None and not st.on_cpu:
+                s = st.slots
+                if group.request.prompt_len + seq.num_generated == s + 1:
+                    table = st.table
+                    if s % self.block_size:
+                        if pool.ref[table[-1]] == 1:  # unshared: write in place
+                            pool.add_fill(table[-1], 1)
+                            st.slots = s + 1
+                            return []
+                    else:  # the last block is full: one new block
+                        if not pool.num_free():
+                            return None
+                        block = pool.allocate()
+                        table.append(block)
+                        pool.add_fill(block, 1)
+                        st.slots = s + 1
+                        return []
         if self._append_need(seqs) > self._device.num_free():
             return None
         copies: list[tuple[int, int]] = []
