@@ -376,24 +376,31 @@ class PagedKVCacheManager:
         if steps <= 0:
             return
         bs, pool, states = self.block_size, self._device, self._seqs
-        tables = [states[seq.seq_id] for seq in seqs]
+        fill = pool.fill  # add_fill without its checks: every block written is taken
+        # A sequence whose last block has room for every step only fills it; the others
+        # take blocks, grouped by how many steps until their first new one (mod bs).
+        growing: list[_SeqState] = []
         by_offset: list[list[list[int]]] = [[] for _ in range(bs)]
-        for st in tables:
-            by_offset[-st.slots % bs].append(st.table)
+        for seq in seqs:
+            st = states[seq.seq_id]
+            s = st.slots
+            room = -s % bs
+            if room >= steps:
+                fill[st.table[-1]] += steps
+                st.slots = s + steps
+            else:
+                by_offset[room].append(st.table)
+                growing.append(st)
         allocate = pool.allocate
         for j in range(steps):
             for table in by_offset[j % bs]:
                 table.append(allocate())
-        fill = pool.fill  # add_fill without its checks: every block written is taken
-        for st in tables:
+        for st in growing:
             s, table = st.slots, st.table
             st.slots = target = s + steps
             i, room = divmod(s, bs)
             if room:
-                room = bs - room  # free slots in the partly filled last block
-                if room >= steps:  # the common case: no new block
-                    fill[table[i]] += steps
-                    continue
+                room = bs - room
                 fill[table[i]] += room
                 s += room
                 i += 1
@@ -402,7 +409,7 @@ class PagedKVCacheManager:
                 s += bs
                 i += 1
             fill[table[i]] += target - s
-        pool.num_filled += steps * len(tables)
+        pool.num_filled += steps * len(seqs)
 
     def lockstep_breakdowns(self, num_seqs: int, new_blocks: list[int]) -> list[MemoryBreakdown]:
         """What :meth:`breakdown` will say after each of ``len(new_blocks)`` lockstep
