@@ -7,7 +7,11 @@ scheduled sequence that samples produces one token; output lengths come from the
 EOS ignored). An *arrival* process adds requests at their arrival
 times and wakes idle engines. One event per arrival and at most one per step, never one
 per token: a step that ends before any other event is due advances the engine's own clock
-without a SimPy timeout (the results are bit-identical to one timeout per step).
+without a SimPy timeout (the results are bit-identical to one timeout per step), and a
+stretch of plain decode steps that all end before the next event (no admission, no
+preemption, no finish but in its last step) runs at once, without scheduling each step
+(:meth:`core.loop.StepLoop.fast_forward`; identical tables, checked by the golden and
+property tests).
 
 Replicas (data parallelism) each own a scheduler; arrivals go round-robin.
 """
