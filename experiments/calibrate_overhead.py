@@ -39,14 +39,18 @@ def read_steps(run_dir: Path) -> pd.DataFrame:
 
 
 def measured_on(run_dirs: list[Path]) -> str | None:
-    """The device the runs' ``engine.json`` names (all of them, joined, if they differ)."""
+    """The device the runs' ``engine.json`` names, with the step timer when it is not the
+    wall clock (all of them, joined, if they differ)."""
     names = []
     for run_dir in run_dirs:
         doc = Path(run_dir) / "engine.json"
         if doc.is_file():
-            name = json.loads(doc.read_text()).get("device")
-            if name and name not in names:
-                names.append(str(name))
+            engine = json.loads(doc.read_text())
+            name = str(engine.get("device") or "?")
+            if engine.get("step_timer", "wall") != "wall":
+                name += f" ({engine['step_timer']} timer)"
+            if name not in names:
+                names.append(name)
     return " / ".join(names) or None
 
 
