@@ -13,9 +13,11 @@ table with one row per system and mode:
 Columns: requests, simulated seconds, engine steps, wall seconds, ``cpu_s`` (CPU time, user
 + system: this process's over the loop, the child's for ``e2e``; less sensitive to other
 load on the machine than wall time), simulated requests/s and steps/s (per wall second),
-``speed_vs_real`` (simulated seconds / wall seconds) and ``speed_vs_real_cpu`` (simulated
-seconds / CPU seconds). Writes ``bench_sim.csv`` and ``bench_sim.json`` (rows plus the
-machine: Python version, CPU count, platform, date) into ``--out``.
+``speed_vs_real`` (simulated seconds / wall seconds), ``speed_vs_real_cpu`` (simulated
+seconds / CPU seconds) and, for ``loop``, ``price_cpu_s``: CPU seconds the clock takes to
+price every step of the run once (the cost model's own share of the loop). Writes
+``bench_sim.csv`` and ``bench_sim.json`` (rows plus the machine: Python version, CPU count,
+platform, date) into ``--out``.
 
 A wall-clock number holds only for the machine and the load it ran under; compare
 systems or code versions side by side in one invocation. ``--repeat N`` runs every
@@ -27,6 +29,7 @@ each one's median wall and CPU seconds (every run is kept in ``bench_sim.json`` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -42,6 +45,8 @@ from typing import Any
 
 import pandas as pd
 
+from core.metrics.recorder import STEP_COLUMNS
+from core.plan import BatchShape
 from experiments.lib.results import write_json
 from experiments.lib.setup import as_dict, build_setup
 from experiments.reproduce import COSTS, compose_config
@@ -62,6 +67,7 @@ COLUMNS = (
     "steps_per_s",
     "speed_vs_real",
     "speed_vs_real_cpu",
+    "price_cpu_s",
 )
 
 
@@ -81,8 +87,9 @@ def overrides(system: str, duration_s: float, rate: float, seed: int, cost: str)
 
 
 def _row(
-    system: str, cost: str, mode: str, n: int, sim_s: float, steps: int, wall: float, cpu: float
-):
+    system: str, cost: str, mode: str, n: int, sim_s: float, steps: int, wall: float, cpu: float,
+    price: float | None = None,
+) -> dict[str, Any]:  # fmt: skip
     return {
         "system": system,
         "cost": cost,
@@ -96,6 +103,7 @@ def _row(
         "steps_per_s": steps / wall,
         "speed_vs_real": sim_s / wall,
         "speed_vs_real_cpu": sim_s / cpu,
+        "price_cpu_s": price,
     }
 
 
@@ -105,9 +113,11 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     first = runs[0]
     wall = float(statistics.median(r["wall_s"] for r in runs))
     cpu = float(statistics.median(r["cpu_s"] for r in runs))
+    prices = [r["price_cpu_s"] for r in runs if r["price_cpu_s"] is not None]
+    price = float(statistics.median(prices)) if prices else None
     return _row(
         first["system"], first["cost"], first["mode"], first["requests"], first["sim_s"],
-        first["steps"], wall, cpu,
+        first["steps"], wall, cpu, price,
     )  # fmt: skip
 
 
@@ -120,7 +130,21 @@ def bench_loop(system: str, duration_s: float, rate: float, seed: int, cost: str
     result = simulate(setup.requests, setup.make_scheduler, cost_model, seed=seed)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     n = len(setup.requests)
-    return _row(system, cost, "loop", n, result.end_time_s, result.num_steps, wall, cpu)
+    price = price_cpu(cost_model, result.recorder.step_rows())
+    return _row(system, cost, "loop", n, result.end_time_s, result.num_steps, wall, cpu, price)
+
+
+def price_cpu(cost_model: Any, step_rows: list[tuple]) -> float:
+    """CPU seconds the cost model takes to price every step of a run once (its share of
+    the loop: what a richer clock costs by itself, apart from the different schedule it
+    makes)."""
+    at = [STEP_COLUMNS.index(f.name) for f in dataclasses.fields(BatchShape)]
+    shapes = [BatchShape(*(row[i] for i in at)) for row in step_rows]
+    price = cost_model.step_time
+    c0 = time.process_time()
+    for shape in shapes:
+        price(shape)
+    return time.process_time() - c0
 
 
 def _children_cpu() -> float:
