@@ -7,9 +7,11 @@ Writes into ``--out`` (default ``results/reproduce``):
 - ``fig2_breakdown.csv/.png/.pdf``: KV memory breakdown per system (Fig. 2);
 - ``fig13_batch.csv/.png/.pdf``: mean batched requests, (a) ShareGPT at 2 req/s (Fig. 2's
   runs) and (b) Alpaca at :data:`FIG13_ALPACA_RATE` (Fig. 13);
-- ``fig12_opt13b_sharegpt.csv/.png/.pdf``: normalized latency vs request rate for the five
-  systems (Fig. 12, OPT-13B ShareGPT panel) and ``fig12_capacity.csv``: each system's
-  sustainable rate and its ratio to vLLM's;
+- ``fig12<panel>_<model>_<workload>.csv/.png/.pdf``: Fig. 12 (a)-(f), normalized latency vs
+  request rate for the five systems on OPT-13B/66B/175B x ShareGPT/Alpaca, every rate on
+  ``--seeds`` seeds; ``fig12_curves.csv`` (mean, min, max over seeds), ``fig12_capacity.csv``
+  (each system's sustainable rate, its interval over seeds, its ratio to vLLM's) and
+  ``fig12_all_panels.png/.pdf``; see ``experiments.report.fig12_rates``;
 - ``fig18b_block_size.csv/.png/.pdf``: vLLM's normalized latency against block size on
   ShareGPT and Alpaca (Fig. 18b);
 - ``fig19_swap_recompute.csv`` (end to end, swap vs recompute by block size) and
@@ -29,8 +31,11 @@ its files are written.
 Slurm; ``experiments.lib.jobs``), each in ``runs/<label>/`` with all its result files; a
 rerun skips the jobs already finished there.
 
-The default uses 10-minute traces (a few minutes on 2 cores); ``--full`` uses the paper's
-1-hour traces. Every run goes through the same configs as ``experiments.simulate``.
+The default uses 10-minute traces for Fig. 2/13/18b/19, Fig. 12's per-panel default trace
+lengths (``fig12_rates.PANELS``: 10 minutes ShareGPT, 1 minute Alpaca) with 2 bisection
+steps and ``--seeds`` (3) seeds, and 30-second traces for the sharing figures; ``--full``
+uses the paper's traces (1 hour; 15 minutes for OPT-175B) and 4 bisection steps. Every run
+goes through the same configs as ``experiments.simulate``.
 
 The clock is the paper-era A100 stack by default (``--cost paper-a100``: ``cost=profiled``,
 Vidur's measured A100 operator profile transferred to OPT-13B on an A100-40GB, and
@@ -57,8 +62,9 @@ from experiments.lib.checks import ConfigError
 from experiments.lib.cli import apply_exclusive, report_config_error
 from experiments.lib.jobs import LaunchQueue, exit_if_launcher_missing
 from experiments.lib.results import write_json
-from experiments.report import selection, sharing
-from experiments.report.rate_search import Search, capacity_table, run_search
+from experiments.report import fig12_rates, selection, sharing
+from experiments.report.figures import pyplot
+from experiments.report.rate_search import run_search
 
 log = logging.getLogger("kvlab.reproduce")
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
@@ -66,7 +72,6 @@ FIG2_SYSTEMS = ("orca_max", "orca_pow2", "orca_oracle", "vllm")
 # Fig. 13 (b), OPT-13B on Alpaca: PAPER.md does not state its rate. 30 req/s is the end of
 # the paper's OPT-13B Alpaca axis in Fig. 12 (0-30 req/s), chosen before any result.
 FIG13_ALPACA_RATE = 30.0
-FIG12_SYSTEMS = ("fastertransformer", "orca_max", "orca_pow2", "orca_oracle", "vllm")
 COSTS = {
     "paper-a100": ["cost=profiled", "cost.stack=vllm-2023"],
     "roofline": ["cost=roofline"],
@@ -75,7 +80,6 @@ BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Fixed inputs, chosen before any result: ShareGPT at Fig. 13's 2 req/s; Alpaca at 25 req/s,
 # near the top of the paper's OPT-13B Alpaca axis (0-30 req/s).
 BLOCK_STUDY_RATES = {"sharegpt": 2.0, "alpaca": 25.0}
-FIG12_RATES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0)
 
 
 def compose_config(overrides: list[str]) -> Any:
@@ -115,16 +119,6 @@ def run_recorded(runs_dir: Path, clock: list[str], label: str, overrides: list[s
     (runs_dir / label).mkdir(parents=True, exist_ok=True)
     write_json(runs_dir / label / "metrics.json", m)
     return m
-
-
-def fig12_searches(base: list[str], seeds: tuple[int, ...]) -> list[Search]:
-    """Fig. 12 (OPT-13B, ShareGPT): one capacity search per system on ``FIG12_RATES``; a
-    search still passing at the grid's top goes on in steps of 1.5x up to 64 req/s."""
-    return [
-        Search("fig12", "opt-13b sharegpt", s, (*base, f"system={s}"), FIG12_RATES,
-               seeds=seeds, bisect_evals=4, grow_to=64 / FIG12_RATES[-1])
-        for s in FIG12_SYSTEMS
-    ]  # fmt: skip
 
 
 _KEEP = (
@@ -179,6 +173,15 @@ def block_study(
     return jobs
 
 
+def _panels(parser: argparse.ArgumentParser, letters: str) -> list[fig12_rates.Panel]:
+    """The Fig. 12 panels named by ``letters``; an unknown one exits with the valid ones."""
+    bad = sorted(set(letters) - set(fig12_rates.BY_LETTER))
+    if bad or not letters:
+        parser.error(f"--fig12-panels: no panel {''.join(bad) or repr(letters)}; valid: "
+                     f"{''.join(fig12_rates.BY_LETTER)}")  # fmt: skip
+    return [p for p in fig12_rates.PANELS if p.letter in letters]
+
+
 def main(argv: list[str] | None = None) -> Path:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("results/reproduce"))
@@ -198,6 +201,12 @@ def main(argv: list[str] | None = None) -> Path:
         help=f"make only these figures ({', '.join(selection.FIGURES)}; default: all)",
     )
     p.add_argument("--skip-fig12", action="store_true", help="leave Fig. 12 out of the selection")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per Fig. 12 / Fig. 14 rate")
+    p.add_argument(
+        "--fig12-panels",
+        default="abcdef",
+        help="Fig. 12 panels to run, e.g. 'ad' (a-c: OPT-13B/66B/175B ShareGPT; d-f: Alpaca)",
+    )
     p.add_argument("--skip-sharing", action="store_true", help="no Fig. 14-17")
     p.add_argument(
         "--launcher",
@@ -235,6 +244,8 @@ def main(argv: list[str] | None = None) -> Path:
     scenario = ["model=opt-13b", "hardware=a100-40gb", "workload=sharegpt",
                 f"workload.duration_s={duration}"]  # fmt: skip
     common = [*scenario, f"seed={args.seed}"]
+    seeds = tuple(range(args.seed, args.seed + max(1, args.seeds)))
+    panels = _panels(p, args.fig12_panels)
     base = [*common, *COSTS[args.cost]]
     t0 = time.perf_counter()
     progress = selection.Progress(log, t0)
@@ -274,10 +285,9 @@ def main(argv: list[str] | None = None) -> Path:
         fig12_jobs = []
         if "fig12" in figs:
             recorded = partial(run_recorded, runs_dir, COSTS[args.cost])
-            fig12_jobs = [
-                pool.submit(run_search, recorded, search, args.threshold)
-                for search in fig12_searches(scenario, (args.seed,))
-            ]
+            searches = fig12_rates.searches(panels, args.full, args.duration, seeds,
+                                            bisect_evals=4 if args.full else 2)  # fmt: skip
+            fig12_jobs = [pool.submit(run_search, recorded, s, args.threshold) for s in searches]
             progress.runs("fig12", fig12_jobs)
         sharing_jobs, sharing_s = {}, 0.0
         sharing_figs = [f for f in sharing.WRITERS if f in figs]
@@ -297,24 +307,26 @@ def main(argv: list[str] | None = None) -> Path:
             [{"per_step_overhead_ms": o * 1e3, **_keep(job.result())} for o, job in sens_jobs]
         )
         blocks = pd.DataFrame([key | _keep(job.result()) for key, job in block_jobs])
-        curves = pd.DataFrame([row for job in fig12_jobs for row in job.result()])
+        fig12_rows = [row for job in fig12_jobs for row in job.result()]
         sharing_text = (
             sharing.write(sharing_jobs, out, sharing._plt(), sharing_s, sharing_figs,
                           progress.wrote)
             if sharing_jobs else ""
         )  # fmt: skip
     log.info("all runs done (%.0f s)", progress.elapsed())
-    capacity = pd.DataFrame(capacity_table(curves.to_dict("records"), "vllm"))
     cfg = compose_config([*base, "system=vllm"])
+    fig12_text = ""
+    if fig12_rows:
+        fig12_text = fig12_rates.write(fig12_rows, out, pyplot(headless=True), args.threshold)
+        progress.wrote("fig12", "fig12*.csv/.png/.pdf")
     write_outputs(
-        out, fig2, sens, curves, capacity, cfg, blocks,
-        duration=duration, threshold=args.threshold, wall_s=time.perf_counter() - t0,
+        out, fig2, sens, cfg, blocks, duration=duration, wall_s=time.perf_counter() - t0,
         figures=figs, on_written=progress.wrote, fig13_alpaca=fig13_alpaca,
         fig13_alpaca_rate=FIG13_ALPACA_RATE,
     )  # fmt: skip
-    if sharing_text:
+    if fig12_text or sharing_text:
         with (out / "report.md").open("a") as f:
-            f.write("\n" + sharing_text)
+            f.write("".join("\n" + t for t in (fig12_text, sharing_text) if t))
     log.info("wrote %s", out / "report.md")
     return out
 

@@ -73,11 +73,23 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
         kv_cache_gib=setup.capacity.kv_bytes_total / 1024**3,
         wall_s=wall,
         sim_steps_per_s=result.num_steps / wall if wall > 0 else float("nan"),
+        unfinished_at_last_arrival=unfinished_at_last_arrival(requests),
     )
     if out_dir is not None:
         doc = _cost_doc(setup.cost_model)
         write_run(out_dir, c, metrics, requests, steps, extra={"cost_model": doc})
     return metrics
+
+
+def unfinished_at_last_arrival(requests: Any) -> float:
+    """The share of the trace's requests still unfinished when its last request arrives
+    (NaN without requests): about mean latency / trace length when the system keeps up,
+    and at least the excess share (rate - capacity) / rate when it does not."""
+    if not len(requests):
+        return float("nan")
+    last = float(requests["arrival_s"].max())
+    done = requests["finish_s"].notna() & (requests["finish_s"] <= last)
+    return float((~done).sum() / len(requests))
 
 
 def _cost_doc(cost_model: Any) -> dict[str, Any]:

@@ -13,49 +13,48 @@
 # ---
 
 # %% [markdown]
-# # Fig. 12: normalized latency vs request rate (OPT-13B, ShareGPT)
+# # Fig. 12 (a)–(f): normalized latency vs request rate
 #
 # Kwon et al., SOSP 2023, Fig. 12 and §6.2: each system's normalized latency (mean of
-# end-to-end latency / output length, s/token) as the request rate grows; vLLM sustains
-# 1.7–2.7× the rate of Orca (Oracle), 2.7–8× Orca (Max) and up to 22× FasterTransformer
-# (ranges over three model sizes). kvlab's curves and sustainable rates come from
-# `fig12_opt13b_sharegpt.csv` and `fig12_capacity.csv` of `python -m experiments.reproduce`;
-# the paper's ranges from `experiments.report.paper`. Reads `$KVLAB_RESULTS` (default
-# `results/reproduce`).
+# end-to-end latency / output length, s/token) as the request rate grows, on OPT-13B
+# (1 × A100-40GB), OPT-66B (4 × A100-40GB) and OPT-175B (8 × A100-80GB), ShareGPT (a–c)
+# and Alpaca (d–f). On ShareGPT vLLM sustains 1.7–2.7× the rate of Orca (Oracle), 2.7–8×
+# Orca (Max) and up to 22× FasterTransformer (ranges over the three sizes).
+#
+# kvlab's curves (mean over seeds, min and max) and sustainable rates (with their interval
+# over seeds) come from `fig12_curves.csv` and `fig12_capacity.csv` of
+# `python -m experiments.reproduce`; reads `$KVLAB_RESULTS` (default `results/reproduce`).
 
 # %%
 import pandas as pd
 from _common import require, results_dir, save
 
-from experiments.report.figures import fig12_rates
-from experiments.report.paper import FIG12_SHAREGPT_RATIO
-from experiments.report.rate_search import capacity_table
+from experiments.report.fig12_rates import BY_LETTER
+from experiments.report.figures import fig12_panels
 
 # The normalized-latency bound (s/token) a sustained rate must meet: reproduce's
-# `--threshold` (default 1.0). Checked against fig12_capacity.csv below.
+# `--threshold` (default 1.0). Checked against the runs below.
 THRESHOLD = 1.0
 
 RESULTS = results_dir()
-curves_csv, capacity_csv = require(RESULTS, "fig12_opt13b_sharegpt.csv", "fig12_capacity.csv")
+curves_csv, capacity_csv = require(RESULTS, "fig12_curves.csv", "fig12_capacity.csv")
 curves = pd.read_csv(curves_csv)
 capacity = pd.read_csv(capacity_csv)
-recomputed = pd.DataFrame(capacity_table(curves.to_dict("records"), "vllm"))
-recomputed = recomputed.set_index("system")["max_rate"]
-if not recomputed.sort_index().equals(capacity.set_index("system")["max_rate"].sort_index()):
+passing = curves[curves["passes"]]
+if (passing["normalized_latency_max"] > THRESHOLD).any():
     raise ValueError(
-        f"fig12_capacity.csv does not match THRESHOLD = {THRESHOLD:g} s/token: set THRESHOLD "
-        "to the --threshold the results were made with"
+        f"fig12_curves.csv has passing rates above THRESHOLD = {THRESHOLD:g} s/token: set "
+        "THRESHOLD to the --threshold the results were made with"
     )
-capacity["paper_ratio"] = [FIG12_SHAREGPT_RATIO.get(s) for s in capacity["system"]]
-capacity
+capacity[["panel", "system", "max_rate", "rate_lo", "rate_hi", "vllm_ratio", "trace_s"]]
 
 # %% [markdown]
-# The report's figure (`experiments.report.figures.fig12_rates`). Left: the curves, the
-# threshold and each system's sustainable rate (open circle). Right: vLLM's sustainable
-# rate as a multiple of each baseline's (kvlab: dot; "∞" at the top when the baseline
-# sustains no rate on the grid), beside the paper's range over three model sizes (bar;
-# "up to" ranges start at 1).
+# The report's figure (`experiments.report.figures.fig12_panels`): per panel, each system's
+# mean normalized latency over seeds with the min–max shaded, the threshold (dotted), the
+# sustainable rate (open circle) with its interval over seeds, and the end of the paper's
+# x-axis (grey).
 
 # %%
-fig = fig12_rates(curves, capacity, THRESHOLD)
+panels = [(p, BY_LETTER[p].title, BY_LETTER[p].axis) for p in sorted(set(capacity["panel"]))]
+fig = fig12_panels(curves, capacity, THRESHOLD, panels)
 save(fig, RESULTS, "fig12_latency_vs_rate")

@@ -21,7 +21,7 @@ NOTEBOOKS = sorted(p for p in NB_DIR.glob("*.py") if not p.name.startswith("_"))
 SHARED_FIGURES = {
     "table1_kv_capacity": ("table1", "table1_capacity(", "table1"),
     "fig02_kv_breakdown": ("fig2", "fig2_breakdown(", "fig2_breakdown"),
-    "fig12_latency_vs_rate": ("fig12", "fig12_rates(", "fig12_opt13b_sharegpt"),
+    "fig12_latency_vs_rate": ("fig12", "fig12_panels(", "fig12_all_panels"),
     "fig13_batch_size": ("fig13", "fig13_batch(", "fig13_batch"),
     "fig14_sampling_rates": ("fig14", "draw_fig14(", "fig14_sampling"),
     "fig15_memory_saving": ("fig15", "draw_fig15(", "fig15_sharing"),
@@ -51,7 +51,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.test_sharing_figures import fake_runner
 
     out = tmp_path_factory.mktemp("reproduce")
-    main(["--duration", "20", "--skip-sharing", "--out", str(out), "--workers", "1"])
+    main(["--duration", "20", "--skip-sharing", "--out", str(out), "--workers", "1",
+          "--seeds", "2", "--fig12-panels", "ad"])  # fmt: skip
     with ThreadPoolExecutor(2) as pool:
         jobs = sharing.submit(pool, fake_runner([]), 60.0, 0, 1.0)
         sharing.write(jobs, out, sharing._plt(), 60.0)

@@ -53,14 +53,6 @@ def test_gap_lines_compare_with_the_paper() -> None:
         {"system": "orca_oracle", "kv_token_states_pct": 39.0, "kv_free_pct": 1.0,
          "mean_batch_size": 12.0},
     ])  # fmt: skip
-    capacity = pd.DataFrame([
-        {"system": "vllm", "max_rate": 2.4, "vllm_ratio": 1.0},
-        {"system": "orca_oracle", "max_rate": 1.2, "vllm_ratio": 2.0},
-        {"system": "orca_max", "max_rate": 1.2, "vllm_ratio": 2.0},
-    ])  # fmt: skip
-    text = "\n".join(gap_lines(fig2, capacity))
+    text = "\n".join(gap_lines(fig2))
     assert "(paper 96.3%, -6.3 points)" in text
     assert "vLLM's batch is 2.27× Orca (Oracle)'s (paper 2.23×)" in text
-    assert "2.40 req/s, beyond the paper's axis" in text
-    assert "Orca (Oracle) = 2.00 (paper 1.7–2.7×, over 3 model sizes): inside" in text
-    assert "Orca (Max) = 2.00 (paper 2.7–8×, over 3 model sizes): outside by -0.70" in text

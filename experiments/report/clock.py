@@ -14,11 +14,10 @@ import pandas as pd
 
 from core.plan import BatchShape
 from experiments.report.figures import PREEMPTION_COLORS, WORKLOAD_COLORS, pyplot
-from experiments.report.paper import FIG12_SHAREGPT_RATIO, FIG13_BATCH, SYSTEM_LABELS
+from experiments.report.paper import FIG13_BATCH
 
 PREEMPTED_TOKENS = 512  # one preempted sequence's context for the Fig. 19 price table
 FIG18B_PAPER = {"sharegpt": (16, 128), "alpaca": (16, 32)}  # best block sizes, §7.2
-FIG12_PAPER_AXIS = 2.0  # req/s: the end of the paper's OPT-13B ShareGPT x-axis
 
 
 def gpu_seconds(cost: Any, shape: BatchShape) -> float:
@@ -198,8 +197,9 @@ def _ratio_at(price: pd.DataFrame, bs: int) -> float:
     return float(r["recompute_ms"].iloc[0] / r["swap_total_ms"].iloc[0]) if len(r) else math.nan
 
 
-def gap_lines(fig2_runs: pd.DataFrame, capacity: pd.DataFrame) -> list[str]:
-    """One computed line per step-time-bound gap (Fig. 2 vLLM, Fig. 13 ratio, Fig. 12)."""
+def gap_lines(fig2_runs: pd.DataFrame) -> list[str]:
+    """One computed line per step-time-bound gap of Fig. 2 (vLLM) and Fig. 13 (the ratio);
+    Fig. 12's are in ``experiments.report.fig12_rates``."""
     by = fig2_runs.set_index("system") if len(fig2_runs) else pd.DataFrame()
     lines = []
     if "vllm" in by.index:
@@ -214,23 +214,4 @@ def gap_lines(fig2_runs: pd.DataFrame, capacity: pd.DataFrame) -> list[str]:
             lines.append(f"- Fig. 13: vLLM's batch is {ratio:.2f}× Orca (Oracle)'s (paper "
                          f"{paper:.2f}×); vLLM {v['mean_batch_size']:.2f} vs paper "
                          f"{FIG13_BATCH['vllm']:.2f} ({rel:+.0%}).")  # fmt: skip
-    if len(capacity):
-        cap = capacity.set_index("system")
-        if "vllm" in cap.index:
-            rate = cap.loc["vllm", "max_rate"]
-            where = "inside" if rate <= FIG12_PAPER_AXIS else "beyond"
-            lines.append(f"- Fig. 12: vLLM sustains {rate:.2f} req/s, {where} the paper's "
-                         f"axis (0–{FIG12_PAPER_AXIS:g} req/s).")  # fmt: skip
-        for system, (lo, hi) in FIG12_SHAREGPT_RATIO.items():
-            if system not in cap.index or hi is None:
-                continue
-            r = cap.loc[system, "vllm_ratio"]
-            lo_ = lo if lo is not None else 0.0
-            if lo_ <= r <= hi:
-                verdict = "inside"
-            else:
-                verdict = f"outside by {(r - hi) if r > hi else (r - lo_):+.2f}"
-            rng = f"{lo:g}–{hi:g}" if lo is not None else f"up to {hi:g}"
-            lines.append(f"- Fig. 12: vLLM / {SYSTEM_LABELS[system]} = {r:.2f} (paper "
-                         f"{rng}×, over 3 model sizes): {verdict}.")  # fmt: skip
     return lines

@@ -16,7 +16,6 @@ import pandas as pd
 
 from experiments.report.paper import (
     FIG2_BREAKDOWN,
-    FIG12_SHAREGPT_RATIO,
     FIG13_BATCH,
     SYSTEM_LABELS,
 )
@@ -143,58 +142,50 @@ def fig13_panel(ax: Any, panel: pd.DataFrame, tag: str) -> None:
     ax.legend(fontsize=8, loc="upper left" if known else "center left")
 
 
-def fig12_rates(curves: pd.DataFrame, capacity: pd.DataFrame, threshold: float) -> Any:
-    """Fig. 12, two panels. Left: normalized latency against request rate per system, the
-    threshold, and each system's sustainable rate (open circle). Right: vLLM's sustainable
-    rate as a multiple of each baseline's (kvlab: dot, "∞" at the top when the baseline
-    sustains no rate on the grid) beside the paper's range over three model sizes (bar;
-    "up to" ranges start at 1). ``capacity``: ``experiments.report.rate_search.capacity_table``."""
-    fig, (ax_c, ax_r) = pyplot().subplots(1, 2, figsize=(9.5, 3.6))
-    max_rate = capacity.set_index("system")["max_rate"]
-    for system in [s for s in SYSTEM_COLORS if s in set(curves["system"])]:
-        df = curves[curves["system"] == system].sort_values("rate")
-        color = SYSTEM_COLORS[system]
-        ax_c.plot(df["rate"], df["normalized_latency"], marker="o", ms=2.5, color=color,
-                  label=SYSTEM_LABELS.get(system, system))  # fmt: skip
-        best = df[df["rate"] == max_rate.get(system)]
-        ax_c.plot(best["rate"], best["normalized_latency"], "o", mfc="none", ms=8, color=color)
-    ax_c.axhline(threshold, color="k", lw=0.6, ls=":", label=f"threshold {threshold:g} s/token")
-    ax_c.set_ylim(0, 2 * threshold)
-    ax_c.set_xlim(0, max(2.0, float(curves["rate"].max())))
-    ax_c.set_xlabel("request rate (req/s)")
-    ax_c.set_ylabel("normalized latency (s/token)")
-    ax_c.set_title("Fig. 12: kvlab, OPT-13B, ShareGPT (simulated)", fontsize=9)
-    ax_c.legend(fontsize=7)
-
-    order = {s: i for i, s in enumerate(SYSTEM_COLORS)}
-    baselines = capacity[capacity["system"] != "vllm"]
-    baselines = baselines.sort_values("system", key=lambda c: c.map(order)).reset_index(drop=True)
-    top = 40.0
-    labelled: set[str] = set()
-
-    def label(who: str, text: str) -> str | None:
-        first = who not in labelled
-        labelled.add(who)
-        return text if first else None
-
-    for i, system in enumerate(baselines["system"]):
-        lo, hi = FIG12_SHAREGPT_RATIO.get(system, (None, None))
-        if hi is not None:
-            ax_r.vlines(i + 0.15, lo or 1.0, hi, color=SOURCE_COLORS["paper"], lw=6, alpha=0.6,
-                        label=label("paper", "paper (range)"))  # fmt: skip
-        ratio = float(baselines.loc[i, "vllm_ratio"])
-        if math.isinf(ratio):
-            ax_r.annotate("∞", (i - 0.15, top), ha="center", va="top", color=SOURCE_COLORS["kvlab"])
-        elif not math.isnan(ratio):
-            ax_r.plot(i - 0.15, ratio, "o", color=SOURCE_COLORS["kvlab"],
-                      label=label("kvlab", "kvlab"))  # fmt: skip
-    ax_r.set_yscale("log")
-    ax_r.set_ylim(1, top)
-    ax_r.set_xticks(range(len(baselines)), [SYSTEM_LABELS[s] for s in baselines["system"]],
-                    fontsize=7)  # fmt: skip
-    ax_r.set_ylabel("vLLM rate / system rate")
-    ax_r.set_title("sustainable-rate ratio", fontsize=9)
-    ax_r.legend(fontsize=7)
+def fig12_panels(
+    curves: pd.DataFrame, capacity: pd.DataFrame, threshold: float,
+    panels: list[tuple[str, str, float]],
+) -> Any:  # fmt: skip
+    """Fig. 12, one axis per panel (``panels``: (panel key, title, end of the paper's
+    x-axis)), laid out as the paper's (ShareGPT above Alpaca when all six are drawn).
+    Per system: normalized latency's mean over seeds against the rate (line), shaded between
+    the seeds' min and max, the threshold (dotted), and the sustainable rate as a dot with
+    its interval over seeds as a horizontal bar on the threshold line; the paper's axis end
+    is a grey vertical line. ``curves``: ``rate_search.curve_table`` with a ``panel`` column;
+    ``capacity``: ``rate_search.capacity_table`` likewise."""
+    n = len(panels)
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig, axes = pyplot().subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
+    for ax, (key, title, axis_end) in zip(axes.flat, panels, strict=False):
+        sub = curves[curves["panel"] == key]
+        cap = capacity[capacity["panel"] == key].set_index("system")
+        for system in [s for s in SYSTEM_COLORS if s in set(sub["system"])]:
+            df = sub[sub["system"] == system].sort_values("rate")
+            color = SYSTEM_COLORS[system]
+            ax.plot(df["rate"], df["normalized_latency_mean"], marker="o", ms=2.5, lw=1,
+                    color=color, label=SYSTEM_LABELS.get(system, system))  # fmt: skip
+            ax.fill_between(df["rate"], df["normalized_latency_min"],
+                            df["normalized_latency_max"], color=color, alpha=0.2, lw=0)  # fmt: skip
+            if system in cap.index and cap.loc[system, "max_rate"] > 0:
+                r = cap.loc[system]
+                ax.errorbar([r["max_rate"]], [threshold], fmt="o", ms=5, mfc="none", color=color,
+                            xerr=[[r["max_rate"] - r["rate_lo"]], [r["rate_hi"] - r["max_rate"]]],
+                            capsize=3, lw=1)  # fmt: skip
+        ax.axhline(threshold, color="k", lw=0.6, ls=":")
+        ax.axvline(axis_end, color="0.6", lw=0.6)
+        ax.set_ylim(0, 2 * threshold)
+        top = max([axis_end, *[float(v) for v in cap["max_rate"]]]) if len(cap) else axis_end
+        ax.set_xlim(0, 1.25 * top)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel("normalized latency (s/token)")
+        ax.set_title(title, fontsize=9)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=7)
+    title = (f"Fig. 12 (simulated): mean over seeds, shaded min–max; threshold "
+             f"{threshold:g} s/token; grey line: end of the paper's axis")  # fmt: skip
+    fig.suptitle(title, fontsize=9)
     return fig
 
 

@@ -30,7 +30,6 @@ from experiments.report.figures import (
     PART_LABELS,
     WORKLOAD_LABELS,
     fig2_breakdown,
-    fig12_rates,
     fig13_batch,
     overhead_sensitivity,
     pyplot,
@@ -39,7 +38,6 @@ from experiments.report.figures import (
 )
 from experiments.report.paper import (
     FIG2_BREAKDOWN,
-    FIG12_SHAREGPT_RATIO,
     FIG13_BATCH,
     SYSTEM_LABELS,
 )
@@ -80,13 +78,10 @@ def write_outputs(
     out: Path,
     fig2: pd.DataFrame,
     sensitivity: pd.DataFrame,
-    curves: pd.DataFrame,
-    capacity: pd.DataFrame,
     cfg: Any,
     blocks: pd.DataFrame | None = None,
     *,
     duration: float,
-    threshold: float,
     wall_s: float,
     figures: Collection[str] = FIGURES,
     on_written: Callable[..., None] = lambda figure, *files: None,
@@ -125,11 +120,6 @@ def write_outputs(
         drawn.append(("sensitivity", overhead_sensitivity(sensitivity),
                       "vllm_overhead_sensitivity"))  # fmt: skip
 
-    if len(curves):
-        curves.sort_values(["system", "rate"]).to_csv(out / "fig12_opt13b_sharegpt.csv",
-                                                      index=False)  # fmt: skip
-        capacity.to_csv(out / "fig12_capacity.csv", index=False)
-        drawn.append(("fig12", fig12_rates(curves, capacity, threshold), "fig12_opt13b_sharegpt"))
     for name, fig, stem in drawn:
         _save(plt, fig, out, stem)
         on_written(name, f"{stem}.csv/.png/.pdf")
@@ -143,7 +133,7 @@ def write_outputs(
         "constants and sources under *Cost model* above."
     )
     extra = ["## Computed gaps (step-time-bound results)", "", cost_line, "",
-             *gap_lines(fig2, capacity), ""]  # fmt: skip
+             *gap_lines(fig2), ""]  # fmt: skip
     if blocks is not None and len(blocks):
         sizes = tuple(sorted(int(b) for b in blocks["block_size"].unique()))
 
@@ -164,8 +154,8 @@ def write_outputs(
             extra += fig19_section(blocks, price, cost_line)
             on_written("fig19", "fig19_swap_recompute.csv/.png/.pdf", "fig19_preemption_cost.csv")
     text = _report(
-        f2, f13, sensitivity, capacity, t1, cost.describe(), fig2, duration, threshold, wall_s,
-        extra, figures, alpaca,
+        f2, f13, sensitivity, t1, cost.describe(), fig2, duration, wall_s, extra, figures,
+        alpaca,
     )  # fmt: skip
     tmp = out / "report.md.tmp"
     tmp.write_text(text)
@@ -278,12 +268,10 @@ def _report(
     f2: pd.DataFrame,
     f13: pd.DataFrame,
     sensitivity: pd.DataFrame,
-    capacity: pd.DataFrame,
     t1: list[Any],
     cost_text: str,
     fig2_runs: pd.DataFrame,
     duration: float,
-    threshold: float,
     wall_s: float,
     extra: list[str] | None = None,
     figures: Collection[str] = FIGURES,
@@ -329,28 +317,6 @@ def _report(
     if "fig13" in figures:
         alpaca = fig13_alpaca if fig13_alpaca is not None else pd.DataFrame()
         parts += fig13_section(f13, fig2_runs, alpaca)
-    if len(capacity):
-        parts += [
-            "## Fig. 12 (OPT-13B, ShareGPT): sustainable request rate",
-            "",
-            f"Highest rate whose normalized latency stays <= {threshold:g} s/token "
-            "(grid plus bisection; `fig12_opt13b_sharegpt.csv` has every point). The paper's "
-            "OPT-13B ShareGPT panel plots 0–2 req/s; a rate above 2 lies past its axis.",
-            "",
-            _md_table(
-                ["system", "max rate (req/s)", "vLLM / system", "paper: vLLM / system"],
-                [
-                    [
-                        SYSTEM_LABELS[r["system"]],
-                        _fmt(r["max_rate"], ".3f"),
-                        _fmt(r["vllm_ratio"], ".2f"),
-                        _paper_ratio(r["system"]),
-                    ]
-                    for _, r in capacity.iterrows()
-                ],
-            ),
-            "",
-        ]
     parts += extra or []
     parts += [GAPS_TEXT, ""]
     if "sensitivity" in figures:
@@ -389,14 +355,3 @@ def _report(
 
 
 GAPS_TEXT = (Path(__file__).with_name("gaps.md")).read_text()
-
-
-def _paper_ratio(system: str) -> str:
-    if system == "vllm":
-        return "1"
-    lo, hi = FIG12_SHAREGPT_RATIO.get(system, (None, None))
-    if lo is None and hi is None:
-        return "not stated"
-    if lo is None:
-        return f"up to {hi:g}× (over 3 model sizes)"
-    return f"{lo:g}–{hi:g}× (over 3 model sizes)"

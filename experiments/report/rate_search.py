@@ -3,10 +3,11 @@ rate-based figure of the report (Fig. 12, 14, 16, 17).
 
 One search evaluates each rate on every seed of the search. A run *passes* when its
 normalized latency (s/token) is at or under the threshold and every request of its trace
-completed (none rejected); a *rate passes* when every seed's run passes. The search walks an
-ascending rate grid and stops after two rates in a row that do not pass (or, while the grid's
-top still passes, goes on in steps of 1.5x up to ``grow_to`` times the top), then bisects
-between the highest passing rate and the next rate that does not pass.
+completed (none rejected), and (where the search sets ``max_backlog``) the system kept up
+with the arrivals (:func:`passes`); a *rate passes* when every seed's run passes. The search
+walks an ascending rate grid and stops after two rates in a row that do not pass (or, while
+the grid's top still passes, goes on in steps of 1.5x up to ``grow_to`` times the top), then
+bisects between the highest passing rate and the next rate that does not pass.
 
 Aggregation over seeds (:func:`max_rate`, :func:`seed_rates`, :func:`curve_table`): the
 sustainable rate is the highest rate that passes on every seed, below the lowest rate that
@@ -27,23 +28,33 @@ from typing import Any
 
 from sim.search import find_max_rate
 
+BACKLOG_MIN_REQUESTS = 100
 Runner = Callable[[str, list[str]], dict[str, Any]]
 KEEP = (
     "label", "num_requests", "completed", "rejected", "normalized_latency",
     "request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
     "mean_e2el_ms", "mean_batch_size", "num_preemptions", "kv_sharing_saving_pct",
     "kv_token_states_pct", "kv_reserved_pct", "kv_internal_frag_pct", "kv_external_frag_pct",
-    "kv_free_pct", "kv_slots", "duration_s", "num_steps", "wall_s",
+    "kv_free_pct", "kv_slots", "duration_s", "num_steps", "wall_s", "unfinished_at_last_arrival",
 )  # fmt: skip
 
 
-def passes(metrics: dict[str, Any], threshold: float) -> bool:
-    """One run passes: normalized latency <= ``threshold`` and every request completed."""
+def passes(metrics: dict[str, Any], threshold: float, max_backlog: float | None = None) -> bool:
+    """One run passes: normalized latency <= ``threshold``, every request completed and, with
+    ``max_backlog``, at most that share of the trace's requests was unfinished when the last
+    one arrived (``unfinished_at_last_arrival``: the system kept up with the arrivals). The
+    backlog is not judged on a trace of fewer than :data:`BACKLOG_MIN_REQUESTS` requests,
+    where one unfinished request is a large share."""
     value = metrics.get("normalized_latency")
     if value is None or value != value or value > threshold:
         return False
     n, done = metrics.get("num_requests"), metrics.get("completed")
-    return n is None or done is None or (n > 0 and done == n)
+    if not (n is None or done is None or (n > 0 and done == n)):
+        return False
+    backlog = metrics.get("unfinished_at_last_arrival")
+    if max_backlog is None or backlog is None or (n or 0) < BACKLOG_MIN_REQUESTS:
+        return True
+    return backlog <= max_backlog
 
 
 def search_rate(
@@ -55,10 +66,16 @@ def search_rate(
     seeds: Sequence[int | None] = (None,),
     bisect_evals: int = 3,
     grow_to: float = 8.0,
+    trace_s: float | None = None,
+    max_backlog: float | None = None,
+    stop_after: int = 2,
 ) -> list[dict[str, Any]]:
-    """Every run of one search as a row (``rate``, ``seed``, ``passes`` and :data:`KEEP`), in
-    evaluation order. ``overrides_at(rate, seed)`` gives the run's config overrides (``seed``
-    None: the caller's overrides fix the seed). ``bisect_evals`` rates at most are bisected."""
+    """Every run of one search as a row (``rate``, ``seed``, ``passes``, ``trace_s`` and
+    :data:`KEEP`), in evaluation order. ``overrides_at(rate, seed)`` gives
+    the run's config overrides (``seed`` None: the caller's overrides fix the seed).
+    ``bisect_evals`` rates at most are bisected; ``max_backlog``: :func:`passes`; the grid
+    stops after ``stop_after`` rates in a row that do not pass;
+    ``trace_s``: the trace length, recorded in each row."""
     rows: list[dict[str, Any]] = []
 
     def evaluate(rate: float) -> bool | None:
@@ -68,8 +85,10 @@ def search_rate(
             run_label = f"{label}_rate{rate:.4g}{suffix}"
             m = run(run_label, overrides_at(rate, seed))
             measured = m.get("num_requests") != 0
-            row = {"rate": rate, "seed": seed, "passes": passes(m, threshold) if measured else None}
-            rows.append(row | {k: m.get(k) for k in KEEP} | {"label": run_label})
+            ok_run = passes(m, threshold, max_backlog) if measured else None
+            row = {"rate": rate, "seed": seed, "passes": ok_run}
+            rows.append(row | {"trace_s": trace_s, **{k: m.get(k) for k in KEEP}}
+                        | {"label": run_label})  # fmt: skip
             ok = None if ok is None or not measured else ok and row["passes"]
         return ok
 
@@ -81,7 +100,7 @@ def search_rate(
         if last_ok is None:
             continue  # a trace without a request at this rate: not measured
         fails = 0 if last_ok else fails + 1
-        if fails >= 2:
+        if fails >= stop_after:
             break
     while last_ok and rate < grow_to * rates[-1]:  # sustained at the grid's top
         rate *= 1.5
@@ -160,6 +179,9 @@ class Search:
     seeds: tuple[int, ...] | None = None
     bisect_evals: int = 3
     grow_to: float = 8.0
+    trace_s: float | None = None
+    max_backlog: float | None = None
+    stop_after: int = 2
 
     def overrides(self, rate: float, seed: int | None = None) -> list[str]:
         extra = self.rate_overrides(rate) if self.rate_overrides else [f"workload.rate={rate}"]
@@ -175,6 +197,8 @@ def run_search(run: Runner, search: Search, threshold: float) -> list[dict[str, 
     rows = search_rate(
         run, search.label, search.overrides, search.rates, threshold,
         seeds=search.seeds or (None,), bisect_evals=search.bisect_evals, grow_to=search.grow_to,
+        trace_s=search.trace_s, max_backlog=search.max_backlog,
+        stop_after=search.stop_after,
     )  # fmt: skip
     return [{"setting": search.setting, "system": search.system, **r} for r in rows]
 
