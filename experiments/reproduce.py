@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> Path:
                                           else sharing.DURATION_S)  # fmt: skip
             run = partial(run_on_clock, COSTS[args.cost])
             sharing_jobs = sharing.submit(pool, run, sharing_s, args.seed, args.threshold,
-                                          sharing_figs)  # fmt: skip
+                                          sharing_figs, seeds=args.seeds)  # fmt: skip
             for name, jobs in sharing_jobs.items():
                 progress.runs(name, jobs)
         fig2 = pd.DataFrame([_keep(job.result()) | {"system": s} for s, job in fig2_jobs.items()])

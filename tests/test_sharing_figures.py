@@ -41,6 +41,17 @@ def test_search_brackets_then_bisects_and_stops_after_two_failures() -> None:
     assert "workload.n=2" in calls[0][1]
 
 
+def test_fig14_runs_every_rate_on_its_seeds() -> None:
+    calls: list = []
+    search = fig14_sampling.searches(60.0, 5, seeds=3)[1]
+    assert search.seeds == (5, 6, 7) and not any(o.startswith("seed=") for o in search.fixed)
+    rows = run_search(fake_runner(calls), search, threshold=1.0)
+    assert {o for _, over in calls for o in over if o.startswith("seed=")} == {
+        "seed=5", "seed=6", "seed=7"}  # fmt: skip
+    cap = capacity_table(rows, "orca_oracle")[0]
+    assert cap["seeds"] == 3 and cap["rate_lo"] == cap["rate_hi"] == cap["max_rate"] == 9.0
+
+
 def test_chatbot_trace_length_follows_the_rate() -> None:
     search = fig17_chatbot.searches(600.0, 0)[0]
     assert search.overrides(2.0)[-2:] == ["workload.rate=2.0", "workload.num_conversations=300"]
@@ -67,7 +78,7 @@ def test_every_figure_writes_files_and_a_section(tmp_path: Path, monkeypatch) ->
     for stem in ("fig14_sampling", "fig15_sharing", "fig16_prefix", "fig17_chatbot"):
         for ext in ("csv", "png", "pdf"):
             assert (tmp_path / f"{stem}.{ext}").stat().st_size > 0
-    assert "| beam 6 | 4.00 | 9.00 | 2.25× | 2.3× |" in text
+    assert "| beam 6 | 4.00 [4.00, 4.00] | 9.00 [9.00, 9.00] | 2.25× [2.25, 2.25] | 2.3× |" in text
     assert "Gap at beam width 6: kvlab − paper = -0.05×" in text
     assert "| n 2 | 9.00 | 8.0 | 8.0–8.0 | 6.1–9.8 |" in text
     assert "| beam 4 | 9.00 | 40.0 | 40.0–40.0 | 37.6–55.2 |" in text

@@ -27,21 +27,25 @@ RATES = (2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 PAPER_RATIO = {"beam 6": 2.3}  # §6.3: vLLM / Orca (Oracle); "1.3x in basic sampling"
 
 
-def searches(duration_s: float, seed: int) -> list[Search]:
+def searches(duration_s: float, seed: int, seeds: int = 1) -> list[Search]:
+    """One search per setting and system; every rate runs on ``seeds`` seeds from ``seed``."""
     base = ("model=opt-13b", "hardware=a100-40gb", "workload=alpaca",
-            f"workload.duration_s={duration_s}", f"seed={seed}")  # fmt: skip
+            f"workload.duration_s={duration_s}")  # fmt: skip
+    seed_list = tuple(range(seed, seed + max(1, seeds)))
     out = []
     for kind, k in SETTINGS:
         key = "workload.n" if kind == "n" else "workload.beam_width"
         for system in SYSTEMS:
             out.append(Search("fig14", f"{kind} {k}", system,
-                              (*base, f"system={system}", f"{key}={k}"), RATES))  # fmt: skip
+                              (*base, f"system={system}", f"{key}={k}"), RATES,
+                              seeds=seed_list))  # fmt: skip
     return out
 
 
 def draw_fig14(cap: pd.DataFrame) -> Any:
-    """Fig. 14: the sustained rate of each system per setting, parallel sampling and beam
-    search side by side. ``cap``: :func:`capacity_table` rows (``fig14_capacity.csv``)."""
+    """Fig. 14: the sustained rate of each system per setting (bar) with its interval over
+    seeds (error bar), parallel sampling and beam search side by side. ``cap``:
+    :func:`capacity_table` rows (``fig14_capacity.csv``)."""
     fig, axes = pyplot().subplots(1, 2, figsize=(8, 3.2), sharey=False)
     for ax, kind in zip(axes, ("n", "beam"), strict=True):
         sub = cap[cap["setting"].str.startswith(kind + " ")]
@@ -49,10 +53,14 @@ def draw_fig14(cap: pd.DataFrame) -> Any:
         width = 0.38
         for j, system in enumerate(SYSTEMS):
             label, color = SYSTEM_LABELS[system], SYSTEM_COLORS[system]
-            vals = [float(sub[(sub["setting"] == f"{kind} {k}") & (sub["system"] == system)]
-                          ["max_rate"].iloc[0]) for k in ks]  # fmt: skip
+            rows = [sub[(sub["setting"] == f"{kind} {k}") & (sub["system"] == system)].iloc[0]
+                    for k in ks]  # fmt: skip
+            vals = [float(r["max_rate"]) for r in rows]
+            pairs = list(zip(vals, rows, strict=True))
+            err = [[v - float(r.get("rate_lo", v)) for v, r in pairs],
+                   [float(r.get("rate_hi", v)) - v for v, r in pairs]]  # fmt: skip
             ax.bar([i + (j - 0.5) * width for i in range(len(ks))], vals, width, label=label,
-                   color=color)  # fmt: skip
+                   color=color, yerr=err, capsize=2, error_kw={"lw": 0.8})  # fmt: skip
         ax.set_xticks(range(len(ks)), [f"{'n' if kind == 'n' else 'width'}={k}" for k in ks])
         ax.set_title("parallel sampling" if kind == "n" else "beam search", fontsize=9)
         ax.set_ylabel("sustained rate (req/s)")
@@ -74,10 +82,13 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
     lines = [
         "## Fig. 14: parallel sampling and beam search (OPT-13B, Alpaca)",
         "",
-        "Sustained request rate (normalized latency under the threshold) of vLLM and "
-        "Orca (Oracle); the paper prints only the beam-width-6 ratio.",
+        "Sustained request rate (normalized latency under the threshold on every seed) of "
+        f"vLLM and Orca (Oracle), on {_seeds(runs)} seed(s) per rate; [interval]: the min–max "
+        "over seeds of each seed's own sustained rate (`experiments.report.rate_search`). "
+        "The paper prints only the beam-width-6 ratio.",
         "",
-        "| setting | Orca (Oracle) req/s | vLLM req/s | vLLM ÷ Orca (Oracle) | paper |",
+        "| setting | Orca (Oracle) req/s [interval] | vLLM req/s [interval] "
+        "| vLLM ÷ Orca (Oracle) [interval] | paper |",
         "|---|---|---|---|---|",
     ]
     for setting in cap["setting"].unique():
@@ -85,7 +96,9 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
         v = cap[(cap["setting"] == setting) & (cap["system"] == "vllm")].iloc[0]
         paper = PAPER_RATIO.get(setting)
         lines.append(
-            f"| {setting} | {o['max_rate']:.2f} | {v['max_rate']:.2f} | {o['vllm_ratio']:.2f}× "
+            f"| {setting} | {_interval(o, 'max_rate', 'rate_lo', 'rate_hi')} "
+            f"| {_interval(v, 'max_rate', 'rate_lo', 'rate_hi')} "
+            f"| {_interval(o, 'vllm_ratio', 'ratio_lo', 'ratio_hi', '×')} "
             f"| {f'{paper:.1f}×' if paper else '—'} |"
         )
     w6 = cap[(cap["setting"] == "beam 6") & (cap["system"] == "orca_oracle")]
@@ -93,3 +106,11 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
         gap = float(w6["vllm_ratio"].iloc[0]) - PAPER_RATIO["beam 6"]
         lines += ["", f"Gap at beam width 6: kvlab − paper = {gap:+.2f}× (ratio points)."]
     return "\n".join(lines) + "\n"
+
+
+def _seeds(runs: pd.DataFrame) -> int:
+    return int(runs["seed"].nunique()) if "seed" in runs and runs["seed"].notna().any() else 1
+
+
+def _interval(row: Any, mid: str, lo: str, hi: str, unit: str = "") -> str:
+    return f"{row[mid]:.2f}{unit} [{row[lo]:.2f}, {row[hi]:.2f}]"
