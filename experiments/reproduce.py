@@ -32,7 +32,7 @@ Slurm; ``experiments.lib.jobs``), each in ``runs/<label>/`` with all its result 
 rerun skips the jobs already finished there.
 
 The default uses 10-minute traces for Fig. 2/13/18b/19, Fig. 12's per-panel default trace
-lengths (``fig12_rates.PANELS``: 10 minutes ShareGPT, 1 minute Alpaca) with 2 bisection
+lengths (``fig12_rates.PANELS``: 400 s ShareGPT, 60 s Alpaca) with 2 bisection
 steps and ``--seeds`` (3) seeds, and 30-second traces for the sharing figures; ``--full``
 uses the paper's traces (1 hour; 15 minutes for OPT-175B) and 4 bisection steps. Every run
 goes through the same configs as ``experiments.simulate``.
@@ -289,6 +289,10 @@ def main(argv: list[str] | None = None) -> Path:
                                             bisect_evals=4 if args.full else 2)  # fmt: skip
             fig12_jobs = [pool.submit(run_search, recorded, s, args.threshold) for s in searches]
             progress.runs("fig12", fig12_jobs)
+            for panel in panels:  # a progress line per panel too
+                jobs = [j for j, s in zip(fig12_jobs, searches, strict=True)
+                        if s.setting == panel.letter]  # fmt: skip
+                progress.runs(f"fig12 ({panel.letter})", jobs)
         sharing_jobs, sharing_s = {}, 0.0
         sharing_figs = [f for f in sharing.WRITERS if f in figs]
         if sharing_figs:
