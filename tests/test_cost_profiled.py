@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.plan import BatchShape
 from sim.cost import ProfiledCostModel, RooflineCostModel, build_cost_model
@@ -126,3 +128,36 @@ def test_vidur_profile_transfers_by_achieved_fraction() -> None:
     _, _, t_oth = prof.ops["other"]
     i = int(np.searchsorted(n_lin, 64))
     assert llama._layer[64] == pytest.approx(32 * (t_lin[i] + t_oth[i]), rel=1e-9)
+
+
+_SHAPES = st.builds(
+    lambda p, ps, d, dc: BatchShape(
+        prefill_tokens=p * ps,
+        prefill_seqs=ps,
+        prefill_attn_pairs=ps * p * (p + 1) // 2,
+        decode_seqs=d,
+        decode_ctx_tokens=d * dc,
+    ),
+    st.integers(1, 3000),
+    st.integers(0, 4),
+    st.integers(0, 300),
+    st.integers(1, 2048),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shapes=st.lists(_SHAPES, min_size=1, max_size=30), stack=st.sampled_from(["none", "vllm-2023"])
+)
+def test_memoised_attention_gives_the_uncached_step_time(
+    tmp_path_factory: pytest.TempPathFactory, shapes: list[BatchShape], stack: str
+) -> None:
+    """The decode-coefficient and prefill memos return exactly what the interpolation
+    computes (each shape priced twice by a warm model against a model cleared each time)."""
+    path = write_profile(tmp_path_factory.mktemp("p"), synthetic_rows())
+    warm = ProfiledCostModel(path, "opt-13b", "a100-40gb", stack=stack)
+    cold = ProfiledCostModel(path, "opt-13b", "a100-40gb", stack=stack)
+    for shape in shapes + shapes[::-1]:
+        cold._decode_memo.clear()
+        cold._prefill_memo.clear()
+        assert warm.step_time(shape) == cold.step_time(shape)

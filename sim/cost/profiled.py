@@ -42,6 +42,7 @@ from sim.cost.profile import LayerShape, OperatorProfile, read_profile
 from sim.cost.roofline import RooflineCostModel
 
 DENSE_TOKENS = 8192  # token counts priced by table lookup; larger ones are computed
+_MEMO_LIMIT = 1 << 16  # prefill lengths remembered before the memo starts over
 
 
 def _interp(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
@@ -145,6 +146,8 @@ class ProfiledCostModel:
         self.block_size = block_size
         self._decode_fit = self._fit_decode(prof, m, g, gp, ref, tp, dtype_bytes)
         self._prefill = self._prefill_table(prof, m, g, gp, ref, tp)
+        self._decode_memo: dict[int, tuple[float, float]] = {}
+        self._prefill_memo: dict[float, float] = {}
 
     def _fit_decode(
         self, prof: OperatorProfile, m: ModelSpec, g: GPUSpec, gp: GPUSpec,
@@ -188,14 +191,37 @@ class ProfiledCostModel:
             scale *= gp.peak_flops / g.peak_flops
         return n, t * scale
 
+    def _decode_coeffs(self, seqs: int) -> tuple[float, float]:
+        """(intercept s, seconds per context token) of decode attention at ``seqs``
+        sequences, interpolated in the profile's fit. Memoised by ``seqs`` (a run asks for
+        a few hundred counts at most): the same floats, without two ``np.interp`` a step."""
+        hit = self._decode_memo.get(seqs)
+        if hit is None:
+            assert self._decode_fit is not None
+            s, a, b = self._decode_fit
+            if seqs > s[-1]:  # beyond the profile: intercept per sequence, same slope
+                hit = a[-1] * seqs / s[-1], b[-1]
+            else:
+                x = np.array([float(seqs)])
+                hit = float(np.interp(x, s, a)[0]), float(np.interp(x, s, b)[0])
+            self._decode_memo[seqs] = hit
+        return hit
+
+    def _prefill_seq_s(self, length: float) -> float:
+        """Attention seconds of one prefill chunk of ``length`` tokens (the step's mean),
+        interpolated in the profile; memoised by ``length`` (bounded)."""
+        hit = self._prefill_memo.get(length)
+        if hit is None:
+            assert self._prefill is not None
+            n, tt = self._prefill
+            hit = float(_interp(np.array([length]), n, tt)[0])
+            if len(self._prefill_memo) >= _MEMO_LIMIT:
+                self._prefill_memo.clear()
+            self._prefill_memo[length] = hit
+        return hit
+
     def _decode_attn_s(self, seqs: int, ctx: int) -> float:
-        assert self._decode_fit is not None
-        s, a, b = self._decode_fit
-        x = np.array([float(seqs)])
-        if seqs > s[-1]:  # beyond the profile: intercept per sequence, same slope
-            icpt, slope = a[-1] * seqs / s[-1], b[-1]
-        else:
-            icpt, slope = float(np.interp(x, s, a)[0]), float(np.interp(x, s, b)[0])
+        icpt, slope = self._decode_coeffs(seqs)
         bs_p = self.profile.block_size or self.block_size
         extra = extra_kv_tokens(self.stack, seqs, ctx, self.block_size) - extra_kv_tokens(
             self.stack, seqs, ctx, bs_p
@@ -209,9 +235,7 @@ class ProfiledCostModel:
         if shape.decode_seqs:
             t += self._decode_attn_s(shape.decode_seqs, shape.decode_ctx_tokens)
         if shape.prefill_seqs and self._prefill is not None:
-            n, tt = self._prefill
-            length = np.array([shape.prefill_tokens / shape.prefill_seqs])
-            t += shape.prefill_seqs * float(_interp(length, n, tt)[0])
+            t += shape.prefill_seqs * self._prefill_seq_s(shape.prefill_tokens / shape.prefill_seqs)
         return t
 
     def gpu_seconds(self, shape: BatchShape) -> float:
