@@ -13,6 +13,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.kv.contiguous import ContiguousKVCacheManager
 from core.kv.paged import PagedKVCacheManager
 from core.loop import StepLoop
 from core.sched.base import SchedulerConfig
@@ -95,13 +96,15 @@ def test_lockstep_blocks_refuses_what_is_not_a_plain_decode() -> None:
 
 
 def _simulate(
-    seed: int, rate: float, slots: int, replicas: int, check_every: int, fast: bool
-) -> tuple[Any, ...]:
+    seed: int, rate: float, slots: int, replicas: int, check_every: int, fast: bool,
+    system: str = "vllm",
+) -> tuple[Any, ...]:  # fmt: skip
     wl = {"kind": "synthetic", "dataset": "sharegpt", "rate": rate, "duration_s": 15.0}
     requests = build_workload(wl, max_model_len=2048, seed=seed)
+    cpu = 2048 if system == "vllm" else 0
 
     def make() -> Any:
-        return build_scheduler("vllm", slots, config=SchedulerConfig(), num_cpu_slots=2048)
+        return build_scheduler(system, slots, config=SchedulerConfig(), num_cpu_slots=cpu)
 
     cost = RooflineCostModel("opt-13b", "a100-40gb")
     result = simulate(
@@ -124,19 +127,21 @@ def _assert_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
     assert a[2:] == b[2:]
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(
     seed=st.integers(0, 1000),
     rate=st.sampled_from([0.5, 2.0, 6.0]),
-    slots=st.sampled_from([3000, 8000, 40000]),  # small ones preempt
+    slots=st.sampled_from([3072, 8192, 40960]),  # small ones preempt (vllm) or queue (orca)
     replicas=st.sampled_from([1, 2]),
     check_every=st.sampled_from([0, 5]),
+    system=st.sampled_from(["vllm", "orca_max", "orca_oracle", "orca_pow2"]),
 )
 def test_fast_forward_gives_the_step_by_step_results(
-    seed: int, rate: float, slots: int, replicas: int, check_every: int
+    seed: int, rate: float, slots: int, replicas: int, check_every: int, system: str
 ) -> None:
     args = (seed, rate, slots, replicas, check_every)
-    _assert_same(_simulate(*args, fast=True), _simulate(*args, fast=False))
+    fast = _simulate(*args, fast=True, system=system)
+    _assert_same(fast, _simulate(*args, fast=False, system=system))
 
 
 def test_fast_forward_runs_most_steps_of_a_light_load(monkeypatch: Any) -> None:
@@ -196,4 +201,43 @@ def test_try_append_is_can_append_then_append(
     seqs_f = [s for g in fast_groups for s in g.seqs]
     seqs_s = [s for g in slow_groups for s in g.seqs]
     assert _state(fast, seqs_f) == _state(slow, seqs_s)
+    fast.check_integrity()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prompts=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    outputs=st.lists(st.integers(2, 40), min_size=6, max_size=6),
+    policy=st.sampled_from(["max", "pow2", "oracle"]),
+    steps=st.integers(1, 40),
+)
+def test_contiguous_lockstep_is_append_all_step_by_step(
+    prompts: list[int], outputs: list[int], policy: str, steps: int
+) -> None:
+    """Orca's managers: lockstep growth within the true lengths leaves the breakdowns and
+    counters that one ``append_all`` per step leaves."""
+    twins = [ContiguousKVCacheManager(16384, policy, max_model_len=128) for _ in "ab"]
+    runs = []
+    for m in twins:
+        groups = [make_group(p, output_len=o) for p, o in zip(prompts, outputs, strict=False)]
+        for g in groups:
+            m.allocate(g)
+            g.seqs[0].num_generated += 1
+        runs.append([g.seqs[0] for g in groups])
+    (fast, slow), (fast_seqs, slow_seqs) = twins, runs
+    steps = min(steps, *(s.group.request.output_len - s.num_generated for s in fast_seqs))
+    blocks = fast.lockstep_blocks(fast_seqs, steps)
+    assert blocks == [0] * steps
+    memories = []
+    for _ in range(steps):
+        assert slow.append_all([s.group for s in slow_seqs]) == []
+        memories.append(slow.breakdown())
+        for s in slow_seqs:
+            s.num_generated += 1
+    assert fast.lockstep_breakdowns(len(fast_seqs), blocks) == memories
+    fast.advance_lockstep(fast_seqs, steps)
+    assert fast.breakdown() == slow.breakdown()
+    assert [fast.num_slots(s.seq_id) for s in fast_seqs] == [
+        slow.num_slots(s.seq_id) for s in slow_seqs
+    ]
     fast.check_integrity()

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from core.request import SequenceGroup
+from core.request import Sequence, SequenceGroup
 
 
 class KVCacheError(RuntimeError):
@@ -151,6 +151,20 @@ class KVCacheManager(Protocol):
         """Give every live sequence a slot for its next token (so that its stored length
         equals ``seq.num_tokens``). Returns copy-on-write block copies ``(src, dst)``
         the executor must perform before the step (paged; empty for contiguous)."""
+        ...
+
+    def lockstep_blocks(self, seqs: list[Sequence], steps: int) -> list[int] | None:
+        """New blocks each of ``steps`` consecutive decode appends of ``seqs`` (each one
+        slot short of its tokens, growing one slot a step, in this order) would take; None
+        unless such appends are plain (no copy, no registration, nothing outgrown)."""
+        ...
+
+    def lockstep_breakdowns(self, num_seqs: int, new_blocks: list[int]) -> list[MemoryBreakdown]:
+        """The breakdown after each of those appends, without applying them."""
+        ...
+
+    def advance_lockstep(self, seqs: list[Sequence], steps: int) -> None:
+        """The state ``steps`` of those appends leave, at once."""
         ...
 
     def try_append(self, group: SequenceGroup) -> list[tuple[int, int]] | None:

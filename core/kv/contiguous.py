@@ -34,7 +34,7 @@ from __future__ import annotations
 from core.defaults import DEFAULT_BLOCK_SIZE
 from core.kv.base import AllocStatus, KVCacheError, MemoryBreakdown, new_breakdown
 from core.kv.buddy import BuddyAllocator, next_power_of_two
-from core.request import Request, SequenceGroup
+from core.request import Request, Sequence, SequenceGroup
 
 POLICIES = ("max", "pow2", "oracle")
 
@@ -209,6 +209,34 @@ class ContiguousKVCacheManager:
             if seq.num_tokens > s.slots:
                 self._set_slots(s, seq.num_tokens)
         return []
+
+    def lockstep_blocks(self, seqs: list[Sequence], steps: int) -> list[int] | None:
+        """No new blocks (regions are reserved whole), if each sequence is one slot short
+        of its tokens and stays within its true length for all ``steps`` (so each append
+        fits its reservation and only moves slots from reserved to token states)."""
+        states = self._seqs
+        for seq in seqs:
+            s = states.get(seq.seq_id)
+            if s is None or seq.num_tokens - s.slots != 1 or s.slots + steps > s.group.need:
+                return None
+        return [0] * steps
+
+    def lockstep_breakdowns(self, num_seqs: int, new_blocks: list[int]) -> list[MemoryBreakdown]:
+        free = self.allocator.free_units
+        blocks = (self.capacity_slots - free) // self.block_size
+        tokens, reserved, frag, padding = self._tokens, self._reserved, self._frag, self._padding
+        out = []
+        for _ in new_blocks:
+            tokens += num_seqs
+            reserved -= num_seqs  # within the true length: used stays at need
+            out.append(new_breakdown(tokens, reserved, frag, padding, free, blocks, blocks))
+        return out
+
+    def advance_lockstep(self, seqs: list[Sequence], steps: int) -> None:
+        states = self._seqs
+        for seq in seqs:
+            s = states[seq.seq_id]
+            self._set_slots(s, s.slots + steps)
 
     def try_append(self, group: SequenceGroup) -> list[tuple[int, int]] | None:
         return self.append(group) if self.can_append(group) else None

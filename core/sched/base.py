@@ -202,7 +202,57 @@ class BaseScheduler:
         breakdown during each of those steps (what ``manager.breakdown()`` said after its
         ``schedule``) and the groups the last ended step finished (as ``update`` returns
         them)."""
-        raise NotImplementedError(f"{self.name} promises no decode runs")
+        steps = len(ends)
+        scheduled = steps + schedule_next
+        manager = self.manager
+        memories = manager.lockstep_breakdowns(len(run.seqs), run.new_blocks[:scheduled])
+        manager.advance_lockstep(run.seqs, scheduled)
+        finished: list[SequenceGroup] = []
+        for seq in run.seqs:
+            group = seq.group
+            request = group.request
+            generated = seq.num_generated + steps
+            seq.num_generated = generated
+            seq.num_computed = request.prompt_len + generated - 1
+            group.token_times.extend(ends)
+            if generated >= request.output_len:
+                finished.append(group)
+        self.running = run.groups
+        self.step_index += steps
+        if finished:
+            last, step = ends[-1], self.step_index - 1
+            for group in finished:
+                self._finish(group, last, step)
+            self._drop_finished()
+        return memories, finished
+
+    def _lone_decodes(self, groups: list[SequenceGroup], max_steps: int) -> DecodeRun | None:
+        """The :class:`DecodeRun` of ``groups`` (the running ones, in the order a decode
+        step takes them), if each is one unforked sequence that has its first token, up to
+        the step in which the first of them finishes (at most ``max_steps``) and as far as
+        the manager can grow them in lockstep; the caller checks its policy's other
+        conditions (admission, preemption)."""
+        seqs: list[Sequence] = []
+        steps, ctx = max_steps, 0
+        for group in groups:
+            if len(group.seqs) != 1 or group.first_token_time is None:
+                return None
+            request = group.request
+            sampling = request.sampling
+            if sampling.n != 1 or sampling.beam_width != 1:  # update() would fork it
+                return None
+            seq = group.seqs[0]
+            left = request.output_len - seq.num_generated
+            if left < steps:
+                steps = left
+            ctx += request.prompt_len + seq.num_generated
+            seqs.append(seq)
+        if steps <= 0:
+            return None
+        new_blocks = self.manager.lockstep_blocks(seqs, steps)
+        if new_blocks is None:
+            return None
+        return DecodeRun(groups, seqs, new_blocks, ctx, len(self.waiting))
 
     # -- helpers for subclasses -------------------------------------------------------
     def _new_seq_id(self) -> int:

@@ -14,12 +14,45 @@ is never preempted.
 
 from __future__ import annotations
 
+from core.kv.base import AllocStatus
 from core.plan import PrefillChunk, StepPlan
-from core.sched.base import BaseScheduler
+from core.sched.base import BaseScheduler, DecodeRun
 
 
 class OrcaScheduler(BaseScheduler):
     name = "orca"
+
+    def decode_run(self, max_steps: int) -> DecodeRun | None:
+        """Plain decode steps of the running groups, in their order (no aborted group, no
+        copy pending, no admission: see :meth:`_admits_nothing`; every group one unforked
+        sequence with its first token), up to the step in which the first one finishes.
+        Reservations are whole, so nothing else can change."""
+        if (
+            not self.running
+            or self._pending_copies
+            or self._aborted
+            or (self.waiting and not self._admits_nothing())
+        ):
+            return None
+        return self._lone_decodes(list(self.running), max_steps)
+
+    def _admits_nothing(self) -> bool:
+        """Whether ``schedule`` would admit and abort nothing now, and so at every later
+        call while the running groups stay (decodes allocate and free nothing, so the
+        head's allocation status and the step's budget stay): the head waits for memory,
+        or fits but exceeds the token budget or ``max_num_seqs``."""
+        head = self.waiting[0]
+        status = self.manager.can_allocate(head)
+        if status is AllocStatus.LATER:
+            return True
+        if status is AllocStatus.NEVER:
+            return False  # aborted at the next schedule
+        num_seqs = sum(len(g.live_seqs()) for g in self.running)
+        budget = self.config.max_num_batched_tokens - num_seqs
+        return (
+            head.seqs[0].num_tokens > budget
+            or num_seqs + head.sampling.num_seqs > self.config.max_num_seqs
+        )
 
     def schedule(self, now: float) -> StepPlan:
         plan = self._new_plan()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from core.kv.base import AllocStatus, MemoryBreakdown
+from core.kv.base import AllocStatus
 from core.kv.paged import PagedKVCacheManager
 from core.plan import PrefillChunk, StepPlan
 from core.request import Sequence, SequenceGroup, SequenceStatus
@@ -56,36 +56,16 @@ class VLLMScheduler(BaseScheduler):
             return None
         if not isinstance(self.manager, PagedKVCacheManager):
             return None
-        groups = sorted(self.running, key=_arrival)
-        seqs: list[Sequence] = []
-        steps, ctx = max_steps, 0
-        for group in groups:
-            if len(group.seqs) != 1 or group.first_token_time is None:
-                return None
-            request = group.request
-            sampling = request.sampling
-            if sampling.n != 1 or sampling.beam_width != 1:  # update() would fork it
-                return None
-            seq = group.seqs[0]
-            left = request.output_len - seq.num_generated
-            if left < steps:
-                steps = left
-            ctx += request.prompt_len + seq.num_generated
-            seqs.append(seq)
-        if steps <= 0:
-            return None
-        new_blocks = self.manager.lockstep_blocks(seqs, steps)
-        if new_blocks is None:
+        run = self._lone_decodes(sorted(self.running, key=_arrival), max_steps)
+        if run is None:
             return None
         free, taken = self.manager.num_free_blocks(), 0
-        for j, n in enumerate(new_blocks):
+        for j, n in enumerate(run.new_blocks):
             taken += n
             if taken > free:
-                del new_blocks[j:]
+                del run.new_blocks[j:]
                 break
-        if not new_blocks:
-            return None
-        return DecodeRun(groups, seqs, new_blocks, ctx, len(self.waiting))
+        return run if run.new_blocks else None
 
     def _admits_nothing(self) -> bool:
         """Whether :meth:`_admit_prompts` would admit and abort nothing now, and so at
@@ -101,34 +81,6 @@ class VLLMScheduler(BaseScheduler):
         width = head.request.sampling.num_seqs
         running = sum(g.request.sampling.num_seqs for g in self.running)
         return running + width > self.config.max_num_seqs
-
-    def advance_decode_run(
-        self, run: DecodeRun, ends: list[float], schedule_next: bool = False
-    ) -> tuple[list[MemoryBreakdown], list[SequenceGroup]]:
-        steps = len(ends)
-        scheduled = steps + schedule_next
-        manager = self.manager
-        assert isinstance(manager, PagedKVCacheManager)  # decode_run promised nothing otherwise
-        memories = manager.lockstep_breakdowns(len(run.seqs), run.new_blocks[:scheduled])
-        manager.advance_lockstep(run.seqs, scheduled)
-        finished: list[SequenceGroup] = []
-        for seq in run.seqs:
-            group = seq.group
-            request = group.request
-            generated = seq.num_generated + steps
-            seq.num_generated = generated
-            seq.num_computed = request.prompt_len + generated - 1
-            group.token_times.extend(ends)
-            if generated >= request.output_len:
-                finished.append(group)
-        self.running = run.groups
-        self.step_index += steps
-        if finished:
-            last, step = ends[-1], self.step_index - 1
-            for group in finished:
-                self._finish(group, last, step)
-            self._drop_finished()
-        return memories, finished
 
     # -- step kinds -----------------------------------------------------------------
     def _admit_prompts(self, plan: StepPlan, now: float, budget: int | None = None) -> bool:
