@@ -201,6 +201,9 @@ def test_section_has_a_table_and_a_gap_line_per_panel(tmp_path) -> None:
     assert "vLLM / FasterTransformer = 16.00× (paper up to 22×: inside)" in text
     assert "Gap (d): vLLM sustains 15 req/s" in text and "| not stated |" in text
     assert "| Orca (Oracle) | 1 [1, 1] | 100 | 1.0 | 0.01 | 2.00× [2.00, 2.00] | 1.7–2.7× |" in text
+    short = [r | {"num_requests": 50} for r in rows if r["setting"] == "a"]
+    text = fig12_rates.write(short, tmp_path, pyplot(headless=True), 1.0)
+    assert "| 50 | 1.0 | 0.01 (not judged: < 100 requests) |" in text
 
 
 @pytest.mark.slow

@@ -226,7 +226,7 @@ def section(cap: pd.DataFrame, runs: pd.DataFrame, threshold: float) -> str:
                 f"| {SYSTEM_LABELS[system]} | {_f(r['max_rate'], '.3g')} "
                 f"[{_f(r['rate_lo'], '.3g')}, {_f(r['rate_hi'], '.3g')}] "
                 f"| {_f(r['requests_at_rate'], '.0f')} | {_f(r['mean_e2el_s_at_rate'], '.1f')} "
-                f"| {_f(r['backlog_at_rate'])} "
+                f"| {_backlog(r)} "
                 f"| {_f(r['vllm_ratio'])}× [{_f(r['ratio_lo'])}, {_f(r['ratio_hi'])}] "
                 f"| {_paper_ratio(p, system)} |"
             )
@@ -235,6 +235,14 @@ def section(cap: pd.DataFrame, runs: pd.DataFrame, threshold: float) -> str:
         lines += ["", gap, ""]
     lines += _narrowing(cap)
     return "\n".join(lines) + "\n"
+
+
+def _backlog(r: Any) -> str:
+    """The backlog cell; flagged where the trace was too short for it to be judged."""
+    n = r["requests_at_rate"]
+    short = n == n and n < BACKLOG_MIN_REQUESTS
+    return _f(r["backlog_at_rate"]) + (f" (not judged: < {BACKLOG_MIN_REQUESTS} requests)"
+                                       if short else "")  # fmt: skip
 
 
 def gap_line(panel: Panel, c: pd.DataFrame) -> str:

@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--threshold", type=float, default=1.0, help="normalized latency, s/token")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=3, help="seeds per Fig. 14 rate")
     p.add_argument("--cost", choices=("paper-a100", "roofline"), default="paper-a100")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> Path:
     args.out.mkdir(parents=True, exist_ok=True)
     run: Callable[..., dict[str, Any]] = partial(run_on_clock, COSTS[args.cost])
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        jobs = submit(pool, run, duration, args.seed, args.threshold)
+        jobs = submit(pool, run, duration, args.seed, args.threshold, seeds=args.seeds)
         text = write(jobs, args.out, _plt(), duration)
     (args.out / "report.md").write_text(text)
     log.info("wrote %s", args.out / "report.md")
