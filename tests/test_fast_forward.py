@@ -134,7 +134,7 @@ def _assert_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
     slots=st.sampled_from([3072, 8192, 40960]),  # small ones preempt (vllm) or queue (orca)
     replicas=st.sampled_from([1, 2]),
     check_every=st.sampled_from([0, 5]),
-    system=st.sampled_from(["vllm", "orca_max", "orca_oracle", "orca_pow2"]),
+    system=st.sampled_from(["vllm", "orca_max", "orca_oracle", "orca_pow2", "fastertransformer"]),
 )
 def test_fast_forward_gives_the_step_by_step_results(
     seed: int, rate: float, slots: int, replicas: int, check_every: int, system: str

@@ -13,11 +13,19 @@ budget does not limit the batch (FasterTransformer has none).
 from __future__ import annotations
 
 from core.plan import PrefillChunk, StepPlan
-from core.sched.base import BaseScheduler
+from core.sched.base import BaseScheduler, DecodeRun
 
 
 class FasterTransformerScheduler(BaseScheduler):
     name = "fastertransformer"
+
+    def decode_run(self, max_steps: int) -> DecodeRun | None:
+        """A batch in flight only decodes (nothing joins it), so every step up to the one
+        in which a member finishes is a plain decode of the members (each one unforked
+        sequence with its first token; no aborted group, no copy pending)."""
+        if not self.running or self._pending_copies or self._aborted:
+            return None
+        return self._lone_decodes(list(self.running), max_steps)
 
     def schedule(self, now: float) -> StepPlan:
         plan = self._new_plan()
