@@ -41,6 +41,9 @@ def test_an_unknown_figure_is_one_line_and_exit_2(tmp_path: Path, capsys) -> Non
 
 def test_a_selection_runs_and_writes_only_its_figures(tmp_path: Path, caplog) -> None:
     caplog.set_level(logging.INFO, logger="kvlab.reproduce")
+    # a Hydra app run earlier in this process (the config-error tests) reconfigures logging
+    # with disable_existing_loggers, which silences this logger for the rest of the session
+    logging.getLogger("kvlab.reproduce").disabled = False
     reproduce.main(["--figures", "table1,fig13", "--duration", "8", "--workers", "1",
                     "--out", str(tmp_path)])  # fmt: skip
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir())

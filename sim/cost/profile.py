@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 FORMAT = "kvlab-operator-profile/1"
 OPS = ("linear", "other", "attn_prefill", "attn_decode", "lm_head")
 REQUIRED_OPS = ("linear", "other")
@@ -143,10 +144,19 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
     return OperatorProfile(
         ops, str(meta["gpu"]), int(meta["tp"]), str(meta["model"]), None,
         None if bs is None else int(bs),
-        f"kvlab operator profile {p} ({meta.get('model')} on {meta.get('gpu')}, "
+        f"kvlab operator profile {shown_path(p)} ({meta.get('model')} on {meta.get('gpu')}, "
         f"{meta.get('date', 'undated')})",
         meta,
     )  # fmt: skip
+
+
+def shown_path(path: Path) -> str:
+    """``path`` as a source text shows it: relative to the repository when inside it,
+    else its last two parts (never a machine's absolute path)."""
+    try:
+        return str(path.resolve().relative_to(_REPO_ROOT))
+    except ValueError:
+        return str(Path(path.parent.name) / path.name)
 
 
 def read_vidur_profile(path: Path | str, tp: int = 1) -> OperatorProfile:
