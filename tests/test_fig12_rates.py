@@ -200,6 +200,12 @@ def test_section_has_a_table_and_a_gap_line_per_panel(tmp_path) -> None:
     assert "vLLM / Orca (Max) = 4.00× (paper 2.7–8×: inside)" in text
     assert "vLLM / FasterTransformer = 16.00× (paper up to 22×: inside)" in text
     assert "Gap (d): vLLM sustains 15 req/s" in text and "| not stated |" in text
+    # (d): FasterTransformer (0.125 x 10) fails even the grid's lowest rate, 1.875 req/s
+    assert "| FasterTransformer | < 1.88 (none of the rates tried passed) |" in text
+    assert (
+        "passes none of the rates tried (from 1.88 req/s), so vLLM / FasterTransformer > 8.00×"
+        in text
+    )
     assert "| Orca (Oracle) | 1 [1, 1] | 100 | 1.0 | 0.01 | 2.00× [2.00, 2.00] | 1.7–2.7× |" in text
     short = [r | {"num_requests": 50} for r in rows if r["setting"] == "a"]
     text = fig12_rates.write(short, tmp_path, pyplot(headless=True), 1.0)

@@ -222,19 +222,41 @@ def section(cap: pd.DataFrame, runs: pd.DataFrame, threshold: float) -> str:
         ]
         for system in [s for s in SYSTEMS if s in c.index]:
             r = c.loc[system]
+            below = _below_grid(r)
+            rate_cell = (
+                f"< {below:.3g} (none of the rates tried passed)"
+                if below
+                else f"{_f(r['max_rate'], '.3g')} [{_f(r['rate_lo'], '.3g')}, "
+                f"{_f(r['rate_hi'], '.3g')}]"
+            )
+            ratio_cell = (
+                f"> {_f(_vllm_rate(c) / below)}×"
+                if below
+                else f"{_f(r['vllm_ratio'])}× [{_f(r['ratio_lo'])}, {_f(r['ratio_hi'])}]"
+            )
             lines.append(
-                f"| {SYSTEM_LABELS[system]} | {_f(r['max_rate'], '.3g')} "
-                f"[{_f(r['rate_lo'], '.3g')}, {_f(r['rate_hi'], '.3g')}] "
+                f"| {SYSTEM_LABELS[system]} | {rate_cell} "
                 f"| {_f(r['requests_at_rate'], '.0f')} | {_f(r['mean_e2el_s_at_rate'], '.1f')} "
-                f"| {_backlog(r)} "
-                f"| {_f(r['vllm_ratio'])}× [{_f(r['ratio_lo'])}, {_f(r['ratio_hi'])}] "
-                f"| {_paper_ratio(p, system)} |"
+                f"| {_backlog(r)} | {ratio_cell} | {_paper_ratio(p, system)} |"
             )
         gap = gap_line(p, c)
         gaps.append(gap)
         lines += ["", gap, ""]
     lines += _narrowing(cap)
     return "\n".join(lines) + "\n"
+
+
+def _below_grid(r: Any) -> float | None:
+    """The lowest rate tried when no rate passed (the sustainable rate lies below it), else
+    None."""
+    fail = r["first_failing_rate"]
+    if r["max_rate"] > 0 or fail is None or fail != fail:
+        return None
+    return float(fail)
+
+
+def _vllm_rate(c: pd.DataFrame) -> float:
+    return float(c.loc["vllm", "max_rate"]) if "vllm" in c.index else math.nan
 
 
 def _backlog(r: Any) -> str:
@@ -258,6 +280,13 @@ def gap_line(panel: Panel, c: pd.DataFrame) -> str:
         if system not in c.index:
             continue
         ratio = float(c.loc[system, "vllm_ratio"])
+        below = _below_grid(c.loc[system])
+        if below:
+            parts.append(
+                f"{SYSTEM_LABELS[system]} passes none of the rates tried (from {below:.3g} "
+                f"req/s), so vLLM / {SYSTEM_LABELS[system]} > {_f(_vllm_rate(c) / below)}×"
+            )
+            continue
         text = f"vLLM / {SYSTEM_LABELS[system]} = {_f(ratio)}×"
         lo, hi = FIG12_SHAREGPT_RATIO.get(system, (None, None))
         if panel.workload == "sharegpt" and hi is not None:
