@@ -226,6 +226,18 @@ class BaseScheduler:
             self._drop_finished()
         return memories, finished
 
+    def _head_settled(self) -> bool | None:
+        """What the queue's head does at the next ``schedule`` if it cannot be admitted:
+        True when it waits for memory (``LATER``, which stays ``LATER`` while blocks are
+        only taken), False when it would be aborted (``NEVER``: the next schedule changes
+        the queue), None when it fits now and the caller's own limits decide."""
+        status = self.manager.can_allocate(self.waiting[0])
+        if status is AllocStatus.LATER:
+            return True
+        if status is AllocStatus.NEVER:
+            return False
+        return None
+
     def _lone_decodes(self, groups: list[SequenceGroup], max_steps: int) -> DecodeRun | None:
         """The :class:`DecodeRun` of ``groups`` (the running ones, in the order a decode
         step takes them), if each is one unforked sequence that has its first token, up to

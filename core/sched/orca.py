@@ -14,7 +14,6 @@ is never preempted.
 
 from __future__ import annotations
 
-from core.kv.base import AllocStatus
 from core.plan import PrefillChunk, StepPlan
 from core.sched.base import BaseScheduler, DecodeRun
 
@@ -41,12 +40,10 @@ class OrcaScheduler(BaseScheduler):
         call while the running groups stay (decodes allocate and free nothing, so the
         head's allocation status and the step's budget stay): the head waits for memory,
         or fits but exceeds the token budget or ``max_num_seqs``."""
+        settled = self._head_settled()
+        if settled is not None:
+            return settled
         head = self.waiting[0]
-        status = self.manager.can_allocate(head)
-        if status is AllocStatus.LATER:
-            return True
-        if status is AllocStatus.NEVER:
-            return False  # aborted at the next schedule
         num_seqs = sum(len(g.live_seqs()) for g in self.running)
         budget = self.config.max_num_batched_tokens - num_seqs
         return (

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from core.kv.base import AllocStatus
 from core.kv.paged import PagedKVCacheManager
 from core.plan import PrefillChunk, StepPlan
 from core.request import Sequence, SequenceGroup, SequenceStatus
@@ -72,13 +71,10 @@ class VLLMScheduler(BaseScheduler):
         every later call while the running groups stay and free blocks only shrink: the
         queue's head must wait for memory (``LATER`` stays ``LATER`` as blocks are
         taken), or fits but would exceed ``max_num_seqs``."""
-        head = self.waiting[0]
-        status = self.manager.can_allocate(head)
-        if status is AllocStatus.LATER:
-            return True
-        if status is AllocStatus.NEVER:
-            return False  # aborted at the next schedule
-        width = head.request.sampling.num_seqs
+        settled = self._head_settled()
+        if settled is not None:
+            return settled
+        width = self.waiting[0].request.sampling.num_seqs
         running = sum(g.request.sampling.num_seqs for g in self.running)
         return running + width > self.config.max_num_seqs
 
