@@ -322,14 +322,11 @@ def _fit_rows(
     simulated schedule ``steps``; basis columns: constant, compute time, memory time (the
     per-sequence terms are not fitted here: they stay 0)."""
     steps = steps.sort_values("start_s")
-    col = {c: steps[c].to_numpy(dtype=float) for c in steps.columns if c != "step"}
-    const, lin, attn, byte, *_ = probe.basis(
-        col["prefill_tokens"], col["prefill_seqs"], col["prefill_attn_pairs"],
-        col["prefill_kv_read_tokens"], col["decode_seqs"], col["decode_ctx_tokens"],
-    )  # fmt: skip
-    basis = np.column_stack([const, lin + attn, byte])
+    b = probe.basis_matrix(steps)
+    basis = np.column_stack([b[:, 0], b[:, 1] + b[:, 2], b[:, 3]])  # const, compute, memory
     cum = np.vstack([np.zeros(3), np.cumsum(basis, axis=0)])
-    start, end = col["start_s"], col["start_s"] + col["duration_s"]
+    start = steps["start_s"].to_numpy(dtype=float)
+    end = start + steps["duration_s"].to_numpy(dtype=float)
     sim = sim_req.set_index("request_id")
     rows, targets = [], []
     for m in meas[meas["request_id"].isin(fit_ids)].itertuples():

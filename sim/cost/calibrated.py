@@ -48,6 +48,15 @@ REQUIRED_COLUMNS = (
     "decode_ctx_tokens",
     "duration_s",
 )
+# a steps table's columns of the six counts, in :func:`sim.cost.work.shape_counts`' order
+COUNT_COLUMNS = (
+    "prefill_tokens",
+    "prefill_seqs",
+    "prefill_attn_pairs",
+    "prefill_kv_read_tokens",
+    "decode_seqs",
+    "decode_ctx_tokens",
+)
 
 
 def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
@@ -118,27 +127,14 @@ class CalibratedCostModel:
         self._c = tuple(self.coefficients[t] for t in TERMS)
         self._peak, self._bw = rf.gpu.peak_flops, rf.gpu.mem_bandwidth
 
-    def basis(
-        self,
-        prefill_tokens: Any,
-        prefill_seqs: Any,
-        prefill_attn_pairs: Any,
-        prefill_kv_read_tokens: Any,
-        decode_seqs: Any,
-        decode_ctx_tokens: Any,
-    ) -> tuple[Any, ...]:
+    def basis(self, *counts: Any) -> tuple[Any, ...]:
         """The basis values in ``TERMS`` order (scalars or numpy arrays, elementwise): one,
-        the three basis times in seconds, sequences in the step, prefill sequences."""
-        lf, lb, af, ab = count_work(
-            self.roofline.work_coefficients,
-            prefill_tokens,
-            prefill_seqs,
-            prefill_attn_pairs,
-            prefill_kv_read_tokens,
-            decode_seqs,
-            decode_ctx_tokens,
-        )
+        the three basis times in seconds, sequences in the step, prefill sequences.
+        ``counts``: the six step counts :func:`sim.cost.work.count_work` takes, in its
+        order (:data:`COUNT_COLUMNS`)."""
+        lf, lb, af, ab = count_work(self.roofline.work_coefficients, *counts)
         lin, attn, byte = lf / self._peak, af / self._peak, (lb + ab) / self._bw
+        prefill_seqs, decode_seqs = counts[1], counts[4]
         seqs = prefill_seqs + decode_seqs
         return 1.0 + 0.0 * lin, lin, attn, byte, seqs + 0.0 * lin, prefill_seqs + 0.0 * lin
 
@@ -187,22 +183,9 @@ class CalibratedCostModel:
     def basis_matrix(self, steps: pd.DataFrame) -> np.ndarray:
         """The basis values of every row of a steps table, ``[rows, len(TERMS)]``
         (``prefill_seqs`` missing: 0)."""
-        col = {c: steps[c].to_numpy(dtype=float) for c in REQUIRED_COLUMNS if c != "duration_s"}
-        prefill_seqs = (
-            steps["prefill_seqs"].to_numpy(dtype=float)
-            if "prefill_seqs" in steps
-            else np.zeros(len(steps))
-        )
-        return np.column_stack(
-            self.basis(
-                col["prefill_tokens"],
-                prefill_seqs,
-                col["prefill_attn_pairs"],
-                col["prefill_kv_read_tokens"],
-                col["decode_seqs"],
-                col["decode_ctx_tokens"],
-            )
-        )
+        zeros = np.zeros(len(steps))
+        counts = (steps[c].to_numpy(dtype=float) if c in steps else zeros for c in COUNT_COLUMNS)
+        return np.column_stack(self.basis(*counts))
 
     def predict_steps(self, steps: pd.DataFrame) -> np.ndarray:
         """Fitted seconds of every row of a steps table, open loop (the measured batches,
