@@ -1,10 +1,16 @@
 """Paged KV tensors on the device plus a CPU swap pool, sized from a byte budget.
 
-Per layer, ``k_caches[l]`` and ``v_caches[l]`` are ``[num_blocks, block_size, num_kv_heads,
-head_dim]`` (the layout of ``engine.attention.metadata``). Block ``b`` of every layer belongs
-to whoever the KV-cache manager gave block ``b``: the manager's block ids ARE the tensor's
-block indices. The CPU pool has the same layout with ``num_cpu_blocks`` blocks (pinned
-memory when the device is CUDA, so swaps can overlap).
+All layers' caches are ONE device tensor ``caches`` of shape ``[2 * num_layers, num_blocks,
+block_size, num_kv_heads, head_dim]``: K of layer ``l`` at index ``l``, V at ``num_layers +
+l``. ``k_caches[l]`` and ``v_caches[l]`` are views of it, ``[num_blocks, block_size,
+num_kv_heads, head_dim]`` and contiguous (the layout of ``engine.attention.metadata``).
+Block ``b`` of every layer belongs to whoever the KV-cache manager gave block ``b``: the
+manager's block ids ARE the tensor's block indices. The CPU pool ``cpu_caches`` (views
+``k_cpu`` / ``v_cpu``) has the same layout with ``num_cpu_blocks`` blocks (pinned memory
+when the device is CUDA, so swaps can overlap). Stacking makes a step's block moves a fixed
+number of calls, whatever the number of layers: device copies are one kernel launch (CUDA)
+or one ``index_select`` + one ``index_copy_`` (CPU); a swap is one gather, one host↔device
+transfer and one scatter.
 """
 
 from __future__ import annotations
@@ -15,8 +21,8 @@ import torch
 
 from core.kv.base import check_at_least
 from core.model_spec import ModelSpec, kv_bytes_per_token
+from kernels.block_ops import check_copy_pairs, gather_blocks, scatter_blocks
 from kernels.block_ops import copy_blocks as triton_copy_blocks
-from kernels.block_ops import gather_blocks, scatter_blocks
 
 GIB = 1024**3
 
@@ -88,17 +94,21 @@ class PagedKVCache:
         self.num_cpu_blocks = num_cpu_blocks
         self.dtype = dtype
         self.device = torch.device(device)
-        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        layers = config.num_layers
+        block = (block_size, config.num_kv_heads, config.head_dim)
         # zeros, not empty: a kernel may load a whole block and mask; NaN * 0 is NaN.
-        self.k_caches = [self._zeros(shape) for _ in range(config.num_layers)]
-        self.v_caches = [self._zeros(shape) for _ in range(config.num_layers)]
-        cpu_shape = (num_cpu_blocks, *shape[1:])
+        self.caches = torch.zeros((2 * layers, num_blocks, *block), dtype=dtype, device=device)
+        self.k_caches = [self.caches[i] for i in range(layers)]
+        self.v_caches = [self.caches[layers + i] for i in range(layers)]
         pin = self.device.type == "cuda"
-        self.k_cpu = [torch.empty(cpu_shape, dtype=dtype, pin_memory=pin) for _ in self.k_caches]
-        self.v_cpu = [torch.empty(cpu_shape, dtype=dtype, pin_memory=pin) for _ in self.v_caches]
-
-    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.cpu_caches = torch.empty(
+            (2 * layers, num_cpu_blocks, *block), dtype=dtype, pin_memory=pin
+        )
+        self.k_cpu = [self.cpu_caches[i] for i in range(layers)]
+        self.v_cpu = [self.cpu_caches[layers + i] for i in range(layers)]
+        # the Triton copy kernel on CUDA; torch index ops elsewhere (tests may flip it to
+        # run the kernel under the Triton interpreter)
+        self.use_copy_kernel = self.device.type == "cuda"
 
     @staticmethod
     def num_blocks_for_budget(
@@ -122,40 +132,40 @@ class PagedKVCache:
     @property
     def device_bytes(self) -> int:
         """Bytes held by the device K/V tensors."""
-        return sum(t.numel() * t.element_size() for t in (*self.k_caches, *self.v_caches))
+        return self.caches.numel() * self.caches.element_size()
 
     # -- block moves (the plan's swap_out, swap_in, copies, in that order) ------------
     def swap_out(self, pairs: BlockPairs) -> None:
-        """Copy device blocks to CPU blocks: ``pairs`` of ``(device, cpu)``."""
+        """Copy device blocks to CPU blocks: ``pairs`` of ``(device, cpu)``, every layer's K
+        and V in one gather, one transfer and one scatter."""
         if pairs:
-            self._move(pairs, self.k_caches, self.k_cpu)
-            self._move(pairs, self.v_caches, self.v_cpu)
+            self._move(pairs, self.caches, self.cpu_caches)
 
     def swap_in(self, pairs: BlockPairs) -> None:
-        """Copy CPU blocks back to device blocks: ``pairs`` of ``(cpu, device)``."""
+        """Copy CPU blocks back to device blocks: ``pairs`` of ``(cpu, device)``, as
+        :meth:`swap_out` does."""
         if pairs:
-            self._move(pairs, self.k_cpu, self.k_caches)
-            self._move(pairs, self.v_cpu, self.v_caches)
+            self._move(pairs, self.cpu_caches, self.caches)
 
     @staticmethod
-    def _move(pairs: BlockPairs, sources: list[torch.Tensor], dests: list[torch.Tensor]) -> None:
+    def _move(pairs: BlockPairs, source: torch.Tensor, dest: torch.Tensor) -> None:
+        """``dest[:, d] = source[:, s]`` for ``(s, d)`` in ``pairs``. The gathered blocks of
+        all layers are one temporary on the source's device: as many bytes as move."""
         src = torch.tensor([p[0] for p in pairs], dtype=torch.int64)
         dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
-        for s, d in zip(sources, dests, strict=True):
-            scatter_blocks(d, dst, gather_blocks(s, src))
+        scatter_blocks(dest, dst, gather_blocks(source, src))
 
     def copy_blocks(self, pairs: BlockPairs) -> None:
-        """``cache[dst] = cache[src]`` in every layer for ``pairs`` of ``(src, dst)`` (all
-        copies read the pre-copy state). Triton kernel on CUDA, torch index ops on CPU."""
+        """``cache[dst] = cache[src]`` in every layer's K and V for ``pairs`` of ``(src,
+        dst)`` (all copies read the pre-copy state; pairs checked by
+        :func:`kernels.block_ops.check_copy_pairs`). One Triton kernel launch on CUDA, one
+        ``index_select`` + one ``index_copy_`` over the stacked caches otherwise."""
         if not pairs:
             return
-        caches = [*self.k_caches, *self.v_caches]
         ids = torch.tensor(list(pairs), dtype=torch.int64, device=self.device)
-        if self.device.type == "cuda":
-            triton_copy_blocks(caches, ids)
+        if self.use_copy_kernel:
+            triton_copy_blocks(self.caches, ids)
             return
-        if int(ids.min()) < 0 or int(ids.max()) >= self.num_blocks:
-            raise IndexError(f"copy pairs out of range [0, {self.num_blocks}): {list(pairs)}")
+        check_copy_pairs(ids, self.num_blocks)
         src, dst = ids[:, 0], ids[:, 1]
-        for cache in caches:
-            cache.index_copy_(0, dst, cache.index_select(0, src))
+        self.caches.index_copy_(1, dst, self.caches.index_select(1, src))

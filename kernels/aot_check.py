@@ -70,8 +70,9 @@ def all_cases() -> list[tuple[object, str, dict[str, str], dict]]:
     store_cfg = {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_H": 8,
                  "BLOCK_D": 128}  # fmt: skip
     cases.append((_store_kv_kernel, "store_kv fp16", store_ptrs, store_cfg))
-    copy_ptrs = {"cache_ptr": "*bf16", "pairs_ptr": "*i64"}
-    cases.append((_copy_blocks_kernel, "copy_blocks bf16", copy_ptrs,
+    # all caches of a big model in one tensor: the stride between caches passes 2**31
+    copy_ptrs = {"cache_ptr": "*bf16", "pairs_ptr": "*i64", "stride_cache": "i64"}
+    cases.append((_copy_blocks_kernel, "copy_blocks bf16 stacked caches", copy_ptrs,
                   {"BLOCK_NUMEL": 16 * 8 * 128, "CHUNK": 1024}))  # fmt: skip
     return cases
 

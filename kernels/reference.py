@@ -66,21 +66,22 @@ def ref_store_kv(
     v_cache[slots // block_size, slots % block_size] = v[keep].to(v_cache.dtype)
 
 
-def ref_copy_blocks(caches: list[torch.Tensor], pairs: torch.Tensor) -> None:
-    """For every cache and every ``(src, dst)`` row of ``pairs``: ``cache[dst] = cache[src]``."""
+def ref_copy_blocks(caches: torch.Tensor, pairs: torch.Tensor) -> None:
+    """For every cache ``c`` of the stacked ``caches [num_caches, num_blocks, ...]`` and every
+    ``(src, dst)`` row of ``pairs``: ``caches[c, dst] = caches[c, src]``."""
     for cache in caches:
         for src, dst in pairs.tolist():
             cache[dst] = cache[src]
 
 
-def ref_gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """A copy of ``cache[block_ids]``."""
+def ref_gather_blocks(caches: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """A copy of ``caches[:, block_ids]`` (stacked caches, blocks along dim 1)."""
     if len(block_ids) == 0:
-        return cache[:0].clone()
-    return torch.stack([cache[b].clone() for b in block_ids.tolist()])
+        return caches[:, :0].clone()
+    return torch.stack([caches[:, b].clone() for b in block_ids.tolist()], dim=1)
 
 
-def ref_scatter_blocks(cache: torch.Tensor, block_ids: torch.Tensor, data: torch.Tensor) -> None:
-    """``cache[block_ids[i]] = data[i]`` for every ``i``."""
+def ref_scatter_blocks(caches: torch.Tensor, block_ids: torch.Tensor, data: torch.Tensor) -> None:
+    """``caches[:, block_ids[i]] = data[:, i]`` for every ``i``."""
     for i, b in enumerate(block_ids.tolist()):
-        cache[b] = data[i].to(cache.device, cache.dtype)
+        caches[:, b] = data[:, i].to(caches.device, caches.dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import block_ops
 from kernels.block_ops import copy_blocks, gather_blocks, scatter_blocks
 from kernels.kv_store import store_kv
 from kernels.reference import (
@@ -68,22 +69,63 @@ def test_store_kv_rejects_bad_shapes() -> None:
         store_kv(k, k, cache[:, :6], cache[:, :6], torch.zeros(3, dtype=torch.int64))
 
 
-def test_copy_blocks_matches_reference_across_caches() -> None:
-    caches = [
-        rand((9, 8, 2, 16), torch.float32, 1),
-        rand((9, 8, 2, 16), torch.float16, 2),
-        rand((9, 64, 3, 24), torch.float32, 3),  # block larger than one copy chunk
-    ]
-    refs = [c.clone() for c in caches]
-    pairs = torch.tensor([[0, 4], [2, 7], [0, 5], [8, 1]], dtype=torch.int64)
-    copy_blocks(caches, pairs)
-    ref_copy_blocks(refs, pairs)
-    for got, ref in zip(caches, refs, strict=True):
-        assert torch.equal(got, ref)
-        assert torch.equal(got[4], got[0]) and torch.equal(got[1], got[8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    ("num_caches", "block", "pairs"),
+    [
+        (1, (8, 2, 16), [[3, 0]]),
+        (4, (8, 2, 16), [[0, 4], [2, 7], [0, 5], [8, 1]]),
+        (6, (64, 3, 24), [[6, 2], [1, 8]]),  # a block larger than one copy chunk
+        (2, (4, 1, 8), [[5, 3], [7, 0], [8, 6], [2, 1]]),
+    ],
+)
+def test_copy_blocks_matches_reference_across_caches(
+    dtype: torch.dtype, num_caches: int, block: tuple[int, ...], pairs: list
+) -> None:
+    caches = rand((num_caches, 9, *block), dtype, seed=num_caches)
+    ref = caches.clone()
+    ids = torch.tensor(pairs, dtype=torch.int64)
+    copy_blocks(caches, ids)
+    ref_copy_blocks(ref, ids)
+    assert torch.equal(caches, ref)
+    for src, dst in pairs:
+        assert torch.equal(caches[:, dst], caches[:, src])
     copy_blocks(caches, torch.zeros(0, 2, dtype=torch.int64))
-    for got, ref in zip(caches, refs, strict=True):
-        assert torch.equal(got, ref)
+    assert torch.equal(caches, ref)
+
+
+def test_copy_blocks_takes_strided_caches_with_contiguous_blocks() -> None:
+    # the K caches alone, a view of a [K and V, layers, blocks, ...] tensor
+    whole = rand((2, 3, 6, 8, 2, 16), torch.float32, seed=5)
+    k_only = whole[0, :, :]
+    ref = whole.clone()
+    pairs = torch.tensor([[1, 4], [0, 2]])
+    copy_blocks(k_only, pairs)
+    ref_copy_blocks(ref[0], pairs)
+    assert torch.equal(whole, ref)  # the V half is untouched
+
+
+class _CountingLauncher:
+    """Stands in for a ``@triton.jit`` kernel: counts ``kernel[grid](...)`` launches."""
+
+    def __init__(self, kernel: object) -> None:
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid: tuple[int, ...]) -> object:
+        self.grids.append(grid)
+        return self.kernel[grid]  # type: ignore[index]
+
+
+def test_copy_blocks_is_one_launch_for_all_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher = _CountingLauncher(block_ops._copy_blocks_kernel)
+    monkeypatch.setattr(block_ops, "_copy_blocks_kernel", launcher)
+    caches = rand((6, 5, 8, 2, 16), torch.float32, seed=6)
+    ref = caches.clone()
+    pairs = torch.tensor([[0, 3], [1, 4]])
+    copy_blocks(caches, pairs)
+    ref_copy_blocks(ref, pairs)
+    assert torch.equal(caches, ref)
+    assert launcher.grids == [(2, 1, 6)]  # pairs x chunks x caches
 
 
 @pytest.mark.parametrize(
@@ -92,36 +134,46 @@ def test_copy_blocks_matches_reference_across_caches() -> None:
         ([[0, 1], [2, 1]], ValueError, "repeat"),
         ([[0, 1], [1, 2]], ValueError, "also a source"),
         ([[0, 9]], IndexError, "out of range"),
+        ([[-1, 2]], IndexError, "out of range"),
         ([[0, 1, 2]], ValueError, r"\[N, 2\]"),
+        ([[0.0, 1.0]], TypeError, "int32/int64"),
     ],
 )
 def test_copy_blocks_rejects_bad_pairs(pairs: list, error: type, match: str) -> None:
-    cache = torch.zeros(9, 8, 2, 16)
+    caches = torch.zeros(2, 9, 8, 2, 16)
     with pytest.raises(error, match=match):
-        copy_blocks([cache], torch.tensor(pairs))
+        copy_blocks(caches, torch.tensor(pairs))
+    with pytest.raises(ValueError, match="stacked"):
+        copy_blocks(caches[0, 0, 0], torch.tensor([[0, 1]]))
 
 
-def test_gather_then_scatter_round_trips_blocks() -> None:
-    cache = rand((10, 16, 2, 16), torch.float16, 4)
+@pytest.mark.parametrize(("num_caches", "block"), [(1, (16, 2, 16)), (4, (8, 1, 8))])
+def test_gather_then_scatter_round_trips_blocks(num_caches: int, block: tuple[int, ...]) -> None:
+    caches = rand((num_caches, 10, *block), torch.float16, 4)
     ids = torch.tensor([7, 2, 9], dtype=torch.int64)
-    swapped = gather_blocks(cache, ids)
-    assert torch.equal(swapped, ref_gather_blocks(cache, ids))
+    swapped = gather_blocks(caches, ids)
+    assert swapped.shape == (num_caches, 3, *block)
+    assert torch.equal(swapped, ref_gather_blocks(caches, ids))
     swapped_copy = swapped.clone()
-    cache[ids] = 0  # the blocks are reused while swapped out; the gathered copy must not alias
+    caches[:, ids] = 0  # the blocks are reused while swapped out; the copy must not alias
     assert torch.equal(swapped, swapped_copy)
     dest = torch.tensor([0, 5, 3], dtype=torch.int32)
-    ref = cache.clone()
-    scatter_blocks(cache, dest, swapped)
+    ref = caches.clone()
+    scatter_blocks(caches, dest, swapped)
     ref_scatter_blocks(ref, dest, swapped)
-    assert torch.equal(cache, ref)
-    assert torch.equal(cache[dest.long()], swapped)
+    assert torch.equal(caches, ref)
+    assert torch.equal(caches[:, dest.long()], swapped)
 
 
 def test_swap_ops_reject_bad_inputs() -> None:
-    cache = torch.zeros(4, 8, 2, 16)
+    caches = torch.zeros(2, 4, 8, 2, 16)
     with pytest.raises(IndexError, match="out of range"):
-        gather_blocks(cache, torch.tensor([4]))
+        gather_blocks(caches, torch.tensor([4]))
     with pytest.raises(ValueError, match="data must be"):
-        scatter_blocks(cache, torch.tensor([1]), torch.zeros(2, 8, 2, 16))
+        scatter_blocks(caches, torch.tensor([1]), torch.zeros(2, 2, 8, 2, 16))
+    with pytest.raises(ValueError, match="data must be"):
+        scatter_blocks(caches, torch.tensor([1]), torch.zeros(1, 8, 2, 16))
     with pytest.raises(ValueError, match="repeat"):
-        scatter_blocks(cache, torch.tensor([1, 1]), torch.zeros(2, 8, 2, 16))
+        scatter_blocks(caches, torch.tensor([1, 1]), torch.zeros(2, 2, 8, 2, 16))
+    with pytest.raises(ValueError, match="stacked"):
+        gather_blocks(caches[0, 0, 0], torch.tensor([1]))

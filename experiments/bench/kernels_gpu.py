@@ -191,9 +191,11 @@ def run_correctness(plan: Plan) -> list[dict]:
         err = max(rel_err(kc2, kr), rel_err(vc2, vr))
         rows.append(_check_row("store_kv", "9 tokens, one padding", dtype, err, 0.0))
         pairs = torch.tensor([[0, 3], [1, 4]], device=plan.device)
-        ref_copy_blocks([kr], pairs)
-        copy_blocks([kc2], pairs)
-        rows.append(_check_row("copy_blocks", "2 pairs", dtype, rel_err(kc2, kr), 0.0))
+        stacked, stacked_ref = torch.stack([kc2, vc2]), torch.stack([kr, vr])
+        ref_copy_blocks(stacked_ref, pairs)
+        copy_blocks(stacked, pairs)
+        err = rel_err(stacked, stacked_ref)
+        rows.append(_check_row("copy_blocks", "2 pairs, K and V stacked", dtype, err, 0.0))
     return rows
 
 

@@ -16,7 +16,11 @@ the mean and max absolute relative error at the train points and at the held-out
 The file (JSON, ``kind: "stack"``) keeps the fit, its errors and points, and the ``base``
 preset whose other terms (per-block gather, last-block waste, per-copy latencies) the
 measured stack keeps; :func:`load_stack_file` turns it into a :class:`Stack`. kvlab's engine
-is synchronous, so the measured stack is serial (step = GPU + CPU).
+is synchronous, so the measured stack is serial (step = GPU + CPU). Of those kept terms,
+the device-copy one (one copy kernel per step) is what kvlab's engine does; the swap one
+(a copy per block, per layer, for K and V) is not: kvlab swaps a step's blocks with one
+gather, one transfer and one scatter (``engine.kv_cache``), so it overstates kvlab's
+per-copy latency.
 """
 
 from __future__ import annotations
