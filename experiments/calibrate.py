@@ -1,11 +1,13 @@
-"""``python -m experiments.calibrate RUN_DIR [--out FILE]``: fit the simulator's step-time
-model to an engine run.
+"""``python -m experiments.calibrate RUN_DIR [--out FILE] [--weighting absolute|relative]``:
+fit the simulator's step-time model to an engine run.
 
 ``RUN_DIR`` is a directory written by ``experiments.serve`` (or ``experiments.bench.engine_gpu``):
 ``config.yaml`` names the model, the hardware label, the dtype and the block size;
 ``steps.csv`` holds every step's shape and measured ``duration_s``. The fit is
 :meth:`sim.cost.CalibratedCostModel.fit` (non-negative least squares on roofline basis
-terms of the named hardware: on another device the coefficients absorb the difference).
+terms of the named hardware: on another device the coefficients absorb the difference;
+``--weighting relative`` fits relative step errors, so short decode steps weigh as much as
+long prefills).
 Prints the coefficients, R² and MAPE and writes ``calibration.json`` (default: in
 ``RUN_DIR``), which ``experiments.validate`` and a simulate config's ``cost`` group
 (``kind: calibrated``) read. A plain argparse CLI (the input is a run directory, not a
@@ -29,6 +31,7 @@ from experiments.lib.results import write_json
 from experiments.lib.setup import block_size
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel
+from sim.cost.calibrated import WEIGHTINGS
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -51,8 +54,9 @@ def dtype_bytes(cfg: dict[str, Any]) -> int:
     return DTYPE_BYTES[name]
 
 
-def calibrate(run_dir: Path) -> CalibratedCostModel:
-    """The calibrated cost model fitted to ``run_dir``'s ``steps.csv``."""
+def calibrate(run_dir: Path, weighting: str = "absolute") -> CalibratedCostModel:
+    """The calibrated cost model fitted to ``run_dir``'s ``steps.csv`` (``weighting``: one
+    of :data:`sim.cost.calibrated.WEIGHTINGS`)."""
     cfg = read_run_config(run_dir)
     steps_path = Path(run_dir) / "steps.csv"
     if not steps_path.is_file():
@@ -67,6 +71,7 @@ def calibrate(run_dir: Path) -> CalibratedCostModel:
         tp=int(cfg["model"].get("tp", 1)),
         dtype_bytes=dtype_bytes(cfg),
         block_size=block_size(cfg["system"]),
+        weighting=weighting,
     )
 
 
@@ -85,8 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.calibrate", description=__doc__)
     parser.add_argument("run_dir", type=Path, help="an engine run directory")
     parser.add_argument("--out", type=Path, default=None, help="default RUN_DIR/calibration.json")
+    parser.add_argument(
+        "--weighting",
+        choices=WEIGHTINGS,
+        default="absolute",
+        help="absolute: squared error in seconds (long steps dominate); relative: squared "
+        "relative error (every step counts alike)",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    model = calibrate(args.run_dir)
+    model = calibrate(args.run_dir, args.weighting)
     print(model.describe())
     out = args.out or args.run_dir / "calibration.json"
     doc = calibration_doc(model, args.run_dir)

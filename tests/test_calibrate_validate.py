@@ -46,6 +46,21 @@ def test_calibration_fit_has_finite_stats(online_run: Path, capsys) -> None:
     assert "R²=" in capsys.readouterr().out
 
 
+def test_calibration_weighting_flag_reaches_the_fit(online_run: Path, tmp_path: Path) -> None:
+    out = {w: tmp_path / f"{w}.json" for w in ("absolute", "relative")}
+    for weighting, path in out.items():
+        args = [str(online_run), "--out", str(path), "--weighting", weighting]
+        assert calibrate.main(args) == 0
+    docs = {w: json.loads(p.read_text()) for w, p in out.items()}
+    assert {w: d["fit_stats"]["weighting"] for w, d in docs.items()} == {
+        "absolute": "absolute", "relative": "relative",
+    }  # fmt: skip
+    # the two objectives weigh the steps differently, so the coefficients differ
+    assert docs["absolute"]["coefficients"] != docs["relative"]["coefficients"]
+    with pytest.raises(SystemExit):
+        calibrate.main([str(online_run), "--weighting", "squared"])
+
+
 def test_validation_with_the_calibrated_model_writes_its_file(online_run: Path) -> None:
     calibrate.main([str(online_run)])
     out = online_run / "validation_calibrated.json"

@@ -313,6 +313,38 @@ def test_calibrated_fit_keeps_coefficients_non_negative_under_noise() -> None:
     assert 0.0 < fitted.fit_stats["mape"] < 0.1
 
 
+def test_calibrated_fit_relative_weighting_minimizes_relative_errors() -> None:
+    """Noiseless steps are recovered under either weighting; on noisy steps each weighting
+    is optimal for its own objective (relative: squared relative error), so the relative fit
+    never has the larger relative residuals, and the fit records which it used."""
+    rng = np.random.default_rng(11)
+    df = _synthetic_steps(rng, 200)
+    true = {"constant": 0.002, "linear_flop_time": 1.4, "attn_flop_time": 2.0, "byte_time": 1.2}
+    probe = CalibratedCostModel("opt-13b", "a100-40gb", dict.fromkeys(TERMS, 0.0))
+    clean = _durations(probe, df, true)
+    exact = CalibratedCostModel.fit(df.assign(duration_s=clean), "opt-13b", "a100-40gb",
+                                    weighting="relative")  # fmt: skip
+    for term in TERMS:
+        assert exact.coefficients[term] == pytest.approx(true.get(term, 0.0), rel=1e-4, abs=1e-9)
+    noisy = df.assign(duration_s=clean * np.exp(0.2 * rng.standard_normal(len(df))))
+    y = noisy["duration_s"].to_numpy()
+
+    def squared_relative(model: CalibratedCostModel) -> float:
+        return float(np.sum(((model.predict_steps(noisy) - y) / y) ** 2))
+
+    rel = CalibratedCostModel.fit(noisy, "opt-13b", "a100-40gb", weighting="relative")
+    absolute = CalibratedCostModel.fit(noisy, "opt-13b", "a100-40gb")
+    assert squared_relative(rel) <= squared_relative(absolute) * (1 + 1e-9)
+    assert rel.fit_stats["weighting"] == "relative"
+    assert absolute.fit_stats["weighting"] == "absolute"
+    assert "relative errors" in rel.describe()
+    with pytest.raises(ValueError, match="weighting 'squared' is not one of absolute, relative"):
+        CalibratedCostModel.fit(noisy, "opt-13b", "a100-40gb", weighting="squared")
+    with pytest.raises(ValueError, match="duration_s > 0"):
+        CalibratedCostModel.fit(noisy.assign(duration_s=0.0), "opt-13b", "a100-40gb",
+                                weighting="relative")  # fmt: skip
+
+
 def test_calibrated_describe_names_what_it_was_fitted_on() -> None:
     coef = {"constant": 0.001, "linear_flop_time": 1.2, "attn_flop_time": 1.2, "byte_time": 1.1}
     vllm = CalibratedCostModel(

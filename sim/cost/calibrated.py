@@ -48,6 +48,8 @@ REQUIRED_COLUMNS = (
     "decode_ctx_tokens",
     "duration_s",
 )
+# how fit weighs the steps' errors (see CalibratedCostModel.fit)
+WEIGHTINGS = ("absolute", "relative")
 # a steps table's columns of the six counts, in :func:`sim.cost.work.shape_counts`' order
 COUNT_COLUMNS = (
     "prefill_tokens",
@@ -106,7 +108,7 @@ class CalibratedCostModel:
         tp: int = 1,
         dtype_bytes: int = 2,
         block_size: int = DEFAULT_BLOCK_SIZE,
-        fit_stats: Mapping[str, float] | None = None,
+        fit_stats: Mapping[str, float | str] | None = None,
     ) -> None:
         missing = [t for t in CORE_TERMS if t not in coefficients]
         if missing:
@@ -147,14 +149,22 @@ class CalibratedCostModel:
         tp: int = 1,
         dtype_bytes: int = 2,
         block_size: int = DEFAULT_BLOCK_SIZE,
+        weighting: str = "absolute",
     ) -> CalibratedCostModel:
         """Non-negative least squares of ``steps.duration_s`` on the basis terms.
 
         ``steps`` needs the columns in ``REQUIRED_COLUMNS``; ``prefill_seqs`` is optional
         (missing: 0, so prefill LM-head FLOPs and the prefill sequences go uncounted and
         ``per_prefill_sequence`` fits to 0). Rows with no tokens (swap-only
-        steps) are dropped. ``fit_stats`` records ``r2``, ``mape`` and ``n_steps``.
+        steps) are dropped. ``weighting`` (one of ``WEIGHTINGS``): ``absolute`` minimizes
+        the squared error in seconds, so the longest steps (large prefills) dominate;
+        ``relative`` minimizes the squared relative error, so a 50 ms decode step counts as
+        much as a 2 s prefill (every kind of step in the run constrains the fit, which is
+        what predicting another run's mix needs). ``fit_stats`` records ``r2``, ``mape``,
+        ``n_steps`` and ``weighting``.
         """
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting {weighting!r} is not one of {', '.join(WEIGHTINGS)}")
         missing = [c for c in REQUIRED_COLUMNS if c not in steps.columns]
         if missing:
             raise ValueError(f"steps table lacks columns {missing}; need {REQUIRED_COLUMNS}")
@@ -164,17 +174,25 @@ class CalibratedCostModel:
         probe = cls(model, gpu, dict.fromkeys(TERMS, 0.0), tp, dtype_bytes, block_size)
         a = probe.basis_matrix(df)
         y = df["duration_s"].to_numpy(dtype=float)
-        scale = np.linalg.norm(a, axis=0)
+        if weighting == "relative":
+            if not (y > 0).all():
+                raise ValueError("relative weighting needs every step's duration_s > 0")
+            w = 1.0 / y
+        else:
+            w = np.ones_like(y)
+        aw = a * w[:, None]
+        scale = np.linalg.norm(aw, axis=0)
         scale[scale == 0] = 1.0
-        coef = nnls(a / scale, y) / scale
+        coef = nnls(aw / scale, y * w) / scale
         pred = a @ coef
         ss_res = float(np.sum((y - pred) ** 2))
         ss_tot = float(np.sum((y - y.mean()) ** 2))
         pos = y > 0
-        stats = {
+        stats: dict[str, float | str] = {
             "n_steps": float(len(df)),
             "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
             "mape": float(np.mean(np.abs(pred[pos] - y[pos]) / y[pos])) if pos.any() else 0.0,
+            "weighting": weighting,
         }
         return cls(
             model, gpu, dict(zip(TERMS, coef, strict=True)), tp, dtype_bytes, block_size, stats
@@ -238,7 +256,7 @@ class CalibratedCostModel:
         fitted_on = (
             "fit on per-request signals (TPOT, no-wait TTFT) of a vLLM run"
             if "n_signals" in s
-            else "NNLS fit on engine step measurements"
+            else f"NNLS fit ({s.get('weighting', 'absolute')} errors) on engine step measurements"
         )
         lines = [f"calibrated cost model: {rf.model.name} on {rf.tp} × {rf.gpu.name}, {fitted_on}"]
         lines.append(f"  constant (per-step overhead) {c['constant'] * 1e3:10.4f} ms")
