@@ -6,25 +6,43 @@ import json
 import math
 from pathlib import Path
 
-from experiments.bench.cpu_cross_run import KEYS, main
+from experiments.bench.cpu_cross_run import KEYS, LABELS, PAIRS, main
 
 
-def test_calibrate_on_one_run_validate_on_another(tmp_path: Path) -> None:
+def test_calibrate_on_one_run_validate_on_others(tmp_path: Path) -> None:
     assert main(["--out", str(tmp_path), "--quick"]) == 0
     doc = json.loads((tmp_path / "cross_run.json").read_text())
-    runs = {r["validated_on"] for r in doc["rows"]}
-    assert runs == {"A (in-sample)", "B (other run)"}
+    pairs = {(r["calibrated_on"], r["validated_on"], r["role"]) for r in doc["rows"]}
+    expected = {
+        (LABELS[fit], LABELS[t], "in-sample" if t == fit else "other run")
+        for fit, targets in PAIRS
+        for t in targets
+    }
+    assert pairs == expected
+    # the span run is validated on both runs it was not fitted on
+    assert (LABELS["s"], LABELS["a"], "other run") in pairs
+    assert (LABELS["s"], LABELS["b"], "other run") in pairs
     for row in doc["rows"]:
         assert row["metric"] in KEYS
         assert row["rel_err"] is not None and math.isfinite(row["rel_err"])
-    cfg_a = (tmp_path / "run_a" / "config.yaml").read_text()
-    cfg_b = (tmp_path / "run_b" / "config.yaml").read_text()
-    assert "sharegpt" in cfg_a and "alpaca" in cfg_b  # another workload ...
-    assert "rate: 30" in cfg_a and "rate: 60" in cfg_b  # ... and another rate
+    # A and B served again with the same config: the engine against itself
+    rep = {(r["run"], r["metric"]) for r in doc["repeatability"]}
+    assert rep == {(LABELS[n], k) for n in ("a", "b") for k in KEYS}
+    assert all(math.isfinite(r["rel_diff"]) for r in doc["repeatability"])
+    for again, first in (("a2", "a"), ("b2", "b")):
+        assert (tmp_path / f"run_{again}" / "config.yaml").read_text() == (
+            tmp_path / f"run_{first}" / "config.yaml"
+        ).read_text()
+    for cal in doc["calibrations"].values():
+        assert cal["fit_stats"]["weighting"] == "relative"
+    cfg = {n: (tmp_path / f"run_{n}" / "config.yaml").read_text() for n in LABELS}
+    assert "sharegpt" in cfg["a"] and "alpaca" in cfg["b"]  # another workload ...
+    assert "rate: 30" in cfg["a"] and "rate: 60" in cfg["b"]  # ... and another rate
+    assert "sigma_input: 2.0" in cfg["s"] and "rate: 40" in cfg["s"]  # the wide span run
     # --reuse-runs recalibrates on the runs already served: their steps are left untouched
-    steps_a = (tmp_path / "run_a" / "steps.csv").read_bytes()
+    steps = {n: (tmp_path / f"run_{n}" / "steps.csv").read_bytes() for n in cfg}
     (tmp_path / "cross_run.json").unlink()
     assert main(["--out", str(tmp_path), "--quick", "--reuse-runs"]) == 0
-    assert (tmp_path / "run_a" / "steps.csv").read_bytes() == steps_a
+    assert {n: (tmp_path / f"run_{n}" / "steps.csv").read_bytes() for n in cfg} == steps
     again = json.loads((tmp_path / "cross_run.json").read_text())
     assert again["rows"] == doc["rows"]

@@ -1,25 +1,34 @@
 """Cross-run validation on kvlab's CPU engine: ``python -m experiments.bench.cpu_cross_run
---out DIR [--quick]``.
+--out DIR [--quick] [--reuse-runs]``.
 
-Calibrate on one engine run, validate on a *different* one (another workload and rate):
-
-- run A (calibration): ShareGPT-like requests at ``RATE_A`` req/s;
-- run B (validation): Alpaca-like requests at ``RATE_B`` req/s;
-
-both ``experiments.serve`` runs of the ``vllm`` system on OPT-125M shapes (seeded dummy
+Calibrate on one engine run, validate on *different* ones (other workloads and rates).
+Three ``experiments.serve`` runs of the ``vllm`` system on OPT-125M shapes (seeded dummy
 weights, fp32, one torch thread, online arrivals on the virtual clock: the timeline
 advances by each step's measured time, read as the engine thread's CPU time,
-``step_timer=thread_cpu``, so other processes on the machine do not inflate it).
-``experiments.calibrate`` fits the calibrated step model to A's ``steps.csv``;
-``experiments.validate`` simulates B's workload on B's KV cache with that model and
-compares with B's measured metrics (and, for reference, A's in-sample fit). It also prices
-each run's measured steps with the fitted model, open loop (the engine's own batches, no
-queue): the step model's error before queueing amplifies it.
-Writes ``DIR/cross_run.json`` and ``DIR/cross_run.csv`` and prints both tables.
+``step_timer=thread_cpu``, so other processes on the machine do not inflate it):
+
+- run S (span, calibration): ShareGPT-mean lengths with wide spreads
+  (``SPAN_SIGMAS``: prompts from a few tokens to a thousand, outputs likewise) at
+  ``RATE_S`` req/s, past what the engine serves, so its batches grow from one sequence to
+  dozens and drain again. It is built to cover the operating range, as a profiler's grid
+  does, not to resemble either validation run;
+- run A: ShareGPT-like requests at ``RATE_A`` req/s;
+- run B: Alpaca-like requests at ``RATE_B`` req/s.
+
+Two calibrations, both ``experiments.calibrate`` with ``WEIGHTING`` (relative step errors):
+on S, validated on A and B (the headline: neither was seen by the fit), and on A,
+validated on B (a production-like run extrapolated to another regime, kept to show why the
+span run is needed). ``experiments.validate`` simulates each validation run's workload on
+its KV cache with the fitted model and compares with its measured metrics; the in-sample
+rows are printed for reference. Each model also prices every run's measured steps open loop
+(the engine's own batches, no queue): the step model's error before queueing amplifies it.
+Writes ``DIR/cross_run.json`` and ``DIR/cross_run.csv`` and prints the tables.
 ``--quick`` uses tiny-opt and a handful of requests (seconds) so a test can run it.
-``--reuse-runs`` keeps ``DIR/run_a`` and ``DIR/run_b`` where they already hold a
-``steps.csv`` (recalibrate and revalidate after a change to the cost model without serving
-again).
+Runs A2 and B2 serve A and B again with the same config and seed: the engine's own
+run-to-run difference (the ``repeatability`` table), the floor under any model's error on
+another run; S's model is validated on them too.
+``--reuse-runs`` keeps ``DIR/run_*`` where they already hold a ``steps.csv``
+(recalibrate and revalidate after a change to the cost model without serving again).
 """
 
 from __future__ import annotations
@@ -35,27 +44,44 @@ from hydra import compose, initialize_config_dir
 
 from experiments import calibrate, validate
 from experiments.bench.tables import print_table, write_csv
-from experiments.lib.results import write_json
+from experiments.lib.results import read_metrics, write_json
 from experiments.serve import run as serve
 
 CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
-RATE_A, RATE_B = 2.0, 6.0
+RATE_S, RATE_A, RATE_B = 4.0, 2.0, 6.0
+SPAN_SIGMAS = ["+workload.sigma_input=2.0", "+workload.sigma_output=1.0"]
+WEIGHTING = "relative"
 COMMON = [
     "system=vllm", "dtype=float32", "progress=false", "mode=online", "clock=virtual",
     "threads=1", "step_timer=thread_cpu",
 ]  # fmt: skip
 FULL = {
     "model": "opt-125m",
+    "s": ["workload=sharegpt", *SPAN_SIGMAS, f"workload.rate={RATE_S}",
+          "workload.num_requests=40"],
     "a": ["workload=sharegpt", f"workload.rate={RATE_A}", "workload.num_requests=24"],
     "b": ["workload=alpaca", f"workload.rate={RATE_B}", "workload.num_requests=48"],
     "kv": "kv_cache_gb=0.5",
-}
+}  # fmt: skip
 QUICK = {
     "model": "tiny-opt",
+    "s": ["workload=sharegpt", *SPAN_SIGMAS, "workload.rate=40", "workload.num_requests=10"],
     "a": ["workload=sharegpt", "workload.rate=30", "workload.num_requests=8"],
     "b": ["workload=alpaca", "workload.rate=60", "workload.num_requests=12"],
     "kv": "kv_cache_gb=0.002",
 }
+SEEDS = {"s": 3, "a": 1, "b": 2}
+# A2 and B2 serve A and B again, same config and seed: the engine's own repeatability
+REPEATS = {"a2": "a", "b2": "b"}
+LABELS = {
+    "s": "S (span)",
+    "a": "A (ShareGPT)",
+    "a2": "A again",
+    "b": "B (Alpaca)",
+    "b2": "B again",
+}
+# (calibrated on, validated on): the span run predicts both others; A predicts B
+PAIRS = (("s", ("s", "a", "a2", "b", "b2")), ("a", ("a", "b")))
 KEYS = ("request_throughput", "output_throughput", "mean_tpot_ms", "mean_e2el_ms", "mean_ttft_ms")
 
 
@@ -97,65 +123,87 @@ def open_loop_errors(model: Any, steps: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
+def metric_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """``KEYS``' engine value, simulated value and relative error from a validation."""
+    by_key = {r["metric"]: r for r in res["comparison"]}
+    rows = []
+    for key in KEYS:
+        r = by_key.get(key) or {
+            "engine": res["engine"].get(key),
+            "simulator": res["simulator"].get(key),
+            "rel_err": validate.rel_err(res["simulator"].get(key), res["engine"].get(key)),
+        }
+        rows.append({
+            "metric": key, "engine": r["engine"], "simulator": r["simulator"],
+            "rel_err": r["rel_err"],
+        })  # fmt: skip
+    return rows
+
+
 def cross_run(out: Path, quick: bool = False, reuse_runs: bool = False) -> dict[str, Any]:
-    """Serve A and B (or, with ``reuse_runs``, keep the runs already in ``out``), calibrate
-    on A, validate on A and B; the rows and the documents."""
+    """Serve S, A and B (or, with ``reuse_runs``, keep the runs already in ``out``),
+    calibrate on S and on A, validate each on the runs of ``PAIRS``; rows and documents."""
     plan = QUICK if quick else FULL
     base = [f"model={plan['model']}", plan["kv"], *COMMON]
     runs = {}
-    for name, seed in (("a", 1), ("b", 2)):
+    for name in LABELS:
         run_dir = out / f"run_{name}"
+        spec = REPEATS.get(name, name)
         if reuse_runs and (run_dir / "steps.csv").is_file():
             runs[name] = run_dir
         else:
-            runs[name] = serve_run(run_dir, [*base, *plan[name], f"seed={seed}"])
-    run_a, run_b = runs["a"], runs["b"]
-    fitted = calibrate.calibrate(run_a)
-    doc = calibrate.calibration_doc(fitted, run_a)
-    write_json(run_a / "calibration.json", doc)
-    open_loop = [
-        {"run": label, **r}
-        for label, run_dir in (("A (in-sample)", run_a), ("B (other run)", run_b))
-        for r in open_loop_errors(fitted, pd.read_csv(run_dir / "steps.csv"))
-    ]
-    rows = []
-    results = {}
-    for label, run_dir in (("A (in-sample)", run_a), ("B (other run)", run_b)):
-        res = validate.validate(run_dir, doc)
-        results[label] = res
-        by_key = {r["metric"]: r for r in res["comparison"]}
-        for key in KEYS:
-            r = by_key.get(key) or {
-                "engine": res["engine"].get(key),
-                "simulator": res["simulator"].get(key),
-                "rel_err": validate.rel_err(res["simulator"].get(key), res["engine"].get(key)),
-            }
-            rows.append({
-                "validated_on": label, "metric": key, "engine": r["engine"],
-                "simulator": r["simulator"], "rel_err": r["rel_err"],
-            })  # fmt: skip
+            runs[name] = serve_run(run_dir, [*base, *plan[spec], f"seed={SEEDS[spec]}"])
+    rows, open_loop, calibrations = [], [], {}
+    for fit_on, targets in PAIRS:
+        fitted = calibrate.calibrate(runs[fit_on], WEIGHTING)
+        doc = calibrate.calibration_doc(fitted, runs[fit_on])
+        write_json(runs[fit_on] / "calibration.json", doc)
+        calibrations[LABELS[fit_on]] = doc
+        for target in targets:
+            role = "in-sample" if target == fit_on else "other run"
+            where = {"calibrated_on": LABELS[fit_on], "validated_on": LABELS[target]}
+            steps = pd.read_csv(runs[target] / "steps.csv")
+            open_loop += [{**where, **r} for r in open_loop_errors(fitted, steps)]
+            res = validate.validate(runs[target], doc)
+            rows += [{**where, "role": role, **r} for r in metric_rows(res)]
     return {
-        "rows": rows, "open_loop": open_loop, "calibration": doc, "plan": plan,
-        "validations": results,
+        "rows": rows, "open_loop": open_loop, "calibrations": calibrations, "plan": plan,
+        "repeatability": repeatability(runs),
     }  # fmt: skip
+
+
+def repeatability(runs: dict[str, Path]) -> list[dict[str, Any]]:
+    """The engine against itself: each repeated run's ``KEYS`` against the first serving of
+    the same config and seed, as (again − first) / first. A model's error on another run
+    cannot be told apart from this."""
+    rows = []
+    for again, first in REPEATS.items():
+        m_first, m_again = (read_metrics(runs[n]) for n in (first, again))
+        for key in KEYS:
+            rows.append({
+                "run": LABELS[first], "metric": key, "first": m_first.get(key),
+                "again": m_again.get(key),
+                "rel_diff": validate.rel_err(m_again.get(key), m_first.get(key)),
+            })  # fmt: skip
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench.cpu_cross_run")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="tiny-opt, seconds")
-    parser.add_argument(
-        "--reuse-runs", action="store_true", help="keep DIR/run_a and DIR/run_b if served"
-    )
+    parser.add_argument("--reuse-runs", action="store_true", help="keep DIR/run_{s,a,b} if served")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     result = cross_run(args.out, args.quick, args.reuse_runs)
-    print(result["calibration"].get("coefficients"))
-    print_table("calibrated on run A, validated on A and on B", result["rows"])
-    print_table("run A's model on each run's measured steps (open loop)", result["open_loop"])
+    for label, doc in result["calibrations"].items():
+        print(f"calibrated on {label}: {doc.get('coefficients')}")
+    print_table("calibrated on one run, validated on others", result["rows"])
+    print_table("each model on each run's measured steps (open loop)", result["open_loop"])
+    print_table("the engine against itself (same config and seed, served again)",
+                result["repeatability"])  # fmt: skip
     write_csv(args.out / "cross_run.csv", result["rows"])
-    keep = ("rows", "open_loop", "calibration", "plan")
-    write_json(args.out / "cross_run.json", {k: result[k] for k in keep})
+    write_json(args.out / "cross_run.json", result)
     print(f"wrote {args.out}/cross_run.json, cross_run.csv")
     return 0
 
