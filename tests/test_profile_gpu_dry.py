@@ -77,3 +77,27 @@ def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit):
             main(["--out", "unused", "--dry", *argv])
         assert needle in capsys.readouterr().err
+
+
+def test_cpu_mode_times_the_cpu_engine_settings(tmp_path: Path) -> None:
+    """--cpu measures what kvlab's CPU engine runs (torch attention, thread CPU time, dense
+    small row counts); a shrunk plan of it measures every op with positive times."""
+    from experiments.bench.profile_gpu import CPU_TOKENS, decode_points, sidecar
+
+    plan = make_plan(dry=False, cpu=True)
+    assert plan.device.type == "cpu" and not plan.dry and plan.backend == "torch"
+    assert plan.thread_clock and plan.model == "opt-125m" and plan.dtype == torch.float32
+    assert plan.token_counts == CPU_TOKENS and set(range(1, 65)) <= set(CPU_TOKENS)
+    assert {n for n, _ in decode_points(plan)} == set(plan.decode_batches)
+    small = replace(make_plan(dry=False, model="tiny-opt", cpu=True), token_counts=(1, 3),
+                    seq_contexts=(16,), decode_batches=(2,), repeats=1)  # fmt: skip
+    prof = Profiler(small)
+    assert prof.backend.name == "torch" and prof.layer.self_attn.backend.name == "torch"
+    rows = measure(small, log=lambda _: None)
+    assert {r["op"] for r in rows} == set(OPS)
+    assert [(r["num_tokens"], r["context_tokens"]) for r in rows if r["op"] == "attn_decode"] == [
+        (2, 32)
+    ]
+    assert all(r["time_ms"] > 0 for r in rows)
+    meta = sidecar(small, ["--cpu"])
+    assert meta["gpu"] == "cpu" and meta["dry"] is False and "thread's CPU time" in meta["method"]

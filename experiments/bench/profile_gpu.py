@@ -1,6 +1,6 @@
 """Operator profile of kvlab's engine on one GPU, the table the simulator's ``cost=profiled``
-interpolates: ``python -m experiments.bench.profile_gpu --out DIR [--dry] [--model NAME]
-[--block-size B]``.
+interpolates: ``python -m experiments.bench.profile_gpu --out DIR [--dry | --cpu]
+[--model NAME] [--block-size B]``.
 
 Format ``kvlab-operator-profile/1``, two files in ``DIR``:
 
@@ -39,6 +39,12 @@ a ~0.5 ms GPU sleep before each repeat so host launch overhead is not timed, and
 write before each (cold L2). GPU default: OPT-13B's layer shape, fp16, block size 16 (the
 engine runs' settings). ``--dry`` runs the same code on CPU under the Triton interpreter
 with tiny-opt, fp32 and a small sweep; its times are meaningless and labelled so.
+``--cpu`` measures this CPU as kvlab's CPU engine runs on it (one torch thread, the torch
+attention backend, OPT-125M fp32 by default): each call timed by the calling thread's CPU
+time, every row count from 1 to 64 (CPU GEMM time is not monotone in the rows there), decode
+batches of 1 … 64 sequences. The sidecar's ``gpu`` is ``cpu``; the simulator has no
+hardware entry for a CPU, so the table documents the CPU engine's operator costs (see
+``docs/validation/cpu-engine.md``) rather than feeding ``cost=profiled``.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import datetime
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,9 +86,24 @@ class ProfilePlan:
     warmup: int
     flush_bytes: int
     sleep_cycles: int
+    backend: str = "triton"  # the engine's attention backend the profile measures
+    decode_batches: tuple[int, ...] = ()  # decode batch sizes; () = token_counts
+    thread_clock: bool = False  # CPU: time the calling thread's CPU time, not wall time
 
 
-def make_plan(dry: bool, model: str | None = None, block_size: int = 16) -> ProfilePlan:
+# --cpu: every row count to 64 (CPU GEMM time is not monotone in rows there), then coarser
+CPU_TOKENS = (*range(1, 65), 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+def make_plan(
+    dry: bool, model: str | None = None, block_size: int = 16, cpu: bool = False
+) -> ProfilePlan:
+    if cpu:
+        return ProfilePlan(torch.device("cpu"), False, model or "opt-125m", torch.float32,
+                           block_size, CPU_TOKENS, tuple(2**i for i in range(4, 12)), 2**15,
+                           5, 1, 0, 0, backend="torch",
+                           decode_batches=tuple(2**i for i in range(7)),
+                           thread_clock=True)  # fmt: skip
     if dry:
         return ProfilePlan(torch.device("cpu"), True, model or "tiny-opt", torch.float32,
                            block_size, (1, 2, 4), (16, 32), 64, 2, 1, 0, 0)  # fmt: skip
@@ -94,8 +116,8 @@ def make_plan(dry: bool, model: str | None = None, block_size: int = 16) -> Prof
 
 def decode_points(plan: ProfilePlan) -> list[tuple[int, int]]:
     """``(num_seqs, context_tokens)`` of every decode batch, in sorted order."""
-    return [(n, n * c) for n in plan.token_counts for c in plan.seq_contexts
-            if n * c <= plan.max_context_tokens]  # fmt: skip
+    return [(n, n * c) for n in plan.decode_batches or plan.token_counts
+            for c in plan.seq_contexts if n * c <= plan.max_context_tokens]  # fmt: skip
 
 
 class _PresetOutput(nn.Module):
@@ -132,10 +154,10 @@ class Profiler:
 
         self.plan = plan
         self.config = replace(check_engine_support(get_model(plan.model)), num_layers=1)
-        self.model = build_model(self.config, "triton", plan.dtype, plan.device)
+        self.model = build_model(self.config, plan.backend, plan.dtype, plan.device)
         init_dummy_weights(self.model, seed=0)
         self.layer = self.model.decoder().layers[0]
-        self.backend = get_backend("triton")
+        self.backend = get_backend(plan.backend)
         self.gen = torch.Generator(device=plan.device).manual_seed(0)
         rows = max(plan.token_counts)
         self.linears = [m for m in self.layer.modules() if isinstance(m, nn.Linear)]
@@ -165,7 +187,8 @@ class Profiler:
         from experiments.bench.timing import time_ms
 
         p = self.plan
-        return time_ms(fn, p.device, p.repeats, p.warmup, p.flush_bytes, p.sleep_cycles)
+        clock = time.thread_time if p.thread_clock else time.perf_counter
+        return time_ms(fn, p.device, p.repeats, p.warmup, p.flush_bytes, p.sleep_cycles, clock)
 
     def linear(self, tokens: int) -> float:
         xs = [(m, self.inputs[m.in_features][:tokens]) for m in self.linears]
@@ -270,7 +293,20 @@ def sorted_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
     import triton
 
-    gpu = "cpu (Triton interpreter)" if plan.dry else torch.cuda.get_device_name(plan.device)
+    if plan.device.type == "cpu":
+        gpu = "cpu (Triton interpreter)" if plan.dry else "cpu"
+    else:
+        gpu = torch.cuda.get_device_name(plan.device)
+    if plan.dry:
+        method = "MEANINGLESS: dry run on CPU under the Triton interpreter"
+    elif plan.device.type == "cpu":
+        method = (
+            f"CPU: the calling thread's CPU time, one torch thread, {plan.backend} "
+            f"attention, median of {plan.repeats} after {plan.warmup} warm-up calls"
+        )
+    else:
+        method = (f"CUDA events, median of {plan.repeats} after {plan.warmup} warm-up calls, "
+                  "launch overhead hidden, cold L2")  # fmt: skip
     return {
         "format": FORMAT,
         "model": plan.model,
@@ -283,10 +319,7 @@ def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "dry": plan.dry,
-        "method": "MEANINGLESS: dry run on CPU under the Triton interpreter"
-        if plan.dry
-        else f"CUDA events, median of {plan.repeats} after {plan.warmup} warm-up calls, "
-        "launch overhead hidden, cold L2",
+        "method": method,
     }
 
 
@@ -310,13 +343,21 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     parser.add_argument("--out", required=True, type=Path, help="output directory")
-    parser.add_argument("--dry", action="store_true", help="tiny CPU run under the interpreter")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry", action="store_true", help="tiny CPU run under the interpreter")
+    mode.add_argument(
+        "--cpu", action="store_true",
+        help="real times on this CPU: one torch thread, thread CPU time, torch attention "
+        "(kvlab's CPU engine settings; default model opt-125m, fp32)",
+    )  # fmt: skip
     parser.add_argument("--model", help="catalog model (default opt-13b; dry: tiny-opt)")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size (default 16)")
     args_list = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(args_list)
     if args.dry:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton
+    elif args.cpu:
+        torch.set_num_threads(1)  # the thread clock counts only the calling thread
     elif not torch.cuda.is_available():
         parser.error("no CUDA device; use --dry for a CPU check of the script")
     if args.block_size < 1 or args.block_size & (args.block_size - 1):
@@ -327,13 +368,13 @@ def main(argv: list[str] | None = None) -> int:
         get_model(args.model or "opt-13b")
     except KeyError as exc:
         parser.error(str(exc.args[0]))
-    plan = make_plan(args.dry, args.model, args.block_size)
+    plan = make_plan(args.dry, args.model, args.block_size, cpu=args.cpu)
     meta = sidecar(plan, args_list)
     rows = measure(plan, partial=lambda r: write_profile(args.out, r, {**meta, "complete": False}))
     write_profile(args.out, rows, {**meta, "complete": True})
     from experiments.bench.tables import print_table
 
-    note = " (dry: times meaningless)" if plan.dry else ""
+    note = " (dry: times meaningless)" if plan.dry else " (CPU thread time)" if args.cpu else ""
     print_table(f"operator profile, {plan.model}, ms{note}", _wide(rows))
     print(f"wrote {args.out / 'operator_profile.csv'} ({len(rows)} rows) and its .json")
     return 0

@@ -17,23 +17,25 @@ def time_ms(
     warmup: int,
     flush_bytes: int = 0,
     sleep_cycles: int = 200_000,
+    cpu_clock: Callable[[], float] = time.perf_counter,
 ) -> float:
     """Median milliseconds of ``fn`` over ``repeats`` calls after ``warmup`` calls.
 
-    On CUDA each repeat is bracketed by CUDA events, after ``torch.cuda._sleep(sleep_cycles)``
-    (GPU busy-wait, ~0.1 ms per 200k cycles at ~2 GHz: the host enqueues the call before the
-    GPU reaches it, so host launch overhead is not timed; give more cycles for calls that
-    launch many kernels) and a write of ``flush_bytes`` (larger than L2: a cold cache). On
-    CPU it is wall-clock time per call.
+        On CUDA each repeat is bracketed by CUDA events, after ``torch.cuda._sleep(sleep_cycles)``
+        (GPU busy-wait, ~0.1 ms per 200k cycles at ~2 GHz: the host enqueues the call before the
+        GPU reaches it, so host launch overhead is not timed; give more cycles for calls that
+        launch many kernels) and a write of ``flush_bytes`` (larger than L2: a cold cache). On
+        CPU it is ``cpu_clock`` time per call (wall clock by default; ``time.thread_time`` counts
+    only the calling thread's CPU time, which other processes do not inflate).
     """
     for _ in range(warmup):
         fn()
     if device.type != "cuda":
         times = []
         for _ in range(repeats):
-            start = time.perf_counter()
+            start = cpu_clock()
             fn()
-            times.append((time.perf_counter() - start) * 1e3)
+            times.append((cpu_clock() - start) * 1e3)
         return statistics.median(times)
     flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device)
     events = []
