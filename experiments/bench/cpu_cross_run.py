@@ -49,7 +49,7 @@ from experiments.serve import run as serve
 
 CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
 RATE_S, RATE_A, RATE_B = 4.0, 2.0, 6.0
-SPAN_SIGMAS = ["+workload.sigma_input=2.0", "+workload.sigma_output=1.0"]
+SPAN_SIGMAS = ["workload.sigma_input=2.0", "workload.sigma_output=1.0"]
 WEIGHTING = "relative"
 COMMON = [
     "system=vllm", "dtype=float32", "progress=false", "mode=online", "clock=virtual",
