@@ -19,7 +19,7 @@ from experiments.lib.checks import ConfigError
 from experiments.lib.setup import make_cost_model
 from sim.catalog import get_gpu, get_model
 from sim.cost import RooflineCostModel
-from sim.cost.overhead import fit_line, get_stack, relative_errors
+from sim.cost.overhead import describe_stack, fit_line, get_stack, relative_errors
 from sim.cost.stack_file import fit_measured_overhead, load_stack_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,3 +156,31 @@ def test_a_run_without_phase_columns_is_one_line(tmp_path: Path, capsys) -> None
         assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "no column schedule_s" in err[0] and "no steps.csv" in err[1]
+
+
+def test_measured_stack_prices_swaps_as_kvlab_engine_issues_them() -> None:
+    """kvlab's engine swaps a step's blocks with a gather, a transfer and a scatter per
+    direction (engine.kv_cache): the measured stack charges 3 call latencies per direction
+    that moves blocks, whatever the blocks and layers; vllm-2023 keeps a copy per block per
+    layer for K and V."""
+    from sim.cost.stack_file import KVLAB_SWAP_CALLS
+
+    measured = load_stack_file(SHIPPED)
+    assert measured.copies_per_block_per_layer == 0
+    assert measured.swap_calls_per_direction == KVLAB_SWAP_CALLS == 3
+    plain = RooflineCostModel("opt-13b", "a100-40gb", block_size=16)
+    kv = RooflineCostModel("opt-13b", "a100-40gb", stack=measured, block_size=16)
+    lat = measured.copy_latency_s
+    for shape, directions in (
+        (BatchShape(swap_out_blocks=1), 1),
+        (BatchShape(swap_out_blocks=40), 1),
+        (BatchShape(swap_in_blocks=4, swap_out_blocks=6), 2),
+    ):
+        extra = kv.transfer_time(shape) - plain.transfer_time(shape)
+        assert extra == pytest.approx(directions * KVLAB_SWAP_CALLS * lat), shape
+    assert kv.transfer_time(BatchShape()) == 0.0
+    v0 = RooflineCostModel("opt-13b", "a100-40gb", stack="vllm-2023", block_size=16)
+    assert v0.stack.swap_calls_per_direction == 0
+    one = BatchShape(swap_out_blocks=1)
+    assert v0.transfer_time(one) - plain.transfer_time(one) == pytest.approx(40 * 2 * lat)
+    assert "3 per swap direction per step" in describe_stack(measured)

@@ -140,6 +140,9 @@ class Stack:
       block costs as if read;
     - ``copy_latency_s`` / ``copies_per_block``: a swap issues one host-link copy per block,
       per layer, for K and V each, and each copy costs this latency on top of its bytes;
+    - ``swap_calls_per_direction``: calls a step's swap issues per direction (in, out) however
+      many blocks and layers it moves, each costing ``copy_latency_s`` (kvlab's engine: a
+      gather, a transfer and a scatter); 0 where the stack copies per block instead;
     - ``d2d_call_latency_s`` / ``d2d_calls_per_step``: a step with device block copies
       (copy-on-write) issues that many copy calls (kernel launches), each costing this
       latency on top of the bytes read and written at the device's bandwidth.
@@ -156,6 +159,7 @@ class Stack:
     sources: dict[str, str]
     d2d_call_latency_s: float = 0.0
     d2d_calls_per_step: int = 0
+    swap_calls_per_direction: int = 0
 
 
 # §7.1 / Fig. 18a of the vLLM paper (Kwon et al., SOSP 2023): its paged attention kernel is
@@ -254,11 +258,17 @@ def extra_kv_tokens(s: Stack, decode_seqs: float, kv_tokens: float, block_size: 
     return s.gather_tokens_per_block * blocks + (tail if s.block_granular else 0.0)
 
 
-def swap_seconds(s: Stack, blocks: int, block_bytes: float, layers: int, link_bps: float) -> float:
-    """Seconds to move ``blocks`` over the host link: bytes at ``link_bps`` plus one copy
-    latency per block, per layer, per K/V copy."""
-    copies = blocks * layers * s.copies_per_block_per_layer
-    return blocks * block_bytes / link_bps + copies * s.copy_latency_s
+def swap_seconds(
+    s: Stack, blocks_in: int, blocks_out: int, block_bytes: float, layers: int, link_bps: float
+) -> float:
+    """Seconds to move a step's swapped blocks over the host link: bytes at ``link_bps``
+    plus ``copy_latency_s`` per call, the calls being ``copies_per_block_per_layer`` per
+    block per layer and ``swap_calls_per_direction`` per direction that moves blocks."""
+    blocks = blocks_in + blocks_out
+    directions = (blocks_in > 0) + (blocks_out > 0)
+    calls = blocks * layers * s.copies_per_block_per_layer
+    calls += directions * s.swap_calls_per_direction
+    return blocks * block_bytes / link_bps + calls * s.copy_latency_s
 
 
 def device_copy_seconds(s: Stack, blocks: int, block_bytes: float, byte_rate: float) -> float:
@@ -280,7 +290,8 @@ def describe_stack(s: Stack) -> str:
     lines.append(f"  gather_tokens_per_block {s.gather_tokens_per_block:.3g}")
     lines.append(f"  block_granular {s.block_granular}")
     lines.append(f"  copy_latency_s {s.copy_latency_s:.3g} x {s.copies_per_block_per_layer} "
-                 "per block per layer")  # fmt: skip
+                 f"per block per layer + {s.swap_calls_per_direction} per swap direction "
+                 "per step")  # fmt: skip
     lines.append(f"  d2d_call_latency_s {s.d2d_call_latency_s:.3g} x {s.d2d_calls_per_step} "
                  "per step with block copies")  # fmt: skip
     lines += [f"  source {k}: {v}" for k, v in s.sources.items()]

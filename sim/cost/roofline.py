@@ -151,7 +151,13 @@ class RooflineCostModel:
         if self._plain:
             return swaps * self.block_bytes / self._pcie + copy
         layers = self.model.num_layers
-        return swap_seconds(self.stack, swaps, self.block_bytes, layers, self._pcie) + copy
+        return (
+            swap_seconds(
+                self.stack, shape.swap_in_blocks, shape.swap_out_blocks, self.block_bytes,
+                layers, self._pcie,
+            )
+            + copy
+        )  # fmt: skip
 
     def config(self) -> dict[str, Any]:
         return {
