@@ -2,10 +2,11 @@
 --out DIR [--quick] [--reuse-runs]``.
 
 Calibrate on one engine run, validate on *different* ones (other workloads and rates).
-Three ``experiments.serve`` runs of the ``vllm`` system on OPT-125M shapes (seeded dummy
-weights, fp32, one torch thread, online arrivals on the virtual clock: the timeline
-advances by each step's measured time, read as the engine thread's CPU time,
-``step_timer=thread_cpu``, so other processes on the machine do not inflate it):
+Five ``experiments.serve`` runs (S, A, B, then A and B again) of the ``vllm`` system on
+OPT-125M shapes (seeded dummy weights, fp32, one torch thread, online arrivals on the
+virtual clock: the timeline advances by each step's measured time, read as the engine
+thread's CPU time, ``step_timer=thread_cpu``, so other processes on the machine do not
+inflate it):
 
 - run S (span, calibration): ShareGPT-mean lengths with wide spreads
   (``SPAN_SIGMAS``: prompts from a few tokens to a thousand, outputs likewise) at
@@ -141,7 +142,7 @@ def metric_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def cross_run(out: Path, quick: bool = False, reuse_runs: bool = False) -> dict[str, Any]:
-    """Serve S, A and B (or, with ``reuse_runs``, keep the runs already in ``out``),
+    """Serve the runs of ``LABELS`` (or, with ``reuse_runs``, keep those already in ``out``),
     calibrate on S and on A, validate each on the runs of ``PAIRS``; rows and documents."""
     plan = QUICK if quick else FULL
     base = [f"model={plan['model']}", plan["kv"], *COMMON]
