@@ -82,15 +82,29 @@ def engine_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def test_fit_of_a_tiny_cpu_engine_run_feeds_the_measured_stack(
     engine_run: Path, tmp_path: Path, capsys
 ) -> None:
+    """A real engine run's steps.csv goes through the whole path (read, fit, stack file,
+    simulator). Its CPU phase seconds are replaced by a known line first: a measured
+    per-sequence slope of tiny-opt is microseconds, and under load its sign is noise."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(engine_run, run)
+    steps = pd.read_csv(run / "steps.csv")
+    seqs = steps["prefill_seqs"] + steps["decode_seqs"]
+    assert seqs.nunique() >= 2 and all(c in steps for c in CPU_PHASES)
+    for col in CPU_PHASES:
+        steps[col] = (1e-4 + 2e-5 * seqs) / len(CPU_PHASES)
+    steps.to_csv(run / "steps.csv", index=False)
     out = tmp_path / "stack.json"
-    argv = [str(engine_run), "--out", str(out), "--min-steps", "3"]
+    argv = [str(run), "--out", str(out), "--min-steps", "3"]
     assert calibrate_overhead.main(argv) == 0
     assert "held out" in capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert doc["kind"] == "stack" and doc["base"] == "vllm-2023" and doc["measured_on"]
     stack = load_stack_file(out)
     assert stack.name == "measured" and not stack.overlapped and stack.cpu is not None
-    assert stack.cpu.per_step_s >= 0 and stack.cpu.per_seq_s >= 0
+    assert stack.cpu.per_step_s == pytest.approx(1e-4, rel=1e-6)
+    assert stack.cpu.per_seq_s == pytest.approx(2e-5, rel=1e-6)
     # the simulator adds exactly the fitted CPU seconds to a step (serial stack)
     plain = RooflineCostModel("opt-13b", "a100-40gb", stack=stack)
     shape = BatchShape(decode_seqs=8, decode_ctx_tokens=8 * 64)
@@ -163,6 +177,7 @@ def test_measured_stack_prices_swaps_as_kvlab_engine_issues_them() -> None:
     direction (engine.kv_cache): the measured stack charges 3 call latencies per direction
     that moves blocks, whatever the blocks and layers; vllm-2023 keeps a copy per block per
     layer for K and V."""
+    from core.defaults import swap_chunk_blocks
     from sim.cost.stack_file import KVLAB_SWAP_CALLS
 
     measured = load_stack_file(SHIPPED)
@@ -173,14 +188,21 @@ def test_measured_stack_prices_swaps_as_kvlab_engine_issues_them() -> None:
     lat = measured.copy_latency_s
     for shape, directions in (
         (BatchShape(swap_out_blocks=1), 1),
-        (BatchShape(swap_out_blocks=40), 1),
+        (BatchShape(swap_out_blocks=swap_chunk_blocks(kv.block_bytes)), 1),  # one full chunk
         (BatchShape(swap_in_blocks=4, swap_out_blocks=6), 2),
     ):
         extra = kv.transfer_time(shape) - plain.transfer_time(shape)
         assert extra == pytest.approx(directions * KVLAB_SWAP_CALLS * lat), shape
     assert kv.transfer_time(BatchShape()) == 0.0
+    # past SWAP_CHUNK_BYTES a direction moves in chunks, 3 calls each, as the engine does
+    per_chunk = swap_chunk_blocks(kv.block_bytes)
+    assert 1 < per_chunk < 10_000
+    big = BatchShape(swap_out_blocks=2 * per_chunk + 1, swap_in_blocks=per_chunk)
+    extra = kv.transfer_time(big) - plain.transfer_time(big)
+    assert extra == pytest.approx((3 + 1) * KVLAB_SWAP_CALLS * lat)
     v0 = RooflineCostModel("opt-13b", "a100-40gb", stack="vllm-2023", block_size=16)
     assert v0.stack.swap_calls_per_direction == 0
     one = BatchShape(swap_out_blocks=1)
     assert v0.transfer_time(one) - plain.transfer_time(one) == pytest.approx(40 * 2 * lat)
-    assert "3 per swap direction per step" in describe_stack(measured)
+    assert "3 calls per swap direction per chunk of 256 MiB" in describe_stack(measured)
+    assert "per swap direction" not in describe_stack(v0.stack)
