@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
+from core.defaults import swap_chunk_blocks
 from core.kv.base import check_at_least
 from core.model_spec import ModelSpec, kv_bytes_per_token
 from kernels.block_ops import check_copy_pairs, gather_blocks, scatter_blocks
@@ -149,11 +150,16 @@ class PagedKVCache:
 
     @staticmethod
     def _move(pairs: BlockPairs, source: torch.Tensor, dest: torch.Tensor) -> None:
-        """``dest[:, d] = source[:, s]`` for ``(s, d)`` in ``pairs``. The gathered blocks of
-        all layers are one temporary on the source's device: as many bytes as move."""
-        src = torch.tensor([p[0] for p in pairs], dtype=torch.int64)
-        dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
-        scatter_blocks(dest, dst, gather_blocks(source, src))
+        """``dest[:, d] = source[:, s]`` for ``(s, d)`` in ``pairs``, in chunks of
+        :func:`swap_chunk_blocks` blocks: each chunk's blocks of all layers are gathered
+        into one temporary on the source's device (at most ``SWAP_CHUNK_BYTES``, or one
+        block), then transferred and scattered."""
+        step = swap_chunk_blocks(source[:, :1].numel() * source.element_size())
+        for i in range(0, len(pairs), step):
+            chunk = pairs[i : i + step]
+            src = torch.tensor([p[0] for p in chunk], dtype=torch.int64)
+            dst = torch.tensor([p[1] for p in chunk], dtype=torch.int64)
+            scatter_blocks(dest, dst, gather_blocks(source, src))
 
     def copy_blocks(self, pairs: BlockPairs) -> None:
         """``cache[dst] = cache[src]`` in every layer's K and V for ``pairs`` of ``(src,

@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from core.model_spec import ModelSpec
 from core.request import Request, SamplingParams
+from engine import kv_cache as kv_cache_module
 from engine.kv_cache import PagedKVCache
 from kernels import block_ops
 from kernels.reference import ref_copy_blocks, ref_gather_blocks, ref_scatter_blocks
@@ -163,6 +164,29 @@ def test_a_step_of_moves_is_one_gather_and_one_scatter_each_on_cpu() -> None:
         with _AtenCounter() as counter:
             move(pairs)
         assert (counter.ops["index_select"], counter.ops["index_copy_"]) == (1, 1), move
+
+
+def test_a_swap_larger_than_a_chunk_moves_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A swap bigger than SWAP_CHUNK_BYTES is moved a chunk at a time (the gather's device
+    temporary stays bounded) with the same result: 5 blocks at 2 per chunk are 3 gathers and
+    3 scatters per direction."""
+    from core.defaults import SWAP_CHUNK_BYTES, swap_chunk_blocks
+
+    assert swap_chunk_blocks(SWAP_CHUNK_BYTES / 2.5) == 2 and swap_chunk_blocks(1e30) == 1
+    assert swap_chunk_blocks(0) == 1
+    kv = _filled(2, 4, 2, 8, num_blocks=12, cpu_blocks=6)
+    monkeypatch.setattr(kv_cache_module, "swap_chunk_blocks", lambda block_bytes: 2)
+    out_pairs, in_pairs = [(7, 3), (2, 0), (8, 4), (1, 5), (10, 1)], [(3, 9), (0, 6)]
+    original, cpu_before = kv.caches.clone(), kv.cpu_caches.clone()
+    with _AtenCounter() as counter:
+        kv.swap_out(out_pairs)
+    assert (counter.ops["index_select"], counter.ops["index_copy_"]) == (3, 3)
+    expected_cpu = cpu_before.clone()
+    for d, c in out_pairs:
+        expected_cpu[:, c] = original[:, d]
+    assert torch.equal(kv.cpu_caches, expected_cpu)
+    kv.swap_in(in_pairs)
+    assert torch.equal(kv.caches[:, [9, 6]], original[:, [7, 2]])
 
 
 def test_a_steps_copies_are_one_kernel_launch(monkeypatch: pytest.MonkeyPatch) -> None:

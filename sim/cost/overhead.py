@@ -27,6 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.defaults import swap_chunk_blocks
+
 PHASES = (
     "schedule_median",
     "prepare_inputs_e2e_median",
@@ -140,9 +142,10 @@ class Stack:
       block costs as if read;
     - ``copy_latency_s`` / ``copies_per_block``: a swap issues one host-link copy per block,
       per layer, for K and V each, and each copy costs this latency on top of its bytes;
-    - ``swap_calls_per_direction``: calls a step's swap issues per direction (in, out) however
-      many blocks and layers it moves, each costing ``copy_latency_s`` (kvlab's engine: a
-      gather, a transfer and a scatter); 0 where the stack copies per block instead;
+    - ``swap_calls_per_direction`` / ``swap_chunk_bytes``: calls a step's swap issues per
+      direction (in, out) and per chunk of at most ``swap_chunk_bytes`` (0: one chunk)
+      however many layers it moves, each costing ``copy_latency_s`` (kvlab's engine: a
+      gather, a transfer and a scatter per chunk); 0 where the stack copies per block;
     - ``d2d_call_latency_s`` / ``d2d_calls_per_step``: a step with device block copies
       (copy-on-write) issues that many copy calls (kernel launches), each costing this
       latency on top of the bytes read and written at the device's bandwidth.
@@ -160,6 +163,7 @@ class Stack:
     d2d_call_latency_s: float = 0.0
     d2d_calls_per_step: int = 0
     swap_calls_per_direction: int = 0
+    swap_chunk_bytes: float = 0.0
 
 
 # §7.1 / Fig. 18a of the vLLM paper (Kwon et al., SOSP 2023): its paged attention kernel is
@@ -263,11 +267,16 @@ def swap_seconds(
 ) -> float:
     """Seconds to move a step's swapped blocks over the host link: bytes at ``link_bps``
     plus ``copy_latency_s`` per call, the calls being ``copies_per_block_per_layer`` per
-    block per layer and ``swap_calls_per_direction`` per direction that moves blocks."""
+    block per layer and ``swap_calls_per_direction`` per chunk of each direction that moves
+    blocks (``block_bytes``: one block, all layers' K and V, this GPU's share)."""
     blocks = blocks_in + blocks_out
-    directions = (blocks_in > 0) + (blocks_out > 0)
     calls = blocks * layers * s.copies_per_block_per_layer
-    calls += directions * s.swap_calls_per_direction
+    if s.swap_calls_per_direction:
+        per_chunk = swap_chunk_blocks(block_bytes, s.swap_chunk_bytes) if s.swap_chunk_bytes else 0
+        chunks = sum(
+            (-(-n // per_chunk) if per_chunk else 1) for n in (blocks_in, blocks_out) if n > 0
+        )
+        calls += chunks * s.swap_calls_per_direction
     return blocks * block_bytes / link_bps + calls * s.copy_latency_s
 
 
@@ -290,8 +299,11 @@ def describe_stack(s: Stack) -> str:
     lines.append(f"  gather_tokens_per_block {s.gather_tokens_per_block:.3g}")
     lines.append(f"  block_granular {s.block_granular}")
     lines.append(f"  copy_latency_s {s.copy_latency_s:.3g} x {s.copies_per_block_per_layer} "
-                 f"per block per layer + {s.swap_calls_per_direction} per swap direction "
-                 "per step")  # fmt: skip
+                 "per block per layer")  # fmt: skip
+    if s.swap_calls_per_direction:
+        chunk = f"{s.swap_chunk_bytes / 2**20:.0f} MiB" if s.swap_chunk_bytes else "all"
+        lines.append(f"  + {s.swap_calls_per_direction} calls per swap direction per chunk "
+                     f"of {chunk} per step")  # fmt: skip
     lines.append(f"  d2d_call_latency_s {s.d2d_call_latency_s:.3g} x {s.d2d_calls_per_step} "
                  "per step with block copies")  # fmt: skip
     lines += [f"  source {k}: {v}" for k, v in s.sources.items()]

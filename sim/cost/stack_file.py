@@ -19,9 +19,10 @@ measured stack keeps; :func:`load_stack_file` turns it into a :class:`Stack`. kv
 is synchronous, so the measured stack is serial (step = GPU + CPU). Of those kept terms,
 the device-copy one (one copy kernel per step) is what kvlab's engine does; the swap one
 is replaced by kvlab's: the engine swaps a step's blocks, in each direction, with one
-gather, one transfer and one scatter over all layers' K and V (``engine.kv_cache``), so the
-measured stack charges :data:`KVLAB_SWAP_CALLS` call latencies per direction instead of a
-copy per block, per layer, for K and V.
+gather, one transfer and one scatter over all layers' K and V per chunk of at most
+:data:`core.defaults.SWAP_CHUNK_BYTES` (``engine.kv_cache``), so the measured stack charges
+:data:`KVLAB_SWAP_CALLS` call latencies per direction and chunk instead of a copy per
+block, per layer, for K and V.
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core.defaults import SWAP_CHUNK_BYTES
 from core.metrics.phases import CPU_PHASES
 from sim.cost.overhead import STACKS, CPUOverheadFit, Stack, fit_line, relative_errors
 
 SPLITS = ("half", "runs")
 # engine.kv_cache swap_out / swap_in (stacked caches, since 34fafdf): one gather, one
-# host<->device transfer, one scatter per direction per step
+# host<->device transfer, one scatter per direction and chunk (core.defaults.SWAP_CHUNK_BYTES)
 KVLAB_SWAP_CALLS = 3
 FILE_KIND = "stack"
 MEASURED = "measured"
@@ -187,12 +189,13 @@ def load_stack_file(path: Path) -> Stack:
         overlapped=overlapped,
         copies_per_block_per_layer=0,
         swap_calls_per_direction=KVLAB_SWAP_CALLS,
+        swap_chunk_bytes=float(SWAP_CHUNK_BYTES),
         summary=f"kvlab's engine, measured ({path.name}); other terms as {base.name}: "
         + ("CPU overlapped, step = max(GPU, CPU)" if overlapped else "step = GPU + CPU"),
         sources={**base.sources, "cpu": fit.source, "overlap": "kvlab's engine is "
                  "synchronous: schedule, prepare, forward, sample, output in turn",
                  "copies_per_block_per_layer": "0: kvlab's engine does not copy per block",
                  "swap_calls_per_direction": "kvlab engine.kv_cache: a swap is one gather, "
-                 "one transfer and one scatter per direction per step (3 calls), each at "
-                 "copy_latency_s"},
+                 "one transfer and one scatter per direction and chunk of at most "
+                 "core.defaults.SWAP_CHUNK_BYTES (3 calls each), each at copy_latency_s"},
     )  # fmt: skip
