@@ -61,6 +61,14 @@ def test_profile_used_as_measured_on_its_own_model(tmp_path: Path) -> None:
     assert "used as measured" in m.describe()
 
 
+def test_profile_measured_on_an_unknown_device_is_one_clear_error(tmp_path: Path) -> None:
+    """A profile from `profile_gpu --cpu` (gpu "cpu") cannot be priced: the error names the
+    profile and the device."""
+    prof = write_profile(tmp_path / "p", synthetic_rows(), gpu="cpu", model="opt-125m")
+    with pytest.raises(ValueError, match=r"operator_profile.*measured on 'cpu', which has no"):
+        ProfiledCostModel(prof, "opt-125m", "h200")
+
+
 def test_profiled_step_time_is_monotone_in_tokens_and_context(tmp_path: Path) -> None:
     m = ProfiledCostModel(write_profile(tmp_path / "p", synthetic_rows()), "opt-13b",
                           "a100-40gb", stack="vllm-2023")  # fmt: skip

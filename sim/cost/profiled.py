@@ -90,7 +90,13 @@ class ProfiledCostModel:
         self.profile = prof = (
             profile if isinstance(profile, OperatorProfile) else read_profile(profile, tp)
         )
-        gp = get_gpu(prof.gpu)
+        try:
+            gp = get_gpu(prof.gpu)
+        except KeyError as exc:
+            raise ValueError(
+                f"{prof.source}: measured on {prof.gpu!r}, which has no hardware entry to "
+                f"price from ({exc.args[0]})"
+            ) from None
         ref = _layer_of(get_model(prof.model)) if prof.model else prof.layer_shape
         assert ref is not None
         self.same = prof.model == m.name and gp.name == g.name and prof.tp == tp
