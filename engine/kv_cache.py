@@ -10,7 +10,7 @@ manager's block ids ARE the tensor's block indices. The CPU pool ``cpu_caches`` 
 when the device is CUDA, so swaps can overlap). Stacking makes a step's block moves a fixed
 number of calls, whatever the number of layers: device copies are one kernel launch (CUDA)
 or one ``index_select`` + one ``index_copy_`` (CPU); a swap is one gather, one host↔device
-transfer and one scatter.
+transfer and one scatter per chunk of at most ``core.defaults.SWAP_CHUNK_BYTES``.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class PagedKVCache:
     # -- block moves (the plan's swap_out, swap_in, copies, in that order) ------------
     def swap_out(self, pairs: BlockPairs) -> None:
         """Copy device blocks to CPU blocks: ``pairs`` of ``(device, cpu)``, every layer's K
-        and V in one gather, one transfer and one scatter."""
+        and V in one gather, one transfer and one scatter per chunk (see :meth:`_move`)."""
         if pairs:
             self._move(pairs, self.caches, self.cpu_caches)
 
