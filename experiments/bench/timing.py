@@ -21,11 +21,11 @@ def time_ms(
 ) -> float:
     """Median milliseconds of ``fn`` over ``repeats`` calls after ``warmup`` calls.
 
-        On CUDA each repeat is bracketed by CUDA events, after ``torch.cuda._sleep(sleep_cycles)``
-        (GPU busy-wait, ~0.1 ms per 200k cycles at ~2 GHz: the host enqueues the call before the
-        GPU reaches it, so host launch overhead is not timed; give more cycles for calls that
-        launch many kernels) and a write of ``flush_bytes`` (larger than L2: a cold cache). On
-        CPU it is ``cpu_clock`` time per call (wall clock by default; ``time.thread_time`` counts
+    On CUDA each repeat is bracketed by CUDA events, after ``torch.cuda._sleep(sleep_cycles)``
+    (GPU busy-wait, ~0.1 ms per 200k cycles at ~2 GHz: the host enqueues the call before the
+    GPU reaches it, so host launch overhead is not timed; give more cycles for calls that
+    launch many kernels) and a write of ``flush_bytes`` (larger than L2: a cold cache). On
+    CPU it is ``cpu_clock`` time per call (wall clock by default; ``time.thread_time`` counts
     only the calling thread's CPU time, which other processes do not inflate).
     """
     for _ in range(warmup):
