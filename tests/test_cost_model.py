@@ -203,19 +203,7 @@ def _synthetic_steps(rng: np.random.Generator, n: int) -> pd.DataFrame:
 
 
 def _durations(model: CalibratedCostModel, df: pd.DataFrame, coef: dict[str, float]) -> np.ndarray:
-    cols = [
-        df[c].to_numpy(dtype=float)
-        for c in (
-            "prefill_tokens",
-            "prefill_seqs",
-            "prefill_attn_pairs",
-            "prefill_kv_read_tokens",
-            "decode_seqs",
-            "decode_ctx_tokens",
-        )
-    ]
-    basis = np.column_stack(model.basis(*cols))
-    return basis @ np.array([coef.get(t, 0.0) for t in TERMS])
+    return model.basis_matrix(df) @ np.array([coef.get(t, 0.0) for t in TERMS])
 
 
 def test_calibrated_fit_recovers_known_coefficients() -> None:

@@ -24,6 +24,7 @@ from tests.engine_helpers import (
     reference_beam_search,
     tiny_config,
 )
+from tests.kernel_helpers import CountingLauncher
 
 SHAPES = [  # layers, block_size, kv_heads, head_dim
     (1, 4, 1, 8),
@@ -68,17 +69,6 @@ class _AtenCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
-
-
-class _CountingLauncher:
-    """Stands in for a ``@triton.jit`` kernel: counts ``kernel[grid](...)`` launches."""
-
-    def __init__(self, kernel: object) -> None:
-        self.kernel, self.grids = kernel, []
-
-    def __getitem__(self, grid: tuple[int, ...]) -> object:
-        self.grids.append(grid)
-        return self.kernel[grid]  # type: ignore[index]
 
 
 def test_layer_caches_are_contiguous_views_of_one_tensor() -> None:
@@ -190,7 +180,7 @@ def test_a_swap_larger_than_a_chunk_moves_in_chunks(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_steps_copies_are_one_kernel_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    launcher = _CountingLauncher(block_ops._copy_blocks_kernel)
+    launcher = CountingLauncher(block_ops._copy_blocks_kernel)
     monkeypatch.setattr(block_ops, "_copy_blocks_kernel", launcher)
     kv = _filled(3, 8, 2, 16)
     kv.use_copy_kernel = True
@@ -201,7 +191,7 @@ def test_a_steps_copies_are_one_kernel_launch(monkeypatch: pytest.MonkeyPatch) -
 def test_beam_search_through_the_copy_kernel_launches_once_per_step_with_copies(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    launcher = _CountingLauncher(block_ops._copy_blocks_kernel)
+    launcher = CountingLauncher(block_ops._copy_blocks_kernel)
     monkeypatch.setattr(block_ops, "_copy_blocks_kernel", launcher)
     width, steps = 3, 5
     prompt = prompt_ids(9, seed=5)

@@ -14,6 +14,7 @@ from kernels.reference import (
     ref_scatter_blocks,
     ref_store_kv,
 )
+from tests.kernel_helpers import CountingLauncher
 
 
 def rand(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -105,19 +106,8 @@ def test_copy_blocks_takes_strided_caches_with_contiguous_blocks() -> None:
     assert torch.equal(whole, ref)  # the V half is untouched
 
 
-class _CountingLauncher:
-    """Stands in for a ``@triton.jit`` kernel: counts ``kernel[grid](...)`` launches."""
-
-    def __init__(self, kernel: object) -> None:
-        self.kernel, self.grids = kernel, []
-
-    def __getitem__(self, grid: tuple[int, ...]) -> object:
-        self.grids.append(grid)
-        return self.kernel[grid]  # type: ignore[index]
-
-
 def test_copy_blocks_is_one_launch_for_all_caches(monkeypatch: pytest.MonkeyPatch) -> None:
-    launcher = _CountingLauncher(block_ops._copy_blocks_kernel)
+    launcher = CountingLauncher(block_ops._copy_blocks_kernel)
     monkeypatch.setattr(block_ops, "_copy_blocks_kernel", launcher)
     caches = rand((6, 5, 8, 2, 16), torch.float32, seed=6)
     ref = caches.clone()
