@@ -272,10 +272,12 @@ def swap_seconds(
     blocks = blocks_in + blocks_out
     calls = blocks * layers * s.copies_per_block_per_layer
     if s.swap_calls_per_direction:
-        per_chunk = swap_chunk_blocks(block_bytes, s.swap_chunk_bytes) if s.swap_chunk_bytes else 0
-        chunks = sum(
-            (-(-n // per_chunk) if per_chunk else 1) for n in (blocks_in, blocks_out) if n > 0
+        per_chunk = (
+            swap_chunk_blocks(block_bytes, s.swap_chunk_bytes)
+            if s.swap_chunk_bytes
+            else max(blocks, 1)
         )
+        chunks = -(-blocks_in // per_chunk) + -(-blocks_out // per_chunk)
         calls += chunks * s.swap_calls_per_direction
     return blocks * block_bytes / link_bps + calls * s.copy_latency_s
 
