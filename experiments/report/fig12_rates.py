@@ -293,9 +293,29 @@ def gap_line(panel: Panel, c: pd.DataFrame) -> str:
             lo_ = lo or 1.0
             off = (ratio - hi) if ratio > hi else (ratio - lo_)
             verdict = "inside" if lo_ <= ratio <= hi else f"outside by {off:+.2f}×"
+            bracket = resolution_bracket(c, system)
+            if bracket and (bracket[0] < lo_ <= bracket[1] or bracket[0] <= hi < bracket[1]):
+                low, high = (_f(x) for x in bracket)
+                verdict += (f"; the search's resolution puts the ratio in [{low}, {high}], "
+                            "across the paper's bound: not decided")  # fmt: skip
             text += f" (paper {_paper_ratio(panel, system)}: {verdict})"
         parts.append(text)
     return f"Gap ({panel.letter}): " + "; ".join(parts) + "."
+
+
+def resolution_bracket(c: pd.DataFrame, system: str) -> tuple[float, float] | None:
+    """Where vLLM / ``system`` can lie given the rates tried: each sustainable rate is at
+    least the highest rate that passed and below the lowest that failed, so the ratio is in
+    [vLLM passed / system failed, vLLM failed / system passed]. None when a failing rate is
+    missing (the grid's top passed) or nothing passed."""
+    if "vllm" not in c.index or system not in c.index:
+        return None
+    v, s = c.loc["vllm"], c.loc[system]
+    rates = (v["max_rate"], v["first_failing_rate"], s["max_rate"], s["first_failing_rate"])
+    if any(r is None or r != r or r <= 0 for r in rates):
+        return None
+    v_pass, v_fail, s_pass, s_fail = (float(r) for r in rates)
+    return v_pass / s_fail, v_fail / s_pass
 
 
 def _narrowing(cap: pd.DataFrame) -> list[str]:
