@@ -1,5 +1,5 @@
-"""``python -m experiments.calibrate RUN_DIR [--out FILE] [--weighting absolute|relative]``:
-fit the simulator's step-time model to an engine run.
+"""``python -m experiments.calibrate RUN_DIR [--out FILE] [--weighting absolute|relative]
+[--profile PROFILE]``: fit the simulator's step-time model to an engine run.
 
 ``RUN_DIR`` is a directory written by ``experiments.serve`` (or ``experiments.bench.engine_gpu``):
 ``config.yaml`` names the model, the hardware label, the dtype and the block size;
@@ -7,7 +7,9 @@ fit the simulator's step-time model to an engine run.
 :meth:`sim.cost.CalibratedCostModel.fit` (non-negative least squares on roofline basis
 terms of the named hardware: on another device the coefficients absorb the difference;
 ``--weighting relative`` fits relative step errors, so short decode steps weigh as much as
-long prefills).
+long prefills; ``--profile`` takes the operators' times from an operator profile of the same
+model measured on the same device, ``experiments.bench.profile_gpu``, and fits only the
+per-step and per-sequence terms on top).
 Prints the coefficients, R² and MAPE and writes ``calibration.json`` (default: in
 ``RUN_DIR``), which ``experiments.validate`` and a simulate config's ``cost`` group
 (``kind: calibrated``) read. A plain argparse CLI (the input is a run directory, not a
@@ -32,6 +34,7 @@ from experiments.lib.setup import block_size
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel
 from sim.cost.calibrated import WEIGHTINGS
+from sim.cost.profiled import ProfiledCostModel
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -54,9 +57,12 @@ def dtype_bytes(cfg: dict[str, Any]) -> int:
     return DTYPE_BYTES[name]
 
 
-def calibrate(run_dir: Path, weighting: str = "absolute") -> CalibratedCostModel:
+def calibrate(
+    run_dir: Path, weighting: str = "absolute", profile: str | None = None
+) -> CalibratedCostModel:
     """The calibrated cost model fitted to ``run_dir``'s ``steps.csv`` (``weighting``: one
-    of :data:`sim.cost.calibrated.WEIGHTINGS`)."""
+    of :data:`sim.cost.calibrated.WEIGHTINGS`; ``profile``: an operator profile of the
+    run's model on its device, see :class:`sim.cost.CalibratedCostModel`)."""
     cfg = read_run_config(run_dir)
     steps_path = Path(run_dir) / "steps.csv"
     if not steps_path.is_file():
@@ -64,14 +70,29 @@ def calibrate(run_dir: Path, weighting: str = "absolute") -> CalibratedCostModel
     hardware = (cfg.get("hardware") or {}).get("name")
     if hardware is None:
         raise ConfigError("hardware.name", "the run's config.yaml names no hardware", None)
+    model, tp = model_from_config(cfg["model"]), int(cfg["model"].get("tp", 1))
+    blocks, width = block_size(cfg["system"]), dtype_bytes(cfg)
+    if profile is not None:
+        try:
+            ops = ProfiledCostModel(profile, model, hardware, tp, width, blocks, as_measured=True)
+        except ValueError as err:  # unreadable, malformed or of another model
+            raise ConfigError("--profile", str(err)) from None
+        measured_dtype = ops.profile.meta.get("dtype")
+        if measured_dtype not in (None, str(cfg.get("dtype", "float32"))):
+            raise ConfigError(
+                "--profile",
+                f"{ops.profile.source} was measured in {measured_dtype}, the run in "
+                f"{cfg.get('dtype', 'float32')}",
+            )
     return CalibratedCostModel.fit(
         pd.read_csv(steps_path),
-        model_from_config(cfg["model"]),
+        model,
         hardware,
-        tp=int(cfg["model"].get("tp", 1)),
-        dtype_bytes=dtype_bytes(cfg),
-        block_size=block_size(cfg["system"]),
+        tp=tp,
+        dtype_bytes=width,
+        block_size=blocks,
         weighting=weighting,
+        profile=profile,
     )
 
 
@@ -97,8 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         help="absolute: squared error in seconds (long steps dominate); relative: squared "
         "relative error (every step counts alike)",
     )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="an operator profile (directory or operator_profile.csv) of the run's model on "
+        "the run's device: operator times from it, per-step terms fitted on top",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    model = calibrate(args.run_dir, args.weighting)
+    model = calibrate(args.run_dir, args.weighting, args.profile)
     print(model.describe())
     out = args.out or args.run_dir / "calibration.json"
     doc = calibration_doc(model, args.run_dir)

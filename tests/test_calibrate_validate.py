@@ -123,3 +123,51 @@ def test_open_loop_prediction_is_step_time_row_by_row(online_run: Path) -> None:
         for _, row in steps.iterrows()
     ]
     assert model.predict_steps(steps).tolist() == pytest.approx(by_shape, rel=1e-12)
+
+
+def test_calibrate_on_a_profile_of_another_model_is_one_line(
+    online_run: Path, tmp_path: Path, capsys
+) -> None:
+    """``--profile`` with a profile of a model other than the run's: exit 2, one line that
+    names the flag and both models; nothing is written."""
+    from tests.test_cost_profiled import synthetic_rows, write_profile
+
+    prof = write_profile(tmp_path / "p", synthetic_rows(), gpu="cpu", model="opt-125m")
+    out = tmp_path / "cal.json"
+    with pytest.raises(SystemExit) as exc:
+        calibrate.main([str(online_run), "--profile", str(prof), "--out", str(out)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --profile: ") and "\n" not in err
+    assert "opt-125m" in err and "tiny-opt" in err
+    assert not out.exists()
+
+
+def test_calibrate_on_a_profile_writes_a_file_validate_and_simulate_take(
+    online_run: Path, tmp_path: Path, capsys
+) -> None:
+    """A profile of the run's model and dtype: the calibration names it, fits only the
+    terms on top (roofline terms 0), and ``validate`` rebuilds the model from the file.
+    The same profile in another dtype is one line naming both."""
+    from tests.test_cost_profiled import synthetic_rows, write_profile
+
+    prof = write_profile(tmp_path / "p", synthetic_rows(), gpu="cpu", model="tiny-opt",
+                         dtype="float32")  # fmt: skip
+    out = tmp_path / "cal.json"
+    args = [str(online_run), "--profile", str(prof), "--out", str(out), "--weighting", "relative"]
+    assert calibrate.main(args) == 0
+    doc = json.loads(out.read_text())
+    assert doc["profile"] == str(prof)
+    roofline = ("linear_flop_time", "attn_flop_time", "byte_time")
+    assert [doc["coefficients"][t] for t in roofline] == [0.0, 0.0, 0.0]
+    assert "as measured; the terms below are fitted on top" in capsys.readouterr().out
+    result = validate.validate(online_run, doc)
+    assert "as measured" in result["cost_model"]
+    assert result["simulator"]["request_throughput"] > 0
+    half = write_profile(tmp_path / "p16", synthetic_rows(), gpu="cpu", model="tiny-opt",
+                         dtype="float16")  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        calibrate.main([str(online_run), "--profile", str(half), "--out", str(out)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "measured in float16, the run in float32" in err and "\n" not in err

@@ -6,12 +6,14 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.plan import BatchShape
-from sim.cost import ProfiledCostModel, RooflineCostModel, build_cost_model
+from sim.cost import CalibratedCostModel, ProfiledCostModel, RooflineCostModel, build_cost_model
+from sim.cost.calibrated import ROOFLINE_TERMS, WEIGHTINGS
 from sim.cost.profile import FORMAT, ProfileError, read_profile
 
 VIDUR_A100 = Path(__file__).resolve().parents[1].parent / (
@@ -169,3 +171,65 @@ def test_memoised_attention_gives_the_uncached_step_time(
         cold._decode_memo.clear()
         cold._prefill_memo.clear()
         assert warm.step_time(shape) == cold.step_time(shape)
+
+
+def _random_steps(seed: int, n: int = 200) -> pd.DataFrame:
+    """Steps of random shapes: decode-only, prefill-only and mixed."""
+    rng = np.random.default_rng(seed)
+    decode = rng.integers(0, 40, n)
+    prefill_seqs = np.where(rng.random(n) < 0.3, rng.integers(1, 4, n), 0)
+    prefill_tokens = prefill_seqs * rng.integers(1, 300, n)
+    decode[(decode == 0) & (prefill_seqs == 0)] = 1
+    return pd.DataFrame({
+        "prefill_tokens": prefill_tokens, "prefill_seqs": prefill_seqs,
+        "prefill_attn_pairs": prefill_tokens * 10, "prefill_kv_read_tokens": 0,
+        "decode_seqs": decode, "decode_ctx_tokens": decode * rng.integers(16, 1500, n),
+    })  # fmt: skip
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 1000),
+    c0=st.floats(0.0, 0.02),
+    per_seq=st.floats(0.0, 1e-3),
+    per_prefill=st.floats(0.0, 5e-3),
+)
+def test_calibration_on_a_profile_recovers_the_overhead_on_top(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, c0: float, per_seq: float,
+    per_prefill: float,
+) -> None:  # fmt: skip
+    """Steps timed as the profile's operator seconds plus a per-step, per-sequence and
+    per-prefill term: the fit on top of the profile finds those terms and nothing else
+    (the roofline terms stay 0), and prices the steps exactly."""
+    prof = write_profile(
+        tmp_path_factory.mktemp("p"), synthetic_rows(), gpu="cpu", model="opt-125m"
+    )
+    ops = ProfiledCostModel(prof, "opt-125m", "h200", as_measured=True)
+    steps = _random_steps(seed)
+    shapes = [BatchShape(*(int(x) for x in row)) for row in steps.itertuples(index=False)]
+    seqs = steps["prefill_seqs"] + steps["decode_seqs"]
+    operators = np.array([ops.gpu_seconds(s) for s in shapes])
+    steps["duration_s"] = operators + c0 + per_seq * seqs + per_prefill * steps["prefill_seqs"]
+    for weighting in WEIGHTINGS:
+        fit = CalibratedCostModel.fit(steps, "opt-125m", "h200", weighting=weighting,
+                                      profile=str(prof))  # fmt: skip
+        c = fit.coefficients
+        assert [c[t] for t in ROOFLINE_TERMS] == [0.0, 0.0, 0.0]
+        assert c["constant"] == pytest.approx(c0, abs=1e-9)
+        assert c["per_sequence"] == pytest.approx(per_seq, abs=1e-9)
+        assert c["per_prefill_sequence"] == pytest.approx(per_prefill, abs=1e-9)
+        assert fit.predict_steps(steps) == pytest.approx(steps["duration_s"].to_numpy(), rel=1e-6)
+        again = CalibratedCostModel.from_dict(fit.to_dict())
+        assert again.profile == str(prof)
+        assert again.step_time(shapes[0]) == pytest.approx(fit.step_time(shapes[0]), rel=1e-12)
+        assert "as measured; the terms below are fitted on top" in again.describe()
+
+
+def test_profile_as_measured_must_be_of_the_same_model(tmp_path: Path) -> None:
+    """A device profile used as measured must be of the simulated model and tp: another
+    model's profile is one clear error naming the profile."""
+    prof = write_profile(tmp_path / "p", synthetic_rows(), gpu="cpu", model="opt-125m")
+    with pytest.raises(ValueError, match=r"operator_profile.*opt-125m at tp 1; using it as "
+                                         r"measured needs opt-13b at tp 1"):  # fmt: skip
+        ProfiledCostModel(prof, "opt-13b", "h200", as_measured=True)
+    assert ProfiledCostModel(prof, "opt-125m", "h200", as_measured=True).same

@@ -43,8 +43,10 @@ with tiny-opt, fp32 and a small sweep; its times are meaningless and labelled so
 attention backend, OPT-125M fp32 by default): each call timed by the calling thread's CPU
 time, every row count from 1 to 64 (CPU GEMM time is not monotone in the rows there), decode
 batches of 1 … 64 sequences. The sidecar's ``gpu`` is ``cpu``; the simulator has no
-hardware entry for a CPU, so the table documents the CPU engine's operator costs (see
-``docs/validation/cpu-engine.md``) rather than feeding ``cost=profiled``.
+hardware entry for a CPU, so ``cost=profiled`` cannot transfer it, but
+``experiments.calibrate RUN --profile DIR`` uses it as measured for runs of the same model
+on the same machine and fits only the per-step terms on top (see
+``docs/validation/cpu-engine.md``).
 """
 
 from __future__ import annotations

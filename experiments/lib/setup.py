@@ -279,12 +279,16 @@ def calibrated_from_file(path: Path, model: ModelSpec, gpu: GPUSpec, tp: int) ->
     for key, ours in (("model", model.name), ("gpu", gpu.name)):
         if doc.get(key) not in (None, ours):
             raise ConfigError("cost.path", f"fitted for another {key}", doc[key], ours)
-    return build_cost_model(
-        "calibrated", model, gpu, tp,
-        coefficients=doc["coefficients"], fit_stats=doc.get("fit_stats"),
-        dtype_bytes=int(doc.get("dtype_bytes", 2)),
-        block_size=int(doc.get("block_size", DEFAULT_BLOCK_SIZE)),
-    )  # fmt: skip
+    try:
+        return build_cost_model(
+            "calibrated", model, gpu, tp,
+            coefficients=doc["coefficients"], fit_stats=doc.get("fit_stats"),
+            dtype_bytes=int(doc.get("dtype_bytes", 2)),
+            block_size=int(doc.get("block_size", DEFAULT_BLOCK_SIZE)),
+            profile=doc.get("profile"),
+        )  # fmt: skip
+    except ValueError as exc:  # bad coefficients, or the operator profile it builds on
+        raise ConfigError("cost.path", str(exc), str(path)) from None
 
 
 # ---------------------------------------------------------------- the simulator's run

@@ -14,6 +14,16 @@ added.
 
 The two per-sequence terms came later than the other four: coefficients (and
 ``calibration.json`` files) without them still load, with the term at 0.
+
+With an operator ``profile`` of the same model measured on the same device (kvlab's
+format, ``experiments.bench.profile_gpu``), the operators' times come from the profile as
+measured (:class:`~sim.cost.profiled.ProfiledCostModel`, ``as_measured``) and only
+``c0``, ``c4`` and ``c5`` are fitted, to what the profile does not see: the framework's
+per-step and per-sequence work and what running all layers in one step costs beyond
+timing each operator alone. ``c1``–``c3`` are 0. The profile carries the shape a few
+constants cannot: on a CPU, matrix products are not monotone in rows (a one-row product
+runs a different kernel), so a roofline basis fitted on one mix of batch sizes misprices
+another (``docs/validation/cpu-engine.md``).
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import pandas as pd
 from core.defaults import DEFAULT_BLOCK_SIZE
 from core.plan import BatchShape
 from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
+from sim.cost.profiled import ProfiledCostModel
 from sim.cost.roofline import RooflineCostModel
 from sim.cost.work import count_work, shape_counts
 
@@ -59,6 +70,8 @@ COUNT_COLUMNS = (
     "decode_seqs",
     "decode_ctx_tokens",
 )
+# the terms a profile replaces (their coefficients are 0 when fitted on top of a profile)
+ROOFLINE_TERMS = ("linear_flop_time", "attn_flop_time", "byte_time")
 
 
 def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
@@ -109,6 +122,7 @@ class CalibratedCostModel:
         dtype_bytes: int = 2,
         block_size: int = DEFAULT_BLOCK_SIZE,
         fit_stats: Mapping[str, float | str] | None = None,
+        profile: str | None = None,
     ) -> None:
         missing = [t for t in CORE_TERMS if t not in coefficients]
         if missing:
@@ -128,6 +142,14 @@ class CalibratedCostModel:
         rf = self.roofline
         self._c = tuple(self.coefficients[t] for t in TERMS)
         self._peak, self._bw = rf.gpu.peak_flops, rf.gpu.mem_bandwidth
+        self.profile = None if profile is None else str(profile)
+        self._profiled = (
+            None
+            if profile is None
+            else ProfiledCostModel(
+                profile, rf.model, rf.gpu, tp, dtype_bytes, block_size, as_measured=True
+            )
+        )
 
     def basis(self, *counts: Any) -> tuple[Any, ...]:
         """The basis values in ``TERMS`` order (scalars or numpy arrays, elementwise): one,
@@ -150,6 +172,7 @@ class CalibratedCostModel:
         dtype_bytes: int = 2,
         block_size: int = DEFAULT_BLOCK_SIZE,
         weighting: str = "absolute",
+        profile: str | None = None,
     ) -> CalibratedCostModel:
         """Non-negative least squares of ``steps.duration_s`` on the basis terms.
 
@@ -160,8 +183,10 @@ class CalibratedCostModel:
         the squared error in seconds, so the longest steps (large prefills) dominate;
         ``relative`` minimizes the squared relative error, so a 50 ms decode step counts as
         much as a 2 s prefill (every kind of step in the run constrains the fit, which is
-        what predicting another run's mix needs). ``fit_stats`` records ``r2``, ``mape``,
-        ``n_steps`` and ``weighting``.
+        what predicting another run's mix needs). ``profile``: an operator profile of this
+        model on the measured device; then the fit is of ``duration_s`` minus the
+        profile's operator seconds, on the constant and per-sequence terms only (module
+        doc). ``fit_stats`` records ``r2``, ``mape``, ``n_steps`` and ``weighting``.
         """
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting {weighting!r} is not one of {', '.join(WEIGHTINGS)}")
@@ -171,8 +196,13 @@ class CalibratedCostModel:
         df = steps[(steps["prefill_tokens"] + steps["decode_seqs"]) > 0]
         if len(df) < len(TERMS):
             raise ValueError(f"need at least {len(TERMS)} non-empty steps to fit, got {len(df)}")
-        probe = cls(model, gpu, dict.fromkeys(TERMS, 0.0), tp, dtype_bytes, block_size)
+        probe = cls(
+            model, gpu, dict.fromkeys(TERMS, 0.0), tp, dtype_bytes, block_size, profile=profile
+        )
         a = probe.basis_matrix(df)
+        if profile is not None:
+            a[:, [TERMS.index(t) for t in ROOFLINE_TERMS]] = 0.0
+        base = probe.profile_seconds(df)
         y = df["duration_s"].to_numpy(dtype=float)
         if weighting == "relative":
             if not (y > 0).all():
@@ -183,8 +213,8 @@ class CalibratedCostModel:
         aw = a * w[:, None]
         scale = np.linalg.norm(aw, axis=0)
         scale[scale == 0] = 1.0
-        coef = nnls(aw / scale, y * w) / scale
-        pred = a @ coef
+        coef = nnls(aw / scale, (y - base) * w) / scale
+        pred = a @ coef + base
         ss_res = float(np.sum((y - pred) ** 2))
         ss_tot = float(np.sum((y - y.mean()) ** 2))
         pos = y > 0
@@ -195,8 +225,9 @@ class CalibratedCostModel:
             "weighting": weighting,
         }
         return cls(
-            model, gpu, dict(zip(TERMS, coef, strict=True)), tp, dtype_bytes, block_size, stats
-        )
+            model, gpu, dict(zip(TERMS, coef, strict=True)), tp, dtype_bytes, block_size, stats,
+            profile,
+        )  # fmt: skip
 
     def basis_matrix(self, steps: pd.DataFrame) -> np.ndarray:
         """The basis values of every row of a steps table, ``[rows, len(TERMS)]``
@@ -205,11 +236,23 @@ class CalibratedCostModel:
         counts = (steps[c].to_numpy(dtype=float) if c in steps else zeros for c in COUNT_COLUMNS)
         return np.column_stack(self.basis(*counts))
 
+    def profile_seconds(self, steps: pd.DataFrame) -> np.ndarray:
+        """The profile's operator seconds of every row of a steps table (0 without a
+        profile; ``prefill_seqs`` missing: 0)."""
+        out = np.zeros(len(steps))
+        if self._profiled is None:
+            return out
+        zeros = np.zeros(len(steps), dtype=int)
+        cols = [steps[c].to_numpy(dtype=int) if c in steps else zeros for c in COUNT_COLUMNS]
+        for i, counts in enumerate(zip(*cols, strict=True)):
+            out[i] = self._profiled.gpu_seconds(BatchShape(*(int(x) for x in counts)))
+        return out
+
     def predict_steps(self, steps: pd.DataFrame) -> np.ndarray:
         """Fitted seconds of every row of a steps table, open loop (the measured batches,
         not the simulator's): the model's error with the queue taken out. Transfers are
         not included (the fit does not price them either)."""
-        return self.basis_matrix(steps) @ np.asarray(self._c)
+        return self.basis_matrix(steps) @ np.asarray(self._c) + self.profile_seconds(steps)
 
     def step_time(self, shape: BatchShape) -> float:
         """Fitted seconds for ``shape`` plus roofline swap/copy time; 0 when empty."""
@@ -219,12 +262,14 @@ class CalibratedCostModel:
         if shape.prefill_tokens + shape.decode_seqs:
             b = self.basis(*shape_counts(shape))
             t += sum(c * v for c, v in zip(self._c, b, strict=True))
+            if self._profiled is not None:
+                t += self._profiled.gpu_seconds(shape)
         return t
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready parameters; ``from_dict`` rebuilds the model."""
         rf = self.roofline
-        return {
+        doc: dict[str, Any] = {
             "kind": "calibrated",
             "model": rf.model.name,
             "gpu": rf.gpu.name,
@@ -234,6 +279,9 @@ class CalibratedCostModel:
             "coefficients": dict(self.coefficients),
             "fit_stats": dict(self.fit_stats),
         }
+        if self.profile is not None:
+            doc["profile"] = self.profile
+        return doc
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CalibratedCostModel:
@@ -245,6 +293,7 @@ class CalibratedCostModel:
             d.get("dtype_bytes", 2),
             d.get("block_size", DEFAULT_BLOCK_SIZE),
             d.get("fit_stats"),
+            d.get("profile"),
         )
 
     def describe(self) -> str:
@@ -259,6 +308,11 @@ class CalibratedCostModel:
             else f"NNLS fit ({s.get('weighting', 'absolute')} errors) on engine step measurements"
         )
         lines = [f"calibrated cost model: {rf.model.name} on {rf.tp} × {rf.gpu.name}, {fitted_on}"]
+        if self._profiled is not None:
+            lines.append(
+                f"  operator times: {self._profiled.profile.source}, as measured; the terms "
+                "below are fitted on top"
+            )
         lines.append(f"  constant (per-step overhead) {c['constant'] * 1e3:10.4f} ms")
         for term, reading in (
             ("linear_flop_time", "1/matmul efficiency"),

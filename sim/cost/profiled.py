@@ -4,8 +4,10 @@ Per step: ``layers × (linear(N) + other(N)) + lm_head(rows) + attention`` where
 step's tokens and ``rows`` its sampled rows, plus all-reduces, transfers and the stack's
 CPU time (as in :class:`~sim.cost.roofline.RooflineCostModel`).
 
-When the profile was measured on the simulated model, GPU and tp, its times are used as
-they are (linear interpolation between token counts, linear extrapolation past the ends).
+When the profile was measured on the simulated model, GPU and tp (or ``as_measured``: the
+profile was taken on the device being modelled, e.g. a CPU, which has no hardware entry),
+its times are used as they are (linear interpolation between token counts, linear
+extrapolation past the ends).
 Otherwise each operator is *transferred*:
 
 - ``linear``: ``profile(N) × roofline_target(N) / roofline_profiled(N)``, the roofline at
@@ -83,6 +85,7 @@ class ProfiledCostModel:
         dtype_bytes: int = 2,
         block_size: int = 16,
         stack: str | Stack | None = None,
+        as_measured: bool = False,
     ) -> None:
         self.model = m = get_model(model)
         self.gpu = g = get_gpu(gpu)
@@ -90,16 +93,26 @@ class ProfiledCostModel:
         self.profile = prof = (
             profile if isinstance(profile, OperatorProfile) else read_profile(profile, tp)
         )
-        try:
-            gp = get_gpu(prof.gpu)
-        except KeyError as exc:
-            raise ValueError(
-                f"{prof.source}: measured on {prof.gpu!r}, which has no hardware entry to "
-                f"price from ({exc.args[0]})"
-            ) from None
+        if as_measured:
+            # the profile was taken on the device being modelled, whatever ``gpu`` is called
+            # (a CPU has no hardware entry): its times are used as they are
+            if prof.model != m.name or prof.tp != tp:
+                raise ValueError(
+                    f"{prof.source}: measured on {prof.model} at tp {prof.tp}; using it as "
+                    f"measured needs {m.name} at tp {tp}"
+                )
+            gp = g
+        else:
+            try:
+                gp = get_gpu(prof.gpu)
+            except KeyError as exc:
+                raise ValueError(
+                    f"{prof.source}: measured on {prof.gpu!r}, which has no hardware entry to "
+                    f"price from ({exc.args[0]})"
+                ) from None
         ref = _layer_of(get_model(prof.model)) if prof.model else prof.layer_shape
         assert ref is not None
-        self.same = prof.model == m.name and gp.name == g.name and prof.tp == tp
+        self.same = as_measured or (prof.model == m.name and gp.name == g.name and prof.tp == tp)
         p_t, act_t = _layer_work(_layer_of(m), tp)
         p_p, act_p = _layer_work(ref, prof.tp)
 
