@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from experiments.bench.cpu_cross_run import KEYS, LABELS, PAIRS, main
+from sim.cost.calibrated import ROOFLINE_TERMS
 
 
 def test_calibrate_on_one_run_validate_on_others(tmp_path: Path) -> None:
@@ -46,3 +47,13 @@ def test_calibrate_on_one_run_validate_on_others(tmp_path: Path) -> None:
     assert {n: (tmp_path / f"run_{n}" / "steps.csv").read_bytes() for n in cfg} == steps
     again = json.loads((tmp_path / "cross_run.json").read_text())
     assert again["rows"] == doc["rows"]
+    # by default every model is fitted on top of the profile the script took first
+    assert doc["profile"] == str(tmp_path / "operator_profile")
+    for cal in doc["calibrations"].values():
+        assert cal["profile"] == doc["profile"]
+        assert [cal["coefficients"][t] for t in ROOFLINE_TERMS] == [0.0, 0.0, 0.0]
+    # --profile none: the roofline basis alone, on the same runs
+    assert main(["--out", str(tmp_path), "--quick", "--reuse-runs", "--profile", "none"]) == 0
+    bare = json.loads((tmp_path / "cross_run.json").read_text())
+    assert bare["profile"] is None
+    assert all("profile" not in cal for cal in bare["calibrations"].values())

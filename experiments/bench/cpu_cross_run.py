@@ -1,5 +1,5 @@
 """Cross-run validation on kvlab's CPU engine: ``python -m experiments.bench.cpu_cross_run
---out DIR [--quick] [--reuse-runs]``.
+--out DIR [--quick] [--reuse-runs] [--profile PROFILE]``.
 
 Calibrate on one engine run, validate on *different* ones (other workloads and rates).
 Five ``experiments.serve`` runs (S, A, B, then A and B again) of the ``vllm`` system on
@@ -30,6 +30,13 @@ run-to-run difference (the ``repeatability`` table), the floor under any model's
 another run; S's model is validated on them too.
 ``--reuse-runs`` keeps ``DIR/run_*`` where they already hold a ``steps.csv``
 (recalibrate and revalidate after a change to the cost model without serving again).
+Every model is calibrated on top of an operator profile of the model on this machine
+(``python -m experiments.bench.profile_gpu --cpu``): operator times from the profile, only
+the per-step and per-sequence terms fitted (``experiments.calibrate --profile``). By default
+(``--profile measure``) the script first takes that profile into ``DIR/operator_profile``
+(about 2 minutes; kept by ``--reuse-runs`` when present), in the same sitting as the runs,
+since a shared VM's speed drifts between sittings; ``--profile PATH`` uses another one and
+``--profile none`` fits the roofline basis alone (the model before profiles).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from experiments import calibrate, validate
+from experiments.bench import profile_gpu
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.results import read_metrics, write_json
 from experiments.serve import run as serve
@@ -81,8 +89,8 @@ LABELS = {
     "b": "B (Alpaca)",
     "b2": "B again",
 }
-# (calibrated on, validated on): the span run predicts both others; A predicts B
-PAIRS = (("s", ("s", "a", "a2", "b", "b2")), ("a", ("a", "b")))
+# (calibrated on, validated on): the span run predicts both others; A and B predict each other
+PAIRS = (("s", ("s", "a", "a2", "b", "b2")), ("a", ("a", "b")), ("b", ("b", "a")))
 KEYS = ("request_throughput", "output_throughput", "mean_tpot_ms", "mean_e2el_ms", "mean_ttft_ms")
 
 
@@ -141,9 +149,12 @@ def metric_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def cross_run(out: Path, quick: bool = False, reuse_runs: bool = False) -> dict[str, Any]:
+def cross_run(
+    out: Path, quick: bool = False, reuse_runs: bool = False, profile: str | None = None
+) -> dict[str, Any]:
     """Serve the runs of ``LABELS`` (or, with ``reuse_runs``, keep those already in ``out``),
-    calibrate on S and on A, validate each on the runs of ``PAIRS``; rows and documents."""
+    calibrate on S and on A (on top of ``profile`` when given), validate each on the runs
+    of ``PAIRS``; rows and documents."""
     plan = QUICK if quick else FULL
     base = [f"model={plan['model']}", plan["kv"], *COMMON]
     runs = {}
@@ -156,7 +167,7 @@ def cross_run(out: Path, quick: bool = False, reuse_runs: bool = False) -> dict[
             runs[name] = serve_run(run_dir, [*base, *plan[spec], f"seed={SEEDS[spec]}"])
     rows, open_loop, calibrations = [], [], {}
     for fit_on, targets in PAIRS:
-        fitted = calibrate.calibrate(runs[fit_on], WEIGHTING)
+        fitted = calibrate.calibrate(runs[fit_on], WEIGHTING, profile)
         doc = calibrate.calibration_doc(fitted, runs[fit_on])
         write_json(runs[fit_on] / "calibration.json", doc)
         calibrations[LABELS[fit_on]] = doc
@@ -169,7 +180,7 @@ def cross_run(out: Path, quick: bool = False, reuse_runs: bool = False) -> dict[
             rows += [{**where, "role": role, **r} for r in metric_rows(res)]
     return {
         "rows": rows, "open_loop": open_loop, "calibrations": calibrations, "plan": plan,
-        "repeatability": repeatability(runs),
+        "repeatability": repeatability(runs), "profile": profile,
     }  # fmt: skip
 
 
@@ -194,9 +205,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="tiny-opt, seconds")
     parser.add_argument("--reuse-runs", action="store_true", help="keep DIR/run_{s,a,b} if served")
+    parser.add_argument("--profile", default="measure",
+                        help="the operator profile to calibrate on top of: 'measure' (default: "
+                        "take one first, into DIR/operator_profile), a path (profile_gpu "
+                        "--cpu), or 'none' (roofline basis alone)")  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    result = cross_run(args.out, args.quick, args.reuse_runs)
+    profile: str | None = None if args.profile == "none" else args.profile
+    if profile == "measure":
+        profile = str(args.out / "operator_profile")
+        kept = (args.out / "operator_profile" / "operator_profile.csv").is_file()
+        if not (args.reuse_runs and kept):
+            plan = QUICK if args.quick else FULL
+            profile_gpu.main(["--cpu", "--model", plan["model"], "--out", profile])
+    result = cross_run(args.out, args.quick, args.reuse_runs, profile)
     for label, doc in result["calibrations"].items():
         print(f"calibrated on {label}: {doc.get('coefficients')}")
     print_table("calibrated on one run, validated on others", result["rows"])
