@@ -47,6 +47,10 @@ def test_calibrate_on_one_run_validate_on_others(tmp_path: Path) -> None:
     assert {n: (tmp_path / f"run_{n}" / "steps.csv").read_bytes() for n in cfg} == steps
     again = json.loads((tmp_path / "cross_run.json").read_text())
     assert again["rows"] == doc["rows"]
+    # by default the runs and the profile are timed on the probed thread clock
+    assert set(doc["step_timers"].values()) == {"thread_cpu_probed"}
+    side = json.loads((tmp_path / "operator_profile" / "operator_profile.json").read_text())
+    assert side["speed_probe"]["samples"] > 0 and "speed_probe" in side["method"]
     # by default every model is fitted on top of the profile the script took first
     assert doc["profile"] == str(tmp_path / "operator_profile")
     for cal in doc["calibrations"].values():

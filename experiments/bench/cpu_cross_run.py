@@ -1,12 +1,14 @@
 """Cross-run validation on kvlab's CPU engine: ``python -m experiments.bench.cpu_cross_run
---out DIR [--quick] [--reuse-runs] [--profile PROFILE]``.
+--out DIR [--quick] [--reuse-runs] [--profile PROFILE] [--step-timer TIMER]``.
 
 Calibrate on one engine run, validate on *different* ones (other workloads and rates).
 Five ``experiments.serve`` runs (S, A, B, then A and B again) of the ``vllm`` system on
 OPT-125M shapes (seeded dummy weights, fp32, one torch thread, online arrivals on the
 virtual clock: the timeline advances by each step's measured time, read as the engine
-thread's CPU time, ``step_timer=thread_cpu``, so other processes on the machine do not
-inflate it):
+thread's CPU time, so other processes on the machine do not inflate it; by default,
+``--step-timer thread_cpu_probed``, scaled by the engine's speed probe to a reference core,
+so their load on memory and cache does not either, and the profile is scaled alike;
+``--step-timer thread_cpu`` leaves both unscaled):
 
 - run S (span, calibration): ShareGPT-mean lengths with wide spreads
   (``SPAN_SIGMAS``: prompts from a few tokens to a thousand, outputs likewise) at
@@ -60,9 +62,10 @@ CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
 RATE_S, RATE_A, RATE_B = 4.0, 2.0, 6.0
 SPAN_SIGMAS = ["workload.sigma_input=2.0", "workload.sigma_output=1.0"]
 WEIGHTING = "relative"
+STEP_TIMER = "thread_cpu_probed"
 COMMON = [
     "system=vllm", "dtype=float32", "progress=false", "mode=online", "clock=virtual",
-    "threads=1", "step_timer=thread_cpu",
+    "threads=1",
 ]  # fmt: skip
 FULL = {
     "model": "opt-125m",
@@ -150,13 +153,17 @@ def metric_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def cross_run(
-    out: Path, quick: bool = False, reuse_runs: bool = False, profile: str | None = None
+    out: Path,
+    quick: bool = False,
+    reuse_runs: bool = False,
+    profile: str | None = None,
+    step_timer: str = STEP_TIMER,
 ) -> dict[str, Any]:
-    """Serve the runs of ``LABELS`` (or, with ``reuse_runs``, keep those already in ``out``),
-    calibrate on S and on A (on top of ``profile`` when given), validate each on the runs
-    of ``PAIRS``; rows and documents."""
+    """Serve the runs of ``LABELS`` with ``step_timer`` (or, with ``reuse_runs``, keep those
+    already in ``out``), calibrate on S, A and B (on top of ``profile`` when given),
+    validate each on the runs of ``PAIRS``; rows and documents."""
     plan = QUICK if quick else FULL
-    base = [f"model={plan['model']}", plan["kv"], *COMMON]
+    base = [f"model={plan['model']}", plan["kv"], *COMMON, f"step_timer={step_timer}"]
     runs = {}
     for name in LABELS:
         run_dir = out / f"run_{name}"
@@ -181,6 +188,7 @@ def cross_run(
     return {
         "rows": rows, "open_loop": open_loop, "calibrations": calibrations, "plan": plan,
         "repeatability": repeatability(runs), "profile": profile,
+        "step_timers": {LABELS[n]: read_metrics(d).get("step_timer") for n, d in runs.items()},
     }  # fmt: skip
 
 
@@ -209,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the operator profile to calibrate on top of: 'measure' (default: "
                         "take one first, into DIR/operator_profile), a path (profile_gpu "
                         "--cpu), or 'none' (roofline basis alone)")  # fmt: skip
+    parser.add_argument("--step-timer", choices=("thread_cpu_probed", "thread_cpu"),
+                        default=STEP_TIMER, help="how the runs (and the profile taken first) "
+                        "read step time; default: scaled by the speed probe")  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     profile: str | None = None if args.profile == "none" else args.profile
@@ -217,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         kept = (args.out / "operator_profile" / "operator_profile.csv").is_file()
         if not (args.reuse_runs and kept):
             plan = QUICK if args.quick else FULL
-            profile_gpu.main(["--cpu", "--model", plan["model"], "--out", profile])
-    result = cross_run(args.out, args.quick, args.reuse_runs, profile)
+            probed = ["--probed"] if args.step_timer == "thread_cpu_probed" else []
+            profile_gpu.main(["--cpu", *probed, "--model", plan["model"], "--out", profile])
+    result = cross_run(args.out, args.quick, args.reuse_runs, profile, args.step_timer)
     for label, doc in result["calibrations"].items():
         print(f"calibrated on {label}: {doc.get('coefficients')}")
     print_table("calibrated on one run, validated on others", result["rows"])
