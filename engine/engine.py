@@ -43,7 +43,6 @@ from engine.models import build_model
 from engine.phases import PhaseTimer, device_clock, phase_timing_default, step_timer
 from engine.runner import ModelRunner
 from engine.sampler import Sampler, mix_seed
-from engine.speed_probe import SpeedProbe
 from engine.weights import init_dummy_weights, load_checkpoint
 
 MODES = ("offline", "online")
@@ -81,8 +80,8 @@ class LLMEngine:
     ``watermark`` and ``enable_prefix_caching`` go to the paged manager as in
     ``core.systems.build_scheduler``. ``time_phases`` times each step's phases
     (:mod:`engine.phases`; None: on CPU only, where it costs nothing). ``step_timer``
-    (``wall`` or, on CPU with one torch thread, ``thread_cpu`` or ``thread_cpu_probed``) is
-    what step and phase seconds are read from (:data:`engine.phases.STEP_TIMERS`)."""
+    (``wall`` or, on CPU with one torch thread, ``thread_cpu``) is what step and phase
+    seconds are read from (:data:`engine.phases.STEP_TIMERS`)."""
 
     def __init__(
         self,
@@ -130,7 +129,6 @@ class LLMEngine:
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         self.step_timer_name = step_timer_name
-        self.speed_probe = SpeedProbe() if step_timer_name == "thread_cpu_probed" else None
         self.time_phases = (
             phase_timing_default(self.device) if time_phases is None else bool(time_phases)
         )
@@ -164,7 +162,7 @@ class LLMEngine:
         self.phase_timer = PhaseTimer(self.step_timer) if self.time_phases else None
         executor = _ModelExecutor(
             self.kv_cache, self.runner, self.sampler, self.scheduler, self.device,
-            self.phase_timer, self.step_timer, self.speed_probe,
+            self.phase_timer, self.step_timer,
         )  # fmt: skip
         self.loop = StepLoop(self.scheduler, executor, self.recorder, observer=self.phase_timer)
 
@@ -281,10 +279,8 @@ class _ModelExecutor:
         device: torch.device,
         timer: PhaseTimer | None = None,
         now: Callable[[], float] = time.perf_counter,
-        probe: SpeedProbe | None = None,
     ) -> None:
         self.kv_cache = kv_cache
-        self.probe = probe
         self.device = device
         self.runner = runner
         self.sampler = sampler
@@ -296,7 +292,6 @@ class _ModelExecutor:
 
     def execute(self, plan: StepPlan, shape: BatchShape, start: float) -> StepOutcome:
         mark = self.mark
-        scale = 1.0 if self.probe is None else self.probe.scale()  # before the step's clock
         t0 = self.now()  # the previous step ended synchronized
         self.kv_cache.swap_out(plan.swap_out)
         self.kv_cache.swap_in(plan.swap_in)
@@ -309,11 +304,8 @@ class _ModelExecutor:
         samples = self.sampler.sample(batch.sample_seqs, logits)
         t4 = self.end()
         if self.timer is not None:
-            self.timer.scale = scale
             self.timer.executed(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
-        return StepOutcome(
-            scale * (t4 - t0), samples.token_ids, samples.extra_samples, samples.beams
-        )
+        return StepOutcome(t4 - t0, samples.token_ids, samples.extra_samples, samples.beams)
 
     def at_end(self, plan: StepPlan, outcome: StepOutcome) -> None:
         if self.timer is not None:

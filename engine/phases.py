@@ -56,23 +56,20 @@ def phase_timing_default(device: torch.device) -> bool:
 STEP_TIMERS: dict[str, Callable[[], float]] = {
     "wall": time.perf_counter,
     "thread_cpu": time.thread_time,
-    "thread_cpu_probed": time.thread_time,
 }
 """What a step's seconds are read from. ``wall``: real time (the only meaningful choice on
 CUDA). ``thread_cpu``: the CPU time of the engine's thread, for a CPU engine with one torch
 thread, where every operation runs on the calling thread: unlike wall time it does not grow
 when other processes share the cores (a step the machine's neighbours slowed by 2.4x in wall
-time costs the same CPU time), so measured step times are a property of the engine.
-``thread_cpu_probed``: ``thread_cpu`` scaled by :class:`engine.speed_probe.SpeedProbe`, to
-the time on a reference core, for a VM whose speed drifts under the neighbours' load."""
+time costs the same CPU time), so measured step times are a property of the engine."""
 
 
 def step_timer(device: torch.device, name: str) -> Callable[[], float]:
     """The clock named ``name`` (:data:`STEP_TIMERS`); ``thread_cpu`` only on CPU."""
     if name not in STEP_TIMERS:
         raise ValueError(f"step_timer must be one of {sorted(STEP_TIMERS)}, got {name!r}")
-    if name.startswith("thread_cpu") and device.type != "cpu":
-        raise ValueError(f"step_timer {name!r} times a CPU engine, not {device.type}")
+    if name == "thread_cpu" and device.type != "cpu":
+        raise ValueError(f"step_timer 'thread_cpu' times a CPU engine, not {device.type}")
     return STEP_TIMERS[name]
 
 
@@ -100,7 +97,6 @@ class PhaseTimer(LoopObserver):
         self._schedule = 0.0
         self._mark = 0.0
         self._executed: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
-        self.scale = 1.0  # multiplies the step's phases (the executor's speed probe)
 
     def before_schedule(self, scheduler: BaseScheduler) -> None:
         self._mark = self.now()
@@ -120,8 +116,7 @@ class PhaseTimer(LoopObserver):
 
     def after_step(self, plan: StepPlan, finished: list[SequenceGroup]) -> None:
         output = self.now() - self._mark
-        k = self.scale
-        self.rows.append(tuple(k * x for x in (self._schedule, *self._executed, output)))
+        self.rows.append((self._schedule, *self._executed, output))
         self._schedule = 0.0
 
     def frame(self) -> pd.DataFrame:

@@ -73,17 +73,7 @@ def calibrate(
     model, tp = model_from_config(cfg["model"]), int(cfg["model"].get("tp", 1))
     blocks, width = block_size(cfg["system"]), dtype_bytes(cfg)
     if profile is not None:
-        try:
-            ops = ProfiledCostModel(profile, model, hardware, tp, width, blocks, as_measured=True)
-        except ValueError as err:  # unreadable, malformed or of another model
-            raise ConfigError("--profile", str(err)) from None
-        measured_dtype = ops.profile.meta.get("dtype")
-        if measured_dtype not in (None, str(cfg.get("dtype", "float32"))):
-            raise ConfigError(
-                "--profile",
-                f"{ops.profile.source} was measured in {measured_dtype}, the run in "
-                f"{cfg.get('dtype', 'float32')}",
-            )
+        check_profile_fits_run(profile, cfg, model, hardware, tp, width, blocks)
     return CalibratedCostModel.fit(
         pd.read_csv(steps_path),
         model,
@@ -94,6 +84,36 @@ def calibrate(
         weighting=weighting,
         profile=profile,
     )
+
+
+def check_profile_fits_run(
+    profile: str, cfg: dict[str, Any], model: Any, hardware: str, tp: int, width: int, blocks: int
+) -> None:
+    """Refuse, in one line naming ``--profile``, a profile that is not of this run: another
+    model, tp or device (:class:`ProfiledCostModel`), dtype or block size, or another clock
+    (a CPU profile times one thread's CPU time, so the run must be served with
+    ``threads=1 step_timer=thread_cpu``)."""
+    try:
+        ops = ProfiledCostModel(profile, model, hardware, tp, width, blocks, as_measured=True)
+    except ValueError as err:  # unreadable, malformed, of another model or device
+        raise ConfigError("--profile", str(err)) from None
+    prof, src = ops.profile, ops.profile.source
+    run_dtype = str(cfg.get("dtype", "float32"))
+    if prof.meta.get("dtype") not in (None, run_dtype):
+        raise ConfigError(
+            "--profile", f"{src} was measured in {prof.meta['dtype']}, the run in {run_dtype}"
+        )
+    if prof.block_size not in (None, blocks):
+        raise ConfigError(
+            "--profile", f"{src} was measured at block size {prof.block_size}, the run at {blocks}"
+        )
+    timer = (cfg.get("step_timer") or "wall", cfg.get("threads"))
+    if prof.gpu == "cpu" and timer != ("thread_cpu", 1):
+        raise ConfigError(
+            "--profile",
+            f"{src} times one thread's CPU time; the run was served with step_timer="
+            f"{timer[0]}, threads={timer[1]} (serve with threads=1 step_timer=thread_cpu)",
+        )
 
 
 def calibration_doc(model: CalibratedCostModel, run_dir: Path) -> dict[str, Any]:

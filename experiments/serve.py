@@ -194,7 +194,6 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
             "num_steps": result.num_steps,
             "phase_columns": None if result.phases is None else list(result.phases.columns),
             "cost_basis_hardware": (c.get("hardware") or {}).get("name"),
-            **({} if engine.speed_probe is None else {"speed_probe": engine.speed_probe.summary()}),
             **where,
             "device": where["hardware"],
         }

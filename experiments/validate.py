@@ -36,7 +36,12 @@ from experiments.calibrate import read_run_config
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
 from experiments.lib.results import read_metrics, write_json
-from experiments.lib.setup import build_requests, scheduler_factory, served_max_model_len
+from experiments.lib.setup import (
+    build_requests,
+    scheduler_factory,
+    served_max_model_len,
+    with_profile_found,
+)
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel, CostModel, RecordedCostModel
 from sim.driver import simulate
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         path = args.calibration or args.run_dir / "calibration.json"
         if not path.is_file():
             parser.error(f"no calibration file {path}; run experiments.calibrate or --recorded")
-        calibration = json.loads(path.read_text())
+        calibration = with_profile_found(json.loads(path.read_text()), path)
     result = validate(args.run_dir, calibration, args.recorded)
     print(result["cost_model"])
     print_comparison(result["comparison"])

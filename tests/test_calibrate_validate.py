@@ -143,31 +143,53 @@ def test_calibrate_on_a_profile_of_another_model_is_one_line(
     assert not out.exists()
 
 
+@pytest.fixture(scope="module")
+def thread_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The online run on one thread's CPU time, as a CPU operator profile is timed."""
+    yield _serve(tmp_path_factory.mktemp("thread"), ["threads=1", "step_timer=thread_cpu"])
+
+
 def test_calibrate_on_a_profile_writes_a_file_validate_and_simulate_take(
-    online_run: Path, tmp_path: Path, capsys
+    thread_run: Path, online_run: Path, tmp_path: Path, capsys
 ) -> None:
-    """A profile of the run's model and dtype: the calibration names it, fits only the
-    terms on top (roofline terms 0), and ``validate`` rebuilds the model from the file.
-    The same profile in another dtype is one line naming both."""
+    """A profile of the run's model, dtype, block size and clock: the calibration names
+    it, fits only the terms on top (roofline terms 0), and ``validate`` rebuilds the model
+    from the file. The same profile in another dtype, or a run timed on the wall clock, is
+    one line naming both."""
     from tests.test_cost_profiled import synthetic_rows, write_profile
 
     prof = write_profile(tmp_path / "p", synthetic_rows(), gpu="cpu", model="tiny-opt",
                          dtype="float32")  # fmt: skip
     out = tmp_path / "cal.json"
-    args = [str(online_run), "--profile", str(prof), "--out", str(out), "--weighting", "relative"]
+    args = [str(thread_run), "--profile", str(prof), "--out", str(out), "--weighting", "relative"]
     assert calibrate.main(args) == 0
     doc = json.loads(out.read_text())
     assert doc["profile"] == str(prof)
     roofline = ("linear_flop_time", "attn_flop_time", "byte_time")
     assert [doc["coefficients"][t] for t in roofline] == [0.0, 0.0, 0.0]
     assert "as measured; the terms below are fitted on top" in capsys.readouterr().out
-    result = validate.validate(online_run, doc)
+    result = validate.validate(thread_run, doc)
     assert "as measured" in result["cost_model"]
     assert result["simulator"]["request_throughput"] > 0
     half = write_profile(tmp_path / "p16", synthetic_rows(), gpu="cpu", model="tiny-opt",
                          dtype="float16")  # fmt: skip
-    with pytest.raises(SystemExit) as exc:
-        calibrate.main([str(online_run), "--profile", str(half), "--out", str(out)])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert "measured in float16, the run in float32" in err and "\n" not in err
+    for run, message in (
+        (thread_run, "measured in float16, the run in float32"),
+        (online_run, "served with step_timer=wall, threads=None"),
+    ):
+        bad = half if run == thread_run else prof
+        with pytest.raises(SystemExit) as exc:
+            calibrate.main([str(run), "--profile", str(bad), "--out", str(tmp_path / "x.json")])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and err.startswith("error: --profile: ") and "\n" not in err
+
+
+def test_a_calibrations_relative_profile_is_also_looked_for_beside_it(tmp_path: Path) -> None:
+    from experiments.lib.setup import with_profile_found
+
+    (tmp_path / "prof").mkdir()
+    cal = tmp_path / "calibration.json"
+    assert with_profile_found({"profile": "prof"}, cal)["profile"] == str(tmp_path / "prof")
+    assert with_profile_found({"profile": "absent"}, cal)["profile"] == "absent"  # unchanged
+    assert with_profile_found({"kind": "calibrated"}, cal) == {"kind": "calibrated"}

@@ -117,8 +117,6 @@ CASES = [
      "step_timer", "other torch threads"),
     ("serve_thread_cpu_wall_clock", serve, ["step_timer=thread_cpu", "threads=1", "clock=wall"],
      "step_timer", "real time"),
-    ("serve_thread_cpu_probed_many_threads", serve, ["step_timer=thread_cpu_probed", "threads=2"],
-     "step_timer", "other torch threads"),
     ("serve_slo_not_a_mapping", serve, ["slo_ms=200"], "slo_ms", "mapping"),
     ("serve_unknown_model", serve, ["model=gpt5"], "model", "unknown model"),
     ("serve_block_size_zero", serve, ["system.block_size=0"], "system.block_size",

@@ -233,3 +233,12 @@ def test_profile_as_measured_must_be_of_the_same_model(tmp_path: Path) -> None:
                                          r"measured needs opt-13b at tp 1"):  # fmt: skip
         ProfiledCostModel(prof, "opt-13b", "h200", as_measured=True)
     assert ProfiledCostModel(prof, "opt-125m", "h200", as_measured=True).same
+
+
+def test_profile_as_measured_must_be_of_the_same_device(tmp_path: Path) -> None:
+    """A profile whose device has a catalog entry is used as measured only for that GPU;
+    one from a CPU (no entry) is taken for whatever the run's basis hardware is called."""
+    prof = write_profile(tmp_path / "p", synthetic_rows(), gpu="a100-40gb", model="opt-13b")
+    with pytest.raises(ValueError, match=r"measured on a100-40gb; using it as measured needs h200"):
+        ProfiledCostModel(prof, "opt-13b", "h200", as_measured=True)
+    assert ProfiledCostModel(prof, "opt-13b", "a100-40gb", as_measured=True).same

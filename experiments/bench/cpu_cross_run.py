@@ -1,14 +1,12 @@
 """Cross-run validation on kvlab's CPU engine: ``python -m experiments.bench.cpu_cross_run
---out DIR [--quick] [--reuse-runs] [--profile PROFILE] [--step-timer TIMER]``.
+--out DIR [--quick] [--reuse-runs] [--profile PROFILE]``.
 
 Calibrate on one engine run, validate on *different* ones (other workloads and rates).
 Five ``experiments.serve`` runs (S, A, B, then A and B again) of the ``vllm`` system on
 OPT-125M shapes (seeded dummy weights, fp32, one torch thread, online arrivals on the
 virtual clock: the timeline advances by each step's measured time, read as the engine
-thread's CPU time, so other processes on the machine do not inflate it; by default,
-``--step-timer thread_cpu_probed``, scaled by the engine's speed probe to a reference core,
-so their load on memory and cache does not either, and the profile is scaled alike;
-``--step-timer thread_cpu`` leaves both unscaled):
+thread's CPU time, ``step_timer=thread_cpu``, so other processes on the machine do not
+inflate it):
 
 - run S (span, calibration): ShareGPT-mean lengths with wide spreads
   (``SPAN_SIGMAS``: prompts from a few tokens to a thousand, outputs likewise) at
@@ -18,10 +16,10 @@ so their load on memory and cache does not either, and the profile is scaled ali
 - run A: ShareGPT-like requests at ``RATE_A`` req/s;
 - run B: Alpaca-like requests at ``RATE_B`` req/s.
 
-Two calibrations, both ``experiments.calibrate`` with ``WEIGHTING`` (relative step errors):
-on S, validated on A and B (the headline: neither was seen by the fit), and on A,
-validated on B (a production-like run extrapolated to another regime, kept to show why the
-span run is needed). ``experiments.validate`` simulates each validation run's workload on
+Three calibrations, each ``experiments.calibrate`` with ``WEIGHTING`` (relative step errors):
+on S, validated on A and B (neither was seen by the fit), on A, validated on B, and on B,
+validated on A (a production-like run extrapolated to another workload and rate).
+``experiments.validate`` simulates each validation run's workload on
 its KV cache with the fitted model and compares with its measured metrics; the in-sample
 rows are printed for reference. Each model also prices every run's measured steps open loop
 (the engine's own batches, no queue): the step model's error before queueing amplifies it.
@@ -55,17 +53,19 @@ from hydra import compose, initialize_config_dir
 from experiments import calibrate, validate
 from experiments.bench import profile_gpu
 from experiments.bench.tables import print_table, write_csv
+from experiments.lib.checks import ConfigError
+from experiments.lib.cli import plain_cli
 from experiments.lib.results import read_metrics, write_json
 from experiments.serve import run as serve
+from sim.cost.profile import read_profile
 
 CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
 RATE_S, RATE_A, RATE_B = 4.0, 2.0, 6.0
 SPAN_SIGMAS = ["workload.sigma_input=2.0", "workload.sigma_output=1.0"]
 WEIGHTING = "relative"
-STEP_TIMER = "thread_cpu_probed"
 COMMON = [
     "system=vllm", "dtype=float32", "progress=false", "mode=online", "clock=virtual",
-    "threads=1",
+    "threads=1", "step_timer=thread_cpu",
 ]  # fmt: skip
 FULL = {
     "model": "opt-125m",
@@ -157,13 +157,12 @@ def cross_run(
     quick: bool = False,
     reuse_runs: bool = False,
     profile: str | None = None,
-    step_timer: str = STEP_TIMER,
 ) -> dict[str, Any]:
-    """Serve the runs of ``LABELS`` with ``step_timer`` (or, with ``reuse_runs``, keep those
-    already in ``out``), calibrate on S, A and B (on top of ``profile`` when given),
-    validate each on the runs of ``PAIRS``; rows and documents."""
+    """Serve the runs of ``LABELS`` (or, with ``reuse_runs``, keep those already in ``out``),
+    calibrate on S, A and B (on top of ``profile`` when given), validate each on the runs
+    of ``PAIRS``; rows and documents."""
     plan = QUICK if quick else FULL
-    base = [f"model={plan['model']}", plan["kv"], *COMMON, f"step_timer={step_timer}"]
+    base = [f"model={plan['model']}", plan["kv"], *COMMON]
     runs = {}
     for name in LABELS:
         run_dir = out / f"run_{name}"
@@ -208,29 +207,32 @@ def repeatability(runs: dict[str, Path]) -> list[dict[str, Any]]:
     return rows
 
 
+@plain_cli
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench.cpu_cross_run")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="tiny-opt, seconds")
-    parser.add_argument("--reuse-runs", action="store_true", help="keep DIR/run_{s,a,b} if served")
+    parser.add_argument("--reuse-runs", action="store_true",
+                        help="keep DIR/run_* and DIR/operator_profile where present")  # fmt: skip
     parser.add_argument("--profile", default="measure",
                         help="the operator profile to calibrate on top of: 'measure' (default: "
                         "take one first, into DIR/operator_profile), a path (profile_gpu "
                         "--cpu), or 'none' (roofline basis alone)")  # fmt: skip
-    parser.add_argument("--step-timer", choices=("thread_cpu_probed", "thread_cpu"),
-                        default=STEP_TIMER, help="how the runs (and the profile taken first) "
-                        "read step time; default: scaled by the speed probe")  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     profile: str | None = None if args.profile == "none" else args.profile
+    if profile not in (None, "measure"):
+        try:  # before serving for a quarter of an hour
+            read_profile(profile)
+        except ValueError as err:
+            raise ConfigError("--profile", str(err)) from None
     if profile == "measure":
         profile = str(args.out / "operator_profile")
         kept = (args.out / "operator_profile" / "operator_profile.csv").is_file()
         if not (args.reuse_runs and kept):
             plan = QUICK if args.quick else FULL
-            probed = ["--probed"] if args.step_timer == "thread_cpu_probed" else []
-            profile_gpu.main(["--cpu", *probed, "--model", plan["model"], "--out", profile])
-    result = cross_run(args.out, args.quick, args.reuse_runs, profile, args.step_timer)
+            profile_gpu.main(["--cpu", "--model", plan["model"], "--out", profile])
+    result = cross_run(args.out, args.quick, args.reuse_runs, profile)
     for label, doc in result["calibrations"].items():
         print(f"calibrated on {label}: {doc.get('coefficients')}")
     print_table("calibrated on one run, validated on others", result["rows"])

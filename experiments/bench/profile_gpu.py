@@ -1,5 +1,5 @@
 """Operator profile of kvlab's engine on one GPU, the table the simulator's ``cost=profiled``
-interpolates: ``python -m experiments.bench.profile_gpu --out DIR [--dry | --cpu [--probed]]
+interpolates: ``python -m experiments.bench.profile_gpu --out DIR [--dry | --cpu]
 [--model NAME] [--block-size B]``.
 
 Format ``kvlab-operator-profile/1``, two files in ``DIR``:
@@ -46,9 +46,7 @@ batches of 1 … 64 sequences. The sidecar's ``gpu`` is ``cpu``; the simulator h
 hardware entry for a CPU, so ``cost=profiled`` cannot transfer it, but
 ``experiments.calibrate RUN --profile DIR`` uses it as measured for runs of the same model
 on the same machine and fits only the per-step terms on top (see
-``docs/validation/cpu-engine.md``). ``--cpu --probed`` scales each time by the engine's
-speed probe (:mod:`engine.speed_probe`), as runs served with ``step_timer=thread_cpu_probed``
-are; the sidecar records the probe's samples.
+``docs/validation/cpu-engine.md``).
 """
 
 from __future__ import annotations
@@ -171,7 +169,6 @@ class Profiler:
         shape = (num_blocks, plan.block_size, self.config.num_kv_heads, self.config.head_dim)
         self.k_cache, self.v_cache = self._randn(*shape), self._randn(*shape)
         self.stub = self._stub_layer(rows)
-        self.probe: Any = None  # an engine.speed_probe.SpeedProbe scales each time (--probed)
 
     def _randn(self, *shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=self.gen, device=self.plan.device).to(self.plan.dtype)
@@ -193,9 +190,7 @@ class Profiler:
 
         p = self.plan
         clock = time.thread_time if p.thread_clock else time.perf_counter
-        scale = 1.0 if self.probe is None else self.probe.scale()
-        ms = time_ms(fn, p.device, p.repeats, p.warmup, p.flush_bytes, p.sleep_cycles, clock)
-        return scale * ms
+        return time_ms(fn, p.device, p.repeats, p.warmup, p.flush_bytes, p.sleep_cycles, clock)
 
     def linear(self, tokens: int) -> float:
         xs = [(m, self.inputs[m.in_features][:tokens]) for m in self.linears]
@@ -264,13 +259,11 @@ def measure(
     plan: ProfilePlan,
     log: Callable[[str], None] = print,
     partial: Callable[[list[dict[str, Any]]], None] | None = None,
-    probe: Any = None,
 ) -> list[dict[str, Any]]:
     """Every row of the profile (see the module doc), in sorted order. ``partial`` gets the
     rows measured so far after the token sweep (so a run killed in the decode sweep keeps
-    them). ``probe`` (an :class:`engine.speed_probe.SpeedProbe`) scales every time."""
+    them)."""
     prof = Profiler(plan)
-    prof.probe = probe
     rows: list[dict[str, Any]] = []
 
     def add(op: str, tokens: int, context: int, ms: float) -> None:
@@ -359,11 +352,6 @@ def main(argv: list[str] | None = None) -> int:
         help="real times on this CPU: one torch thread, thread CPU time, torch attention "
         "(kvlab's CPU engine settings; default model opt-125m, fp32)",
     )  # fmt: skip
-    parser.add_argument(
-        "--probed", action="store_true",
-        help="with --cpu: scale each time by the engine's speed probe to a reference core "
-        "(the engine's step_timer=thread_cpu_probed)",
-    )  # fmt: skip
     parser.add_argument("--model", help="catalog model (default opt-13b; dry: tiny-opt)")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size (default 16)")
     args_list = sys.argv[1:] if argv is None else argv
@@ -382,22 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         get_model(args.model or "opt-13b")
     except KeyError as exc:
         parser.error(str(exc.args[0]))
-    if args.probed and not args.cpu:
-        parser.error("--probed scales CPU thread times; it needs --cpu")
     plan = make_plan(args.dry, args.model, args.block_size, cpu=args.cpu)
     meta = sidecar(plan, args_list)
-    probe = None
-    if args.probed:
-        from engine.speed_probe import NOMINAL_S, SpeedProbe
-
-        probe = SpeedProbe(every=1)
-        meta["method"] += (f"; each time scaled by engine.speed_probe to a core where the "
-                           f"probe takes {NOMINAL_S * 1e3:g} ms")  # fmt: skip
-    rows = measure(
-        plan, partial=lambda r: write_profile(args.out, r, {**meta, "complete": False}), probe=probe
-    )
-    if probe is not None:
-        meta["speed_probe"] = probe.summary()
+    rows = measure(plan, partial=lambda r: write_profile(args.out, r, {**meta, "complete": False}))
     write_profile(args.out, rows, {**meta, "complete": True})
     from experiments.bench.tables import print_table
 

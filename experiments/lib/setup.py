@@ -262,6 +262,16 @@ def measured_stack(name: Any, path: Any) -> Stack:
         raise ConfigError("cost.stack_path", str(exc)) from None
 
 
+def with_profile_found(doc: dict[str, Any], calibration_path: Path) -> dict[str, Any]:
+    """``doc`` with its operator ``profile`` path (when relative and not found from here)
+    taken relative to the calibration file's folder, where it was found; else unchanged."""
+    name = doc.get("profile")
+    if not name or Path(name).is_absolute() or Path(name).exists():
+        return doc
+    beside = Path(calibration_path).parent / name
+    return {**doc, "profile": str(beside)} if beside.exists() else doc
+
+
 def calibrated_from_file(path: Path, model: ModelSpec, gpu: GPUSpec, tp: int) -> CostModel:
     """The calibrated model in ``path`` (``experiments.calibrate`` or ``calibrate_vllm``)
     applied to this run's model and GPU; a file fitted for another model or GPU is a config
@@ -279,6 +289,7 @@ def calibrated_from_file(path: Path, model: ModelSpec, gpu: GPUSpec, tp: int) ->
     for key, ours in (("model", model.name), ("gpu", gpu.name)):
         if doc.get(key) not in (None, ours):
             raise ConfigError("cost.path", f"fitted for another {key}", doc[key], ours)
+    doc = with_profile_found(doc, path)
     try:
         return build_cost_model(
             "calibrated", model, gpu, tp,

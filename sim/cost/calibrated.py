@@ -111,7 +111,8 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarra
 
 
 class CalibratedCostModel:
-    """Linear model on roofline basis terms; build it with :meth:`fit`."""
+    """Linear model on roofline basis terms, or on top of an operator ``profile`` (module
+    doc); build it with :meth:`fit`."""
 
     def __init__(
         self,

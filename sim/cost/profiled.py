@@ -101,6 +101,14 @@ class ProfiledCostModel:
                     f"{prof.source}: measured on {prof.model} at tp {prof.tp}; using it as "
                     f"measured needs {m.name} at tp {tp}"
                 )
+            try:
+                named = get_gpu(prof.gpu).name
+            except KeyError:
+                named = None  # a CPU, or a device name the catalog does not know
+            if named is not None and named != g.name:
+                raise ValueError(
+                    f"{prof.source}: measured on {named}; using it as measured needs {g.name}"
+                )
             gp = g
         else:
             try:
