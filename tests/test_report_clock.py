@@ -56,3 +56,26 @@ def test_gap_lines_compare_with_the_paper() -> None:
     text = "\n".join(gap_lines(fig2))
     assert "(paper 96.3%, -6.3 points)" in text
     assert "vLLM's batch is 2.27× Orca (Oracle)'s (paper 2.23×)" in text
+
+
+def test_tokens_per_request_checks_fig2_against_fig13() -> None:
+    """Token share × slots ÷ batch, for kvlab's runs and the paper's two figures."""
+    from experiments.report.markdown import PAPER_KV_SLOTS, tokens_per_request_line
+    from experiments.report.paper import FIG2_BREAKDOWN, FIG13_BATCH
+
+    runs = pd.DataFrame(
+        {
+            "system": ["orca_max", "orca_pow2", "orca_oracle", "vllm"],
+            "kv_token_states_pct": [20.0, 30.0, 40.0, 100.0],
+            "mean_batch_size": [4.0, 6.0, 8.0, 20.0],
+        }
+    )
+    line = tokens_per_request_line(runs, 1000.0)
+    assert line is not None
+    assert "kvlab 50, 50, 50, 50;" in line and "agree within 0%" in line
+    paper = [
+        FIG2_BREAKDOWN[s]["token_states"] / 100 * PAPER_KV_SLOTS / FIG13_BATCH[s]
+        for s in ("orca_max", "orca_pow2", "orca_oracle", "vllm")
+    ]
+    assert f"give {', '.join(f'{p:.0f}' for p in paper)}." in line
+    assert tokens_per_request_line(runs[runs["system"] != "vllm"], 1000.0) is None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +251,67 @@ BREAKDOWN_HEADER = ["system", *(f"{PART_LABELS[p]} kvlab (paper)" for p in PARTS
 BATCH_HEADER = ["system", "kvlab", "paper", "kvlab / paper"]
 
 
+PAPER_KV_SLOTS = 15_700  # Table 1, OPT-13B on one A100-40GB (sim.capacity.PAPER_TABLE1)
+
+
+def tokens_per_request(
+    token_share_pct: Mapping[str, float], batch: Mapping[str, float], slots: float
+) -> dict[str, float]:
+    """Per system: the K/V tokens a batched request holds on average, token-state share
+    (Fig. 2) × KV slots ÷ mean batched requests (Fig. 13)."""
+    return {
+        s: token_share_pct[s] / 100 * slots / batch[s]
+        for s in token_share_pct
+        if s in batch and batch[s] > 0
+    }
+
+
+def tokens_per_request_line(fig2_runs: pd.DataFrame, slots: float) -> str | None:
+    """The computed check of Fig. 2 against Fig. 13: kvlab's tokens per batched request
+    beside what the paper's two figures give (None without the four systems' runs)."""
+    systems = list(FIG13_BATCH)
+    by = fig2_runs.set_index("system") if len(fig2_runs) else pd.DataFrame()
+    if not set(systems) <= set(by.index):
+        return None
+    ours = tokens_per_request(
+        {s: float(by.loc[s, "kv_token_states_pct"]) for s in systems},
+        {s: float(by.loc[s, "mean_batch_size"]) for s in systems},
+        slots,
+    )
+    paper = tokens_per_request(
+        {s: float(FIG2_BREAKDOWN[s]["token_states"] or math.nan) for s in systems},
+        FIG13_BATCH,
+        PAPER_KV_SLOTS,
+    )
+    orca = [s for s in systems if s != "vllm"]
+    less = [1 - paper[s] / paper["vllm"] for s in orca]
+    batch_gap = [abs(by.loc[s, "mean_batch_size"] / FIG13_BATCH[s] - 1) for s in systems]
+    share_gap = [
+        float(by.loc[s, "kv_token_states_pct"]) - float(FIG2_BREAKDOWN[s]["token_states"] or 0)
+        for s in orca
+    ]
+    names = ", ".join(SYSTEM_LABELS[s] for s in systems)
+    return (
+        f"Tokens held per batched request (token-state share × KV slots ÷ Fig. 13's batch), "
+        f"{names}: kvlab {', '.join(f'{ours[s]:.0f}' for s in systems)}; the paper's Figs. 2 "
+        f"and 13 ({PAPER_KV_SLOTS:,} slots) give {', '.join(f'{paper[s]:.0f}' for s in systems)}. "
+        f"All four serve the same requests first come, first served, and kvlab's agree within "
+        f"{max(ours.values()) / min(ours.values()) - 1:.0%}; the paper's Orca runs hold "
+        f"{min(less):.0%}–{max(less):.0%} fewer tokens per request than its vLLM run. So, counted "
+        f"as kvlab counts them, the paper's Orca shares and Orca batches cannot both come from "
+        f"the requests its vLLM run held. kvlab's "
+        f"batches are within {min(batch_gap):.0%}–{max(batch_gap):.0%} of the paper's, and its "
+        f"Orca token-state shares differ from the paper's by {min(share_gap):+.1f} to "
+        f"{max(share_gap):+.1f} points."
+    )
+
+
+def _opt13b_slots(t1: list[Any]) -> float:
+    """kvlab's KV slots for the Fig. 2 / 13 setup (OPT-13B on one A100-40GB, Table 1)."""
+    row = next((r for r in t1 if (r.model, r.gpu, r.num_gpus) == ("opt-13b", "a100-40gb", 1)), None)
+    return float(row.max_slots) if row is not None else math.nan
+
+
 def _largest_gaps(f2: pd.DataFrame, k: int = 4) -> list[str]:
     gaps = []
     for _, r in f2.iterrows():
@@ -314,6 +375,9 @@ def _report(
             "Largest differences from the paper: " + "; ".join(_largest_gaps(f2)) + ".",
             "",
         ]
+        per_request = tokens_per_request_line(fig2_runs, _opt13b_slots(t1))
+        if per_request:
+            parts += [per_request, ""]
     if "fig13" in figures:
         alpaca = fig13_alpaca if fig13_alpaca is not None else pd.DataFrame()
         parts += fig13_section(f13, fig2_runs, alpaca)
