@@ -53,11 +53,17 @@ def test_calibrate_on_one_run_validate_on_others(tmp_path: Path) -> None:
     for cal in doc["calibrations"].values():
         assert cal["profile"] == doc["profile"]
         assert [cal["coefficients"][t] for t in ROOFLINE_TERMS] == [0.0, 0.0, 0.0]
+    # each run's speed against the profile: a ratio per window of decode steps
+    assert [d["run"] for d in doc["drift"]] == list(LABELS.values())
+    for d in doc["drift"]:
+        assert d["decode_steps"] > 0 and len(d["windows"]) == -(-d["decode_steps"] // 100)
+        assert 0 < d["window_min"] <= d["window_max"] and d["median"] > 0
     # --profile none: the roofline basis alone, on the same runs
     assert main(["--out", str(tmp_path), "--quick", "--reuse-runs", "--profile", "none"]) == 0
     bare = json.loads((tmp_path / "cross_run.json").read_text())
     assert bare["profile"] is None
     assert all("profile" not in cal for cal in bare["calibrations"].values())
+    assert bare["drift"] == []
 
 
 def test_a_missing_profile_is_one_line_before_anything_is_served(tmp_path: Path, capsys) -> None:

@@ -23,7 +23,8 @@ validated on A (a production-like run extrapolated to another workload and rate)
 its KV cache with the fitted model and compares with its measured metrics; the in-sample
 rows are printed for reference. Each model also prices every run's measured steps open loop
 (the engine's own batches, no queue): the step model's error before queueing amplifies it.
-Writes ``DIR/cross_run.json`` and ``DIR/cross_run.csv`` and prints the tables.
+Writes ``DIR/cross_run.json`` and ``DIR/cross_run.csv`` and prints the tables; with a
+profile, also each run's speed against it (``drift``: :func:`speed_drift`).
 ``--quick`` uses tiny-opt and a handful of requests (seconds) so a test can run it.
 Runs A2 and B2 serve A and B again with the same config and seed: the engine's own
 run-to-run difference (the ``repeatability`` table), the floor under any model's error on
@@ -110,6 +111,29 @@ def serve_run(out: Path, overrides: list[str]) -> Path:
     return out
 
 
+DRIFT_WINDOW = 100  # decode steps per window of the speed-drift table
+
+
+def speed_drift(model: Any, steps: pd.DataFrame, window: int = DRIFT_WINDOW) -> dict[str, Any]:
+    """How fast the machine ran a run, against the operator profile: each decode-only step's
+    measured time over the profile's price of it (``model.profile_seconds``), its median
+    overall and per ``window`` steps in run order. One machine at one speed gives the same
+    ratio all along; a drifting one does not, and a model fitted at one speed misprices a
+    run served at another."""
+    decode = steps[(steps["prefill_tokens"] == 0) & (steps["decode_seqs"] > 0)]
+    ratio = decode["duration_s"].to_numpy(dtype=float) / model.profile_seconds(decode)
+    medians = [
+        float(pd.Series(ratio[i : i + window]).median()) for i in range(0, len(ratio), window)
+    ]
+    return {
+        "decode_steps": len(ratio),
+        "median": float(pd.Series(ratio).median()) if len(ratio) else float("nan"),
+        "window_min": min(medians, default=float("nan")),
+        "window_max": max(medians, default=float("nan")),
+        "windows": medians,
+    }
+
+
 def open_loop_errors(model: Any, steps: pd.DataFrame) -> list[dict[str, Any]]:
     """Per kind of step (decode-only, with a prefill, all): the relative error of the
     summed predicted step time against the summed measured one, and the mean absolute
@@ -171,9 +195,13 @@ def cross_run(
             runs[name] = run_dir
         else:
             runs[name] = serve_run(run_dir, [*base, *plan[spec], f"seed={SEEDS[spec]}"])
-    rows, open_loop, calibrations = [], [], {}
+    rows, open_loop, calibrations, drift = [], [], {}, []
     for fit_on, targets in PAIRS:
         fitted = calibrate.calibrate(runs[fit_on], WEIGHTING, profile)
+        if profile is not None and not drift:  # any fit prices the operators alike
+            for name, run_dir in runs.items():
+                d = speed_drift(fitted, pd.read_csv(run_dir / "steps.csv"))
+                drift.append({"run": LABELS[name], **d})
         doc = calibrate.calibration_doc(fitted, runs[fit_on])
         write_json(runs[fit_on] / "calibration.json", doc)
         calibrations[LABELS[fit_on]] = doc
@@ -186,7 +214,7 @@ def cross_run(
             rows += [{**where, "role": role, **r} for r in metric_rows(res)]
     return {
         "rows": rows, "open_loop": open_loop, "calibrations": calibrations, "plan": plan,
-        "repeatability": repeatability(runs), "profile": profile,
+        "repeatability": repeatability(runs), "profile": profile, "drift": drift,
         "step_timers": {LABELS[n]: read_metrics(d).get("step_timer") for n, d in runs.items()},
     }  # fmt: skip
 
@@ -239,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     print_table("each model on each run's measured steps (open loop)", result["open_loop"])
     print_table("the engine against itself (same config and seed, served again)",
                 result["repeatability"])  # fmt: skip
+    if result["drift"]:
+        title = f"each run's decode steps over the profile's price (per {DRIFT_WINDOW} steps)"
+        rows = [{k: v for k, v in d.items() if k != "windows"} for d in result["drift"]]
+        print_table(title, rows)
     write_csv(args.out / "cross_run.csv", result["rows"])
     write_json(args.out / "cross_run.json", result)
     print(f"wrote {args.out}/cross_run.json, cross_run.csv")
