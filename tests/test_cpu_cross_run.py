@@ -75,3 +75,18 @@ def test_a_missing_profile_is_one_line_before_anything_is_served(tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --profile: ") and "no such profile" in err and "\n" not in err
     assert not list(tmp_path.glob("run_*"))
+
+
+def test_profile_each_prices_every_run_on_its_own_profile(tmp_path: Path) -> None:
+    """--profile each: a profile beside every run, the calibration names its own run's,
+    and the validation of another run uses that run's."""
+    assert main(["--out", str(tmp_path), "--quick", "--profile", "each"]) == 0
+    doc = json.loads((tmp_path / "cross_run.json").read_text())
+    for name in LABELS:
+        assert (tmp_path / f"run_{name}" / "operator_profile" / "operator_profile.csv").is_file()
+    for fit_on, _ in PAIRS:
+        cal = json.loads((tmp_path / f"run_{fit_on}" / "calibration.json").read_text())
+        assert cal["profile"] == str(tmp_path / f"run_{fit_on}" / "operator_profile")
+    assert not (tmp_path / "operator_profile").exists()
+    assert [d["run"] for d in doc["drift"]] == list(LABELS.values())
+    assert all(math.isfinite(r["rel_err"]) for r in doc["rows"])

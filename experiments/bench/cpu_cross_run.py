@@ -36,7 +36,9 @@ Every model is calibrated on top of an operator profile of the model on this mac
 the per-step and per-sequence terms fitted (``experiments.calibrate --profile``). By default
 (``--profile measure``) the script first takes that profile into ``DIR/operator_profile``
 (about 2 minutes; kept by ``--reuse-runs`` when present), in the same sitting as the runs,
-since a shared VM's speed drifts between sittings; ``--profile PATH`` uses another one and
+since a shared VM's speed drifts between sittings; ``--profile each`` profiles before every
+run instead and prices each run on its own profile (the fitted terms travel, the operator
+times are the machine's at that run); ``--profile PATH`` uses another one and
 ``--profile none`` fits the roofline basis alone (the model before profiles).
 """
 
@@ -58,12 +60,14 @@ from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
 from experiments.lib.results import read_metrics, write_json
 from experiments.serve import run as serve
+from sim.cost import CalibratedCostModel
 from sim.cost.profile import read_profile
 
 CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
 RATE_S, RATE_A, RATE_B = 4.0, 2.0, 6.0
 SPAN_SIGMAS = ["workload.sigma_input=2.0", "workload.sigma_output=1.0"]
 WEIGHTING = "relative"
+EACH = "each"  # --profile each: profile before every run, price each run on its own
 COMMON = [
     "system=vllm", "dtype=float32", "progress=false", "mode=online", "clock=virtual",
     "threads=1", "step_timer=thread_cpu",
@@ -96,6 +100,12 @@ LABELS = {
 # (calibrated on, validated on): the span run predicts both others; A and B predict each other
 PAIRS = (("s", ("s", "a", "a2", "b", "b2")), ("a", ("a", "b")), ("b", ("b", "a")))
 KEYS = ("request_throughput", "output_throughput", "mean_tpot_ms", "mean_e2el_ms", "mean_ttft_ms")
+
+
+def take_profile(out: Path, model: str) -> str:
+    """``profile_gpu --cpu`` of ``model`` into ``out`` (one torch thread); its path."""
+    profile_gpu.main(["--cpu", "--model", model, "--out", str(out)])
+    return str(out)
 
 
 def serve_run(out: Path, overrides: list[str]) -> Path:
@@ -184,9 +194,12 @@ def cross_run(
 ) -> dict[str, Any]:
     """Serve the runs of ``LABELS`` (or, with ``reuse_runs``, keep those already in ``out``),
     calibrate on S, A and B (on top of ``profile`` when given), validate each on the runs
-    of ``PAIRS``; rows and documents."""
+    of ``PAIRS``; rows and documents. ``profile`` :data:`EACH`: each run is profiled just
+    before it is served (``run_*/operator_profile``); a model keeps the terms fitted on its
+    calibration run and prices another run on that run's own profile."""
     plan = QUICK if quick else FULL
     base = [f"model={plan['model']}", plan["kv"], *COMMON]
+    each = profile == EACH
     runs = {}
     for name in LABELS:
         run_dir = out / f"run_{name}"
@@ -194,23 +207,40 @@ def cross_run(
         if reuse_runs and (run_dir / "steps.csv").is_file():
             runs[name] = run_dir
         else:
+            if each:
+                take_profile(run_dir / "operator_profile", plan["model"])
             runs[name] = serve_run(run_dir, [*base, *plan[spec], f"seed={SEEDS[spec]}"])
+
+    def profile_of(name: str) -> str | None:
+        return str(runs[name] / "operator_profile") if each else profile
+
     rows, open_loop, calibrations, drift = [], [], {}, []
     for fit_on, targets in PAIRS:
-        fitted = calibrate.calibrate(runs[fit_on], WEIGHTING, profile)
-        if profile is not None and not drift:  # any fit prices the operators alike
-            for name, run_dir in runs.items():
-                d = speed_drift(fitted, pd.read_csv(run_dir / "steps.csv"))
-                drift.append({"run": LABELS[name], **d})
+        fitted = calibrate.calibrate(runs[fit_on], WEIGHTING, profile_of(fit_on))
         doc = calibrate.calibration_doc(fitted, runs[fit_on])
         write_json(runs[fit_on] / "calibration.json", doc)
         calibrations[LABELS[fit_on]] = doc
+
+        def priced_on(
+            name: str, doc: dict[str, Any] = doc, fitted: Any = fitted
+        ) -> tuple[Any, dict[str, Any]]:
+            """The model fitted on ``fit_on`` and its document, on ``name``'s profile."""
+            if not each:
+                return fitted, doc
+            moved = {**doc, "profile": profile_of(name)}
+            return CalibratedCostModel.from_dict(moved), moved
+
+        if profile is not None and not drift:  # any fit prices the operators alike
+            for name, run_dir in runs.items():
+                d = speed_drift(priced_on(name)[0], pd.read_csv(run_dir / "steps.csv"))
+                drift.append({"run": LABELS[name], **d})
         for target in targets:
             role = "in-sample" if target == fit_on else "other run"
             where = {"calibrated_on": LABELS[fit_on], "validated_on": LABELS[target]}
             steps = pd.read_csv(runs[target] / "steps.csv")
-            open_loop += [{**where, **r} for r in open_loop_errors(fitted, steps)]
-            res = validate.validate(runs[target], doc)
+            model, target_doc = priced_on(target)
+            open_loop += [{**where, **r} for r in open_loop_errors(model, steps)]
+            res = validate.validate(runs[target], target_doc)
             rows += [{**where, "role": role, **r} for r in metric_rows(res)]
     return {
         "rows": rows, "open_loop": open_loop, "calibrations": calibrations, "plan": plan,
@@ -244,12 +274,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep DIR/run_* and DIR/operator_profile where present")  # fmt: skip
     parser.add_argument("--profile", default="measure",
                         help="the operator profile to calibrate on top of: 'measure' (default: "
-                        "take one first, into DIR/operator_profile), a path (profile_gpu "
-                        "--cpu), or 'none' (roofline basis alone)")  # fmt: skip
+                        "take one first, into DIR/operator_profile), 'each' (one before every "
+                        "run; each run priced on its own), a path (profile_gpu --cpu), or "
+                        "'none' (roofline basis alone)")  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     profile: str | None = None if args.profile == "none" else args.profile
-    if profile not in (None, "measure"):
+    if profile not in (None, "measure", EACH):
         try:  # before serving for a quarter of an hour
             read_profile(profile)
         except ValueError as err:
@@ -258,8 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         profile = str(args.out / "operator_profile")
         kept = (args.out / "operator_profile" / "operator_profile.csv").is_file()
         if not (args.reuse_runs and kept):
-            plan = QUICK if args.quick else FULL
-            profile_gpu.main(["--cpu", "--model", plan["model"], "--out", profile])
+            take_profile(args.out / "operator_profile", (QUICK if args.quick else FULL)["model"])
     result = cross_run(args.out, args.quick, args.reuse_runs, profile)
     for label, doc in result["calibrations"].items():
         print(f"calibrated on {label}: {doc.get('coefficients')}")
