@@ -42,7 +42,7 @@ from experiments.report.paper import (
     SYSTEM_LABELS,
 )
 from experiments.report.selection import FIGURES
-from sim.capacity import format_table1, table1
+from sim.capacity import PAPER_TABLE1, format_table1, table1
 
 PARTS = KV_PARTS[:4]  # the paper's four; "free" (nobody waiting) is kvlab's fifth
 
@@ -251,7 +251,9 @@ BREAKDOWN_HEADER = ["system", *(f"{PART_LABELS[p]} kvlab (paper)" for p in PARTS
 BATCH_HEADER = ["system", "kvlab", "paper", "kvlab / paper"]
 
 
-PAPER_KV_SLOTS = 15_700  # Table 1, OPT-13B on one A100-40GB (sim.capacity.PAPER_TABLE1)
+FIG2_SETUP = ("opt-13b", "a100-40gb", 1)  # Figs. 2 and 13: OPT-13B on one A100-40GB
+# the paper's KV slots for that setup (Table 1)
+PAPER_KV_SLOTS = next(row[5] for row in PAPER_TABLE1 if row[:3] == FIG2_SETUP)
 
 
 def tokens_per_request(
@@ -308,7 +310,7 @@ def tokens_per_request_line(fig2_runs: pd.DataFrame, slots: float) -> str | None
 
 def _opt13b_slots(t1: list[Any]) -> float:
     """kvlab's KV slots for the Fig. 2 / 13 setup (OPT-13B on one A100-40GB, Table 1)."""
-    row = next((r for r in t1 if (r.model, r.gpu, r.num_gpus) == ("opt-13b", "a100-40gb", 1)), None)
+    row = next((r for r in t1 if (r.model, r.gpu, r.num_gpus) == FIG2_SETUP), None)
     return float(row.max_slots) if row is not None else math.nan
 
 

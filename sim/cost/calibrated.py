@@ -110,6 +110,13 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarra
     return x
 
 
+def _count_arrays(steps: pd.DataFrame, dtype: type) -> list[np.ndarray]:
+    """A steps table's :data:`COUNT_COLUMNS` as arrays of ``dtype`` (a missing column,
+    such as ``prefill_seqs`` in older tables: zeros)."""
+    zeros = np.zeros(len(steps), dtype=dtype)
+    return [steps[c].to_numpy(dtype=dtype) if c in steps else zeros for c in COUNT_COLUMNS]
+
+
 class CalibratedCostModel:
     """Linear model on roofline basis terms, or on top of an operator ``profile`` (module
     doc); build it with :meth:`fit`."""
@@ -233,9 +240,7 @@ class CalibratedCostModel:
     def basis_matrix(self, steps: pd.DataFrame) -> np.ndarray:
         """The basis values of every row of a steps table, ``[rows, len(TERMS)]``
         (``prefill_seqs`` missing: 0)."""
-        zeros = np.zeros(len(steps))
-        counts = (steps[c].to_numpy(dtype=float) if c in steps else zeros for c in COUNT_COLUMNS)
-        return np.column_stack(self.basis(*counts))
+        return np.column_stack(self.basis(*_count_arrays(steps, float)))
 
     def profile_seconds(self, steps: pd.DataFrame) -> np.ndarray:
         """The profile's operator seconds of every row of a steps table (0 without a
@@ -243,9 +248,7 @@ class CalibratedCostModel:
         out = np.zeros(len(steps))
         if self._profiled is None:
             return out
-        zeros = np.zeros(len(steps), dtype=int)
-        cols = [steps[c].to_numpy(dtype=int) if c in steps else zeros for c in COUNT_COLUMNS]
-        for i, counts in enumerate(zip(*cols, strict=True)):
+        for i, counts in enumerate(zip(*_count_arrays(steps, int), strict=True)):
             out[i] = self._profiled.gpu_seconds(BatchShape(*(int(x) for x in counts)))
         return out
 
