@@ -14,15 +14,16 @@ A step at time ``now``:
 
 Requests enter through :meth:`StepLoop.add` (a rejected one is recorded at once). A body
 whose clock advances by a plain call runs a step with :meth:`StepLoop.step`, or a whole
-trace with :meth:`StepLoop.run` (arrivals chained as the simulator's arrival process
-reaches them, idle jumps to the next arrival). The simulator's clock advances by yielding
+trace with :meth:`StepLoop.run` (or :meth:`StepLoop.serve`, which yields after each step;
+arrivals chained as the simulator's arrival process reaches them, idle jumps to the next
+arrival). The simulator's clock advances by yielding
 to SimPy, so it calls :meth:`StepLoop.begin` (steps 1-3) and :meth:`StepLoop.finish`
 (step 4) around its timeout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -271,6 +272,18 @@ class StepLoop:
         """Serve ``requests`` (sorted by arrival, then id) to completion: before each step
         every request that has arrived by then is added (by ``add``, default
         :meth:`add`); when idle, the clock waits for the next arrival."""
+        for _ in self.serve(requests, clock, add):
+            pass
+
+    def serve(
+        self,
+        requests: Sequence[Request],
+        clock: Clock,
+        add: Callable[[Request, float], object] | None = None,
+    ) -> Iterator[PendingStep]:
+        """:meth:`run` one step at a time: yields each step once it has finished, so a
+        caller can do other work between steps (serve several runs in turn); exhausted
+        when every request is done."""
         add = self.add if add is None else add
         ordered = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
         arrivals = chained_arrivals([r.arrival_time for r in ordered])
@@ -280,9 +293,12 @@ class StepLoop:
             while i < n and arrivals[i] <= now:
                 add(ordered[i], arrivals[i])
                 i += 1
-            if self.step(clock) is None:
-                if i == n:
-                    return
+            pending = self.step(clock)
+            if pending is not None:
+                yield pending
+            elif i == n:
+                return
+            else:
                 clock.wait_until(arrivals[i])
 
 

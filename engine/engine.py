@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -47,6 +48,9 @@ from engine.weights import init_dummy_weights, load_checkpoint
 
 MODES = ("offline", "online")
 CLOCKS = ("virtual", "wall")
+
+
+T = TypeVar("T")
 
 
 class EngineError(RuntimeError):
@@ -224,6 +228,20 @@ class LLMEngine:
         progress: bool = False,
     ) -> EngineResult:
         """Serve ``requests`` to completion on a fresh scheduler and recorder."""
+        return run_to_end(self.serving(requests, mode, clock, progress))
+
+    def serving(
+        self,
+        requests: Iterable[Request],
+        mode: str = "offline",
+        clock: str = "virtual",
+        progress: bool = False,
+    ) -> Generator[None, None, EngineResult]:
+        """:meth:`generate` a step at a time: yields after each step and returns the
+        :class:`EngineResult` when exhausted (``StopIteration.value``). Arguments are
+        checked and the engine reset at the first ``next``. Between steps the caller may
+        run other work (other engines: ``experiments.bench.interleave``) but not this
+        engine."""
         if mode not in MODES:
             raise EngineError(f"mode must be one of {MODES}, got {mode!r}")
         if clock not in CLOCKS:
@@ -243,7 +261,8 @@ class LLMEngine:
         bar = tqdm(total=len(reqs), unit="req", disable=not progress, desc="serve")
         self.loop.on_done = bar.update
         try:
-            self.loop.run(reqs, self.clock, add=self.add_request)
+            for _ in self.loop.serve(reqs, self.clock, add=self.add_request):
+                yield
         except StallError as e:
             raise EngineError(str(e)) from None
         finally:
@@ -263,6 +282,15 @@ class LLMEngine:
             )
             for rid, g in self.groups.items()
         }
+
+
+def run_to_end(steps: Generator[object, None, T]) -> T:
+    """Exhaust ``steps``; the value it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 class _ModelExecutor:

@@ -13,7 +13,8 @@ measured ``duration_s``, ``metrics.json``) plus ``engine.json``; both JSON files
 the device the engine ran on (CPU model or GPU name), torch's thread count and version.
 With ``time_phases`` (null: on CPU only; true on CUDA synchronizes at each phase boundary)
 ``steps.csv`` also holds each step's phase seconds, :data:`engine.phases.PHASE_COLUMNS`.
-``run(cfg, out_dir)`` is the plain function tests and notebooks call. ``backend=triton``
+``run(cfg, out_dir)`` is the plain function tests and notebooks call (``start``, the engine's
+steps, then ``finish``: a caller may serve several runs a step each in turn). ``backend=triton``
 on ``device=cpu`` needs ``TRITON_INTERPRET=1`` (Triton's CPU interpreter; slow).
 
 KV budget (:func:`kv_budget_bytes`): ``kv_cache_gb`` when given; else
@@ -28,7 +29,8 @@ from __future__ import annotations
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +41,9 @@ from omegaconf import DictConfig
 
 from core.metrics.summary import summarize_recorder
 from core.model_spec import ModelSpec
+from core.request import Request
 from engine.config import check_engine_support
-from engine.engine import EngineError, LLMEngine
+from engine.engine import EngineError, EngineResult, LLMEngine, run_to_end
 from engine.kv_cache import GIB, KVBudgetError, bytes_per_block, resolve_kv_budget
 from experiments.lib.checks import CONFIG_DIR, ConfigError, Facts, check_config
 from experiments.lib.cli import main_with_checks, run_app
@@ -145,24 +148,54 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
     return engine, mml
 
 
-def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dict[str, Any]:
-    """Serve the configured workload; write result files when ``out_dir`` is given.
-    Returns the metrics dict (plus the engine's KV size and ``wall_s``). A config that
-    cannot run raises ``ConfigError`` before the model is built."""
+@dataclass
+class Serving:
+    """One configured run, built and not yet served (:func:`start`)."""
+
+    config: dict[str, Any]  # resolved
+    engine: LLMEngine
+    requests: list[Request]
+    max_model_len: int
+
+    def steps(self) -> Generator[None, None, EngineResult]:
+        """The engine serving the run a step per iteration (:meth:`LLMEngine.serving`)."""
+        c = self.config
+        return self.engine.serving(
+            self.requests,
+            mode=str(c.get("mode", "online")),
+            clock=str(c.get("clock", "virtual")),
+            progress=bool(c.get("progress", False)),
+        )
+
+
+def start(cfg: DictConfig | Mapping[str, Any]) -> Serving:
+    """Check ``cfg`` (``ConfigError`` before the model is built), set torch's thread count,
+    build the engine and the workload."""
     c = resolve_aliases(as_dict(cfg))
     check_config(c, "serve", device_facts(str(c.get("device", "cpu"))))
     if c.get("threads") is not None:
         torch.set_num_threads(int(c["threads"]))
     engine, mml = build_engine(c)
     requests = build_requests(c, mml, vocab_size=engine.model_config.vocab_size)
+    return Serving(c, engine, requests, mml)
+
+
+def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dict[str, Any]:
+    """Serve the configured workload; write result files when ``out_dir`` is given.
+    Returns the metrics dict (plus the engine's KV size and ``wall_s``). A config that
+    cannot run raises ``ConfigError`` before the model is built."""
+    serving = start(cfg)
     t0 = time.perf_counter()
-    result = engine.generate(
-        requests,
-        mode=str(c.get("mode", "online")),
-        clock=str(c.get("clock", "virtual")),
-        progress=bool(c.get("progress", False)),
-    )
-    wall = time.perf_counter() - t0
+    result = run_to_end(serving.steps())
+    return finish(serving, result, time.perf_counter() - t0, out_dir)
+
+
+def finish(
+    serving: Serving, result: EngineResult, wall_s: float, out_dir: Path | None = None
+) -> dict[str, Any]:
+    """The served run's metrics (``wall_s``: the time spent serving it), its files written
+    into ``out_dir`` when given."""
+    c, engine = serving.config, serving.engine
     rec = result.recorder
     req_frame, steps = rec.requests_frame(), rec.steps_frame()
     if result.phases is not None:
@@ -181,7 +214,7 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
         model=c["model"]["name"],
         kv_slots=kv.num_blocks * kv.block_size,
         kv_cache_gib=kv.device_bytes / GIB,
-        wall_s=wall,
+        wall_s=wall_s,
         **where,
     )
     if out_dir is not None:

@@ -51,10 +51,10 @@ from typing import Any
 
 import pandas as pd
 import torch
-from hydra import compose, initialize_config_dir
 
 from experiments import calibrate, validate
 from experiments.bench import profile_gpu
+from experiments.bench.sitting import compose_serve, serve_together
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
@@ -63,11 +63,11 @@ from experiments.serve import run as serve
 from sim.cost import CalibratedCostModel
 from sim.cost.profile import read_profile
 
-CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
 RATE_S, RATE_A, RATE_B = 4.0, 2.0, 6.0
 SPAN_SIGMAS = ["workload.sigma_input=2.0", "workload.sigma_output=1.0"]
 WEIGHTING = "relative"
 EACH = "each"  # --profile each: profile before every run, price each run on its own
+INTERLEAVED, SEQUENTIAL = "interleaved", "sequential"  # --sitting
 COMMON = [
     "system=vllm", "dtype=float32", "progress=false", "mode=online", "clock=virtual",
     "threads=1", "step_timer=thread_cpu",
@@ -110,8 +110,7 @@ def take_profile(out: Path, model: str) -> str:
 
 def serve_run(out: Path, overrides: list[str]) -> Path:
     """One engine run into ``out`` (one torch thread, restored after)."""
-    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        cfg = compose(config_name="serve", overrides=overrides)
+    cfg = compose_serve(overrides)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -191,25 +190,40 @@ def cross_run(
     quick: bool = False,
     reuse_runs: bool = False,
     profile: str | None = None,
+    sitting: str = SEQUENTIAL,
+    pilot: str | None = None,
 ) -> dict[str, Any]:
     """Serve the runs of ``LABELS`` (or, with ``reuse_runs``, keep those already in ``out``),
     calibrate on S, A and B (on top of ``profile`` when given), validate each on the runs
     of ``PAIRS``; rows and documents. ``profile`` :data:`EACH`: each run is profiled just
     before it is served (``run_*/operator_profile``); a model keeps the terms fitted on its
-    calibration run and prices another run on that run's own profile."""
+    calibration run and prices another run on that run's own profile. ``sitting``
+    :data:`INTERLEAVED`: the runs are served together a step each in turn
+    (:func:`experiments.bench.sitting.serve_together`, paced by the ``pilot`` profile), and
+    when ``profile`` is ``out/operator_profile`` and not there yet, it is taken within the
+    same sitting."""
     plan = QUICK if quick else FULL
     base = [f"model={plan['model']}", plan["kv"], *COMMON]
     each = profile == EACH
-    runs = {}
-    for name in LABELS:
-        run_dir = out / f"run_{name}"
-        spec = REPEATS.get(name, name)
-        if reuse_runs and (run_dir / "steps.csv").is_file():
-            runs[name] = run_dir
-        else:
+    runs = {name: out / f"run_{name}" for name in LABELS}
+    to_serve = {}
+    for name, run_dir in runs.items():
+        if not (reuse_runs and (run_dir / "steps.csv").is_file()):
+            spec = REPEATS.get(name, name)
+            to_serve[name] = (run_dir, [*base, *plan[spec], f"seed={SEEDS[spec]}"])
+    record = None
+    if sitting == INTERLEAVED:
+        if pilot is None:
+            raise ValueError("an interleaved sitting needs a pilot profile to pace its turns")
+        inner = out / "operator_profile"
+        take_inner = profile == str(inner) and not (inner / "operator_profile.csv").is_file()
+        if to_serve or take_inner:
+            record = serve_together(to_serve, pilot, inner if take_inner else None, plan["model"])
+    else:
+        for run_dir, overrides in to_serve.values():
             if each:
                 take_profile(run_dir / "operator_profile", plan["model"])
-            runs[name] = serve_run(run_dir, [*base, *plan[spec], f"seed={SEEDS[spec]}"])
+            serve_run(run_dir, overrides)
 
     def profile_of(name: str) -> str | None:
         return str(runs[name] / "operator_profile") if each else profile
@@ -244,6 +258,7 @@ def cross_run(
             rows += [{**where, "role": role, **r} for r in metric_rows(res)]
     return {
         "rows": rows, "open_loop": open_loop, "calibrations": calibrations, "plan": plan,
+        "sitting": sitting, "sitting_record": record,
         "repeatability": repeatability(runs), "profile": profile, "drift": drift,
         "step_timers": {LABELS[n]: read_metrics(d).get("step_timer") for n, d in runs.items()},
     }  # fmt: skip
@@ -277,20 +292,38 @@ def main(argv: list[str] | None = None) -> int:
                         "take one first, into DIR/operator_profile), 'each' (one before every "
                         "run; each run priced on its own), a path (profile_gpu --cpu), or "
                         "'none' (roofline basis alone)")  # fmt: skip
+    parser.add_argument("--sitting", choices=(INTERLEAVED, SEQUENTIAL), default=INTERLEAVED,
+                        help="serve the runs (and take the profile) together, a step each in "
+                        "turn (default), or one after another")  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    model = (QUICK if args.quick else FULL)["model"]
     profile: str | None = None if args.profile == "none" else args.profile
+    interleaved = args.sitting == INTERLEAVED
+    if profile == EACH and interleaved:
+        raise ConfigError(
+            "--profile", "'each' profiles between runs served one after another; "
+            "use it with --sitting sequential", EACH,
+        )  # fmt: skip
     if profile not in (None, "measure", EACH):
         try:  # before serving for a quarter of an hour
             read_profile(profile)
         except ValueError as err:
             raise ConfigError("--profile", str(err)) from None
+    pilot = None
+    if interleaved:  # paces the sitting's turns; a given profile does, else one taken first
+        pilot = profile if profile not in (None, "measure") else str(args.out / "pilot_profile")
+        kept = (Path(pilot) / "operator_profile.csv").is_file()
+        if pilot != profile and not (args.reuse_runs and kept):
+            take_profile(Path(pilot), model)
     if profile == "measure":
         profile = str(args.out / "operator_profile")
         kept = (args.out / "operator_profile" / "operator_profile.csv").is_file()
-        if not (args.reuse_runs and kept):
-            take_profile(args.out / "operator_profile", (QUICK if args.quick else FULL)["model"])
-    result = cross_run(args.out, args.quick, args.reuse_runs, profile)
+        if not interleaved and not (args.reuse_runs and kept):
+            take_profile(args.out / "operator_profile", model)
+        elif interleaved and kept and not args.reuse_runs:
+            (args.out / "operator_profile" / "operator_profile.csv").unlink()  # retake it
+    result = cross_run(args.out, args.quick, args.reuse_runs, profile, args.sitting, pilot)
     for label, doc in result["calibrations"].items():
         print(f"calibrated on {label}: {doc.get('coefficients')}")
     print_table("calibrated on one run, validated on others", result["rows"])

@@ -59,13 +59,15 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from engine.engine import run_to_end
 
 FORMAT = "kvlab-operator-profile/1"
 COLUMNS = ("op", "num_tokens", "context_tokens", "time_ms")
@@ -263,6 +265,22 @@ def measure(
     """Every row of the profile (see the module doc), in sorted order. ``partial`` gets the
     rows measured so far after the token sweep (so a run killed in the decode sweep keeps
     them)."""
+    return run_to_end(measuring(plan, log, partial))
+
+
+def num_points(plan: ProfilePlan) -> int:
+    """How many points :func:`measuring` measures (its number of yields)."""
+    return 4 * len(plan.token_counts) + len(decode_points(plan))
+
+
+def measuring(
+    plan: ProfilePlan,
+    log: Callable[[str], None] = print,
+    partial: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> Generator[None, None, list[dict[str, Any]]]:
+    """:func:`measure` a point at a time: yields after each measured point
+    (:func:`num_points` in all) and returns the rows; between points the caller may run
+    other work (``experiments.bench.interleave``)."""
     prof = Profiler(plan)
     rows: list[dict[str, Any]] = []
 
@@ -271,19 +289,25 @@ def measure(
             raise RuntimeError(f"{op} at {tokens} tokens, context {context}: time {ms} ms")
         rows.append({"op": op, "num_tokens": tokens, "context_tokens": context, "time_ms": ms})
 
-    with torch.inference_mode():
-        for t in plan.token_counts:
-            add("linear", t, 0, prof.linear(t))
-            add("other", t, 0, prof.other(t))
-            add("attn_prefill", t, t, prof.attention([t], [t]))
-            add("lm_head", t, 0, prof.lm_head(t))
-            log(f"{t} tokens: linear {rows[-4]['time_ms']:.4g} ms, other "
-                f"{rows[-3]['time_ms']:.4g}, prefill attention {rows[-2]['time_ms']:.4g}, "
-                f"lm_head {rows[-1]['time_ms']:.4g}")  # fmt: skip
-        if partial is not None:
-            partial(sorted_rows(rows))
-        for n, total in decode_points(plan):
+    for t in plan.token_counts:
+        for op, time_it, context in (
+            ("linear", prof.linear, 0),
+            ("other", prof.other, 0),
+            ("attn_prefill", lambda n: prof.attention([n], [n]), t),
+            ("lm_head", prof.lm_head, 0),
+        ):
+            with torch.inference_mode():
+                add(op, t, context, time_it(t))
+            yield
+        log(f"{t} tokens: linear {rows[-4]['time_ms']:.4g} ms, other "
+            f"{rows[-3]['time_ms']:.4g}, prefill attention {rows[-2]['time_ms']:.4g}, "
+            f"lm_head {rows[-1]['time_ms']:.4g}")  # fmt: skip
+    if partial is not None:
+        partial(sorted_rows(rows))
+    for n, total in decode_points(plan):
+        with torch.inference_mode():
             add("attn_decode", n, total, prof.attention([1] * n, [total // n] * n))
+        yield
     return sorted_rows(rows)
 
 

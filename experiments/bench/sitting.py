@@ -1,0 +1,115 @@
+"""Serve several CPU engine runs, and take the operator profile they are priced on, in one
+interleaved sitting (:mod:`experiments.bench.interleave`): a step of one run, then of
+another, a profile point between, so that a shared machine's drifting speed falls on all of
+them alike.
+
+Each run's share of the sitting is its step count as the simulator expects it
+(:func:`expected_steps`: the run's own requests, policy and KV cache, priced by a pilot
+operator profile of this machine with no per-step terms). The pilot only paces the turns;
+nothing is fitted to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from engine.engine import EngineResult
+from experiments.bench import profile_gpu
+from experiments.bench.interleave import Participant, spread, take_turns
+from experiments.calibrate import dtype_bytes
+from experiments.lib.results import write_json
+from experiments.lib.setup import block_size, scheduler_factory
+from experiments.serve import Serving, finish, start
+from sim.catalog import model_from_config
+from sim.cost import CalibratedCostModel
+from sim.cost.calibrated import CORE_TERMS
+from sim.driver import simulate
+
+CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
+PROFILE = "profile"  # the participant name of the interleaved profile
+
+
+def compose_serve(overrides: Sequence[str]) -> Mapping[str, Any]:
+    """The ``serve`` config with ``overrides``."""
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        return compose(config_name="serve", overrides=list(overrides))
+
+
+def expected_steps(serving: Serving, pilot_profile: str) -> int:
+    """The steps the simulator takes to serve ``serving``'s requests on its policy and KV
+    cache, each step priced by ``pilot_profile``'s operator times alone."""
+    c, kv = serving.config, serving.engine.kv_cache
+    blocks = block_size(c["system"])
+    pilot = CalibratedCostModel(
+        model_from_config(c["model"]),
+        c["hardware"]["name"],
+        dict.fromkeys(CORE_TERMS, 0.0),
+        dtype_bytes=dtype_bytes(c),
+        block_size=blocks,
+        profile=pilot_profile,
+    )
+    requests = serving.requests
+    if str(c.get("mode", "online")) == "offline":
+        requests = [dataclasses.replace(r, arrival_time=0.0) for r in requests]
+    system = {**c["system"], "block_size": kv.block_size}
+    make = scheduler_factory(
+        system, kv.num_blocks * kv.block_size, kv.num_cpu_blocks * kv.block_size,
+        serving.max_model_len,
+    )  # fmt: skip
+    return max(1, simulate(requests, make, pilot, seed=int(c.get("seed", 0))).num_steps)
+
+
+def serve_together(
+    runs: Mapping[str, tuple[Path, Sequence[str]]],
+    pilot_profile: str,
+    profile_out: Path | None = None,
+    profile_model: str = "opt-125m",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Serve every run of ``runs`` (name → (output directory, ``serve`` overrides)) and,
+    with ``profile_out``, take a ``profile_gpu --cpu`` profile of ``profile_model`` there,
+    all interleaved on one torch thread. Each run's files are written as it ends, as
+    ``experiments.serve`` writes them. Returns the sitting's record (also written as
+    ``sitting.json`` beside the first run): each participant's expected and done units and
+    where its units fell in the sitting (:func:`spread`)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        servings = {name: start(compose_serve(over)) for name, (_, over) in runs.items()}
+        people = [
+            Participant(name, s.steps(), expected_steps(s, pilot_profile))
+            for name, s in servings.items()
+        ]
+        plan = None
+        if profile_out is not None:
+            plan = profile_gpu.make_plan(False, profile_model, cpu=True)
+            points = profile_gpu.measuring(plan, log=lambda _: None)
+            people.append(Participant(PROFILE, points, profile_gpu.num_points(plan)))
+
+        def on_finish(p: Participant) -> None:
+            if p.name == PROFILE:
+                assert plan is not None and profile_out is not None
+                argv = ["--cpu", "--model", profile_model, "--out", str(profile_out)]
+                meta = {**profile_gpu.sidecar(plan, argv), "complete": True,
+                        "sitting": "interleaved with the engine runs"}  # fmt: skip
+                profile_gpu.write_profile(profile_out, p.result, meta)
+            else:
+                result: EngineResult = p.result
+                finish(servings[p.name], result, p.busy_s, runs[p.name][0])
+            log(f"{p.name}: done, {p.done} units ({p.expected} expected)")
+
+        take_turns(people, on_finish, log)
+    finally:
+        torch.set_num_threads(before)
+    record = {"pilot_profile": pilot_profile, "participants": spread(people)}
+    first_dir = next(iter(runs.values()))[0]
+    write_json(first_dir.parent / "sitting.json", record)
+    log(json.dumps(record["participants"]))
+    return record
