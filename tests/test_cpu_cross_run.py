@@ -40,6 +40,21 @@ def test_calibrate_on_one_run_validate_on_others(tmp_path: Path) -> None:
     assert "sharegpt" in cfg["a"] and "alpaca" in cfg["b"]  # another workload ...
     assert "rate: 30" in cfg["a"] and "rate: 60" in cfg["b"]  # ... and another rate
     assert "sigma_input: 2.0" in cfg["s"] and "rate: 40" in cfg["s"]  # the wide span run
+    # by default the runs and the profile were served and taken together, a step in turn,
+    # paced by a pilot profile taken first
+    assert doc["sitting"] == "interleaved"
+    record = json.loads((tmp_path / "sitting.json").read_text())
+    assert record == doc["sitting_record"]
+    assert record["pilot_profile"] == str(tmp_path / "pilot_profile")
+    assert (tmp_path / "pilot_profile" / "operator_profile.csv").is_file()
+    people = {r["participant"]: r for r in record["participants"]}
+    assert set(people) == {*LABELS, "profile"}
+    for name in LABELS:
+        engine = json.loads((tmp_path / f"run_{name}" / "engine.json").read_text())
+        assert people[name]["units"] == engine["num_steps"] > 0
+        assert 0 <= people[name]["first"] <= people[name]["median"] <= people[name]["last"] <= 1
+    sidecar = json.loads((tmp_path / "operator_profile" / "operator_profile.json").read_text())
+    assert sidecar["complete"] and "interleaved" in sidecar["sitting"]
     # --reuse-runs recalibrates on the runs already served: their steps are left untouched
     steps = {n: (tmp_path / f"run_{n}" / "steps.csv").read_bytes() for n in cfg}
     (tmp_path / "cross_run.json").unlink()
@@ -80,7 +95,8 @@ def test_a_missing_profile_is_one_line_before_anything_is_served(tmp_path: Path,
 def test_profile_each_prices_every_run_on_its_own_profile(tmp_path: Path) -> None:
     """--profile each: a profile beside every run, the calibration names its own run's,
     and the validation of another run uses that run's."""
-    assert main(["--out", str(tmp_path), "--quick", "--profile", "each"]) == 0
+    argv = ["--out", str(tmp_path), "--quick", "--profile", "each", "--sitting", "sequential"]
+    assert main(argv) == 0
     doc = json.loads((tmp_path / "cross_run.json").read_text())
     for name in LABELS:
         assert (tmp_path / f"run_{name}" / "operator_profile" / "operator_profile.csv").is_file()
@@ -90,3 +106,15 @@ def test_profile_each_prices_every_run_on_its_own_profile(tmp_path: Path) -> Non
     assert not (tmp_path / "operator_profile").exists()
     assert [d["run"] for d in doc["drift"]] == list(LABELS.values())
     assert all(math.isfinite(r["rel_err"]) for r in doc["rows"])
+    assert doc["sitting"] == "sequential" and doc["sitting_record"] is None
+
+
+def test_profile_each_needs_a_sequential_sitting(tmp_path: Path, capsys) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path), "--quick", "--profile", "each"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --profile: ") and "--sitting sequential" in err
+    assert "\n" not in err and not list(tmp_path.glob("run_*"))

@@ -1,5 +1,5 @@
 """Cross-run validation on kvlab's CPU engine: ``python -m experiments.bench.cpu_cross_run
---out DIR [--quick] [--reuse-runs] [--profile PROFILE]``.
+--out DIR [--quick] [--reuse-runs] [--profile PROFILE] [--sitting interleaved|sequential]``.
 
 Calibrate on one engine run, validate on *different* ones (other workloads and rates).
 Five ``experiments.serve`` runs (S, A, B, then A and B again) of the ``vllm`` system on
@@ -40,6 +40,14 @@ since a shared VM's speed drifts between sittings; ``--profile each`` profiles b
 run instead and prices each run on its own profile (the fitted terms travel, the operator
 times are the machine's at that run); ``--profile PATH`` uses another one and
 ``--profile none`` fits the roofline basis alone (the model before profiles).
+
+``--sitting interleaved`` (default) serves the five runs, and takes the ``measure`` profile,
+together in one sitting, a step of one run after a step of another and a profile point
+between (:mod:`experiments.bench.sitting`), each spread over the whole sitting, so that the
+machine's drifting speed falls on every run and on the profile alike; a pilot profile taken
+first (``DIR/pilot_profile``, or the ``--profile`` path) only paces the turns, and
+``DIR/sitting.json`` records where each run's steps fell. ``--sitting sequential`` serves
+them one after another, as before (and is the only sitting ``--profile each`` has).
 """
 
 from __future__ import annotations
@@ -68,6 +76,10 @@ SPAN_SIGMAS = ["workload.sigma_input=2.0", "workload.sigma_output=1.0"]
 WEIGHTING = "relative"
 EACH = "each"  # --profile each: profile before every run, price each run on its own
 INTERLEAVED, SEQUENTIAL = "interleaved", "sequential"  # --sitting
+# the interleaved sitting's profile sweeps every point this often and keeps each point's
+# median: one sweep's point is one burst of 6 calls, which a momentary speed sways (the
+# profiles of three sittings priced the same S steps 157-208 ms; the steps took 177-182 ms)
+PROFILE_PASSES = 3
 COMMON = [
     "system=vllm", "dtype=float32", "progress=false", "mode=online", "clock=virtual",
     "threads=1", "step_timer=thread_cpu",
@@ -218,7 +230,8 @@ def cross_run(
         inner = out / "operator_profile"
         take_inner = profile == str(inner) and not (inner / "operator_profile.csv").is_file()
         if to_serve or take_inner:
-            record = serve_together(to_serve, pilot, inner if take_inner else None, plan["model"])
+            profile_out = inner if take_inner else None
+            record = serve_together(to_serve, pilot, profile_out, plan["model"], PROFILE_PASSES)
     else:
         for run_dir, overrides in to_serve.values():
             if each:

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -93,6 +94,7 @@ class ProfilePlan:
     backend: str = "triton"  # the engine's attention backend the profile measures
     decode_batches: tuple[int, ...] = ()  # decode batch sizes; () = token_counts
     thread_clock: bool = False  # CPU: time the calling thread's CPU time, not wall time
+    passes: int = 1  # sweeps over every point; a point's time is the median over sweeps
 
 
 # --cpu: every row count to 64 (CPU GEMM time is not monotone in rows there), then coarser
@@ -100,14 +102,14 @@ CPU_TOKENS = (*range(1, 65), 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
 
 def make_plan(
-    dry: bool, model: str | None = None, block_size: int = 16, cpu: bool = False
+    dry: bool, model: str | None = None, block_size: int = 16, cpu: bool = False, passes: int = 1
 ) -> ProfilePlan:
     if cpu:
         return ProfilePlan(torch.device("cpu"), False, model or "opt-125m", torch.float32,
                            block_size, CPU_TOKENS, tuple(2**i for i in range(4, 12)), 2**15,
                            5, 1, 0, 0, backend="torch",
                            decode_batches=tuple(2**i for i in range(7)),
-                           thread_clock=True)  # fmt: skip
+                           thread_clock=True, passes=passes)  # fmt: skip
     if dry:
         return ProfilePlan(torch.device("cpu"), True, model or "tiny-opt", torch.float32,
                            block_size, (1, 2, 4), (16, 32), 64, 2, 1, 0, 0)  # fmt: skip
@@ -269,8 +271,8 @@ def measure(
 
 
 def num_points(plan: ProfilePlan) -> int:
-    """How many points :func:`measuring` measures (its number of yields)."""
-    return 4 * len(plan.token_counts) + len(decode_points(plan))
+    """How many points :func:`measuring` measures, every sweep counted (its yields)."""
+    return plan.passes * (4 * len(plan.token_counts) + len(decode_points(plan)))
 
 
 def measuring(
@@ -280,35 +282,46 @@ def measuring(
 ) -> Generator[None, None, list[dict[str, Any]]]:
     """:func:`measure` a point at a time: yields after each measured point
     (:func:`num_points` in all) and returns the rows; between points the caller may run
-    other work (``experiments.bench.interleave``)."""
+    other work (``experiments.bench.interleave``). With ``plan.passes`` > 1 the whole sweep
+    runs that many times and each point's time is the median of its sweeps (a sweep's
+    point is measured in one burst, which a machine's momentary speed can sway)."""
     prof = Profiler(plan)
-    rows: list[dict[str, Any]] = []
+    times: dict[tuple[str, int, int], list[float]] = {}
 
     def add(op: str, tokens: int, context: int, ms: float) -> None:
         if not (ms > 0 and ms < float("inf")):
             raise RuntimeError(f"{op} at {tokens} tokens, context {context}: time {ms} ms")
-        rows.append({"op": op, "num_tokens": tokens, "context_tokens": context, "time_ms": ms})
+        times.setdefault((op, tokens, context), []).append(ms)
 
-    for t in plan.token_counts:
-        for op, time_it, context in (
-            ("linear", prof.linear, 0),
-            ("other", prof.other, 0),
-            ("attn_prefill", lambda n: prof.attention([n], [n]), t),
-            ("lm_head", prof.lm_head, 0),
-        ):
+    def rows() -> list[dict[str, Any]]:
+        return sorted_rows([
+            {"op": op, "num_tokens": t, "context_tokens": c, "time_ms": float(np.median(ms))}
+            for (op, t, c), ms in times.items()
+        ])  # fmt: skip
+
+    for sweep in range(plan.passes):
+        for t in plan.token_counts:
+            for op, time_it, context in (
+                ("linear", prof.linear, 0),
+                ("other", prof.other, 0),
+                ("attn_prefill", lambda n: prof.attention([n], [n]), t),
+                ("lm_head", prof.lm_head, 0),
+            ):
+                with torch.inference_mode():
+                    add(op, t, context, time_it(t))
+                yield
+            last = {op: times[(op, t, t if op == "attn_prefill" else 0)][-1]
+                    for op in ("linear", "other", "attn_prefill", "lm_head")}  # fmt: skip
+            log(f"{t} tokens: linear {last['linear']:.4g} ms, other {last['other']:.4g}, "
+                f"prefill attention {last['attn_prefill']:.4g}, "
+                f"lm_head {last['lm_head']:.4g}")  # fmt: skip
+        if partial is not None and sweep == 0:
+            partial(rows())
+        for n, total in decode_points(plan):
             with torch.inference_mode():
-                add(op, t, context, time_it(t))
+                add("attn_decode", n, total, prof.attention([1] * n, [total // n] * n))
             yield
-        log(f"{t} tokens: linear {rows[-4]['time_ms']:.4g} ms, other "
-            f"{rows[-3]['time_ms']:.4g}, prefill attention {rows[-2]['time_ms']:.4g}, "
-            f"lm_head {rows[-1]['time_ms']:.4g}")  # fmt: skip
-    if partial is not None:
-        partial(sorted_rows(rows))
-    for n, total in decode_points(plan):
-        with torch.inference_mode():
-            add("attn_decode", n, total, prof.attention([1] * n, [total // n] * n))
-        yield
-    return sorted_rows(rows)
+    return rows()
 
 
 def sorted_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -329,6 +342,7 @@ def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
         method = (
             f"CPU: the calling thread's CPU time, one torch thread, {plan.backend} "
             f"attention, median of {plan.repeats} after {plan.warmup} warm-up calls"
+            + (f"; median of {plan.passes} sweeps" if plan.passes > 1 else "")
         )
     else:
         method = (f"CUDA events, median of {plan.repeats} after {plan.warmup} warm-up calls, "
@@ -378,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--model", help="catalog model (default opt-13b; dry: tiny-opt)")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size (default 16)")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="sweeps over every point, median per point (default 1)")  # fmt: skip
     args_list = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(args_list)
     if args.dry:
@@ -394,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         get_model(args.model or "opt-13b")
     except KeyError as exc:
         parser.error(str(exc.args[0]))
-    plan = make_plan(args.dry, args.model, args.block_size, cpu=args.cpu)
+    if args.passes < 1:
+        parser.error(f"--passes must be >= 1, got {args.passes}")
+    plan = make_plan(args.dry, args.model, args.block_size, cpu=args.cpu, passes=args.passes)
     meta = sidecar(plan, args_list)
     rows = measure(plan, partial=lambda r: write_profile(args.out, r, {**meta, "complete": False}))
     write_profile(args.out, rows, {**meta, "complete": True})

@@ -12,6 +12,7 @@ nothing is fitted to it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -34,6 +35,7 @@ from sim.driver import simulate
 
 CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
 PROFILE = "profile"  # the participant name of the interleaved profile
+print_now = functools.partial(print, flush=True)  # progress lines reach a log file at once
 
 
 def compose_serve(overrides: Sequence[str]) -> Mapping[str, Any]:
@@ -71,14 +73,16 @@ def serve_together(
     pilot_profile: str,
     profile_out: Path | None = None,
     profile_model: str = "opt-125m",
-    log: Callable[[str], None] = print,
+    profile_passes: int = 1,
+    log: Callable[[str], None] = print_now,
 ) -> dict[str, Any]:
     """Serve every run of ``runs`` (name → (output directory, ``serve`` overrides)) and,
-    with ``profile_out``, take a ``profile_gpu --cpu`` profile of ``profile_model`` there,
-    all interleaved on one torch thread. Each run's files are written as it ends, as
-    ``experiments.serve`` writes them. Returns the sitting's record (also written as
-    ``sitting.json`` beside the first run): each participant's expected and done units and
-    where its units fell in the sitting (:func:`spread`)."""
+    with ``profile_out``, take a ``profile_gpu --cpu`` profile of ``profile_model`` there
+    (``profile_passes`` sweeps, each spread over the sitting), all interleaved on one torch
+    thread. Each run's files are written as it ends, as ``experiments.serve`` writes them.
+    Returns the sitting's record (also written as ``sitting.json`` beside the first run):
+    each participant's expected and done units and where its units fell in the sitting
+    (:func:`spread`)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -89,14 +93,15 @@ def serve_together(
         ]
         plan = None
         if profile_out is not None:
-            plan = profile_gpu.make_plan(False, profile_model, cpu=True)
+            plan = profile_gpu.make_plan(False, profile_model, cpu=True, passes=profile_passes)
             points = profile_gpu.measuring(plan, log=lambda _: None)
             people.append(Participant(PROFILE, points, profile_gpu.num_points(plan)))
 
         def on_finish(p: Participant) -> None:
             if p.name == PROFILE:
                 assert plan is not None and profile_out is not None
-                argv = ["--cpu", "--model", profile_model, "--out", str(profile_out)]
+                argv = ["--cpu", "--model", profile_model, "--passes", str(profile_passes),
+                        "--out", str(profile_out)]  # fmt: skip
                 meta = {**profile_gpu.sidecar(plan, argv), "complete": True,
                         "sitting": "interleaved with the engine runs"}  # fmt: skip
                 profile_gpu.write_profile(profile_out, p.result, meta)
