@@ -41,9 +41,11 @@ engine runs' settings). ``--dry`` runs the same code on CPU under the Triton int
 with tiny-opt, fp32 and a small sweep; its times are meaningless and labelled so.
 ``--cpu`` measures this CPU as kvlab's CPU engine runs on it (one torch thread, the torch
 attention backend, OPT-125M fp32 by default): each call timed by the calling thread's CPU
-time, every row count from 1 to 64 (CPU GEMM time is not monotone in the rows there), decode
-batches of 1 … 64 sequences. The sidecar's ``gpu`` is ``cpu``; the simulator has no
-hardware entry for a CPU, so ``cost=profiled`` cannot transfer it, but
+time after a write of twice the last-level cache (:func:`cpu_flush_bytes`: cold caches, as
+the engine's layer-by-layer forward leaves them), every row count from 1 to 64 (CPU GEMM
+time is not monotone in the rows there), decode batches of 1 … 64 sequences. The sidecar's
+``gpu`` is ``cpu``; the simulator has no hardware entry for a CPU, so ``cost=profiled``
+cannot transfer it, but
 ``experiments.calibrate RUN --profile DIR`` uses it as measured for runs of the same model
 on the same machine and fits only the per-step terms on top (see
 ``docs/validation/cpu-engine.md``).
@@ -101,13 +103,32 @@ class ProfilePlan:
 CPU_TOKENS = (*range(1, 65), 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
 
+def cpu_flush_bytes(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """Bytes written before each timed CPU call so that it starts with a cold cache, as the
+    engine's operators do (each layer's weights and K/V are evicted by the other layers'
+    before they are read again): twice the last-level cache the kernel reports, 64 MiB when
+    it reports none."""
+    sizes = []
+    for index in sysfs.glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        if text[:-1].isdigit() and text[-1] in units:
+            sizes.append(int(text[:-1]) * units[text[-1]])
+        elif text.isdigit():
+            sizes.append(int(text))
+    return 2 * max(sizes) if sizes else 64 << 20
+
+
 def make_plan(
     dry: bool, model: str | None = None, block_size: int = 16, cpu: bool = False, passes: int = 1
 ) -> ProfilePlan:
     if cpu:
         return ProfilePlan(torch.device("cpu"), False, model or "opt-125m", torch.float32,
                            block_size, CPU_TOKENS, tuple(2**i for i in range(4, 12)), 2**15,
-                           5, 1, 0, 0, backend="torch",
+                           5, 1, cpu_flush_bytes(), 0, backend="torch",
                            decode_batches=tuple(2**i for i in range(7)),
                            thread_clock=True, passes=passes)  # fmt: skip
     if dry:
@@ -342,6 +363,7 @@ def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
         method = (
             f"CPU: the calling thread's CPU time, one torch thread, {plan.backend} "
             f"attention, median of {plan.repeats} after {plan.warmup} warm-up calls"
+            + (f", {plan.flush_bytes >> 20} MiB written before each" if plan.flush_bytes else "")
             + (f"; median of {plan.passes} sweeps" if plan.passes > 1 else "")
         )
     else:

@@ -26,13 +26,17 @@ def time_ms(
     GPU reaches it, so host launch overhead is not timed; give more cycles for calls that
     launch many kernels) and a write of ``flush_bytes`` (larger than L2: a cold cache). On
     CPU it is ``cpu_clock`` time per call (wall clock by default; ``time.thread_time`` counts
-    only the calling thread's CPU time, which other processes do not inflate).
+    only the calling thread's CPU time, which other processes do not inflate), after a write
+    of ``flush_bytes`` when given (larger than the last-level cache: a cold cache, untimed).
     """
     for _ in range(warmup):
         fn()
     if device.type != "cuda":
+        cpu_flush = torch.empty(flush_bytes, dtype=torch.uint8) if flush_bytes else None
         times = []
         for _ in range(repeats):
+            if cpu_flush is not None:
+                cpu_flush.fill_(1)
             start = cpu_clock()
             fn()
             times.append((cpu_clock() - start) * 1e3)
