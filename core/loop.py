@@ -16,9 +16,8 @@ Requests enter through :meth:`StepLoop.add` (a rejected one is recorded at once)
 whose clock advances by a plain call runs a step with :meth:`StepLoop.step`, or a whole
 trace with :meth:`StepLoop.run` (or :meth:`StepLoop.serve`, which yields after each step;
 arrivals chained as the simulator's arrival process reaches them, idle jumps to the next
-arrival). The simulator's clock advances by yielding
-to SimPy, so it calls :meth:`StepLoop.begin` (steps 1-3) and :meth:`StepLoop.finish`
-(step 4) around its timeout.
+arrival). The simulator's clock advances by yielding to SimPy, so it calls
+:meth:`StepLoop.begin` (steps 1-3) and :meth:`StepLoop.finish` (step 4) around its timeout.
 """
 
 from __future__ import annotations

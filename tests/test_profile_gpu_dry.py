@@ -101,3 +101,50 @@ def test_cpu_mode_times_the_cpu_engine_settings(tmp_path: Path) -> None:
     assert all(r["time_ms"] > 0 for r in rows)
     meta = sidecar(small, ["--cpu"])
     assert meta["gpu"] == "cpu" and meta["dry"] is False and "thread's CPU time" in meta["method"]
+
+
+def test_passes_sweep_every_point_and_keep_each_points_median() -> None:
+    """--passes K: K sweeps, one yield per point and sweep, one row per point whose time is
+    the median of its sweeps."""
+    from experiments.bench import profile_gpu
+
+    small = replace(make_plan(dry=False, model="tiny-opt", cpu=True, passes=3),
+                    token_counts=(1, 2), seq_contexts=(16,), decode_batches=(2,), repeats=1,
+                    flush_bytes=1 << 16)  # fmt: skip
+    seen: list[float] = []
+    fake = iter(float(x) for x in range(1, 1000))
+
+    def fake_time(self: Profiler, fn: object) -> float:
+        seen.append(next(fake))
+        return seen[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Profiler, "time", fake_time)
+        steps = profile_gpu.measuring(small, log=lambda _: None)
+        yields = 0
+        try:
+            while True:
+                next(steps)
+                yields += 1
+        except StopIteration as done:
+            rows = done.value
+    per_sweep = profile_gpu.num_points(small) // 3
+    assert yields == profile_gpu.num_points(small) == len(seen) == 3 * per_sweep
+    assert len(rows) == per_sweep == 4 * 2 + 1
+    # sweep k measures point i as the (k * per_sweep + i + 1)-th call: the median is sweep 2's
+    order = [(op, t) for t in (1, 2) for op in ("linear", "other", "attn_prefill", "lm_head")]
+    order.append(("attn_decode", 2))
+    for i, key in enumerate(order):
+        row = next(r for r in rows if (r["op"], r["num_tokens"]) == key)
+        assert row["time_ms"] == per_sweep + i + 1
+
+
+def test_cpu_flush_is_twice_the_largest_cache(tmp_path: Path) -> None:
+    from experiments.bench.profile_gpu import cpu_flush_bytes
+
+    for index, size in (("index0", "48K"), ("index2", "1024K"), ("index3", "32768K")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert cpu_flush_bytes(tmp_path) == 64 << 20
+    assert cpu_flush_bytes(tmp_path / "absent") == 64 << 20
+    assert make_plan(dry=False, cpu=True).flush_bytes > 0

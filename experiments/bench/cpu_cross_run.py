@@ -299,12 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="tiny-opt, seconds")
     parser.add_argument("--reuse-runs", action="store_true",
-                        help="keep DIR/run_* and DIR/operator_profile where present")  # fmt: skip
+                        help="keep DIR/run_*, DIR/operator_profile and DIR/pilot_profile "
+                        "where present")  # fmt: skip
     parser.add_argument("--profile", default="measure",
                         help="the operator profile to calibrate on top of: 'measure' (default: "
-                        "take one first, into DIR/operator_profile), 'each' (one before every "
-                        "run; each run priced on its own), a path (profile_gpu --cpu), or "
-                        "'none' (roofline basis alone)")  # fmt: skip
+                        "take one in the same sitting, into DIR/operator_profile), 'each' (one "
+                        "before every run; each run priced on its own), a path (profile_gpu "
+                        "--cpu), or 'none' (roofline basis alone)")  # fmt: skip
     parser.add_argument("--sitting", choices=(INTERLEAVED, SEQUENTIAL), default=INTERLEAVED,
                         help="serve the runs (and take the profile) together, a step each in "
                         "turn (default), or one after another")  # fmt: skip
