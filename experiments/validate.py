@@ -44,7 +44,7 @@ from experiments.lib.setup import (
 )
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel, CostModel, RecordedCostModel
-from sim.driver import simulate
+from sim.driver import SimResult, simulate
 
 METRICS = (
     "output_throughput",
@@ -73,9 +73,32 @@ def run_requests(cfg: Mapping[str, Any], run_dir: Path) -> tuple[list[Request], 
             )
         workload["path"] = str(moved)
     requests = build_requests({**cfg, "workload": workload}, mml, vocab_size=spec.vocab_size)
+    return as_served(cfg, requests), mml
+
+
+def as_served(cfg: Mapping[str, Any], requests: list[Request]) -> list[Request]:
+    """``requests`` as the engine serves them: every arrival at 0 in an offline run."""
     if cfg.get("mode", "online") == "offline":
-        requests = [dataclasses.replace(r, arrival_time=0.0) for r in requests]
-    return requests, mml
+        return [dataclasses.replace(r, arrival_time=0.0) for r in requests]
+    return requests
+
+
+def simulate_served(
+    cfg: Mapping[str, Any],
+    requests: list[Request],
+    kv: Mapping[str, Any],
+    max_model_len: int,
+    cost_model: CostModel,
+) -> SimResult:
+    """Simulate ``requests`` (as served) on the run's policy and on a KV cache of
+    ``kv["num_blocks"]`` device and ``kv["num_cpu_blocks"]`` CPU blocks of
+    ``kv["block_size"]`` slots (``engine.json``'s keys)."""
+    block = int(kv["block_size"])
+    system = {**cfg["system"], "block_size": block}
+    make_scheduler = scheduler_factory(
+        system, int(kv["num_blocks"]) * block, int(kv["num_cpu_blocks"]) * block, max_model_len
+    )
+    return simulate(requests, make_scheduler, cost_model, seed=int(cfg.get("seed", 0)))
 
 
 def simulate_run(run_dir: Path, cost_model: CostModel) -> dict[str, Any]:
@@ -86,12 +109,7 @@ def simulate_run(run_dir: Path, cost_model: CostModel) -> dict[str, Any]:
         raise ConfigError("run_dir", "no engine.json (KV cache size of the run)", str(run_dir))
     kv = json.loads(engine_path.read_text())
     requests, mml = run_requests(cfg, run_dir)
-    block = int(kv["block_size"])
-    system = {**cfg["system"], "block_size": block}
-    make_scheduler = scheduler_factory(
-        system, int(kv["num_blocks"]) * block, int(kv["num_cpu_blocks"]) * block, mml
-    )
-    rec = simulate(requests, make_scheduler, cost_model, seed=int(cfg.get("seed", 0))).recorder
+    rec = simulate_served(cfg, requests, kv, mml, cost_model).recorder
     return summarize_recorder(rec, cfg.get("slo_ms"))
 
 

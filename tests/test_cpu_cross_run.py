@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from experiments.bench.cpu_cross_run import KEYS, LABELS, PAIRS, main
 from sim.cost.calibrated import ROOFLINE_TERMS
 
@@ -62,6 +64,16 @@ def test_calibrate_on_one_run_validate_on_others(tmp_path: Path) -> None:
     assert {n: (tmp_path / f"run_{n}" / "steps.csv").read_bytes() for n in cfg} == steps
     again = json.loads((tmp_path / "cross_run.json").read_text())
     assert again["rows"] == doc["rows"]
+    assert again["sitting"] == "reused" and again["sitting_record"] == record
+    # a missing profile is taken alone, the runs kept
+    import shutil
+
+    shutil.rmtree(tmp_path / "operator_profile")
+    assert main(["--out", str(tmp_path), "--quick", "--reuse-runs"]) == 0
+    assert (tmp_path / "operator_profile" / "operator_profile.csv").is_file()
+    assert {n: (tmp_path / f"run_{n}" / "steps.csv").read_bytes() for n in cfg} == steps
+    alone = json.loads((tmp_path / "sitting.json").read_text())["participants"]
+    assert [r["participant"] for r in alone] == ["profile"]
     assert set(doc["step_timers"].values()) == {"thread_cpu"}
     # by default every model is fitted on top of the profile the script took first
     assert doc["profile"] == str(tmp_path / "operator_profile")
@@ -109,9 +121,9 @@ def test_profile_each_prices_every_run_on_its_own_profile(tmp_path: Path) -> Non
     assert doc["sitting"] == "sequential" and doc["sitting_record"] is None
 
 
-def test_profile_each_needs_a_sequential_sitting(tmp_path: Path, capsys) -> None:
-    import pytest
-
+def test_profile_each_needs_a_sequential_sitting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--out", str(tmp_path), "--quick", "--profile", "each"])
     assert exc.value.code == 2

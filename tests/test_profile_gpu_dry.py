@@ -142,9 +142,24 @@ def test_passes_sweep_every_point_and_keep_each_points_median() -> None:
 def test_cpu_flush_is_twice_the_largest_cache(tmp_path: Path) -> None:
     from experiments.bench.profile_gpu import cpu_flush_bytes
 
-    for index, size in (("index0", "48K"), ("index2", "1024K"), ("index3", "32768K")):
+    for index, size in (("index0", "48K"), ("index2", "1024K"), ("index3", "16384K")):
         (tmp_path / index).mkdir()
         (tmp_path / index / "size").write_text(size + "\n")
-    assert cpu_flush_bytes(tmp_path) == 64 << 20
+    assert cpu_flush_bytes(tmp_path) == 32 << 20
     assert cpu_flush_bytes(tmp_path / "absent") == 64 << 20
     assert make_plan(dry=False, cpu=True).flush_bytes > 0
+
+
+def test_cache_state_benchmark_writes_its_table(tmp_path: Path) -> None:
+    from experiments.bench import cpu_cache_state
+
+    with pytest.MonkeyPatch.context() as mp:  # a tiny model and few shapes: seconds
+        mp.setattr(cpu_cache_state, "ATTENTION", (("decode attention 2 x 16", 2, 16),))
+        mp.setattr(cpu_cache_state, "LINEAR", (("linear layers, 1 row", 1),))
+        assert cpu_cache_state.main(["--out", str(tmp_path), "--repeats", "2",
+                                     "--model", "tiny-opt"]) == 0  # fmt: skip
+    doc = json.loads((tmp_path / "cpu_cache_state.json").read_text())
+    names = [r["operator"] for r in doc["rows"]]
+    assert names == ["decode attention 2 x 16", "linear layers, 1 row"]
+    for row in doc["rows"]:
+        assert all(row[f"{s}_ms"] > 0 for s in cpu_cache_state.STATES)

@@ -53,7 +53,9 @@ them one after another, as before (and is the only sitting ``--profile each`` ha
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -202,18 +204,21 @@ def cross_run(
     quick: bool = False,
     reuse_runs: bool = False,
     profile: str | None = None,
-    sitting: str = SEQUENTIAL,
-    pilot: str | None = None,
+    sitting: str = INTERLEAVED,
+    pilot: Callable[[], str] | None = None,
 ) -> dict[str, Any]:
     """Serve the runs of ``LABELS`` (or, with ``reuse_runs``, keep those already in ``out``),
     calibrate on S, A and B (on top of ``profile`` when given), validate each on the runs
-    of ``PAIRS``; rows and documents. ``profile`` :data:`EACH`: each run is profiled just
-    before it is served (``run_*/operator_profile``); a model keeps the terms fitted on its
-    calibration run and prices another run on that run's own profile. ``sitting``
-    :data:`INTERLEAVED`: the runs are served together a step each in turn
-    (:func:`experiments.bench.sitting.serve_together`, paced by the ``pilot`` profile), and
-    when ``profile`` is ``out/operator_profile`` and not there yet, it is taken within the
-    same sitting."""
+    of ``PAIRS``; rows and documents. ``profile`` :data:`EACH` (sequential sittings only):
+    each run is profiled just before it is served (``run_*/operator_profile``); a model
+    keeps the terms fitted on its calibration run and prices another run on that run's own
+    profile. ``sitting`` :data:`INTERLEAVED`: the runs are served together a step each in
+    turn (:func:`experiments.bench.sitting.serve_together`, paced by the profile ``pilot()``
+    returns, called only when something is served), and when ``profile`` is
+    ``out/operator_profile`` it is taken within the same sitting, unless ``reuse_runs``
+    keeps it. With nothing to serve, ``sitting`` is recorded as ``reused``."""
+    if profile == EACH and sitting == INTERLEAVED:
+        raise ValueError("--profile each profiles between runs: it needs a sequential sitting")
     plan = QUICK if quick else FULL
     base = [f"model={plan['model']}", plan["kv"], *COMMON]
     each = profile == EACH
@@ -223,15 +228,20 @@ def cross_run(
         if not (reuse_runs and (run_dir / "steps.csv").is_file()):
             spec = REPEATS.get(name, name)
             to_serve[name] = (run_dir, [*base, *plan[spec], f"seed={SEEDS[spec]}"])
-    record = None
-    if sitting == INTERLEAVED:
+    record, inner = None, out / "operator_profile"
+    kept = reuse_runs and (inner / "operator_profile.csv").is_file()
+    take_inner = sitting == INTERLEAVED and profile == str(inner) and not kept
+    if not (to_serve or take_inner):
+        sitting = "reused"
+        if (out / "sitting.json").is_file():
+            record = json.loads((out / "sitting.json").read_text())
+    elif sitting == INTERLEAVED:
         if pilot is None:
             raise ValueError("an interleaved sitting needs a pilot profile to pace its turns")
-        inner = out / "operator_profile"
-        take_inner = profile == str(inner) and not (inner / "operator_profile.csv").is_file()
-        if to_serve or take_inner:
-            profile_out = inner if take_inner else None
-            record = serve_together(to_serve, pilot, profile_out, plan["model"], PROFILE_PASSES)
+        record = serve_together(
+            to_serve, pilot(), out / "sitting.json", inner if take_inner else None,
+            plan["model"], PROFILE_PASSES,
+        )  # fmt: skip
     else:
         for run_dir, overrides in to_serve.values():
             if each:
@@ -324,19 +334,22 @@ def main(argv: list[str] | None = None) -> int:
             read_profile(profile)
         except ValueError as err:
             raise ConfigError("--profile", str(err)) from None
-    pilot = None
-    if interleaved:  # paces the sitting's turns; a given profile does, else one taken first
-        pilot = profile if profile not in (None, "measure") else str(args.out / "pilot_profile")
-        kept = (Path(pilot) / "operator_profile.csv").is_file()
-        if pilot != profile and not (args.reuse_runs and kept):
-            take_profile(Path(pilot), model)
+    pilot_dir = args.out / "pilot_profile"
+
+    def pilot() -> str:
+        """The profile pacing an interleaved sitting's turns: a given one, else one taken
+        now (kept by --reuse-runs)."""
+        if profile not in (None, "measure", str(args.out / "operator_profile")):
+            return str(profile)
+        if not (args.reuse_runs and (pilot_dir / "operator_profile.csv").is_file()):
+            take_profile(pilot_dir, model)
+        return str(pilot_dir)
+
     if profile == "measure":
         profile = str(args.out / "operator_profile")
         kept = (args.out / "operator_profile" / "operator_profile.csv").is_file()
         if not interleaved and not (args.reuse_runs and kept):
             take_profile(args.out / "operator_profile", model)
-        elif interleaved and kept and not args.reuse_runs:
-            (args.out / "operator_profile" / "operator_profile.csv").unlink()  # retake it
     result = cross_run(args.out, args.quick, args.reuse_runs, profile, args.sitting, pilot)
     for label, doc in result["calibrations"].items():
         print(f"calibrated on {label}: {doc.get('coefficients')}")

@@ -46,6 +46,7 @@ class Participant:
 
     @property
     def progress(self) -> float:
+        """How far through its expected units (past 1 when the expectation was short)."""
         return self.done / self.expected
 
 

@@ -286,8 +286,8 @@ def measure(
     partial: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every row of the profile (see the module doc), in sorted order. ``partial`` gets the
-    rows measured so far after the token sweep (so a run killed in the decode sweep keeps
-    them)."""
+    rows measured so far (each point's median over the sweeps so far) after every sweep's
+    token part and after every sweep but the last, so a run killed later keeps them."""
     return run_to_end(measuring(plan, log, partial))
 
 
@@ -315,6 +315,7 @@ def measuring(
         times.setdefault((op, tokens, context), []).append(ms)
 
     def rows() -> list[dict[str, Any]]:
+        """Each point measured so far, at the median of its sweeps, in sorted order."""
         return sorted_rows([
             {"op": op, "num_tokens": t, "context_tokens": c, "time_ms": float(np.median(ms))}
             for (op, t, c), ms in times.items()
@@ -336,12 +337,14 @@ def measuring(
             log(f"{t} tokens: linear {last['linear']:.4g} ms, other {last['other']:.4g}, "
                 f"prefill attention {last['attn_prefill']:.4g}, "
                 f"lm_head {last['lm_head']:.4g}")  # fmt: skip
-        if partial is not None and sweep == 0:
+        if partial is not None:
             partial(rows())
         for n, total in decode_points(plan):
             with torch.inference_mode():
                 add("attn_decode", n, total, prof.attention([1] * n, [total // n] * n))
             yield
+        if partial is not None and sweep < plan.passes - 1:
+            partial(rows())
     return rows()
 
 

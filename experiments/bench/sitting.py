@@ -11,7 +11,6 @@ nothing is fitted to it.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -26,12 +25,11 @@ from experiments.bench import profile_gpu
 from experiments.bench.interleave import Participant, spread, take_turns
 from experiments.calibrate import dtype_bytes
 from experiments.lib.results import write_json
-from experiments.lib.setup import block_size, scheduler_factory
 from experiments.serve import Serving, finish, start
+from experiments.validate import as_served, simulate_served
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel
 from sim.cost.calibrated import CORE_TERMS
-from sim.driver import simulate
 
 CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
 PROFILE = "profile"  # the participant name of the interleaved profile
@@ -48,29 +46,24 @@ def expected_steps(serving: Serving, pilot_profile: str) -> int:
     """The steps the simulator takes to serve ``serving``'s requests on its policy and KV
     cache, each step priced by ``pilot_profile``'s operator times alone."""
     c, kv = serving.config, serving.engine.kv_cache
-    blocks = block_size(c["system"])
     pilot = CalibratedCostModel(
         model_from_config(c["model"]),
         c["hardware"]["name"],
         dict.fromkeys(CORE_TERMS, 0.0),
         dtype_bytes=dtype_bytes(c),
-        block_size=blocks,
+        block_size=kv.block_size,
         profile=pilot_profile,
     )
-    requests = serving.requests
-    if str(c.get("mode", "online")) == "offline":
-        requests = [dataclasses.replace(r, arrival_time=0.0) for r in requests]
-    system = {**c["system"], "block_size": kv.block_size}
-    make = scheduler_factory(
-        system, kv.num_blocks * kv.block_size, kv.num_cpu_blocks * kv.block_size,
-        serving.max_model_len,
-    )  # fmt: skip
-    return max(1, simulate(requests, make, pilot, seed=int(c.get("seed", 0))).num_steps)
+    blocks = {"block_size": kv.block_size, "num_blocks": kv.num_blocks,
+              "num_cpu_blocks": kv.num_cpu_blocks}  # fmt: skip
+    requests = as_served(c, serving.requests)
+    return max(1, simulate_served(c, requests, blocks, serving.max_model_len, pilot).num_steps)
 
 
 def serve_together(
     runs: Mapping[str, tuple[Path, Sequence[str]]],
     pilot_profile: str,
+    record_path: Path,
     profile_out: Path | None = None,
     profile_model: str = "opt-125m",
     profile_passes: int = 1,
@@ -79,10 +72,14 @@ def serve_together(
     """Serve every run of ``runs`` (name → (output directory, ``serve`` overrides)) and,
     with ``profile_out``, take a ``profile_gpu --cpu`` profile of ``profile_model`` there
     (``profile_passes`` sweeps, each spread over the sitting), all interleaved on one torch
-    thread. Each run's files are written as it ends, as ``experiments.serve`` writes them.
-    Returns the sitting's record (also written as ``sitting.json`` beside the first run):
-    each participant's expected and done units and where its units fell in the sitting
-    (:func:`spread`)."""
+    thread. Each run's files are written as it ends, as ``experiments.serve`` writes them;
+    the profile's at its end. Returns the sitting's record, also written to
+    ``record_path``: each participant's expected and done units and where its units fell in
+    the sitting (:func:`spread`).
+
+    For CPU runs of kvlab's engine: every engine is built before the first step (their
+    weights and KV caches are all held at once), and all run on one torch thread whatever
+    their ``threads`` says."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -102,8 +99,13 @@ def serve_together(
                 assert plan is not None and profile_out is not None
                 argv = ["--cpu", "--model", profile_model, "--passes", str(profile_passes),
                         "--out", str(profile_out)]  # fmt: skip
+                command = (
+                    "experiments.bench.sitting.serve_together, measuring as "
+                    f"python -m experiments.bench.profile_gpu {' '.join(argv)} would"
+                )
+                sitting = f"interleaved with the engine runs {', '.join(runs)}"
                 meta = {**profile_gpu.sidecar(plan, argv), "complete": True,
-                        "sitting": "interleaved with the engine runs"}  # fmt: skip
+                        "command": command, "sitting": sitting}  # fmt: skip
                 profile_gpu.write_profile(profile_out, p.result, meta)
             else:
                 result: EngineResult = p.result
@@ -114,7 +116,6 @@ def serve_together(
     finally:
         torch.set_num_threads(before)
     record = {"pilot_profile": pilot_profile, "participants": spread(people)}
-    first_dir = next(iter(runs.values()))[0]
-    write_json(first_dir.parent / "sitting.json", record)
+    write_json(record_path, record)
     log(json.dumps(record["participants"]))
     return record
