@@ -133,11 +133,12 @@ def make_plan(
                            thread_clock=True, passes=passes)  # fmt: skip
     if dry:
         return ProfilePlan(torch.device("cpu"), True, model or "tiny-opt", torch.float32,
-                           block_size, (1, 2, 4), (16, 32), 64, 2, 1, 0, 0)  # fmt: skip
+                           block_size, (1, 2, 4), (16, 32), 64, 2, 1, 0, 0,
+                           passes=passes)  # fmt: skip
     return ProfilePlan(
         torch.device("cuda"), False, model or "opt-13b", torch.float16, block_size,
         tuple(2**i for i in range(13)), tuple(2**i for i in range(4, 12)), 2**17,
-        30, 5, 256 << 20, 1_000_000,
+        30, 5, 256 << 20, 1_000_000, passes=passes,
     )  # fmt: skip
 
 
@@ -367,11 +368,12 @@ def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
             f"CPU: the calling thread's CPU time, one torch thread, {plan.backend} "
             f"attention, median of {plan.repeats} after {plan.warmup} warm-up calls"
             + (f", {plan.flush_bytes >> 20} MiB written before each" if plan.flush_bytes else "")
-            + (f"; median of {plan.passes} sweeps" if plan.passes > 1 else "")
         )
     else:
         method = (f"CUDA events, median of {plan.repeats} after {plan.warmup} warm-up calls, "
                   "launch overhead hidden, cold L2")  # fmt: skip
+    if plan.passes > 1 and "sweeps" not in method:
+        method += f"; median of {plan.passes} sweeps"
     return {
         "format": FORMAT,
         "model": plan.model,

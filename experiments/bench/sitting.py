@@ -84,6 +84,7 @@ def serve_together(
     torch.set_num_threads(1)
     try:
         servings = {name: start(compose_serve(over)) for name, (_, over) in runs.items()}
+        torch.set_num_threads(1)  # start() set each run's own ``threads``
         people = [
             Participant(name, s.steps(), expected_steps(s, pilot_profile))
             for name, s in servings.items()
