@@ -64,10 +64,10 @@ import torch
 
 from experiments import calibrate, validate
 from experiments.bench import profile_gpu
-from experiments.bench.sitting import compose_serve, serve_together
+from experiments.bench.sitting import serve_together
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.checks import ConfigError
-from experiments.lib.cli import plain_cli
+from experiments.lib.cli import compose_config, plain_cli
 from experiments.lib.results import read_metrics, write_json
 from experiments.serve import run as serve
 from sim.cost import CalibratedCostModel
@@ -124,7 +124,7 @@ def take_profile(out: Path, model: str) -> str:
 
 def serve_run(out: Path, overrides: list[str]) -> Path:
     """One engine run into ``out`` (one torch thread, restored after)."""
-    cfg = compose_serve(overrides)
+    cfg = compose_config("serve", overrides)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -59,7 +59,6 @@ SUMMARY_KEYS = (
     "kv_cache_gib",
     "wall_s",
 )
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @dataclass(frozen=True)
@@ -159,13 +158,10 @@ def run_specs(plan: EnginePlan, traces: dict[str, Path]) -> list[RunSpec]:
 
 def serve_one(spec: RunSpec, out: Path) -> dict[str, Any]:
     """Compose the serve config of ``spec``, run it into ``out/spec.name``; its summary row."""
-    from hydra import compose, initialize_config_dir
-
+    from experiments.lib.cli import compose_config
     from experiments.serve import run
 
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose(config_name="serve", overrides=list(spec.overrides))
-    metrics = run(cfg, out / spec.name)
+    metrics = run(compose_config("serve", spec.overrides), out / spec.name)
     row: dict[str, Any] = {
         "run": spec.name,
         "model": spec.model,

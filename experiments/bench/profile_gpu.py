@@ -324,6 +324,7 @@ def measuring(
 
     for sweep in range(plan.passes):
         for t in plan.token_counts:
+            last: dict[str, float] = {}
             for op, time_it, context in (
                 ("linear", prof.linear, 0),
                 ("other", prof.other, 0),
@@ -331,10 +332,9 @@ def measuring(
                 ("lm_head", prof.lm_head, 0),
             ):
                 with torch.inference_mode():
-                    add(op, t, context, time_it(t))
+                    last[op] = time_it(t)
+                add(op, t, context, last[op])
                 yield
-            last = {op: times[(op, t, t if op == "attn_prefill" else 0)][-1]
-                    for op in ("linear", "other", "attn_prefill", "lm_head")}  # fmt: skip
             log(f"{t} tokens: linear {last['linear']:.4g} ms, other {last['other']:.4g}, "
                 f"prefill attention {last['attn_prefill']:.4g}, "
                 f"lm_head {last['lm_head']:.4g}")  # fmt: skip

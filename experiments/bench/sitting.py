@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 
 from engine.engine import EngineResult
 from experiments.bench import profile_gpu
 from experiments.bench.interleave import Participant, spread, take_turns
 from experiments.calibrate import dtype_bytes
+from experiments.lib.cli import compose_config
 from experiments.lib.results import write_json
 from experiments.serve import Serving, finish, start
 from experiments.validate import as_served, simulate_served
@@ -31,15 +31,8 @@ from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel
 from sim.cost.calibrated import CORE_TERMS
 
-CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
 PROFILE = "profile"  # the participant name of the interleaved profile
 print_now = functools.partial(print, flush=True)  # progress lines reach a log file at once
-
-
-def compose_serve(overrides: Sequence[str]) -> Mapping[str, Any]:
-    """The ``serve`` config with ``overrides``."""
-    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        return compose(config_name="serve", overrides=list(overrides))
 
 
 def expected_steps(serving: Serving, pilot_profile: str) -> int:
@@ -83,7 +76,7 @@ def serve_together(
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        servings = {name: start(compose_serve(over)) for name, (_, over) in runs.items()}
+        servings = {name: start(compose_config("serve", over)) for name, (_, over) in runs.items()}
         torch.set_num_threads(1)  # start() set each run's own ``threads``
         people = [
             Participant(name, s.steps(), expected_steps(s, pilot_profile))

@@ -3,6 +3,7 @@ median; CUDA events; launch overhead hidden; cold L2)."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -32,7 +33,7 @@ def time_ms(
     for _ in range(warmup):
         fn()
     if device.type != "cuda":
-        cpu_flush = torch.empty(flush_bytes, dtype=torch.uint8) if flush_bytes else None
+        cpu_flush = _cpu_flush_buffer(flush_bytes) if flush_bytes else None
         times = []
         for _ in range(repeats):
             if cpu_flush is not None:
@@ -54,3 +55,10 @@ def time_ms(
         events.append((start, end))
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+@functools.cache
+def _cpu_flush_buffer(num_bytes: int) -> torch.Tensor:
+    """One buffer per size for every CPU timing (a profile times ~1,000 points; a fresh
+    buffer each would page-fault its memory in every time)."""
+    return torch.empty(num_bytes, dtype=torch.uint8)

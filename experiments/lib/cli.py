@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from experiments.lib.checks import ConfigError, check_group_overrides
+from experiments.lib.checks import CONFIG_DIR, ConfigError, check_group_overrides
 from experiments.lib.results import append_index, write_error
 from experiments.lib.table import result_table
 
@@ -144,3 +144,12 @@ def main_with_checks(main: Callable[[], Any], argv: Sequence[str] | None = None)
         main()
     finally:
         _COMMAND_LINE = False
+
+
+def compose_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """The project's ``configs/<config_name>.yaml`` composed with ``overrides``, outside a
+    Hydra app (scripts that run several configs in one process)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))

@@ -83,10 +83,9 @@ def exit_if_launcher_missing(argv: Sequence[str]) -> None:
 
 
 def _job_config(overrides: Sequence[str]) -> Any:
-    from hydra import compose, initialize_config_dir
+    from experiments.lib.cli import compose_config
 
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="simulate", overrides=list(overrides))
+    return compose_config("simulate", overrides)
 
 
 def launch(
