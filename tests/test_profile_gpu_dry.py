@@ -110,7 +110,7 @@ def test_passes_sweep_every_point_and_keep_each_points_median() -> None:
 
     small = replace(make_plan(dry=False, model="tiny-opt", cpu=True, passes=3),
                     token_counts=(1, 2), seq_contexts=(16,), decode_batches=(2,), repeats=1,
-                    flush_bytes=1 << 16)  # fmt: skip
+                    flush_bytes=1 << 16, in_model_tokens=0)  # fmt: skip
     seen: list[float] = []
     fake = iter(float(x) for x in range(1, 1000))
 
@@ -163,3 +163,57 @@ def test_cache_state_benchmark_writes_its_table(tmp_path: Path) -> None:
     assert names == ["decode attention 2 x 16", "linear layers, 1 row"]
     for row in doc["rows"]:
         assert all(row[f"{s}_ms"] > 0 for s in cpu_cache_state.STATES)
+
+
+def test_in_model_timer_sums_each_op_over_the_layers_and_divides_by_them() -> None:
+    """With a clock that advances 1 ms per reading, every linear layer and every attention
+    call of every layer is counted once and divided by the layer count; ``other`` is the
+    forward's remaining readings, ``lm_head`` the logits after it."""
+    from experiments.bench import in_model
+    from sim.catalog import get_model
+
+    plan = make_plan(dry=False, model="tiny-opt", cpu=True)
+    prof = Profiler(replace(plan, repeats=2, token_counts=(1, 4), seq_contexts=(16,)))
+    whole = prof.whole
+    assert whole is not None and whole.layers == get_model("tiny-opt").num_layers > 1
+    linears_per_layer = sum(
+        isinstance(m, torch.nn.Linear) for m in whole.model.decoder().layers[0].modules()
+    )
+    ticks = iter(range(10**6))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(in_model.time, "thread_time", lambda: next(ticks) * 1e-3)
+        with torch.inference_mode():
+            ms = prof.in_model([1, 1], [16, 16])
+    layers = whole.layers
+    assert ms["linear"] == pytest.approx(linears_per_layer)
+    assert ms["attn"] == pytest.approx(1.0)
+    assert ms["lm_head"] == pytest.approx(1.0)
+    # each reading between start and mid: two per linear and per attention, and mid itself
+    readings = 2 * linears_per_layer * layers + 2 * layers + 1
+    assert ms["other"] == pytest.approx((readings - (linears_per_layer + 1) * layers) / layers)
+
+
+def test_cpu_plan_times_small_points_in_the_model_and_large_ones_alone() -> None:
+    """Points of at most ``in_model_tokens`` tokens give all four token ops from one forward
+    (one yield), larger ones are timed op by op (four); every op has a positive row."""
+    from experiments.bench import profile_gpu
+
+    small = replace(make_plan(dry=False, model="tiny-opt", cpu=True), token_counts=(1, 3),
+                    seq_contexts=(16,), decode_batches=(1, 2), repeats=1, in_model_tokens=1,
+                    flush_bytes=1 << 16)  # fmt: skip
+    assert profile_gpu.num_points(small) == 1 + 4 + 2
+    steps = profile_gpu.measuring(small, log=lambda _: None)
+    yields = 0
+    try:
+        while True:
+            next(steps)
+            yields += 1
+    except StopIteration as done:
+        rows = done.value
+    assert yields == profile_gpu.num_points(small)
+    assert {(r["op"], r["num_tokens"]) for r in rows} == {
+        *((op, t) for op in ("linear", "other", "attn_prefill", "lm_head") for t in (1, 3)),
+        ("attn_decode", 1), ("attn_decode", 2),
+    }  # fmt: skip
+    assert all(r["time_ms"] > 0 for r in rows)
+    assert "inside the whole model's forward" in profile_gpu.sidecar(small, [])["method"]

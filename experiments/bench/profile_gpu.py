@@ -40,10 +40,13 @@ write before each (cold L2). GPU default: OPT-13B's layer shape, fp16, block siz
 engine runs' settings). ``--dry`` runs the same code on CPU under the Triton interpreter
 with tiny-opt, fp32 and a small sweep; its times are meaningless and labelled so.
 ``--cpu`` measures this CPU as kvlab's CPU engine runs on it (one torch thread, the torch
-attention backend, OPT-125M fp32 by default): each call timed by the calling thread's CPU
-time after a write of twice the last-level cache (:func:`cpu_flush_bytes`: cold caches, as
-the engine's layer-by-layer forward leaves them), every row count from 1 to 64 (CPU GEMM
-time is not monotone in the rows there), decode batches of 1 … 64 sequences. The sidecar's
+attention backend, OPT-125M fp32 by default), by the calling thread's CPU time, every row
+count from 1 to 64 (CPU GEMM time is not monotone in the rows there), decode batches of
+1 … 64 sequences. Points of at most 64 tokens or sequences are timed inside the forward of
+the whole model, each op summed over its layers (:mod:`experiments.bench.in_model`: the
+cache state the engine's ops meet, neither warm nor cold); larger ones, whose time is
+compute, one op at a time after a write of twice the last-level cache
+(:func:`cpu_flush_bytes`). The sidecar's
 ``gpu`` is ``cpu``; the simulator has no hardware entry for a CPU, so ``cost=profiled``
 cannot transfer it, but
 ``experiments.calibrate RUN --profile DIR`` uses it as measured for runs of the same model
@@ -97,6 +100,7 @@ class ProfilePlan:
     decode_batches: tuple[int, ...] = ()  # decode batch sizes; () = token_counts
     thread_clock: bool = False  # CPU: time the calling thread's CPU time, not wall time
     passes: int = 1  # sweeps over every point; a point's time is the median over sweeps
+    in_model_tokens: int = 0  # CPU: points of at most this many tokens timed in the forward
 
 
 # --cpu: every row count to 64 (CPU GEMM time is not monotone in rows there), then coarser
@@ -130,7 +134,7 @@ def make_plan(
                            block_size, CPU_TOKENS, tuple(2**i for i in range(4, 12)), 2**15,
                            5, 1, cpu_flush_bytes(), 0, backend="torch",
                            decode_batches=tuple(2**i for i in range(7)),
-                           thread_clock=True, passes=passes)  # fmt: skip
+                           thread_clock=True, passes=passes, in_model_tokens=64)  # fmt: skip
     if dry:
         return ProfilePlan(torch.device("cpu"), True, model or "tiny-opt", torch.float32,
                            block_size, (1, 2, 4), (16, 32), 64, 2, 1, 0, 0,
@@ -195,6 +199,14 @@ class Profiler:
         shape = (num_blocks, plan.block_size, self.config.num_kv_heads, self.config.head_dim)
         self.k_cache, self.v_cache = self._randn(*shape), self._randn(*shape)
         self.stub = self._stub_layer(rows)
+        self.whole = None
+        if plan.in_model_tokens:
+            from experiments.bench.in_model import InModelTimer
+
+            whole_model = replace(self.config, num_layers=get_model(plan.model).num_layers)
+            self.whole = InModelTimer(
+                whole_model, plan.backend, plan.dtype, num_blocks, plan.block_size
+            )
 
     def _randn(self, *shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=self.gen, device=self.plan.device).to(self.plan.dtype)
@@ -245,6 +257,17 @@ class Profiler:
         fn = lambda: self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, scale)  # noqa: E731
         return self.time(fn)
 
+    def in_model(self, query_lens: list[int], context_lens: list[int]) -> dict[str, float]:
+        """Per-layer ``linear``, ``other`` and ``attn`` and the ``lm_head`` of these sequences,
+        timed inside the whole model's forward (:mod:`experiments.bench.in_model`)."""
+        assert self.whole is not None, "the plan measures nothing in the model"
+        meta = self._meta(query_lens, context_lens)
+        pairs = zip(query_lens, context_lens, strict=True)
+        positions = torch.cat([torch.arange(c - q, c) for q, c in pairs])
+        # a quick plan's contexts may pass a small model's positions; the lookup costs alike
+        positions = positions.clamp(max=self.config.max_model_len - 1)
+        return self.whole.time(meta, positions, self.plan.repeats, self.plan.warmup)
+
     def lm_head(self, tokens: int) -> float:
         hidden = self.inputs[self.config.embed_dim][:tokens]
         return self.time(lambda: self.model.compute_logits(hidden))
@@ -294,7 +317,14 @@ def measure(
 
 def num_points(plan: ProfilePlan) -> int:
     """How many points :func:`measuring` measures, every sweep counted (its yields)."""
-    return plan.passes * (4 * len(plan.token_counts) + len(decode_points(plan)))
+    per_sweep = sum(1 if in_model(plan, t) else 4 for t in plan.token_counts)
+    return plan.passes * (per_sweep + len(decode_points(plan)))
+
+
+def in_model(plan: ProfilePlan, tokens: int) -> bool:
+    """Whether points of ``tokens`` tokens (or decode sequences) are timed inside the whole
+    model's forward (one point gives all four token ops) rather than one op at a time."""
+    return tokens <= plan.in_model_tokens
 
 
 def measuring(
@@ -325,11 +355,23 @@ def measuring(
     for sweep in range(plan.passes):
         for t in plan.token_counts:
             last: dict[str, float] = {}
+            if in_model(plan, t):
+                with torch.inference_mode():
+                    ms = prof.in_model([t], [t])
+                last = {"linear": ms["linear"], "other": ms["other"],
+                        "attn_prefill": ms["attn"], "lm_head": ms["lm_head"]}  # fmt: skip
+                for op, value in last.items():
+                    add(op, t, t if op == "attn_prefill" else 0, value)
+                yield
             for op, time_it, context in (
-                ("linear", prof.linear, 0),
-                ("other", prof.other, 0),
-                ("attn_prefill", lambda n: prof.attention([n], [n]), t),
-                ("lm_head", prof.lm_head, 0),
+                ()
+                if last
+                else (
+                    ("linear", prof.linear, 0),
+                    ("other", prof.other, 0),
+                    ("attn_prefill", lambda n: prof.attention([n], [n]), t),
+                    ("lm_head", prof.lm_head, 0),
+                )
             ):
                 with torch.inference_mode():
                     last[op] = time_it(t)
@@ -341,8 +383,12 @@ def measuring(
         if partial is not None:
             partial(rows())
         for n, total in decode_points(plan):
+            lens, contexts = [1] * n, [total // n] * n
             with torch.inference_mode():
-                add("attn_decode", n, total, prof.attention([1] * n, [total // n] * n))
+                if in_model(plan, n):
+                    add("attn_decode", n, total, prof.in_model(lens, contexts)["attn"])
+                else:
+                    add("attn_decode", n, total, prof.attention(lens, contexts))
             yield
         if partial is not None and sweep < plan.passes - 1:
             partial(rows())
@@ -372,6 +418,10 @@ def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
     else:
         method = (f"CUDA events, median of {plan.repeats} after {plan.warmup} warm-up calls, "
                   "launch overhead hidden, cold L2")  # fmt: skip
+    if plan.in_model_tokens:
+        method += (f"; points of at most {plan.in_model_tokens} tokens or decode sequences "
+                   "timed inside the whole model's forward, summed over its layers (no write "
+                   "before: the other layers evict each one's data)")  # fmt: skip
     if plan.passes > 1 and "sweeps" not in method:
         method += f"; median of {plan.passes} sweeps"
     return {
