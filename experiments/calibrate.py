@@ -33,7 +33,7 @@ from experiments.lib.results import write_json
 from experiments.lib.setup import block_size
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel
-from sim.cost.calibrated import WEIGHTINGS
+from sim.cost.calibrated import TARGETS, WEIGHTINGS
 from sim.cost.profiled import ProfiledCostModel
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -58,11 +58,12 @@ def dtype_bytes(cfg: dict[str, Any]) -> int:
 
 
 def calibrate(
-    run_dir: Path, weighting: str = "absolute", profile: str | None = None
+    run_dir: Path, weighting: str = "absolute", profile: str | None = None, target: str = "step"
 ) -> CalibratedCostModel:
     """The calibrated cost model fitted to ``run_dir``'s ``steps.csv`` (``weighting``: one
     of :data:`sim.cost.calibrated.WEIGHTINGS`; ``profile``: an operator profile of the
-    run's model on its device, see :class:`sim.cost.CalibratedCostModel`)."""
+    run's model on its device; ``target``: one of :data:`sim.cost.calibrated.TARGETS`; see
+    :meth:`sim.cost.CalibratedCostModel.fit`)."""
     cfg = read_run_config(run_dir)
     steps_path = Path(run_dir) / "steps.csv"
     if not steps_path.is_file():
@@ -83,6 +84,7 @@ def calibrate(
         block_size=blocks,
         weighting=weighting,
         profile=profile,
+        target=target,
     )
 
 
@@ -144,8 +146,18 @@ def main(argv: list[str] | None = None) -> int:
         help="an operator profile (directory or operator_profile.csv) of the run's model on "
         "the run's device: operator times from it, per-step terms fitted on top",
     )
+    parser.add_argument(
+        "--target",
+        choices=TARGETS,
+        default="step",
+        help="with --profile: step fits the per-step terms to what the profile leaves of each "
+        "step's time; host fits them to the time outside the forward (the engine's phase "
+        "timing), the framework overhead they stand for",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    model = calibrate(args.run_dir, args.weighting, args.profile)
+    if args.target == "host" and args.profile is None:
+        parser.error("--target host fits on top of an operator profile; give --profile")
+    model = calibrate(args.run_dir, args.weighting, args.profile, args.target)
     print(model.describe())
     out = args.out or args.run_dir / "calibration.json"
     doc = calibration_doc(model, args.run_dir)

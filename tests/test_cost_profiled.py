@@ -242,3 +242,81 @@ def test_profile_as_measured_must_be_of_the_same_device(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"measured on a100-40gb; using it as measured needs h200"):
         ProfiledCostModel(prof, "opt-13b", "h200", as_measured=True)
     assert ProfiledCostModel(prof, "opt-13b", "a100-40gb", as_measured=True).same
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 1000),
+    c0=st.floats(0.0, 0.02),
+    per_seq=st.floats(0.0, 1e-3),
+    profile_error=st.floats(-0.2, 0.2),
+)
+def test_host_target_fits_the_terms_to_the_time_outside_the_forward(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, c0: float, per_seq: float,
+    profile_error: float,
+) -> None:  # fmt: skip
+    """Steps whose forward runs ``1 + profile_error`` times the profile's price and whose
+    host time is ``c0 + per_seq × seqs``: ``target='host'`` recovers exactly the host terms
+    whatever the profile's error; ``target='step'`` folds the error into them."""
+    prof = write_profile(
+        tmp_path_factory.mktemp("p"), synthetic_rows(), gpu="cpu", model="opt-125m"
+    )
+    ops = ProfiledCostModel(prof, "opt-125m", "h200", as_measured=True)
+    steps = _random_steps(seed)
+    shapes = [BatchShape(*(int(x) for x in row)) for row in steps.itertuples(index=False)]
+    seqs = steps["prefill_seqs"] + steps["decode_seqs"]
+    steps["forward_s"] = np.array([ops.gpu_seconds(s) for s in shapes]) * (1 + profile_error)
+    steps["duration_s"] = steps["forward_s"] + c0 + per_seq * seqs
+    host = CalibratedCostModel.fit(steps, "opt-125m", "h200", weighting="relative",
+                                   profile=str(prof), target="host")  # fmt: skip
+    c = host.coefficients
+    assert c["constant"] == pytest.approx(c0, abs=1e-9)
+    assert c["per_sequence"] == pytest.approx(per_seq, abs=1e-9)
+    assert c["per_prefill_sequence"] == pytest.approx(0.0, abs=1e-9)
+    assert host.fit_stats["target"] == "host"
+    if profile_error > 0.05:  # the step target puts the forward's extra time into the terms
+        step = CalibratedCostModel.fit(steps, "opt-125m", "h200", weighting="relative",
+                                       profile=str(prof), target="step")  # fmt: skip
+        assert step.coefficients["constant"] + step.coefficients["per_sequence"] > c0 + per_seq
+
+
+def test_host_target_needs_a_profile_and_the_forward_time(tmp_path: Path) -> None:
+    prof = write_profile(tmp_path / "p", synthetic_rows(), gpu="cpu", model="opt-125m")
+    steps = _random_steps(0)
+    steps["duration_s"] = 0.1
+    with pytest.raises(ValueError, match="on top of an operator profile"):
+        CalibratedCostModel.fit(steps, "opt-125m", "h200", target="host")
+    with pytest.raises(ValueError, match="forward_s"):
+        CalibratedCostModel.fit(steps, "opt-125m", "h200", profile=str(prof), target="host")
+    with pytest.raises(ValueError, match="target 'both' is not one of step, host"):
+        CalibratedCostModel.fit(steps, "opt-125m", "h200", profile=str(prof), target="both")
+
+
+def test_decode_attention_goes_through_the_measured_points(tmp_path: Path) -> None:
+    """Decode attention is piecewise linear through the measured points along each
+    sequence count, in per-sequence context: a convex curve is met at every point (a line
+    fitted per count would miss them), halfway between two points is the mean, halfway
+    between two counts is the mean of the counts' times at the same per-sequence context,
+    and a later point measured faster does not make the longer context cheaper."""
+    rows = [r for r in synthetic_rows() if r[0] != "attn_decode"]
+
+    def ms(seqs: int, per_seq: int) -> float:
+        return 0.05 * seqs + 1e-6 * seqs * per_seq**2  # convex in context
+
+    for s in (1, 8):
+        rows += [("attn_decode", s, s * c, ms(s, c)) for c in (16, 256, 1024, 2048)]
+    rows += [("attn_decode", 64, 64 * 16, 1.0), ("attn_decode", 64, 64 * 256, 0.5)]  # noise
+    m = ProfiledCostModel(write_profile(tmp_path / "p", rows), "opt-13b", "a100-40gb")
+    layers = 40
+
+    def attn_ms(seqs: int, per_seq: int) -> float:
+        shape = BatchShape(decode_seqs=seqs, decode_ctx_tokens=seqs * per_seq)
+        return m._attention_s(shape) * 1e3 / layers
+
+    for s in (1, 8):
+        for c in (16, 256, 1024, 2048):
+            assert attn_ms(s, c) == pytest.approx(ms(s, c), rel=1e-9)
+        assert attn_ms(s, 640) == pytest.approx((ms(s, 256) + ms(s, 1024)) / 2, rel=1e-9)
+    assert attn_ms(4, 256) == pytest.approx(ms(1, 256) + (ms(8, 256) - ms(1, 256)) * 3 / 7)
+    assert attn_ms(64, 256) == pytest.approx(1.0)  # the running maximum, not 0.5
+    assert attn_ms(128, 16) == pytest.approx(2.0)  # past the largest count: per sequence

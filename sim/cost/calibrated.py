@@ -61,6 +61,8 @@ REQUIRED_COLUMNS = (
 )
 # how fit weighs the steps' errors (see CalibratedCostModel.fit)
 WEIGHTINGS = ("absolute", "relative")
+# what the terms on top of a profile are fitted to (see CalibratedCostModel.fit)
+TARGETS = ("step", "host")
 # a steps table's columns of the six counts, in :func:`sim.cost.work.shape_counts`' order
 COUNT_COLUMNS = (
     "prefill_tokens",
@@ -181,6 +183,7 @@ class CalibratedCostModel:
         block_size: int = DEFAULT_BLOCK_SIZE,
         weighting: str = "absolute",
         profile: str | None = None,
+        target: str = "step",
     ) -> CalibratedCostModel:
         """Non-negative least squares of ``steps.duration_s`` on the basis terms.
 
@@ -194,10 +197,22 @@ class CalibratedCostModel:
         what predicting another run's mix needs). ``profile``: an operator profile of this
         model on the measured device; then the fit is of ``duration_s`` minus the
         profile's operator seconds, on the constant and per-sequence terms only (module
-        doc). ``fit_stats`` records ``r2``, ``mape``, ``n_steps`` and ``weighting``.
+        doc). ``target`` (one of ``TARGETS``, with a profile): ``step`` fits those terms to
+        what the profile leaves of each step's duration, so they also absorb the profile's
+        errors on this run's shapes, which then travel to other runs; ``host`` fits them to
+        the step's measured time outside the model's forward (``duration_s - forward_s``,
+        the engine's phase timing: scheduling, input preparation, sampling, output), the
+        framework overhead they stand for. ``fit_stats`` records ``r2`` and ``mape`` (of
+        the whole step), ``n_steps``, ``weighting`` and ``target``.
         """
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting {weighting!r} is not one of {', '.join(WEIGHTINGS)}")
+        if target not in TARGETS:
+            raise ValueError(f"target {target!r} is not one of {', '.join(TARGETS)}")
+        if target == "host" and profile is None:
+            raise ValueError("target 'host' fits on top of an operator profile; give one")
+        if target == "host" and "forward_s" not in steps.columns:
+            raise ValueError("target 'host' needs the steps' forward_s (phase timing)")
         missing = [c for c in REQUIRED_COLUMNS if c not in steps.columns]
         if missing:
             raise ValueError(f"steps table lacks columns {missing}; need {REQUIRED_COLUMNS}")
@@ -212,6 +227,9 @@ class CalibratedCostModel:
             a[:, [TERMS.index(t) for t in ROOFLINE_TERMS]] = 0.0
         base = probe.profile_seconds(df)
         y = df["duration_s"].to_numpy(dtype=float)
+        fit_to = y - base
+        if target == "host":
+            fit_to = y - df["forward_s"].to_numpy(dtype=float)
         if weighting == "relative":
             if not (y > 0).all():
                 raise ValueError("relative weighting needs every step's duration_s > 0")
@@ -221,7 +239,7 @@ class CalibratedCostModel:
         aw = a * w[:, None]
         scale = np.linalg.norm(aw, axis=0)
         scale[scale == 0] = 1.0
-        coef = nnls(aw / scale, (y - base) * w) / scale
+        coef = nnls(aw / scale, fit_to * w) / scale
         pred = a @ coef + base
         ss_res = float(np.sum((y - pred) ** 2))
         ss_tot = float(np.sum((y - y.mean()) ** 2))
@@ -231,6 +249,7 @@ class CalibratedCostModel:
             "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
             "mape": float(np.mean(np.abs(pred[pos] - y[pos]) / y[pos])) if pos.any() else 0.0,
             "weighting": weighting,
+            "target": target,
         }
         return cls(
             model, gpu, dict(zip(TERMS, coef, strict=True)), tp, dtype_bytes, block_size, stats,

@@ -21,16 +21,19 @@ Otherwise each operator is *transferred*:
 - attention, when the profile has none (Vidur's tables): the roofline's attention at the
   profile's achieved fractions, memory = the linear operator's at its smallest token count
   (a weight stream), compute = at its largest; the stack's per-block gather and last-block
-  waste come on top. With kvlab's ``attn_decode`` rows: per sequence count, time is linear
-  in context tokens (least squares), interpolated over sequence counts, rescaled by K/V
-  bytes per token and bandwidth when transferred, and the stack's per-block terms adjust
-  for a block size other than the profiled one. ``attn_prefill``: prefill sequences of
-  equal length ``tokens / seqs`` (BatchShape keeps sums), rescaled by FLOPs per pair and
-  peak when transferred.
+  waste come on top. With kvlab's ``attn_decode`` rows: per sequence count, time is
+  piecewise linear through the measured points in per-sequence context (made
+  non-decreasing), interpolated linearly over sequence counts, rescaled by K/V bytes per
+  token and bandwidth when transferred, and the stack's per-block terms adjust for a block
+  size other than the profiled one. (A least-squares line per count, the earlier model,
+  mispriced the CPU engine's short contexts: ``docs/validation/cpu-engine.md``.)
+  ``attn_prefill``: prefill sequences of equal length ``tokens / seqs`` (BatchShape keeps
+  sums), rescaled by FLOPs per pair and peak when transferred.
 """
 
 from __future__ import annotations
 
+import bisect
 from pathlib import Path
 from typing import Any
 
@@ -171,38 +174,35 @@ class ProfiledCostModel:
         self.roofline = RooflineCostModel(m, g, tp, dtype_bytes, eff, block_size, stack)
         self.stack = self.roofline.stack
         self.block_size = block_size
-        self._decode_fit = self._fit_decode(prof, m, g, gp, ref, tp, dtype_bytes)
+        self._decode = self._decode_curves(prof, m, g, gp, ref, tp)
         self._prefill = self._prefill_table(prof, m, g, gp, ref, tp)
-        self._decode_memo: dict[int, tuple[float, float]] = {}
+        self._decode_memo: dict[tuple[int, int], float] = {}
         self._prefill_memo: dict[float, float] = {}
 
-    def _fit_decode(
+    def _decode_curves(
         self, prof: OperatorProfile, m: ModelSpec, g: GPUSpec, gp: GPUSpec,
-        ref: LayerShape, tp: int, dtype_bytes: int,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:  # fmt: skip
-        """Per profiled sequence count: (seqs, intercept s, seconds per context token), for
-        all layers of the target."""
+        ref: LayerShape, tp: int,
+    ) -> tuple[list[int], list[tuple[np.ndarray, np.ndarray]]] | None:  # fmt: skip
+        """Per profiled sequence count, ascending: (per-sequence contexts, seconds of all
+        layers of the target), the times made non-decreasing in context (a running
+        maximum: a later point measured faster is noise, not a cheaper context)."""
         if "attn_decode" not in prof.ops:
             return None
         n, c, t = prof.ops["attn_decode"]
-        scale = 1.0
+        scale = float(m.num_layers)
         if not self.same:
             kv_t = 2 * (m.num_kv_heads // tp if m.num_kv_heads >= tp else 1) * m.head_dim
             kv_p = 2 * max(1, ref.kv_size // ref.head_dim // prof.tp) * ref.head_dim
-            scale = (kv_t / kv_p) * (gp.mem_bandwidth / g.mem_bandwidth)
-        seqs, a, b = [], [], []
+            scale *= (kv_t / kv_p) * (gp.mem_bandwidth / g.mem_bandwidth)
+        counts, curves = [], []
         for s in np.unique(n):
             sel = n == s
-            cs, ts = c[sel], t[sel]
-            if len(cs) > 1 and np.ptp(cs) > 0:
-                slope, icpt = np.polyfit(cs, ts, 1)
-            else:
-                slope, icpt = ts[0] / max(cs[0], 1.0), 0.0
-            seqs.append(s)
-            a.append(max(icpt, 0.0) * scale * m.num_layers)
-            b.append(max(slope, 0.0) * scale * m.num_layers)
-        del dtype_bytes
-        return np.array(seqs), np.array(a), np.array(b)
+            per_seq, secs = c[sel] / s, np.maximum.accumulate(t[sel]) * scale
+            if len(per_seq) == 1:  # one point: proportional to context
+                per_seq, secs = np.array([0.0, per_seq[0]]), np.array([0.0, secs[0]])
+            counts.append(int(s))
+            curves.append((per_seq, secs))
+        return counts, curves
 
     def _prefill_table(
         self, prof: OperatorProfile, m: ModelSpec, g: GPUSpec, gp: GPUSpec,
@@ -218,21 +218,27 @@ class ProfiledCostModel:
             scale *= gp.peak_flops / g.peak_flops
         return n, t * scale
 
-    def _decode_coeffs(self, seqs: int) -> tuple[float, float]:
-        """(intercept s, seconds per context token) of decode attention at ``seqs``
-        sequences, interpolated in the profile's fit. Memoised by ``seqs`` (a run asks for
-        a few hundred counts at most): the same floats, without two ``np.interp`` a step."""
-        hit = self._decode_memo.get(seqs)
-        if hit is None:
-            assert self._decode_fit is not None
-            s, a, b = self._decode_fit
-            if seqs > s[-1]:  # beyond the profile: intercept per sequence, same slope
-                hit = a[-1] * seqs / s[-1], b[-1]
-            else:
-                x = np.array([float(seqs)])
-                hit = float(np.interp(x, s, a)[0]), float(np.interp(x, s, b)[0])
-            self._decode_memo[seqs] = hit
-        return hit
+    def _decode_table_s(self, seqs: int, per_seq: float) -> float:
+        """Decode attention seconds of ``seqs`` sequences of ``per_seq`` context each:
+        piecewise linear in context along each profiled sequence count (linear past the
+        ends), linear in the count between the two profiled counts around ``seqs``, in
+        proportion to it beyond them."""
+        assert self._decode is not None
+        counts, curves = self._decode
+
+        def at(i: int) -> float:
+            xs, ys = curves[i]
+            return float(_interp(np.array([per_seq]), xs, ys)[0])
+
+        if seqs <= counts[0]:
+            return at(0) * seqs / counts[0]
+        if seqs >= counts[-1]:
+            return at(-1) * seqs / counts[-1]
+        hi = bisect.bisect_left(counts, seqs)
+        if counts[hi] == seqs:
+            return at(hi)
+        w = (seqs - counts[hi - 1]) / (counts[hi] - counts[hi - 1])
+        return (1 - w) * at(hi - 1) + w * at(hi)
 
     def _prefill_seq_s(self, length: float) -> float:
         """Attention seconds of one prefill chunk of ``length`` tokens (the step's mean),
@@ -248,15 +254,22 @@ class ProfiledCostModel:
         return hit
 
     def _decode_attn_s(self, seqs: int, ctx: int) -> float:
-        icpt, slope = self._decode_coeffs(seqs)
-        bs_p = self.profile.block_size or self.block_size
-        extra = extra_kv_tokens(self.stack, seqs, ctx, self.block_size) - extra_kv_tokens(
-            self.stack, seqs, ctx, bs_p
-        )
-        return max(icpt + slope * (ctx + extra), 0.0)
+        """Memoised by ``(seqs, ctx)`` (bounded): the same floats, without the
+        interpolations every step."""
+        hit = self._decode_memo.get((seqs, ctx))
+        if hit is None:
+            bs_p = self.profile.block_size or self.block_size
+            extra = extra_kv_tokens(self.stack, seqs, ctx, self.block_size) - extra_kv_tokens(
+                self.stack, seqs, ctx, bs_p
+            )
+            hit = max(self._decode_table_s(seqs, (ctx + extra) / seqs), 0.0)
+            if len(self._decode_memo) >= _MEMO_LIMIT:
+                self._decode_memo.clear()
+            self._decode_memo[(seqs, ctx)] = hit
+        return hit
 
     def _attention_s(self, shape: BatchShape) -> float:
-        if self._decode_fit is None and self._prefill is None:
+        if self._decode is None and self._prefill is None:
             return self.roofline.gpu_parts(shape)[1]
         t = 0.0
         if shape.decode_seqs:
@@ -306,7 +319,7 @@ class ProfiledCostModel:
         pts = [1, 16, 64, 256, 1024, 4096]
         frac = _interp(np.array(pts, dtype=float), n, self._achieved)
         curve = ", ".join(f"{p}: {f:.2f}" for p, f in zip(pts, frac, strict=True))
-        attn = "profiled" if self._decode_fit is not None else "roofline at the efficiencies below"
+        attn = "profiled" if self._decode is not None else "roofline at the efficiencies below"
         lines = [
             f"profiled cost model: {self.model.name} on {self.tp} × {self.gpu.name} "
             f"(block {self.block_size})",
