@@ -75,8 +75,14 @@ def calibrate(
     blocks, width = block_size(cfg["system"]), dtype_bytes(cfg)
     if profile is not None:
         check_profile_fits_run(profile, cfg, model, hardware, tp, width, blocks)
+    steps = pd.read_csv(steps_path)
+    if target == "host" and "forward_s" not in steps.columns:
+        raise ConfigError(
+            "--target", "host needs each step's forward_s (the engine's phase timing), which "
+            "this run's steps.csv lacks", str(steps_path),
+        )  # fmt: skip
     return CalibratedCostModel.fit(
-        pd.read_csv(steps_path),
+        steps,
         model,
         hardware,
         tp=tp,

@@ -7,6 +7,7 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from experiments import calibrate, validate
@@ -183,6 +184,37 @@ def test_calibrate_on_a_profile_writes_a_file_validate_and_simulate_take(
         assert exc.value.code == 2
         err = capsys.readouterr().err.strip()
         assert message in err and err.startswith("error: --profile: ") and "\n" not in err
+
+
+def test_calibrate_target_host_fits_the_time_outside_the_forward(
+    thread_run: Path, tmp_path: Path, capsys
+) -> None:
+    """``--target host`` on a profile: the terms fit the run's measured time outside the
+    forward (recorded in the file); without ``--profile``, or on a steps.csv without
+    ``forward_s``, it is one line naming the flag."""
+    import shutil
+
+    from tests.test_cost_profiled import synthetic_rows, write_profile
+
+    prof = write_profile(tmp_path / "p", synthetic_rows(), gpu="cpu", model="tiny-opt",
+                         dtype="float32")  # fmt: skip
+    out = tmp_path / "cal.json"
+    args = [str(thread_run), "--profile", str(prof), "--out", str(out), "--target", "host"]
+    assert calibrate.main(args) == 0
+    doc = json.loads(out.read_text())
+    assert doc["fit_stats"]["target"] == "host"
+    with pytest.raises(SystemExit) as exc:
+        calibrate.main([str(thread_run), "--target", "host"])
+    assert exc.value.code == 2 and "--target host" in capsys.readouterr().err
+    bare = tmp_path / "bare"
+    shutil.copytree(thread_run, bare)
+    steps = pd.read_csv(bare / "steps.csv")
+    steps.drop(columns=["forward_s"]).to_csv(bare / "steps.csv", index=False)
+    with pytest.raises(SystemExit) as exc:
+        calibrate.main([str(bare), "--profile", str(prof), "--out", str(out), "--target", "host"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --target: ") and "forward_s" in err and "\n" not in err
 
 
 def test_a_calibrations_relative_profile_is_also_looked_for_beside_it(tmp_path: Path) -> None:

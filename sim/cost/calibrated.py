@@ -200,9 +200,10 @@ class CalibratedCostModel:
         doc). ``target`` (one of ``TARGETS``, with a profile): ``step`` fits those terms to
         what the profile leaves of each step's duration, so they also absorb the profile's
         errors on this run's shapes, which then travel to other runs; ``host`` fits them to
-        the step's measured time outside the model's forward (``duration_s - forward_s``,
-        the engine's phase timing: scheduling, input preparation, sampling, output), the
-        framework overhead they stand for. ``fit_stats`` records ``r2`` and ``mape`` (of
+        the step's measured time outside the model's forward and the block transfers
+        (``duration_s - forward_s - transfer_s``, the engine's phase timing: input
+        preparation and sampling), the framework overhead they stand for (transfers are
+        priced apart, as always). ``fit_stats`` records ``r2`` and ``mape`` (of
         the whole step), ``n_steps``, ``weighting`` and ``target``.
         """
         if weighting not in WEIGHTINGS:
@@ -230,6 +231,8 @@ class CalibratedCostModel:
         fit_to = y - base
         if target == "host":
             fit_to = y - df["forward_s"].to_numpy(dtype=float)
+            if "transfer_s" in df.columns:
+                fit_to = fit_to - df["transfer_s"].to_numpy(dtype=float)
         if weighting == "relative":
             if not (y > 0).all():
                 raise ValueError("relative weighting needs every step's duration_s > 0")
