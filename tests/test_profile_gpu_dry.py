@@ -105,7 +105,7 @@ def test_cpu_mode_times_the_cpu_engine_settings(tmp_path: Path) -> None:
 
 def test_passes_sweep_every_point_and_keep_each_points_median() -> None:
     """--passes K: K sweeps, one yield per point and sweep, one row per point whose time is
-    the median of its sweeps."""
+    the median of its sweeps, each sweep's time kept in ``sweeps_ms``."""
     from experiments.bench import profile_gpu
 
     small = replace(make_plan(dry=False, model="tiny-opt", cpu=True, passes=3),
@@ -137,6 +137,9 @@ def test_passes_sweep_every_point_and_keep_each_points_median() -> None:
     for i, key in enumerate(order):
         row = next(r for r in rows if (r["op"], r["num_tokens"]) == key)
         assert row["time_ms"] == per_sweep + i + 1
+        # every sweep's time is kept, in sweep order
+        sweeps = [float(x) for x in row["sweeps_ms"].split(";")]
+        assert sweeps == [k * per_sweep + i + 1 for k in range(3)]
 
 
 def test_cpu_flush_is_twice_the_largest_cache(tmp_path: Path) -> None:

@@ -4,9 +4,11 @@ interpolates: ``python -m experiments.bench.profile_gpu --out DIR [--dry | --cpu
 
 Format ``kvlab-operator-profile/1``, two files in ``DIR``:
 
-- ``operator_profile.csv``, columns ``op,num_tokens,context_tokens,time_ms``: one row per
-  measured point, sorted by op, then num_tokens, then context_tokens; ``time_ms`` is the
-  median GPU time in milliseconds. Ops (per decoder layer unless stated):
+- ``operator_profile.csv``, columns ``op,num_tokens,context_tokens,time_ms,sweeps_ms``: one
+  row per measured point, sorted by op, then num_tokens, then context_tokens; ``time_ms`` is
+  the median GPU time in milliseconds, over the sweeps when ``--passes`` > 1; ``sweeps_ms``
+  each sweep's time in sweep order, ``;``-separated (readers need only the first four
+  columns). Ops (per decoder layer unless stated):
 
   - ``linear``: all the decoder layer's matmuls (QKV, O, MLP, biases included) for
     ``num_tokens`` token rows; ``context_tokens`` 0;
@@ -76,7 +78,7 @@ from torch import nn
 from engine.engine import run_to_end
 
 FORMAT = "kvlab-operator-profile/1"
-COLUMNS = ("op", "num_tokens", "context_tokens", "time_ms")
+COLUMNS = ("op", "num_tokens", "context_tokens", "time_ms", "sweeps_ms")
 OPS = ("linear", "other", "attn_prefill", "attn_decode", "lm_head")
 
 
@@ -346,9 +348,11 @@ def measuring(
         times.setdefault((op, tokens, context), []).append(ms)
 
     def rows() -> list[dict[str, Any]]:
-        """Each point measured so far, at the median of its sweeps, in sorted order."""
+        """Each point measured so far, at the median of its sweeps (each kept, in order,
+        in ``sweeps_ms``), in sorted order."""
         return sorted_rows([
-            {"op": op, "num_tokens": t, "context_tokens": c, "time_ms": float(np.median(ms))}
+            {"op": op, "num_tokens": t, "context_tokens": c, "time_ms": float(np.median(ms)),
+             "sweeps_ms": ";".join(f"{x:.6g}" for x in ms)}
             for (op, t, c), ms in times.items()
         ])  # fmt: skip
 

@@ -1,7 +1,8 @@
 """Per-operator GPU profiles: kvlab's format and Vidur's, read into one table.
 
 kvlab's format (``experiments/bench/profile_gpu.py`` writes it): ``operator_profile.csv``
-with columns ``op,num_tokens,context_tokens,time_ms`` and a sidecar
+with columns ``op,num_tokens,context_tokens,time_ms`` (others, such as ``sweeps_ms``, are
+ignored) and a sidecar
 ``operator_profile.json`` ``{"format": "kvlab-operator-profile/1", "model", "gpu",
 "dtype", "tp", "block_size", "date", "command", "torch", "triton"}``. Times are medians in
 milliseconds, per decoder layer except ``lm_head`` (whole model):
