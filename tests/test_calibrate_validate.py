@@ -150,6 +150,13 @@ def thread_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield _serve(tmp_path_factory.mktemp("thread"), ["threads=1", "step_timer=thread_cpu"])
 
 
+def _tiny_opt_cpu_profile(out: Path, dtype: str) -> Path:
+    """A synthetic operator profile of tiny-opt on the CPU in ``dtype``, written to ``out``."""
+    from tests.test_cost_profiled import synthetic_rows, write_profile
+
+    return write_profile(out, synthetic_rows(), gpu="cpu", model="tiny-opt", dtype=dtype)
+
+
 def test_calibrate_on_a_profile_writes_a_file_validate_and_simulate_take(
     thread_run: Path, online_run: Path, tmp_path: Path, capsys
 ) -> None:
@@ -157,10 +164,7 @@ def test_calibrate_on_a_profile_writes_a_file_validate_and_simulate_take(
     it, fits only the terms on top (roofline terms 0), and ``validate`` rebuilds the model
     from the file. The same profile in another dtype, or a run timed on the wall clock, is
     one line naming both."""
-    from tests.test_cost_profiled import synthetic_rows, write_profile
-
-    prof = write_profile(tmp_path / "p", synthetic_rows(), gpu="cpu", model="tiny-opt",
-                         dtype="float32")  # fmt: skip
+    prof = _tiny_opt_cpu_profile(tmp_path / "p", "float32")
     out = tmp_path / "cal.json"
     args = [str(thread_run), "--profile", str(prof), "--out", str(out), "--weighting", "relative"]
     assert calibrate.main(args) == 0
@@ -172,8 +176,7 @@ def test_calibrate_on_a_profile_writes_a_file_validate_and_simulate_take(
     result = validate.validate(thread_run, doc)
     assert "as measured" in result["cost_model"]
     assert result["simulator"]["request_throughput"] > 0
-    half = write_profile(tmp_path / "p16", synthetic_rows(), gpu="cpu", model="tiny-opt",
-                         dtype="float16")  # fmt: skip
+    half = _tiny_opt_cpu_profile(tmp_path / "p16", "float16")
     for run, message in (
         (thread_run, "measured in float16, the run in float32"),
         (online_run, "served with step_timer=wall, threads=None"),
@@ -194,10 +197,7 @@ def test_calibrate_target_host_fits_the_time_outside_the_forward(
     ``forward_s``, it is one line naming the flag."""
     import shutil
 
-    from tests.test_cost_profiled import synthetic_rows, write_profile
-
-    prof = write_profile(tmp_path / "p", synthetic_rows(), gpu="cpu", model="tiny-opt",
-                         dtype="float32")  # fmt: skip
+    prof = _tiny_opt_cpu_profile(tmp_path / "p", "float32")
     out = tmp_path / "cal.json"
     args = [str(thread_run), "--profile", str(prof), "--out", str(out), "--target", "host"]
     assert calibrate.main(args) == 0
