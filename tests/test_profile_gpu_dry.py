@@ -73,7 +73,11 @@ def test_profiled_attention_is_a_valid_paged_batch() -> None:
 
 
 def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv, needle in ((["--block-size", "12"], "power of two"), (["--model", "gpt-9"], "gpt-9")):
+    for argv, needle in (
+        (["--block-size", "12"], "power of two"),
+        (["--model", "gpt-9"], "gpt-9"),
+        (["--single-calls"], "--single-calls needs --cpu"),
+    ):
         with pytest.raises(SystemExit):
             main(["--out", "unused", "--dry", *argv])
         assert needle in capsys.readouterr().err
@@ -140,6 +144,41 @@ def test_passes_sweep_every_point_and_keep_each_points_median() -> None:
         # every sweep's time is kept, in sweep order
         sweeps = [float(x) for x in row["sweeps_ms"].split(";")]
         assert sweeps == [k * per_sweep + i + 1 for k in range(3)]
+
+
+def test_single_calls_time_each_point_once_per_sweep_and_keep_the_mean() -> None:
+    """--single-calls: one call per point and sweep with no warm-up, in the model's forward
+    too, and a point's time is the mean of its sweeps; the sidecar says so."""
+    from experiments.bench import in_model, profile_gpu
+    from experiments.bench.profile_gpu import sidecar
+
+    plan = make_plan(dry=False, model="tiny-opt", cpu=True, passes=3, single_calls=True)
+    assert (plan.repeats, plan.warmup, plan.across_sweeps) == (1, 0, "mean")
+    method = sidecar(plan, ["--cpu", "--single-calls"])["method"]
+    assert "one call per point and sweep, no warm-up" in method and "mean of 3 sweeps" in method
+    small = replace(plan, token_counts=(1, 2), seq_contexts=(16,), decode_batches=(2,),
+                    flush_bytes=1 << 16, in_model_tokens=1)  # fmt: skip
+    fake = iter(float(x) ** 2 for x in range(1, 1000))  # squares: mean and median differ
+    forwards: list[tuple[int, int]] = []
+
+    def fake_forward(self: object, meta: object, positions: object, repeats: int, warmup: int):
+        forwards.append((repeats, warmup))
+        return dict.fromkeys(("linear", "other", "attn", "lm_head"), next(fake))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Profiler, "time", lambda self, fn: next(fake))
+        mp.setattr(in_model.InModelTimer, "time", fake_forward)
+        rows = profile_gpu.measure(small, log=lambda _: None)
+    # per sweep: the 1-token point in the forward, the decode point of 2 sequences alone
+    assert forwards == [(1, 0)] * 3
+    assert len(rows) == 4 + 4 + 1
+    for row in rows:
+        sweeps = [float(x) for x in row["sweeps_ms"].split(";")]
+        assert len(sweeps) == 3 and len(set(sweeps)) == 3
+        assert row["time_ms"] == pytest.approx(sum(sweeps) / 3)
+        assert row["time_ms"] != pytest.approx(sorted(sweeps)[1])
+    with pytest.raises(ValueError, match="--cpu"):
+        make_plan(dry=True, single_calls=True)
 
 
 def test_cpu_flush_is_twice_the_largest_cache(tmp_path: Path) -> None:

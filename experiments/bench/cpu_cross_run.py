@@ -85,10 +85,14 @@ WEIGHTING = "relative"
 TARGET_ON_PROFILE = "host"
 EACH = "each"  # --profile each: profile before every run, price each run on its own
 INTERLEAVED, SEQUENTIAL = "interleaved", "sequential"  # --sitting
-# the interleaved sitting's profile sweeps every point this often and keeps each point's
-# median: one sweep's point is one burst of 6 calls, which a momentary speed sways (the
-# profiles of three sittings priced the same S steps 157-208 ms; the steps took 177-182 ms)
-PROFILE_PASSES = 3
+# the interleaved sitting's profile sweeps every point this often, one call per point and
+# sweep, and keeps each point's mean over the sweeps: each point then samples the sitting at
+# 18 moments, as the runs' steps sample it at every moment. Before (through the eleventh
+# sitting) it took 3 sweeps of a burst of 6 calls and kept the median: the sweeps of one point
+# differed by up to 1.9x on a VM whose speed swung, and the median of three kept one moment
+# (docs/validation/cpu-engine.md, eleventh sitting). 18 single calls cost what 3 bursts of 6 did.
+PROFILE_PASSES = 18
+PROFILE_SINGLE_CALLS = True
 COMMON = [
     "system=vllm", "dtype=float32", "progress=false", "mode=online", "clock=virtual",
     "threads=1", "step_timer=thread_cpu",
@@ -247,7 +251,7 @@ def cross_run(
             raise ValueError("an interleaved sitting needs a pilot profile to pace its turns")
         record = serve_together(
             to_serve, pilot(), out / "sitting.json", inner if take_inner else None,
-            plan["model"], PROFILE_PASSES,
+            plan["model"], PROFILE_PASSES, PROFILE_SINGLE_CALLS,
         )  # fmt: skip
     else:
         for run_dir, overrides in to_serve.values():

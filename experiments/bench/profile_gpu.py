@@ -6,9 +6,9 @@ Format ``kvlab-operator-profile/1``, two files in ``DIR``:
 
 - ``operator_profile.csv``, columns ``op,num_tokens,context_tokens,time_ms,sweeps_ms``: one
   row per measured point, sorted by op, then num_tokens, then context_tokens; ``time_ms`` is
-  the median GPU time in milliseconds, over the sweeps when ``--passes`` > 1; ``sweeps_ms``
-  each sweep's time in sweep order, ``;``-separated (readers need only the first four
-  columns). Ops (per decoder layer unless stated):
+  the median GPU time in milliseconds, over the sweeps when ``--passes`` > 1 (their mean with
+  ``--single-calls``); ``sweeps_ms`` each sweep's time in sweep order, ``;``-separated
+  (readers need only the first four columns). Ops (per decoder layer unless stated):
 
   - ``linear``: all the decoder layer's matmuls (QKV, O, MLP, biases included) for
     ``num_tokens`` token rows; ``context_tokens`` 0;
@@ -101,7 +101,8 @@ class ProfilePlan:
     backend: str = "triton"  # the engine's attention backend the profile measures
     decode_batches: tuple[int, ...] = ()  # decode batch sizes; () = token_counts
     thread_clock: bool = False  # CPU: time the calling thread's CPU time, not wall time
-    passes: int = 1  # sweeps over every point; a point's time is the median over sweeps
+    passes: int = 1  # sweeps over every point; a point's time summarises its sweeps
+    across_sweeps: str = "median"  # how: "median" (robust), "mean" (a drifting machine's average)
     in_model_tokens: int = 0  # CPU: points of at most this many tokens timed in the forward
 
 
@@ -129,14 +130,27 @@ def cpu_flush_bytes(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) ->
 
 
 def make_plan(
-    dry: bool, model: str | None = None, block_size: int = 16, cpu: bool = False, passes: int = 1
+    dry: bool,
+    model: str | None = None,
+    block_size: int = 16,
+    cpu: bool = False,
+    passes: int = 1,
+    single_calls: bool = False,
 ) -> ProfilePlan:
+    """The plan of a GPU, ``dry`` or ``cpu`` profile. ``single_calls`` (CPU): each sweep times
+    one call per point, with no warm-up, and a point's time is the mean over the sweeps: for
+    many sweeps spread over a sitting whose machine drifts, so that each point samples the
+    sitting as the runs' steps do and each call meets the cache another's work left."""
     if cpu:
+        repeats, warmup = (1, 0) if single_calls else (5, 1)
         return ProfilePlan(torch.device("cpu"), False, model or "opt-125m", torch.float32,
                            block_size, CPU_TOKENS, tuple(2**i for i in range(4, 12)), 2**15,
-                           5, 1, cpu_flush_bytes(), 0, backend="torch",
+                           repeats, warmup, cpu_flush_bytes(), 0, backend="torch",
                            decode_batches=tuple(2**i for i in range(7)),
-                           thread_clock=True, passes=passes, in_model_tokens=64)  # fmt: skip
+                           thread_clock=True, passes=passes, in_model_tokens=64,
+                           across_sweeps="mean" if single_calls else "median")  # fmt: skip
+    if single_calls:
+        raise ValueError("single calls per sweep are a CPU profile's (--cpu)")
     if dry:
         return ProfilePlan(torch.device("cpu"), True, model or "tiny-opt", torch.float32,
                            block_size, (1, 2, 4), (16, 32), 64, 2, 1, 0, 0,
@@ -348,10 +362,11 @@ def measuring(
         times.setdefault((op, tokens, context), []).append(ms)
 
     def rows() -> list[dict[str, Any]]:
-        """Each point measured so far, at the median of its sweeps (each kept, in order,
-        in ``sweeps_ms``), in sorted order."""
+        """Each point measured so far, at the median (or mean: ``plan.across_sweeps``) of its
+        sweeps (each kept, in order, in ``sweeps_ms``), in sorted order."""
+        summary = np.mean if plan.across_sweeps == "mean" else np.median
         return sorted_rows([
-            {"op": op, "num_tokens": t, "context_tokens": c, "time_ms": float(np.median(ms)),
+            {"op": op, "num_tokens": t, "context_tokens": c, "time_ms": float(summary(ms)),
              "sweeps_ms": ";".join(f"{x:.6g}" for x in ms)}
             for (op, t, c), ms in times.items()
         ])  # fmt: skip
@@ -414,9 +429,14 @@ def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
     if plan.dry:
         method = "MEANINGLESS: dry run on CPU under the Triton interpreter"
     elif plan.device.type == "cpu":
+        calls = (
+            "one call per point and sweep, no warm-up"
+            if (plan.repeats, plan.warmup) == (1, 0)
+            else f"median of {plan.repeats} after {plan.warmup} warm-up calls"
+        )
         method = (
             f"CPU: the calling thread's CPU time, one torch thread, {plan.backend} "
-            f"attention, median of {plan.repeats} after {plan.warmup} warm-up calls"
+            f"attention, {calls}"
             + (f", {plan.flush_bytes >> 20} MiB written before each" if plan.flush_bytes else "")
         )
     else:
@@ -427,7 +447,7 @@ def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
                    "timed inside the whole model's forward, summed over its layers (no write "
                    "before: the other layers evict each one's data)")  # fmt: skip
     if plan.passes > 1 and "sweeps" not in method:
-        method += f"; median of {plan.passes} sweeps"
+        method += f"; {plan.across_sweeps} of {plan.passes} sweeps"
     return {
         "format": FORMAT,
         "model": plan.model,
@@ -475,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=16, help="KV block size (default 16)")
     parser.add_argument("--passes", type=int, default=1,
                         help="sweeps over every point, median per point (default 1)")  # fmt: skip
+    parser.add_argument("--single-calls", action="store_true",
+                        help="with --cpu: one call per point and sweep, no warm-up, the mean "
+                        "over the sweeps (many sweeps spread over a drifting machine)")  # fmt: skip
     args_list = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(args_list)
     if args.dry:
@@ -493,7 +516,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc.args[0]))
     if args.passes < 1:
         parser.error(f"--passes must be >= 1, got {args.passes}")
-    plan = make_plan(args.dry, args.model, args.block_size, cpu=args.cpu, passes=args.passes)
+    if args.single_calls and not args.cpu:
+        parser.error("--single-calls needs --cpu")
+    plan = make_plan(args.dry, args.model, args.block_size, cpu=args.cpu, passes=args.passes,
+                     single_calls=args.single_calls)  # fmt: skip
     meta = sidecar(plan, args_list)
     rows = measure(plan, partial=lambda r: write_profile(args.out, r, {**meta, "complete": False}))
     write_profile(args.out, rows, {**meta, "complete": True})

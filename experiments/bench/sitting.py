@@ -60,13 +60,15 @@ def serve_together(
     profile_out: Path | None = None,
     profile_model: str = "opt-125m",
     profile_passes: int = 1,
+    single_calls: bool = False,
     log: Callable[[str], None] = print_now,
 ) -> dict[str, Any]:
     """Serve every run of ``runs`` (name → (output directory, ``serve`` overrides)) and,
     with ``profile_out``, take a ``profile_gpu --cpu`` profile of ``profile_model`` there
-    (``profile_passes`` sweeps, each spread over the sitting), all interleaved on one torch
-    thread. Each run's files are written as it ends, as ``experiments.serve`` writes them;
-    the profile's at its end. Returns the sitting's record, also written to
+    (``profile_passes`` sweeps, each spread over the sitting; ``single_calls``: one call per
+    point and sweep, the mean over sweeps, ``profile_gpu --single-calls``), all interleaved
+    on one torch thread. Each run's files are written as it ends, as ``experiments.serve``
+    writes them; the profile's at its end. Returns the sitting's record, also written to
     ``record_path``: each participant's expected and done units and where its units fell in
     the sitting (:func:`spread`).
 
@@ -84,7 +86,9 @@ def serve_together(
         ]
         plan = None
         if profile_out is not None:
-            plan = profile_gpu.make_plan(False, profile_model, cpu=True, passes=profile_passes)
+            plan = profile_gpu.make_plan(
+                False, profile_model, cpu=True, passes=profile_passes, single_calls=single_calls
+            )
             points = profile_gpu.measuring(plan, log=lambda _: None)
             people.append(Participant(PROFILE, points, profile_gpu.num_points(plan)))
 
@@ -92,6 +96,7 @@ def serve_together(
             if p.name == PROFILE:
                 assert plan is not None and profile_out is not None
                 argv = ["--cpu", "--model", profile_model, "--passes", str(profile_passes),
+                        *(["--single-calls"] if single_calls else []),
                         "--out", str(profile_out)]  # fmt: skip
                 command = (
                     "experiments.bench.sitting.serve_together, measuring as "
