@@ -24,7 +24,7 @@ import dataclasses
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -132,11 +132,15 @@ def compare(engine: Mapping[str, Any], simulator: Mapping[str, Any]) -> list[dic
 
 
 def validate(
-    run_dir: Path, calibration: Mapping[str, Any] | None = None, recorded: bool = False
+    run_dir: Path,
+    calibration: Mapping[str, Any] | None = None,
+    recorded: bool = False,
+    wrap: Callable[[CostModel], CostModel] | None = None,
 ) -> dict[str, Any]:
     """Simulate ``run_dir`` with the calibrated model ``calibration`` (a ``to_dict``
     document) or, with ``recorded``, with the engine's step times; both sets of metrics and
-    the comparison rows."""
+    the comparison rows. ``wrap`` (for a calibration): the cost model the simulator uses is
+    ``wrap(model)`` (e.g. :class:`sim.cost.drifting.DriftingCostModel`)."""
     run_dir = Path(run_dir)
     if recorded == (calibration is not None):
         raise ValueError("give exactly one of a calibration document and recorded=True")
@@ -149,6 +153,8 @@ def validate(
         if calibration.get("kind") != "calibrated":
             raise ValueError(f"calibration kind is {calibration.get('kind')!r}, not 'calibrated'")
         cost = CalibratedCostModel.from_dict(calibration)
+        if wrap is not None:
+            cost = wrap(cost)
     if not (run_dir / "metrics.json").is_file():
         raise ConfigError("run_dir", "no metrics.json: the run did not finish", str(run_dir))
     metrics = read_metrics(run_dir)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench.cpu_cross_run import KEYS, LABELS, PAIRS, main
+from experiments.bench.cpu_cross_run import KEYS, LABELS, PAIRS, PROFILE_PASSES, main
 from sim.cost.calibrated import ROOFLINE_TERMS
 
 
@@ -57,6 +57,15 @@ def test_calibrate_on_one_run_validate_on_others(tmp_path: Path) -> None:
         assert 0 <= people[name]["first"] <= people[name]["median"] <= people[name]["last"] <= 1
     sidecar = json.loads((tmp_path / "operator_profile" / "operator_profile.json").read_text())
     assert sidecar["complete"] and "interleaved" in sidecar["sitting"]
+    assert "--single-calls" in sidecar["command"]
+    # the machine's speed per profile sweep, and every pair again with each step at it
+    assert len(doc["speed_timeline"]) == PROFILE_PASSES
+    assert all(s > 0 for s in doc["speed_timeline"])
+    assert [{k: r[k] for k in ("calibrated_on", "validated_on", "metric")}
+            for r in doc["timed_rows"]] == [
+        {k: r[k] for k in ("calibrated_on", "validated_on", "metric")} for r in doc["rows"]
+    ]  # fmt: skip
+    assert len(doc["timed_open_loop"]) == len(doc["open_loop"])
     # --reuse-runs recalibrates on the runs already served: their steps are left untouched
     steps = {n: (tmp_path / f"run_{n}" / "steps.csv").read_bytes() for n in cfg}
     (tmp_path / "cross_run.json").unlink()

@@ -50,6 +50,17 @@ machine's drifting speed falls on every run and on the profile alike; a pilot pr
 first (``DIR/pilot_profile``, or the ``--profile`` path) only paces the turns, and
 ``DIR/sitting.json`` records where each run's steps fell. ``--sitting sequential`` serves
 them one after another, as before (and is the only sitting ``--profile each`` has).
+
+The interleaved profile takes ``PROFILE_PASSES`` sweeps of one call per point, each sweep a
+stretch of the sitting, so it also measures how the machine's speed drifted through the
+sitting (:func:`speed_timeline`). Every pair is then validated a second time with each
+simulated step priced at the speed of the stretch where it falls
+(:class:`sim.cost.drifting.DriftingCostModel`; a run's i-th step falls at ``i / expected``
+of the sitting, the expectation that paced its turns): ``timed_rows`` and
+``timed_open_loop`` in ``cross_run.json``. It separates the step model's error from the
+machine's drift, which a run whose step sizes change through the sitting (a long request
+decoding alone at its end) meets unevenly. Only the profile's sweeps and the pilot's
+expectation enter it, nothing measured on the run validated.
 """
 
 from __future__ import annotations
@@ -61,6 +72,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -73,6 +85,7 @@ from experiments.lib.cli import compose_config, plain_cli
 from experiments.lib.results import read_metrics, write_json
 from experiments.serve import run as serve
 from sim.cost import CalibratedCostModel
+from sim.cost.drifting import DriftingCostModel
 from sim.cost.profile import read_profile
 
 RATE_S, RATE_A, RATE_B = 4.0, 2.0, 6.0
@@ -168,12 +181,36 @@ def speed_drift(model: Any, steps: pd.DataFrame, window: int = DRIFT_WINDOW) -> 
     }
 
 
-def open_loop_errors(model: Any, steps: pd.DataFrame) -> list[dict[str, Any]]:
+def speed_timeline(profile_dir: str | Path) -> list[float] | None:
+    """The machine's speed through an interleaved sitting, as its profile measured it: per
+    sweep (in order), the sweep's summed time over every point's price (``time_ms``), so 1
+    is the price and 1.1 a stretch that ran 10% slow. The sweeps are spread over the
+    sitting, so sweep ``j`` of ``K`` is the sitting's progress ``j/K`` to ``(j+1)/K``
+    (:class:`sim.cost.drifting.DriftingCostModel`). None with fewer than two sweeps."""
+    profile = pd.read_csv(Path(profile_dir) / "operator_profile.csv")
+    if "sweeps_ms" not in profile:
+        return None
+    sweeps = [[float(x) for x in str(cell).split(";")] for cell in profile["sweeps_ms"]]
+    count = len(sweeps[0]) if sweeps else 0
+    if count < 2 or any(len(row) != count for row in sweeps):
+        return None
+    price = float(profile["time_ms"].sum())
+    return [sum(row[j] for row in sweeps) / price for j in range(count)]
+
+
+def open_loop_errors(
+    model: Any, steps: pd.DataFrame, drift: DriftingCostModel | None = None
+) -> list[dict[str, Any]]:
     """Per kind of step (decode-only, with a prefill, all): the relative error of the
     summed predicted step time against the summed measured one, and the mean absolute
-    per-step error."""
-    steps = steps[(steps["prefill_tokens"] + steps["decode_seqs"]) > 0]
+    per-step error. With ``drift``, the i-th step's price is scaled by its speed there."""
+    if drift is not None:
+        scale = np.array([drift.speed_at(i) for i in range(len(steps))])
+    keep = ((steps["prefill_tokens"] + steps["decode_seqs"]) > 0).to_numpy()
+    steps = steps[keep]
     pred = model.predict_steps(steps)
+    if drift is not None:
+        pred = pred * scale[keep]
     meas = steps["duration_s"].to_numpy(dtype=float)
     decode = (steps["prefill_tokens"] == 0).to_numpy()
     rows = []
@@ -262,7 +299,15 @@ def cross_run(
     def profile_of(name: str) -> str | None:
         return str(runs[name] / "operator_profile") if each else profile
 
+    timeline, expected = None, {}
+    if record is not None and profile == str(inner):
+        timeline = speed_timeline(inner)
+        expected = {p["participant"]: p["expected"] for p in record["participants"]}
+        if not set(runs) <= set(expected):
+            timeline = None  # a profile retaken alone: the runs' places are not recorded
     rows, open_loop, calibrations, drift = [], [], {}, []
+    timed_rows: list[dict[str, Any]] = []
+    timed_open_loop: list[dict[str, Any]] = []
     for fit_on, targets in PAIRS:
         on = profile_of(fit_on)
         target = TARGET_ON_PROFILE if on is not None else "step"
@@ -292,8 +337,18 @@ def cross_run(
             open_loop += [{**where, **r} for r in open_loop_errors(model, steps)]
             res = validate.validate(runs[target], target_doc)
             rows += [{**where, "role": role, **r} for r in metric_rows(res)]
+            if timeline is not None:
+                n = expected[target]
+                timed = DriftingCostModel(model, timeline, n)
+                timed_open_loop += [{**where, **r} for r in open_loop_errors(model, steps, timed)]
+                res = validate.validate(
+                    runs[target], target_doc,
+                    wrap=lambda m, n=n: DriftingCostModel(m, timeline, n),
+                )  # fmt: skip
+                timed_rows += [{**where, "role": role, **r} for r in metric_rows(res)]
     return {
         "rows": rows, "open_loop": open_loop, "calibrations": calibrations, "plan": plan,
+        "speed_timeline": timeline, "timed_rows": timed_rows, "timed_open_loop": timed_open_loop,
         "sitting": sitting, "sitting_record": record,
         "repeatability": repeatability(runs), "profile": profile, "drift": drift,
         "step_timers": {LABELS[n]: read_metrics(d).get("step_timer") for n, d in runs.items()},
@@ -370,6 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     print_table("each model on each run's measured steps (open loop)", result["open_loop"])
     print_table("the engine against itself (same config and seed, served again)",
                 result["repeatability"])  # fmt: skip
+    if result["timed_rows"]:
+        steps = ", ".join(f"{x:.2f}" for x in result["speed_timeline"])
+        print(f"the sitting's speed by profile sweep (time over price): {steps}")
+        print_table("the same, each step at the machine's speed where it fell (the profile's "
+                    "sweeps)", result["timed_rows"])  # fmt: skip
+        print_table("the same, open loop", result["timed_open_loop"])
     if result["drift"]:
         title = f"each run's decode steps over the profile's price (per {DRIFT_WINDOW} steps)"
         rows = [{k: v for k, v in d.items() if k != "windows"} for d in result["drift"]]

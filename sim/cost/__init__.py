@@ -1,5 +1,6 @@
 """Cost models: roofline (datasheet + efficiency factors), profiled (a measured per-operator
-profile), calibrated (fitted to engine steps), recorded (replays measured step times).
+profile), calibrated (fitted to engine steps), recorded (replays measured step times);
+``sim.cost.drifting`` scales another model's steps by a machine's measured speed drift.
 Roofline and profiled take a serving-stack preset (``stack=``, :mod:`sim.cost.overhead`)."""
 
 from __future__ import annotations
