@@ -21,8 +21,8 @@ class DriftingCostModel:
     """``inner``'s step time × ``speeds[k]``, where ``k`` is the stretch of the run the step
     falls in: ``speeds`` splits progress 0–1 into equal stretches, the i-th step (from 0)
     is at progress ``(i + 0.5) / expected_steps``, and steps past the expected count take
-    the last stretch's speed. Speeds are time over the timeline's mean time (1: average,
-    above 1: slower). Prices each step once, in order (``priced_in_order``)."""
+    the last stretch's speed. A speed is the machine's time over ``inner``'s price (1: as
+    priced, above 1: slower). Prices each step once, in order (``priced_in_order``)."""
 
     priced_in_order = True
 
