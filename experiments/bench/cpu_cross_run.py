@@ -190,7 +190,7 @@ def speed_timeline(profile_dir: str | Path) -> list[float] | None:
     profile = pd.read_csv(Path(profile_dir) / "operator_profile.csv")
     if "sweeps_ms" not in profile:
         return None
-    sweeps = [[float(x) for x in str(cell).split(";")] for cell in profile["sweeps_ms"]]
+    sweeps = [profile_gpu.parse_sweeps(cell) for cell in profile["sweeps_ms"]]
     count = len(sweeps[0]) if sweeps else 0
     if count < 2 or any(len(row) != count for row in sweeps):
         return None

@@ -82,6 +82,16 @@ COLUMNS = ("op", "num_tokens", "context_tokens", "time_ms", "sweeps_ms")
 OPS = ("linear", "other", "attn_prefill", "attn_decode", "lm_head")
 
 
+def format_sweeps(times_ms: list[float]) -> str:
+    """A point's ``sweeps_ms`` cell: each sweep's time, in sweep order, ``;``-separated."""
+    return ";".join(f"{x:.6g}" for x in times_ms)
+
+
+def parse_sweeps(cell: object) -> list[float]:
+    """The sweep times of a ``sweeps_ms`` cell (:func:`format_sweeps`'s inverse)."""
+    return [float(x) for x in str(cell).split(";")]
+
+
 @dataclass(frozen=True)
 class ProfilePlan:
     """What to measure and how often (full on a GPU, tiny for ``--dry``)."""
@@ -367,7 +377,7 @@ def measuring(
         summary = np.mean if plan.across_sweeps == "mean" else np.median
         return sorted_rows([
             {"op": op, "num_tokens": t, "context_tokens": c, "time_ms": float(summary(ms)),
-             "sweeps_ms": ";".join(f"{x:.6g}" for x in ms)}
+             "sweeps_ms": format_sweeps(ms)}
             for (op, t, c), ms in times.items()
         ])  # fmt: skip
 
