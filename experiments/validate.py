@@ -92,12 +92,12 @@ def simulate_served(
 ) -> SimResult:
     """Simulate ``requests`` (as served) on the run's policy and on a KV cache of
     ``kv["num_blocks"]`` device and ``kv["num_cpu_blocks"]`` CPU blocks of
-    ``kv["block_size"]`` slots (``engine.json``'s keys)."""
+    ``kv["block_size"]`` slots (``engine.json``'s keys). Prefix caching is off for requests
+    without prompt token ids (the engine drew random ones for them: nothing to hit)."""
     block = int(kv["block_size"])
     system = {**cfg["system"], "block_size": block}
-    make_scheduler = scheduler_factory(
-        system, int(kv["num_blocks"]) * block, int(kv["num_cpu_blocks"]) * block, max_model_len
-    )
+    slots, cpu_slots = int(kv["num_blocks"]) * block, int(kv["num_cpu_blocks"]) * block
+    make_scheduler = scheduler_factory(system, slots, cpu_slots, max_model_len, requests)
     return simulate(requests, make_scheduler, cost_model, seed=int(cfg.get("seed", 0)))
 
 

@@ -75,6 +75,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+import yaml
 
 from experiments import calibrate, validate
 from experiments.bench import profile_gpu
@@ -106,8 +107,11 @@ INTERLEAVED, SEQUENTIAL = "interleaved", "sequential"  # --sitting
 # (docs/validation/cpu-engine.md, eleventh sitting). 18 single calls cost what 3 bursts of 6 did.
 PROFILE_PASSES = 18
 PROFILE_SINGLE_CALLS = True
+# --system: the paper's v0.1 rules (a prefill step pauses every decode) or today's vLLM
+# (chunked prefill, decodes first in the token budget, mixed steps)
+SYSTEMS = ("vllm", "vllm_v1")
 COMMON = [
-    "system=vllm", "dtype=float32", "progress=false", "mode=online", "clock=virtual",
+    "dtype=float32", "progress=false", "mode=online", "clock=virtual",
     "threads=1", "step_timer=thread_cpu",
 ]  # fmt: skip
 FULL = {
@@ -254,6 +258,7 @@ def cross_run(
     profile: str | None = None,
     sitting: str = INTERLEAVED,
     pilot: Callable[[], str] | None = None,
+    system: str = SYSTEMS[0],
 ) -> dict[str, Any]:
     """Serve the runs of ``LABELS`` (or, with ``reuse_runs``, keep those already in ``out``),
     calibrate on S, A and B (on top of ``profile`` when given), validate each on the runs
@@ -264,16 +269,22 @@ def cross_run(
     turn (:func:`experiments.bench.sitting.serve_together`, paced by the profile ``pilot()``
     returns, called only when something is served), and when ``profile`` is
     ``out/operator_profile`` it is taken within the same sitting, unless ``reuse_runs``
-    keeps it. With nothing to serve, ``sitting`` is recorded as ``reused``."""
+    keeps it. With nothing to serve, ``sitting`` is recorded as ``reused``. Every run is
+    served under ``system`` (one of :data:`SYSTEMS`); a kept run served under another is a
+    :class:`ValueError`."""
     if profile == EACH and sitting == INTERLEAVED:
         raise ValueError("--profile each profiles between runs: it needs a sequential sitting")
     plan = QUICK if quick else FULL
-    base = [f"model={plan['model']}", plan["kv"], *COMMON]
+    base = [f"model={plan['model']}", plan["kv"], f"system={system}", *COMMON]
     each = profile == EACH
     runs = {name: out / f"run_{name}" for name in LABELS}
     to_serve = {}
     for name, run_dir in runs.items():
-        if not (reuse_runs and (run_dir / "steps.csv").is_file()):
+        if reuse_runs and (run_dir / "steps.csv").is_file():
+            served = served_system(run_dir)
+            if served != system:
+                raise ValueError(f"{run_dir}: served under system={served}, not {system}")
+        else:
             spec = REPEATS.get(name, name)
             to_serve[name] = (run_dir, [*base, *plan[spec], f"seed={SEEDS[spec]}"])
     record, inner = None, out / "operator_profile"
@@ -349,10 +360,18 @@ def cross_run(
     return {
         "rows": rows, "open_loop": open_loop, "calibrations": calibrations, "plan": plan,
         "speed_timeline": timeline, "timed_rows": timed_rows, "timed_open_loop": timed_open_loop,
-        "sitting": sitting, "sitting_record": record,
+        "sitting": sitting, "sitting_record": record, "system": system,
         "repeatability": repeatability(runs), "profile": profile, "drift": drift,
         "step_timers": {LABELS[n]: read_metrics(d).get("step_timer") for n, d in runs.items()},
     }  # fmt: skip
+
+
+def served_system(run_dir: Path) -> str | None:
+    """The system a run was served under, by its ``config.yaml`` (None when not recorded)."""
+    path = run_dir / "config.yaml"
+    cfg = yaml.safe_load(path.read_text()) if path.is_file() else None
+    system = cfg.get("system") if isinstance(cfg, dict) else None
+    return system.get("name") if isinstance(system, dict) else None
 
 
 def repeatability(runs: dict[str, Path]) -> list[dict[str, Any]]:
@@ -387,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sitting", choices=(INTERLEAVED, SEQUENTIAL), default=INTERLEAVED,
                         help="serve the runs (and take the profile) together, a step each in "
                         "turn (default), or one after another")  # fmt: skip
+    parser.add_argument("--system", choices=SYSTEMS, default=SYSTEMS[0],
+                        help="the serving rules of every run: the paper's vLLM v0.1 (default) "
+                        "or today's (chunked prefill, mixed steps)")  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     model = (QUICK if args.quick else FULL)["model"]
@@ -418,7 +440,14 @@ def main(argv: list[str] | None = None) -> int:
         kept = (args.out / "operator_profile" / "operator_profile.csv").is_file()
         if not interleaved and not (args.reuse_runs and kept):
             take_profile(args.out / "operator_profile", model)
-    result = cross_run(args.out, args.quick, args.reuse_runs, profile, args.sitting, pilot)
+    if args.reuse_runs:  # before serving the runs that are missing
+        for name in LABELS:
+            served = served_system(args.out / f"run_{name}")
+            if served not in (None, args.system):
+                raise ConfigError("--system", f"run_{name} was served under {served}", args.system)
+    result = cross_run(
+        args.out, args.quick, args.reuse_runs, profile, args.sitting, pilot, args.system
+    )
     for label, doc in result["calibrations"].items():
         print(f"calibrated on {label}: {doc.get('coefficients')}")
     print_table("calibrated on one run, validated on others", result["rows"])
