@@ -34,8 +34,9 @@ rerun skips the jobs already finished there.
 The default uses 10-minute traces for Fig. 2/13/18b/19, Fig. 12's per-panel default trace
 lengths (``fig12_rates.PANELS``: 400 s ShareGPT, 60 s Alpaca) with 2 bisection
 steps and ``--seeds`` (3) seeds, and 30-second traces for the sharing figures; ``--full``
-uses the paper's traces (1 hour; 15 minutes for OPT-175B) and 4 bisection steps. Every run
-goes through the same configs as ``experiments.simulate``.
+uses the paper's traces (1 hour; 15 minutes for OPT-175B) and 4 bisection steps; the
+bisection stops once a rate is bracketed within 3% (``--fig12-rate-tol`` narrows it, adding
+a bisection step per halving). Every run goes through the same configs as ``experiments.simulate``.
 
 The clock is the paper-era A100 stack by default (``--cost paper-a100``: ``cost=profiled``,
 Vidur's measured A100 operator profile transferred to OPT-13B on an A100-40GB, and
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -64,7 +66,7 @@ from experiments.lib.jobs import LaunchQueue, exit_if_launcher_missing
 from experiments.lib.results import write_json
 from experiments.report import fig12_rates, selection, sharing
 from experiments.report.figures import pyplot
-from experiments.report.rate_search import run_search
+from experiments.report.rate_search import RATE_TOL, run_search
 
 log = logging.getLogger("kvlab.reproduce")
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
@@ -207,6 +209,13 @@ def main(argv: list[str] | None = None) -> Path:
         default="abcdef",
         help="Fig. 12 panels to run, e.g. 'ad' (a-c: OPT-13B/66B/175B ShareGPT; d-f: Alpaca)",
     )
+    p.add_argument(
+        "--fig12-rate-tol",
+        type=float,
+        default=None,
+        help=f"bisect each Fig. 12 rate to this share of it (default {RATE_TOL}); each "
+        "halving below the default bisects once more",
+    )
     p.add_argument("--skip-sharing", action="store_true", help="no Fig. 14-17")
     p.add_argument(
         "--launcher",
@@ -227,6 +236,8 @@ def main(argv: list[str] | None = None) -> Path:
         help="the clock: the paper-era A100 stack (default) or the bare roofline",
     )
     args = p.parse_args(argv)  # fmt: skip
+    if args.fig12_rate_tol is not None and not 0 < args.fig12_rate_tol < 1:
+        p.error(f"--fig12-rate-tol: must be in (0, 1), got {args.fig12_rate_tol}")
     try:
         figs = selection.select(args.figures, [k for k in selection.SKIPS if getattr(args, k)])
     except ConfigError as err:
@@ -285,8 +296,10 @@ def main(argv: list[str] | None = None) -> Path:
         fig12_jobs = []
         if "fig12" in figs:
             recorded = partial(run_recorded, runs_dir, COSTS[args.cost])
+            tol = args.fig12_rate_tol or RATE_TOL
+            evals = (4 if args.full else 2) + max(0, math.ceil(math.log2(RATE_TOL / tol)))
             searches = fig12_rates.searches(panels, args.full, args.duration, seeds,
-                                            bisect_evals=4 if args.full else 2)  # fmt: skip
+                                            bisect_evals=evals, rate_tol=tol)  # fmt: skip
             fig12_jobs = [pool.submit(run_search, recorded, s, args.threshold) for s in searches]
             progress.runs("fig12", fig12_jobs)
             for panel in panels:  # a progress line per panel too

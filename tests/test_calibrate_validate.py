@@ -74,11 +74,15 @@ def test_validation_with_the_calibrated_model_writes_its_file(online_run: Path) 
     assert all(math.isfinite(rows[m]["simulator"]) for m in ("output_throughput", "mean_e2el_ms"))
 
 
-@pytest.mark.parametrize("mode", ["online", "offline"])
+@pytest.mark.parametrize("mode", ["online", "offline", "vllm_v1"])
 def test_recorded_replay_reproduces_the_engine_metrics(
     mode: str, online_run: Path, tmp_path: Path
 ) -> None:
-    run_dir = online_run if mode == "online" else _serve(tmp_path, ["mode=offline"])
+    """Each step at its recorded time, the simulator serves the run as the engine did. The
+    vllm_v1 run has prefix caching on and no token ids in the workload: the engine drew
+    random ids (nothing to hit), the simulator turns prefix caching off."""
+    extra = {"online": None, "offline": ["mode=offline"], "vllm_v1": ["system=vllm_v1"]}[mode]
+    run_dir = online_run if extra is None else _serve(tmp_path, extra)
     out = tmp_path / "validation.json"
     assert validate.main([str(run_dir), "--recorded", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())

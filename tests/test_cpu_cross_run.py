@@ -12,7 +12,9 @@ from experiments.bench.cpu_cross_run import KEYS, LABELS, PAIRS, PROFILE_PASSES,
 from sim.cost.calibrated import ROOFLINE_TERMS
 
 
-def test_calibrate_on_one_run_validate_on_others(tmp_path: Path) -> None:
+def test_calibrate_on_one_run_validate_on_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["--out", str(tmp_path), "--quick"]) == 0
     doc = json.loads((tmp_path / "cross_run.json").read_text())
     pairs = {(r["calibrated_on"], r["validated_on"], r["role"]) for r in doc["rows"]}
@@ -74,6 +76,13 @@ def test_calibrate_on_one_run_validate_on_others(tmp_path: Path) -> None:
     again = json.loads((tmp_path / "cross_run.json").read_text())
     assert again["rows"] == doc["rows"]
     assert again["sitting"] == "reused" and again["sitting_record"] == record
+    assert doc["system"] == again["system"] == "vllm"
+    # runs kept from another system are one line, before anything is served
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path), "--quick", "--reuse-runs", "--system", "vllm_v1"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --system: run_s was served under vllm") and "\n" not in err
     # a missing profile is taken alone, the runs kept
     import shutil
 

@@ -90,6 +90,23 @@ def test_bisection_narrows_the_bracket_and_the_grid_stops_at_the_first_failure()
     assert cap["first_failing_rate"] == 3.5
 
 
+@pytest.mark.parametrize("tol", [0.03, 0.01, 0.002])
+def test_bisection_stops_once_the_rate_is_bracketed_within_the_tolerance(tol: float) -> None:
+    search = Search("t", "s", "vllm", (), RATES, seeds=(0,), bisect_evals=20, stop_after=1,
+                    rate_tol=tol)  # fmt: skip
+    rows = run_search(capacity_runner({0: 3.1}), search, 1.0)
+    best = max_rate(rows)
+    failing = min(r["rate"] for r in rows if r["rate"] > best)
+    assert best <= 3.1 < failing
+    assert failing - best <= tol * failing
+    bisected = [r["rate"] for r in rows if r["rate"] not in RATES]
+    # it stopped at the first bracket within the tolerance: the one before was wider
+    before = sorted({*RATES, *bisected[:-1]})
+    lo = max(r for r in before if r <= 3.1)
+    hi = min(r for r in before if r > 3.1)
+    assert hi - lo > tol * hi
+
+
 def test_capacity_ratios_carry_the_seed_intervals() -> None:
     def rows(system: str, per_seed: dict[int, float]) -> list[dict]:
         out = []

@@ -43,6 +43,7 @@ from experiments.report.figures import fig12_panels, save
 from experiments.report.paper import FIG12_SHAREGPT_RATIO, SYSTEM_LABELS
 from experiments.report.rate_search import (
     BACKLOG_MIN_REQUESTS,
+    RATE_TOL,
     Search,
     capacity_table,
     curve_table,
@@ -99,9 +100,10 @@ def trace_s(panel: Panel, full: bool, duration: float | None) -> float:
 
 def searches(
     panels: Sequence[Panel], full: bool, duration: float | None, seeds: tuple[int, ...],
-    bisect_evals: int,
+    bisect_evals: int, rate_tol: float = RATE_TOL,
 ) -> list[Search]:  # fmt: skip
-    """One search per panel and system; every rate runs once per seed."""
+    """One search per panel and system; every rate runs once per seed; ``bisect_evals`` and
+    ``rate_tol``: :func:`experiments.report.rate_search.search_rate`."""
     out = []
     for p in panels:
         t = trace_s(p, full, duration)
@@ -111,7 +113,7 @@ def searches(
             out.append(Search("fig12", p.letter, system, (*base, f"system={system}"), p.rates,
                               seeds=seeds, bisect_evals=bisect_evals, grow_to=4.0,
                               trace_s=t, max_backlog=MAX_BACKLOG,
-                              stop_after=1))  # fmt: skip
+                              stop_after=1, rate_tol=rate_tol))  # fmt: skip
     return out
 
 

@@ -29,6 +29,8 @@ from typing import Any
 from sim.search import find_max_rate
 
 BACKLOG_MIN_REQUESTS = 100
+# the bisection stops when the rate is bracketed within this share of the failing end
+RATE_TOL = 0.03
 Runner = Callable[[str, list[str]], dict[str, Any]]
 KEEP = (
     "label", "num_requests", "completed", "rejected", "normalized_latency",
@@ -69,11 +71,13 @@ def search_rate(
     trace_s: float | None = None,
     max_backlog: float | None = None,
     stop_after: int = 2,
+    rate_tol: float = RATE_TOL,
 ) -> list[dict[str, Any]]:
     """Every run of one search as a row (``rate``, ``seed``, ``passes``, ``trace_s`` and
     :data:`KEEP`), in evaluation order. ``overrides_at(rate, seed)`` gives
     the run's config overrides (``seed`` None: the caller's overrides fix the seed).
-    ``bisect_evals`` rates at most are bisected; ``max_backlog``: :func:`passes`; the grid
+    ``bisect_evals`` rates at most are bisected, until the highest passing and the lowest
+    failing rate are within ``rate_tol`` of the latter; ``max_backlog``: :func:`passes`; the grid
     stops after ``stop_after`` rates in a row that do not pass;
     ``trace_s``: the trace length, recorded in each row."""
     rows: list[dict[str, Any]] = []
@@ -109,8 +113,9 @@ def search_rate(
     above = [r for r in _rate_passes(rows) if r > lo and not _rate_passes(rows)[r]]
     if lo > 0 and above and bisect_evals > 0:
         # find_max_rate wants a value and a threshold: 0 passes, 1 fails (at threshold 0.5).
-        find_max_rate(lambda r: 0.0 if evaluate(r) else 1.0, 0.5, lo, min(above), rel_tol=0.03,
-                      max_evals=max(2, bisect_evals), bracket_known=True)  # fmt: skip
+        find_max_rate(lambda r: 0.0 if evaluate(r) else 1.0, 0.5, lo, min(above),
+                      rel_tol=rate_tol, max_evals=max(2, bisect_evals),
+                      bracket_known=True)  # fmt: skip
     return rows
 
 
@@ -182,6 +187,7 @@ class Search:
     trace_s: float | None = None
     max_backlog: float | None = None
     stop_after: int = 2
+    rate_tol: float = RATE_TOL
 
     def overrides(self, rate: float, seed: int | None = None) -> list[str]:
         extra = self.rate_overrides(rate) if self.rate_overrides else [f"workload.rate={rate}"]
@@ -198,7 +204,7 @@ def run_search(run: Runner, search: Search, threshold: float) -> list[dict[str, 
         run, search.label, search.overrides, search.rates, threshold,
         seeds=search.seeds or (None,), bisect_evals=search.bisect_evals, grow_to=search.grow_to,
         trace_s=search.trace_s, max_backlog=search.max_backlog,
-        stop_after=search.stop_after,
+        stop_after=search.stop_after, rate_tol=search.rate_tol,
     )  # fmt: skip
     return [{"setting": search.setting, "system": search.system, **r} for r in rows]
 
