@@ -93,11 +93,13 @@ def simulate_served(
     """Simulate ``requests`` (as served) on the run's policy and on a KV cache of
     ``kv["num_blocks"]`` device and ``kv["num_cpu_blocks"]`` CPU blocks of
     ``kv["block_size"]`` slots (``engine.json``'s keys). Prefix caching is off for requests
-    without prompt token ids (the engine drew random ones for them: nothing to hit)."""
+    without prompt token ids: the engine drew random ones for them, so nothing was hit."""
     block = int(kv["block_size"])
     system = {**cfg["system"], "block_size": block}
+    if any(r.prompt_token_ids is None for r in requests):
+        system["enable_prefix_caching"] = False
     slots, cpu_slots = int(kv["num_blocks"]) * block, int(kv["num_cpu_blocks"]) * block
-    make_scheduler = scheduler_factory(system, slots, cpu_slots, max_model_len, requests)
+    make_scheduler = scheduler_factory(system, slots, cpu_slots, max_model_len)
     return simulate(requests, make_scheduler, cost_model, seed=int(cfg.get("seed", 0)))
 
 
