@@ -271,7 +271,7 @@ def cross_run(
     ``out/operator_profile`` it is taken within the same sitting, unless ``reuse_runs``
     keeps it. With nothing to serve, ``sitting`` is recorded as ``reused``. Every run is
     served under ``system`` (one of :data:`SYSTEMS`); a kept run served under another is a
-    :class:`ValueError`."""
+    :class:`ConfigError`, raised before anything is served."""
     if profile == EACH and sitting == INTERLEAVED:
         raise ValueError("--profile each profiles between runs: it needs a sequential sitting")
     plan = QUICK if quick else FULL
@@ -283,7 +283,7 @@ def cross_run(
         if reuse_runs and (run_dir / "steps.csv").is_file():
             served = served_system(run_dir)
             if served != system:
-                raise ValueError(f"{run_dir}: served under system={served}, not {system}")
+                raise ConfigError("--system", f"{run_dir.name} was served under {served}", system)
         else:
             spec = REPEATS.get(name, name)
             to_serve[name] = (run_dir, [*base, *plan[spec], f"seed={SEEDS[spec]}"])
@@ -440,11 +440,6 @@ def main(argv: list[str] | None = None) -> int:
         kept = (args.out / "operator_profile" / "operator_profile.csv").is_file()
         if not interleaved and not (args.reuse_runs and kept):
             take_profile(args.out / "operator_profile", model)
-    if args.reuse_runs:  # before serving the runs that are missing
-        for name in LABELS:
-            served = served_system(args.out / f"run_{name}")
-            if served not in (None, args.system):
-                raise ConfigError("--system", f"run_{name} was served under {served}", args.system)
     result = cross_run(
         args.out, args.quick, args.reuse_runs, profile, args.sitting, pilot, args.system
     )
