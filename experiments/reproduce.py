@@ -36,7 +36,8 @@ lengths (``fig12_rates.PANELS``: 400 s ShareGPT, 60 s Alpaca) with 2 bisection
 steps and ``--seeds`` (3) seeds, and 30-second traces for the sharing figures; ``--full``
 uses the paper's traces (1 hour; 15 minutes for OPT-175B) and 4 bisection steps; the
 bisection stops once a rate is bracketed within 3% (``--fig12-rate-tol`` narrows it, adding
-a bisection step per halving). Every run goes through the same configs as ``experiments.simulate``.
+a bisection step per halving). Every run goes through the same configs as
+``experiments.simulate``.
 
 The clock is the paper-era A100 stack by default (``--cost paper-a100``: ``cost=profiled``,
 Vidur's measured A100 operator profile transferred to OPT-13B on an A100-40GB, and
