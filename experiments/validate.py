@@ -38,6 +38,7 @@ from experiments.lib.cli import plain_cli
 from experiments.lib.results import read_metrics, write_json
 from experiments.lib.setup import (
     build_requests,
+    prefix_caching_for,
     scheduler_factory,
     served_max_model_len,
     with_profile_found,
@@ -96,8 +97,8 @@ def simulate_served(
     without prompt token ids: the engine drew random ones for them, so nothing was hit."""
     block = int(kv["block_size"])
     system = {**cfg["system"], "block_size": block}
-    if any(r.prompt_token_ids is None for r in requests):
-        system["enable_prefix_caching"] = False
+    # quietly: the engine drew ids for these requests and kept prefix caching on
+    system["enable_prefix_caching"] = prefix_caching_for(system, requests, warn=False)
     slots, cpu_slots = int(kv["num_blocks"]) * block, int(kv["num_cpu_blocks"]) * block
     make_scheduler = scheduler_factory(system, slots, cpu_slots, max_model_len)
     return simulate(requests, make_scheduler, cost_model, seed=int(cfg.get("seed", 0)))

@@ -75,7 +75,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-import yaml
 
 from experiments import calibrate, validate
 from experiments.bench import profile_gpu
@@ -367,11 +366,8 @@ def cross_run(
 
 
 def served_system(run_dir: Path) -> str | None:
-    """The system a run was served under, by its ``config.yaml`` (None when not recorded)."""
-    path = run_dir / "config.yaml"
-    cfg = yaml.safe_load(path.read_text()) if path.is_file() else None
-    system = cfg.get("system") if isinstance(cfg, dict) else None
-    return system.get("name") if isinstance(system, dict) else None
+    """The system a run was served under, by its ``config.yaml``."""
+    return calibrate.read_run_config(run_dir)["system"].get("name")
 
 
 def repeatability(runs: dict[str, Path]) -> list[dict[str, Any]]:

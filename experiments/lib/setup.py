@@ -113,12 +113,17 @@ def served_max_model_len(system: Mapping[str, Any], model: ModelSpec) -> int:
 max_model_len = served_max_model_len
 
 
-def prefix_caching_for(system: Mapping[str, Any], requests: list[Request]) -> bool:
-    """``system.enable_prefix_caching``, turned off (with a warning) for a workload without
-    prompt token ids: block hashes need the tokens (e.g. ``system=vllm_v1`` on a synthetic
-    workload without ``with_token_ids``, or a vLLM log without ``tokens_path``)."""
+def prefix_caching_for(
+    system: Mapping[str, Any], requests: list[Request], warn: bool = True
+) -> bool:
+    """``system.enable_prefix_caching``, turned off (with a warning unless ``warn`` is False)
+    for a workload without prompt token ids: block hashes need the tokens (e.g.
+    ``system=vllm_v1`` on a synthetic workload without ``with_token_ids``, or a vLLM log
+    without ``tokens_path``)."""
     wanted = bool(system.get("enable_prefix_caching", False))
     if wanted and any(r.prompt_token_ids is None for r in requests):
+        if not warn:
+            return False
         log.warning(
             "system.enable_prefix_caching is on but the workload has no prompt token ids: "
             "prefix caching is off for this run"

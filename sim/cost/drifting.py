@@ -50,5 +50,5 @@ class DriftingCostModel:
         return (
             f"{self.inner.describe()}; each step scaled by the machine's measured speed where "
             f"it falls in the run ({len(self.speeds)} stretches over {self.expected_steps} "
-            f"expected steps, {low:.2f}-{high:.2f} of the mean)"
+            f"expected steps, {low:.2f}-{high:.2f} of the price)"
         )
