@@ -146,6 +146,36 @@ def test_passes_sweep_every_point_and_keep_each_points_median() -> None:
         assert sweeps == [k * per_sweep + i + 1 for k in range(3)]
 
 
+def test_a_seeded_plan_visits_every_point_once_per_sweep_in_its_own_order() -> None:
+    """With ``order_seed`` each sweep is a permutation of the sorted sweep, drawn from
+    (seed, sweep): sweeps differ, the same seed repeats them, and each measured time lands
+    on the point measured (a drift within a sweep then falls on neighbours independently)."""
+    from experiments.bench import profile_gpu
+
+    sorted_plan = replace(make_plan(dry=False, model="tiny-opt", cpu=True, passes=4),
+                          token_counts=(1, 2, 3, 4, 5), seq_contexts=(16,),
+                          decode_batches=(1, 2), repeats=1, flush_bytes=1 << 16,
+                          in_model_tokens=0)  # fmt: skip
+    assert sorted_plan.order_seed is None
+    plan = replace(sorted_plan, order_seed=7)
+    orders = [profile_gpu.sweep_points(plan, k) for k in range(4)]
+    base = profile_gpu.sweep_points(sorted_plan, 0)
+    assert all(sorted(o) == sorted(base) and len(o) == len(base) for o in orders)
+    assert len({tuple(o) for o in orders}) == 4 and tuple(base) not in {tuple(o) for o in orders}
+    assert orders == [profile_gpu.sweep_points(replace(plan), k) for k in range(4)]
+    assert profile_gpu.sweep_points(replace(plan, order_seed=8), 0) != orders[0]
+    calls = iter(float(x) for x in range(1, 1000))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Profiler, "time", lambda self, fn: next(calls))
+        rows = profile_gpu.measure(plan, log=lambda _: None)
+    n = len(base)
+    for row in rows:
+        key = ("attn_decode" if row["op"] == "attn_decode" else row["op"], row["num_tokens"],
+               row["context_tokens"] if row["op"] == "attn_decode" else 0)  # fmt: skip
+        sweeps = [float(x) for x in row["sweeps_ms"].split(";")]
+        assert sweeps == [k * n + orders[k].index(key) + 1 for k in range(4)], key
+
+
 def test_single_calls_time_each_point_once_per_sweep_and_keep_the_mean() -> None:
     """--single-calls: one call per point and sweep with no warm-up, in the model's forward
     too, and a point's time is the mean of its sweeps; the sidecar says so."""
@@ -154,8 +184,10 @@ def test_single_calls_time_each_point_once_per_sweep_and_keep_the_mean() -> None
 
     plan = make_plan(dry=False, model="tiny-opt", cpu=True, passes=3, single_calls=True)
     assert (plan.repeats, plan.warmup, plan.across_sweeps) == (1, 0, "mean")
+    assert plan.order_seed == 0 and make_plan(dry=False, cpu=True).order_seed is None
     method = sidecar(plan, ["--cpu", "--single-calls"])["method"]
     assert "one call per point and sweep, no warm-up" in method and "mean of 3 sweeps" in method
+    assert "random order" in method
     small = replace(plan, token_counts=(1, 2), seq_contexts=(16,), decode_batches=(2,),
                     flush_bytes=1 << 16, in_model_tokens=1)  # fmt: skip
     fake = iter(float(x) ** 2 for x in range(1, 1000))  # squares: mean and median differ

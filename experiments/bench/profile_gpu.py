@@ -48,7 +48,10 @@ count from 1 to 64 (CPU GEMM time is not monotone in the rows there), decode bat
 the whole model, each op summed over its layers (:mod:`experiments.bench.in_model`: the
 cache state the engine's ops meet, neither warm nor cold); larger ones, whose time is
 compute, one op at a time after a write of twice the last-level cache
-(:func:`cpu_flush_bytes`). The sidecar's
+(:func:`cpu_flush_bytes`). With ``--single-calls`` each sweep visits the points in its own
+seeded random order, so that a drift of the machine's speed within a sweep does not fall
+alike on neighbouring row counts (sorted, their errors were correlated: 0.64-0.73 between
+adjacent points). The sidecar's
 ``gpu`` is ``cpu``; the simulator has no hardware entry for a CPU, so ``cost=profiled``
 cannot transfer it, but
 ``experiments.calibrate RUN --profile DIR`` uses it as measured for runs of the same model
@@ -114,6 +117,10 @@ class ProfilePlan:
     passes: int = 1  # sweeps over every point; a point's time summarises its sweeps
     across_sweeps: str = "median"  # how: "median" (robust), "mean" (a drifting machine's average)
     in_model_tokens: int = 0  # CPU: points of at most this many tokens timed in the forward
+    # None: each sweep visits its points in sorted order; an int: each sweep in its own random
+    # order, seeded by (order_seed, sweep), so a drift within a sweep falls on neighbouring
+    # row counts independently instead of all alike
+    order_seed: int | None = None
 
 
 # --cpu: every row count to 64 (CPU GEMM time is not monotone in rows there), then coarser
@@ -148,9 +155,10 @@ def make_plan(
     single_calls: bool = False,
 ) -> ProfilePlan:
     """The plan of a GPU, ``dry`` or ``cpu`` profile. ``single_calls`` (CPU): each sweep times
-    one call per point, with no warm-up, and a point's time is the mean over the sweeps: for
-    many sweeps spread over a sitting whose machine drifts, so that each point samples the
-    sitting as the runs' steps do and each call meets the cache another's work left."""
+    one call per point, with no warm-up, in its own seeded random order, and a point's time is
+    the mean over the sweeps: for many sweeps spread over a sitting whose machine drifts, so
+    that each point samples the sitting as the runs' steps do, each call meets the cache
+    another's work left, and neighbouring row counts meet the drift independently."""
     if cpu:
         repeats, warmup = (1, 0) if single_calls else (5, 1)
         return ProfilePlan(torch.device("cpu"), False, model or "opt-125m", torch.float32,
@@ -158,7 +166,8 @@ def make_plan(
                            repeats, warmup, cpu_flush_bytes(), 0, backend="torch",
                            decode_batches=tuple(2**i for i in range(7)),
                            thread_clock=True, passes=passes, in_model_tokens=64,
-                           across_sweeps="mean" if single_calls else "median")  # fmt: skip
+                           across_sweeps="mean" if single_calls else "median",
+                           order_seed=0 if single_calls else None)  # fmt: skip
     if single_calls:
         raise ValueError("single calls per sweep are a CPU profile's (--cpu)")
     if dry:
@@ -343,14 +352,44 @@ def measure(
 
 def num_points(plan: ProfilePlan) -> int:
     """How many points :func:`measuring` measures, every sweep counted (its yields)."""
-    per_sweep = sum(1 if in_model(plan, t) else 4 for t in plan.token_counts)
-    return plan.passes * (per_sweep + len(decode_points(plan)))
+    return plan.passes * len(sweep_points(plan, 0))
 
 
 def in_model(plan: ProfilePlan, tokens: int) -> bool:
     """Whether points of ``tokens`` tokens (or decode sequences) are timed inside the whole
     model's forward (one point gives all four token ops) rather than one op at a time."""
     return tokens <= plan.in_model_tokens
+
+
+TOKEN_OPS = ("linear", "other", "attn_prefill", "lm_head")
+IN_MODEL_OPS = {"attn": "attn_prefill"}  # Profiler.in_model's keys for a prefill's token ops
+
+
+def _attention_ms(timed: float | dict[str, float]) -> float:
+    """A decode point's attention time from ``Profiler.attention`` or ``.in_model``."""
+    return timed["attn"] if isinstance(timed, dict) else timed
+
+
+# One unit of a sweep: ("model", tokens, 0) times all four token ops in one forward;
+# (op, tokens, 0) one token op alone; ("attn_decode", sequences, total context).
+Point = tuple[str, int, int]
+
+
+def sweep_points(plan: ProfilePlan, sweep: int) -> list[Point]:
+    """The units of sweep ``sweep`` in the order it measures them: every token count (all four
+    ops in one forward when :func:`in_model`, else each op alone), then every decode batch;
+    shuffled by ``(plan.order_seed, sweep)`` when the plan has a seed."""
+    points: list[Point] = []
+    for t in plan.token_counts:
+        if in_model(plan, t):
+            points.append(("model", t, 0))
+        else:
+            points.extend((op, t, 0) for op in TOKEN_OPS)
+    points.extend(("attn_decode", n, total) for n, total in decode_points(plan))
+    if plan.order_seed is not None:
+        order = np.random.default_rng((plan.order_seed, sweep)).permutation(len(points))
+        points = [points[i] for i in order]
+    return points
 
 
 def measuring(
@@ -362,7 +401,9 @@ def measuring(
     (:func:`num_points` in all) and returns the rows; between points the caller may run
     other work (``experiments.bench.interleave``). With ``plan.passes`` > 1 the whole sweep
     runs that many times and each point's time is the median of its sweeps (a sweep's
-    point is measured in one burst, which a machine's momentary speed can sway)."""
+    point is measured in one burst, which a machine's momentary speed can sway).
+    ``partial`` gets the rows so far after each sweep but the last and, in a sorted sweep,
+    after its token part."""
     prof = Profiler(plan)
     times: dict[tuple[str, int, int], list[float]] = {}
 
@@ -381,44 +422,37 @@ def measuring(
             for (op, t, c), ms in times.items()
         ])  # fmt: skip
 
+    token_ops = {
+        "linear": prof.linear,
+        "other": prof.other,
+        "attn_prefill": lambda n: prof.attention([n], [n]),
+        "lm_head": prof.lm_head,
+    }
     for sweep in range(plan.passes):
-        for t in plan.token_counts:
-            last: dict[str, float] = {}
-            if in_model(plan, t):
-                with torch.inference_mode():
-                    ms = prof.in_model([t], [t])
-                last = {"linear": ms["linear"], "other": ms["other"],
-                        "attn_prefill": ms["attn"], "lm_head": ms["lm_head"]}  # fmt: skip
-                for op, value in last.items():
-                    add(op, t, t if op == "attn_prefill" else 0, value)
-                yield
-            for op, time_it, context in (
-                ()
-                if last
-                else (
-                    ("linear", prof.linear, 0),
-                    ("other", prof.other, 0),
-                    ("attn_prefill", lambda n: prof.attention([n], [n]), t),
-                    ("lm_head", prof.lm_head, 0),
-                )
-            ):
-                with torch.inference_mode():
-                    last[op] = time_it(t)
-                add(op, t, context, last[op])
-                yield
-            log(f"{t} tokens: linear {last['linear']:.4g} ms, other {last['other']:.4g}, "
-                f"prefill attention {last['attn_prefill']:.4g}, "
-                f"lm_head {last['lm_head']:.4g}")  # fmt: skip
-        if partial is not None:
-            partial(rows())
-        for n, total in decode_points(plan):
-            lens, contexts = [1] * n, [total // n] * n
+        last: dict[int, dict[str, float]] = {}  # this sweep's token ops by token count
+        points = sweep_points(plan, sweep)
+        token_units = sum(kind != "attn_decode" for kind, _, _ in points)
+        for i, (kind, t, total) in enumerate(points):
             with torch.inference_mode():
-                if in_model(plan, n):
-                    add("attn_decode", n, total, prof.in_model(lens, contexts)["attn"])
+                if kind == "attn_decode":
+                    lens, contexts = [1] * t, [total // t] * t
+                    timed = prof.in_model if in_model(plan, t) else prof.attention
+                    add("attn_decode", t, total, _attention_ms(timed(lens, contexts)))
+                elif kind == "model":
+                    by_op = prof.in_model([t], [t])
+                    last[t] = {IN_MODEL_OPS.get(op, op): ms for op, ms in by_op.items()}
                 else:
-                    add("attn_decode", n, total, prof.attention(lens, contexts))
+                    last.setdefault(t, {})[kind] = token_ops[kind](t)
+            if kind != "attn_decode" and len(last[t]) == len(TOKEN_OPS):
+                for op, value in last[t].items():
+                    add(op, t, t if op == "attn_prefill" else 0, value)
+                log(f"{t} tokens: linear {last[t]['linear']:.4g} ms, other "
+                    f"{last[t]['other']:.4g}, prefill attention {last[t]['attn_prefill']:.4g}, "
+                    f"lm_head {last[t]['lm_head']:.4g}")  # fmt: skip
             yield
+            sorted_token_part_ends = plan.order_seed is None and i + 1 == token_units < len(points)
+            if partial is not None and sorted_token_part_ends:
+                partial(rows())
         if partial is not None and sweep < plan.passes - 1:
             partial(rows())
     return rows()
@@ -458,6 +492,8 @@ def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
                    "before: the other layers evict each one's data)")  # fmt: skip
     if plan.passes > 1 and "sweeps" not in method:
         method += f"; {plan.across_sweeps} of {plan.passes} sweeps"
+    if plan.order_seed is not None:
+        method += f"; each sweep in its own random order (seed {plan.order_seed}, sweep)"
     return {
         "format": FORMAT,
         "model": plan.model,
