@@ -66,13 +66,14 @@ def test_the_simulator_prices_every_step_once_in_order() -> None:
     assert drifting.steps_priced == steps and end == pytest.approx(sum(times[:steps]))
 
 
-def _profile(path: Path, rows: list[tuple[float, str]]) -> Path:
+def _profile(path: Path, rows: list[tuple[float, str]], units: list[str] | None = None) -> Path:
     path.mkdir()
     with (path / "operator_profile.csv").open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["op", "num_tokens", "context_tokens", "time_ms", "sweeps_ms"])
+        header = ["op", "num_tokens", "context_tokens", "time_ms", "sweeps_ms"]
+        writer.writerow(header + ["sweep_units"] * (units is not None))
         for i, (price, sweeps) in enumerate(rows):
-            writer.writerow(["linear", i + 1, 0, price, sweeps])
+            writer.writerow(["linear", i + 1, 0, price, sweeps, *([units[i]] if units else [])])
     return path
 
 
@@ -81,3 +82,21 @@ def test_the_timeline_is_each_sweeps_time_over_the_price(tmp_path: Path) -> None
     assert speed_timeline(two) == pytest.approx([7 / 8, 12 / 8, 5 / 8])
     assert speed_timeline(_profile(tmp_path / "one", [(2.0, "2"), (6.0, "6")])) is None
     assert speed_timeline(_profile(tmp_path / "ragged", [(2.0, "1;3"), (6.0, "6")])) is None
+
+
+def test_stretches_within_a_sweep_follow_the_order_its_units_were_timed_in(
+    tmp_path: Path,
+) -> None:
+    """With ``sweep_units`` each sweep is cut, in the order its units were timed, into
+    stretches of equal unit count; points of one unit (one forward) count together."""
+    rows = [(1.0, "2;1"), (1.0, "1;1"), (2.0, "2;6"), (4.0, "4;2")]
+    # sweep 0 timed units 0 (rows 0, 1: one forward), 1 (row 2), 2 (row 3);
+    # sweep 1 timed row 3 first, then row 2, then rows 0 and 1
+    units = ["0;2", "0;2", "1;1", "2;0"]
+    both = _profile(tmp_path / "units", rows, units)
+    assert speed_timeline(both) == pytest.approx([9 / 8, 10 / 8])  # per sweep, as before
+    assert speed_timeline(both, 3) == pytest.approx([3 / 2, 2 / 2, 4 / 4, 2 / 4, 6 / 2, 2 / 2])
+    # two stretches: units {0, 1} and {2} (array_split gives the first part the extra one)
+    assert speed_timeline(both, 2) == pytest.approx([5 / 4, 4 / 4, 8 / 6, 2 / 2])
+    assert speed_timeline(both, 9) == speed_timeline(both, 3)  # at most a sweep's units
+    assert speed_timeline(_profile(tmp_path / "old", rows), 3) == speed_timeline(both)

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench.cpu_cross_run import KEYS, LABELS, PAIRS, PROFILE_PASSES, main
+from experiments.bench.cpu_cross_run import (
+    KEYS,
+    LABELS,
+    PAIRS,
+    PROFILE_PASSES,
+    STRETCHES_PER_SWEEP,
+    main,
+)
 from sim.cost.calibrated import ROOFLINE_TERMS
 
 
@@ -60,8 +67,9 @@ def test_calibrate_on_one_run_validate_on_others(
     sidecar = json.loads((tmp_path / "operator_profile" / "operator_profile.json").read_text())
     assert sidecar["complete"] and "interleaved" in sidecar["sitting"]
     assert "--single-calls" in sidecar["command"]
-    # the machine's speed per profile sweep, and every pair again with each step at it
-    assert len(doc["speed_timeline"]) == PROFILE_PASSES
+    # the machine's speed per stretch of a profile sweep, and every pair again with each
+    # step at it
+    assert len(doc["speed_timeline"]) == PROFILE_PASSES * STRETCHES_PER_SWEEP
     assert all(s > 0 for s in doc["speed_timeline"])
     assert [{k: r[k] for k in ("calibrated_on", "validated_on", "metric")}
             for r in doc["timed_rows"]] == [

@@ -174,6 +174,8 @@ def test_a_seeded_plan_visits_every_point_once_per_sweep_in_its_own_order() -> N
                row["context_tokens"] if row["op"] == "attn_decode" else 0)  # fmt: skip
         sweeps = [float(x) for x in row["sweeps_ms"].split(";")]
         assert sweeps == [k * n + orders[k].index(key) + 1 for k in range(4)], key
+        units = [int(x) for x in row["sweep_units"].split(";")]
+        assert units == [orders[k].index(key) for k in range(4)], key
 
 
 def test_single_calls_time_each_point_once_per_sweep_and_keep_the_mean() -> None:
@@ -204,6 +206,8 @@ def test_single_calls_time_each_point_once_per_sweep_and_keep_the_mean() -> None
     # per sweep: the 1-token point in the forward, the decode point of 2 sequences alone
     assert forwards == [(1, 0)] * 3
     assert len(rows) == 4 + 4 + 1
+    units = {(r["op"], r["num_tokens"]): r["sweep_units"] for r in rows}
+    assert len({units[op, 1] for op in ("linear", "other", "attn_prefill", "lm_head")}) == 1
     for row in rows:
         sweeps = [float(x) for x in row["sweeps_ms"].split(";")]
         assert len(sweeps) == 3 and len(set(sweeps)) == 3
@@ -291,3 +295,34 @@ def test_cpu_plan_times_small_points_in_the_model_and_large_ones_alone() -> None
     }  # fmt: skip
     assert all(r["time_ms"] > 0 for r in rows)
     assert "inside the whole model's forward" in profile_gpu.sidecar(small, [])["method"]
+
+
+def test_filled_sweep_units_are_what_measuring_wrote(tmp_path: Path) -> None:
+    """``fill_sweep_units`` rebuilds the column of a profile taken before it existed from
+    the plan's order, sorted or seeded, exactly as ``measuring`` writes it."""
+    import pandas as pd
+
+    from experiments.bench import fill_sweep_units, profile_gpu
+
+    for seed in (None, 3):
+        plan = replace(make_plan(dry=False, model="tiny-opt", cpu=True, passes=3),
+                       token_counts=(1, 2, 70), seq_contexts=(16,), decode_batches=(1, 2),
+                       repeats=1, flush_bytes=1 << 16, in_model_tokens=2,
+                       order_seed=seed)  # fmt: skip
+        calls = iter(float(x) for x in range(1, 1000))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Profiler, "time", lambda self, fn, calls=calls: next(calls))
+            mp.setattr(Profiler, "in_model",
+                       lambda self, q, c, calls=calls: dict.fromkeys(
+                           ("linear", "other", "attn", "lm_head"), next(calls)))  # fmt: skip
+            rows = profile_gpu.measure(plan, log=lambda _: None)
+        out = tmp_path / f"seed-{seed}"
+        profile_gpu.write_profile(out, rows, {})
+        written = pd.read_csv(out / "operator_profile.csv")
+        written.drop(columns="sweep_units").to_csv(out / "operator_profile.csv", index=False)
+        assert fill_sweep_units.fill(out, plan) == len(rows)
+        filled = pd.read_csv(out / "operator_profile.csv")
+        assert filled["sweep_units"].tolist() == written["sweep_units"].tolist()
+        assert filled["time_ms"].tolist() == written["time_ms"].tolist()
+    with pytest.raises(ValueError, match="not a point of the plan"):
+        fill_sweep_units.fill(out, replace(plan, token_counts=(1,)))

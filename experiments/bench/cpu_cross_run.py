@@ -53,8 +53,9 @@ them one after another, as before (and is the only sitting ``--profile each`` ha
 
 The interleaved profile takes ``PROFILE_PASSES`` sweeps of one call per point, each sweep a
 stretch of the sitting, so it also measures how the machine's speed drifted through the
-sitting (:func:`speed_timeline`). Every pair is then validated a second time with each
-simulated step priced at the speed of the stretch where it falls
+sitting (:func:`speed_timeline`, ``STRETCHES_PER_SWEEP`` stretches per sweep). Every pair
+is then validated a second time with each simulated step priced at the speed of the stretch
+where it falls
 (:class:`sim.cost.drifting.DriftingCostModel`; a run's i-th step falls at ``i / expected``
 of the sitting, the expectation that paced its turns): ``timed_rows`` and
 ``timed_open_loop`` in ``cross_run.json``. It separates the step model's error from the
@@ -106,6 +107,11 @@ INTERLEAVED, SEQUENTIAL = "interleaved", "sequential"  # --sitting
 # (docs/validation/cpu-engine.md, eleventh sitting). 18 single calls cost what 3 bursts of 6 did.
 PROFILE_PASSES = 18
 PROFILE_SINGLE_CALLS = True
+# the timed validation's speed per quarter of a sweep (72 stretches), not per sweep: chosen on
+# the 14th-16th sittings (the units' order replayed), where it took the scatter of S's model
+# over 50-step windows of every run from 2.7-8.6% to 1.8-6.6%; finer cuts gained < 0.5 point
+# (docs/validation/cpu-engine.md, seventeenth and eighteenth sittings)
+STRETCHES_PER_SWEEP = 4
 # --system: the paper's v0.1 rules (a prefill step pauses every decode) or today's vLLM
 # (chunked prefill, decodes first in the token budget, mixed steps)
 SYSTEMS = ("vllm", "vllm_v1")
@@ -184,12 +190,16 @@ def speed_drift(model: Any, steps: pd.DataFrame, window: int = DRIFT_WINDOW) -> 
     }
 
 
-def speed_timeline(profile_dir: str | Path) -> list[float] | None:
+def speed_timeline(profile_dir: str | Path, stretches_per_sweep: int = 1) -> list[float] | None:
     """The machine's speed through an interleaved sitting, as its profile measured it: per
-    sweep (in order), the sweep's summed time over every point's price (``time_ms``), so 1
-    is the price and 1.1 a stretch that ran 10% slow. The sweeps are spread over the
-    sitting, so sweep ``j`` of ``K`` is the sitting's progress ``j/K`` to ``(j+1)/K``
-    (:class:`sim.cost.drifting.DriftingCostModel`). None with fewer than two sweeps."""
+    stretch of the sitting (in order), the time the profile's units there took over their
+    price (``time_ms``, each point's mean), so 1 is the price and 1.1 a stretch that ran
+    10% slow. The sweeps are spread over the sitting, so sweep ``j`` of ``K`` is the
+    sitting's progress ``j/K`` to ``(j+1)/K`` (:class:`sim.cost.drifting.DriftingCostModel`);
+    with ``stretches_per_sweep`` = m each sweep's units, in the order its ``sweep_units``
+    column records, are cut into m runs of equal count, m·K stretches in all (m at most the
+    units of a sweep). A profile without that column (taken before it was written) gives one
+    stretch per sweep. None with fewer than two sweeps."""
     profile = pd.read_csv(Path(profile_dir) / "operator_profile.csv")
     if "sweeps_ms" not in profile:
         return None
@@ -197,8 +207,22 @@ def speed_timeline(profile_dir: str | Path) -> list[float] | None:
     count = len(sweeps[0]) if sweeps else 0
     if count < 2 or any(len(row) != count for row in sweeps):
         return None
-    price = float(profile["time_ms"].sum())
-    return [sum(row[j] for row in sweeps) / price for j in range(count)]
+    price = profile["time_ms"].to_numpy(dtype=float)
+    if stretches_per_sweep == 1 or "sweep_units" not in profile:
+        return [sum(row[j] for row in sweeps) / price.sum() for j in range(count)]
+    units = [profile_gpu.parse_units(cell) for cell in profile["sweep_units"]]
+    per_sweep = min(len({row[j] for row in units}) for j in range(count))
+    stretches_per_sweep = min(stretches_per_sweep, per_sweep)
+    speeds = []
+    for j in range(count):
+        by_unit: dict[int, list[float]] = {}  # unit → [time, price]
+        for row, unit_row, p in zip(sweeps, units, price, strict=True):
+            cell = by_unit.setdefault(unit_row[j], [0.0, 0.0])
+            cell[0], cell[1] = cell[0] + row[j], cell[1] + p
+        ordered = np.array([by_unit[u] for u in sorted(by_unit)])
+        for part in np.array_split(ordered, stretches_per_sweep):
+            speeds.append(float(part[:, 0].sum() / part[:, 1].sum()))
+    return speeds
 
 
 def open_loop_errors(
@@ -311,7 +335,7 @@ def cross_run(
 
     timeline, expected = None, {}
     if record is not None and profile == str(inner):
-        timeline = speed_timeline(inner)
+        timeline = speed_timeline(inner, STRETCHES_PER_SWEEP)
         expected = {p["participant"]: p["expected"] for p in record["participants"]}
         if not set(runs) <= set(expected):
             timeline = None  # a profile retaken alone: the runs' places are not recorded
@@ -447,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["repeatability"])  # fmt: skip
     if result["timed_rows"]:
         steps = ", ".join(f"{x:.2f}" for x in result["speed_timeline"])
-        print(f"the sitting's speed by profile sweep (time over price): {steps}")
+        print(f"the sitting's speed by stretch (time over price): {steps}")
         print_table("the same, each step at the machine's speed where it fell (the profile's "
                     "sweeps)", result["timed_rows"])  # fmt: skip
         print_table("the same, open loop", result["timed_open_loop"])

@@ -4,11 +4,14 @@ interpolates: ``python -m experiments.bench.profile_gpu --out DIR [--dry | --cpu
 
 Format ``kvlab-operator-profile/1``, two files in ``DIR``:
 
-- ``operator_profile.csv``, columns ``op,num_tokens,context_tokens,time_ms,sweeps_ms``: one
-  row per measured point, sorted by op, then num_tokens, then context_tokens; ``time_ms`` is
+- ``operator_profile.csv``, columns
+  ``op,num_tokens,context_tokens,time_ms,sweeps_ms,sweep_units``: one row per measured
+  point, sorted by op, then num_tokens, then context_tokens; ``time_ms`` is
   the median GPU time in milliseconds, over the sweeps when ``--passes`` > 1 (their mean with
-  ``--single-calls``); ``sweeps_ms`` each sweep's time in sweep order, ``;``-separated
-  (readers need only the first four columns). Ops (per decoder layer unless stated):
+  ``--single-calls``); ``sweeps_ms`` each sweep's time in sweep order, ``;``-separated;
+  ``sweep_units`` where in each sweep the point was timed (its unit's position, from 0; the
+  four ops of a point timed in one forward share one), so a drift within a sweep can be
+  located (readers need only the first four columns). Ops (per decoder layer unless stated):
 
   - ``linear``: all the decoder layer's matmuls (QKV, O, MLP, biases included) for
     ``num_tokens`` token rows; ``context_tokens`` 0;
@@ -81,7 +84,7 @@ from torch import nn
 from engine.engine import run_to_end
 
 FORMAT = "kvlab-operator-profile/1"
-COLUMNS = ("op", "num_tokens", "context_tokens", "time_ms", "sweeps_ms")
+COLUMNS = ("op", "num_tokens", "context_tokens", "time_ms", "sweeps_ms", "sweep_units")
 OPS = ("linear", "other", "attn_prefill", "attn_decode", "lm_head")
 
 
@@ -93,6 +96,11 @@ def format_sweeps(times_ms: list[float]) -> str:
 def parse_sweeps(cell: object) -> list[float]:
     """The sweep times of a ``sweeps_ms`` cell (:func:`format_sweeps`'s inverse)."""
     return [float(x) for x in str(cell).split(";")]
+
+
+def parse_units(cell: object) -> list[int]:
+    """The per-sweep unit positions of a ``sweep_units`` cell."""
+    return [int(x) for x in str(cell).split(";")]
 
 
 @dataclass(frozen=True)
@@ -406,11 +414,13 @@ def measuring(
     after its token part."""
     prof = Profiler(plan)
     times: dict[tuple[str, int, int], list[float]] = {}
+    units: dict[tuple[str, int, int], list[int]] = {}  # each sweep's unit position of a point
 
-    def add(op: str, tokens: int, context: int, ms: float) -> None:
+    def add(op: str, tokens: int, context: int, ms: float, unit: int) -> None:
         if not (ms > 0 and ms < float("inf")):
             raise RuntimeError(f"{op} at {tokens} tokens, context {context}: time {ms} ms")
         times.setdefault((op, tokens, context), []).append(ms)
+        units.setdefault((op, tokens, context), []).append(unit)
 
     def rows() -> list[dict[str, Any]]:
         """Each point measured so far, at the median (or mean: ``plan.across_sweeps``) of its
@@ -418,7 +428,7 @@ def measuring(
         summary = np.mean if plan.across_sweeps == "mean" else np.median
         return sorted_rows([
             {"op": op, "num_tokens": t, "context_tokens": c, "time_ms": float(summary(ms)),
-             "sweeps_ms": format_sweeps(ms)}
+             "sweeps_ms": format_sweeps(ms), "sweep_units": ";".join(map(str, units[op, t, c]))}
             for (op, t, c), ms in times.items()
         ])  # fmt: skip
 
@@ -437,15 +447,16 @@ def measuring(
                 if kind == "attn_decode":
                     lens, contexts = [1] * t, [total // t] * t
                     timed = prof.in_model if in_model(plan, t) else prof.attention
-                    add("attn_decode", t, total, _attention_ms(timed(lens, contexts)))
+                    add("attn_decode", t, total, _attention_ms(timed(lens, contexts)), i)
                 elif kind == "model":
                     by_op = prof.in_model([t], [t])
                     last[t] = {IN_MODEL_OPS.get(op, op): ms for op, ms in by_op.items()}
+                    for op, ms in last[t].items():
+                        add(op, t, t if op == "attn_prefill" else 0, ms, i)
                 else:
-                    last.setdefault(t, {})[kind] = token_ops[kind](t)
+                    last.setdefault(t, {})[kind] = ms = token_ops[kind](t)
+                    add(kind, t, t if kind == "attn_prefill" else 0, ms, i)
             if kind != "attn_decode" and len(last[t]) == len(TOKEN_OPS):
-                for op, value in last[t].items():
-                    add(op, t, t if op == "attn_prefill" else 0, value)
                 log(f"{t} tokens: linear {last[t]['linear']:.4g} ms, other "
                     f"{last[t]['other']:.4g}, prefill attention {last[t]['attn_prefill']:.4g}, "
                     f"lm_head {last[t]['lm_head']:.4g}")  # fmt: skip
