@@ -326,3 +326,6 @@ def test_filled_sweep_units_are_what_measuring_wrote(tmp_path: Path) -> None:
         assert filled["time_ms"].tolist() == written["time_ms"].tolist()
     with pytest.raises(ValueError, match="not a point of the plan"):
         fill_sweep_units.fill(out, replace(plan, token_counts=(1,)))
+    for argv in ([str(out), "--order", "random"], [str(tmp_path / "absent"), "--order", "0"]):
+        with pytest.raises(SystemExit):
+            fill_sweep_units.main(argv)

@@ -109,8 +109,8 @@ PROFILE_PASSES = 18
 PROFILE_SINGLE_CALLS = True
 # the timed validation's speed per quarter of a sweep (72 stretches), not per sweep: chosen on
 # the 14th-16th sittings (the units' order replayed), where it took the scatter of S's model
-# over 50-step windows of every run from 2.7-8.6% to 1.8-6.6%; finer cuts gained < 0.5 point
-# (docs/validation/cpu-engine.md, seventeenth and eighteenth sittings)
+# over 50-step windows of every run from 2.7-8.6% to 1.8-6.6%; 288 gained at most 0.8 point
+# (docs/validation/cpu-engine.md, seventeenth to nineteenth sittings)
 STRETCHES_PER_SWEEP = 4
 # --system: the paper's v0.1 rules (a prefill step pauses every decode) or today's vLLM
 # (chunked prefill, decodes first in the token budget, mixed steps)
