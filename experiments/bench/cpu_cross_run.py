@@ -208,9 +208,10 @@ def speed_timeline(profile_dir: str | Path, stretches_per_sweep: int = 1) -> lis
     if count < 2 or any(len(row) != count for row in sweeps):
         return None
     price = profile["time_ms"].to_numpy(dtype=float)
-    if stretches_per_sweep == 1 or "sweep_units" not in profile:
-        return [sum(row[j] for row in sweeps) / price.sum() for j in range(count)]
-    units = [profile_gpu.parse_units(cell) for cell in profile["sweep_units"]]
+    if "sweep_units" in profile:
+        units = [profile_gpu.parse_units(cell) for cell in profile["sweep_units"]]
+    else:  # where in a sweep each point fell is unknown: the sweep is one unit
+        units = [[0] * count for _ in sweeps]
     per_sweep = min(len({row[j] for row in units}) for j in range(count))
     stretches_per_sweep = min(stretches_per_sweep, per_sweep)
     speeds = []

@@ -26,13 +26,8 @@ def units_of(plan: profile_gpu.ProfilePlan) -> dict[tuple[str, int, int], list[i
     (op, num_tokens, context_tokens)."""
     units: dict[tuple[str, int, int], list[int]] = {}
     for sweep in range(plan.passes):
-        for i, (kind, t, total) in enumerate(profile_gpu.sweep_points(plan, sweep)):
-            if kind == "attn_decode":
-                keys = [(kind, t, total)]
-            else:
-                ops = profile_gpu.TOKEN_OPS if kind == "model" else (kind,)
-                keys = [(op, t, t if op == "attn_prefill" else 0) for op in ops]
-            for key in keys:
+        for i, point in enumerate(profile_gpu.sweep_points(plan, sweep)):
+            for key in profile_gpu.point_rows(point):
                 units.setdefault(key, []).append(i)
     return units
 

@@ -400,6 +400,16 @@ def sweep_points(plan: ProfilePlan, sweep: int) -> list[Point]:
     return points
 
 
+def point_rows(point: Point) -> list[tuple[str, int, int]]:
+    """The profile's rows ``(op, num_tokens, context_tokens)`` that one unit of a sweep
+    measures: the four token ops of a forward, or one op."""
+    kind, tokens, total = point
+    if kind == "attn_decode":
+        return [(kind, tokens, total)]
+    ops = TOKEN_OPS if kind == "model" else (kind,)
+    return [(op, tokens, tokens if op == "attn_prefill" else 0) for op in ops]
+
+
 def measuring(
     plan: ProfilePlan,
     log: Callable[[str], None] = print,
@@ -442,24 +452,27 @@ def measuring(
         last: dict[int, dict[str, float]] = {}  # this sweep's token ops by token count
         points = sweep_points(plan, sweep)
         token_units = sum(kind != "attn_decode" for kind, _, _ in points)
-        for i, (kind, t, total) in enumerate(points):
+        for i, point in enumerate(points):
+            kind, t, total = point
             with torch.inference_mode():
                 if kind == "attn_decode":
                     lens, contexts = [1] * t, [total // t] * t
                     timed = prof.in_model if in_model(plan, t) else prof.attention
-                    add("attn_decode", t, total, _attention_ms(timed(lens, contexts)), i)
+                    ms = {kind: _attention_ms(timed(lens, contexts))}
                 elif kind == "model":
                     by_op = prof.in_model([t], [t])
-                    last[t] = {IN_MODEL_OPS.get(op, op): ms for op, ms in by_op.items()}
-                    for op, ms in last[t].items():
-                        add(op, t, t if op == "attn_prefill" else 0, ms, i)
+                    ms = {IN_MODEL_OPS.get(op, op): value for op, value in by_op.items()}
                 else:
-                    last.setdefault(t, {})[kind] = ms = token_ops[kind](t)
-                    add(kind, t, t if kind == "attn_prefill" else 0, ms, i)
-            if kind != "attn_decode" and len(last[t]) == len(TOKEN_OPS):
-                log(f"{t} tokens: linear {last[t]['linear']:.4g} ms, other "
-                    f"{last[t]['other']:.4g}, prefill attention {last[t]['attn_prefill']:.4g}, "
-                    f"lm_head {last[t]['lm_head']:.4g}")  # fmt: skip
+                    ms = {kind: token_ops[kind](t)}
+            for op, tokens, context in point_rows(point):
+                add(op, tokens, context, ms[op], i)
+            if kind != "attn_decode":
+                last.setdefault(t, {}).update(ms)
+                done = last[t]
+                if len(done) == len(TOKEN_OPS):
+                    log(f"{t} tokens: linear {done['linear']:.4g} ms, other {done['other']:.4g}, "
+                        f"prefill attention {done['attn_prefill']:.4g}, "
+                        f"lm_head {done['lm_head']:.4g}")  # fmt: skip
             yield
             sorted_token_part_ends = plan.order_seed is None and i + 1 == token_units < len(points)
             if partial is not None and sorted_token_part_ends:
