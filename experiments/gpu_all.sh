@@ -43,6 +43,7 @@ min_steps=5
 scale=${LIMIT_SCALE:-1}
 if [ "${DRY:-0}" = 1 ]; then
     dry=(--dry)
+    export TRITON_INTERPRET=1 # before Python starts: triton 3.6 reads it when imported
     model=tiny-opt
     min_steps=1 # a dry run's few steps
     scale=${LIMIT_SCALE:-10}

@@ -25,7 +25,7 @@ PARTS = ["env", "profile", "kernels", "engine", "calibrate", "validate", "overhe
 DEVICE_BUDGET_S = 8 * 60
 
 STUB = r"""#!/usr/bin/env bash
-echo "PYTHONPATH=${PYTHONPATH:-} $*" >>"$STUB_LOG"
+echo "PYTHONPATH=${PYTHONPATH:-} $* TRITON_INTERPRET=${TRITON_INTERPRET:-}" >>"$STUB_LOG"
 if [ "$1 $2" = "-m pip" ]; then exec "$REAL_PYTHON" "$@"; fi
 out="" prev=""
 for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done
@@ -56,6 +56,7 @@ def run_script(tmp_path: Path, wheels: bool = False, **env: str) -> tuple[int, P
                  "STUB_LOG": str(tmp_path / "calls.log"), "DRY": "1", "PACK_DIR": str(pack),
                  **env}  # fmt: skip
     variables.pop("PYTHONPATH", None)
+    variables.pop("TRITON_INTERPRET", None)  # conftest sets it; the script must on its own
     cmd = ["bash", str(tree / "experiments" / "gpu_all.sh"), str(out)]
     done = subprocess.run(cmd, env=variables, capture_output=True, text=True, timeout=300)
     return done.returncode, out, pack
@@ -104,6 +105,19 @@ def test_dry_limits_are_scaled_for_cpu(tmp_path: Path) -> None:
     assert rc == 0
     assert [int(r["limit_s"]) for r in parts(out)] == [300, 700, 1000, 1900, 200, 400, 100]
     assert "--max-seconds 1500" in calls(tmp_path)[3]
+
+
+def test_dry_parts_get_the_interpreter_from_the_start_and_gpu_parts_do_not(
+    tmp_path: Path,
+) -> None:
+    """Triton 3.6 (the device image's) builds its library's jit functions as interpreted
+    only if TRITON_INTERPRET is set when triton is imported, so a dry run sets it before
+    Python starts; on the GPU nothing sets it."""
+    run_script(tmp_path / "dry")
+    assert all(c.endswith(" TRITON_INTERPRET=1") for c in calls(tmp_path / "dry"))
+    run_script(tmp_path / "gpu", DRY="0")
+    assert calls(tmp_path / "gpu")
+    assert all(c.endswith(" TRITON_INTERPRET=") for c in calls(tmp_path / "gpu"))
 
 
 def test_a_failing_part_does_not_stop_the_others(tmp_path: Path) -> None:

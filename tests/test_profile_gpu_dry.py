@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -70,6 +72,14 @@ def test_profiled_attention_is_a_valid_paged_batch() -> None:
     assert torch.equal(caches[0], prof.k_cache)  # both stored the new K at the same slots
     with pytest.raises(ValueError, match="blocks"):  # 9 blocks asked of a cache of 8
         prof._meta([1, 1, 1], [48, 48, 48])
+
+
+def test_importing_the_script_leaves_triton_unimported() -> None:
+    """``--dry`` sets TRITON_INTERPRET in ``main``; triton 3.6 reads it at import, so no
+    module the script imports at its top may import triton."""
+    code = "import sys, experiments.bench.profile_gpu; print('triton' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
 
 
 def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:

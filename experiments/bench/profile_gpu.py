@@ -81,8 +81,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.engine import run_to_end
-
 FORMAT = "kvlab-operator-profile/1"
 COLUMNS = ("op", "num_tokens", "context_tokens", "time_ms", "sweeps_ms", "sweep_units")
 OPS = ("linear", "other", "attn_prefill", "attn_decode", "lm_head")
@@ -355,6 +353,8 @@ def measure(
     """Every row of the profile (see the module doc), in sorted order. ``partial`` gets the
     rows measured so far (each point's median over the sweeps so far) after every sweep's
     token part and after every sweep but the last, so a run killed later keeps them."""
+    from engine.engine import run_to_end  # imports triton: only after --dry set the interpreter
+
     return run_to_end(measuring(plan, log, partial))
 
 
