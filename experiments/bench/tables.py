@@ -7,13 +7,21 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from experiments.lib.results import write_atomic
+
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        if rows:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+    """``rows`` (dicts with the first one's keys) as a CSV at ``path``, atomically: a reader
+    sees the old file or the whole new one. No rows: an empty file."""
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as f:
+            if rows:
+                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
+
+    write_atomic(path, write)
 
 
 def print_table(title: str, rows: list[dict]) -> None:
