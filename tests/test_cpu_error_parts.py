@@ -121,3 +121,36 @@ def test_priced_on_other_profiles_an_error_of_the_runs_stays(tmp_path: Path) -> 
     assert {r["run"]: r["forward"] for r in halved} == pytest.approx(
         {run: (1 + e) / 2 - 1 for run, e in own.items()}
     )
+
+
+def test_at_the_sittings_speed_a_drift_the_sweeps_measured_goes_away(tmp_path: Path) -> None:
+    """A machine at half the profile's time in the first half of the sitting and 1.5 times
+    in the second, as two sweeps measured it: runs timed on it are off as is, exact timed;
+    one-sequence decode steps put at the end are placed there."""
+    sitting = make_sitting(tmp_path, {"s": 1.0, "a": 1.0}, host_scale=1.0)
+    table = pd.read_csv(sitting / "operator_profile" / "operator_profile.csv")
+    table["sweeps_ms"] = [f"{t * 0.5};{t * 1.5}" for t in table["time_ms"]]
+    table.to_csv(sitting / "operator_profile" / "operator_profile.csv", index=False)
+    expected = {}
+    for run in ("s", "a"):
+        path = sitting / f"run_{run}" / "steps.csv"
+        steps = pd.read_csv(path)
+        one = (steps["prefill_tokens"] == 0) & (steps["decode_seqs"] == 1)
+        steps = pd.concat([steps[~one], steps[one]], ignore_index=True)  # one-seq steps last
+        n = expected[run] = len(steps)
+        speed = np.where((np.arange(n) + 0.5) / n < 0.5, 0.5, 1.5)
+        host = steps["duration_s"] - steps["forward_s"] - steps["transfer_s"]
+        steps["forward_s"] *= speed
+        steps["duration_s"] = steps["forward_s"] + steps["transfer_s"] + host * speed
+        steps.to_csv(path, index=False)
+    record = {"participants": [{"participant": r, "expected": n} for r, n in expected.items()]}
+    (sitting / "sitting.json").write_text(json.dumps(record))
+    as_is = {r["run"]: r for r in error_parts(sitting)}
+    timed = {r["run"]: r for r in error_parts(sitting, timed=True)}
+    for run in ("s", "a"):
+        assert abs(as_is[run]["forward_decode_one"]) > 0.2  # priced at the mean speed
+        for part in ("forward", "forward_per_seq", "forward_decode_one", "host", "step"):
+            assert timed[run][part] == pytest.approx(0.0, abs=1e-9)
+        assert timed[run]["one_at"] > 0.5 > timed[run]["many_at"]
+    with pytest.raises(ConfigError, match="--timed: needs the sitting's own profile"):
+        error_parts(sitting, profile=sitting / "operator_profile", timed=True)

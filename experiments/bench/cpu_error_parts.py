@@ -1,5 +1,7 @@
-"""Where a CPU cross-run sitting's prediction error lies, part by part:
-``python -m experiments.bench.cpu_error_parts SITTING_DIR [--fit-on s] [--out CSV]``.
+"""Where a CPU cross-run sitting's prediction error lies, part by part::
+
+    python -m experiments.bench.cpu_error_parts SITTING_DIR [--fit-on s] [--out CSV]
+        [--timed | --profile-from DIR [DIR ...]]
 
 ``experiments.bench.cpu_cross_run`` prices a step as its operator profile's forward plus
 three fitted host terms. For every run of a sitting (``SITTING_DIR/run_*`` with a
@@ -17,9 +19,16 @@ sitting's ``operator_profile``):
 Each as the relative error of the sum (price / measured - 1), plain and with each step
 weighted by its sequences (prefill + decode); the forward's also over the decode-only steps
 of one sequence and of several (``forward_decode_one``, ``forward_decode_many``; NaN where a
-run has none). A run's throughput follows the plain sum; its
-mean TPOT weighs a step by the sequences it advances, so it follows the weighted one.
-``host_share`` is the host time's share of the measured step time.
+run has none). A run's throughput follows the plain sum; its mean TPOT weighs a step by the
+sequences it advances, so it follows the weighted one. ``host_share`` is the host time's
+share of the measured step time.
+
+Where the sitting's ``sitting.json`` records each run's expected steps (an interleaved
+sitting), ``one_at`` and ``many_at`` are the median place in the sitting (0 its start, 1 its
+end) of those decode-only steps, the i-th step (from 0) of a run falling at
+(i + 0.5) / expected as ``cpu_cross_run`` places it. ``--timed`` prices each step at the
+machine's speed where it fell, as ``cpu_cross_run``'s timed validation does
+(:func:`experiments.bench.cpu_cross_run.speed_timeline`).
 
 ``--profile-from DIR [DIR ...]`` prices on the geometric mean of other profiles' times instead
 of the sitting's own profile (:func:`pooled_profile`): with the other sittings' profiles, it
@@ -39,10 +48,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from experiments.bench.cpu_cross_run import STRETCHES_PER_SWEEP, speed_timeline
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
 from sim.cost import CalibratedCostModel
+from sim.cost.drifting import DriftingCostModel
 
 
 def relative(price: np.ndarray, measured: np.ndarray, weight: np.ndarray | None = None) -> float:
@@ -54,12 +65,25 @@ def relative(price: np.ndarray, measured: np.ndarray, weight: np.ndarray | None 
     return float((w * price).sum() / (w * measured).sum() - 1.0)
 
 
-def run_parts(model: CalibratedCostModel, steps: pd.DataFrame) -> dict[str, Any]:
+def run_parts(
+    model: CalibratedCostModel,
+    steps: pd.DataFrame,
+    expected: int | None = None,
+    timeline: list[float] | None = None,
+) -> dict[str, Any]:
     """The parts of ``model``'s open-loop error on one run's ``steps`` (see the module doc);
-    steps that do no work (neither prefill nor decode) are left out."""
-    steps = steps[(steps["prefill_tokens"] + steps["decode_seqs"]) > 0]
-    forward_price = model.profile_seconds(steps)
-    host_price = model.predict_steps(steps) - forward_price
+    steps that do no work (neither prefill nor decode) are left out. With ``expected`` (the
+    run's expected steps in its sitting) the places of its one- and many-sequence decode
+    steps; with ``timeline`` too, every price at the speed where its step fell."""
+    place = (np.arange(len(steps)) + 0.5) / expected if expected else np.full(len(steps), np.nan)
+    scale = np.ones(len(steps))
+    if timeline is not None and expected:
+        drift = DriftingCostModel(model, timeline, expected)
+        scale = np.array([drift.speed_at(i) for i in range(len(steps))])
+    work = ((steps["prefill_tokens"] + steps["decode_seqs"]) > 0).to_numpy()
+    steps, place, scale = steps[work], place[work], scale[work]
+    forward_price = model.profile_seconds(steps) * scale
+    host_price = model.predict_steps(steps) * scale - forward_price
     forward = steps["forward_s"].to_numpy(dtype=float)
     duration = steps["duration_s"].to_numpy(dtype=float)
     host = duration - forward - steps["transfer_s"].to_numpy(dtype=float)
@@ -70,6 +94,8 @@ def run_parts(model: CalibratedCostModel, steps: pd.DataFrame) -> dict[str, Any]
     many = decode_only & (steps["decode_seqs"] > 1).to_numpy()
     return {
         "steps": len(steps),
+        "one_at": float(np.median(place[one])) if one.any() else float("nan"),
+        "many_at": float(np.median(place[many])) if many.any() else float("nan"),
         "host_share": float(host.sum() / duration.sum()),
         "forward": relative(forward_price, forward),
         "forward_per_seq": relative(forward_price, forward, seqs),
@@ -123,20 +149,40 @@ def sitting_model(sitting: Path, fit_on: str, profile: Path | None = None) -> Ca
     return CalibratedCostModel.from_dict({**doc, "profile": str(profile)})
 
 
+def expected_steps(sitting: Path) -> dict[str, int]:
+    """Each run's expected steps, as ``sitting.json`` records them ({} without it)."""
+    record = sitting / "sitting.json"
+    if not record.is_file():
+        return {}
+    participants = json.loads(record.read_text()).get("participants", [])
+    return {p["participant"]: int(p["expected"]) for p in participants}
+
+
 def error_parts(
-    sitting: Path, fit_on: str = "s", profile: Path | None = None
+    sitting: Path, fit_on: str = "s", profile: Path | None = None, timed: bool = False
 ) -> list[dict[str, Any]]:
     """One row per run of ``sitting`` (``run_*`` directories with a ``steps.csv``, in name
     order): the run, then :func:`run_parts` of the model fitted on ``fit_on``, priced on
-    ``profile`` (default the sitting's own)."""
+    ``profile`` (default the sitting's own); ``timed``: at the sitting's speed (its own
+    profile only)."""
     model = sitting_model(sitting, fit_on, profile)
     runs = sorted(p for p in sitting.glob("run_*") if (p / "steps.csv").is_file())
     if not runs:
         raise ConfigError("SITTING_DIR", "no run_*/steps.csv in it", str(sitting))
-    return [
-        {"run": run.name.removeprefix("run_"), **run_parts(model, pd.read_csv(run / "steps.csv"))}
-        for run in runs
-    ]
+    expected = expected_steps(sitting)
+    timeline = None
+    if timed:
+        if profile is not None:
+            raise ConfigError("--timed", "needs the sitting's own profile, not --profile-from")
+        timeline = speed_timeline(sitting / "operator_profile", STRETCHES_PER_SWEEP)
+        if timeline is None or not expected:
+            raise ConfigError("--timed", "needs an interleaved sitting's sweeps and sitting.json")
+    rows = []
+    for run in runs:
+        name = run.name.removeprefix("run_")
+        steps = pd.read_csv(run / "steps.csv")
+        rows.append({"run": name, **run_parts(model, steps, expected.get(name), timeline)})
+    return rows
 
 
 @plain_cli
@@ -148,13 +194,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-on", default="s", help="the run whose model prices (default s)")
     parser.add_argument("--profile-from", type=Path, nargs="+", metavar="DIR",
                         help="price on the geometric mean of these profiles")  # fmt: skip
+    parser.add_argument("--timed", action="store_true",
+                        help="each step at the machine's speed where it fell")  # fmt: skip
     parser.add_argument("--out", type=Path, help="CSV (default SITTING_DIR/error_parts.csv)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         profile = pooled_profile(args.profile_from, Path(tmp)) if args.profile_from else None
-        rows = error_parts(args.sitting, args.fit_on, profile)
+        rows = error_parts(args.sitting, args.fit_on, profile, args.timed)
     on = f"pooled from {len(args.profile_from)} profiles" if args.profile_from else "its profile"
-    print_table(f"{args.sitting}: model fitted on {args.fit_on}, on {on}, open loop", rows)
+    speed = "at the sitting's speed" if args.timed else "as is"
+    print_table(f"{args.sitting}: model fitted on {args.fit_on}, on {on}, {speed}", rows)
     out = args.out or args.sitting / "error_parts.csv"
     write_csv(out, rows)
     print(f"wrote {out}")
