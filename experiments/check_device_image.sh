@@ -9,6 +9,9 @@
 #
 #   bash experiments/check_device_image.sh [OUT_DIR]     (default: a temporary directory)
 #
+# The venv's Python is IMAGE_PYTHON, by default python3.12 (the image's CPython) when it runs
+# here, else python3.
+#
 # One difference from the image: numpy is held below 2.4 (the image has 2.5.2). Triton
 # 3.6's interpreter, which the dry mode runs the kernels on, turns one-element arrays into
 # Python ints, which numpy 2.4 refuses ("only 0-dimensional arrays can be converted to
@@ -25,13 +28,16 @@ fi
 venv=$(mktemp -d "${TMPDIR:-/tmp}/kvlab-image.XXXXXX")
 image=(torch==2.11.0 "numpy<2.4" pandas tqdm safetensors==0.8.0 pyyaml packaging matplotlib
     transformers==5.17.0)
-if ! { python -m venv "$venv" && "$venv/bin/pip" install -q "${image[@]}"; }; then
+base="${IMAGE_PYTHON:-python3}"
+[ -n "${IMAGE_PYTHON:-}" ] || ! python3.12 -c '' 2>/dev/null || base=python3.12
+if ! { "$base" -m venv "$venv" && "$venv/bin/pip" install -q "${image[@]}"; }; then
     echo "check_device_image: could not build the image's venv in $venv"
     rm -rf "$venv"
     exit 1
 fi
-"$venv/bin/python" -c 'import torch, triton, numpy; print("image venv: torch", torch.__version__,
-"triton", triton.__version__, "numpy", numpy.__version__)'
+"$venv/bin/python" -c 'import sys, torch, triton, numpy; print("image venv: python",
+sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "numpy",
+numpy.__version__)'
 DRY=1 PYTHON="$venv/bin/python" bash experiments/gpu_all.sh "$out"
 status=$?
 echo "check_device_image: gpu_all.sh DRY=1 exit $status; parts in $out/parts.tsv"
