@@ -47,6 +47,7 @@ from engine.engine import EngineError, EngineResult, LLMEngine, run_to_end
 from engine.kv_cache import GIB, KVBudgetError, bytes_per_block, resolve_kv_budget
 from experiments.lib.checks import CONFIG_DIR, ConfigError, Facts, check_config
 from experiments.lib.cli import main_with_checks, run_app
+from experiments.lib.malloc import malloc_state, pin_malloc
 from experiments.lib.results import summary_line, write_run
 from experiments.lib.setup import (
     as_dict,
@@ -170,9 +171,12 @@ class Serving:
 
 def start(cfg: DictConfig | Mapping[str, Any]) -> Serving:
     """Check ``cfg`` (``ConfigError`` before the model is built), set torch's thread count,
-    build the engine and the workload."""
+    on CPU pin malloc's thresholds (:mod:`experiments.lib.malloc`), build the engine and the
+    workload."""
     c = resolve_aliases(as_dict(cfg))
     check_config(c, "serve", device_facts(str(c.get("device", "cpu"))))
+    if str(c.get("device", "cpu")) == "cpu":
+        pin_malloc()  # a CPU step's time must not hang on the heap's history
     if c.get("threads") is not None:
         torch.set_num_threads(int(c["threads"]))
     engine, mml = build_engine(c)
@@ -207,6 +211,7 @@ def finish(
         "hardware": device_name(engine.device),
         "threads": torch.get_num_threads(),
         "step_timer": engine.step_timer_name,
+        "malloc": malloc_state(),
         "torch_version": torch.__version__,
     }
     metrics.update(

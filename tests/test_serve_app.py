@@ -11,6 +11,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from experiments.lib.checks import ConfigError
+from experiments.lib.malloc import malloc_state
 from experiments.serve import CPU_DEFAULT_CAP_BYTES, device_name, kv_budget_bytes, run
 from tests.engine_helpers import one_torch_thread  # noqa: F401 (autouse fixture)
 
@@ -52,6 +53,7 @@ def test_serve_records_the_real_device_threads_and_torch(tmp_path: Path) -> None
         assert doc["torch_version"] == torch.__version__
         assert doc["hardware"] == device_name(torch.device("cpu"))
         assert "H200" not in doc["hardware"]
+        assert doc["malloc"] == malloc_state() != "default"  # pinned before the engine is built
     assert engine["device"] == saved["hardware"]
 
 

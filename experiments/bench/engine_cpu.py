@@ -52,6 +52,7 @@ from core.workload.synthetic import synthesize
 from engine.engine import LLMEngine
 from engine.weights import load_weights
 from experiments.bench.tables import print_table, write_csv
+from experiments.lib.malloc import malloc_state, pin_malloc
 from sim.catalog import ModelSpec, get_model
 
 MIN_LEN = 4  # vLLM's benchmark filter drops prompts/outputs under 4 tokens
@@ -219,6 +220,7 @@ def metadata(plan: BenchPlan, argv: list[str], kv_bytes: int) -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "malloc": malloc_state(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -255,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     plan = make_plan(args.quick, args.num_requests, args.threads)
+    pin_malloc()  # both bodies alike (experiments.lib.malloc)
     threads_before = torch.get_num_threads()
     torch.set_num_threads(plan.threads)
     try:

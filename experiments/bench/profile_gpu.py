@@ -81,6 +81,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from experiments.lib.malloc import malloc_state, pin_malloc
+
 FORMAT = "kvlab-operator-profile/1"
 COLUMNS = ("op", "num_tokens", "context_tokens", "time_ms", "sweeps_ms", "sweep_units")
 OPS = ("linear", "other", "attn_prefill", "attn_decode", "lm_head")
@@ -518,6 +520,8 @@ def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
         method += f"; {plan.across_sweeps} of {plan.passes} sweeps"
     if plan.order_seed is not None:
         method += f"; each sweep in its own random order (seed {plan.order_seed}, sweep)"
+    if plan.device.type == "cpu" and not plan.dry:
+        method += f"; malloc thresholds {malloc_state()}"
     return {
         "format": FORMAT,
         "model": plan.model,
@@ -574,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton
     elif args.cpu:
         torch.set_num_threads(1)  # the thread clock counts only the calling thread
+        pin_malloc()  # as the CPU engine's runs do (experiments.lib.malloc)
     elif not torch.cuda.is_available():
         parser.error("no CUDA device; use --dry for a CPU check of the script")
     if args.block_size < 1 or args.block_size & (args.block_size - 1):
