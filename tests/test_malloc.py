@@ -3,6 +3,7 @@ benchmark that shows why summarises its processes."""
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import sys
 import pytest
 
 from experiments.bench.cpu_malloc import main, spread_contexts, summarize
-from experiments.lib.malloc import DEFAULT, PINNED, UNAVAILABLE, pin_malloc
+from experiments.lib.malloc import DEFAULT, LEFT, PINNED, UNAVAILABLE, pin_malloc
 
 GLIBC = sys.platform.startswith("linux")
 
@@ -26,6 +27,14 @@ def test_a_fresh_process_starts_default_and_pins_once() -> None:
     assert out[1] == out[2] == out[3] in (PINNED, UNAVAILABLE)
     if GLIBC:
         assert out[1] == PINNED
+
+
+def test_kvlab_malloc_default_leaves_the_defaults_and_says_so() -> None:
+    code = "from experiments.lib.malloc import pin_malloc; print(pin_malloc())"
+    env = {**os.environ, "KVLAB_MALLOC": "default"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env).stdout.strip()  # fmt: skip
+    assert out == LEFT
 
 
 def test_pinning_again_in_this_process_changes_nothing() -> None:

@@ -20,17 +20,21 @@ thresholds first:
 - ``M_TRIM_THRESHOLD`` at 2 GiB − 1 (the largest int): freed memory stays in the heap.
 
 Elsewhere than glibc (no ``mallopt``) nothing changes and :func:`malloc_state` says so.
+``KVLAB_MALLOC=default`` in the environment leaves glibc's defaults (a control run, to see
+what pinning changes); the runs record that too.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
 PINNED_MMAP_THRESHOLD = 32 << 20
 PINNED_TRIM_THRESHOLD = 2**31 - 1
 PINNED, DEFAULT, UNAVAILABLE = "pinned", "default", "no glibc mallopt"
+LEFT = "default (KVLAB_MALLOC=default)"  # asked not to pin
 
 _state = DEFAULT
 
@@ -39,7 +43,9 @@ def pin_malloc() -> str:
     """Pin this process's malloc thresholds (see the module doc); idempotent. Returns
     :func:`malloc_state`."""
     global _state
-    if _state == DEFAULT:
+    if _state == DEFAULT and os.environ.get("KVLAB_MALLOC") == "default":
+        _state = LEFT
+    elif _state == DEFAULT:
         name = ctypes.util.find_library("c")
         libc = ctypes.CDLL(name) if name else None
         mallopt = getattr(libc, "mallopt", None)
@@ -56,5 +62,6 @@ def pin_malloc() -> str:
 
 def malloc_state() -> str:
     """``pinned`` once :func:`pin_malloc` has pinned the thresholds, ``default`` before,
-    ``no glibc mallopt`` where it could not."""
+    ``no glibc mallopt`` where it could not, :data:`LEFT` where ``KVLAB_MALLOC=default``
+    asked it not to."""
     return _state
