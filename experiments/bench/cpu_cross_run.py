@@ -79,7 +79,7 @@ import torch
 
 from experiments import calibrate, validate
 from experiments.bench import profile_gpu
-from experiments.bench.sitting import serve_together
+from experiments.bench.sitting import expected_units, serve_together
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import compose_config, plain_cli
@@ -233,7 +233,7 @@ def open_loop_errors(
     summed predicted step time against the summed measured one, and the mean absolute
     per-step error. With ``drift``, the i-th step's price is scaled by its speed there."""
     if drift is not None:
-        scale = np.array([drift.speed_at(i) for i in range(len(steps))])
+        scale = drift.speeds_of(len(steps))
     keep = ((steps["prefill_tokens"] + steps["decode_seqs"]) > 0).to_numpy()
     steps = steps[keep]
     pred = model.predict_steps(steps)
@@ -337,7 +337,7 @@ def cross_run(
     timeline, expected = None, {}
     if record is not None and profile == str(inner):
         timeline = speed_timeline(inner, STRETCHES_PER_SWEEP)
-        expected = {p["participant"]: p["expected"] for p in record["participants"]}
+        expected = expected_units(record)
         if not set(runs) <= set(expected):
             timeline = None  # a profile retaken alone: the runs' places are not recorded
     rows, open_loop, calibrations, drift = [], [], {}, []

@@ -49,10 +49,12 @@ import numpy as np
 import pandas as pd
 
 from experiments.bench.cpu_cross_run import STRETCHES_PER_SWEEP, speed_timeline
+from experiments.bench.sitting import expected_units
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
 from sim.cost import CalibratedCostModel
+from sim.cost.calibrated import host_seconds
 from sim.cost.drifting import DriftingCostModel
 
 
@@ -78,15 +80,14 @@ def run_parts(
     place = (np.arange(len(steps)) + 0.5) / expected if expected else np.full(len(steps), np.nan)
     scale = np.ones(len(steps))
     if timeline is not None and expected:
-        drift = DriftingCostModel(model, timeline, expected)
-        scale = np.array([drift.speed_at(i) for i in range(len(steps))])
+        scale = DriftingCostModel(model, timeline, expected).speeds_of(len(steps))
     work = ((steps["prefill_tokens"] + steps["decode_seqs"]) > 0).to_numpy()
     steps, place, scale = steps[work], place[work], scale[work]
     forward_price = model.profile_seconds(steps) * scale
     host_price = model.predict_steps(steps) * scale - forward_price
     forward = steps["forward_s"].to_numpy(dtype=float)
     duration = steps["duration_s"].to_numpy(dtype=float)
-    host = duration - forward - steps["transfer_s"].to_numpy(dtype=float)
+    host = host_seconds(steps)
     seqs = (steps["prefill_seqs"] + steps["decode_seqs"]).to_numpy(dtype=float)
     step_price = forward_price + host_price
     decode_only = (steps["prefill_tokens"] == 0).to_numpy()
@@ -154,8 +155,7 @@ def expected_steps(sitting: Path) -> dict[str, int]:
     record = sitting / "sitting.json"
     if not record.is_file():
         return {}
-    participants = json.loads(record.read_text()).get("participants", [])
-    return {p["participant"]: int(p["expected"]) for p in participants}
+    return expected_units(json.loads(record.read_text()))
 
 
 def error_parts(

@@ -53,6 +53,11 @@ def expected_steps(serving: Serving, pilot_profile: str) -> int:
     return max(1, simulate_served(c, requests, blocks, serving.max_model_len, pilot).num_steps)
 
 
+def expected_units(record: Mapping[str, Any]) -> dict[str, int]:
+    """Each participant's expected units, from a sitting's record (``sitting.json``)."""
+    return {p["participant"]: int(p["expected"]) for p in record.get("participants", [])}
+
+
 def serve_together(
     runs: Mapping[str, tuple[Path, Sequence[str]]],
     pilot_profile: str,

@@ -230,9 +230,7 @@ class CalibratedCostModel:
         y = df["duration_s"].to_numpy(dtype=float)
         fit_to = y - base
         if target == "host":
-            fit_to = y - df["forward_s"].to_numpy(dtype=float)
-            if "transfer_s" in df.columns:
-                fit_to = fit_to - df["transfer_s"].to_numpy(dtype=float)
+            fit_to = host_seconds(df)
         if weighting == "relative":
             if not (y > 0).all():
                 raise ValueError("relative weighting needs every step's duration_s > 0")
@@ -364,3 +362,13 @@ class CalibratedCostModel:
         if stats:
             lines.append("  fit: " + " ".join(stats))
         return "\n".join(lines)
+
+
+def host_seconds(steps: pd.DataFrame) -> np.ndarray:
+    """Each step's measured time outside the forward: ``duration_s - forward_s -
+    transfer_s`` (``transfer_s`` missing: 0), what the host target fits (the engine's phase
+    timing: input preparation and sampling)."""
+    host = steps["duration_s"].to_numpy(dtype=float) - steps["forward_s"].to_numpy(dtype=float)
+    if "transfer_s" in steps.columns:
+        host = host - steps["transfer_s"].to_numpy(dtype=float)
+    return host

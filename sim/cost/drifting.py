@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from core.plan import BatchShape
 from sim.cost.base import CostModel
 
@@ -39,6 +41,10 @@ class DriftingCostModel:
         """The speed of the stretch the ``step``-th step (from 0) falls in."""
         progress = (step + 0.5) / self.expected_steps
         return self.speeds[min(int(progress * len(self.speeds)), len(self.speeds) - 1)]
+
+    def speeds_of(self, steps: int) -> np.ndarray:
+        """:meth:`speed_at` of steps ``0 .. steps - 1``, as an array."""
+        return np.array([self.speed_at(i) for i in range(steps)], dtype=float)
 
     def step_time(self, shape: BatchShape) -> float:
         speed = self.speed_at(self.steps_priced)
