@@ -12,7 +12,7 @@ from core.plan import BatchShape
 from core.request import Request
 from core.sched.base import SchedulerConfig
 from core.systems import build_scheduler
-from experiments.bench.cpu_cross_run import speed_timeline
+from experiments.bench.speed_timeline import speed_timeline
 from sim.cost import CostModel, RecordedCostModel
 from sim.cost.drifting import DriftingCostModel
 from sim.driver import simulate

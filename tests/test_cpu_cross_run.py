@@ -76,6 +76,17 @@ def test_calibrate_on_one_run_validate_on_others(
         {k: r[k] for k in ("calibrated_on", "validated_on", "metric")} for r in doc["rows"]
     ]  # fmt: skip
     assert len(doc["timed_open_loop"]) == len(doc["open_loop"])
+    # and at that speed shrunk toward the price by its own scatter: one speed per stretch,
+    # each between the price and the speed measured there
+    shrink = doc["speed_shrinkage"]
+    assert len(shrink["speeds"]) == len(doc["speed_timeline"]) and shrink["tau"] >= 0
+    for kept, measured in zip(shrink["speeds"], doc["speed_timeline"], strict=True):
+        assert min(1.0, measured) - 1e-12 <= kept <= max(1.0, measured) + 1e-12
+    assert [{k: r[k] for k in ("calibrated_on", "validated_on", "metric")}
+            for r in doc["shrunk_rows"]] == [
+        {k: r[k] for k in ("calibrated_on", "validated_on", "metric")} for r in doc["rows"]
+    ]  # fmt: skip
+    assert len(doc["shrunk_open_loop"]) == len(doc["open_loop"])
     # --reuse-runs recalibrates on the runs already served: their steps are left untouched
     steps = {n: (tmp_path / f"run_{n}" / "steps.csv").read_bytes() for n in cfg}
     (tmp_path / "cross_run.json").unlink()

@@ -53,7 +53,8 @@ them one after another, as before (and is the only sitting ``--profile each`` ha
 
 The interleaved profile takes ``PROFILE_PASSES`` sweeps of one call per point, each sweep a
 stretch of the sitting, so it also measures how the machine's speed drifted through the
-sitting (:func:`speed_timeline`, ``STRETCHES_PER_SWEEP`` stretches per sweep). Every pair
+sitting (:mod:`experiments.bench.speed_timeline`, ``STRETCHES_PER_SWEEP`` stretches per
+sweep). Every pair
 is then validated a second time with each simulated step priced at the speed of the stretch
 where it falls
 (:class:`sim.cost.drifting.DriftingCostModel`; a run's i-th step falls at ``i / expected``
@@ -61,7 +62,12 @@ of the sitting, the expectation that paced its turns): ``timed_rows`` and
 ``timed_open_loop`` in ``cross_run.json``. It separates the step model's error from the
 machine's drift, which a run whose step sizes change through the sitting (a long request
 decoding alone at its end) meets unevenly. Only the profile's sweeps and the pilot's
-expectation enter it, nothing measured on the run validated.
+expectation enter it, nothing measured on the run validated. A third time, at each
+stretch's speed shrunk toward the price by its own scatter
+(:func:`experiments.bench.speed_timeline.shrink_to_price`: ``shrunk_rows``,
+``shrunk_open_loop``, ``speed_shrinkage``): on a machine that held its speed the measured
+timeline is the profile's scatter, and the shrunk one stays near the price; on one that
+drifted it stays near the measured one.
 """
 
 from __future__ import annotations
@@ -73,13 +79,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 
 from experiments import calibrate, validate
 from experiments.bench import profile_gpu
 from experiments.bench.sitting import expected_units, serve_together
+from experiments.bench.speed_timeline import shrink_to_price, stretches
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import compose_config, plain_cli
@@ -190,42 +196,6 @@ def speed_drift(model: Any, steps: pd.DataFrame, window: int = DRIFT_WINDOW) -> 
     }
 
 
-def speed_timeline(profile_dir: str | Path, stretches_per_sweep: int = 1) -> list[float] | None:
-    """The machine's speed through an interleaved sitting, as its profile measured it: per
-    stretch of the sitting (in order), the time the profile's units there took over their
-    price (``time_ms``, each point's mean), so 1 is the price and 1.1 a stretch that ran
-    10% slow. The sweeps are spread over the sitting, so sweep ``j`` of ``K`` is the
-    sitting's progress ``j/K`` to ``(j+1)/K`` (:class:`sim.cost.drifting.DriftingCostModel`);
-    with ``stretches_per_sweep`` = m each sweep's units, in the order its ``sweep_units``
-    column records, are cut into m runs of equal count, m·K stretches in all (m at most the
-    units of a sweep). A profile without that column (taken before it was written) gives one
-    stretch per sweep. None with fewer than two sweeps."""
-    profile = pd.read_csv(Path(profile_dir) / "operator_profile.csv")
-    if "sweeps_ms" not in profile:
-        return None
-    sweeps = [profile_gpu.parse_sweeps(cell) for cell in profile["sweeps_ms"]]
-    count = len(sweeps[0]) if sweeps else 0
-    if count < 2 or any(len(row) != count for row in sweeps):
-        return None
-    price = profile["time_ms"].to_numpy(dtype=float)
-    if "sweep_units" in profile:
-        units = [profile_gpu.parse_units(cell) for cell in profile["sweep_units"]]
-    else:  # where in a sweep each point fell is unknown: the sweep is one unit
-        units = [[0] * count for _ in sweeps]
-    per_sweep = min(len({row[j] for row in units}) for j in range(count))
-    stretches_per_sweep = min(stretches_per_sweep, per_sweep)
-    speeds = []
-    for j in range(count):
-        by_unit: dict[int, list[float]] = {}  # unit → [time, price]
-        for row, unit_row, p in zip(sweeps, units, price, strict=True):
-            cell = by_unit.setdefault(unit_row[j], [0.0, 0.0])
-            cell[0], cell[1] = cell[0] + row[j], cell[1] + p
-        ordered = np.array([by_unit[u] for u in sorted(by_unit)])
-        for part in np.array_split(ordered, stretches_per_sweep):
-            speeds.append(float(part[:, 0].sum() / part[:, 1].sum()))
-    return speeds
-
-
 def open_loop_errors(
     model: Any, steps: pd.DataFrame, drift: DriftingCostModel | None = None
 ) -> list[dict[str, Any]]:
@@ -334,15 +304,21 @@ def cross_run(
     def profile_of(name: str) -> str | None:
         return str(runs[name] / "operator_profile") if each else profile
 
-    timeline, expected = None, {}
+    found, expected = None, {}
     if record is not None and profile == str(inner):
-        timeline = speed_timeline(inner, STRETCHES_PER_SWEEP)
+        found = stretches(inner, STRETCHES_PER_SWEEP)
         expected = expected_units(record)
         if not set(runs) <= set(expected):
-            timeline = None  # a profile retaken alone: the runs' places are not recorded
+            found = None  # a profile retaken alone: the runs' places are not recorded
+    shrunk = None if found is None else shrink_to_price(found)
+    # each pair again at the sitting's speed: as measured ("timed") and shrunk by its scatter
+    timelines = {} if found is None or shrunk is None else {
+        "timed": [s.speed for s in found], "shrunk": shrunk.speeds,
+    }  # fmt: skip
     rows, open_loop, calibrations, drift = [], [], {}, []
-    timed_rows: list[dict[str, Any]] = []
-    timed_open_loop: list[dict[str, Any]] = []
+    at_speed: dict[str, list[dict[str, Any]]] = {
+        f"{kind}_{part}": [] for kind in timelines for part in ("rows", "open_loop")
+    }
     for fit_on, targets in PAIRS:
         on = profile_of(fit_on)
         target = TARGET_ON_PROFILE if on is not None else "step"
@@ -372,18 +348,25 @@ def cross_run(
             open_loop += [{**where, **r} for r in open_loop_errors(model, steps)]
             res = validate.validate(runs[target], target_doc)
             rows += [{**where, "role": role, **r} for r in metric_rows(res)]
-            if timeline is not None:
+            for kind, speeds in timelines.items():
                 n = expected[target]
-                timed = DriftingCostModel(model, timeline, n)
-                timed_open_loop += [{**where, **r} for r in open_loop_errors(model, steps, timed)]
+                timed = DriftingCostModel(model, speeds, n)
+                at_speed[f"{kind}_open_loop"] += [
+                    {**where, **r} for r in open_loop_errors(model, steps, timed)
+                ]
                 res = validate.validate(
                     runs[target], target_doc,
-                    wrap=lambda m, n=n: DriftingCostModel(m, timeline, n),
+                    wrap=lambda m, n=n, speeds=speeds: DriftingCostModel(m, speeds, n),
                 )  # fmt: skip
-                timed_rows += [{**where, "role": role, **r} for r in metric_rows(res)]
+                at_speed[f"{kind}_rows"] += [{**where, "role": role, **r} for r in metric_rows(res)]
     return {
         "rows": rows, "open_loop": open_loop, "calibrations": calibrations, "plan": plan,
-        "speed_timeline": timeline, "timed_rows": timed_rows, "timed_open_loop": timed_open_loop,
+        "speed_timeline": timelines.get("timed"),
+        "speed_shrinkage": None if shrunk is None else shrunk.as_dict(),
+        "timed_rows": at_speed.get("timed_rows", []),
+        "timed_open_loop": at_speed.get("timed_open_loop", []),
+        "shrunk_rows": at_speed.get("shrunk_rows", []),
+        "shrunk_open_loop": at_speed.get("shrunk_open_loop", []),
         "sitting": sitting, "sitting_record": record, "system": system,
         "repeatability": repeatability(runs), "profile": profile, "drift": drift,
         "step_timers": {LABELS[n]: read_metrics(d).get("step_timer") for n, d in runs.items()},
@@ -476,6 +459,14 @@ def main(argv: list[str] | None = None) -> int:
         print_table("the same, each step at the machine's speed where it fell (the profile's "
                     "sweeps)", result["timed_rows"])  # fmt: skip
         print_table("the same, open loop", result["timed_open_loop"])
+        shrink = result["speed_shrinkage"]
+        steps = ", ".join(f"{x:.2f}" for x in shrink["speeds"])
+        print(
+            f"the same speeds shrunk toward the price by their own scatter (tau "
+            f"{shrink['tau']:.3f}, Q {shrink['q']:.0f} over {shrink['counted']}): {steps}"
+        )
+        print_table("the same, each step at the shrunk speed", result["shrunk_rows"])
+        print_table("the same, open loop", result["shrunk_open_loop"])
     if result["drift"]:
         title = f"each run's decode steps over the profile's price (per {DRIFT_WINDOW} steps)"
         rows = [{k: v for k, v in d.items() if k != "windows"} for d in result["drift"]]

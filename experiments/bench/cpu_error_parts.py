@@ -28,7 +28,7 @@ sitting), ``one_at`` and ``many_at`` are the median place in the sitting (0 its 
 end) of those decode-only steps, the i-th step (from 0) of a run falling at
 (i + 0.5) / expected as ``cpu_cross_run`` places it. ``--timed`` prices each step at the
 machine's speed where it fell, as ``cpu_cross_run``'s timed validation does
-(:func:`experiments.bench.cpu_cross_run.speed_timeline`).
+(:func:`experiments.bench.speed_timeline.speed_timeline`).
 
 ``--profile-from DIR [DIR ...]`` prices on the geometric mean of other profiles' times instead
 of the sitting's own profile (:func:`pooled_profile`): with the other sittings' profiles, it
@@ -48,8 +48,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.bench.cpu_cross_run import STRETCHES_PER_SWEEP, speed_timeline
+from experiments.bench.cpu_cross_run import STRETCHES_PER_SWEEP
 from experiments.bench.sitting import expected_units
+from experiments.bench.speed_timeline import speed_timeline
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli

@@ -5,7 +5,7 @@ written (before the seventeenth sitting of ``docs/validation/cpu-engine.md``):
 A sweep's order is a pure function of the profile's plan (:func:`profile_gpu.sweep_points`):
 sorted (``--order sorted``, every profile before ``order_seed`` existed) or drawn from
 ``(SEED, sweep)``. The filled column is therefore what ``measuring`` would have written, so
-``cpu_cross_run.speed_timeline`` can cut those sweeps into stretches. The CSV is rewritten
+``speed_timeline.stretches`` can cut those sweeps into stretches. The CSV is rewritten
 atomically with every other column as it was.
 """
 

@@ -6,7 +6,7 @@ cloud VM, ``docs/validation/cpu-engine.md``): when the runs and the profile that
 are measured together, each a unit at a time in turn (``experiments.bench.interleave``),
 the i-th of a run's ``expected_steps`` steps falls at progress ``i / expected_steps`` of
 the sitting, where the profile's sweeps measured the machine's speed
-(``experiments.bench.cpu_cross_run.speed_timeline``). Nothing here is fitted to a run.
+(``experiments.bench.speed_timeline``). Nothing here is fitted to a run.
 """
 
 from __future__ import annotations

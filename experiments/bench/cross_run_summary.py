@@ -1,0 +1,94 @@
+"""Sittings of ``cpu_cross_run`` side by side: ``python -m experiments.bench.cross_run_summary
+SITTING_DIR... [--out CSV] [--within 0.05]``.
+
+Issue 9's target: a model calibrated on one run predicts another run's throughput, mean TPOT
+and mean E2E within 5%. For each sitting's ``cross_run.json`` and each way it was validated
+(``as is``; ``timed``, at the sitting's speed as measured; ``shrunk``, at that speed shrunk by
+its own scatter, where the sitting has it), one row: the worst relative error over every pair
+of distinct runs (``role`` "other run") and those three metrics, which pair and metric it
+was, how many pairs meet ``--within`` on all three, and the engine against itself (its worst
+repeatability difference on the same metrics). Also the shrinkage's ``tau``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from experiments.bench.tables import print_table, write_csv
+from experiments.lib.checks import ConfigError
+from experiments.lib.cli import plain_cli
+
+TARGET_METRICS = ("request_throughput", "mean_tpot_ms", "mean_e2el_ms")
+MODES = (("as is", "rows"), ("timed", "timed_rows"), ("shrunk", "shrunk_rows"))
+
+
+def read_sitting(path: Path) -> dict[str, Any]:
+    """A sitting's ``cross_run.json`` (``path`` is the file or its folder); a
+    :class:`ConfigError` naming the file when it is missing or not a cross-run result."""
+    file = path if path.suffix == ".json" else path / "cross_run.json"
+    try:
+        doc = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(str(file), f"not a readable cross_run.json ({err})") from None
+    if not isinstance(doc, dict) or "rows" not in doc:
+        raise ConfigError(str(file), "has no 'rows': not a cpu_cross_run result")
+    return doc
+
+
+def summarise(doc: dict[str, Any], name: str, within: float) -> list[dict[str, Any]]:
+    """One row per way ``doc`` was validated (:data:`MODES`, those it holds)."""
+    repeat = [
+        abs(r["rel_diff"]) for r in doc.get("repeatability", [])
+        if r["metric"] in TARGET_METRICS and r.get("rel_diff") is not None
+    ]  # fmt: skip
+    tau = (doc.get("speed_shrinkage") or {}).get("tau")
+    out = []
+    for mode, key in MODES:
+        rows = [
+            r for r in doc.get(key) or []
+            if r["role"] == "other run" and r["metric"] in TARGET_METRICS
+        ]  # fmt: skip
+        if not rows:
+            continue
+        worst = max(rows, key=lambda r: abs(r["rel_err"]))
+        pairs: dict[tuple[str, str], bool] = {}
+        for r in rows:
+            pair = (r["calibrated_on"], r["validated_on"])
+            pairs[pair] = pairs.get(pair, True) and abs(r["rel_err"]) <= within
+        out.append({
+            "sitting": name, "validated": mode, "pairs_met": sum(pairs.values()),
+            "pairs": len(pairs), "worst_err": worst["rel_err"],
+            "worst_pair": f"{worst['calibrated_on']} -> {worst['validated_on']}",
+            "worst_metric": worst["metric"],
+            "engine_vs_itself": max(repeat, default=float("nan")),
+            "tau": float("nan") if tau is None else tau,
+        })  # fmt: skip
+    return out
+
+
+@plain_cli
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench.cross_run_summary")
+    parser.add_argument("sittings", nargs="+", type=Path, help="cpu_cross_run output folders")
+    parser.add_argument("--within", type=float, default=0.05, help="the target (0.05: 5%%)")
+    parser.add_argument("--out", type=Path, help="write the rows to this CSV")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if not 0 < args.within < 1:
+        raise ConfigError("--within", "must lie between 0 and 1", args.within)
+    rows = []
+    for path in args.sittings:
+        rows += summarise(read_sitting(path), path.name or str(path), args.within)
+    print_table(f"every pair of distinct runs, within {args.within:.0%} on "
+                f"{', '.join(TARGET_METRICS)}", rows)  # fmt: skip
+    if args.out is not None:
+        write_csv(args.out, rows)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

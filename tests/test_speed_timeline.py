@@ -1,0 +1,89 @@
+"""The sitting's speed from its profile's sweeps, and that speed shrunk by its own scatter."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments.bench.speed_timeline import Stretch, shrink_to_price, stretches
+
+
+def _profile(path: Path, prices: list[float], sweeps: list[list[float]]) -> Path:
+    """A profile of one point per unit, every sweep timing the units in row order."""
+    path.mkdir()
+    with (path / "operator_profile.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["op", "num_tokens", "context_tokens", "time_ms", "sweeps_ms",
+                         "sweep_units"])  # fmt: skip
+        for i, (price, times) in enumerate(zip(prices, sweeps, strict=True)):
+            units = ";".join([str(i)] * len(times))
+            writer.writerow(["linear", i + 1, 0, price, ";".join(map(str, times)), units])
+    return path
+
+
+def test_a_stretch_carries_the_ratio_estimators_variance(tmp_path: Path) -> None:
+    # sweep 0 times 1, 3, 4 against prices 1, 2, 4; sweep 1 times them at the price
+    found = stretches(_profile(tmp_path / "p", [1.0, 2.0, 4.0], [[1, 1], [3, 2], [4, 4]]))
+    assert found is not None and len(found) == 2
+    first = found[0]
+    assert first.speed == pytest.approx(8 / 7) and first.units == 3
+    residuals = np.array([1, 3, 4]) - 8 / 7 * np.array([1, 2, 4])
+    assert first.variance == pytest.approx(3 / 2 * (residuals**2).sum() / 49)
+    assert found[1] == Stretch(1.0, 0.0, 3)
+    # one unit per stretch: its scatter is unknown
+    alone = stretches(_profile(tmp_path / "q", [1.0, 2.0, 4.0], [[1, 1], [3, 2], [4, 4]]), 3)
+    assert alone is not None and all(math.isinf(s.variance) for s in alone)
+
+
+def test_shrinkage_by_hand() -> None:
+    found = [Stretch(1.2, 0.01, 9), Stretch(0.8, 0.01, 9), Stretch(1.0, 0.04, 9)]
+    shrunk = shrink_to_price(found)
+    # weights 100, 100, 25; Q = 4 + 4 + 0; tau² = (8 - 3) / 225
+    tau2 = 5 / 225
+    assert shrunk.q == pytest.approx(8.0) and shrunk.counted == 3
+    assert shrunk.tau == pytest.approx(math.sqrt(tau2))
+    keep = tau2 / (tau2 + 0.01)
+    assert shrunk.speeds == pytest.approx([1 + 0.2 * keep, 1 - 0.2 * keep, 1.0])
+    # below the scatter's own expectation nothing is kept
+    calm = shrink_to_price([Stretch(1.05, 0.01, 9), Stretch(0.95, 0.01, 9)])
+    assert calm.tau == 0 and calm.speeds == [1.0, 1.0]
+    # an exact stretch keeps its speed, one of unknown scatter takes the price
+    edge = shrink_to_price([Stretch(1.3, 0.0, 9), Stretch(1.4, math.inf, 1), *found])
+    assert edge.speeds[:2] == [1.3, 1.0] and edge.counted == 3
+    with pytest.raises(ValueError):
+        shrink_to_price([])
+
+
+def _sitting(tmp_path: Path, drift: np.ndarray, noise: float, seed: int) -> list[Stretch]:
+    """A profile of 40 units over ``len(drift)`` one-stretch sweeps: sweep j runs at
+    ``drift[j]`` and every call scatters by ``noise`` (relative, log-normal)."""
+    rng = np.random.default_rng(seed)
+    prices = rng.uniform(0.5, 5.0, 40)
+    times = prices[:, None] * drift[None, :] * np.exp(rng.normal(0, noise, (40, len(drift))))
+    means = times.mean(axis=1)
+    found = stretches(_profile(tmp_path, list(means), times.tolist()))
+    assert found is not None
+    return found
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_steady_machine_stays_near_the_price_a_drifting_one_near_its_measure(
+    tmp_path: Path, seed: int
+) -> None:
+    steady = _sitting(tmp_path / "steady", np.ones(30), noise=0.15, seed=seed)
+    shrunk = shrink_to_price(steady)
+    raw_dev = np.abs(np.array([s.speed for s in steady]) - 1)
+    shrunk_dev = np.abs(np.array(shrunk.speeds) - 1)
+    # the profile's scatter alone: the shrunk timeline keeps a fraction of it
+    assert shrunk.tau < 0.035 and shrunk_dev.max() < 0.8 * raw_dev.max()
+    speeds = np.random.default_rng(seed + 10).uniform(0.7, 1.4, 30)
+    drifting = _sitting(tmp_path / "drifting", speeds, noise=0.15, seed=seed)
+    shrunk = shrink_to_price(drifting)
+    raw = np.array([s.speed for s in drifting])
+    # the machine's drift dwarfs the scatter: the timeline is kept nearly as measured
+    assert shrunk.tau > 0.1
+    assert np.abs(np.array(shrunk.speeds) - raw).max() < 0.2 * np.abs(raw - 1).max()
