@@ -53,10 +53,14 @@ def test_the_cli_writes_a_csv_and_names_a_bad_file(
     sitting = tmp_path / "first"
     sitting.mkdir()
     (sitting / "cross_run.json").write_text(json.dumps(DOC))
+    (sitting / "run_s").mkdir()
+    (sitting / "run_s" / "metrics.json").write_text(json.dumps({"hardware": "Some CPU"}))
     out = tmp_path / "summary.csv"
     assert main([str(sitting), "--out", str(out)]) == 0
     with out.open() as f:
-        assert [r["validated"] for r in csv.DictReader(f)] == ["as is", "timed"]
+        written = list(csv.DictReader(f))
+    assert [r["validated"] for r in written] == ["as is", "timed"]
+    assert {r["machine"] for r in written} == {"Some CPU"}
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "cross_run.json").write_text("{}")
     for argv in ([str(sitting), str(tmp_path / "bad")], [str(tmp_path / "missing")]):

@@ -54,9 +54,8 @@ them one after another, as before (and is the only sitting ``--profile each`` ha
 The interleaved profile takes ``PROFILE_PASSES`` sweeps of one call per point, each sweep a
 stretch of the sitting, so it also measures how the machine's speed drifted through the
 sitting (:mod:`experiments.bench.speed_timeline`, ``STRETCHES_PER_SWEEP`` stretches per
-sweep). Every pair
-is then validated a second time with each simulated step priced at the speed of the stretch
-where it falls
+sweep). Every pair is then validated a second time with each simulated step priced at the
+speed of the stretch where it falls
 (:class:`sim.cost.drifting.DriftingCostModel`; a run's i-th step falls at ``i / expected``
 of the sitting, the expectation that paced its turns): ``timed_rows`` and
 ``timed_open_loop`` in ``cross_run.json``. It separates the step model's error from the
@@ -312,9 +311,9 @@ def cross_run(
             found = None  # a profile retaken alone: the runs' places are not recorded
     shrunk = None if found is None else shrink_to_price(found)
     # each pair again at the sitting's speed: as measured ("timed") and shrunk by its scatter
-    timelines = {} if found is None or shrunk is None else {
-        "timed": [s.speed for s in found], "shrunk": shrunk.speeds,
-    }  # fmt: skip
+    timelines: dict[str, list[float]] = {}
+    if found is not None and shrunk is not None:
+        timelines = {"timed": [s.speed for s in found], "shrunk": shrunk.speeds}
     rows, open_loop, calibrations, drift = [], [], {}, []
     at_speed: dict[str, list[dict[str, Any]]] = {
         f"{kind}_{part}": [] for kind in timelines for part in ("rows", "open_loop")

@@ -7,7 +7,8 @@ and mean E2E within 5%. For each sitting's ``cross_run.json`` and each way it wa
 its own scatter, where the sitting has it), one row: the worst relative error over every pair
 of distinct runs (``role`` "other run") and those three metrics, which pair and metric it
 was, how many pairs meet ``--within`` on all three, and the engine against itself (its worst
-repeatability difference on the same metrics). Also the shrinkage's ``tau``.
+repeatability difference on the same metrics). Also the shrinkage's ``tau`` and the machine
+the runs were served on (``hardware`` in ``run_s/metrics.json`` beside the file, where kept).
 """
 
 from __future__ import annotations
@@ -39,7 +40,18 @@ def read_sitting(path: Path) -> dict[str, Any]:
     return doc
 
 
-def summarise(doc: dict[str, Any], name: str, within: float) -> list[dict[str, Any]]:
+def machine_of(path: Path) -> str:
+    """The ``hardware`` the sitting's span run recorded, or ``?``."""
+    folder = path.parent if path.suffix == ".json" else path
+    try:
+        return str(json.loads((folder / "run_s" / "metrics.json").read_text())["hardware"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return "?"
+
+
+def summarise(
+    doc: dict[str, Any], name: str, within: float, machine: str = "?"
+) -> list[dict[str, Any]]:
     """One row per way ``doc`` was validated (:data:`MODES`, those it holds)."""
     repeat = [
         abs(r["rel_diff"]) for r in doc.get("repeatability", [])
@@ -60,8 +72,8 @@ def summarise(doc: dict[str, Any], name: str, within: float) -> list[dict[str, A
             pair = (r["calibrated_on"], r["validated_on"])
             pairs[pair] = pairs.get(pair, True) and abs(r["rel_err"]) <= within
         out.append({
-            "sitting": name, "validated": mode, "pairs_met": sum(pairs.values()),
-            "pairs": len(pairs), "worst_err": worst["rel_err"],
+            "sitting": name, "machine": machine, "validated": mode,
+            "pairs_met": sum(pairs.values()), "pairs": len(pairs), "worst_err": worst["rel_err"],
             "worst_pair": f"{worst['calibrated_on']} -> {worst['validated_on']}",
             "worst_metric": worst["metric"],
             "engine_vs_itself": max(repeat, default=float("nan")),
@@ -81,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError("--within", "must lie between 0 and 1", args.within)
     rows = []
     for path in args.sittings:
-        rows += summarise(read_sitting(path), path.name or str(path), args.within)
+        doc = read_sitting(path)
+        rows += summarise(doc, path.name or str(path), args.within, machine_of(path))
     print_table(f"every pair of distinct runs, within {args.within:.0%} on "
                 f"{', '.join(TARGET_METRICS)}", rows)  # fmt: skip
     if args.out is not None:
