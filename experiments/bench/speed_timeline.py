@@ -110,14 +110,13 @@ def speed_timeline(profile_dir: str | Path, stretches_per_sweep: int = 1) -> lis
 def shrink_to_price(found: list[Stretch]) -> ShrunkTimeline:
     """Each stretch's speed shrunk toward the price (1) by how much the stretches differ
     beyond their own scatter. With ``w = 1 / variance`` (0 for an infinite one) and
-    ``Q = Σ w (speed − 1)²`` over the k stretches of finite variance, the method-of-moments
+    ``Q = Σ w (speed − 1)²`` over the k stretches of finite, positive variance, the moments'
     spread is ``tau² = max(0, (Q − k) / Σ w)`` (``E[Q] = k + tau² Σ w``, the mean known);
     a stretch keeps ``tau² / (tau² + variance)`` of its departure. A stretch of zero variance
     keeps all of it, one of infinite variance none."""
     if not found:
         raise ValueError("no stretches to shrink")
-    finite = [s for s in found if np.isfinite(s.variance)]
-    positive = [s for s in finite if s.variance > 0]
+    positive = [s for s in found if np.isfinite(s.variance) and s.variance > 0]
     weights = np.array([1.0 / s.variance for s in positive])
     q = float(sum(w * (s.speed - 1.0) ** 2 for w, s in zip(weights, positive, strict=True)))
     tau2 = max(0.0, (q - len(positive)) / weights.sum()) if len(positive) else 0.0
