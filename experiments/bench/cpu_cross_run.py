@@ -309,10 +309,11 @@ def cross_run(
         expected = expected_units(record)
         if not set(runs) <= set(expected):
             found = None  # a profile retaken alone: the runs' places are not recorded
-    shrunk = None if found is None else shrink_to_price(found)
     # each pair again at the sitting's speed: as measured ("timed") and shrunk by its scatter
+    shrunk = None
     timelines: dict[str, list[float]] = {}
-    if found is not None and shrunk is not None:
+    if found is not None:
+        shrunk = shrink_to_price(found)
         timelines = {"timed": [s.speed for s in found], "shrunk": shrunk.speeds}
     rows, open_loop, calibrations, drift = [], [], {}, []
     at_speed: dict[str, list[dict[str, Any]]] = {

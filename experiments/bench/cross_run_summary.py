@@ -22,6 +22,7 @@ from typing import Any
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
+from experiments.lib.results import read_metrics
 
 TARGET_METRICS = ("request_throughput", "mean_tpot_ms", "mean_e2el_ms")
 MODES = (("as is", "rows"), ("timed", "timed_rows"), ("shrunk", "shrunk_rows"))
@@ -44,7 +45,7 @@ def machine_of(path: Path) -> str:
     """The ``hardware`` the sitting's span run recorded, or ``?``."""
     folder = path.parent if path.suffix == ".json" else path
     try:
-        return str(json.loads((folder / "run_s" / "metrics.json").read_text())["hardware"])
+        return str(read_metrics(folder / "run_s")["hardware"])
     except (OSError, json.JSONDecodeError, KeyError, TypeError):
         return "?"
 
