@@ -50,7 +50,7 @@ DENSE_TOKENS = 8192  # token counts priced by table lookup; larger ones are comp
 _MEMO_LIMIT = 1 << 16  # prefill lengths remembered before the memo starts over
 
 
-def _interp(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
+def interp_points(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
     """Piecewise-linear through the points, linear extrapolation past both ends, >= 0."""
     y = np.interp(x, xp, fp)
     if len(xp) > 1:
@@ -139,10 +139,10 @@ class ProfiledCostModel:
         hidden_ratio = m.hidden_size / ref.hidden_size
 
         def layer_s(n: np.ndarray) -> np.ndarray:
-            lin = _interp(n, n_lin, t_lin)
+            lin = interp_points(n, n_lin, t_lin)
             if not self.same:
                 lin = lin * roof(p_t, act_t, g, n) / roof(p_p, act_p, gp, n)
-            oth = _interp(n if self.same else n * hidden_ratio, n_oth, t_oth)
+            oth = interp_points(n if self.same else n * hidden_ratio, n_oth, t_oth)
             return m.num_layers * (lin + oth)
 
         h, vocab = m.hidden_size, m.vocab_size
@@ -151,8 +151,8 @@ class ProfiledCostModel:
         def lm_head_s(rows: np.ndarray) -> np.ndarray:
             if self.same and "lm_head" in prof.ops:
                 n, _, t = prof.ops["lm_head"]
-                return _interp(rows, n, t)
-            frac = _interp(rows, n_lin, self._achieved)
+                return interp_points(rows, n, t)
+            frac = interp_points(rows, n_lin, self._achieved)
             return roof(lm_params, lm_act, g, rows) / np.maximum(frac, 1e-9)
 
         self._layer_fn, self._lm_fn = layer_s, lm_head_s
@@ -228,7 +228,7 @@ class ProfiledCostModel:
 
         def at(i: int) -> float:
             xs, ys = curves[i]
-            return float(_interp(np.array([per_seq]), xs, ys)[0])
+            return float(interp_points(np.array([per_seq]), xs, ys)[0])
 
         if seqs <= counts[0]:
             return at(0) * seqs / counts[0]
@@ -247,7 +247,7 @@ class ProfiledCostModel:
         if hit is None:
             assert self._prefill is not None
             n, tt = self._prefill
-            hit = float(_interp(np.array([length]), n, tt)[0])
+            hit = float(interp_points(np.array([length]), n, tt)[0])
             if len(self._prefill_memo) >= _MEMO_LIMIT:
                 self._prefill_memo.clear()
             self._prefill_memo[length] = hit
@@ -317,7 +317,7 @@ class ProfiledCostModel:
         )  # fmt: skip
         n, _, _ = prof.ops["linear"]
         pts = [1, 16, 64, 256, 1024, 4096]
-        frac = _interp(np.array(pts, dtype=float), n, self._achieved)
+        frac = interp_points(np.array(pts, dtype=float), n, self._achieved)
         curve = ", ".join(f"{p}: {f:.2f}" for p, f in zip(pts, frac, strict=True))
         attn = "profiled" if self._decode is not None else "roofline at the efficiencies below"
         lines = [

@@ -1,0 +1,185 @@
+"""Decode attention on a fine grid of contexts, against the profile's interpolation:
+``python -m experiments.bench.cpu_decode_grid [--seqs 4 8 16 32] [--contexts 16 24 ...]
+[--sweeps 16] [--out DIR]``.
+
+A sitting's operator profile times decode attention at per-sequence contexts that are powers
+of two, every sequence of a batch at the same context, and ``cost=profiled`` prices the
+contexts between by a straight line through the two around them
+(:class:`sim.cost.profiled.ProfiledCostModel`). The engine's batches fall between those
+points, and their contexts are spread. This times kvlab's OPT-125M decode forward on this
+CPU as a sitting's profile does (inside the whole model,
+:meth:`experiments.bench.profile_gpu.Profiler.in_model`: one torch thread, thread CPU time,
+torch attention, malloc pinned), for each sequence count and per-sequence mean context of
+the grid, twice: every context equal, and spread (pairs ``mean - x``, ``mean + x``, ``x``
+uniform in ``[0, mean - 1]``, drawn afresh each sweep; the same sum). Every sweep is one call
+per point in a seeded random order, so the machine's drift falls on all points alike; a
+point's time is the mean over the sweeps.
+
+Per sequence count and context it reports:
+
+- ``price_vs_equal``: the price from the grid's powers of two alone, as ``cost=profiled``
+  draws it (piecewise linear in per-sequence context through the running maximum), over the
+  measured equal batch, less 1: the interpolation's error;
+- ``spread_vs_equal``: the spread batch over the equal one, less 1;
+- ``price_vs_spread``: the price over the spread batch, less 1: what an engine's batch of
+  this size and sum meets;
+- ``attn_share``: attention's share of the whole forward (the layers' linear, other and
+  attention, and the LM head), which turns an attention error into a step's;
+- ``step_vs_spread``: ``price_vs_spread × attn_share``, the whole forward's error from it.
+
+Writes ``DIR/decode_grid.csv`` (every point and kind: the mean and standard error over the
+sweeps), ``DIR/decode_grid_summary.csv`` (the table above) and ``DIR/decode_grid.json`` (the
+machine, malloc's state, the arguments). About 20 s a sweep at the defaults on a 2-core VM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments.bench.sim import machine_info
+from experiments.bench.tables import print_table, write_csv
+from experiments.lib.cli import plain_cli
+from experiments.lib.malloc import pin_malloc
+from experiments.lib.results import write_json
+from sim.cost.profiled import interp_points
+
+SEQS = (4, 8, 16, 32)
+CONTEXTS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+KINDS = ("equal", "spread")
+
+
+def spread_contexts(seqs: int, mean: int, rng: random.Random) -> list[int]:
+    """``seqs`` contexts summing to ``seqs × mean``: pairs ``mean - x``, ``mean + x`` with
+    ``x`` uniform in ``[0, mean - 1]`` (one ``mean`` left over when ``seqs`` is odd)."""
+    xs = [rng.randint(0, mean - 1) for _ in range(seqs // 2)]
+    return [mean - x for x in xs] + [mean + x for x in xs] + [mean] * (seqs % 2)
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def price_from_powers(contexts: list[int], equal_ms: list[float]) -> list[float]:
+    """The price at every context from the points at powers of two alone, as
+    ``cost=profiled`` draws decode attention along one sequence count: piecewise linear
+    through the running maximum, extrapolated linearly past the ends."""
+    knots = [(c, t) for c, t in zip(contexts, equal_ms, strict=True) if is_power_of_two(c)]
+    if len(knots) < 2:
+        raise ValueError(f"--contexts {contexts} hold fewer than two powers of two")
+    xs = np.array([c for c, _ in knots], dtype=float)
+    ys = np.maximum.accumulate(np.array([t for _, t in knots]))
+    return interp_points(np.array(contexts, dtype=float), xs, ys).tolist()
+
+
+def measure(
+    seqs: list[int], contexts: list[int], sweeps: int, seed: int, log: Any = print
+) -> list[dict[str, Any]]:
+    """Time every (sequence count, context, kind) once per sweep, in each sweep's seeded
+    random order; one row per point with the mean and standard error over the sweeps of its
+    attention per layer and its whole forward, in milliseconds."""
+    import torch
+
+    from experiments.bench import profile_gpu
+
+    torch.set_num_threads(1)
+    torch.set_grad_enabled(False)
+    plan = profile_gpu.make_plan(False, "opt-125m", cpu=True, passes=1, single_calls=True)
+    profiler = profile_gpu.Profiler(plan)
+    assert profiler.whole is not None
+    layers = profiler.whole.layers
+    points = [(n, c, k) for n in seqs for c in contexts for k in KINDS]
+    attn: dict[tuple[int, int, str], list[float]] = {p: [] for p in points}
+    forward: dict[tuple[int, int, str], list[float]] = {p: [] for p in points}
+    start = time.monotonic()
+    for sweep in range(sweeps):
+        order = random.Random(seed * 1_000_003 + sweep).sample(points, len(points))
+        for n, c, kind in order:
+            rng = random.Random(f"{seed}-{n}-{c}-{sweep}")
+            ctx = [c] * n if kind == "equal" else spread_contexts(n, c, rng)
+            ms = profiler.in_model([1] * n, ctx)
+            attn[n, c, kind].append(ms["attn"])
+            forward[n, c, kind].append(layers * (ms["linear"] + ms["other"] + ms["attn"])
+                                       + ms["lm_head"])  # fmt: skip
+        log(f"sweep {sweep + 1}/{sweeps} done ({time.monotonic() - start:.0f} s)")
+
+    def se(xs: list[float]) -> float:
+        return statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan")
+
+    return [
+        {"seqs": n, "context": c, "contexts": k, "sweeps": len(attn[n, c, k]), "layers": layers,
+         "attn_ms": statistics.fmean(attn[n, c, k]), "attn_se_ms": se(attn[n, c, k]),
+         "forward_ms": statistics.fmean(forward[n, c, k]),
+         "forward_se_ms": se(forward[n, c, k])}
+        for n, c, k in points
+    ]  # fmt: skip
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per sequence count and context, the comparisons of the module doc (fractions)."""
+    by = {(r["seqs"], r["context"], r["contexts"]): r for r in rows}
+    out = []
+    for n in sorted({r["seqs"] for r in rows}):
+        contexts = sorted({c for s, c, _ in by if s == n})
+        equal = [by[n, c, "equal"]["attn_ms"] for c in contexts]
+        prices = price_from_powers(contexts, equal)
+        for c, eq, price in zip(contexts, equal, prices, strict=True):
+            spread = by[n, c, "spread"]
+            share = spread["layers"] * spread["attn_ms"] / spread["forward_ms"]
+            out.append({
+                "seqs": n, "context": c, "knot": is_power_of_two(c),
+                "equal_ms": eq, "spread_ms": spread["attn_ms"], "price_ms": price,
+                "price_vs_equal": price / eq - 1, "spread_vs_equal": spread["attn_ms"] / eq - 1,
+                "price_vs_spread": price / spread["attn_ms"] - 1, "attn_share": share,
+                "step_vs_spread": (price / spread["attn_ms"] - 1) * share,
+            })  # fmt: skip
+    return out
+
+
+@plain_cli
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench.cpu_decode_grid", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--seqs", type=int, nargs="+", default=list(SEQS))
+    parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS),
+                        help="per-sequence mean contexts; at least two powers of two")  # fmt: skip
+    parser.add_argument("--sweeps", type=int, default=16, help="calls per point (default 16)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("results/cpu_decode_grid"))
+    args = parser.parse_args(argv)
+    if args.sweeps < 1 or min(args.seqs) < 1 or min(args.contexts) < 1:
+        parser.error("--sweeps, --seqs and --contexts must be >= 1")
+    if sum(is_power_of_two(c) for c in set(args.contexts)) < 2:
+        parser.error(f"--contexts {args.contexts} hold fewer than two powers of two")
+    import torch
+
+    from experiments.serve import device_name
+
+    malloc = pin_malloc()
+    rows = measure(args.seqs, sorted(set(args.contexts)), args.sweeps, args.seed)
+    summary = summarize(rows)
+    print_table("decode attention per layer: equal and spread contexts, the profile's price",
+                summary)  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "decode_grid.csv", rows)
+    write_csv(args.out / "decode_grid_summary.csv", summary)
+    write_json(args.out / "decode_grid.json", {
+        "machine": {**machine_info(), "cpu": device_name(torch.device("cpu"))},
+        "malloc": malloc, "argv": sys.argv[1:],
+        "seqs": args.seqs, "contexts": sorted(set(args.contexts)), "sweeps": args.sweeps,
+        "seed": args.seed,
+    })  # fmt: skip
+    print(f"wrote {args.out}/decode_grid.csv, decode_grid_summary.csv, decode_grid.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
