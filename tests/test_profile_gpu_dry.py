@@ -189,8 +189,9 @@ def test_a_seeded_plan_visits_every_point_once_per_sweep_in_its_own_order() -> N
 
 
 def test_single_calls_time_each_point_once_per_sweep_and_keep_the_mean() -> None:
-    """--single-calls: one call per point and sweep with no warm-up, in the model's forward
-    too, and a point's time is the mean of its sweeps; the sidecar says so."""
+    """--single-calls: one unrecorded call of every point first (a first call is cold), then
+    one call per point and sweep with no warm-up, in the model's forward too, and a point's
+    time is the mean of its sweeps; the sidecar says so."""
     from experiments.bench import in_model, profile_gpu
     from experiments.bench.profile_gpu import sidecar
 
@@ -198,7 +199,13 @@ def test_single_calls_time_each_point_once_per_sweep_and_keep_the_mean() -> None
     assert (plan.repeats, plan.warmup, plan.across_sweeps) == (1, 0, "mean")
     assert plan.order_seed == 0 and make_plan(dry=False, cpu=True).order_seed is None
     method = sidecar(plan, ["--cpu", "--single-calls"])["method"]
-    assert "one call per point and sweep, no warm-up" in method and "mean of 3 sweeps" in method
+    assert (
+        "one call per point and sweep, no warm-up but one unrecorded call of every point "
+        "before the first sweep"
+        in method
+        and "mean of 3 sweeps" in method
+    )
+    assert plan.warm_up_sweep and not make_plan(dry=False, cpu=True).warm_up_sweep
     assert "random order" in method
     small = replace(plan, token_counts=(1, 2), seq_contexts=(16,), decode_batches=(2,),
                     flush_bytes=1 << 16, in_model_tokens=1)  # fmt: skip
@@ -213,8 +220,11 @@ def test_single_calls_time_each_point_once_per_sweep_and_keep_the_mean() -> None
         mp.setattr(Profiler, "time", lambda self, fn: next(fake))
         mp.setattr(in_model.InModelTimer, "time", fake_forward)
         rows = profile_gpu.measure(small, log=lambda _: None)
-    # per sweep: the 1-token point in the forward, the decode point of 2 sequences alone
-    assert forwards == [(1, 0)] * 3
+    # per sweep and the warm-up: the 1-token point in the forward, the decode point alone
+    assert forwards == [(1, 0)] * 4
+    # the warm-up's six calls (the forward, 2 tokens' four ops, the decode) are not recorded
+    recorded = [float(x) for r in rows for x in r["sweeps_ms"].split(";")]
+    assert min(recorded) == 7.0**2
     assert len(rows) == 4 + 4 + 1
     units = {(r["op"], r["num_tokens"]): r["sweep_units"] for r in rows}
     assert len({units[op, 1] for op in ("linear", "other", "attn_prefill", "lm_head")}) == 1

@@ -129,6 +129,10 @@ class ProfilePlan:
     # order, seeded by (order_seed, sweep), so a drift within a sweep falls on neighbouring
     # row counts independently instead of all alike
     order_seed: int | None = None
+    # one unrecorded call of every point before the first sweep: a point's first call in a
+    # process is cold (up to 4.9 times its mean in a sitting: experiments.bench.cold_sweep),
+    # which a profile without warm-up calls would average in and read as the machine's speed
+    warm_up_sweep: bool = False
 
 
 # --cpu: every row count to 64 (CPU GEMM time is not monotone in rows there), then coarser
@@ -164,9 +168,11 @@ def make_plan(
 ) -> ProfilePlan:
     """The plan of a GPU, ``dry`` or ``cpu`` profile. ``single_calls`` (CPU): each sweep times
     one call per point, with no warm-up, in its own seeded random order, and a point's time is
-    the mean over the sweeps: for many sweeps spread over a sitting whose machine drifts, so
-    that each point samples the sitting as the runs' steps do, each call meets the cache
-    another's work left, and neighbouring row counts meet the drift independently."""
+    the mean over the sweeps; every point is called once, unrecorded, before the first sweep
+    (its first call in the process is cold): for many sweeps spread over a sitting whose
+    machine drifts, so that each point samples the sitting as the runs' steps do, each call
+    meets the cache another's work left, and neighbouring row counts meet the drift
+    independently."""
     if cpu:
         repeats, warmup = (1, 0) if single_calls else (5, 1)
         return ProfilePlan(torch.device("cpu"), False, model or "opt-125m", torch.float32,
@@ -175,7 +181,8 @@ def make_plan(
                            decode_batches=tuple(2**i for i in range(7)),
                            thread_clock=True, passes=passes, in_model_tokens=64,
                            across_sweeps="mean" if single_calls else "median",
-                           order_seed=0 if single_calls else None)  # fmt: skip
+                           order_seed=0 if single_calls else None,
+                           warm_up_sweep=single_calls)  # fmt: skip
     if single_calls:
         raise ValueError("single calls per sweep are a CPU profile's (--cpu)")
     if dry:
@@ -444,28 +451,16 @@ def measuring(
             for (op, t, c), ms in times.items()
         ])  # fmt: skip
 
-    token_ops = {
-        "linear": prof.linear,
-        "other": prof.other,
-        "attn_prefill": lambda n: prof.attention([n], [n]),
-        "lm_head": prof.lm_head,
-    }
+    if plan.warm_up_sweep:
+        for point in sweep_points(plan, 0):
+            time_point(prof, point)
     for sweep in range(plan.passes):
         last: dict[int, dict[str, float]] = {}  # this sweep's token ops by token count
         points = sweep_points(plan, sweep)
         token_units = sum(kind != "attn_decode" for kind, _, _ in points)
         for i, point in enumerate(points):
-            kind, t, total = point
-            with torch.inference_mode():
-                if kind == "attn_decode":
-                    lens, contexts = [1] * t, [total // t] * t
-                    timed = prof.in_model if in_model(plan, t) else prof.attention
-                    ms = {kind: _attention_ms(timed(lens, contexts))}
-                elif kind == "model":
-                    by_op = prof.in_model([t], [t])
-                    ms = {IN_MODEL_OPS.get(op, op): value for op, value in by_op.items()}
-                else:
-                    ms = {kind: token_ops[kind](t)}
+            kind, t, _ = point
+            ms = time_point(prof, point)
             for op, tokens, context in point_rows(point):
                 add(op, tokens, context, ms[op], i)
             if kind != "attn_decode":
@@ -482,6 +477,25 @@ def measuring(
         if partial is not None and sweep < plan.passes - 1:
             partial(rows())
     return rows()
+
+
+def time_point(prof: Profiler, point: Point) -> dict[str, float]:
+    """Milliseconds of each op one unit of a sweep measures (:func:`point_rows`' ops)."""
+    plan, (kind, t, total) = prof.plan, point
+    with torch.inference_mode():
+        if kind == "attn_decode":
+            timed = prof.in_model if in_model(plan, t) else prof.attention
+            return {kind: _attention_ms(timed([1] * t, [total // t] * t))}
+        if kind == "model":
+            by_op = prof.in_model([t], [t])
+            return {IN_MODEL_OPS.get(op, op): value for op, value in by_op.items()}
+        token_ops = {
+            "linear": prof.linear,
+            "other": prof.other,
+            "attn_prefill": lambda n: prof.attention([n], [n]),
+            "lm_head": prof.lm_head,
+        }
+        return {kind: token_ops[kind](t)}
 
 
 def sorted_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -504,6 +518,9 @@ def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
             if (plan.repeats, plan.warmup) == (1, 0)
             else f"median of {plan.repeats} after {plan.warmup} warm-up calls"
         )
+        if plan.warm_up_sweep:
+            calls = calls.replace("no warm-up", "no warm-up but one unrecorded call of every "
+                                  "point before the first sweep")  # fmt: skip
         method = (
             f"CPU: the calling thread's CPU time, one torch thread, {plan.backend} "
             f"attention, {calls}"
