@@ -19,23 +19,29 @@ measured. Nothing here is fitted to a run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from experiments.bench import profile_gpu
+from experiments.bench.cold_sweep import cold_sweeps
 
 
 @dataclass(frozen=True)
 class Stretch:
     """One stretch of a sitting: its speed (time over price), the variance of that estimate
-    (``inf`` with fewer than two units, which say nothing of their scatter) and its units."""
+    (``inf`` with fewer than two units, which say nothing of their scatter) and its units.
+    ``copies``: where its units were cold calls (:mod:`experiments.bench.cold_sweep`), the
+    index of the stretch whose speed it takes: the same place in the first measured sweep
+    (one sweep later, and in a sorted sweep the same points); its variance is infinite."""
 
     speed: float
     variance: float
     units: int
+    copies: int | None = None
 
 
 @dataclass(frozen=True)
@@ -61,9 +67,13 @@ def stretches(profile_dir: str | Path, stretches_per_sweep: int = 1) -> list[Str
     """Each stretch of the sitting, in order: with ``stretches_per_sweep`` = m each sweep's
     units, in the order its ``sweep_units`` column records, are cut into m runs of equal
     count, m·K stretches in all (m at most the units of a sweep). A profile without that
-    column (taken before it was written) gives one stretch per sweep. None with fewer than
-    two sweeps or a ragged ``sweeps_ms``."""
+    column (taken before it was written) gives one stretch per sweep. The stretches of the
+    first ``cold_sweeps`` sweeps (the sidecar's; :mod:`experiments.bench.cold_sweep`) say
+    nothing of the machine: each takes the speed of the same place in the first measured
+    sweep (``copies``). None with fewer than two sweeps or a ragged ``sweeps_ms``."""
     profile = pd.read_csv(Path(profile_dir) / "operator_profile.csv")
+    sidecar = Path(profile_dir) / "operator_profile.json"
+    cold = cold_sweeps(json.loads(sidecar.read_text())) if sidecar.is_file() else 0
     if "sweeps_ms" not in profile:
         return None
     sweeps = [profile_gpu.parse_sweeps(cell) for cell in profile["sweeps_ms"]]
@@ -77,6 +87,8 @@ def stretches(profile_dir: str | Path, stretches_per_sweep: int = 1) -> list[Str
         units = [[0] * count for _ in sweeps]
     per_sweep = min(len({row[j] for row in units}) for j in range(count))
     stretches_per_sweep = min(stretches_per_sweep, per_sweep)
+    if cold >= count:
+        return None
     out = []
     for j in range(count):
         by_unit: dict[int, list[float]] = {}  # unit → [time, price]
@@ -85,8 +97,19 @@ def stretches(profile_dir: str | Path, stretches_per_sweep: int = 1) -> list[Str
             cell[0], cell[1] = cell[0] + row[j], cell[1] + p
         ordered = np.array([by_unit[u] for u in sorted(by_unit)])
         for part in np.array_split(ordered, stretches_per_sweep):
-            out.append(_ratio(part[:, 0], part[:, 1]))
-    return out
+            if j < cold:
+                source = len(out) + cold * stretches_per_sweep
+                out.append(Stretch(float("nan"), float("inf"), len(part), copies=source))
+            else:
+                out.append(_ratio(part[:, 0], part[:, 1]))
+    speeds = _copied(out, [s.speed for s in out])
+    return [replace(s, speed=v) for s, v in zip(out, speeds, strict=True)]
+
+
+def _copied(found: list[Stretch], speeds: list[float]) -> list[float]:
+    """``speeds`` (one per stretch of ``found``) with each cold stretch's entry that of the
+    stretch it copies."""
+    return [v if s.copies is None else speeds[s.copies] for s, v in zip(found, speeds, strict=True)]
 
 
 def _ratio(time: np.ndarray, price: np.ndarray) -> Stretch:
@@ -113,7 +136,8 @@ def shrink_to_price(found: list[Stretch]) -> ShrunkTimeline:
     ``Q = Σ w (speed − 1)²`` over the k stretches of finite, positive variance, the moments'
     spread is ``tau² = max(0, (Q − k) / Σ w)`` (``E[Q] = k + tau² Σ w``, the mean known);
     a stretch keeps ``tau² / (tau² + variance)`` of its departure. A stretch of zero variance
-    keeps all of it, one of infinite variance none."""
+    keeps all of it, one of infinite variance none, and a cold one the shrunk speed of the
+    stretch it copies."""
     if not found:
         raise ValueError("no stretches to shrink")
     positive = [s for s in found if np.isfinite(s.variance) and s.variance > 0]
@@ -129,4 +153,5 @@ def shrink_to_price(found: list[Stretch]) -> ShrunkTimeline:
         else:
             keep = tau2 / (tau2 + s.variance)
         speeds.append(1.0 + keep * (s.speed - 1.0))
+    speeds = _copied(found, speeds)
     return ShrunkTimeline(speeds, float(np.sqrt(tau2)), q, len(positive))
