@@ -87,3 +87,32 @@ def test_a_steady_machine_stays_near_the_price_a_drifting_one_near_its_measure(
     # the machine's drift dwarfs the scatter: the timeline is kept nearly as measured
     assert shrunk.tau > 0.1
     assert np.abs(np.array(shrunk.speeds) - raw).max() < 0.2 * np.abs(raw - 1).max()
+
+
+def test_cold_sweeps_copy_the_same_place_one_sweep_later(tmp_path: Path) -> None:
+    """A sidecar's ``cold_sweeps``: those sweeps' stretches take the speed of the same place
+    in the first measured sweep, carry no weight in the shrinkage, and take the shrunk speed
+    of the stretch they copy."""
+    import json
+
+    from experiments.bench.cold_sweep import set_aside
+
+    rng = np.random.default_rng(3)
+    prices = rng.uniform(1.0, 3.0, 8)
+    drift = [5.0, 1.3, 0.7, 1.2, 0.8]  # sweep 0 is cold: five times the price
+    times = prices[:, None] * np.array(drift)[None, :] * rng.uniform(0.97, 1.03, (8, 5))
+    raw = _profile(tmp_path / "raw", list(times.mean(axis=1)), times.tolist())
+    (raw / "operator_profile.json").write_text(json.dumps({"method": "mean of 5 sweeps"}))
+    warm = set_aside(raw, tmp_path / "warm", 1)
+    found = stretches(warm, 2)
+    assert found is not None and len(found) == 10
+    assert [s.copies for s in found[:2]] == [2, 3] and found[2].copies is None
+    assert [s.speed for s in found[:2]] == [found[2].speed, found[3].speed]
+    assert all(math.isinf(s.variance) for s in found[:2])
+    assert found[2].speed == pytest.approx(1.3 / np.mean(drift[1:]), rel=0.05)
+    shrunk = shrink_to_price(found)
+    assert shrunk.counted == 8
+    assert shrunk.speeds[:2] == shrunk.speeds[2:4]
+    # without the sidecar's word, sweep 0 reads as the machine running 2.8 times its price
+    plain = stretches(raw, 2)
+    assert plain is not None and plain[0].speed > 2.5 and plain[0].copies is None

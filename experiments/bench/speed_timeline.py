@@ -70,7 +70,8 @@ def stretches(profile_dir: str | Path, stretches_per_sweep: int = 1) -> list[Str
     column (taken before it was written) gives one stretch per sweep. The stretches of the
     first ``cold_sweeps`` sweeps (the sidecar's; :mod:`experiments.bench.cold_sweep`) say
     nothing of the machine: each takes the speed of the same place in the first measured
-    sweep (``copies``). None with fewer than two sweeps or a ragged ``sweeps_ms``."""
+    sweep (``copies``). None with fewer than two sweeps, none after the cold ones, or a
+    ragged ``sweeps_ms``."""
     profile = pd.read_csv(Path(profile_dir) / "operator_profile.csv")
     sidecar = Path(profile_dir) / "operator_profile.json"
     cold = cold_sweeps(json.loads(sidecar.read_text())) if sidecar.is_file() else 0
