@@ -1,6 +1,6 @@
 """Decode attention on a fine grid of contexts, against the profile's interpolation:
 ``python -m experiments.bench.cpu_decode_grid [--seqs 4 8 16 32] [--contexts 16 24 ...]
-[--sweeps 16] [--out DIR]``.
+[--sweeps 16] [--knots powers|N] [--out DIR]``.
 
 A sitting's operator profile times decode attention at per-sequence contexts that are powers
 of two, every sequence of a batch at the same context, and ``cost=profiled`` prices the
@@ -19,7 +19,9 @@ Per sequence count and context it reports:
 
 - ``price_vs_equal``: the price from the grid's powers of two alone, as ``cost=profiled``
   draws it (piecewise linear in per-sequence context through the running maximum), over the
-  measured equal batch, less 1: the interpolation's error;
+  measured equal batch, less 1: the interpolation's error (``--knots 16``: drawn through
+  the multiples of 16 instead, so at contexts between them it is what a half-filled last
+  block costs beyond the line through full ones);
 - ``spread_vs_equal``: the spread batch over the equal one, less 1;
 - ``price_vs_spread``: the price over the spread batch, less 1: what an engine's batch of
   this size and sum meets;
@@ -63,17 +65,24 @@ def spread_contexts(seqs: int, mean: int, rng: random.Random) -> list[int]:
     return [mean - x for x in xs] + [mean + x for x in xs] + [mean] * (seqs % 2)
 
 
-def is_power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
+def is_knot(context: int, every: int | None = None) -> bool:
+    """Whether the price is drawn through ``context``: a power of two (the profile's points;
+    ``every`` None), else a multiple of ``every`` (e.g. the block size: full last blocks)."""
+    if every is None:
+        return context > 0 and context & (context - 1) == 0
+    return context % every == 0
 
 
-def price_from_powers(contexts: list[int], equal_ms: list[float]) -> list[float]:
-    """The price at every context from the points at powers of two alone, as
+def price_from_knots(
+    contexts: list[int], equal_ms: list[float], every: int | None = None
+) -> list[float]:
+    """The price at every context from the knots alone (:func:`is_knot`), as
     ``cost=profiled`` draws decode attention along one sequence count: piecewise linear
     through the running maximum, extrapolated linearly past the ends."""
-    knots = [(c, t) for c, t in zip(contexts, equal_ms, strict=True) if is_power_of_two(c)]
+    pairs = zip(contexts, equal_ms, strict=True)
+    knots = [(c, t) for c, t in pairs if is_knot(c, every)]
     if len(knots) < 2:
-        raise ValueError(f"--contexts {contexts} hold fewer than two powers of two")
+        raise ValueError(f"--contexts {contexts} hold fewer than two knots")
     xs = np.array([c for c, _ in knots], dtype=float)
     ys = np.maximum.accumulate(np.array([t for _, t in knots]))
     return interp_points(np.array(contexts, dtype=float), xs, ys).tolist()
@@ -122,19 +131,20 @@ def measure(
     ]  # fmt: skip
 
 
-def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per sequence count and context, the comparisons of the module doc (fractions)."""
+def summarize(rows: list[dict[str, Any]], every: int | None = None) -> list[dict[str, Any]]:
+    """Per sequence count and context, the comparisons of the module doc (fractions), the
+    price drawn through the knots of ``every`` (:func:`is_knot`)."""
     by = {(r["seqs"], r["context"], r["contexts"]): r for r in rows}
     out = []
     for n in sorted({r["seqs"] for r in rows}):
         contexts = sorted({c for s, c, _ in by if s == n})
         equal = [by[n, c, "equal"]["attn_ms"] for c in contexts]
-        prices = price_from_powers(contexts, equal)
+        prices = price_from_knots(contexts, equal, every)
         for c, eq, price in zip(contexts, equal, prices, strict=True):
             spread = by[n, c, "spread"]
             share = spread["layers"] * spread["attn_ms"] / spread["forward_ms"]
             out.append({
-                "seqs": n, "context": c, "knot": is_power_of_two(c),
+                "seqs": n, "context": c, "knot": is_knot(c, every),
                 "equal_ms": eq, "spread_ms": spread["attn_ms"], "price_ms": price,
                 "price_vs_equal": price / eq - 1, "spread_vs_equal": spread["attn_ms"] / eq - 1,
                 "price_vs_spread": price / spread["attn_ms"] - 1, "attn_share": share,
@@ -150,22 +160,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seqs", type=int, nargs="+", default=list(SEQS))
     parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS),
-                        help="per-sequence mean contexts; at least two powers of two")  # fmt: skip
+                        help="per-sequence mean contexts; at least two knots")  # fmt: skip
     parser.add_argument("--sweeps", type=int, default=16, help="calls per point (default 16)")
+    parser.add_argument("--knots", default="powers",
+                        help="contexts the price is drawn through: 'powers' (of two, the "
+                        "profile's) or N (multiples of N)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("results/cpu_decode_grid"))
     args = parser.parse_args(argv)
     if args.sweeps < 1 or min(args.seqs) < 1 or min(args.contexts) < 1:
         parser.error("--sweeps, --seqs and --contexts must be >= 1")
-    if sum(is_power_of_two(c) for c in set(args.contexts)) < 2:
-        parser.error(f"--contexts {args.contexts} hold fewer than two powers of two")
+    if args.knots != "powers" and not (args.knots.isdigit() and int(args.knots) > 0):
+        parser.error(f"--knots must be 'powers' or a whole number > 0, got {args.knots!r}")
+    every = None if args.knots == "powers" else int(args.knots)
+    if sum(is_knot(c, every) for c in set(args.contexts)) < 2:
+        parser.error(f"--contexts {args.contexts} hold fewer than two knots (--knots)")
     import torch
 
     from experiments.serve import device_name
 
     malloc = pin_malloc()
     rows = measure(args.seqs, sorted(set(args.contexts)), args.sweeps, args.seed)
-    summary = summarize(rows)
+    summary = summarize(rows, every)
     print_table("decode attention per layer: equal and spread contexts, the profile's price",
                 summary)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
@@ -175,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {**machine_info(), "cpu": device_name(torch.device("cpu"))},
         "malloc": malloc, "argv": sys.argv[1:],
         "seqs": args.seqs, "contexts": sorted(set(args.contexts)), "sweeps": args.sweeps,
-        "seed": args.seed,
+        "seed": args.seed, "knots": args.knots,
     })  # fmt: skip
     print(f"wrote {args.out}/decode_grid.csv, decode_grid_summary.csv, decode_grid.json")
     return 0
