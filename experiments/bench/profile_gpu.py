@@ -130,7 +130,7 @@ class ProfilePlan:
     # row counts independently instead of all alike
     order_seed: int | None = None
     # one unrecorded call of every point before the first sweep: a point's first call in a
-    # process is cold (up to 4.9 times its mean in a sitting: experiments.bench.cold_sweep),
+    # process is cold (up to 4.9 times its other calls' median: experiments.bench.cold_sweep),
     # which a profile without warm-up calls would average in and read as the machine's speed
     warm_up_sweep: bool = False
 
