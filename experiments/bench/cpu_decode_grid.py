@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from experiments.bench.cpu_malloc import spread_contexts as malloc_spread
+from experiments.bench.cpu_malloc import whole_forward_ms
 from experiments.bench.sim import machine_info
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.cli import plain_cli
@@ -59,10 +61,9 @@ KINDS = ("equal", "spread")
 
 
 def spread_contexts(seqs: int, mean: int, rng: random.Random) -> list[int]:
-    """``seqs`` contexts summing to ``seqs × mean``: pairs ``mean - x``, ``mean + x`` with
-    ``x`` uniform in ``[0, mean - 1]`` (one ``mean`` left over when ``seqs`` is odd)."""
-    xs = [rng.randint(0, mean - 1) for _ in range(seqs // 2)]
-    return [mean - x for x in xs] + [mean + x for x in xs] + [mean] * (seqs % 2)
+    """``seqs`` contexts summing to ``seqs × mean``, each at least 1
+    (:func:`experiments.bench.cpu_malloc.spread_contexts`)."""
+    return malloc_spread(seqs, mean, rng, shortest=1)
 
 
 def is_knot(context: int, every: int | None = None) -> bool:
@@ -115,8 +116,7 @@ def measure(
             ctx = [c] * n if kind == "equal" else spread_contexts(n, c, rng)
             ms = profiler.in_model([1] * n, ctx)
             attn[n, c, kind].append(ms["attn"])
-            forward[n, c, kind].append(layers * (ms["linear"] + ms["other"] + ms["attn"])
-                                       + ms["lm_head"])  # fmt: skip
+            forward[n, c, kind].append(whole_forward_ms(ms, layers))
         log(f"sweep {sweep + 1}/{sweeps} done ({time.monotonic() - start:.0f} s)")
 
     def se(xs: list[float]) -> float:

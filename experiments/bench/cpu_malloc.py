@@ -34,10 +34,16 @@ MODES = ("default", "pinned")
 BATCHES = ((8, 1024), (16, 512))  # (sequences, mean context)
 
 
-def spread_contexts(seqs: int, mean: int, rng: random.Random) -> list[int]:
-    """``seqs`` (even) contexts in pairs ``mean - x``, ``mean + x`` (x up to ``mean - 32``)."""
-    xs = [rng.randint(0, mean - 32) for _ in range(seqs // 2)]
-    return [mean - x for x in xs] + [mean + x for x in xs]
+def spread_contexts(seqs: int, mean: int, rng: random.Random, shortest: int = 32) -> list[int]:
+    """``seqs`` contexts summing to ``seqs × mean``: pairs ``mean - x``, ``mean + x`` with
+    ``x`` uniform in ``[0, mean - shortest]`` (one ``mean`` left over when ``seqs`` is odd)."""
+    xs = [rng.randint(0, mean - shortest) for _ in range(seqs // 2)]
+    return [mean - x for x in xs] + [mean + x for x in xs] + [mean] * (seqs % 2)
+
+
+def whole_forward_ms(ms: dict[str, float], layers: int) -> float:
+    """A forward's milliseconds from ``Profiler.in_model``'s per-layer ops and its LM head."""
+    return layers * (ms["linear"] + ms["other"] + ms["attn"]) + ms["lm_head"]
 
 
 def measure(mode: str, reps: int, model: str = "opt-125m") -> list[dict[str, Any]]:
@@ -63,8 +69,7 @@ def measure(mode: str, reps: int, model: str = "opt-125m") -> list[dict[str, Any
             times["equal"].append(profiler.in_model([1] * seqs, [mean] * seqs))
             times["mixed"].append(profiler.in_model([1] * seqs, spreads[rep % 3]))
         for kind, samples in times.items():
-            forward = [layers * (s["linear"] + s["other"] + s["attn"]) + s["lm_head"]
-                       for s in samples]  # fmt: skip
+            forward = [whole_forward_ms(s, layers) for s in samples]
             rows.append({
                 "malloc": mode, "seqs": seqs, "mean_context": mean, "contexts": kind,
                 "attn_ms_per_layer": statistics.median(s["attn"] for s in samples),
