@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from core.plan import BatchShape
 from sim.cost import CalibratedCostModel, ProfiledCostModel, RooflineCostModel, build_cost_model
 from sim.cost.calibrated import ROOFLINE_TERMS, WEIGHTINGS
-from sim.cost.profile import FORMAT, ProfileError, read_profile
+from sim.cost.overhead import FIG18A_GATHER_TOKENS_PER_BLOCK
+from sim.cost.profile import FORMAT, ProfileError, attention_backend, read_profile
 
 VIDUR_A100 = Path(__file__).resolve().parents[1].parent / (
     "shared/measurements/vidur/a100/mlp_llama-2-7b.csv"
@@ -85,13 +86,54 @@ def test_profiled_step_time_is_monotone_in_tokens_and_context(tmp_path: Path) ->
 
 
 def test_block_size_other_than_profiled_adds_or_removes_gather_cost(tmp_path: Path) -> None:
+    """The profile's points fill whole blocks: at its own block size a block-granular stack
+    adds each sequence's unfilled last block ((16 - 1) / 2 tokens expected) and that tail's
+    gather, never the gather the points already hold; with no stack the block size does not
+    matter."""
     d = write_profile(tmp_path / "p", synthetic_rows())
-    shape = BatchShape(decode_seqs=8, decode_ctx_tokens=8 * 512)
+    seqs, layers = 8, 40
+    shape = BatchShape(decode_seqs=seqs, decode_ctx_tokens=seqs * 512)
     t = {b: ProfiledCostModel(d, "opt-13b", "a100-40gb", block_size=b, stack="vllm-2023")
          .gpu_seconds(shape) for b in (1, 16, 64)}  # fmt: skip
     assert t[1] > t[16] and t[64] != t[16]
-    plain = ProfiledCostModel(d, "opt-13b", "a100-40gb", block_size=1)
-    assert plain.gpu_seconds(shape) == pytest.approx(t[16])  # stack none: no block terms
+    plain = {b: ProfiledCostModel(d, "opt-13b", "a100-40gb", block_size=b).gpu_seconds(shape)
+             for b in (1, 16, 64)}  # fmt: skip
+    assert plain[1] == plain[16] == plain[64]
+    tail = seqs * (16 - 1) / 2
+    extra_tokens = tail + FIG18A_GATHER_TOKENS_PER_BLOCK * tail / 16
+    assert t[16] - plain[16] == pytest.approx(layers * 1e-4 * extra_tokens * 1e-3, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("meta", "backend", "whole"),
+    [
+        ({"attention": "torch"}, "torch", True),
+        ({"method": "CPU: the calling thread's CPU time, one torch thread, torch attention"},
+         "torch", True),
+        ({"attention": "triton"}, "triton", False),
+        ({"method": "CUDA events, median of 30 after 5 warm-up calls"}, None, False),
+    ],
+)  # fmt: skip
+def test_a_torch_backend_profile_prices_the_unfilled_last_block(
+    tmp_path: Path, meta: dict, backend: str | None, whole: bool
+) -> None:
+    """The torch reference gathers a sequence's whole blocks, so a profile of it (said by the
+    sidecar's ``attention`` or, in older profiles, by its ``method``) prices each sequence's
+    unfilled last block as read, with no stack; a triton profile, or one that does not say,
+    prices the context alone."""
+    d = write_profile(tmp_path / "p", synthetic_rows(), **meta)
+    assert attention_backend(read_profile(d).meta) == backend
+    seqs, layers = 8, 40
+    shape = BatchShape(decode_seqs=seqs, decode_ctx_tokens=seqs * 512)
+    m = ProfiledCostModel(d, "opt-13b", "a100-40gb")
+    plain = ProfiledCostModel(write_profile(tmp_path / "q", synthetic_rows()), "opt-13b",
+                              "a100-40gb")  # fmt: skip
+    assert m.whole_blocks is whole
+    tail_s = layers * 1e-4 * seqs * (16 - 1) / 2 * 1e-3
+    assert m.gpu_seconds(shape) - plain.gpu_seconds(shape) == pytest.approx(
+        tail_s if whole else 0.0, abs=1e-12
+    )
+    assert ("decode at whole blocks" in m.describe()) is whole
 
 
 @pytest.mark.parametrize(

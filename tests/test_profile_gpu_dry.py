@@ -115,6 +115,7 @@ def test_cpu_mode_times_the_cpu_engine_settings(tmp_path: Path) -> None:
     assert all(r["time_ms"] > 0 for r in rows)
     meta = sidecar(small, ["--cpu"])
     assert meta["gpu"] == "cpu" and meta["dry"] is False and "thread's CPU time" in meta["method"]
+    assert meta["attention"] == "torch"
 
 
 def test_passes_sweep_every_point_and_keep_each_points_median() -> None:

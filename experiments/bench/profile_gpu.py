@@ -551,6 +551,7 @@ def sidecar(plan: ProfilePlan, argv: list[str]) -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "dry": plan.dry,
+        "attention": plan.backend,
         "method": method,
     }
 

@@ -4,7 +4,9 @@ kvlab's format (``experiments/bench/profile_gpu.py`` writes it): ``operator_prof
 with columns ``op,num_tokens,context_tokens,time_ms`` (others, such as ``sweeps_ms``, are
 ignored) and a sidecar
 ``operator_profile.json`` ``{"format": "kvlab-operator-profile/1", "model", "gpu",
-"dtype", "tp", "block_size", "date", "command", "torch", "triton"}``. Times are medians in
+"dtype", "tp", "block_size", "date", "command", "torch", "triton"}`` and, since
+2026-12-04, ``"attention"`` (the engine's attention backend the decode rows measure; older
+CPU profiles name it in ``method``: :func:`attention_backend`). Times are medians in
 milliseconds, per decoder layer except ``lm_head`` (whole model):
 
 - ``linear``: the decoder layer's matmuls (QKV, O, MLP) for ``num_tokens`` rows;
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +48,12 @@ REQUIRED_OPS = ("linear", "other")
 VIDUR_LINEAR = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 VIDUR_OTHER = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 VIDUR_GPUS = {"a100": "a100-80gb", "h100": "h100"}
+# Attention backends whose decode reads every block of a sequence whole: the torch reference
+# gathers ceil(context / block) blocks before slicing the context out
+# (kernels.reference.gather_sequence_kv). The triton kernel visits keys BLOCK_N at a time and
+# masks past the context, whatever the block size (kernels.paged_attention).
+WHOLE_BLOCK_BACKENDS = frozenset({"torch"})
+_METHOD_BACKEND = re.compile(r"\b(torch|triton) attention\b")
 
 
 class ProfileError(ValueError):
@@ -78,6 +87,17 @@ class OperatorProfile:
     block_size: int | None
     source: str
     meta: dict[str, object] = field(default_factory=dict)
+
+
+def attention_backend(meta: dict[str, object]) -> str | None:
+    """The attention backend a kvlab profile's decode rows measured: the sidecar's
+    ``attention``, else the ``<backend> attention`` its ``method`` names (CPU profiles
+    before the key existed), else None (not said: GPU profiles before it, Vidur's)."""
+    named = meta.get("attention")
+    if isinstance(named, str):
+        return named
+    found = _METHOD_BACKEND.search(str(meta.get("method", "")))
+    return found.group(1) if found else None
 
 
 def _rows(path: Path) -> list[dict[str, str]]:

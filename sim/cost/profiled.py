@@ -24,8 +24,12 @@ Otherwise each operator is *transferred*:
   waste come on top. With kvlab's ``attn_decode`` rows: per sequence count, time is
   piecewise linear through the measured points in per-sequence context (made
   non-decreasing), interpolated linearly over sequence counts, rescaled by K/V bytes per
-  token and bandwidth when transferred, and the stack's per-block terms adjust for a block
-  size other than the profiled one. (A least-squares line per count, the earlier model,
+  token and bandwidth when transferred. The points fill whole blocks, so the stack's
+  gather adjusts for a block size other than the profiled one, and where the kernel reads
+  whole blocks (a block-granular stack, or a profile of the engine's torch backend,
+  :data:`~sim.cost.profile.WHOLE_BLOCK_BACKENDS`) each sequence's unfilled last block is
+  priced as read (``docs/validation/cpu-engine.md``: a half-filled block costs about what a
+  full one does). (A least-squares line per count, the earlier model,
   mispriced the CPU engine's short contexts: ``docs/validation/cpu-engine.md``.)
   ``attn_prefill``: prefill sequences of equal length ``tokens / seqs`` (BatchShape keeps
   sums), rescaled by FLOPs per pair and peak when transferred.
@@ -34,6 +38,7 @@ Otherwise each operator is *transferred*:
 from __future__ import annotations
 
 import bisect
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +48,13 @@ from core.plan import BatchShape
 from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.cost.efficiency import Efficiency
 from sim.cost.overhead import Stack, describe_stack, extra_kv_tokens
-from sim.cost.profile import LayerShape, OperatorProfile, read_profile
+from sim.cost.profile import (
+    WHOLE_BLOCK_BACKENDS,
+    LayerShape,
+    OperatorProfile,
+    attention_backend,
+    read_profile,
+)
 from sim.cost.roofline import RooflineCostModel
 
 DENSE_TOKENS = 8192  # token counts priced by table lookup; larger ones are computed
@@ -176,6 +187,10 @@ class ProfiledCostModel:
         self.block_size = block_size
         self._decode = self._decode_curves(prof, m, g, gp, ref, tp)
         self._prefill = self._prefill_table(prof, m, g, gp, ref, tp)
+        self.whole_blocks = self.stack.block_granular or (
+            attention_backend(prof.meta) in WHOLE_BLOCK_BACKENDS
+        )
+        self._kernel = replace(self.stack, block_granular=self.whole_blocks)
         self._decode_memo: dict[tuple[int, int], float] = {}
         self._prefill_memo: dict[float, float] = {}
 
@@ -253,16 +268,25 @@ class ProfiledCostModel:
             self._prefill_memo[length] = hit
         return hit
 
+    def _extra_tokens(self, seqs: int, ctx: int) -> float:
+        """K/V tokens beyond ``ctx`` at which to price the decode attention of ``seqs``
+        sequences. The profile's points fill whole blocks (kvlab's plans: per-sequence
+        contexts 16 … 2048 at block 16), so they hold the stack's gather for ``ctx /
+        profiled block`` blocks and no unfilled last block. Added: the gather of the blocks
+        this block size reads beyond those and, where the kernel priced reads whole blocks
+        (:attr:`whole_blocks`), each sequence's unfilled last block."""
+        bs_p = self.profile.block_size or self.block_size
+        return (
+            extra_kv_tokens(self._kernel, seqs, ctx, self.block_size)
+            - self.stack.gather_tokens_per_block * ctx / bs_p
+        )
+
     def _decode_attn_s(self, seqs: int, ctx: int) -> float:
         """Memoised by ``(seqs, ctx)`` (bounded): the same floats, without the
         interpolations every step."""
         hit = self._decode_memo.get((seqs, ctx))
         if hit is None:
-            bs_p = self.profile.block_size or self.block_size
-            extra = extra_kv_tokens(self.stack, seqs, ctx, self.block_size) - extra_kv_tokens(
-                self.stack, seqs, ctx, bs_p
-            )
-            hit = max(self._decode_table_s(seqs, (ctx + extra) / seqs), 0.0)
+            hit = max(self._decode_table_s(seqs, (ctx + self._extra_tokens(seqs, ctx)) / seqs), 0.0)
             if len(self._decode_memo) >= _MEMO_LIMIT:
                 self._decode_memo.clear()
             self._decode_memo[(seqs, ctx)] = hit
@@ -320,6 +344,12 @@ class ProfiledCostModel:
         frac = interp_points(np.array(pts, dtype=float), n, self._achieved)
         curve = ", ".join(f"{p}: {f:.2f}" for p, f in zip(pts, frac, strict=True))
         attn = "profiled" if self._decode is not None else "roofline at the efficiencies below"
+        if self._decode is not None and self.whole_blocks:
+            attn += (
+                "; decode at whole blocks (each sequence's unfilled last block read: "
+                + ("the stack's kernel)" if self.stack.block_granular else
+                   f"the profile's {attention_backend(prof.meta)} backend)")
+            )  # fmt: skip
         lines = [
             f"profiled cost model: {self.model.name} on {self.tp} × {self.gpu.name} "
             f"(block {self.block_size})",
