@@ -60,6 +60,10 @@ def test_profile_used_as_measured_on_its_own_model(tmp_path: Path) -> None:
         + layers * (0.01 + 1e-4 * 8 * 256)  # decode attention
     )
     assert m.gpu_seconds(shape) * 1e3 == pytest.approx(expected_ms, rel=1e-9)
+    attention_ms = layers * (0.01 + 1e-4 * 8 * 256)
+    assert m.decode_attention_seconds(shape) * 1e3 == pytest.approx(attention_ms, rel=1e-9)
+    prefill = BatchShape(prefill_tokens=64, prefill_seqs=1, prefill_attn_pairs=64 * 65 // 2)
+    assert m.decode_attention_seconds(prefill) == 0.0 < m.gpu_seconds(prefill)
     assert m.step_time(BatchShape()) == 0.0
     assert "used as measured" in m.describe()
 

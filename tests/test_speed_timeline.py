@@ -12,8 +12,11 @@ import pytest
 from experiments.bench.speed_timeline import Stretch, shrink_to_price, stretches
 
 
-def _profile(path: Path, prices: list[float], sweeps: list[list[float]]) -> Path:
-    """A profile of one point per unit, every sweep timing the units in row order."""
+def _profile(
+    path: Path, prices: list[float], sweeps: list[list[float]], ops: list[str] | None = None
+) -> Path:
+    """A profile of one point per unit, every sweep timing the units in row order (each
+    point's op from ``ops``, default ``linear``)."""
     path.mkdir()
     with (path / "operator_profile.csv").open("w", newline="") as f:
         writer = csv.writer(f)
@@ -21,7 +24,8 @@ def _profile(path: Path, prices: list[float], sweeps: list[list[float]]) -> Path
                          "sweep_units"])  # fmt: skip
         for i, (price, times) in enumerate(zip(prices, sweeps, strict=True)):
             units = ";".join([str(i)] * len(times))
-            writer.writerow(["linear", i + 1, 0, price, ";".join(map(str, times)), units])
+            op = ops[i] if ops else "linear"
+            writer.writerow([op, i + 1, 0, price, ";".join(map(str, times)), units])
     return path
 
 
@@ -116,3 +120,24 @@ def test_cold_sweeps_copy_the_same_place_one_sweep_later(tmp_path: Path) -> None
     # without the sidecar's word, sweep 0 reads as the machine running 2.8 times its price
     plain = stretches(raw, 2)
     assert plain is not None and plain[0].speed > 2.5 and plain[0].copies is None
+
+
+def test_a_class_of_points_is_timed_over_the_whole_profiles_stretches(tmp_path: Path) -> None:
+    """``rows`` times only the chosen points, in stretches cut as for the whole profile: a
+    stretch none of whose units holds one is at the price with infinite variance."""
+    # units 0-3 in row order; two stretches a sweep: units 0-1, then 2-3
+    ops = ["attn_decode", "linear", "attn_decode", "linear"]
+    prices = [1.0, 2.0, 3.0, 4.0]
+    times = [[1.5, 1.0], [2.0, 2.0], [3.0, 6.0], [4.0, 4.0]]  # attention slows, not linear
+    path = _profile(tmp_path / "p", prices, times, ops)
+    attention = stretches(path, 2, lambda t: t["op"] == "attn_decode")
+    linear = stretches(path, 2, lambda t: t["op"] == "linear")
+    whole = stretches(path, 2)
+    assert attention is not None and linear is not None and whole is not None
+    assert [s.speed for s in attention] == pytest.approx([1.5, 1.0, 1.0, 2.0])
+    assert [s.speed for s in linear] == [1.0] * 4 and all(s.units == 1 for s in linear)
+    assert [s.speed for s in whole] == pytest.approx([3.5 / 3, 1.0, 1.0, 10 / 7])
+    # only the first unit is chosen: the second stretch of each sweep holds none of it
+    first = stretches(path, 2, lambda t: t["num_tokens"] == 1)
+    assert first is not None
+    assert first[1] == Stretch(1.0, math.inf, 0) and first[3] == Stretch(1.0, math.inf, 0)

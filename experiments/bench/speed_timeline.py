@@ -20,6 +20,7 @@ measured. Nothing here is fitted to a run.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -63,7 +64,11 @@ class ShrunkTimeline:
         }  # fmt: skip
 
 
-def stretches(profile_dir: str | Path, stretches_per_sweep: int = 1) -> list[Stretch] | None:
+def stretches(
+    profile_dir: str | Path,
+    stretches_per_sweep: int = 1,
+    rows: Callable[[pd.DataFrame], pd.Series] | None = None,
+) -> list[Stretch] | None:
     """Each stretch of the sitting, in order: with ``stretches_per_sweep`` = m each sweep's
     units, in the order its ``sweep_units`` column records, are cut into m runs of equal
     count, m·K stretches in all (m at most the units of a sweep). A profile without that
@@ -71,7 +76,12 @@ def stretches(profile_dir: str | Path, stretches_per_sweep: int = 1) -> list[Str
     first ``cold_sweeps`` sweeps (the sidecar's; :mod:`experiments.bench.cold_sweep`) say
     nothing of the machine: each takes the speed of the same place in the first measured
     sweep (``copies``). None with fewer than two sweeps, none after the cold ones, or a
-    ragged ``sweeps_ms``."""
+    ragged ``sweeps_ms``.
+
+    ``rows`` (the profile's table → a boolean mask) times only those points: the stretches
+    are cut as for the whole profile, so the same stretch covers the same time whatever the
+    mask, and a stretch none of whose units holds a chosen point is at the price (1) with
+    infinite variance."""
     profile = pd.read_csv(Path(profile_dir) / "operator_profile.csv")
     sidecar = Path(profile_dir) / "operator_profile.json"
     cold = cold_sweeps(json.loads(sidecar.read_text())) if sidecar.is_file() else 0
@@ -90,17 +100,22 @@ def stretches(profile_dir: str | Path, stretches_per_sweep: int = 1) -> list[Str
     stretches_per_sweep = min(stretches_per_sweep, per_sweep)
     if cold >= count:
         return None
+    chosen = np.ones(len(profile), bool) if rows is None else np.asarray(rows(profile), bool)
     out = []
     for j in range(count):
-        by_unit: dict[int, list[float]] = {}  # unit → [time, price]
-        for row, unit_row, p in zip(sweeps, units, price, strict=True):
+        by_unit: dict[int, list[float]] = {}  # unit → [time, price] of its chosen points
+        for row, unit_row, p, keep in zip(sweeps, units, price, chosen, strict=True):
             cell = by_unit.setdefault(unit_row[j], [0.0, 0.0])
-            cell[0], cell[1] = cell[0] + row[j], cell[1] + p
+            if keep:
+                cell[0], cell[1] = cell[0] + row[j], cell[1] + p
         ordered = np.array([by_unit[u] for u in sorted(by_unit)])
         for part in np.array_split(ordered, stretches_per_sweep):
+            part = part[part[:, 1] > 0]
             if j < cold:
                 source = len(out) + cold * stretches_per_sweep
                 out.append(Stretch(float("nan"), float("inf"), len(part), copies=source))
+            elif not len(part):
+                out.append(Stretch(1.0, float("inf"), 0))
             else:
                 out.append(_ratio(part[:, 0], part[:, 1]))
     speeds = _copied(out, [s.speed for s in out])

@@ -272,6 +272,17 @@ class CalibratedCostModel:
             out[i] = self._profiled.gpu_seconds(BatchShape(*(int(x) for x in counts)))
         return out
 
+    def profile_decode_attention(self, steps: pd.DataFrame) -> np.ndarray:
+        """The decode-attention part of :meth:`profile_seconds`, row by row
+        (:meth:`ProfiledCostModel.decode_attention_seconds`; 0 without a profile)."""
+        out = np.zeros(len(steps))
+        if self._profiled is None:
+            return out
+        for i, counts in enumerate(zip(*_count_arrays(steps, int), strict=True)):
+            shape = BatchShape(*(int(x) for x in counts))
+            out[i] = self._profiled.decode_attention_seconds(shape)
+        return out
+
     def predict_steps(self, steps: pd.DataFrame) -> np.ndarray:
         """Fitted seconds of every row of a steps table, open loop (the measured batches,
         not the simulator's): the model's error with the queue taken out. Transfers are

@@ -292,6 +292,14 @@ class ProfiledCostModel:
             self._decode_memo[(seqs, ctx)] = hit
         return hit
 
+    def decode_attention_seconds(self, shape: BatchShape) -> float:
+        """The part of :meth:`gpu_seconds` that is ``shape``'s decode attention: 0 without
+        decodes, or when the profile has no decode-attention rows (attention is then the
+        roofline's, not priced apart)."""
+        if not shape.decode_seqs or self._decode is None:
+            return 0.0
+        return self._decode_attn_s(shape.decode_seqs, shape.decode_ctx_tokens)
+
     def _attention_s(self, shape: BatchShape) -> float:
         if self._decode is None and self._prefill is None:
             return self.roofline.gpu_parts(shape)[1]
