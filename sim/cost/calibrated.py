@@ -28,7 +28,7 @@ another (``docs/validation/cpu-engine.md``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -262,26 +262,27 @@ class CalibratedCostModel:
         (``prefill_seqs`` missing: 0)."""
         return np.column_stack(self.basis(*_count_arrays(steps, float)))
 
-    def profile_seconds(self, steps: pd.DataFrame) -> np.ndarray:
-        """The profile's operator seconds of every row of a steps table (0 without a
-        profile; ``prefill_seqs`` missing: 0)."""
+    def _profile_rows(
+        self, steps: pd.DataFrame, price: Callable[[ProfiledCostModel, BatchShape], float]
+    ) -> np.ndarray:
+        """``price(profile, shape)`` of every row of a steps table (0 without a profile;
+        ``prefill_seqs`` missing: 0)."""
         out = np.zeros(len(steps))
         if self._profiled is None:
             return out
         for i, counts in enumerate(zip(*_count_arrays(steps, int), strict=True)):
-            out[i] = self._profiled.gpu_seconds(BatchShape(*(int(x) for x in counts)))
+            out[i] = price(self._profiled, BatchShape(*(int(x) for x in counts)))
         return out
+
+    def profile_seconds(self, steps: pd.DataFrame) -> np.ndarray:
+        """The profile's operator seconds of every row of a steps table (0 without a
+        profile; ``prefill_seqs`` missing: 0)."""
+        return self._profile_rows(steps, ProfiledCostModel.gpu_seconds)
 
     def profile_decode_attention(self, steps: pd.DataFrame) -> np.ndarray:
         """The decode-attention part of :meth:`profile_seconds`, row by row
         (:meth:`ProfiledCostModel.decode_attention_seconds`; 0 without a profile)."""
-        out = np.zeros(len(steps))
-        if self._profiled is None:
-            return out
-        for i, counts in enumerate(zip(*_count_arrays(steps, int), strict=True)):
-            shape = BatchShape(*(int(x) for x in counts))
-            out[i] = self._profiled.decode_attention_seconds(shape)
-        return out
+        return self._profile_rows(steps, ProfiledCostModel.decode_attention_seconds)
 
     def predict_steps(self, steps: pd.DataFrame) -> np.ndarray:
         """Fitted seconds of every row of a steps table, open loop (the measured batches,
