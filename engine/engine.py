@@ -328,11 +328,12 @@ class _ModelExecutor:
         batch = self.runner.prepare(plan, self.manager)
         t2 = mark()
         logits = self.runner.forward(batch)
+        issued = self.now()
         t3 = mark()
         samples = self.sampler.sample(batch.sample_seqs, logits)
         t4 = self.end()
         if self.timer is not None:
-            self.timer.executed(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+            self.timer.executed(t1 - t0, t2 - t1, t3 - t2, t4 - t3, issued - t2)
         return StepOutcome(t4 - t0, samples.token_ids, samples.extra_samples, samples.beams)
 
     def at_end(self, plan: StepPlan, outcome: StepOutcome) -> None:

@@ -11,7 +11,10 @@ timer, :data:`STEP_TIMERS`: ``time.perf_counter`` by default):
 - ``forward_s``: the model's forward and the LM head on the sampled rows;
 - ``sample_s``: the sampler (greedy / random draws / beam candidates, tokens to the host);
 - ``output_s``: output processing: ``scheduler.update`` (appending tokens, stop checks,
-  freeing finished sequences) and recording the step and the finished requests.
+  freeing finished sequences) and recording the step and the finished requests;
+- ``forward_issue_s``: the part of ``forward_s`` until the forward call returned, before
+  the device synchronize (on CUDA: the host's time to queue the forward's kernels; on CPU
+  equal to ``forward_s``).
 
 ``transfer_s + prepare_s + forward_s + sample_s`` is the step's ``duration_s`` (what the
 executor returns and the virtual clock advances by); ``schedule_s`` and ``output_s`` run
@@ -97,6 +100,7 @@ class PhaseTimer(LoopObserver):
         self._schedule = 0.0
         self._mark = 0.0
         self._executed: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+        self._forward_issue = 0.0
 
     def before_schedule(self, scheduler: BaseScheduler) -> None:
         self._mark = self.now()
@@ -106,9 +110,12 @@ class PhaseTimer(LoopObserver):
         if plan.is_empty and not plan.preempted:
             self._schedule = 0.0  # idle (or a stall): no step follows this call
 
-    def executed(self, transfer: float, prepare: float, forward: float, sample: float) -> None:
-        """The executor's four phases of the step being run."""
+    def executed(
+        self, transfer: float, prepare: float, forward: float, sample: float, forward_issue: float
+    ) -> None:
+        """The executor's four phases of the step being run, and the forward's issue time."""
         self._executed = (transfer, prepare, forward, sample)
+        self._forward_issue = forward_issue
 
     def output_begins(self) -> None:
         """Called by the executor's ``at_end``, just before the scheduler's update."""
@@ -116,7 +123,7 @@ class PhaseTimer(LoopObserver):
 
     def after_step(self, plan: StepPlan, finished: list[SequenceGroup]) -> None:
         output = self.now() - self._mark
-        self.rows.append((self._schedule, *self._executed, output))
+        self.rows.append((self._schedule, *self._executed, output, self._forward_issue))
         self._schedule = 0.0
 
     def frame(self) -> pd.DataFrame:

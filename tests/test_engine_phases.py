@@ -32,6 +32,9 @@ def test_each_step_has_its_phases_and_they_sum_to_its_duration() -> None:
     executed = phases[["transfer_s", "prepare_s", "forward_s", "sample_s"]].sum(axis=1)
     np.testing.assert_allclose(executed, steps["duration_s"], rtol=1e-9, atol=1e-12)
     assert (phases["forward_s"] > 0).all() and (phases["schedule_s"] > 0).all()
+    # on CPU the forward is synchronous: issuing it is running it, nothing is left to wait for
+    assert (phases["forward_issue_s"] > 0).all()
+    assert (phases["forward_issue_s"] <= phases["forward_s"]).all()
     assert (phases["output_s"] > 0).all()
     assert steps["num_preempted"].sum() > 0 and steps["copy_blocks"].sum() > 0
 

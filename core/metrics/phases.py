@@ -4,12 +4,21 @@
 Seconds per step: ``schedule_s`` (the scheduler's ``schedule`` calls), ``transfer_s``
 (swaps and device block copies), ``prepare_s`` (input tensors and block tables),
 ``forward_s`` (the model), ``sample_s`` (the sampler), ``output_s`` (the scheduler's
-update: appending tokens, stop checks; and recording the step).
+update: appending tokens, stop checks; and recording the step); and ``forward_issue_s``,
+not a phase of its own but the part of ``forward_s`` until the model's forward call
+returned, before the device was synchronized. Where every operation is synchronous (CPU)
+it equals ``forward_s``. On CUDA the host only queues kernels, so ``forward_s −
+forward_issue_s`` is the time the host then waited for the device: a forward whose
+``forward_issue_s`` is close to its ``forward_s`` was bound by the host's kernel launches,
+not by the GPU's work.
 """
 
 from __future__ import annotations
 
-PHASE_COLUMNS = ("schedule_s", "transfer_s", "prepare_s", "forward_s", "sample_s", "output_s")
+PHASE_COLUMNS = (
+    "schedule_s", "transfer_s", "prepare_s", "forward_s", "sample_s", "output_s",
+    "forward_issue_s",
+)  # fmt: skip
 # The framework's CPU phases: the four a synchronous (vLLM v0-style) stack runs while the
 # device waits; forward and transfers, the device's work, excluded.
 CPU_PHASES = ("schedule_s", "prepare_s", "sample_s", "output_s")
