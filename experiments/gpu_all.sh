@@ -17,8 +17,11 @@
 #   kernels     100s  OUT_DIR/kernels/  (python -m experiments.bench.kernels_gpu)
 #   engine      190s  OUT_DIR/engine/   (python -m experiments.bench.engine_gpu --max-seconds
 #                     150: starts no run after 150 s, rewrites its summary after every run)
-#   calibrate    20s  OUT_DIR/engine/<model>_vllm_online/calibration.json (CPU)
-#   validate     40s  OUT_DIR/engine/<model>_vllm_online/validation.json  (CPU)
+#   calibrate    20s  OUT_DIR/engine/calibration.json (CPU): the step-time model fitted to
+#                     the <model>_vllm_offline run, operator times from the profile above
+#                     (experiments.calibrate --profile --weighting relative)
+#   validate     40s  OUT_DIR/engine/<model>_vllm_online/validation.json (CPU): that model
+#                     predicting another run, the online one (the offline run if it is absent)
 #   overhead     10s  OUT_DIR/engine/overhead_stack.json: the framework overhead fitted to
 #                     the vllm offline + online runs' CPU phases (experiments.calibrate_overhead)
 #
@@ -96,18 +99,25 @@ part profile 70 "$PYTHON" -m experiments.bench.profile_gpu --out "$OUT_DIR/profi
 part kernels 100 "$PYTHON" -m experiments.bench.kernels_gpu --out "$OUT_DIR/kernels" "${dry[@]}"
 part engine 190 "$PYTHON" -m experiments.bench.engine_gpu --out "$OUT_DIR/engine" \
     --max-seconds $((150 * scale)) "${dry[@]}"
-run_dir="$OUT_DIR/engine/${model}_vllm_online"
-if [ -f "$run_dir/steps.csv" ]; then
-    part calibrate 20 "$PYTHON" -m experiments.calibrate "$run_dir"
-    part validate 40 "$PYTHON" -m experiments.validate "$run_dir"
+fit_run="$OUT_DIR/engine/${model}_vllm_offline"
+held_run="$OUT_DIR/engine/${model}_vllm_online"
+if [ -f "$fit_run/steps.csv" ]; then
+    profile=()
+    [ -f "$OUT_DIR/profile/operator_profile.csv" ] && profile=(--profile "$OUT_DIR/profile")
+    part calibrate 20 "$PYTHON" -m experiments.calibrate "$fit_run" --weighting relative \
+        "${profile[@]}" --out "$OUT_DIR/engine/calibration.json"
+    check_run=$fit_run
+    [ -f "$held_run/steps.csv" ] && check_run=$held_run # another run than the fit's, if any
+    part validate 40 "$PYTHON" -m experiments.validate "$check_run" \
+        --calibration "$OUT_DIR/engine/calibration.json" --out "$check_run/validation.json"
     runs=()
-    for mode in offline online; do
-        [ -f "$OUT_DIR/engine/${model}_vllm_$mode/steps.csv" ] && runs+=("$OUT_DIR/engine/${model}_vllm_$mode")
+    for run in "$fit_run" "$held_run"; do
+        [ -f "$run/steps.csv" ] && runs+=("$run")
     done
     part overhead 10 "$PYTHON" -m experiments.calibrate_overhead "${runs[@]}" \
         --out "$OUT_DIR/engine/overhead_stack.json" --min-steps "$min_steps"
 else
-    echo "no $run_dir/steps.csv: calibrate, validate and overhead skipped"
+    echo "no $fit_run/steps.csv: calibrate, validate and overhead skipped"
     status=1
 fi
 pack

@@ -34,8 +34,9 @@ case $2 in
 experiments.bench.gpu_env) echo '{"stub": true}' >"$out" ;;
 experiments.bench.profile_gpu) mkdir -p "$out" && touch "$out/operator_profile.csv" \
     "$out/operator_profile.json" ;;
-experiments.bench.engine_gpu) mkdir -p "$out/tiny-opt_vllm_online" && touch \
-    "$out/tiny-opt_vllm_online/steps.csv" ;;
+experiments.bench.engine_gpu) [ -n "${STUB_NO_ONLINE:-}" ] || mkdir -p "$out/tiny-opt_vllm_online"
+    mkdir -p "$out/tiny-opt_vllm_offline" && touch "$out/tiny-opt_vllm_offline/steps.csv"
+    [ -d "$out/tiny-opt_vllm_online" ] && touch "$out/tiny-opt_vllm_online/steps.csv" ;;
 esac
 echo "stub: $2 ok"
 """
@@ -84,7 +85,10 @@ def test_every_part_runs_dry_in_order_within_the_device_budget(tmp_path: Path) -
         "experiments.bench.kernels_gpu", "experiments.bench.engine_gpu",
         "experiments.calibrate", "experiments.validate", "experiments.calibrate_overhead",
     ]  # fmt: skip
-    assert "tiny-opt_vllm_online --out" in calls(tmp_path)[6]
+    calibrate, validate, overhead = calls(tmp_path)[4:7]
+    assert "tiny-opt_vllm_offline --weighting relative --profile" in calibrate
+    assert "tiny-opt_vllm_online --calibration" in validate  # another run than the fit's
+    assert "tiny-opt_vllm_offline" in overhead and "tiny-opt_vllm_online --out" in overhead
     assert all("--dry" in c for c in calls(tmp_path)[:4])
     assert "--max-seconds 150" in calls(tmp_path)[3]
     for part in PARTS:
@@ -140,6 +144,14 @@ def test_no_engine_run_skips_calibration_and_fails(tmp_path: Path) -> None:
     rc, out, _ = run_script(tmp_path, STUB_FAIL="experiments.bench.engine_gpu")
     assert rc == 1
     assert [r["part"] for r in parts(out)] == ["env", "profile", "kernels", "engine"]
+
+
+def test_without_the_online_run_the_fit_run_is_validated(tmp_path: Path) -> None:
+    rc, _, _ = run_script(tmp_path, STUB_NO_ONLINE="1")
+    assert rc == 0
+    validate, overhead = calls(tmp_path)[5:7]
+    assert "tiny-opt_vllm_offline --calibration" in validate
+    assert "tiny-opt_vllm_online" not in overhead
 
 
 @pytest.mark.skipif(not WHEELS, reason="no .whl/: run `bash experiments/gpu_prepare.sh` first")

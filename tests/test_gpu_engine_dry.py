@@ -27,6 +27,21 @@ def dry_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.parametrize("dry", [True, False])
+def test_runs_come_in_priority_order(dry: bool) -> None:
+    """The calibration's fit run and held-out run first, so a time cap skips the rest."""
+    plan = make_plan(dry=dry)
+    specs = run_specs(plan, {m.model: Path("t.csv") for m in plan.models})
+    first = plan.models[0].model
+    assert [(s.model, s.system, s.mode) for s in specs[:2]] == [
+        (first, "vllm", "offline"), (first, "vllm", "online"),
+    ]  # fmt: skip
+    per_model = 2 * len(SYSTEMS)
+    assert {s.model for s in specs[:per_model]} == {first}
+    assert [s.backend for s in specs[-2:]] == [plan.backend, "torch"]
+    assert {s.model for s in specs[-2:]} == {plan.cross_check_model}
+
+
 def test_every_planned_run_writes_serve_files(dry_out: Path) -> None:
     plan = make_plan(dry=True)
     names = [s.name for s in run_specs(plan, {m.model: Path("t.csv") for m in plan.models})]

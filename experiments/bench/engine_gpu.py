@@ -14,15 +14,21 @@ time their phases (``time_phases=true``: CUDA synchronized at each phase boundar
 ``steps.csv`` holds the per-step CPU phases ``experiments.calibrate_overhead`` fits.
 
 Work cap (about 2.5 minutes on an H200, the engine's share of ``experiments/gpu_all.sh``'s
-8): the trace is drawn from the fitted ShareGPT model with vLLM's filter at prompt + output
-<= 1024 (mean output ~275, max ~900 tokens; the schedulers keep OPT's max_model_len 2048,
-so Orca (Max) still reserves 2048 slots); OPT-1.3B serves 100 requests offline and 32
-online at 16 req/s, OPT-13B 50 offline and 20 online at 4 req/s; the cross-check uses 32
-requests. Estimate (engine step ~6 ms for 1.3B, ~12 ms for 13B, with Orca (Max) limited to
-32 resp. 7 concurrent requests by the 12 GiB budget): ~40 s for OPT-1.3B, ~55 s for
-OPT-13B (Orca (Max) offline ~20 s of it), plus model builds and Triton compilation: ~2.5
-minutes. ``--max-seconds`` (default 150) skips the runs that would start after that, in
-priority order (offline, online, cross-check).
+8), sized from the first H200 run (``docs/validation/h200/first-run/``, 2026-12-04): there
+the eager engine's steps took 9-27 ms for both models (OPT-13B decode 15-27 ms, bound by
+the host's kernel launches rather than by the GPU's work), an offline run lasted about as
+many steps as its longest output, and the plan then (prompt + output <= 1024, OPT-13B 50
+offline requests first) ran only the six offline runs within 150 s. The trace is now drawn
+from the fitted ShareGPT model with vLLM's filter at prompt + output <= 512 (longest output
+~450 tokens; the schedulers keep OPT's max_model_len 2048, so Orca (Max) still reserves
+2048 slots); OPT-13B serves 40 requests offline and 20 online at 4 req/s, OPT-1.3B 100
+offline and 32 online at 16 req/s; the cross-check runs OPT-1.3B on 32 requests. Estimate
+at 20 ms per step: ~65 s for OPT-13B (Orca (Max), 7 concurrent requests in the 12 GiB
+budget, ~16 s of it), ~35 s for OPT-1.3B, ~15 s for the cross-check. ``--max-seconds``
+(default 150) skips the runs that would start after that, in priority order: per model,
+OPT-13B first (the operator profile and the calibration are OPT-13B's), vllm offline (the
+calibration's fit run), vllm online (its held-out run), then Orca (Oracle) and Orca (Max)
+offline, then online; the cross-check last.
 
 ``--dry`` runs the same code path on CPU (tiny-opt and tiny-llama, fp32, a 1 MiB-class
 budget, a few short requests, Triton under its interpreter) so CI can check the script; its
@@ -78,7 +84,8 @@ class EnginePlan:
     backend: str
     trace_max_len: int  # workload filter: prompt + output <= this
     length_scale: float  # then lengths times this (dry: short requests on the interpreter)
-    models: tuple[ModelPlan, ...]
+    models: tuple[ModelPlan, ...]  # in priority order
+    cross_check_model: str
     cross_check_requests: int
     swap_space_gb: float  # 0: every system preempts by recompute, no pinned pool to allocate
 
@@ -101,12 +108,12 @@ def make_plan(dry: bool) -> EnginePlan:
         return EnginePlan(
             True, "cpu", "float32", "triton", 256, 1 / 32,
             (ModelPlan("tiny-opt", tiny, 2, 2, 50.0), ModelPlan("tiny-llama", tiny, 2, 2, 50.0)),
-            2, 0.0,
+            "tiny-opt", 2, 0.0,
         )  # fmt: skip
     return EnginePlan(
-        False, "cuda", "float16", "triton", 1024, 1.0,
-        (ModelPlan("opt-1.3b", 12.0, 100, 32, 16.0), ModelPlan("opt-13b", 12.0, 50, 20, 4.0)),
-        32, 0.0,
+        False, "cuda", "float16", "triton", 512, 1.0,
+        (ModelPlan("opt-13b", 12.0, 40, 20, 4.0), ModelPlan("opt-1.3b", 12.0, 100, 32, 16.0)),
+        "opt-1.3b", 32, 0.0,
     )  # fmt: skip
 
 
@@ -128,7 +135,8 @@ def write_traces(plan: EnginePlan, out: Path) -> dict[str, Path]:
 
 
 def run_specs(plan: EnginePlan, traces: dict[str, Path]) -> list[RunSpec]:
-    """Every run in priority order: offline runs, online runs, then the cross-check."""
+    """Every run in priority order: per model (the plan's order), vllm offline, vllm online,
+    the baselines offline, the baselines online; then the cross-check."""
     common = (
         f"device={plan.device}", f"dtype={plan.dtype}", f"swap_space_gb={plan.swap_space_gb}",
         "kv_budget_fraction=null", "clock=virtual", "progress=false", "seed=0",
@@ -145,13 +153,15 @@ def run_specs(plan: EnginePlan, traces: dict[str, Path]) -> list[RunSpec]:
         return RunSpec(f"{m.model}_{system}_{mode}{suffix}", m.model, system, mode, backend,
                        overrides)  # fmt: skip
 
-    specs = [spec(m, s, "offline", m.offline_requests, plan.backend)
-             for m in plan.models for s in SYSTEMS]  # fmt: skip
-    specs += [spec(m, s, "online", m.online_requests, plan.backend)
-              for m in plan.models for s in SYSTEMS]  # fmt: skip
-    first = plan.models[0]
+    order = [("vllm", "offline"), ("vllm", "online")]
+    order += [(s, mode) for mode in ("offline", "online") for s in SYSTEMS if s != "vllm"]
+    specs = []
+    for m in plan.models:
+        count = {"offline": m.offline_requests, "online": m.online_requests}
+        specs += [spec(m, s, mode, count[mode], plan.backend) for s, mode in order]
+    checked = next(m for m in plan.models if m.model == plan.cross_check_model)
     for backend in (plan.backend, "torch"):
-        s = spec(first, "vllm", "offline", plan.cross_check_requests, backend)
+        s = spec(checked, "vllm", "offline", plan.cross_check_requests, backend)
         specs.append(replace(s, name=f"{s.name}_xcheck"))
     return specs
 
