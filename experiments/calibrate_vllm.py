@@ -41,7 +41,7 @@ import itertools
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -209,10 +209,9 @@ def num_blocks(run: VLLMRun, model: ModelSpec, gpu: GPUSpec) -> tuple[int, str]:
     """vLLM's block count when meta.json records it, else kvlab's estimate (vllm_v1
     accounting on the device memory meta.json records); the capacity description."""
     if run.device_memory_bytes is not None:
-        gpu = GPUSpec(
-            gpu.name, int(run.device_memory_bytes), gpu.mem_bandwidth, gpu.peak_flops,
-            gpu.peer_link_bandwidth, gpu.host_link_bandwidth, gpu.peer_link,
-            {**gpu.source, "memory_gb": "device_total_memory_bytes of the run's meta.json"},
+        gpu = replace(
+            gpu, memory_bytes=int(run.device_memory_bytes),
+            source={**gpu.source, "memory_gb": "device_total_memory_bytes of the run's meta.json"},
         )  # fmt: skip
     estimate = kv_capacity(
         model, gpu, run.tp, run.dtype_bytes,

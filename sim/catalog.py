@@ -51,7 +51,10 @@ class GPUSpec:
     datasheet's bidirectional totals), ``peak_flops`` is dense fp16/bf16 tensor-core
     FLOP/s. ``peer_link`` says how tensor-parallel peers talk (``nvlink`` or ``pcie``) at
     ``peer_link_bandwidth``; ``host_link_bandwidth`` is the CPU link swaps use.
-    ``source`` maps each number's YAML key to where it comes from."""
+    ``device_names`` are the names the device reports for itself
+    (``torch.cuda.get_device_name``, as an operator profile's sidecar records it), by which
+    :func:`get_gpu` finds the entry too. ``source`` maps each YAML key to where it comes
+    from."""
 
     name: str
     memory_bytes: int
@@ -60,6 +63,7 @@ class GPUSpec:
     peer_link_bandwidth: float
     host_link_bandwidth: float
     peer_link: str = "nvlink"
+    device_names: tuple[str, ...] = field(default=(), compare=False, hash=False, kw_only=True)
     source: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -94,8 +98,14 @@ def gpu_from_config(cfg: Mapping[str, Any], origin: str = "hardware") -> GPUSpec
     if cfg.get("peer_link") is None:
         raise ValueError(f"{origin}: GPU {name!r} lacks peer_link (nvlink or pcie)")
     source = {str(k): str(v) for k, v in (cfg.get("source") or {}).items()}
+    device_names = cfg.get("device_names") or []
+    if isinstance(device_names, str) or not all(isinstance(d, str) for d in device_names):
+        raise ValueError(f"{origin}: device_names must be a list of strings, got {device_names!r}")
     try:
-        return GPUSpec(name, peer_link=str(cfg["peer_link"]), source=source, **values)
+        return GPUSpec(
+            name, peer_link=str(cfg["peer_link"]), device_names=tuple(device_names),
+            source=source, **values,
+        )  # fmt: skip
     except ValueError as e:
         raise ValueError(f"{origin}: {e}") from None
 
@@ -284,13 +294,21 @@ def get_model(name: str | ModelSpec) -> ModelSpec:
 
 
 def get_gpu(name: str | GPUSpec) -> GPUSpec:
-    """Catalog lookup by (case-insensitive) name; a spec is returned unchanged."""
+    """Catalog lookup by (case-insensitive) name or by a name the device reports for itself
+    (an entry's ``device_names``); a spec is returned unchanged."""
     if isinstance(name, GPUSpec):
         return name
     table = gpus()
-    if name.lower() not in table:
-        raise KeyError(f"unknown GPU {name!r}; valid names: {', '.join(sorted(table))}")
-    return table[name.lower()]
+    key = name.lower()
+    by_device = {d.lower(): k for k, spec in table.items() for d in spec.device_names}
+    key = by_device.get(key, key)
+    if key not in table:
+        raise KeyError(
+            f"unknown GPU {name!r}; valid names: {', '.join(sorted(table))} (a device's own "
+            "name, as torch.cuda.get_device_name reports it, goes in its hardware YAML's "
+            "device_names)"
+        )
+    return table[key]
 
 
 def resolve_gpu(cfg: Mapping[str, Any]) -> GPUSpec:

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from sim.capacity import format_table1, kv_capacity, kv_heads_per_gpu, table1
-from sim.catalog import GIB, MODELS, GPUSpec, ModelSpec, get_gpu, get_model, gpus
+from sim.catalog import GIB, MODELS, GPUSpec, ModelSpec, get_gpu, get_model, gpu_from_config, gpus
 
 # Published sizes: OPT paper (Zhang et al. 2022) and LLaMA paper (Touvron et al. 2023) model
 # names, with the exact counts of the released checkpoints.
@@ -46,6 +46,18 @@ def test_unknown_names_list_the_valid_ones() -> None:
         get_model("gpt-5")
     with pytest.raises(KeyError, match=r"unknown GPU 'v100'.*a100-40gb.*h200"):
         get_gpu("v100")
+
+
+def test_a_gpu_is_found_by_the_name_the_device_reports() -> None:
+    assert get_gpu("NVIDIA H200") is get_gpu("h200")  # as torch.cuda.get_device_name says
+    assert get_gpu("nvidia geforce rtx 4090") is get_gpu("rtx4090")
+    with pytest.raises(KeyError, match=r"unknown GPU 'NVIDIA B300'.*device_names"):
+        get_gpu("NVIDIA B300")
+    base = {"memory_gb": 1, "mem_bandwidth_gbs": 1, "peak_tflops": 1, "host_link_gbs": 1,
+            "peer_link_gbs": 1, "peer_link": "pcie"}  # fmt: skip
+    assert gpu_from_config({**base, "device_names": ["X 1"]}, "x.yaml").device_names == ("X 1",)
+    with pytest.raises(ValueError, match=r"x.yaml: device_names must be a list of strings"):
+        gpu_from_config({**base, "device_names": "X 1"}, "x.yaml")
 
 
 def test_gpu_catalog_uses_datasheet_numbers() -> None:
