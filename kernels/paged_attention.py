@@ -36,7 +36,11 @@ _MIN_KEYS_PER_SPLIT = 256
 _MAX_SPLITS = 16
 
 
-@triton.jit
+# Integer arguments that change from step to step are not specialized on: Triton would
+# otherwise compile a new variant whenever one of them becomes 1 or a multiple of 16, and
+# each compile (~0.3-0.7 s on an H200) stalls the step that meets it
+# (docs/validation/h200.md: eleven such stalls in one OPT-13B engine run).
+@triton.jit(do_not_specialize=["keys_per_split", "num_tokens", "stride_bt"])
 def _attn_kernel(
     q_ptr,
     k_ptr,
@@ -146,7 +150,7 @@ def _attn_kernel(
         tl.store(part_out_ptr + ml_off[:, None] * HEAD_DIM + dims[None, :], acc, mask=q_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _merge_kernel(
     out_ptr,
     part_out_ptr,

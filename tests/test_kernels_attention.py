@@ -231,3 +231,21 @@ def test_kernels_compile_for_hopper(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count(" ok (") == 6
+
+
+def test_step_varying_integers_are_not_specialized_on() -> None:
+    """Compiled (not interpreted), the attention kernels name their per-step integers in
+    ``do_not_specialize``, and each name is one of the kernel's arguments (a rename must not
+    silently bring back a compile whenever one becomes 1 or a multiple of 16)."""
+    code = (
+        "from kernels.paged_attention import _attn_kernel as a, _merge_kernel as m\n"
+        "wants = {'keys_per_split', 'num_tokens', 'stride_bt'}, {'num_tokens'}\n"
+        "for k, want in zip((a, m), wants):\n"
+        "    names = {k.arg_names[i] if isinstance(i, int) else i for i in k.do_not_specialize}\n"
+        "    assert names == want and names <= set(k.arg_names), (names, k.arg_names)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
