@@ -1,0 +1,186 @@
+"""What one ``experiments/gpu_all.sh`` call measured, read back on any machine:
+``python -m experiments.bench.gpu_report GPU_DIR --out DIR``.
+
+``GPU_DIR`` is the call's output directory (``kvlab-gpu.tar.gz`` unpacked: ``profile/``,
+``engine/``). Nothing here needs a GPU. Writes into ``DIR`` (printed as tables too):
+
+- ``operators.csv``: GPU seconds of prefill steps (one sequence of N tokens) and decode
+  steps (B sequences of C tokens of context) of the profile's model on the profile's GPU,
+  priced three ways, no framework cost (``stack=none``): ``measured`` (``cost=profiled``
+  on this profile, as measured); ``transferred`` (``cost=profiled`` on the profile kvlab
+  ships, Vidur's A100 Llama-2-7B operators, carried to this model and GPU by the roofline
+  ratio: its default, which never saw this GPU); ``roofline`` (datasheet peaks at the
+  efficiency factors of ``cost=roofline``). Each with its error against ``measured``.
+- ``forward_gap.csv``: per engine run of the profile's model, its decode-only steps by
+  sequences in the step: medians of the measured forward (``forward_s``), of the profile's
+  price of the step, of the gap between them, of the time outside the forward, and of the
+  host's time to queue the forward (``forward_issue_s``, where the run recorded it). A
+  forward far above its operators' GPU time, with the issue time close to the forward, was
+  bound by the host's kernel launches (the profile times operators with launch overhead
+  hidden).
+- ``speed.csv``: per run, each decode-only step's measured time over the profile's price
+  (:func:`experiments.bench.cpu_cross_run.speed_drift`), median and the range of its
+  100-step windows: how far the step time moved within a run at one batch shape.
+- ``cross_run.csv``: the calibrated model (operator times from the profile, per-step terms
+  fitted on top, relative weighting: ``experiments.calibrate --profile --weighting
+  relative``) fitted on each run of the profile's model and simulated on each run
+  (``experiments.validate``); a row whose ``fit_run`` is its ``run`` is in-sample.
+- ``report.json``: all of the above, with the sources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from core.plan import BatchShape
+from experiments.bench.cpu_cross_run import KEYS, metric_rows, speed_drift
+from experiments.bench.tables import print_table, write_csv
+from experiments.lib.results import write_json
+
+SHIPPED_PROFILE = "sim/cost/profiles/vidur-a100-llama-2-7b"
+PREFILL_TOKENS = (16, 128, 512, 1024, 2048)
+DECODE_SHAPES = tuple((b, c) for b in (1, 8, 32, 128) for c in (256, 1024))
+SEQ_BINS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+
+
+def read_sidecar(profile_dir: Path) -> dict[str, Any]:
+    path = profile_dir / "operator_profile.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no operator profile sidecar")
+    return json.loads(path.read_text())
+
+
+def operator_rows(profile_dir: Path, model: str, gpu: str, block: int) -> list[dict[str, Any]]:
+    """GPU milliseconds of each probe shape, measured / transferred / roofline (module doc)."""
+    from sim.cost.profiled import ProfiledCostModel
+    from sim.cost.roofline import RooflineCostModel
+
+    measured = ProfiledCostModel(str(profile_dir), model, gpu, 1, 2, block, stack=None)
+    transferred = ProfiledCostModel(SHIPPED_PROFILE, model, gpu, 1, 2, block, stack=None)
+    roofline = RooflineCostModel(model, gpu, 1, 2, block_size=block)
+    shapes = [("prefill", n, n, BatchShape(prefill_tokens=n, prefill_seqs=1,
+                                           prefill_attn_pairs=n * (n + 1) // 2))
+              for n in PREFILL_TOKENS]  # fmt: skip
+    shapes += [("decode", b, c, BatchShape(decode_seqs=b, decode_ctx_tokens=b * c))
+               for b, c in DECODE_SHAPES]  # fmt: skip
+    rows = []
+    for kind, count, context, shape in shapes:
+        m = measured.gpu_seconds(shape) * 1e3
+        t = transferred.gpu_seconds(shape) * 1e3
+        r = roofline.step_time(shape) * 1e3
+        rows.append({
+            "step": kind, "seqs_or_tokens": count, "context": context, "measured_ms": m,
+            "transferred_ms": t, "transferred_err": t / m - 1, "roofline_ms": r,
+            "roofline_err": r / m - 1,
+        })  # fmt: skip
+    return rows
+
+
+def model_runs(engine_dir: Path, model: str) -> list[Path]:
+    """Finished engine runs of ``model`` under ``engine_dir``, by name."""
+    from experiments.calibrate import read_run_config
+
+    runs = []
+    for run in sorted(p for p in engine_dir.iterdir() if (p / "metrics.json").is_file()):
+        if read_run_config(run).get("model", {}).get("name") == model:
+            runs.append(run)
+    return runs
+
+
+def forward_gap_rows(run: Path, priced: Any) -> list[dict[str, Any]]:
+    """Decode-only steps of ``run`` by sequence bin: forward against the profile's price."""
+    steps = pd.read_csv(run / "steps.csv")
+    decode = steps[(steps["prefill_tokens"] == 0) & (steps["decode_seqs"] > 0)].copy()
+    if decode.empty or "forward_s" not in decode:
+        return []
+    decode["profile_s"] = priced.profile_seconds(decode)
+    decode["host_s"] = decode["duration_s"] - decode["forward_s"]
+    decode["bin"] = pd.cut(decode["decode_seqs"], SEQ_BINS)
+    rows = []
+    for interval, g in decode.groupby("bin", observed=True):
+        row = {
+            "run": run.name, "seqs": f"{interval.left + 1}-{interval.right}", "steps": len(g),
+            "forward_ms": g["forward_s"].median() * 1e3,
+            "profile_ms": g["profile_s"].median() * 1e3,
+            "gap_ms": (g["forward_s"] - g["profile_s"]).median() * 1e3,
+            "outside_forward_ms": g["host_s"].median() * 1e3,
+        }  # fmt: skip
+        if "forward_issue_s" in g:
+            row["forward_issue_ms"] = g["forward_issue_s"].median() * 1e3
+        rows.append(row)
+    return rows
+
+
+def cross_run_rows(runs: list[Path], profile_dir: Path) -> list[dict[str, Any]]:
+    """Each run's calibrated model simulated on each run: the ``KEYS`` errors."""
+    from experiments.calibrate import calibrate, calibration_doc
+    from experiments.validate import validate
+
+    rows = []
+    for fit in runs:
+        model = calibrate(fit, weighting="relative", profile=str(profile_dir))
+        doc = calibration_doc(model, fit)
+        for run in runs:
+            res = validate(run, doc)
+            row: dict[str, Any] = {"fit_run": fit.name, "run": run.name}
+            row.update({r["metric"]: r["rel_err"] for r in metric_rows(res)})
+            rows.append(row)
+    return rows
+
+
+def report(gpu_dir: Path, out: Path) -> dict[str, Any]:
+    """Every table of the module doc for ``gpu_dir``, written into ``out``."""
+    from experiments.calibrate import calibrate
+    from sim.catalog import get_gpu
+
+    profile_dir = gpu_dir / "profile"
+    meta = read_sidecar(profile_dir)
+    model, block = str(meta["model"]), int(meta["block_size"])
+    gpu = get_gpu(str(meta["gpu"])).name
+    runs = model_runs(gpu_dir / "engine", model)
+    doc: dict[str, Any] = {
+        "gpu_dir": gpu_dir.name, "profile": meta, "hardware": gpu, "runs": [r.name for r in runs],
+        "transferred_from": SHIPPED_PROFILE, "operators": operator_rows(
+            profile_dir, model, gpu, block),
+    }  # fmt: skip
+    doc["forward_gap"], doc["speed"] = [], []
+    for run in runs:
+        priced = calibrate(run, weighting="relative", profile=str(profile_dir))
+        doc["forward_gap"] += forward_gap_rows(run, priced)
+        drift = speed_drift(priced, pd.read_csv(run / "steps.csv"))
+        doc["speed"].append({"run": run.name, **{k: v for k, v in drift.items() if k != "windows"}})
+    doc["cross_run"] = cross_run_rows(runs, profile_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("operators", "forward_gap", "speed", "cross_run"):
+        write_csv(out / f"{name}.csv", doc[name])
+    write_json(out / "report.json", doc)
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench.gpu_report",
+                                     description=__doc__)  # fmt: skip
+    parser.add_argument("gpu_dir", type=Path, help="gpu_all.sh's output directory")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    args = parser.parse_args(argv)
+    try:
+        doc = report(args.gpu_dir, args.out)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        print(f"error: {args.gpu_dir}: {exc}", file=sys.stderr)
+        return 2
+    print_table(f"step GPU time, {doc['profile']['model']} on {doc['hardware']}", doc["operators"])
+    print_table("decode forward against the profile's price", doc["forward_gap"])
+    print_table("step time over the profile's price (decode-only steps)", doc["speed"])
+    print_table(f"calibrated on one run, simulated on each ({', '.join(KEYS)})", doc["cross_run"])
+    print(f"wrote {args.out}/{{operators,forward_gap,speed,cross_run}}.csv and report.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
