@@ -1,0 +1,59 @@
+"""experiments.bench.gpu_report on the committed first H200 run (no GPU needed)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.bench.gpu_report import DECODE_SHAPES, PREFILL_TOKENS, main
+
+FIRST_RUN = Path(__file__).resolve().parents[1] / "docs/validation/h200/first-run"
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gpu_report")
+    assert main([str(FIRST_RUN), "--out", str(out)]) == 0
+    return out
+
+
+def test_operators_price_every_probe_shape_three_ways(report_dir: Path) -> None:
+    ops = pd.read_csv(report_dir / "operators.csv")
+    assert len(ops) == len(PREFILL_TOKENS) + len(DECODE_SHAPES)
+    assert (ops[["measured_ms", "transferred_ms", "roofline_ms"]] > 0).all().all()
+    for way in ("transferred", "roofline"):
+        err = ops[f"{way}_ms"] / ops["measured_ms"] - 1
+        assert (err - ops[f"{way}_err"]).abs().max() < 1e-9
+    decode = ops[ops["step"] == "decode"].sort_values(["seqs_or_tokens", "context"])
+    for _, g in decode.groupby("seqs_or_tokens"):  # more context never costs less
+        assert g["measured_ms"].is_monotonic_increasing
+
+
+def test_every_run_of_the_profiled_model_is_read_and_cross_validated(report_dir: Path) -> None:
+    runs = sorted(p.name for p in (FIRST_RUN / "engine").iterdir() if p.name.startswith("opt-13b_"))
+    gap = pd.read_csv(report_dir / "forward_gap.csv")
+    assert sorted(gap["run"].unique()) == runs  # the OPT-1.3B runs have no profile: left out
+    for run, g in gap.groupby("run"):  # every decode-only step lands in one bin
+        steps = pd.read_csv(FIRST_RUN / "engine" / str(run) / "steps.csv")
+        decode = (steps["prefill_tokens"] == 0) & (steps["decode_seqs"] > 0)
+        assert g["steps"].sum() == decode.sum()
+    speed = pd.read_csv(report_dir / "speed.csv")
+    assert sorted(speed["run"]) == runs
+    assert (speed["window_min"] <= speed["median"]).all()
+    assert (speed["median"] <= speed["window_max"]).all()
+    cross = pd.read_csv(report_dir / "cross_run.csv")
+    assert len(cross) == len(runs) ** 2
+    assert set(zip(cross["fit_run"], cross["run"], strict=True)) == {
+        (f, r) for f in runs for r in runs
+    }
+    assert cross["request_throughput"].notna().all()
+
+
+def test_a_directory_without_a_profile_is_one_line(tmp_path: Path, capsys) -> None:
+    shutil.copytree(FIRST_RUN / "engine" / "opt-13b_vllm_offline", tmp_path / "engine" / "x")
+    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "operator_profile.json" in err
