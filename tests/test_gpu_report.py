@@ -44,6 +44,10 @@ def test_every_run_of_the_profiled_model_is_read_and_cross_validated(report_dir:
     assert sorted(speed["run"]) == runs
     assert (speed["window_min"] <= speed["median"]).all()
     assert (speed["median"] <= speed["window_max"]).all()
+    stalls = pd.read_csv(report_dir / "stalls.csv")  # every run, both models
+    assert len(stalls) == len(list((FIRST_RUN / "engine").glob("*/steps.csv")))
+    assert ((stalls["stalls"] > 0) == (stalls["stall_excess_s"] > 0)).all()
+    assert (stalls["share"].between(0, 1)).all()
     cross = pd.read_csv(report_dir / "cross_run.csv")
     assert len(cross) == len(runs) ** 2
     assert set(zip(cross["fit_run"], cross["run"], strict=True)) == {

@@ -21,6 +21,9 @@
 - ``speed.csv``: per run, each decode-only step's measured time over the profile's price
   (:func:`experiments.bench.cpu_cross_run.speed_drift`), median and the range of its
   100-step windows: how far the step time moved within a run at one batch shape.
+- ``stalls.csv``: per engine run (every model), steps that took over ``STALL_FACTOR`` times
+  the run's median step: how many, and the seconds they took beyond the median, against
+  the run's whole time (a Triton compile, a pause of the host).
 - ``cross_run.csv``: the calibrated model (operator times from the profile, per-step terms
   fitted on top, relative weighting: ``experiments.calibrate --profile --weighting
   relative``) fitted on each run of the profile's model and simulated on each run
@@ -47,6 +50,7 @@ SHIPPED_PROFILE = "sim/cost/profiles/vidur-a100-llama-2-7b"
 PREFILL_TOKENS = (16, 128, 512, 1024, 2048)
 DECODE_SHAPES = tuple((b, c) for b in (1, 8, 32, 128) for c in (256, 1024))
 SEQ_BINS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+STALL_FACTOR = 10.0
 
 
 def read_sidecar(profile_dir: Path) -> dict[str, Any]:
@@ -117,6 +121,19 @@ def forward_gap_rows(run: Path, priced: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def stall_row(run: Path) -> dict[str, Any]:
+    """Steps of ``run`` over ``STALL_FACTOR`` times its median step (module doc)."""
+    steps = pd.read_csv(run / "steps.csv")
+    d = steps["duration_s"]
+    median = float(d.median())
+    over = d[d > STALL_FACTOR * median]
+    excess = float((over - median).sum())
+    return {
+        "run": run.name, "steps": len(d), "median_step_ms": median * 1e3, "stalls": len(over),
+        "stall_excess_s": excess, "run_s": float(d.sum()), "share": excess / float(d.sum()),
+    }  # fmt: skip
+
+
 def cross_run_rows(runs: list[Path], profile_dir: Path) -> list[dict[str, Any]]:
     """Each run's calibrated model simulated on each run: the ``KEYS`` errors."""
     from experiments.calibrate import calibrate, calibration_doc
@@ -155,9 +172,12 @@ def report(gpu_dir: Path, out: Path) -> dict[str, Any]:
         doc["forward_gap"] += forward_gap_rows(run, priced)
         drift = speed_drift(priced, pd.read_csv(run / "steps.csv"))
         doc["speed"].append({"run": run.name, **{k: v for k, v in drift.items() if k != "windows"}})
+    engine_dir = gpu_dir / "engine"
+    doc["stalls"] = [stall_row(run) for run in sorted(engine_dir.iterdir())
+                     if (run / "steps.csv").is_file()]  # fmt: skip
     doc["cross_run"] = cross_run_rows(runs, profile_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("operators", "forward_gap", "speed", "cross_run"):
+    for name in ("operators", "forward_gap", "speed", "stalls", "cross_run"):
         write_csv(out / f"{name}.csv", doc[name])
     write_json(out / "report.json", doc)
     return doc
@@ -177,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     print_table(f"step GPU time, {doc['profile']['model']} on {doc['hardware']}", doc["operators"])
     print_table("decode forward against the profile's price", doc["forward_gap"])
     print_table("step time over the profile's price (decode-only steps)", doc["speed"])
+    print_table(f"steps over {STALL_FACTOR:g}x the run's median step", doc["stalls"])
     print_table(f"calibrated on one run, simulated on each ({', '.join(KEYS)})", doc["cross_run"])
-    print(f"wrote {args.out}/{{operators,forward_gap,speed,cross_run}}.csv and report.json")
+    print(f"wrote {args.out}/{{operators,forward_gap,speed,stalls,cross_run}}.csv, report.json")
     return 0
 
 
