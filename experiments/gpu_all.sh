@@ -14,7 +14,7 @@
 #                     (python -m experiments.bench.gpu_env); if it fails nothing else runs
 #   profile      70s  OUT_DIR/profile/operator_profile.{csv,json}
 #                     (python -m experiments.bench.profile_gpu)
-#   kernels     100s  OUT_DIR/kernels/  (python -m experiments.bench.kernels_gpu)
+#   kernels      60s  OUT_DIR/kernels/  (python -m experiments.bench.kernels_gpu)
 #   engine      190s  OUT_DIR/engine/   (python -m experiments.bench.engine_gpu --max-seconds
 #                     150: starts no run after 150 s, rewrites its summary after every run)
 #   calibrate    20s  OUT_DIR/engine/calibration.json (CPU): the step-time model fitted to
@@ -24,6 +24,8 @@
 #                     predicting another run, the online one (the offline run if it is absent)
 #   overhead     10s  OUT_DIR/engine/overhead_stack.json: the framework overhead fitted to
 #                     the vllm offline + online runs' CPU phases (experiments.calibrate_overhead)
+#   sync         40s  OUT_DIR/sync/sync_check.json: does the forward wait for the GPU?
+#                     (python -m experiments.bench.sync_check)
 #
 # plus OUT_DIR/<part>.log (each part's output) and OUT_DIR/parts.tsv (part, limit, exit
 # status, seconds). A part that fails or times out does not stop the later ones; the exit
@@ -96,7 +98,7 @@ if ! part env 30 "$PYTHON" -m experiments.bench.gpu_env --out "$OUT_DIR/env.json
     exit 1
 fi
 part profile 70 "$PYTHON" -m experiments.bench.profile_gpu --out "$OUT_DIR/profile" "${dry[@]}"
-part kernels 100 "$PYTHON" -m experiments.bench.kernels_gpu --out "$OUT_DIR/kernels" "${dry[@]}"
+part kernels 60 "$PYTHON" -m experiments.bench.kernels_gpu --out "$OUT_DIR/kernels" "${dry[@]}"
 part engine 190 "$PYTHON" -m experiments.bench.engine_gpu --out "$OUT_DIR/engine" \
     --max-seconds $((150 * scale)) "${dry[@]}"
 fit_run="$OUT_DIR/engine/${model}_vllm_offline"
@@ -120,5 +122,6 @@ else
     echo "no $fit_run/steps.csv: calibrate, validate and overhead skipped"
     status=1
 fi
+part sync 40 "$PYTHON" -m experiments.bench.sync_check --out "$OUT_DIR/sync" "${dry[@]}"
 pack
 exit $status
