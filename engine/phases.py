@@ -13,8 +13,9 @@ timer, :data:`STEP_TIMERS`: ``time.perf_counter`` by default):
 - ``output_s``: output processing: ``scheduler.update`` (appending tokens, stop checks,
   freeing finished sequences) and recording the step and the finished requests;
 - ``forward_issue_s``: the part of ``forward_s`` until the forward call returned, before
-  the device synchronize (on CUDA: the host's time to queue the forward's kernels; on CPU
-  equal to ``forward_s``).
+  the device synchronize (on CUDA: the host's time in the forward call, queueing kernels or
+  waiting for the device inside it, :mod:`core.metrics.phases`; on CPU equal to
+  ``forward_s``).
 
 ``transfer_s + prepare_s + forward_s + sample_s`` is the step's ``duration_s`` (what the
 executor returns and the virtual clock advances by); ``schedule_s`` and ``output_s`` run

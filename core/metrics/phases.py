@@ -7,10 +7,12 @@ Seconds per step: ``schedule_s`` (the scheduler's ``schedule`` calls), ``transfe
 update: appending tokens, stop checks; and recording the step); and ``forward_issue_s``,
 not a phase of its own but the part of ``forward_s`` until the model's forward call
 returned, before the device was synchronized. Where every operation is synchronous (CPU)
-it equals ``forward_s``. On CUDA the host only queues kernels, so ``forward_s −
-forward_issue_s`` is the time the host then waited for the device: a forward whose
-``forward_issue_s`` is close to its ``forward_s`` was bound by the host's kernel launches,
-not by the GPU's work.
+it equals ``forward_s``. On CUDA, where the host queues kernels, ``forward_s −
+forward_issue_s`` is the time the host then waited for the device. The two are close when
+the host's launches bound the forward, but also when the host waited for the device inside
+the forward call (a synchronizing operation, a full launch queue): on the H200 they were
+within 1% for every step, a GPU-bound prefill too (``docs/validation/h200.md``), and
+``experiments.bench.sync_check`` tells which.
 """
 
 from __future__ import annotations

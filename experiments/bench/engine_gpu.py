@@ -15,8 +15,8 @@ time their phases (``time_phases=true``: CUDA synchronized at each phase boundar
 
 Work cap (about 2.5 minutes on an H200, the engine's share of ``experiments/gpu_all.sh``'s
 8), sized from the first H200 run (``docs/validation/h200/first-run/``, 2026-12-04): there
-the eager engine's steps took 9-27 ms for both models (OPT-13B decode 15-27 ms, bound by
-the host's kernel launches rather than by the GPU's work), an offline run lasted about as
+the eager engine's steps took 9-27 ms for both models (OPT-13B decode 15-27 ms, flat in
+the batch and above its operators' profiled 10.5-12 ms), an offline run lasted about as
 many steps as its longest output, and the plan then (prompt + output <= 1024, OPT-13B 50
 offline requests first) ran only the six offline runs within 150 s. The trace is now drawn
 from the fitted ShareGPT model with vLLM's filter at prompt + output <= 512 (longest output

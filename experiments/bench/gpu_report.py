@@ -14,10 +14,10 @@
 - ``forward_gap.csv``: per engine run of the profile's model, its decode-only steps by
   sequences in the step: medians of the measured forward (``forward_s``), of the profile's
   price of the step, of the gap between them, of the time outside the forward, and of the
-  host's time to queue the forward (``forward_issue_s``, where the run recorded it). A
-  forward far above its operators' GPU time, with the issue time close to the forward, was
-  bound by the host's kernel launches (the profile times operators with launch overhead
-  hidden).
+  host's time in the forward call (``forward_issue_s``, where the run recorded it). The
+  profile times operators with launch overhead hidden, so a forward far above its price and
+  flat in the batch was bound by something on the host (``experiments.bench.sync_check``
+  tells launches from waits inside the call).
 - ``speed.csv``: per run, each decode-only step's measured time over the profile's price
   (:func:`experiments.bench.cpu_cross_run.speed_drift`), median and the range of its
   100-step windows: how far the step time moved within a run at one batch shape.
