@@ -366,3 +366,27 @@ def test_decode_attention_goes_through_the_measured_points(tmp_path: Path) -> No
     assert attn_ms(4, 256) == pytest.approx(ms(1, 256) + (ms(8, 256) - ms(1, 256)) * 3 / 7)
     assert attn_ms(64, 256) == pytest.approx(1.0)  # the running maximum, not 0.5
     assert attn_ms(128, 16) == pytest.approx(2.0)  # past the largest count: per sequence
+
+
+H200_PROFILE = Path(__file__).resolve().parents[1] / "sim/cost/profiles/kvlab-h200-opt-13b"
+
+
+def test_the_shipped_h200_profile_prices_its_own_model_and_gpu_as_measured() -> None:
+    """The sidecar names the device as it reported itself ('NVIDIA H200'); the catalog maps
+    that to h200, so OPT-13B on h200 uses the points as measured, and the step time grows
+    with tokens (from 16: one row measured 3% slower than 16, a matrix-vector kernel) and
+    with context."""
+    meta = json.loads((H200_PROFILE / "operator_profile.json").read_text())
+    assert meta["gpu"] == "NVIDIA H200" and meta["model"] == "opt-13b" and meta["source"]
+    cost = ProfiledCostModel(str(H200_PROFILE), "opt-13b", "h200", 1, 2, 16, stack=None)
+    assert cost.same
+    prefill = [
+        cost.gpu_seconds(BatchShape(prefill_tokens=n, prefill_seqs=1,
+                                    prefill_attn_pairs=n * (n + 1) // 2))
+        for n in (16, 256, 1024, 4096)
+    ]  # fmt: skip
+    assert prefill == sorted(prefill)
+    for seqs in (1, 8, 64):
+        decode = [cost.gpu_seconds(BatchShape(decode_seqs=seqs, decode_ctx_tokens=seqs * c))
+                  for c in (16, 256, 2048)]  # fmt: skip
+        assert decode == sorted(decode)
