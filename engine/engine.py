@@ -230,6 +230,25 @@ class LLMEngine:
         """Serve ``requests`` to completion on a fresh scheduler and recorder."""
         return run_to_end(self.serving(requests, mode, clock, progress))
 
+    def warm_up(self, tokens: int | None = None, output_len: int = 2) -> int:
+        """Serve one throwaway batch, so that first-use costs (kernel compilation, GPU
+        library initialization, the allocator's growth) fall here and not in the first
+        timed step; the number of steps it took. Prompts totalling about ``tokens`` tokens
+        (default: the scheduler's ``max_num_batched_tokens``, at most half the KV cache)
+        in requests of at most 512 tokens, each decoding ``output_len`` tokens, offline.
+        Nothing carries over: the next :meth:`generate` or :meth:`serving` resets the
+        scheduler, recorder and clock, prompt ids are seeded per request, and each sampler
+        draw has its own generator, so a warmed engine serves a run as a fresh one does.
+        0 steps when the cache takes none of the requests (all rejected)."""
+        cfg = self.sched_config
+        slots = self.kv_cache.num_blocks * self.kv_cache.block_size
+        total = cfg.max_num_batched_tokens if tokens is None else int(tokens)
+        total = max(1, min(total, slots // 2))
+        longest = max(1, min(512, cfg.max_model_len - output_len, total))
+        count = -(-total // longest)
+        requests = [Request(i, 0.0, max(1, total // count), output_len) for i in range(count)]
+        return self.generate(requests, mode="offline").num_steps
+
     def serving(
         self,
         requests: Iterable[Request],

@@ -171,8 +171,8 @@ class Serving:
 
 def start(cfg: DictConfig | Mapping[str, Any]) -> Serving:
     """Check ``cfg`` (``ConfigError`` before the model is built), set torch's thread count,
-    on CPU pin malloc's thresholds (:mod:`experiments.lib.malloc`), build the engine and the
-    workload."""
+    on CPU pin malloc's thresholds (:mod:`experiments.lib.malloc`), build the engine, warm it
+    up (``warmup``; null: on CUDA only, :meth:`LLMEngine.warm_up`) and build the workload."""
     c = resolve_aliases(as_dict(cfg))
     check_config(c, "serve", device_facts(str(c.get("device", "cpu"))))
     if str(c.get("device", "cpu")) == "cpu":
@@ -180,6 +180,9 @@ def start(cfg: DictConfig | Mapping[str, Any]) -> Serving:
     if c.get("threads") is not None:
         torch.set_num_threads(int(c["threads"]))
     engine, mml = build_engine(c)
+    warmup = c.get("warmup")
+    if warmup if warmup is not None else engine.device.type == "cuda":
+        engine.warm_up()
     requests = build_requests(c, mml, vocab_size=engine.model_config.vocab_size)
     return Serving(c, engine, requests, mml)
 

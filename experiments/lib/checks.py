@@ -240,6 +240,7 @@ RULES: tuple[Rule, ...] = (
         "not a boolean",
         apps=SERVE,
     ),
+    Rule("warmup", is_bool, "true, false or null (on CUDA only)", "not a boolean", apps=SERVE),
 )
 
 

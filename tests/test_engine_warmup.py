@@ -1,0 +1,50 @@
+"""LLMEngine.warm_up: a throwaway batch that leaves no trace in the run served after it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from core.request import Request, SamplingParams
+from experiments.bench.cpu_cross_run import serve_run
+from tests.engine_helpers import make_engine
+
+DECISIONS = ["prefill_seqs", "prefill_tokens", "decode_seqs", "decode_ctx_tokens", "num_waiting",
+             "num_preempted", "kv_token_states", "kv_physical_blocks"]  # fmt: skip
+
+
+def _requests() -> list[Request]:
+    sampled = SamplingParams(n=2, temperature=1.0)
+    return [Request(i, 0.0, 5 + i, 6 + i % 3, sampling=sampled if i % 2 else SamplingParams())
+            for i in range(5)]  # fmt: skip
+
+
+@pytest.mark.parametrize("system", ["vllm", "orca_max"])
+def test_a_warmed_engine_serves_a_run_as_a_fresh_one_does(system: str) -> None:
+    # Orca (Max) reserves max_model_len per request: 96 slots take 3 at a time
+    kw = {"system": system, "num_blocks": 24, "block_size": 4, "max_model_len": 32}
+    fresh = make_engine(**kw).generate(_requests())
+    warmed_engine = make_engine(**kw)
+    assert warmed_engine.warm_up() > 0
+    warmed = warmed_engine.generate(_requests())
+    assert warmed.num_steps == fresh.num_steps
+    assert warmed.outputs == fresh.outputs  # same tokens, random draws included
+    steps_w, steps_f = warmed.recorder.steps_frame(), fresh.recorder.steps_frame()
+    pd.testing.assert_frame_equal(steps_w[DECISIONS], steps_f[DECISIONS])
+
+
+def test_warm_up_fits_a_small_cache_and_a_short_model_len() -> None:
+    engine = make_engine(num_blocks=6, block_size=4, max_model_len=16)  # 24 slots
+    assert engine.warm_up() > 0  # prompts cut to at most half the cache and the model length
+    assert engine.warm_up(tokens=1, output_len=1) >= 1
+
+
+def test_serve_warms_up_when_asked_and_rejects_a_non_boolean(tmp_path: Path) -> None:
+    base = ["model=tiny-opt", "workload.num_requests=3", "kv_cache_gb=0.002", "progress=false"]
+    plain = pd.read_csv(serve_run(tmp_path / "a", base) / "steps.csv")
+    warmed = pd.read_csv(serve_run(tmp_path / "b", [*base, "warmup=true"]) / "steps.csv")
+    pd.testing.assert_frame_equal(plain[DECISIONS], warmed[DECISIONS])
+    with pytest.raises(Exception, match="warmup"):
+        serve_run(tmp_path / "c", [*base, "warmup=sometimes"])
