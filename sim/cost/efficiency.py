@@ -17,7 +17,8 @@ def _default_sources() -> dict[str, str]:
         "compute": "H200 measurement (PyTorch, by the kvlab authors): 8192^3 bf16 torch "
         "matmul 770-800 TFLOP/s of 989 peak -> 0.79",
         "memory": "H200 measurement (PyTorch, by the kvlab authors): device-to-device copy "
-        "4.3 TB/s of 4.8 -> 0.90",
+        "4.3 TB/s of 4.8 -> 0.90 (kvlab's own copy benchmark on the lent H200, 2026-12-04: "
+        "4.22-4.24 TB/s, docs/validation/h200/*/kernels/results.json copy_gbps)",
         "per_step_overhead_s": "0: roofline lower bound, no scheduling/sampling overhead; a "
         "calibrated model replaces it",
         "allreduce_latency_s": "0: not measured; bandwidth term only (lower bound)",
