@@ -39,7 +39,7 @@ _MAX_SPLITS = 16
 # Integer arguments that change from step to step are not specialized on: Triton would
 # otherwise compile a new variant whenever one of them becomes 1 or a multiple of 16, and
 # each compile (~0.3-0.7 s on an H200) stalls the step that meets it
-# (docs/validation/h200.md: eleven such stalls in one OPT-13B engine run).
+# (docs/validation/h200.md: up to 12 such stalls per engine run before, at most one after).
 @triton.jit(do_not_specialize=["keys_per_split", "num_tokens", "stride_bt"])
 def _attn_kernel(
     q_ptr,

@@ -6,8 +6,7 @@ On the first H200 runs (``docs/validation/h200.md``) the host's time to run the 
 step, a 1,662-token prefill whose GPU work is several times the host's too. So the host
 waited for the device inside the forward: an operation that synchronizes, or a full launch
 queue. This serves a short OPT-13B workload (8 requests of ``experiments.bench.engine_gpu``'s
-trace, offline, fp16, Triton attention)
-and, around each forward call:
+trace, offline, fp16, Triton attention) and, around each forward call:
 
 - with ``torch.cuda.set_sync_debug_mode("warn")`` on, records every synchronizing
   operation torch reports, by the kvlab source line that called it;
