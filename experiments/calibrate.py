@@ -11,7 +11,8 @@ long prefills; ``--profile`` takes the operators' times from an operator profile
 model measured on the same device, ``experiments.bench.profile_gpu``, and fits only the
 per-step and per-sequence terms on top).
 Prints the coefficients, R² and MAPE and writes ``calibration.json`` (default: in
-``RUN_DIR``), which ``experiments.validate`` and a simulate config's ``cost`` group
+``RUN_DIR``; the profile's path in it is relative to the file, so the two can move
+together), which ``experiments.validate`` and a simulate config's ``cost`` group
 (``kind: calibrated``) read. A plain argparse CLI (the input is a run directory, not a
 config tree).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -167,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     print(model.describe())
     out = args.out or args.run_dir / "calibration.json"
     doc = calibration_doc(model, args.run_dir)
+    if doc.get("profile"):  # relative to the file: the folder can move to another machine
+        doc["profile"] = os.path.relpath(Path(doc["profile"]).resolve(), out.resolve().parent)
     write_json(out, doc)
     print(f"wrote {out}")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from experiments import calibrate, validate
 from experiments.bench.cpu_cross_run import serve_run
 from experiments.lib.checks import ConfigError
+from experiments.lib.setup import with_profile_found
 
 # 12 requests into 0.002 GiB of fp32 tiny-opt KV (2048 slots): vllm runs a real batch and
 # Poisson arrivals at 30/s leave idle gaps and mid-run arrivals.
@@ -173,7 +175,9 @@ def test_calibrate_on_a_profile_writes_a_file_validate_and_simulate_take(
     args = [str(thread_run), "--profile", str(prof), "--out", str(out), "--weighting", "relative"]
     assert calibrate.main(args) == 0
     doc = json.loads(out.read_text())
-    assert doc["profile"] == str(prof)
+    assert doc["profile"] == os.path.relpath(prof, out.parent)  # the two can move together
+    doc = with_profile_found(doc, out)
+    assert Path(doc["profile"]).resolve() == Path(prof).resolve()
     roofline = ("linear_flop_time", "attn_flop_time", "byte_time")
     assert [doc["coefficients"][t] for t in roofline] == [0.0, 0.0, 0.0]
     assert "as measured; the terms below are fitted on top" in capsys.readouterr().out
@@ -222,10 +226,20 @@ def test_calibrate_target_host_fits_the_time_outside_the_forward(
 
 
 def test_a_calibrations_relative_profile_is_also_looked_for_beside_it(tmp_path: Path) -> None:
-    from experiments.lib.setup import with_profile_found
-
     (tmp_path / "prof").mkdir()
     cal = tmp_path / "calibration.json"
     assert with_profile_found({"profile": "prof"}, cal)["profile"] == str(tmp_path / "prof")
     assert with_profile_found({"profile": "absent"}, cal)["profile"] == "absent"  # unchanged
     assert with_profile_found({"kind": "calibrated"}, cal) == {"kind": "calibrated"}
+
+
+def test_a_calibration_from_another_machine_finds_its_profile_beside_it(tmp_path: Path) -> None:
+    """gpu_all.sh's layout, fitted on the device under /tmp/kvlab-gpu and copied here."""
+    call = tmp_path / "h200" / "second-run"
+    (call / "profile").mkdir(parents=True)
+    (call / "engine").mkdir()
+    cal = call / "engine" / "calibration.json"
+    moved = with_profile_found({"profile": "/nonexistent-device-dir/kvlab-gpu/profile"}, cal)
+    assert moved["profile"] == str(call / "profile")
+    gone = {"profile": "/nonexistent-device-dir/kvlab-gpu/other"}
+    assert with_profile_found(gone, cal) == gone  # not found anywhere: left for the error

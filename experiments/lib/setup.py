@@ -268,12 +268,27 @@ def measured_stack(name: Any, path: Any) -> Stack:
 
 
 def with_profile_found(doc: dict[str, Any], calibration_path: Path) -> dict[str, Any]:
-    """``doc`` with its operator ``profile`` path (when relative and not found from here)
-    taken relative to the calibration file's folder, where it was found; else unchanged."""
+    """``doc`` with its operator ``profile`` path found from here; else unchanged.
+
+    A relative path is taken from the calibration file's folder (what ``experiments.calibrate``
+    writes), then from here. An absolute path that does not exist here (a calibration made
+    on another machine, e.g. the GPU's ``/tmp/kvlab-gpu/profile`` of ``gpu_all.sh``) is
+    looked for by its trailing parts in the calibration file's folder and the folders above
+    it, nearest first (``<call>/profile`` beside ``<call>/engine/calibration.json``)."""
     name = doc.get("profile")
-    if not name or Path(name).is_absolute() or Path(name).exists():
+    if not name:
         return doc
-    beside = Path(calibration_path).parent / name
+    path, here = Path(name), Path(calibration_path).parent
+    if path.is_absolute():
+        if path.exists():
+            return doc
+        for folder in (here, *here.parents):
+            for n in range(len(path.parts) - 1, 0, -1):
+                found = folder.joinpath(*path.parts[-n:])
+                if found.exists():
+                    return {**doc, "profile": str(found)}
+        return doc
+    beside = here / path
     return {**doc, "profile": str(beside)} if beside.exists() else doc
 
 
