@@ -117,7 +117,7 @@ if [ -f "$fit_run/steps.csv" ]; then
         [ -f "$run/steps.csv" ] && runs+=("$run")
     done
     part overhead 10 "$PYTHON" -m experiments.calibrate_overhead "${runs[@]}" \
-        --out "$OUT_DIR/engine/overhead_stack.json" --min-steps "$min_steps"
+        --out "$OUT_DIR/engine/overhead_stack.json" --min-steps "$min_steps" "${dry[@]}"
 else
     echo "no $fit_run/steps.csv: calibrate, validate and overhead skipped"
     status=1

@@ -172,6 +172,20 @@ def test_a_run_without_phase_columns_is_one_line(tmp_path: Path, capsys) -> None
     assert len(err) == 2 and "no column schedule_s" in err[0] and "no steps.csv" in err[1]
 
 
+def test_a_fit_the_points_cannot_support_fails_unless_dry(tmp_path: Path, capsys) -> None:
+    """CPU time falling with the sequences (a negative slope) is an error on a real run and,
+    with --dry (meaningless timings), a report with no file."""
+    _steps([s for s in range(1, 9) for _ in range(6)], 1e-3, -1e-4).to_csv(
+        tmp_path / "steps.csv", index=False
+    )
+    out = tmp_path / "s.json"
+    with pytest.raises(SystemExit) as exit_:
+        calibrate_overhead.main([str(tmp_path), "--out", str(out)])
+    assert exit_.value.code == 2 and "negative term" in capsys.readouterr().err
+    assert calibrate_overhead.main([str(tmp_path), "--out", str(out), "--dry"]) == 0
+    assert "dry: no fit" in capsys.readouterr().out and not out.exists()
+
+
 def test_measured_stack_prices_swaps_as_kvlab_engine_issues_them() -> None:
     """kvlab's engine swaps a step's blocks with a gather, a transfer and a scatter per
     direction (engine.kv_cache): the measured stack charges 3 call latencies per direction
