@@ -24,7 +24,17 @@ def test_a_write_that_fails_leaves_the_old_file_whole(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     write_csv(path, [{"a": 1}])
     before = path.read_text()
-    with pytest.raises(ValueError):  # a row with a key the header lacks
-        write_csv(path, [{"a": 2}, {"a": 3, "extra": 4}])
+    class Unwritable:
+        def __str__(self) -> str:
+            raise ValueError("cannot be written")
+
+    with pytest.raises(ValueError):  # fails in the middle of writing the rows
+        write_csv(path, [{"a": 2}, {"a": Unwritable()}])
     assert path.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == ["t.csv"]
+
+
+def test_rows_with_different_keys_share_one_header(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    write_csv(path, [{"a": 1}, {"a": 2, "b": 3}, {"b": 4}])
+    assert path.read_text().splitlines() == ["a,b", "1,", "2,3", ",4"]

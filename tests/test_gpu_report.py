@@ -61,3 +61,24 @@ def test_a_directory_without_a_profile_is_one_line(tmp_path: Path, capsys) -> No
     assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "operator_profile.json" in err
+
+
+def test_a_run_without_steps_is_left_out_from_any_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped profile is found from the repository, not the working directory, and a
+    run whose steps.csv has a header only (it served nothing) is in no table."""
+    call = tmp_path / "call"
+    shutil.copytree(FIRST_RUN / "profile", call / "profile")
+    (call / "engine").mkdir()
+    shutil.copy(FIRST_RUN / "engine" / "trace_opt-13b.csv", call / "engine")
+    run = FIRST_RUN / "engine" / "opt-13b_vllm_offline"
+    shutil.copytree(run, call / "engine" / "full")
+    shutil.copytree(run, call / "engine" / "empty")
+    steps = pd.read_csv(run / "steps.csv")
+    steps.iloc[:0].to_csv(call / "engine" / "empty" / "steps.csv", index=False)
+    monkeypatch.chdir(tmp_path)
+    assert main([str(call), "--out", str(tmp_path / "out")]) == 0
+    for table in ("forward_gap", "speed", "stalls", "cross_run"):
+        frame = pd.read_csv(tmp_path / "out" / f"{table}.csv")
+        assert set(frame["run"]) == {"full"}, table

@@ -17,13 +17,16 @@
   host's time in the forward call (``forward_issue_s``, where the run recorded it). The
   profile times operators with launch overhead hidden, so a forward far above its price and
   flat in the batch was bound by something on the host (``experiments.bench.sync_check``
-  tells launches from waits inside the call).
+  tells launches from waits inside the call). ``outside_forward_ms`` is the rest of the
+  step's ``duration_s``: transfers, input preparation and the sampler (schedule and output
+  processing run between steps and are not in it).
 - ``speed.csv``: per run, each decode-only step's measured time over the profile's price
   (:func:`experiments.bench.cpu_cross_run.speed_drift`), median and the range of its
   100-step windows: how far the step time moved within a run at one batch shape.
 - ``stalls.csv``: per engine run (every model), steps that took over ``STALL_FACTOR`` times
   the run's median step: how many, and the seconds they took beyond the median, against
-  the run's whole time (a Triton compile, a pause of the host).
+  the run's whole time (a Triton compile, a pause of the host). Runs with no steps are
+  left out of every table.
 - ``cross_run.csv``: the calibrated model (operator times from the profile, per-step terms
   fitted on top, relative weighting: ``experiments.calibrate --profile --weighting
   relative``) fitted on each run of the profile's model and simulated on each run
@@ -46,10 +49,14 @@ from experiments.bench.cpu_cross_run import KEYS, metric_rows, speed_drift
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.results import write_json
 
-SHIPPED_PROFILE = "sim/cost/profiles/vidur-a100-llama-2-7b"
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED_PROFILE = "sim/cost/profiles/vidur-a100-llama-2-7b"  # from the repository root
 PREFILL_TOKENS = (16, 128, 512, 1024, 2048)
 DECODE_SHAPES = tuple((b, c) for b in (1, 8, 32, 128) for c in (256, 1024))
 SEQ_BINS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+# A Triton compile (0.3-0.7 s) is 10-70x the H200 engine's 9-27 ms steps, while its
+# largest prefill steps (2,560 batched tokens, ~110 ms in the profile) stay under 10x
+# (docs/validation/h200.md).
 STALL_FACTOR = 10.0
 
 
@@ -66,7 +73,8 @@ def operator_rows(profile_dir: Path, model: str, gpu: str, block: int) -> list[d
     from sim.cost.roofline import RooflineCostModel
 
     measured = ProfiledCostModel(str(profile_dir), model, gpu, 1, 2, block, stack=None)
-    transferred = ProfiledCostModel(SHIPPED_PROFILE, model, gpu, 1, 2, block, stack=None)
+    shipped = str(REPO / SHIPPED_PROFILE)
+    transferred = ProfiledCostModel(shipped, model, gpu, 1, 2, block, stack=None)
     roofline = RooflineCostModel(model, gpu, 1, 2, block_size=block)
     shapes = [("prefill", n, n, BatchShape(prefill_tokens=n, prefill_seqs=1,
                                            prefill_attn_pairs=n * (n + 1) // 2))
@@ -86,13 +94,19 @@ def operator_rows(profile_dir: Path, model: str, gpu: str, block: int) -> list[d
     return rows
 
 
+def has_steps(run: Path) -> bool:
+    """Whether ``run`` holds a ``steps.csv`` with at least one step."""
+    path = run / "steps.csv"
+    return path.is_file() and len(pd.read_csv(path)) > 0
+
+
 def model_runs(engine_dir: Path, model: str) -> list[Path]:
-    """Finished engine runs of ``model`` under ``engine_dir``, by name."""
+    """Finished engine runs of ``model`` under ``engine_dir`` with steps, by name."""
     from experiments.calibrate import read_run_config
 
     runs = []
     for run in sorted(p for p in engine_dir.iterdir() if (p / "metrics.json").is_file()):
-        if read_run_config(run).get("model", {}).get("name") == model:
+        if read_run_config(run).get("model", {}).get("name") == model and has_steps(run):
             runs.append(run)
     return runs
 
@@ -134,14 +148,15 @@ def stall_row(run: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def cross_run_rows(runs: list[Path], profile_dir: Path) -> list[dict[str, Any]]:
-    """Each run's calibrated model simulated on each run: the ``KEYS`` errors."""
-    from experiments.calibrate import calibrate, calibration_doc
+def cross_run_rows(fitted: dict[Path, Any]) -> list[dict[str, Any]]:
+    """Each run's calibrated model (``fitted``: run -> model) simulated on each run: the
+    ``KEYS`` errors."""
+    from experiments.calibrate import calibration_doc
     from experiments.validate import validate
 
+    runs = list(fitted)
     rows = []
-    for fit in runs:
-        model = calibrate(fit, weighting="relative", profile=str(profile_dir))
+    for fit, model in fitted.items():
         doc = calibration_doc(model, fit)
         for run in runs:
             res = validate(run, doc)
@@ -167,15 +182,14 @@ def report(gpu_dir: Path, out: Path) -> dict[str, Any]:
             profile_dir, model, gpu, block),
     }  # fmt: skip
     doc["forward_gap"], doc["speed"] = [], []
-    for run in runs:
-        priced = calibrate(run, weighting="relative", profile=str(profile_dir))
+    fitted = {run: calibrate(run, weighting="relative", profile=str(profile_dir)) for run in runs}
+    for run, priced in fitted.items():
         doc["forward_gap"] += forward_gap_rows(run, priced)
         drift = speed_drift(priced, pd.read_csv(run / "steps.csv"))
         doc["speed"].append({"run": run.name, **{k: v for k, v in drift.items() if k != "windows"}})
     engine_dir = gpu_dir / "engine"
-    doc["stalls"] = [stall_row(run) for run in sorted(engine_dir.iterdir())
-                     if (run / "steps.csv").is_file()]  # fmt: skip
-    doc["cross_run"] = cross_run_rows(runs, profile_dir)
+    doc["stalls"] = [stall_row(run) for run in sorted(engine_dir.iterdir()) if has_steps(run)]
+    doc["cross_run"] = cross_run_rows(fitted)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("operators", "forward_gap", "speed", "stalls", "cross_run"):
         write_csv(out / f"{name}.csv", doc[name])
@@ -191,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         doc = report(args.gpu_dir, args.out)
-    except (FileNotFoundError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError) as exc:
         print(f"error: {args.gpu_dir}: {exc}", file=sys.stderr)
         return 2
     print_table(f"step GPU time, {doc['profile']['model']} on {doc['hardware']}", doc["operators"])

@@ -11,13 +11,15 @@ from experiments.lib.results import write_atomic
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    """``rows`` (dicts with the first one's keys) as a CSV at ``path``, atomically: a reader
-    sees the old file or the whole new one. No rows: an empty file."""
+    """``rows`` as a CSV at ``path``, atomically: a reader sees the old file or the whole new
+    one. The columns are every row's keys, in the order they first appear; a row without
+    one leaves its cell empty. No rows: an empty file."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
 
     def write(tmp: Path) -> None:
         with tmp.open("w", newline="") as f:
             if rows:
-                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                writer = csv.DictWriter(f, fieldnames=columns)
                 writer.writeheader()
                 writer.writerows(rows)
 
