@@ -12,7 +12,7 @@ a simulator run takes as ``cost.stack=measured cost.stack_path=FILE`` (with ``co
 or ``cost=profiled``); the measured stack keeps ``--base``'s other terms (per-block gather,
 per-copy latencies). ``--dry`` (``gpu_all.sh``'s CPU check of itself): the runs' timings
 are meaningless, so a fit they cannot support (too few or too noisy points) is reported and
-exits 0 without a file; a real run's must not.
+exits 0 without a file; a missing run or phase column still fails.
 """
 
 from __future__ import annotations
@@ -30,7 +30,13 @@ from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
 from experiments.lib.results import write_json
 from sim.cost.overhead import STACKS
-from sim.cost.stack_file import SPLITS, fit_measured_overhead, fit_source, load_stack_file
+from sim.cost.stack_file import (
+    SPLITS,
+    UnsupportedFit,
+    fit_measured_overhead,
+    fit_source,
+    load_stack_file,
+)
 
 
 def read_steps(run_dir: Path) -> pd.DataFrame:
@@ -64,10 +70,13 @@ def calibrate_overhead(
         known = ", ".join(k for k, s in STACKS.items() if s.cpu is not None)
         raise ConfigError("--base", "not a stack preset with CPU costs", base, known)
     runs = [(Path(d).name, read_steps(d)) for d in run_dirs]
+    got = " ".join(map(str, run_dirs))
     try:
         doc = fit_measured_overhead(runs, split, min_steps)
+    except UnsupportedFit as exc:
+        raise ConfigError("fit", str(exc), got) from None
     except ValueError as exc:
-        raise ConfigError("run_dir", str(exc), " ".join(map(str, run_dirs))) from None
+        raise ConfigError("run_dir", str(exc), got) from None
     doc["base"] = base
     doc["measured_on"] = measured_on(run_dirs)
     doc["fit"]["source"] = fit_source(doc)
@@ -102,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = calibrate_overhead(args.run_dirs, args.split, args.min_steps, args.base)
     except ConfigError as exc:
-        if not (args.dry and exc.key == "run_dir"):
+        if not (args.dry and exc.key == "fit"):
             raise
         print(f"dry: no fit on these timings ({exc}); nothing written")
         return 0

@@ -174,7 +174,8 @@ def test_a_run_without_phase_columns_is_one_line(tmp_path: Path, capsys) -> None
 
 def test_a_fit_the_points_cannot_support_fails_unless_dry(tmp_path: Path, capsys) -> None:
     """CPU time falling with the sequences (a negative slope) is an error on a real run and,
-    with --dry (meaningless timings), a report with no file."""
+    with --dry (meaningless timings), a report with no file; a run that is not there is an
+    error either way."""
     _steps([s for s in range(1, 9) for _ in range(6)], 1e-3, -1e-4).to_csv(
         tmp_path / "steps.csv", index=False
     )
@@ -184,6 +185,9 @@ def test_a_fit_the_points_cannot_support_fails_unless_dry(tmp_path: Path, capsys
     assert exit_.value.code == 2 and "negative term" in capsys.readouterr().err
     assert calibrate_overhead.main([str(tmp_path), "--out", str(out), "--dry"]) == 0
     assert "dry: no fit" in capsys.readouterr().out and not out.exists()
+    with pytest.raises(SystemExit) as exit_:  # --dry forgives the fit, not a missing run
+        calibrate_overhead.main([str(tmp_path / "absent"), "--out", str(out), "--dry"])
+    assert exit_.value.code == 2 and "no steps.csv" in capsys.readouterr().err
 
 
 def test_measured_stack_prices_swaps_as_kvlab_engine_issues_them() -> None:

@@ -48,6 +48,10 @@ FILE_KIND = "stack"
 MEASURED = "measured"
 
 
+class UnsupportedFit(ValueError):
+    """The steps hold the phase columns, but too few or too noisy points for the line."""
+
+
 def cpu_points(steps: pd.DataFrame, min_steps: int, where: str) -> pd.DataFrame:
     """Median CPU seconds per step by sequences: columns ``seqs``, ``cpu_s``, ``steps``
     (sequence counts with fewer than ``min_steps`` steps dropped)."""
@@ -98,13 +102,13 @@ def fit_measured_overhead(
     train = cpu_points(train_steps, min_steps, "train steps")
     held = cpu_points(held_steps, min_steps, "held-out steps")
     if len(train) < 2:
-        raise ValueError(
+        raise UnsupportedFit(
             f"the train steps hold {len(train)} sequence count(s) with >= {min_steps} steps; "
             "the fit needs two (serve more requests, or lower --min-steps)"
         )
     a, b = fit_line(train["seqs"].to_numpy(float), train["cpu_s"].to_numpy(float))
     if a < 0 or b < 0:
-        raise ValueError(
+        raise UnsupportedFit(
             f"the fit has a negative term ({a:.3g} s + {b:.3g} s x sequences): too few or too "
             "noisy points"
         )
