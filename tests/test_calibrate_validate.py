@@ -243,3 +243,5 @@ def test_a_calibration_from_another_machine_finds_its_profile_beside_it(tmp_path
     assert moved["profile"] == str(call / "profile")
     gone = {"profile": "/nonexistent-device-dir/kvlab-gpu/other"}
     assert with_profile_found(gone, cal) == gone  # not found anywhere: left for the error
+    (tmp_path / "other").mkdir()  # two levels above the call's folder: unrelated, not taken
+    assert with_profile_found(gone, cal) == gone

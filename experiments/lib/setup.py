@@ -273,8 +273,9 @@ def with_profile_found(doc: dict[str, Any], calibration_path: Path) -> dict[str,
     A relative path is taken from the calibration file's folder (what ``experiments.calibrate``
     writes), then from here. An absolute path that does not exist here (a calibration made
     on another machine, e.g. the GPU's ``/tmp/kvlab-gpu/profile`` of ``gpu_all.sh``) is
-    looked for by its trailing parts in the calibration file's folder and the folders above
-    it, nearest first (``<call>/profile`` beside ``<call>/engine/calibration.json``)."""
+    looked for by its trailing parts in the calibration file's folder and the one above it,
+    nearest first (``<call>/profile`` beside ``<call>/engine/calibration.json``); no
+    higher, where an unrelated folder of the same name could be taken for it."""
     name = doc.get("profile")
     if not name:
         return doc
@@ -282,7 +283,7 @@ def with_profile_found(doc: dict[str, Any], calibration_path: Path) -> dict[str,
     if path.is_absolute():
         if path.exists():
             return doc
-        for folder in (here, *here.parents):
+        for folder in (here, here.parent):
             for n in range(len(path.parts) - 1, 0, -1):
                 found = folder.joinpath(*path.parts[-n:])
                 if found.exists():
