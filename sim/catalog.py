@@ -21,7 +21,7 @@ Sources of the built-in shapes:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -99,7 +99,11 @@ def gpu_from_config(cfg: Mapping[str, Any], origin: str = "hardware") -> GPUSpec
         raise ValueError(f"{origin}: GPU {name!r} lacks peer_link (nvlink or pcie)")
     source = {str(k): str(v) for k, v in (cfg.get("source") or {}).items()}
     device_names = cfg.get("device_names") or []
-    if isinstance(device_names, str) or not all(isinstance(d, str) for d in device_names):
+    if (
+        not isinstance(device_names, Sequence)
+        or isinstance(device_names, str)
+        or not all(isinstance(d, str) for d in device_names)
+    ):
         raise ValueError(f"{origin}: device_names must be a list of strings, got {device_names!r}")
     try:
         return GPUSpec(
@@ -300,8 +304,9 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
         return name
     table = gpus()
     key = name.lower()
-    by_device = {d.lower(): k for k, spec in table.items() for d in spec.device_names}
-    key = by_device.get(key, key)
+    if key not in table:  # a catalog name first, then a device's own name
+        by_device = {d.lower(): k for k, spec in table.items() for d in spec.device_names}
+        key = by_device.get(key, key)
     if key not in table:
         raise KeyError(
             f"unknown GPU {name!r}; valid names: {', '.join(sorted(table))} (a device's own "

@@ -56,8 +56,9 @@ def test_a_gpu_is_found_by_the_name_the_device_reports() -> None:
     base = {"memory_gb": 1, "mem_bandwidth_gbs": 1, "peak_tflops": 1, "host_link_gbs": 1,
             "peer_link_gbs": 1, "peer_link": "pcie"}  # fmt: skip
     assert gpu_from_config({**base, "device_names": ["X 1"]}, "x.yaml").device_names == ("X 1",)
-    with pytest.raises(ValueError, match=r"x.yaml: device_names must be a list of strings"):
-        gpu_from_config({**base, "device_names": "X 1"}, "x.yaml")
+    for bad in ("X 1", 5, {"X 1": 1}, ["X 1", 2]):
+        with pytest.raises(ValueError, match=r"x.yaml: device_names must be a list of strings"):
+            gpu_from_config({**base, "device_names": bad}, "x.yaml")
 
 
 def test_gpu_catalog_uses_datasheet_numbers() -> None:
