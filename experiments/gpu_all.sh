@@ -21,7 +21,8 @@
 #                     the <model>_vllm_offline run, operator times from the profile above
 #                     (experiments.calibrate --profile --weighting relative)
 #   validate     40s  OUT_DIR/engine/<model>_vllm_online/validation.json (CPU): that model
-#                     predicting another run, the online one (the offline run if it is absent)
+#                     predicting another run, the online one (the offline run if it is absent);
+#                     skipped if calibrate failed
 #   overhead     10s  OUT_DIR/engine/overhead_stack.json: the framework overhead fitted to
 #                     the vllm offline + online runs' CPU phases (experiments.calibrate_overhead)
 #   sync         40s  OUT_DIR/sync/sync_check.json: does the forward wait for the GPU?
@@ -106,12 +107,15 @@ held_run="$OUT_DIR/engine/${model}_vllm_online"
 if [ -f "$fit_run/steps.csv" ]; then
     profile=()
     [ -f "$OUT_DIR/profile/operator_profile.csv" ] && profile=(--profile "$OUT_DIR/profile")
-    part calibrate 20 "$PYTHON" -m experiments.calibrate "$fit_run" --weighting relative \
-        "${profile[@]}" --out "$OUT_DIR/engine/calibration.json"
     check_run=$fit_run
     [ -f "$held_run/steps.csv" ] && check_run=$held_run # another run than the fit's, if any
-    part validate 40 "$PYTHON" -m experiments.validate "$check_run" \
-        --calibration "$OUT_DIR/engine/calibration.json" --out "$check_run/validation.json"
+    if part calibrate 20 "$PYTHON" -m experiments.calibrate "$fit_run" --weighting relative \
+        "${profile[@]}" --out "$OUT_DIR/engine/calibration.json"; then
+        part validate 40 "$PYTHON" -m experiments.validate "$check_run" \
+            --calibration "$OUT_DIR/engine/calibration.json" --out "$check_run/validation.json"
+    else
+        echo "calibrate failed: validate skipped (no calibration of this call to check)"
+    fi
     runs=()
     for run in "$fit_run" "$held_run"; do
         [ -f "$run/steps.csv" ] && runs+=("$run")

@@ -134,6 +134,14 @@ def test_a_failing_part_does_not_stop_the_others(tmp_path: Path) -> None:
     assert (pack / "kvlab-gpu.tar.gz").is_file()
 
 
+def test_a_failed_calibration_is_not_validated(tmp_path: Path) -> None:
+    """validate would read no calibration of this call (or a stale one from a reused OUT)."""
+    rc, out, _ = run_script(tmp_path, STUB_FAIL="experiments.calibrate")
+    assert rc == 1
+    rows = {r["part"]: r["exit"] for r in parts(out)}
+    assert rows["calibrate"] == "3" and "validate" not in rows and rows["overhead"] == "0"
+
+
 def test_a_failed_environment_check_stops_the_run(tmp_path: Path) -> None:
     rc, out, pack = run_script(tmp_path, STUB_FAIL="experiments.bench.gpu_env")
     assert rc == 1
