@@ -235,7 +235,9 @@ class LLMEngine:
         library initialization, the allocator's growth) fall here and not in the first
         timed step; the number of steps it took. Prompts totalling about ``tokens`` tokens
         (default: the scheduler's ``max_num_batched_tokens``, at most half the KV cache)
-        in requests of at most 512 tokens, each decoding ``output_len`` tokens, offline.
+        in requests of at most 512 tokens (so a full token budget is several requests, and
+        both multi-sequence prefill and decode run), each decoding ``output_len`` tokens,
+        offline.
         Nothing carries over: the next :meth:`generate` or :meth:`serving` resets the
         scheduler, recorder and clock, prompt ids are seeded per request, and each sampler
         draw has its own generator, so a warmed engine serves a run as a fresh one does.

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from core.request import Request, SamplingParams
+from engine.engine import LLMEngine
 from experiments.bench.cpu_cross_run import serve_run
 from tests.engine_helpers import make_engine
 
@@ -41,10 +42,15 @@ def test_warm_up_fits_a_small_cache_and_a_short_model_len() -> None:
     assert engine.warm_up(tokens=1, output_len=1) >= 1
 
 
-def test_serve_warms_up_when_asked_and_rejects_a_non_boolean(tmp_path: Path) -> None:
+def test_serve_warms_up_when_asked_and_rejects_a_non_boolean(tmp_path: Path, monkeypatch) -> None:
+    warm_ups: list[int] = []
+    real = LLMEngine.warm_up
+    monkeypatch.setattr(LLMEngine, "warm_up", lambda self: warm_ups.append(real(self)) or 0)
     base = ["model=tiny-opt", "workload.num_requests=3", "kv_cache_gb=0.002", "progress=false"]
     plain = pd.read_csv(serve_run(tmp_path / "a", base) / "steps.csv")
+    assert warm_ups == []  # unset: on CUDA only
     warmed = pd.read_csv(serve_run(tmp_path / "b", [*base, "warmup=true"]) / "steps.csv")
+    assert len(warm_ups) == 1 and warm_ups[0] > 0
     pd.testing.assert_frame_equal(plain[DECISIONS], warmed[DECISIONS])
     with pytest.raises(Exception, match="warmup"):
         serve_run(tmp_path / "c", [*base, "warmup=sometimes"])

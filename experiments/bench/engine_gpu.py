@@ -27,7 +27,7 @@ at 20 ms per step: ~65 s for OPT-13B (Orca (Max), 7 concurrent requests in the 1
 budget, ~16 s of it), ~35 s for OPT-1.3B, ~15 s for the cross-check. ``--max-seconds``
 (default 150) skips the runs that would start after that, in priority order: per model,
 OPT-13B first (the operator profile and the calibration are OPT-13B's), vllm offline (the
-calibration's fit run), vllm online (its held-out run), then Orca (Oracle) and Orca (Max)
+calibration's fit run), vllm online (its held-out run), then Orca (Max) and Orca (Oracle)
 offline, then online; the cross-check last.
 
 ``--dry`` runs the same code path on CPU (tiny-opt and tiny-llama, fp32, a 1 MiB-class
