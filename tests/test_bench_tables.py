@@ -24,6 +24,7 @@ def test_a_write_that_fails_leaves_the_old_file_whole(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     write_csv(path, [{"a": 1}])
     before = path.read_text()
+
     class Unwritable:
         def __str__(self) -> str:
             raise ValueError("cannot be written")
