@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -63,17 +64,43 @@ def test_a_directory_without_a_profile_is_one_line(tmp_path: Path, capsys) -> No
     assert len(err.splitlines()) == 1 and "operator_profile.json" in err
 
 
+def _one_run_call(call: Path) -> Path:
+    """A gpu_all.sh output with the first call's profile and one OPT-13B run, ``full``."""
+    shutil.copytree(FIRST_RUN / "profile", call / "profile")
+    (call / "engine").mkdir()
+    shutil.copy(FIRST_RUN / "engine" / "trace_opt-13b.csv", call / "engine")
+    shutil.copytree(FIRST_RUN / "engine" / "opt-13b_vllm_offline", call / "engine" / "full")
+    return call
+
+
+def test_the_sync_check_is_read_when_the_call_ran_it(tmp_path: Path, capsys) -> None:
+    call = _one_run_call(tmp_path / "call")
+    assert main([str(call), "--out", str(tmp_path / "none")]) == 0  # not run: empty tables
+    assert (tmp_path / "none" / "sync_slept.csv").read_text() == ""
+    (call / "sync").mkdir()
+    step = {"tokens": 8, "sleep_ms": 100.0, "total_ms": 113.0}
+    slept_steps = [{**step, "issue_ms": 112.0}, {**step, "issue_ms": 13.0}]
+    doc = {"sync_sites": {"engine/runner.py:120": 3}, "slept_steps": slept_steps}
+    (call / "sync" / "sync_check.json").write_text(json.dumps(doc))
+    assert main([str(call), "--out", str(tmp_path / "out")]) == 0
+    sites = pd.read_csv(tmp_path / "out" / "sync_sites.csv")
+    assert sites.to_dict("records") == [{"site": "engine/runner.py:120", "count": 3}]
+    slept = pd.read_csv(tmp_path / "out" / "sync_slept.csv")
+    assert slept["waited"].tolist() == [True, False]  # returned after the sleep / before it
+    (call / "sync" / "sync_check.json").write_text('{"sync_sites": []}')
+    capsys.readouterr()
+    assert main([str(call), "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "sync_check.json" in err
+
+
 def test_a_run_without_steps_is_left_out_from_any_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The shipped profile is found from the repository, not the working directory, and a
     run whose steps.csv has a header only (it served nothing) is in no table."""
-    call = tmp_path / "call"
-    shutil.copytree(FIRST_RUN / "profile", call / "profile")
-    (call / "engine").mkdir()
-    shutil.copy(FIRST_RUN / "engine" / "trace_opt-13b.csv", call / "engine")
+    call = _one_run_call(tmp_path / "call")
     run = FIRST_RUN / "engine" / "opt-13b_vllm_offline"
-    shutil.copytree(run, call / "engine" / "full")
     shutil.copytree(run, call / "engine" / "empty")
     steps = pd.read_csv(run / "steps.csv")
     steps.iloc[:0].to_csv(call / "engine" / "empty" / "steps.csv", index=False)

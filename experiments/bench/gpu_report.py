@@ -31,6 +31,13 @@
   fitted on top, relative weighting: ``experiments.calibrate --profile --weighting
   relative``) fitted on each run of the profile's model and simulated on each run
   (``experiments.validate``); a row whose ``fit_run`` is its ``run`` is in-sample.
+- ``sync_sites.csv`` and ``sync_slept.csv``, when the call ran ``sync``
+  (``sync/sync_check.json``, :mod:`experiments.bench.sync_check`): the synchronizing
+  operations torch reported inside the forward, by kvlab source line; and per step served
+  behind a GPU sleep, the sleep, the host's return from the forward call and the device's
+  end, in milliseconds. ``waited`` is whether the forward call returned only after the
+  sleep had ended: the host waited for the device inside the call (a host that only queues
+  the kernels returns in its launch time, a few ms).
 - ``report.json``: all of the above, with the sources.
 """
 
@@ -58,6 +65,7 @@ SEQ_BINS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 # largest prefill steps (2,560 batched tokens, ~110 ms in the profile) stay under 10x
 # (docs/validation/h200.md).
 STALL_FACTOR = 10.0
+TABLES = ("operators", "forward_gap", "speed", "stalls", "cross_run", "sync_sites", "sync_slept")
 
 
 def read_sidecar(profile_dir: Path) -> dict[str, Any]:
@@ -166,6 +174,25 @@ def cross_run_rows(fitted: dict[Path, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def sync_tables(gpu_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The sync check's sites and slept steps (module doc); empty when it did not run."""
+    path = gpu_dir / "sync" / "sync_check.json"
+    if not path.is_file():
+        return [], []
+    try:
+        doc = json.loads(path.read_text())
+        sites = [{"site": str(k), "count": int(v)} for k, v in doc["sync_sites"].items()]
+        slept = [
+            {"tokens": int(s["tokens"]), "sleep_ms": float(s["sleep_ms"]),
+             "issue_ms": float(s["issue_ms"]), "total_ms": float(s["total_ms"]),
+             "waited": float(s["issue_ms"]) >= float(s["sleep_ms"])}
+            for s in doc["slept_steps"]
+        ]  # fmt: skip
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:  # JSONDecodeError too
+        raise ValueError(f"{path}: not a sync_check.json ({type(exc).__name__}: {exc})") from None
+    return sites, slept
+
+
 def report(gpu_dir: Path, out: Path) -> dict[str, Any]:
     """Every table of the module doc for ``gpu_dir``, written into ``out``."""
     from experiments.calibrate import calibrate
@@ -190,8 +217,9 @@ def report(gpu_dir: Path, out: Path) -> dict[str, Any]:
     engine_dir = gpu_dir / "engine"
     doc["stalls"] = [stall_row(run) for run in sorted(engine_dir.iterdir()) if has_steps(run)]
     doc["cross_run"] = cross_run_rows(fitted)
+    doc["sync_sites"], doc["sync_slept"] = sync_tables(gpu_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("operators", "forward_gap", "speed", "stalls", "cross_run"):
+    for name in TABLES:
         write_csv(out / f"{name}.csv", doc[name])
     write_json(out / "report.json", doc)
     return doc
@@ -213,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     print_table("step time over the profile's price (decode-only steps)", doc["speed"])
     print_table(f"steps over {STALL_FACTOR:g}x the run's median step", doc["stalls"])
     print_table(f"calibrated on one run, simulated on each ({', '.join(KEYS)})", doc["cross_run"])
-    print(f"wrote {args.out}/{{operators,forward_gap,speed,stalls,cross_run}}.csv, report.json")
+    print_table("synchronizing operations inside the forward (sync check)", doc["sync_sites"])
+    print_table("forward behind a GPU sleep: did the host wait? (sync check)", doc["sync_slept"])
+    print(f"wrote {args.out}/{{{','.join(TABLES)}}}.csv, report.json")
     return 0
 
 
