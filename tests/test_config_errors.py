@@ -152,6 +152,24 @@ def test_bad_input_is_one_line_naming_the_key(
         assert (run_dir / "error.txt").read_text().strip() == lines[0]
 
 
+def test_a_gpu_yaml_on_hydras_search_path_is_an_option(tmp_path: Path) -> None:
+    """The README's route for a new GPU: one YAML in the user's config folder."""
+    import yaml
+
+    hw = yaml.safe_load((REPO / "configs" / "hardware" / "h200.yaml").read_text())
+    (tmp_path / "conf" / "hardware").mkdir(parents=True)
+    (tmp_path / "conf" / "hardware" / "my-gpu.yaml").write_text(
+        yaml.safe_dump({**hw, "name": "my-gpu", "memory_gb": 48})
+    )
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    status, _, err = run_cli(simulate, [*SIM_SMALL, search, "hardware=my-gpu"], tmp_path)
+    assert status == 0, err
+    assert "name: my-gpu" in (tmp_path / "run" / "config.yaml").read_text()
+    status, _, err = run_cli(simulate, [*SIM_SMALL, search, "hardware=my-gpux"], tmp_path / "b")
+    assert status == 2 and err.startswith("error: hardware: unknown hardware")
+    assert "my-gpu" in err and "h200" in err  # the user's options listed beside the shipped
+
+
 def test_num_requests_alone_is_a_size(tmp_path: Path) -> None:
     status, out, err = run_cli(simulate, ["workload.num_requests=4"], tmp_path)
     assert status == 0, err

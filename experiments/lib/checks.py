@@ -463,20 +463,49 @@ def check_config(c: Mapping[str, Any], app: str, facts: Facts | None = None) -> 
 # ---------------------------------------------------------------- command line
 
 
-def options(group: str) -> list[str]:
-    """The options of a config group (files in ``configs/<group>/``, ``_``-files excluded)."""
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+def options(group: str, extra_dirs: Sequence[Path] = ()) -> list[str]:
+    """The options of a config group (files in ``configs/<group>/`` and in ``<dir>/<group>/``
+    of each of ``extra_dirs``, ``_``-files excluded)."""
+    found = {
+        p.stem
+        for folder in (CONFIG_DIR, *extra_dirs)
+        for p in (Path(folder) / group).glob("*.yaml")
+        if not p.stem.startswith("_")
+    }
+    return sorted(found)
+
+
+def search_dirs(argv: Sequence[str]) -> list[Path] | None:
+    """The ``file://`` folders of a ``hydra.searchpath=[...]`` argument (Hydra's search path,
+    where a user's own ``<group>/<option>.yaml`` live); None when an entry is not a folder
+    (``pkg://``), whose options this check cannot list."""
+    dirs: list[Path] = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if key.lstrip("+") != "hydra.searchpath" or not sep:
+            continue
+        for entry in value.strip().strip("[]").split(","):
+            entry = entry.strip().strip("'\"")
+            if not entry:
+                continue
+            if not entry.startswith("file://"):
+                return None
+            dirs.append(Path(entry.removeprefix("file://")))
+    return dirs
 
 
 def check_group_overrides(argv: Sequence[str]) -> None:
-    """Raise for a ``group=option`` argument naming no option of ``group`` (before Hydra,
-    whose own message spans several lines)."""
+    """Raise for a ``group=option`` argument naming no option of ``group`` in ``configs/`` or
+    a ``hydra.searchpath`` folder (before Hydra, whose own message spans several lines)."""
+    extra = search_dirs(argv)
+    if extra is None:
+        return  # a package on the search path: Hydra says what it lacks
     for arg in argv:
         key, sep, value = arg.partition("=")
         key = key.lstrip("+~")
         if not sep or key not in GROUPS:
             continue
-        valid = options(key)
+        valid = options(key, extra)
         for choice in value.split(","):
             if choice not in valid:
                 raise ConfigError(key, f"unknown {key}", choice, "one of " + ", ".join(valid))
