@@ -145,6 +145,13 @@ class StepLoop:
             self._done([group])
         return group
 
+    def reject(self, request: Request, reason: str) -> SequenceGroup:
+        """Record ``request`` as rejected for ``reason`` (the body's own check failed); the
+        other requests go on."""
+        group = self.scheduler.reject(request, reason)
+        self._done([group])
+        return group
+
     def begin(self, now: float) -> PendingStep | None:
         """Steps 1-3 at ``now``; ``None`` when idle (nothing left to run). Clears
         :attr:`ended`, which then collects the groups aborted or finished in this step."""

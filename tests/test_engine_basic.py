@@ -75,9 +75,16 @@ def test_requests_without_token_ids_get_seeded_prompts() -> None:
     assert all(len(o.token_ids[0]) == 3 for o in a.values())
 
 
-def test_out_of_vocab_prompt_is_an_error() -> None:
-    with pytest.raises(EngineError, match="outside the model's vocabulary"):
-        make_engine().generate([Request(0, 0.0, 2, 2, prompt_token_ids=(1, 512))])
+def test_an_out_of_vocab_prompt_is_rejected_and_the_others_are_served() -> None:
+    reqs = [Request(i, 0.0, 2, 2, prompt_token_ids=(1, 2)) for i in range(3)]
+    reqs[1] = Request(1, 0.0, 2, 2, prompt_token_ids=(1, 512))  # tiny model: 512 ids
+    result = make_engine().generate(reqs)
+    assert "outside the model's vocabulary [0, 512)" in result.outputs[1].reject_reason
+    assert [len(result.outputs[i].token_ids[0]) for i in (0, 2)] == [2, 2]
+    frame = result.recorder.requests_frame().set_index("request_id")
+    assert (
+        frame.loc[1, "status"] == "rejected" and (frame.loc[[0, 2], "status"] == "finished").all()
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -135,6 +135,15 @@ class BaseScheduler:
         self._aborted: list[SequenceGroup] = []
 
     # -- intake -----------------------------------------------------------------------
+    def reject(self, request: Request, reason: str) -> SequenceGroup:
+        """A group for ``request`` rejected for ``reason`` by its caller (a problem only the
+        body knows, e.g. the engine's vocabulary), never queued, as :meth:`add` returns
+        one."""
+        group = SequenceGroup(request, self._new_seq_id())
+        group.reject_reason = reason
+        group.set_status(SequenceStatus.REJECTED)
+        return group
+
     def add(self, request: Request, now: float) -> SequenceGroup:
         """Queue a request. A request that can never be served comes back with
         ``reject_reason`` set (and ``finish_time`` unset) instead of being queued."""
