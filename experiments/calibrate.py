@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
+from experiments.lib.inputs import read_csv, reading
 from experiments.lib.results import write_json
 from experiments.lib.setup import block_size
 from sim.catalog import model_from_config
@@ -46,7 +47,8 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ConfigError("run_dir", "not a run directory: no config.yaml", str(run_dir))
-    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    with reading(path, "run_dir"):
+        cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     if not isinstance(cfg, dict) or not {"model", "system"} <= set(cfg):
         raise ConfigError("run_dir", "config.yaml lacks the model and system groups", str(path))
     return cfg  # type: ignore[return-value]
@@ -73,27 +75,37 @@ def calibrate(
     hardware = (cfg.get("hardware") or {}).get("name")
     if hardware is None:
         raise ConfigError("hardware.name", "the run's config.yaml names no hardware", None)
-    model, tp = model_from_config(cfg["model"]), int(cfg["model"].get("tp", 1))
+    try:
+        model = model_from_config(cfg["model"])
+    except (KeyError, ValueError) as exc:  # a KeyError's str() is quoted: take its message
+        raise ConfigError("model", f"the run's config.yaml: {exc.args[0]}") from None
+    tp = int(cfg["model"].get("tp", 1))
     blocks, width = block_size(cfg["system"]), dtype_bytes(cfg)
     if profile is not None:
         check_profile_fits_run(profile, cfg, model, hardware, tp, width, blocks)
-    steps = pd.read_csv(steps_path)
+    steps = read_csv(steps_path, "run_dir")
+    durations = pd.to_numeric(steps.get("duration_s"), errors="coerce")
+    if durations is not None and not (durations >= 0).all():
+        raise ConfigError("run_dir", f"{steps_path}: duration_s is not a number >= 0 everywhere")
     if target == "host" and "forward_s" not in steps.columns:
         raise ConfigError(
             "--target", "host needs each step's forward_s (the engine's phase timing), which "
             "this run's steps.csv lacks", str(steps_path),
         )  # fmt: skip
-    return CalibratedCostModel.fit(
-        steps,
-        model,
-        hardware,
-        tp=tp,
-        dtype_bytes=width,
-        block_size=blocks,
-        weighting=weighting,
-        profile=profile,
-        target=target,
-    )
+    try:
+        return CalibratedCostModel.fit(
+            steps,
+            model,
+            hardware,
+            tp=tp,
+            dtype_bytes=width,
+            block_size=blocks,
+            weighting=weighting,
+            profile=profile,
+            target=target,
+        )
+    except ValueError as exc:  # too few steps, missing columns: this run cannot be fitted
+        raise ConfigError("run_dir", f"{steps_path}: {exc}") from None
 
 
 def check_profile_fits_run(

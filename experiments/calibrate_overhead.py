@@ -28,6 +28,7 @@ import pandas as pd
 from experiments.bench.tables import print_table
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
+from experiments.lib.inputs import read_csv
 from experiments.lib.results import write_json
 from sim.cost.overhead import STACKS
 from sim.cost.stack_file import (
@@ -43,7 +44,7 @@ def read_steps(run_dir: Path) -> pd.DataFrame:
     path = Path(run_dir) / "steps.csv"
     if not path.is_file():
         raise ConfigError("run_dir", "no steps.csv (not an engine run directory)", str(run_dir))
-    return pd.read_csv(path)
+    return read_csv(path, "run_dir")
 
 
 def measured_on(run_dirs: list[Path]) -> str | None:

@@ -21,20 +21,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from core.metrics.summary import summarize_recorder
 from core.request import Request
 from experiments.calibrate import read_run_config
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
+from experiments.lib.inputs import first_line, read_csv, read_json, reading
 from experiments.lib.results import read_metrics, write_json
 from experiments.lib.setup import (
     build_requests,
@@ -110,7 +108,7 @@ def simulate_run(run_dir: Path, cost_model: CostModel) -> dict[str, Any]:
     engine_path = Path(run_dir) / "engine.json"
     if not engine_path.is_file():
         raise ConfigError("run_dir", "no engine.json (KV cache size of the run)", str(run_dir))
-    kv = json.loads(engine_path.read_text())
+    kv = read_json(engine_path, "run_dir")
     requests, mml = run_requests(cfg, run_dir)
     rec = simulate_served(cfg, requests, kv, mml, cost_model).recorder
     return summarize_recorder(rec, cfg.get("slo_ms"))
@@ -149,18 +147,29 @@ def validate(
         raise ValueError("give exactly one of a calibration document and recorded=True")
     cfg = read_run_config(run_dir)
     if recorded:
-        steps = pd.read_csv(run_dir / "steps.csv")
-        cost: CostModel = RecordedCostModel(steps["duration_s"].tolist())
+        steps_path = run_dir / "steps.csv"
+        if not steps_path.is_file():
+            raise ConfigError("--recorded", "no steps.csv to replay", str(run_dir))
+        steps = read_csv(steps_path, "--recorded")
+        with reading(steps_path, "--recorded"):  # a duration that is not a number
+            cost: CostModel = RecordedCostModel(steps["duration_s"].tolist())
     else:
         assert calibration is not None
         if calibration.get("kind") != "calibrated":
-            raise ValueError(f"calibration kind is {calibration.get('kind')!r}, not 'calibrated'")
-        cost = CalibratedCostModel.from_dict(calibration)
+            raise ConfigError(
+                "--calibration", "not a calibration document", calibration.get("kind"),
+                "kind 'calibrated' (experiments.calibrate writes one)",
+            )  # fmt: skip
+        try:
+            cost = CalibratedCostModel.from_dict(calibration)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError("--calibration", f"malformed ({first_line(exc)})") from None
         if wrap is not None:
             cost = wrap(cost)
     if not (run_dir / "metrics.json").is_file():
         raise ConfigError("run_dir", "no metrics.json: the run did not finish", str(run_dir))
-    metrics = read_metrics(run_dir)
+    with reading(run_dir / "metrics.json", "run_dir"):
+        metrics = read_metrics(run_dir)
     simulated = simulate_run(run_dir, cost)
     return {
         "run": run_dir.name,
@@ -192,12 +201,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recorded", action="store_true", help="replay measured step times")
     parser.add_argument("--out", type=Path, default=None, help="default RUN_DIR/validation.json")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.run_dir.is_dir():
+        raise ConfigError("run_dir", "no such directory", str(args.run_dir))
     calibration = None
     if not args.recorded:
         path = args.calibration or args.run_dir / "calibration.json"
         if not path.is_file():
-            parser.error(f"no calibration file {path}; run experiments.calibrate or --recorded")
-        calibration = with_profile_found(json.loads(path.read_text()), path)
+            raise ConfigError(
+                "--calibration", "no such file", str(path),
+                "a calibration.json (python -m experiments.calibrate RUN_DIR), or --recorded",
+            )  # fmt: skip
+        doc = read_json(path, "--calibration")
+        if not isinstance(doc, dict):
+            raise ConfigError("--calibration", f"{path}: not a JSON object")
+        calibration = with_profile_found(doc, path)
     result = validate(args.run_dir, calibration, args.recorded)
     print(result["cost_model"])
     print_comparison(result["comparison"])

@@ -100,7 +100,7 @@ def test_recorded_replay_reproduces_the_engine_metrics(
 def test_validate_needs_a_calibration_or_recorded(online_run: Path) -> None:
     with pytest.raises(ValueError, match="exactly one"):
         validate.validate(online_run)
-    with pytest.raises(ValueError, match="not 'calibrated'"):
+    with pytest.raises(ConfigError, match="--calibration: not a calibration document"):
         validate.validate(online_run, {"kind": "roofline"})
 
 

@@ -53,7 +53,8 @@ def report_config_error(err: ConfigError) -> None:
 
 def plain_cli(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
     """Decorate an argparse (non-Hydra) ``main(argv)``: a :class:`ConfigError` becomes one
-    line on stderr and status 2 (:func:`report_config_error`)."""
+    line on stderr and status 2 (:func:`report_config_error`), and so does an ``OSError``
+    on a named file (an output folder that cannot be written, say)."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str] | None = None) -> int:
@@ -61,6 +62,11 @@ def plain_cli(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | 
             return main(argv)
         except ConfigError as err:
             report_config_error(err)
+            return CONFIG_ERROR_STATUS
+        except OSError as err:
+            if err.filename is None:
+                raise
+            report_config_error(ConfigError(str(err.filename), err.strerror or str(err)))
             return CONFIG_ERROR_STATUS
 
     return wrapped

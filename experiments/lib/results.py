@@ -62,9 +62,14 @@ def _clean(value: Any) -> Any:
 def write_atomic(path: Path, write: str | Callable[[Path], Any]) -> None:
     """Write ``path`` (text, or a function that writes a given path) so that a reader sees
     the old file or the whole new one, never a part: a temporary file in the same
-    directory, fsync, rename."""
+    directory, fsync, rename. The directory is made if missing; one that cannot be is an
+    ``OSError`` naming ``path``."""
     path = Path(path)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write here ({exc.strerror})", str(path)) from None
     os.close(fd)
     tmp = Path(name)
     try:

@@ -1,0 +1,109 @@
+"""The argparse tools (calibrate, validate, calibrate_overhead) on a damaged run directory:
+one line naming the key or file, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from experiments import calibrate, calibrate_overhead, validate
+
+RUN = Path(__file__).resolve().parents[1] / "docs/validation/h200/first-run/engine"
+
+
+def _run(tmp: Path) -> Path:
+    """A copy of a finished OPT-13B engine run (and the trace it names) with a calibration."""
+    shutil.copy(RUN / "trace_opt-13b.csv", tmp)
+    run = tmp / "run"
+    shutil.copytree(RUN / "opt-13b_vllm_offline", run)
+    assert calibrate.main([str(run)]) == 0
+    return run
+
+
+def _write(name: str, text: str) -> Callable[[Path], None]:
+    return lambda run: (run / name).write_text(text)
+
+
+def _steps(edit: Callable[[list[str]], list[str]]) -> Callable[[Path], None]:
+    def apply(run: Path) -> None:
+        lines = (run / "steps.csv").read_text().splitlines()
+        (run / "steps.csv").write_text("\n".join(edit(lines)) + "\n")
+
+    return apply
+
+
+def _duration(value: str) -> Callable[[list[str]], list[str]]:
+    def edit(lines: list[str]) -> list[str]:
+        col = lines[0].split(",").index("duration_s")
+        row = lines[1].split(",")
+        row[col] = value
+        return [lines[0], ",".join(row), *lines[2:]]
+
+    return edit
+
+
+def _config_model(run: Path) -> None:
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(text.replace("name: opt-13b", "name: no-such-model", 1))
+
+
+CASES = [
+    # (id, damage, tool, args after the run dir, key or file named, phrase)
+    ("empty_steps", _write("steps.csv", ""), calibrate, [], "run_dir", "cannot read"),
+    ("garbled_steps", _write("steps.csv", 'a,b\n1,"2\n3,4,5,6\n'), calibrate, [], "run_dir",
+     "cannot read"),
+    ("header_only_steps", _steps(lambda lines: lines[:1]), calibrate, [], "run_dir",
+     "non-empty steps"),
+    ("text_duration", _steps(_duration("slow")), calibrate, [], "run_dir", "duration_s"),
+    ("negative_duration", _steps(_duration("-0.5")), calibrate, [], "run_dir", "duration_s"),
+    ("malformed_config", _write("config.yaml", "model: [\n  name: x"), calibrate, [], "run_dir",
+     "config.yaml"),
+    ("unknown_model", _config_model, calibrate, [], "model", "unknown model"),
+    ("overhead_empty_steps", _write("steps.csv", ""), calibrate_overhead, [], "run_dir",
+     "cannot read"),
+    ("truncated_engine_json", _write("engine.json", '{"num_blocks": '), validate, [],
+     "run_dir", "engine.json"),
+    ("truncated_metrics", _write("metrics.json", "{"), validate, [], "run_dir", "metrics.json"),
+    ("truncated_calibration", _write("calibration.json", '{"kind"'), validate, [],
+     "--calibration", "cannot read"),
+    ("not_a_calibration", _write("calibration.json", json.dumps({"a": 1})), validate, [],
+     "--calibration", "not a calibration document"),
+    ("no_steps_to_replay", lambda run: (run / "steps.csv").unlink(), validate, ["--recorded"],
+     "--recorded", "no steps.csv"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("damage", "tool", "args", "key", "phrase"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])  # fmt: skip
+def test_a_damaged_run_is_one_line(
+    damage, tool, args: list[str], key: str, phrase: str, tmp_path: Path, capsys
+) -> None:
+    run = _run(tmp_path)
+    damage(run)
+    capsys.readouterr()
+    extra = ["--out", str(tmp_path / "out.json")] if tool is calibrate_overhead else []
+    with pytest.raises(SystemExit) as exit_:
+        tool.main([str(run), *args, *extra])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {key}: "), err
+    assert phrase in err and "Traceback" not in err
+
+
+def test_a_missing_run_or_an_unwritable_output_is_one_line(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        validate.main([str(tmp_path / "absent")])
+    assert exit_.value.code == 2 and "run_dir: no such directory" in capsys.readouterr().err
+    run = _run(tmp_path)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with pytest.raises(SystemExit) as exit_:  # --out inside a regular file
+        calibrate.main([str(run), "--out", str(blocked / "calibration.json")])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(f"error: {blocked / 'calibration.json'}: "), err
+    assert calibrate.main([str(run), "--out", str(tmp_path / "new" / "c.json")]) == 0  # made
