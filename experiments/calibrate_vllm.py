@@ -166,7 +166,16 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
     if dtype not in DTYPE_BYTES:
         raise RunError(f"{meta_path}: engine_kwargs.dtype {dtype!r} is not one of {DTYPE_BYTES}")
     blocks = _meta_value(meta, meta_path, "kv_cache.num_gpu_blocks", default=-1)
+    if blocks != -1 and not (isinstance(blocks, int) and blocks >= 1):
+        raise RunError(f"{meta_path}: kv_cache.num_gpu_blocks must be a whole number >= 1, "
+                       f"got {blocks!r}")  # fmt: skip
     ts_path = run_dir / "timeseries.csv"
+    timeseries = None
+    if ts_path.is_file():
+        try:
+            timeseries = pd.read_csv(ts_path)
+        except ValueError as e:  # pandas' EmptyDataError and ParserError
+            raise RunError(f"{ts_path}: not a CSV table ({e})") from None
     return VLLMRun(
         name=run_dir.name,
         meta=meta,
@@ -183,7 +192,7 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
         )
         if _meta_value(meta, meta_path, "hardware.device_total_memory_bytes", default=-1) != -1
         else None,
-        timeseries=pd.read_csv(ts_path) if ts_path.is_file() else None,
+        timeseries=timeseries,
     )
 
 
@@ -201,7 +210,13 @@ def resolve_gpu(arg: str) -> GPUSpec:
     if path.suffix in (".yaml", ".yml") and path.is_file():
         import yaml
 
-        return gpu_from_config(yaml.safe_load(path.read_text()) or {}, str(path))
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"{path}: not a mapping of the GPU's numbers")
+        return gpu_from_config(doc, str(path))
     return get_gpu(arg)
 
 

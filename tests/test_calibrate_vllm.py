@@ -103,6 +103,30 @@ def test_bad_runs_give_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFix
     assert "meta.json: missing key 'engine_kwargs.max_model_len'" in capsys.readouterr().err
 
 
+def test_more_bad_runs_give_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A zero block count, a garbled timeseries.csv and a hardware YAML that is not YAML."""
+    out = ["--out", str(tmp_path / "o")]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    run = _fake_run(tmp_path / "a", n=6)
+    meta = json.loads((run / "meta.json").read_text())
+    meta.setdefault("kv_cache", {})["num_gpu_blocks"] = 0
+    (run / "meta.json").write_text(json.dumps(meta))
+    assert main([str(run), "--hardware", "rtx4090", *out]) == 2
+    assert "kv_cache.num_gpu_blocks must be a whole number >= 1" in capsys.readouterr().err
+    run = _fake_run(tmp_path / "b", n=6)
+    (run / "timeseries.csv").write_text('t,running\n1,"2\n3,4,5,6\n')
+    assert main([str(run), "--hardware", "rtx4090", *out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "timeseries.csv: not a CSV table" in err and "\n" not in err
+    (tmp_path / "c").mkdir()
+    run = _fake_run(tmp_path / "c", n=6)
+    (tmp_path / "gpu.yaml").write_text("memory_gb: [24\npeak: 1\n")
+    assert main([str(run), "--hardware", str(tmp_path / "gpu.yaml"), *out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "gpu.yaml: not YAML" in err and "\n" not in err
+
+
 def test_gpu_and_model_given_by_yaml_and_config_json(tmp_path: Path) -> None:
     import yaml
 
