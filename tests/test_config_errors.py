@@ -70,6 +70,18 @@ def _malformed(tmp: Path) -> str:
     return str(path)
 
 
+def _text_shape(tmp: Path) -> str:
+    """An HF config.json whose hidden size is text."""
+    import json
+
+    shape = {"model_type": "llama", "hidden_size": "big", "num_hidden_layers": 2,
+             "num_attention_heads": 2, "vocab_size": 100, "intermediate_size": 8,
+             "max_position_embeddings": 64}  # fmt: skip
+    (tmp / "hf").mkdir()
+    (tmp / "hf" / "config.json").write_text(json.dumps(shape))
+    return str(tmp / "hf" / "config.json")
+
+
 # (id, app, overrides ({tmp} is the test's folder), the key the line must name, a phrase)
 CASES = [
     ("trace_without_path", simulate, ["workload=trace"], "workload.path", "needs a trace file"),
@@ -121,6 +133,15 @@ CASES = [
     ("serve_unknown_model", serve, ["model=gpt5"], "model", "unknown model"),
     ("serve_block_size_zero", serve, ["system.block_size=0"], "system.block_size",
      "power of two"),
+    ("trace_path_a_directory", simulate, ["workload=trace", "workload.path={tmp}"],
+     "workload.path", "a directory"),
+    ("efficiency_negative", simulate, ["cost.compute_efficiency=-0.5"],
+     "cost.compute_efficiency", "not a fraction"),
+    ("efficiency_above_one", simulate, ["cost.memory_efficiency=2"], "cost.memory_efficiency",
+     "not a fraction"),
+    ("progress_not_a_boolean", simulate, ["progress=maybe"], "progress", "not a boolean"),
+    ("hf_config_number_as_text", simulate, ["model.hf_config={text_shape}"], "model",
+     "wrong type"),
 ]  # fmt: skip
 
 
@@ -136,6 +157,7 @@ def test_bad_input_is_one_line_naming_the_key(
         "empty": _empty(tmp_path),
         "header_only": _header_only(tmp_path),
         "malformed": _malformed(tmp_path),
+        "text_shape": _text_shape(tmp_path),
     }
     small = SIM_SMALL if app is simulate else SERVE_SMALL
     args = [*small, *(o.format(**files) for o in overrides)]

@@ -143,6 +143,7 @@ SIM = frozenset({"simulate"})
 SERVE = frozenset({"serve"})
 _POS = "a number > 0"
 _POS_INT = "an integer > 0"
+_FRACTION_OR_NULL = "a fraction in (0, 1] or null"
 
 RULES: tuple[Rule, ...] = (
     Rule("seed", _is_int, "an integer", "not an integer"),
@@ -241,6 +242,12 @@ RULES: tuple[Rule, ...] = (
         apps=SERVE,
     ),
     Rule("warmup", is_bool, "true, false or null (on CUDA only)", "not a boolean", apps=SERVE),
+    Rule("progress", is_bool, "true or false", "not a boolean"),
+    Rule(
+        "cost.compute_efficiency", fraction_open, "a fraction in (0, 1] or null", "not a fraction"
+    ),
+    Rule("cost.memory_efficiency", fraction_open, "a fraction in (0, 1] or null", "not a fraction"),
+    Rule("cost.per_step_overhead_s", non_negative, "a number >= 0 (s) or null", "not a time"),
 )
 
 
@@ -286,6 +293,10 @@ def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         raise ConfigError("model", "unknown model", model.get("name"), valid) from None
     except (ValueError, OSError) as exc:
         raise ConfigError("model", str(exc)) from None
+    except TypeError as exc:  # e.g. a number of the shape given as text
+        raise ConfigError(
+            "model", f"a value of the model's shape has the wrong type ({exc})"
+        ) from None
     hardware = c.get("hardware") or {}
     if app == "simulate" or hardware.get("name") is not None:
         try:
@@ -339,8 +350,10 @@ def check_trace_file(c: Mapping[str, Any], app: str, facts: Facts) -> None:
             "the path of a trace file",
         )
     p = Path(str(path))
-    if p.is_dir():  # a run directory (workload kind vllm_log): its reader checks the files
-        return
+    if p.is_dir():
+        if w.get("kind") == "vllm_log":  # a run directory: its reader checks the files
+            return
+        raise ConfigError("workload.path", "a directory, not a file", str(path), "a trace file")
     if not p.is_file():
         raise ConfigError("workload.path", "no such file", str(path), "an existing trace file")
     try:
