@@ -272,3 +272,17 @@ def test_serve_cli_prints_table_with_device(tmp_path: Path) -> None:
     assert status == 0, err
     assert "Successful requests:" in out and "3/3 done" in out
     assert f"{torch.get_num_threads()} threads" in out
+
+
+def test_an_index_that_cannot_be_written_is_refused_before_the_run(tmp_path: Path) -> None:
+    from experiments.lib.checks import ConfigError
+    from experiments.lib.cli import check_index_writable
+
+    (tmp_path / "a-file").write_text("")
+    for bad, phrase in ((tmp_path / "a-file" / "index.csv", "cannot make its folder"),
+                        (tmp_path, "cannot write the runs index")):  # fmt: skip
+        with pytest.raises(ConfigError, match=phrase) as err:
+            check_index_writable(bad)
+        assert err.value.key == "index"
+    check_index_writable(tmp_path / "new" / "index.csv")  # its folder is made
+    assert (tmp_path / "new").is_dir()

@@ -98,6 +98,16 @@ def apply_exclusive(cfg: DictConfig, overrides: Sequence[str]) -> None:
                 node[leaf] = value
 
 
+def check_index_writable(index: Path) -> None:
+    """The runs index can be appended to (its folder made if missing), before the run."""
+    try:
+        index.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("index", f"cannot make its folder ({exc.strerror})", str(index)) from None
+    if index.is_dir() or not os.access(index if index.exists() else index.parent, os.W_OK):
+        raise ConfigError("index", "cannot write the runs index there", str(index), "a CSV path")
+
+
 def run_app(
     app: str,
     cfg: DictConfig,
@@ -115,10 +125,15 @@ def run_app(
     index = Path(str(index_key)) if index_key else None
 
     def record(status: str, metrics: Mapping[str, Any] | None = None, error: str = "") -> None:
-        if index is not None:
+        if index is not None and index_writable:
             append_index(index, app, status, out_dir, overrides, metrics, error)
 
+    index_writable = True
     try:
+        if index is not None:
+            index_writable = False
+            check_index_writable(index)
+            index_writable = True
         apply_exclusive(cfg, overrides)
         metrics = run(cfg, out_dir)
     except ConfigError as err:
