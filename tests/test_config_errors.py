@@ -140,6 +140,10 @@ CASES = [
     ("efficiency_above_one", simulate, ["cost.memory_efficiency=2"], "cost.memory_efficiency",
      "not a fraction"),
     ("progress_not_a_boolean", simulate, ["progress=maybe"], "progress", "not a boolean"),
+    ("serve_checkpoint_missing", serve, ["model.path={tmp}/nope"], "model.path",
+     "no such file"),
+    ("serve_checkpoint_without_weights", serve, ["model.path={tmp}"], "model.path",
+     "no weights"),
     ("hf_config_number_as_text", simulate, ["model.hf_config={text_shape}"], "model",
      "wrong type"),
 ]  # fmt: skip

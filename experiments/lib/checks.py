@@ -410,6 +410,22 @@ def check_kv_fits_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         )
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")  # what engine.weights.load_checkpoint reads
+
+
+def check_checkpoint(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """``model.path`` (serve) names a weights file or a folder holding one."""
+    path = lookup(c, "model.path")
+    if app != "serve" or path in (_UNSET, None, ""):
+        return
+    p = Path(str(path))
+    expected = "a local HF checkpoint: a folder with *.safetensors, *.bin or *.pt, or such a file"
+    if not p.exists():
+        raise ConfigError("model.path", "no such file or folder", str(path), expected)
+    if p.is_dir() and not any(f.suffix in WEIGHT_SUFFIXES and f.is_file() for f in p.iterdir()):
+        raise ConfigError("model.path", "no weights in the folder", str(path), expected)
+
+
 def check_engine_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     """The engine can run on the requested device with the requested backend."""
     if app != "serve":
@@ -462,6 +478,7 @@ CROSS_CHECKS: tuple[Callable[[Mapping[str, Any], str, Facts], None], ...] = (
     check_slo,
     check_kv_fits_device,
     check_engine_device,
+    check_checkpoint,
 )
 
 
