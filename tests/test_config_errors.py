@@ -144,6 +144,10 @@ CASES = [
      "no such file"),
     ("serve_checkpoint_without_weights", serve, ["model.path={tmp}"], "model.path",
      "no weights"),
+    ("num_gpu_blocks_text", simulate, ["num_gpu_blocks=many"], "num_gpu_blocks",
+     "not a block count"),
+    ("serve_num_gpu_blocks_zero", serve, ["num_gpu_blocks=0"], "num_gpu_blocks",
+     "not a block count"),
     ("hf_config_number_as_text", simulate, ["model.hf_config={text_shape}"], "model",
      "wrong type"),
 ]  # fmt: skip
