@@ -63,7 +63,7 @@ from hydra import compose, initialize_config_dir
 
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import apply_exclusive, report_config_error
-from experiments.lib.jobs import LaunchQueue, exit_if_launcher_missing
+from experiments.lib.jobs import LaunchQueue, exit_if_launcher_missing, known_launchers
 from experiments.lib.results import write_json
 from experiments.report import fig12_rates, selection, sharing
 from experiments.report.figures import pyplot
@@ -185,6 +185,21 @@ def _panels(parser: argparse.ArgumentParser, letters: str) -> list[fig12_rates.P
     return [p for p in fig12_rates.PANELS if p.letter in letters]
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """A ConfigError for the first number argparse accepts but a run cannot use, or an
+    unknown launcher."""
+    positive = {"--duration": args.duration, "--threshold": args.threshold}
+    for flag, value in positive.items():
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(flag, "not a number > 0", value)
+    for flag, value in {"--workers": args.workers, "--seeds": args.seeds}.items():
+        if value < 1:
+            raise ConfigError(flag, "not a count >= 1", value)
+    if args.launcher is not None and args.launcher not in known_launchers():
+        raise ConfigError("--launcher", "unknown launcher", args.launcher,
+                          "one of " + ", ".join(known_launchers()))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> Path:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("results/reproduce"))
@@ -240,6 +255,7 @@ def main(argv: list[str] | None = None) -> Path:
     if args.fig12_rate_tol is not None and not 0 < args.fig12_rate_tol < 1:
         p.error(f"--fig12-rate-tol: must be in (0, 1), got {args.fig12_rate_tol}")
     try:
+        check_arguments(args)
         figs = selection.select(args.figures, [k for k in selection.SKIPS if getattr(args, k)])
     except ConfigError as err:
         report_config_error(err)
@@ -252,7 +268,10 @@ def main(argv: list[str] | None = None) -> Path:
     duration = args.duration or (3600.0 if args.full else 600.0)
     out: Path = args.out
     runs_dir = out / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        report_config_error(ConfigError("--out", f"cannot write there ({exc.strerror})", str(out)))
     scenario = ["model=opt-13b", "hardware=a100-40gb", "workload=sharegpt",
                 f"workload.duration_s={duration}"]  # fmt: skip
     common = [*scenario, f"seed={args.seed}"]

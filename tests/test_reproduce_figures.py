@@ -39,6 +39,34 @@ def test_an_unknown_figure_is_one_line_and_exit_2(tmp_path: Path, capsys) -> Non
     assert not any(tmp_path.iterdir())  # nothing ran
 
 
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--duration", "-5"], "error: --duration: not a number > 0"),
+        (["--threshold", "0"], "error: --threshold: not a number > 0"),
+        (["--workers", "-4"], "error: --workers: not a count >= 1"),
+        (["--seeds", "0"], "error: --seeds: not a count >= 1"),
+        (["--launcher", "nope"], "error: --launcher: unknown launcher"),
+    ],
+)
+def test_a_bad_number_or_launcher_is_one_line_before_any_run(
+    args: list[str], line: str, tmp_path: Path, capsys
+) -> None:
+    with pytest.raises(SystemExit) as ended:
+        reproduce.main([*args, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.count("\n") == 1 and err.startswith(line), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_that_cannot_be_made_is_one_line(tmp_path: Path, capsys) -> None:
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(SystemExit) as ended:
+        reproduce.main(["--figures", "table1", "--out", str(tmp_path / "a-file" / "out")])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.startswith("error: --out: cannot write there"), err
+
+
 def test_a_selection_runs_and_writes_only_its_figures(tmp_path: Path, caplog) -> None:
     caplog.set_level(logging.INFO, logger="kvlab.reproduce")
     # a Hydra app run earlier in this process (the config-error tests) reconfigures logging

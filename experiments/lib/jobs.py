@@ -57,6 +57,13 @@ def plugin_of(launcher: str) -> str | None:
     return base if base in PLUGINS else None
 
 
+def known_launchers() -> list[str]:
+    """Every ``hydra/launcher`` option: Hydra's ``basic``, the plugins kvlab knows and
+    kvlab's presets in ``configs/hydra/launcher/``."""
+    presets = (p.stem for p in (CONFIG_DIR / "hydra" / "launcher").glob("*.yaml"))
+    return sorted({"basic", *PLUGINS, *presets})
+
+
 def missing_launcher(overrides: Sequence[str]) -> str | None:
     """One line naming the package and extra to install when ``overrides`` choose a
     launcher whose plugin is not installed; None otherwise."""
