@@ -260,4 +260,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main_with_checks(main)
+    main_with_checks(main, config_name="serve")

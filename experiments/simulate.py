@@ -125,4 +125,4 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     exit_if_launcher_missing(sys.argv[1:])
-    main_with_checks(main)
+    main_with_checks(main, config_name="simulate")

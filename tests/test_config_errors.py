@@ -42,7 +42,7 @@ def run_cli(app, args: list[str], tmp: Path) -> tuple[int, str, str]:
     status = 0
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            app.main_with_checks(app.main)
+            app.main_with_checks(app.main, config_name=app.__name__.rsplit(".", 1)[-1])
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else 1
     finally:
@@ -148,6 +148,12 @@ CASES = [
      "not a block count"),
     ("serve_num_gpu_blocks_zero", serve, ["num_gpu_blocks=0"], "num_gpu_blocks",
      "not a block count"),
+    ("unknown_key", simulate, ["bogus_key=1"], "bogus_key", "no such key"),
+    ("unknown_workload_key", simulate, ["workload.foo=1"], "workload.foo", "no such key"),
+    ("key_of_another_option", simulate, ["workload=trace", "workload.path={malformed}",
+                                          "workload.rate=3"], "workload.rate", "no such key"),
+    ("malformed_override", simulate, ["workload.rate=[1,"], "overrides", "no viable"),
+    ("serve_has_no_cost_group", serve, ["cost=roofline"], "cost", "no such key"),
     ("hf_config_number_as_text", simulate, ["model.hf_config={text_shape}"], "model",
      "wrong type"),
 ]  # fmt: skip

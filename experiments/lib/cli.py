@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from experiments.lib.checks import CONFIG_DIR, ConfigError, check_group_overrides
+from experiments.lib.checks import CONFIG_DIR, ConfigError, check_group_overrides, search_dirs
 from experiments.lib.results import append_index, write_error
 from experiments.lib.table import result_table
 
@@ -152,14 +153,42 @@ def run_app(
     return metrics
 
 
-def main_with_checks(main: Callable[[], Any], argv: Sequence[str] | None = None) -> None:
+def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
+    """Raise for overrides Hydra cannot compose into ``configs/<config_name>.yaml`` (a key
+    the config lacks, a malformed value), in one line where Hydra's spans several. Left to
+    Hydra: sweeps and Hydra's own flags (any argument starting with ``-``) and a
+    ``hydra.searchpath``."""
+    from hydra.errors import HydraException
+
+    if any(a.startswith("-") for a in argv) or search_dirs(argv) != []:
+        return
+    try:
+        compose_config(config_name, argv)
+    except HydraException as exc:
+        text = str(exc).strip()
+        unknown = re.match(r"Could not override '([^']+)'", text)
+        if unknown:
+            key = unknown.group(1)
+            expected = f"a key of configs/{config_name}.yaml or of its groups' options"
+            raise ConfigError(key, "no such key in this config", expected=expected) from None
+        first = text.splitlines()[0] if text else type(exc).__name__
+        raise ConfigError("overrides", first) from None
+
+
+def main_with_checks(
+    main: Callable[[], Any], argv: Sequence[str] | None = None, config_name: str | None = None
+) -> None:
     """Call a ``@hydra.main`` function after the command-line checks Hydra cannot phrase
-    as one line (an unknown option of a config group)."""
+    as one line (an unknown option of a config group; with ``config_name``, any override
+    that does not compose)."""
     global _COMMAND_LINE
     _COMMAND_LINE = True
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
         try:
-            check_group_overrides(sys.argv[1:] if argv is None else argv)
+            check_group_overrides(args)
+            if config_name is not None:
+                check_overrides_compose(config_name, args)
         except ConfigError as err:
             report_config_error(err)
         main()
