@@ -61,7 +61,7 @@ from core.workload.vllm_log import (
 )
 from experiments.lib.results import write_json
 from experiments.lib.setup import block_size as system_block_size
-from experiments.lib.setup import scheduler_config, scheduler_factory
+from experiments.lib.setup import prefix_caching_for, scheduler_config, scheduler_factory
 from sim.capacity import kv_capacity
 from sim.catalog import CONFIGS, GPUSpec, get_gpu, get_model, gpu_from_config
 from sim.cost import CalibratedCostModel, CostModel, RooflineCostModel
@@ -162,6 +162,8 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
             _meta_value(meta, meta_path, "kv_cache.enable_prefix_caching", default=True)
         ),
     }
+    requests = requests_from_log(logged, ids)
+    system["enable_prefix_caching"] = prefix_caching_for(system, requests)  # warned once here
     dtype = str(_meta_value(meta, meta_path, f"{ek}.dtype", default="bfloat16"))
     if dtype not in DTYPE_BYTES:
         raise RunError(f"{meta_path}: engine_kwargs.dtype {dtype!r} is not one of {DTYPE_BYTES}")
@@ -180,7 +182,7 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
         name=run_dir.name,
         meta=meta,
         logged=logged,
-        requests=requests_from_log(logged, ids),
+        requests=requests,
         system=system,
         max_model_len=max_len,
         num_gpu_blocks=None if blocks == -1 else int(blocks),
