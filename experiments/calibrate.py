@@ -79,13 +79,17 @@ def calibrate(
         model = model_from_config(cfg["model"])
     except (KeyError, ValueError) as exc:  # a KeyError's str() is quoted: take its message
         raise ConfigError("model", f"the run's config.yaml: {exc.args[0]}") from None
-    tp = int(cfg["model"].get("tp", 1))
+    try:
+        tp = int(cfg["model"].get("tp", 1))
+    except (TypeError, ValueError):
+        raise ConfigError("model.tp", "not a GPU count", cfg["model"].get("tp")) from None
     blocks, width = block_size(cfg["system"]), dtype_bytes(cfg)
     if profile is not None:
         check_profile_fits_run(profile, cfg, model, hardware, tp, width, blocks)
     steps = read_csv(steps_path, "run_dir")
-    durations = pd.to_numeric(steps.get("duration_s"), errors="coerce")
-    if durations is not None and not (durations >= 0).all():
+    if "duration_s" not in steps.columns:
+        raise ConfigError("run_dir", f"{steps_path}: no column duration_s")
+    if not (pd.to_numeric(steps["duration_s"], errors="coerce") >= 0).all():
         raise ConfigError("run_dir", f"{steps_path}: duration_s is not a number >= 0 everywhere")
     if target == "host" and "forward_s" not in steps.columns:
         raise ConfigError(

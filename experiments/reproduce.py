@@ -63,7 +63,12 @@ from hydra import compose, initialize_config_dir
 
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import apply_exclusive, report_config_error
-from experiments.lib.jobs import LaunchQueue, exit_if_launcher_missing, known_launchers
+from experiments.lib.jobs import (
+    LaunchQueue,
+    exit_if_launcher_missing,
+    known_launchers,
+    launcher_exists,
+)
 from experiments.lib.results import write_json
 from experiments.report import fig12_rates, selection, sharing
 from experiments.report.figures import pyplot
@@ -195,7 +200,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     for flag, value in {"--workers": args.workers, "--seeds": args.seeds}.items():
         if value < 1:
             raise ConfigError(flag, "not a count >= 1", value)
-    if args.launcher is not None and args.launcher not in known_launchers():
+    if args.launcher is not None and not launcher_exists(args.launcher):
         raise ConfigError("--launcher", "unknown launcher", args.launcher,
                           "one of " + ", ".join(known_launchers()))  # fmt: skip
 

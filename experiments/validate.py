@@ -109,6 +109,11 @@ def simulate_run(run_dir: Path, cost_model: CostModel) -> dict[str, Any]:
     if not engine_path.is_file():
         raise ConfigError("run_dir", "no engine.json (KV cache size of the run)", str(run_dir))
     kv = read_json(engine_path, "run_dir")
+    need = ("block_size", "num_blocks", "num_cpu_blocks")
+    if not isinstance(kv, dict) or not all(isinstance(kv.get(k), int) for k in need):
+        raise ConfigError(
+            "run_dir", f"{engine_path}: not an engine.json with whole numbers {', '.join(need)}"
+        )
     requests, mml = run_requests(cfg, run_dir)
     rec = simulate_served(cfg, requests, kv, mml, cost_model).recorder
     return summarize_recorder(rec, cfg.get("slo_ms"))
@@ -151,6 +156,8 @@ def validate(
         if not steps_path.is_file():
             raise ConfigError("--recorded", "no steps.csv to replay", str(run_dir))
         steps = read_csv(steps_path, "--recorded")
+        if "duration_s" not in steps.columns or steps.empty:
+            raise ConfigError("--recorded", f"{steps_path}: no steps (duration_s) to replay")
         with reading(steps_path, "--recorded"):  # a duration that is not a number
             cost: CostModel = RecordedCostModel(steps["duration_s"].tolist())
     else:
@@ -170,6 +177,8 @@ def validate(
         raise ConfigError("run_dir", "no metrics.json: the run did not finish", str(run_dir))
     with reading(run_dir / "metrics.json", "run_dir"):
         metrics = read_metrics(run_dir)
+    if not isinstance(metrics, dict):
+        raise ConfigError("run_dir", f"{run_dir / 'metrics.json'}: not a JSON object")
     simulated = simulate_run(run_dir, cost)
     return {
         "run": run_dir.name,

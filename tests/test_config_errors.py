@@ -300,3 +300,11 @@ def test_an_index_that_cannot_be_written_is_refused_before_the_run(tmp_path: Pat
         assert err.value.key == "index"
     check_index_writable(tmp_path / "new" / "index.csv")  # its folder is made
     assert (tmp_path / "new").is_dir()
+
+
+def test_sweeps_are_left_to_hydra() -> None:
+    """A sweep (with -m or hydra.mode=MULTIRUN) is not composed as one run beforehand."""
+    from experiments.lib.cli import check_overrides_compose
+
+    for argv in (["hydra.mode=MULTIRUN", "seed=1,2"], ["-m", "seed=1,2"], ["seed=range(1,3)"]):
+        check_overrides_compose("simulate", argv)  # nothing raised

@@ -46,6 +46,12 @@ def _duration(value: str) -> Callable[[list[str]], list[str]]:
     return edit
 
 
+def _edit_config(run: Path, old: str, new: str) -> None:
+    text = (run / "config.yaml").read_text()
+    assert old in text
+    (run / "config.yaml").write_text(text.replace(old, new, 1))
+
+
 def _config_model(run: Path) -> None:
     text = (run / "config.yaml").read_text()
     (run / "config.yaml").write_text(text.replace("name: opt-13b", "name: no-such-model", 1))
@@ -74,6 +80,16 @@ CASES = [
      "--calibration", "not a calibration document"),
     ("no_steps_to_replay", lambda run: (run / "steps.csv").unlink(), validate, ["--recorded"],
      "--recorded", "no steps.csv"),
+    ("header_only_replay", _steps(lambda lines: lines[:1]), validate, ["--recorded"],
+     "--recorded", "no steps"),
+    ("no_duration_column", _steps(lambda lines: [",".join(f"c{i}" for i in range(3))] * 3),
+     calibrate, [], "run_dir", "no column duration_s"),
+    ("engine_json_without_sizes", _write("engine.json", "{}"), validate, [], "run_dir",
+     "whole numbers block_size"),
+    ("metrics_not_an_object", _write("metrics.json", "[]"), validate, [], "run_dir",
+     "not a JSON object"),
+    ("tp_not_a_number", lambda run: _edit_config(run, "tp: 1", "tp: abc"), calibrate, [],
+     "model.tp", "not a GPU count"),
 ]  # fmt: skip
 
 

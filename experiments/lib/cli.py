@@ -158,21 +158,30 @@ def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
     the config lacks, a malformed value), in one line where Hydra's spans several. Left to
     Hydra: sweeps and Hydra's own flags (any argument starting with ``-``) and a
     ``hydra.searchpath``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     if any(a.startswith("-") for a in argv) or search_dirs(argv) != []:
         return
     try:
+        parsed = OverridesParser.create().parse_overrides(list(argv))
+        if any(o.is_sweep_override() or o.key_or_group == "hydra.mode" for o in parsed):
+            return  # a sweep (hydra.mode=MULTIRUN): each job's config is checked as it runs
         compose_config(config_name, argv)
     except HydraException as exc:
         text = str(exc).strip()
         unknown = re.match(r"Could not override '([^']+)'", text)
         if unknown:
             key = unknown.group(1)
-            expected = f"a key of configs/{config_name}.yaml or of its groups' options"
+            expected = (
+                f"a key of configs/{config_name}.yaml or of its groups' options; +{key}=... "
+                "adds one where the config takes new keys"
+            )
             raise ConfigError(key, "no such key in this config", expected=expected) from None
-        first = text.splitlines()[0] if text else type(exc).__name__
-        raise ConfigError("overrides", first) from None
+        lines = [text.splitlines()[0] if text else type(exc).__name__]
+        if exc.__cause__ is not None and str(exc.__cause__).strip():
+            lines.append(str(exc.__cause__).strip().splitlines()[0])
+        raise ConfigError("overrides", ": ".join(lines)) from None
 
 
 def main_with_checks(

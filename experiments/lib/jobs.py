@@ -64,6 +64,17 @@ def known_launchers() -> list[str]:
     return sorted({"basic", *PLUGINS, *presets})
 
 
+def launcher_exists(name: str) -> bool:
+    """``name`` is a known launcher or another installed Hydra launcher plugin
+    (``hydra_plugins.hydra_<name>_launcher``, e.g. ``rq``)."""
+    if name in known_launchers():
+        return True
+    try:
+        return importlib.util.find_spec(f"hydra_plugins.hydra_{name}_launcher") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def missing_launcher(overrides: Sequence[str]) -> str | None:
     """One line naming the package and extra to install when ``overrides`` choose a
     launcher whose plugin is not installed; None otherwise."""

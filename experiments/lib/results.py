@@ -69,7 +69,9 @@ def write_atomic(path: Path, write: str | Callable[[Path], Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise OSError(exc.errno, f"cannot write here ({exc.strerror})", str(path)) from None
+        blocker = next((a for a in path.parents if a.exists() and not a.is_dir()), None)
+        why = f"{blocker} is a file, not a folder" if blocker else exc.strerror
+        raise OSError(exc.errno, f"cannot write here ({why})", str(path)) from None
     os.close(fd)
     tmp = Path(name)
     try:
