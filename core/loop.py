@@ -138,18 +138,16 @@ class StepLoop:
         if self.on_done is not None:
             self.on_done(len(groups))
 
-    def add(self, request: Request, now: float) -> SequenceGroup:
-        """Queue ``request`` at ``now``; a rejected one is recorded at once."""
-        group = self.scheduler.add(request, now)
+    def add(self, request: Request, now: float, vocab_size: int | None = None) -> SequenceGroup:
+        """Queue ``request`` at ``now``; a rejected one (one the scheduler can never serve, or
+        with a prompt id outside a vocabulary of ``vocab_size``) is recorded at once."""
+        problem = request.vocabulary_problem(vocab_size)
+        if problem is not None:
+            group = self.scheduler.reject(request, problem)
+        else:
+            group = self.scheduler.add(request, now)
         if group.reject_reason is not None:
             self._done([group])
-        return group
-
-    def reject(self, request: Request, reason: str) -> SequenceGroup:
-        """Record ``request`` as rejected for ``reason`` (the body's own check failed); the
-        other requests go on."""
-        group = self.scheduler.reject(request, reason)
-        self._done([group])
         return group
 
     def begin(self, now: float) -> PendingStep | None:

@@ -112,6 +112,17 @@ class Request:
     def total_len(self) -> int:
         return self.prompt_len + self.output_len
 
+    def vocabulary_problem(self, vocab_size: int | None) -> str | None:
+        """Why a model of ``vocab_size`` tokens cannot read this prompt (an id outside
+        ``[0, vocab_size)``), or None; None too when either is unknown. Both bodies reject
+        such a request at intake, as vLLM's input validation does, and serve the others."""
+        if vocab_size is None or self.prompt_token_ids is None:
+            return None
+        bad = next((t for t in self.prompt_token_ids if not 0 <= t < vocab_size), None)
+        if bad is None:
+            return None
+        return f"prompt token id {bad} is outside the model's vocabulary [0, {vocab_size})"
+
 
 class Sequence:
     """One token stream of a group. ``seq_id`` is unique within a scheduler."""

@@ -182,22 +182,13 @@ class LLMEngine:
     # -- intake -----------------------------------------------------------------------
     def with_token_ids(self, request: Request) -> Request:
         """``request`` with prompt ids (seeded random ones if it has none); given ones are
-        kept as they are (:meth:`vocabulary_problem` checks them)."""
+        kept as they are (:meth:`Request.vocabulary_problem` checks them at intake)."""
         if request.prompt_token_ids is not None:
             return request
         vocab = self.model_config.vocab_size
         rng = np.random.default_rng(mix_seed(self.seed, request.request_id))
         drawn = rng.integers(0, vocab, size=request.prompt_len)
         return dataclasses.replace(request, prompt_token_ids=tuple(int(t) for t in drawn))
-
-    def vocabulary_problem(self, request: Request) -> str | None:
-        """Why the model cannot read ``request``'s prompt ids (one outside its vocabulary),
-        or None."""
-        vocab = self.model_config.vocab_size
-        bad = [t for t in request.prompt_token_ids or () if not 0 <= t < vocab]
-        if not bad:
-            return None
-        return f"prompt token id {bad[0]} is outside the model's vocabulary [0, {vocab})"
 
     def add_request(self, request: Request, now: float | None = None) -> SequenceGroup:
         """Queue ``request`` at ``now`` (default: the engine clock). A rejected request
@@ -206,12 +197,8 @@ class LLMEngine:
         if request.request_id in self.groups:
             raise EngineError(f"request id {request.request_id} was already added")
         request = self.with_token_ids(request)
-        problem = self.vocabulary_problem(request)
-        if problem is not None:
-            group = self.loop.reject(request, problem)
-            self.groups[request.request_id] = group
-            return group
-        group = self.loop.add(request, self.now if now is None else now)
+        at = self.now if now is None else now
+        group = self.loop.add(request, at, self.model_config.vocab_size)
         self.groups[request.request_id] = group
         return group
 

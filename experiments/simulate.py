@@ -59,6 +59,7 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
         num_replicas=int(c.get("num_replicas", 1)),
         seed=int(c.get("seed", 0)),
         progress=bool(c.get("progress", False)),
+        vocab_size=setup.model.vocab_size,
     )
     wall = time.perf_counter() - t0
     rec = result.recorder

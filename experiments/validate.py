@@ -99,7 +99,10 @@ def simulate_served(
     system["enable_prefix_caching"] = prefix_caching_for(system, requests, warn=False)
     slots, cpu_slots = int(kv["num_blocks"]) * block, int(kv["num_cpu_blocks"]) * block
     make_scheduler = scheduler_factory(system, slots, cpu_slots, max_model_len)
-    return simulate(requests, make_scheduler, cost_model, seed=int(cfg.get("seed", 0)))
+    vocab = model_from_config(cfg["model"]).vocab_size
+    return simulate(
+        requests, make_scheduler, cost_model, seed=int(cfg.get("seed", 0)), vocab_size=vocab
+    )
 
 
 def simulate_run(run_dir: Path, cost_model: CostModel) -> dict[str, Any]:

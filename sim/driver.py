@@ -88,6 +88,7 @@ def simulate(
     progress: bool = False,
     check_integrity_every: int = 0,
     fast_forward: bool = True,
+    vocab_size: int | None = None,
 ) -> SimResult:
     """Run ``requests`` to completion and return the recorder with every step and request.
 
@@ -95,8 +96,9 @@ def simulate(
     ``check_integrity_every > 0`` runs the scheduler's and manager's invariant checks every
     that many steps (tests). ``fast_forward`` runs stretches of plain decode steps at once
     (:meth:`core.loop.StepLoop.fast_forward`; identical results, False for the step-by-step
-    reference). Python's cyclic garbage collector is paused while the
-    simulation runs (restored afterwards).
+    reference). ``vocab_size`` (the model's): a request with a prompt id outside it is
+    rejected at intake, as the engine rejects it. Python's cyclic garbage collector is
+    paused while the simulation runs (restored afterwards).
     """
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
@@ -124,7 +126,7 @@ def simulate(
             if delay > 0:
                 yield env.timeout(delay)
             r = i % num_replicas
-            if loops[r].add(req, env.now).reject_reason is not None:
+            if loops[r].add(req, env.now, vocab_size).reject_reason is not None:
                 continue
             event = wakeups[r]
             if event is not None and not event.triggered:

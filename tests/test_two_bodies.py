@@ -70,3 +70,31 @@ def test_simulator_replays_the_engine(
         assert e_steps["num_preempted"].sum() > 0
         swapped = e_steps["swap_out_blocks"].sum() > 0
         assert swapped == (mode == "swap")
+
+
+def test_both_bodies_reject_an_unreadable_prompt_and_serve_the_others() -> None:
+    """A prompt id outside the model's vocabulary: rejected at intake by the engine and by
+    the simulator given the model's vocabulary, with the same reason; the rest as ever."""
+    import dataclasses
+
+    engine = make_engine("vllm", num_blocks=24, max_model_len=64)
+    vocab = engine.model_config.vocab_size
+    reqs = requests(LENS[:4])
+    bad_ids = (*reqs[2].prompt_token_ids[:-1], vocab)
+    reqs[2] = dataclasses.replace(reqs[2], prompt_token_ids=bad_ids)
+    eng = engine.generate(reqs, mode="online", clock="virtual").recorder
+
+    def make_scheduler() -> BaseScheduler:
+        return build_scheduler("vllm", 24 * 4, SchedulerConfig(max_model_len=64), block_size=4)
+
+    cost = RecordedCostModel(eng.steps_frame()["duration_s"])
+    sim = simulate(reqs, make_scheduler, cost, vocab_size=vocab).recorder
+    e_req, s_req = eng.requests_frame(), sim.requests_frame()
+    assert e_req.equals(s_req)
+    assert e_req.set_index("request_id")["status"].to_dict() == {
+        0: "finished",
+        1: "finished",
+        2: "rejected",
+        3: "finished",
+    }
+    assert f"outside the model's vocabulary [0, {vocab})" in str(e_req.loc[2, "reject_reason"])

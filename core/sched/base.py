@@ -82,6 +82,8 @@ class Scheduler(Protocol):
 
     def add(self, request: Request, now: float) -> SequenceGroup: ...
 
+    def reject(self, request: Request, reason: str) -> SequenceGroup: ...
+
     def schedule(self, now: float) -> StepPlan: ...
 
     def update(self, plan: StepPlan, outcome: StepOutcome, now: float) -> list[SequenceGroup]: ...
@@ -136,9 +138,9 @@ class BaseScheduler:
 
     # -- intake -----------------------------------------------------------------------
     def reject(self, request: Request, reason: str) -> SequenceGroup:
-        """A group for ``request`` rejected for ``reason`` by its caller (a problem only the
-        body knows, e.g. the engine's vocabulary), never queued, as :meth:`add` returns
-        one."""
+        """A group for ``request`` rejected for ``reason`` at intake (its prompt is unreadable,
+        :meth:`core.request.Request.vocabulary_problem`), never queued, as :meth:`add`
+        returns one."""
         group = SequenceGroup(request, self._new_seq_id())
         group.reject_reason = reason
         group.set_status(SequenceStatus.REJECTED)
