@@ -378,7 +378,7 @@ def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
         raise ConfigError(key, text) from None
     swap_bytes = float(c.get("swap_space_gb", 4)) * GIB
     num_cpu_slots = int(swap_bytes // capacity.bytes_per_token_per_gpu)
-    requests = build_requests(c, mml)
+    requests = build_requests(c, mml, vocab_size=model.vocab_size)  # as the engine does
     make_scheduler = scheduler_factory(system, capacity.num_slots, num_cpu_slots, mml, requests)
     cost_model = make_cost_model(c, model, gpu, tp)
     return RunSetup(
