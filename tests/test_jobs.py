@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from experiments.lib import jobs
-from experiments.lib.jobs import Job, LaunchQueue, launch, missing_launcher, plugin_of
+from experiments.lib.jobs import (
+    Job,
+    LaunchQueue,
+    exit_if_launcher_missing,
+    launch,
+    missing_launcher,
+    plugin_of,
+)
 
 SMALL = ("workload.num_requests=12", "workload.duration_s=null", "model=opt-125m")
 GRID = [
@@ -28,13 +35,16 @@ def test_presets_name_their_plugin() -> None:
     assert plugin_of("basic") is None and plugin_of("nonsense") is None
 
 
-def test_a_missing_launcher_is_one_line_naming_the_extra(monkeypatch) -> None:
+def test_a_missing_launcher_is_one_line_naming_the_extra(monkeypatch, capsys) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     line = missing_launcher(["system=vllm", "hydra/launcher=ray_cluster"])
     assert (
         line == "hydra/launcher=ray_cluster needs hydra-ray-launcher: pip install -e '.[cluster]'"
     )
     assert missing_launcher(["system=vllm"]) is None
+    with pytest.raises(SystemExit) as ended:  # as a config error: status 2, one line
+        exit_if_launcher_missing(["hydra/launcher=ray_cluster"])
+    assert ended.value.code == 2 and line in capsys.readouterr().err
     with pytest.raises(RuntimeError, match=r"\[cluster\]"):
         launch(GRID[:1], "submitit_slurm", Path("unused"))
 

@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="price on the geometric mean of these profiles")  # fmt: skip
     parser.add_argument("--timed", action="store_true",
                         help="each step at the machine's speed where it fell")  # fmt: skip
-    parser.add_argument("--out", type=Path, help="CSV (default SITTING_DIR/error_parts.csv)")
+    parser.add_argument("--out", type=Path, help="CSV (default SITTING_DIR/error_parts"
+                        "[_timed][_pooled].csv, by --timed and --profile-from)")  # fmt: skip
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         profile = pooled_profile(args.profile_from, Path(tmp)) if args.profile_from else None
@@ -205,7 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     on = f"pooled from {len(args.profile_from)} profiles" if args.profile_from else "its profile"
     speed = "at the sitting's speed" if args.timed else "as is"
     print_table(f"{args.sitting}: model fitted on {args.fit_on}, on {on}, {speed}", rows)
-    out = args.out or args.sitting / "error_parts.csv"
+    name = (
+        "error_parts" + ("_timed" if args.timed else "") + ("_pooled" if args.profile_from else "")
+    )
+    out = args.out or args.sitting / f"{name}.csv"
     write_csv(out, rows)
     print(f"wrote {out}")
     return 0

@@ -27,6 +27,9 @@ from experiments.lib.checks import CONFIG_DIR, ConfigError, check_group_override
 from experiments.lib.results import append_index, write_error
 from experiments.lib.table import result_table
 
+# ``${path_safe:${model.name}}`` in a run directory's name: an HF id's "/" would nest it.
+OmegaConf.register_new_resolver("path_safe", lambda v: str(v).replace("/", "--"), replace=True)
+
 CONFIG_ERROR_STATUS = 2
 DEFAULT_INDEX = Path("outputs/index.csv")
 

@@ -18,6 +18,7 @@ them. The plugins come with ``pip install -e '.[cluster]'``.
 from __future__ import annotations
 
 import importlib.util
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -94,10 +95,12 @@ def missing_launcher(overrides: Sequence[str]) -> str | None:
 
 
 def exit_if_launcher_missing(argv: Sequence[str]) -> None:
-    """For entry points: exit non-zero with :func:`missing_launcher`'s line, no traceback."""
+    """For entry points: exit with status 2 (a config error's) and
+    :func:`missing_launcher`'s line, no traceback."""
     problem = missing_launcher(argv)
     if problem:
-        raise SystemExit(f"error: {problem}")
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _job_config(overrides: Sequence[str]) -> Any:
