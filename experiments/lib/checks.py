@@ -244,10 +244,8 @@ RULES: tuple[Rule, ...] = (
     Rule("warmup", is_bool, "true, false or null (on CUDA only)", "not a boolean", apps=SERVE),
     Rule("progress", is_bool, "true or false", "not a boolean"),
     Rule("num_gpu_blocks", positive_int, f"{_POS_INT} (KV blocks) or null", "not a block count"),
-    Rule(
-        "cost.compute_efficiency", fraction_open, "a fraction in (0, 1] or null", "not a fraction"
-    ),
-    Rule("cost.memory_efficiency", fraction_open, "a fraction in (0, 1] or null", "not a fraction"),
+    Rule("cost.compute_efficiency", fraction_open, _FRACTION_OR_NULL, "not a fraction"),
+    Rule("cost.memory_efficiency", fraction_open, _FRACTION_OR_NULL, "not a fraction"),
     Rule("cost.per_step_overhead_s", non_negative, "a number >= 0 (s) or null", "not a time"),
 )
 
