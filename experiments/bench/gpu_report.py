@@ -68,13 +68,6 @@ STALL_FACTOR = 10.0
 TABLES = ("operators", "forward_gap", "speed", "stalls", "cross_run", "sync_sites", "sync_slept")
 
 
-def read_sidecar(profile_dir: Path) -> dict[str, Any]:
-    path = profile_dir / "operator_profile.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no operator profile sidecar")
-    return json.loads(path.read_text())
-
-
 def operator_rows(profile_dir: Path, model: str, gpu: str, block: int) -> list[dict[str, Any]]:
     """GPU milliseconds of each probe shape, measured / transferred / roofline (module doc)."""
     from sim.cost.profiled import ProfiledCostModel
@@ -102,26 +95,28 @@ def operator_rows(profile_dir: Path, model: str, gpu: str, block: int) -> list[d
     return rows
 
 
-def has_steps(run: Path) -> bool:
-    """Whether ``run`` holds a ``steps.csv`` with at least one step."""
-    path = run / "steps.csv"
-    return path.is_file() and len(pd.read_csv(path)) > 0
+def runs_with_steps(engine_dir: Path) -> dict[Path, pd.DataFrame]:
+    """Every engine run under ``engine_dir`` whose ``steps.csv`` holds a step, by name, with
+    its steps (read once here for every table)."""
+    found = {}
+    for run in sorted(engine_dir.iterdir()):
+        if (run / "steps.csv").is_file():
+            steps = pd.read_csv(run / "steps.csv")
+            if len(steps):
+                found[run] = steps
+    return found
 
 
-def model_runs(engine_dir: Path, model: str) -> list[Path]:
-    """Finished engine runs of ``model`` under ``engine_dir`` with steps, by name."""
+def model_runs(steps: dict[Path, pd.DataFrame], model: str) -> list[Path]:
+    """The finished runs (a ``metrics.json``) among ``steps``' of ``model``, by name."""
     from experiments.calibrate import read_run_config
 
-    runs = []
-    for run in sorted(p for p in engine_dir.iterdir() if (p / "metrics.json").is_file()):
-        if read_run_config(run).get("model", {}).get("name") == model and has_steps(run):
-            runs.append(run)
-    return runs
+    return [run for run in steps if (run / "metrics.json").is_file()
+            and read_run_config(run).get("model", {}).get("name") == model]  # fmt: skip
 
 
-def forward_gap_rows(run: Path, priced: Any) -> list[dict[str, Any]]:
+def forward_gap_rows(run: Path, steps: pd.DataFrame, priced: Any) -> list[dict[str, Any]]:
     """Decode-only steps of ``run`` by sequence bin: forward against the profile's price."""
-    steps = pd.read_csv(run / "steps.csv")
     decode = steps[(steps["prefill_tokens"] == 0) & (steps["decode_seqs"] > 0)].copy()
     if decode.empty or "forward_s" not in decode:
         return []
@@ -143,9 +138,8 @@ def forward_gap_rows(run: Path, priced: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def stall_row(run: Path) -> dict[str, Any]:
+def stall_row(run: Path, steps: pd.DataFrame) -> dict[str, Any]:
     """Steps of ``run`` over ``STALL_FACTOR`` times its median step (module doc)."""
-    steps = pd.read_csv(run / "steps.csv")
     d = steps["duration_s"]
     median = float(d.median())
     over = d[d > STALL_FACTOR * median]
@@ -197,12 +191,14 @@ def report(gpu_dir: Path, out: Path) -> dict[str, Any]:
     """Every table of the module doc for ``gpu_dir``, written into ``out``."""
     from experiments.calibrate import calibrate
     from sim.catalog import get_gpu
+    from sim.cost.profile import read_kvlab_profile
 
     profile_dir = gpu_dir / "profile"
-    meta = read_sidecar(profile_dir)
+    meta = read_kvlab_profile(profile_dir / "operator_profile.csv").meta
     model, block = str(meta["model"]), int(meta["block_size"])
     gpu = get_gpu(str(meta["gpu"])).name
-    runs = model_runs(gpu_dir / "engine", model)
+    steps = runs_with_steps(gpu_dir / "engine")
+    runs = model_runs(steps, model)
     doc: dict[str, Any] = {
         "gpu_dir": gpu_dir.name, "profile": meta, "hardware": gpu, "runs": [r.name for r in runs],
         "transferred_from": SHIPPED_PROFILE, "operators": operator_rows(
@@ -211,11 +207,10 @@ def report(gpu_dir: Path, out: Path) -> dict[str, Any]:
     doc["forward_gap"], doc["speed"] = [], []
     fitted = {run: calibrate(run, weighting="relative", profile=str(profile_dir)) for run in runs}
     for run, priced in fitted.items():
-        doc["forward_gap"] += forward_gap_rows(run, priced)
-        drift = speed_drift(priced, pd.read_csv(run / "steps.csv"))
+        doc["forward_gap"] += forward_gap_rows(run, steps[run], priced)
+        drift = speed_drift(priced, steps[run])
         doc["speed"].append({"run": run.name, **{k: v for k, v in drift.items() if k != "windows"}})
-    engine_dir = gpu_dir / "engine"
-    doc["stalls"] = [stall_row(run) for run in sorted(engine_dir.iterdir()) if has_steps(run)]
+    doc["stalls"] = [stall_row(run, frame) for run, frame in steps.items()]
     doc["cross_run"] = cross_run_rows(fitted)
     doc["sync_sites"], doc["sync_slept"] = sync_tables(gpu_dir)
     out.mkdir(parents=True, exist_ok=True)
