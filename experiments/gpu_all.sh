@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU measurement of kvlab in one command, sized to finish within 8 minutes on one
-# H200 (the sum of the part limits below is 460 s):
+# Every GPU measurement of kvlab in one command, sized to finish within 9 minutes on one
+# H200 (the sum of the part limits below is 520 s):
 #
 #   bash experiments/gpu_all.sh OUT_DIR          (default: $OUT)
 #   PACK_DIR=$OUT bash experiments/gpu_all.sh /tmp/kvlab-gpu     (the device call; see README)
@@ -27,6 +27,9 @@
 #                     the vllm offline + online runs' CPU phases (experiments.calibrate_overhead)
 #   sync         40s  OUT_DIR/sync/sync_check.json: does the forward wait for the GPU?
 #                     (python -m experiments.bench.sync_check)
+#   host         60s  OUT_DIR/host/host_time{,_summary}.csv: the host's time inside the
+#                     forward by part and step kind, vllm and orca_oracle online
+#                     (python -m experiments.bench.host_time)
 #
 # plus OUT_DIR/<part>.log (each part's output) and OUT_DIR/parts.tsv (part, limit, exit
 # status, seconds). A part that fails or times out does not stop the later ones; the exit
@@ -127,5 +130,6 @@ else
     status=1
 fi
 part sync 40 "$PYTHON" -m experiments.bench.sync_check --out "$OUT_DIR/sync" "${dry[@]}"
+part host 60 "$PYTHON" -m experiments.bench.host_time --out "$OUT_DIR/host" "${dry[@]}"
 pack
 exit $status

@@ -21,8 +21,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEELS = sorted((ROOT / ".whl").glob("*.whl"))
-PARTS = ["env", "profile", "kernels", "engine", "calibrate", "validate", "overhead", "sync"]
-DEVICE_BUDGET_S = 8 * 60
+PARTS = ["env", "profile", "kernels", "engine", "calibrate", "validate", "overhead", "sync",
+         "host"]  # fmt: skip
+DEVICE_BUDGET_S = 9 * 60
 
 STUB = r"""#!/usr/bin/env bash
 echo "PYTHONPATH=${PYTHONPATH:-} $* TRITON_INTERPRET=${TRITON_INTERPRET:-}" >>"$STUB_LOG"
@@ -84,7 +85,7 @@ def test_every_part_runs_dry_in_order_within_the_device_budget(tmp_path: Path) -
         "experiments.bench.gpu_env", "experiments.bench.profile_gpu",
         "experiments.bench.kernels_gpu", "experiments.bench.engine_gpu",
         "experiments.calibrate", "experiments.validate", "experiments.calibrate_overhead",
-        "experiments.bench.sync_check",
+        "experiments.bench.sync_check", "experiments.bench.host_time",
     ]  # fmt: skip
     calibrate, validate, overhead = calls(tmp_path)[4:7]
     assert "tiny-opt_vllm_offline --weighting relative --profile" in calibrate
@@ -108,7 +109,7 @@ def test_every_part_runs_dry_in_order_within_the_device_budget(tmp_path: Path) -
 def test_dry_limits_are_scaled_for_cpu(tmp_path: Path) -> None:
     rc, out, _ = run_script(tmp_path)
     assert rc == 0
-    assert [int(r["limit_s"]) for r in parts(out)] == [300, 700, 600, 1900, 200, 400, 100, 400]
+    assert [int(r["limit_s"]) for r in parts(out)] == [300, 700, 600, 1900, 200, 400, 100, 400, 600]
     assert "--max-seconds 1500" in calls(tmp_path)[3]
 
 
@@ -130,7 +131,7 @@ def test_a_failing_part_does_not_stop_the_others(tmp_path: Path) -> None:
     assert rc == 1
     rows = {r["part"]: r["exit"] for r in parts(out)}
     assert rows == {"env": "0", "profile": "0", "kernels": "3", "engine": "0", "calibrate": "0",
-                    "validate": "0", "overhead": "0", "sync": "0"}  # fmt: skip
+                    "validate": "0", "overhead": "0", "sync": "0", "host": "0"}  # fmt: skip
     assert (pack / "kvlab-gpu.tar.gz").is_file()
 
 
@@ -152,7 +153,14 @@ def test_a_failed_environment_check_stops_the_run(tmp_path: Path) -> None:
 def test_no_engine_run_skips_calibration_and_fails(tmp_path: Path) -> None:
     rc, out, _ = run_script(tmp_path, STUB_FAIL="experiments.bench.engine_gpu")
     assert rc == 1
-    assert [r["part"] for r in parts(out)] == ["env", "profile", "kernels", "engine", "sync"]
+    assert [r["part"] for r in parts(out)] == [
+        "env",
+        "profile",
+        "kernels",
+        "engine",
+        "sync",
+        "host",
+    ]
 
 
 def test_without_the_online_run_the_fit_run_is_validated(tmp_path: Path) -> None:

@@ -1,0 +1,221 @@
+"""Where the host's time goes inside the engine's forward call, by part and step kind.
+``python -m experiments.bench.host_time --out DIR [--dry]``.
+
+On the H200 (``docs/validation/h200.md``, fourth call) the decode forward is bound by the
+host: it returns only as the GPU finishes, with no synchronizing operation inside. And the
+vllm system's pure prefill steps (no decodes in the step) took about 5 ms more host time than
+Orca's mixed steps with the same prompts, running the same code. This serves the same
+OPT-13B trace online (``experiments.bench.engine_gpu``'s: 20 requests at 4 req/s, virtual
+clock, fp16, Triton attention) under ``system=vllm`` and ``system=orca_oracle`` and, in
+every forward call, adds up the host's time in each part:
+
+- ``linear``, ``norm``, ``embedding``: inside ``nn.Linear`` / ``nn.LayerNorm`` /
+  ``nn.Embedding`` calls (module hooks);
+- ``attention``: inside the attention backend's ``forward`` (KV store and paged attention);
+- ``gc``: in Python's garbage collector (``gc.callbacks``; not counted in the part it
+  interrupted), with the oldest generation it collected;
+- ``rest``: the call's time outside those (module dispatch, the residual adds and ReLU,
+  the LM head's indexing, and the hooks themselves).
+
+A step is ``prefill`` (prefill chunks only), ``mixed`` or ``decode``. The hooks cost host
+time too, about the same in every step of a kind, so compare kinds, not absolute times.
+Writes ``DIR/host_time.csv`` (one row per forward call) and ``DIR/host_time_summary.csv``
+(medians by run and kind) and prints the summary. ``--dry`` runs tiny-opt on CPU (a check of
+the script; its times mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PARTS = ("linear", "norm", "embedding", "attention", "gc")
+SYSTEMS = ("vllm", "orca_oracle")
+
+
+def step_kind(prefill_tokens: int, decode_seqs: int) -> str:
+    """``prefill``, ``mixed`` or ``decode`` (a step with neither is ``empty``)."""
+    if prefill_tokens and decode_seqs:
+        return "mixed"
+    return "prefill" if prefill_tokens else "decode" if decode_seqs else "empty"
+
+
+class HostTally:
+    """Host seconds per part while ``active``; parts do not nest (leaf modules only)."""
+
+    def __init__(self) -> None:
+        self.seconds: Counter[str] = Counter()
+        self.active = False
+        self.gc_generation = -1
+        self._opened: list[float] = []
+        self._gc_start = 0.0
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.gc_generation = -1
+
+    def open(self) -> None:
+        self._opened.append(time.perf_counter())
+
+    def close(self, part: str) -> None:
+        started = self._opened.pop()
+        if self.active:
+            self.seconds[part] += time.perf_counter() - started
+
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        elif self.active:
+            pause = time.perf_counter() - self._gc_start
+            self.seconds["gc"] += pause
+            self.gc_generation = max(self.gc_generation, int(info.get("generation", -1)))
+            if self._opened:  # the pause is gc's, not the open part's
+                self._opened[-1] += pause
+
+    def timed(self, part: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.open()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.close(part)
+
+        return wrapper
+
+
+def instrument(model: Any, tally: HostTally) -> None:
+    """Hooks on ``model``'s leaf linear, norm and embedding modules; the attention
+    backends' ``forward`` wrapped (each distinct backend object once)."""
+    from torch import nn
+
+    kinds = ((nn.Linear, "linear"), (nn.LayerNorm, "norm"), (nn.Embedding, "embedding"))
+    backends: dict[int, Any] = {}
+    for module in model.modules():
+        part = next((name for cls, name in kinds if isinstance(module, cls)), None)
+        if part is not None:
+            module.register_forward_pre_hook(lambda *_: tally.open())
+            module.register_forward_hook(lambda *_, part=part: tally.close(part))
+        backend = getattr(module, "backend", None)
+        if backend is not None and hasattr(backend, "forward"):
+            backends[id(backend)] = backend
+    for backend in backends.values():
+        backend.forward = tally.timed("attention", backend.forward)
+
+
+def serve_overrides(dry: bool, system: str, out: Path) -> list[str]:
+    """``engine_gpu``'s online run of its first model, under ``system``."""
+    from experiments.bench.engine_gpu import make_plan, write_traces
+
+    plan = make_plan(dry)
+    model = plan.models[0]
+    trace = write_traces(plan, out)[model.model]
+    return [f"device={plan.device}", f"dtype={plan.dtype}", f"model={model.model}",
+            f"kv_cache_gb={model.kv_budget_gb}", f"system={system}", "mode=online",
+            f"backend={plan.backend}", "time_phases=false", "workload=trace",
+            f"workload.path='{trace.resolve()}'", f"workload.num_requests={model.online_requests}",
+            "progress=false", "seed=0", "swap_space_gb=0", "kv_budget_fraction=null",
+            "hardware=h200", "clock=virtual"]  # fmt: skip
+
+
+def measure(dry: bool, system: str, out: Path) -> list[dict[str, Any]]:
+    """One row per forward call of one run."""
+    import torch
+
+    from experiments.lib.cli import compose_config
+    from experiments.serve import run_to_end, start
+
+    serving = start(compose_config("serve", serve_overrides(dry, system, out)))
+    runner = serving.engine.runner
+    device = runner.device
+    tally = HostTally()
+    instrument(runner.model, tally)
+    inner_prepare, inner_forward = runner.prepare, runner.forward
+    shape: dict[str, int] = {}
+    rows: list[dict[str, Any]] = []
+
+    def prepare(plan: Any, manager: Any) -> Any:
+        shape["prefill_tokens"] = sum(c.end - c.start for c in plan.prefill)
+        shape["decode_seqs"] = len(plan.decode)
+        return inner_prepare(plan, manager)
+
+    def forward(batch: Any) -> Any:
+        tally.reset()
+        tally.active = True
+        t0 = time.perf_counter()
+        try:
+            result = inner_forward(batch)
+        finally:
+            tally.active = False
+        issue = time.perf_counter() - t0
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        total = time.perf_counter() - t0
+        parts = {p: tally.seconds[p] * 1e3 for p in PARTS}
+        rows.append({
+            "run": system, "step": len(rows), **shape,
+            "kind": step_kind(shape["prefill_tokens"], shape["decode_seqs"]),
+            "issue_ms": issue * 1e3, "total_ms": total * 1e3, **parts,
+            "rest": issue * 1e3 - sum(parts.values()), "gc_generation": tally.gc_generation,
+        })  # fmt: skip
+        return result
+
+    runner.prepare, runner.forward = prepare, forward
+    gc.callbacks.append(tally.on_gc)
+    try:
+        run_to_end(serving.steps())
+    finally:
+        gc.callbacks.remove(tally.on_gc)
+    del serving, runner
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> Any:
+    """Median milliseconds per run and step kind, with the step count and GC pauses seen."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    columns = ["issue_ms", "total_ms", *PARTS, "rest"]
+    summary = df.groupby(["run", "kind"])[columns].median()
+    summary.insert(0, "steps", df.groupby(["run", "kind"]).size())
+    summary["gc_steps"] = df[df.gc_generation >= 0].groupby(["run", "kind"]).size()
+    return summary.fillna({"gc_steps": 0}).reset_index()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench.host_time",
+                                     description=__doc__)  # fmt: skip
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--dry", action="store_true", help="CPU check of the script")
+    args = parser.parse_args(argv)
+    if args.dry:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    if not args.dry and not torch.cuda.is_available():
+        parser.error("no CUDA device; use --dry for a CPU check of the script")
+    import pandas as pd
+
+    from experiments.lib.results import write_csv
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = [row for system in SYSTEMS for row in measure(args.dry, system, args.out)]
+    summary = summarize(rows)
+    write_csv(args.out / "host_time.csv", pd.DataFrame(rows))
+    write_csv(args.out / "host_time_summary.csv", summary)
+    with pd.option_context("display.width", 200, "display.precision", 3):
+        print(summary.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
