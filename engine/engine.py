@@ -233,7 +233,10 @@ class LLMEngine:
         (default: the scheduler's ``max_num_batched_tokens``, at most half the KV cache)
         in requests of at most 512 tokens (so a full token budget is several requests, and
         both multi-sequence prefill and decode run), each decoding ``output_len`` tokens,
-        offline.
+        offline. Then one prompt of each power-of-two length below the longest, alone: the
+        attention kernel is compiled per query-tile size, which the step's longest prompt
+        chunk sets (``kernels.paged_attention.attention_constexprs``); uncompiled, a short
+        prompt's first step stalled for 0.4 s on the H200 (``docs/validation/h200.md``).
         Nothing carries over: the next :meth:`generate` or :meth:`serving` resets the
         scheduler, recorder and clock, prompt ids are seeded per request, and each sampler
         draw has its own generator, so a warmed engine serves a run as a fresh one does.
@@ -245,7 +248,12 @@ class LLMEngine:
         longest = max(1, min(512, cfg.max_model_len - output_len, total))
         count = -(-total // longest)
         requests = [Request(i, 0.0, max(1, total // count), output_len) for i in range(count)]
-        return self.generate(requests, mode="offline").num_steps
+        steps = self.generate(requests, mode="offline").num_steps
+        length = 1
+        while length < longest:
+            steps += self.generate([Request(0, 0.0, length, 1)], mode="offline").num_steps
+            length *= 2
+        return steps
 
     def serving(
         self,

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from core.request import Request, SamplingParams
 from engine.engine import LLMEngine
+from engine.runner import BatchInputs
 from experiments.bench.cpu_cross_run import serve_run
 from tests.engine_helpers import make_engine
 
@@ -40,6 +42,21 @@ def test_warm_up_fits_a_small_cache_and_a_short_model_len() -> None:
     engine = make_engine(num_blocks=6, block_size=4, max_model_len=16)  # 24 slots
     assert engine.warm_up() > 0  # prompts cut to at most half the cache and the model length
     assert engine.warm_up(tokens=1, output_len=1) >= 1
+
+
+def test_warm_up_runs_a_prefill_of_each_power_of_two_length() -> None:
+    """Each query-tile size of the attention kernel is compiled before a timed step."""
+    engine = make_engine(num_blocks=24, block_size=4, max_model_len=32)  # longest prompt 30
+    seen: set[int] = set()
+    forward = engine.runner.forward
+
+    def recording(batch: BatchInputs) -> torch.Tensor:
+        seen.add(batch.meta.max_query_len)
+        return forward(batch)
+
+    engine.runner.forward = recording
+    engine.warm_up()
+    assert {1, 2, 4, 8, 16} <= seen
 
 
 def test_serve_warms_up_when_asked_and_rejects_a_non_boolean(tmp_path: Path, monkeypatch) -> None:
