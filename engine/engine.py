@@ -253,7 +253,34 @@ class LLMEngine:
         while length < longest:
             steps += self.generate([Request(0, 0.0, length, 1)], mode="offline").num_steps
             length *= 2
+        self.warm_gemms(cfg.max_num_batched_tokens, cfg.max_num_seqs)
         return steps
+
+    @torch.inference_mode()
+    def warm_gemms(self, max_tokens: int, max_rows: int) -> int:
+        """Call each distinct linear layer shape of the model at every token count up to
+        512, then every 16th up to ``max_tokens``, and the LM head at every row count up to
+        ``max_rows`` (at most 512); the number of calls. The GEMM library picks its kernel
+        by token count, and a kernel's first use costs the host milliseconds (CUDA loads
+        modules lazily): on the H200, steps at a token count new to the process took
+        about 5 ms more in their linear calls (``experiments.bench.host_time``,
+        ``docs/validation/h200.md``). Outputs are discarded; nothing else changes."""
+        model = self.runner.model
+        weight = next(model.parameters())
+        shapes = {(m.in_features, m.out_features): m for m in model.modules()
+                  if isinstance(m, torch.nn.Linear) and m is not model.lm_head}  # fmt: skip
+        counts = [*range(1, min(max_tokens, 512) + 1), *range(528, max_tokens + 1, 16)]
+        calls = 0
+        for (fan_in, _), linear in shapes.items():
+            x = torch.zeros(counts[-1], fan_in, device=weight.device, dtype=weight.dtype)
+            for m in counts:
+                linear(x[:m])
+            calls += len(counts)
+        hidden = torch.zeros(min(max_rows, 512), model.config.embed_dim,
+                             device=weight.device, dtype=weight.dtype)  # fmt: skip
+        for rows in range(1, hidden.shape[0] + 1):
+            model.compute_logits(hidden[:rows])
+        return calls + hidden.shape[0]
 
     def serving(
         self,

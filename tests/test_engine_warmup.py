@@ -71,3 +71,22 @@ def test_serve_warms_up_when_asked_and_rejects_a_non_boolean(tmp_path: Path, mon
     pd.testing.assert_frame_equal(plain[DECISIONS], warmed[DECISIONS])
     with pytest.raises(Exception, match="warmup"):
         serve_run(tmp_path / "c", [*base, "warmup=sometimes"])
+
+
+def test_warm_gemms_calls_each_linear_shape_at_every_token_count() -> None:
+    engine = make_engine(num_blocks=24, block_size=4, max_model_len=32)
+    model = engine.runner.model
+    seen: dict[tuple[int, int], set[int]] = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            key = (module.in_features, module.out_features)
+            module.register_forward_hook(
+                lambda _m, args, _out, key=key: seen.setdefault(key, set()).add(args[0].shape[0])
+            )
+    head = (model.lm_head.in_features, model.lm_head.out_features)
+    calls = engine.warm_gemms(max_tokens=40, max_rows=3)
+    assert seen[head] == {1, 2, 3}
+    body = {k: v for k, v in seen.items() if k != head}
+    assert body and all(v == set(range(1, 41)) for v in body.values())
+    assert calls == 40 * len(body) + 3
+    assert engine.warm_gemms(max_tokens=600, max_rows=1) == (512 + 5) * len(body) + 1
