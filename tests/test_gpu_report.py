@@ -12,6 +12,7 @@ import pytest
 from experiments.bench.gpu_report import DECODE_SHAPES, PREFILL_TOKENS, main
 
 FIRST_RUN = Path(__file__).resolve().parents[1] / "docs/validation/h200/first-run"
+HOST_TIME = FIRST_RUN.parent / "host-time" / "1-warmup-batch"
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +93,23 @@ def test_the_sync_check_is_read_when_the_call_ran_it(tmp_path: Path, capsys) -> 
     assert main([str(call), "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "sync_check.json" in err
+
+
+def test_the_host_time_is_read_when_the_call_ran_it(tmp_path: Path, capsys) -> None:
+    call = _one_run_call(tmp_path / "call")
+    assert main([str(call), "--out", str(tmp_path / "none")]) == 0
+    assert (tmp_path / "none" / "host_time.csv").read_text() == ""
+    (call / "host").mkdir()
+    shutil.copy(HOST_TIME / "host_time.csv", call / "host")
+    assert main([str(call), "--out", str(tmp_path / "out")]) == 0
+    table = pd.read_csv(tmp_path / "out" / "host_time.csv")
+    committed = pd.read_csv(HOST_TIME / "host_time_summary.csv")
+    pd.testing.assert_frame_equal(table, committed)
+    (call / "host" / "host_time.csv").write_text("a,b\n1,2\n")
+    capsys.readouterr()
+    assert main([str(call), "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "host_time.csv" in err
 
 
 def test_a_run_without_steps_is_left_out_from_any_working_directory(

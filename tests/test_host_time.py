@@ -7,8 +7,16 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
-from experiments.bench.host_time import PARTS, HostTally, main, step_kind
+from experiments.bench.host_time import (
+    PARTS,
+    HostTally,
+    linear_extra_ms,
+    main,
+    step_kind,
+    summarize,
+)
 
 
 def test_dry_run_times_both_systems_by_part(tmp_path: Path) -> None:
@@ -54,3 +62,34 @@ def test_nothing_is_counted_outside_a_forward() -> None:
     finally:
         gc.callbacks.remove(tally.on_gc)
     assert not tally.seconds and tally.gc_generation == -1
+
+
+def _rows(linear: list[float], issue: list[float] | None = None) -> pd.DataFrame:
+    n = len(linear)
+    return pd.DataFrame({
+        "run": ["vllm"] * n, "kind": ["decode"] * (n - 1) + ["prefill"], "linear": linear,
+        "attention": [5.0] * n, "norm": [1.0] * n, "rest": [4.0] * n, "embedding": [0.0] * n,
+        "gc": [0.0] * n, "issue_ms": issue or [15.0] * n, "total_ms": issue or [15.0] * n,
+        "gc_generation": [-1] * n,
+    })  # fmt: skip
+
+
+def test_extra_linear_time_is_what_the_other_parts_do_not_explain() -> None:
+    rows = _rows([5.0, 5.0, 5.0, 10.5])
+    assert list(linear_extra_ms(rows)) == pytest.approx([0, 0, 0, 5.5])
+    slow_host = rows.assign(linear=rows.linear * 2, attention=10.0, norm=2.0, rest=8.0)
+    assert list(linear_extra_ms(slow_host)) == pytest.approx([0, 0, 0, 11.0])  # a ratio
+    summary = summarize(_rows([5.0, 5.0, 5.0, 10.5], issue=[15.0, 15.0, 15.0, 400.0]))
+    prefill = summary[summary.kind == "prefill"].iloc[0]
+    assert prefill.linear_extra_steps == 1 and prefill.stall_steps == 1
+    assert summary[summary.kind == "decode"].iloc[0].linear_extra_steps == 0
+
+
+def test_summarize_rewrites_the_summary_and_refuses_another_file(tmp_path: Path, capsys) -> None:
+    _rows([5.0, 5.0, 9.0]).to_csv(tmp_path / "host_time.csv", index=False)
+    assert main(["--summarize", "--out", str(tmp_path)]) == 0
+    assert pd.read_csv(tmp_path / "host_time_summary.csv").steps.sum() == 3
+    (tmp_path / "host_time.csv").write_text("a,b\n1,2\n")
+    assert main(["--summarize", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "host_time.csv" in err

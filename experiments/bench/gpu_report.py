@@ -38,6 +38,9 @@
   end, in milliseconds. ``waited`` is whether the forward call returned only after the
   sleep had ended: the host waited for the device inside the call (a host that only queues
   the kernels returns in its launch time, a few ms).
+- ``host_time.csv``, when the call ran ``host`` (``host/host_time.csv``,
+  :mod:`experiments.bench.host_time`): the host's time inside the forward by part, medians
+  by run and step kind, with the steps whose linear calls took extra time and the stalls.
 - ``report.json``: all of the above, with the sources.
 """
 
@@ -65,7 +68,8 @@ SEQ_BINS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 # largest prefill steps (2,560 batched tokens, ~110 ms in the profile) stay under 10x
 # (docs/validation/h200.md).
 STALL_FACTOR = 10.0
-TABLES = ("operators", "forward_gap", "speed", "stalls", "cross_run", "sync_sites", "sync_slept")
+TABLES = ("operators", "forward_gap", "speed", "stalls", "cross_run", "sync_sites", "sync_slept",
+          "host_time")  # fmt: skip
 
 
 def operator_rows(profile_dir: Path, model: str, gpu: str, block: int) -> list[dict[str, Any]]:
@@ -187,6 +191,19 @@ def sync_tables(gpu_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any
     return sites, slept
 
 
+def host_time_rows(gpu_dir: Path) -> list[dict[str, Any]]:
+    """The host-time summary (module doc); empty when the call did not run ``host``."""
+    from experiments.bench.host_time import summarize
+
+    path = gpu_dir / "host" / "host_time.csv"
+    if not path.is_file():
+        return []
+    try:
+        return summarize(pd.read_csv(path)).to_dict("records")
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: not a host_time.csv ({type(exc).__name__}: {exc})") from None
+
+
 def report(gpu_dir: Path, out: Path) -> dict[str, Any]:
     """Every table of the module doc for ``gpu_dir``, written into ``out``."""
     from experiments.calibrate import calibrate
@@ -213,6 +230,7 @@ def report(gpu_dir: Path, out: Path) -> dict[str, Any]:
     doc["stalls"] = [stall_row(run, frame) for run, frame in steps.items()]
     doc["cross_run"] = cross_run_rows(fitted)
     doc["sync_sites"], doc["sync_slept"] = sync_tables(gpu_dir)
+    doc["host_time"] = host_time_rows(gpu_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name in TABLES:
         write_csv(out / f"{name}.csv", doc[name])
@@ -238,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(f"calibrated on one run, simulated on each ({', '.join(KEYS)})", doc["cross_run"])
     print_table("synchronizing operations inside the forward (sync check)", doc["sync_sites"])
     print_table("forward behind a GPU sleep: did the host wait? (sync check)", doc["sync_slept"])
+    print_table("host ms inside the forward by part (host_time)", doc["host_time"])
     print(f"wrote {args.out}/{{{','.join(TABLES)}}}.csv, report.json")
     return 0
 

@@ -20,8 +20,11 @@ every forward call, adds up the host's time in each part:
 A step is ``prefill`` (prefill chunks only), ``mixed`` or ``decode``. The hooks cost host
 time too, about the same in every step of a kind, so compare kinds, not absolute times.
 Writes ``DIR/host_time.csv`` (one row per forward call) and ``DIR/host_time_summary.csv``
-(medians by run and kind) and prints the summary. ``--dry`` runs tiny-opt on CPU (a check of
-the script; its times mean nothing).
+(medians by run and kind, and two counts: ``linear_extra_steps``, steps whose linear time is
+over ``EXTRA_MS`` above the run's usual share of the other parts, :func:`linear_extra_ms`;
+``stall_steps``, steps over ``STALL_FACTOR`` times the run's median) and prints the summary.
+``--summarize`` only rewrites the summary from ``DIR/host_time.csv``. ``--dry`` runs
+tiny-opt on CPU (a check of the script; its times mean nothing).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from typing import Any
 
 PARTS = ("linear", "norm", "embedding", "attention", "gc")
 SYSTEMS = ("vllm", "orca_oracle")
+EXTRA_MS = 2.0  # a GEMM kernel's first use cost the H200's host 2-4 ms (linear_host)
+STALL_FACTOR = 10.0  # a Triton compile took 0.4 s against 12-31 ms steps
 
 
 def step_kind(prefill_tokens: int, decode_seqs: int) -> str:
@@ -179,16 +184,32 @@ def measure(dry: bool, system: str, out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def summarize(rows: list[dict[str, Any]]) -> Any:
-    """Median milliseconds per run and step kind, with the step count and GC pauses seen."""
+def linear_extra_ms(df: Any) -> Any:
+    """Per row, the linear calls' host ms beyond the run's median ratio of linear time to the
+    other parts (attention, norm, rest) times this step's other parts: what the linear calls
+    took beyond what the host's speed in this step explains."""
+    others = df.attention + df.norm + df.rest
+    share = (df.linear / others).groupby(df.run).transform("median")
+    return df.linear - share * others
+
+
+def summarize(rows: Any) -> Any:
+    """Median milliseconds per run and step kind, with the step count, the steps with GC
+    pauses, with extra linear time, and the stalls (module doc)."""
     import pandas as pd
 
     df = pd.DataFrame(rows)
+    keys = ["run", "kind"]
     columns = ["issue_ms", "total_ms", *PARTS, "rest"]
-    summary = df.groupby(["run", "kind"])[columns].median()
-    summary.insert(0, "steps", df.groupby(["run", "kind"]).size())
-    summary["gc_steps"] = df[df.gc_generation >= 0].groupby(["run", "kind"]).size()
-    return summary.fillna({"gc_steps": 0}).reset_index()
+    summary = df.groupby(keys)[columns].median()
+    summary.insert(0, "steps", df.groupby(keys).size())
+    summary["gc_steps"] = df[df.gc_generation >= 0].groupby(keys).size()
+    summary["linear_extra_steps"] = df[linear_extra_ms(df) > EXTRA_MS].groupby(keys).size()
+    stalled = df.issue_ms > STALL_FACTOR * df.issue_ms.groupby(df.run).transform("median")
+    summary["stall_steps"] = df[stalled].groupby(keys).size()
+    counts = ["gc_steps", "linear_extra_steps", "stall_steps"]
+    summary[counts] = summary[counts].fillna(0).astype(int)
+    return summary.reset_index()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__)  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--dry", action="store_true", help="CPU check of the script")
+    parser.add_argument("--summarize", action="store_true",
+                        help="only rewrite the summary from OUT/host_time.csv")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.summarize:
+        return rewrite_summary(args.out)
     if args.dry:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
@@ -209,11 +234,33 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [row for system in SYSTEMS for row in measure(args.dry, system, args.out)]
-    summary = summarize(rows)
     write_csv(args.out / "host_time.csv", pd.DataFrame(rows))
-    write_csv(args.out / "host_time_summary.csv", summary)
+    write_summary(args.out, summarize(rows))
+    return 0
+
+
+def write_summary(out: Path, summary: Any) -> None:
+    import pandas as pd
+
+    from experiments.lib.results import write_csv
+
+    write_csv(out / "host_time_summary.csv", summary)
     with pd.option_context("display.width", 200, "display.precision", 3):
         print(summary.to_string(index=False))
+
+
+def rewrite_summary(out: Path) -> int:
+    """``--summarize``: the summary of ``out/host_time.csv``; 2 with one line if unreadable."""
+    import pandas as pd
+
+    path = out / "host_time.csv"
+    try:
+        rows = pd.read_csv(path)
+        summary = summarize(rows)
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        print(f"error: {path}: not a host_time.csv ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 2
+    write_summary(out, summary)
     return 0
 
 
