@@ -134,22 +134,29 @@ def write_traces(plan: EnginePlan, out: Path) -> dict[str, Path]:
     return paths
 
 
+def serve_overrides(
+    plan: EnginePlan, m: ModelPlan, trace: Path, system: str, mode: str, count: int,
+    backend: str, time_phases: bool = True,
+) -> tuple[str, ...]:  # fmt: skip
+    """The serve-config overrides of one run of ``m`` on ``trace`` (also used by the sync
+    check and the host-time probe, so they serve what the engine runs serve)."""
+    return (
+        f"device={plan.device}", f"dtype={plan.dtype}", f"swap_space_gb={plan.swap_space_gb}",
+        "kv_budget_fraction=null", "clock=virtual", "progress=false", "seed=0",
+        "hardware=h200", "workload=trace", f"time_phases={str(time_phases).lower()}",
+        f"model={m.model}", f"system={system}", f"mode={mode}", f"backend={backend}",
+        f"kv_cache_gb={m.kv_budget_gb}", f"workload.path='{trace.resolve()}'",
+        f"workload.num_requests={count}",
+    )  # fmt: skip
+
+
 def run_specs(plan: EnginePlan, traces: dict[str, Path]) -> list[RunSpec]:
     """Every run in priority order: per model (the plan's order), vllm offline, vllm online,
     the baselines offline, the baselines online; then the cross-check."""
-    common = (
-        f"device={plan.device}", f"dtype={plan.dtype}", f"swap_space_gb={plan.swap_space_gb}",
-        "kv_budget_fraction=null", "clock=virtual", "progress=false", "seed=0",
-        "hardware=h200", "workload=trace", "time_phases=true",
-    )  # fmt: skip
 
     def spec(m: ModelPlan, system: str, mode: str, count: int, backend: str) -> RunSpec:
         suffix = "" if backend == plan.backend else f"_{backend}"
-        overrides = (
-            *common, f"model={m.model}", f"system={system}", f"mode={mode}",
-            f"backend={backend}", f"kv_cache_gb={m.kv_budget_gb}",
-            f"workload.path='{traces[m.model].resolve()}'", f"workload.num_requests={count}",
-        )  # fmt: skip
+        overrides = serve_overrides(plan, m, traces[m.model], system, mode, count, backend)
         return RunSpec(f"{m.model}_{system}_{mode}{suffix}", m.model, system, mode, backend,
                        overrides)  # fmt: skip
 

@@ -114,19 +114,15 @@ def instrument(model: Any, tally: HostTally) -> None:
         backend.forward = tally.timed("attention", backend.forward)
 
 
-def serve_overrides(dry: bool, system: str, out: Path) -> list[str]:
+def serve_config(dry: bool, system: str, out: Path) -> list[str]:
     """``engine_gpu``'s online run of its first model, under ``system``."""
-    from experiments.bench.engine_gpu import make_plan, write_traces
+    from experiments.bench.engine_gpu import make_plan, serve_overrides, write_traces
 
     plan = make_plan(dry)
     model = plan.models[0]
     trace = write_traces(plan, out)[model.model]
-    return [f"device={plan.device}", f"dtype={plan.dtype}", f"model={model.model}",
-            f"kv_cache_gb={model.kv_budget_gb}", f"system={system}", "mode=online",
-            f"backend={plan.backend}", "time_phases=false", "workload=trace",
-            f"workload.path='{trace.resolve()}'", f"workload.num_requests={model.online_requests}",
-            "progress=false", "seed=0", "swap_space_gb=0", "kv_budget_fraction=null",
-            "hardware=h200", "clock=virtual"]  # fmt: skip
+    return list(serve_overrides(plan, model, trace, system, "online", model.online_requests,
+                                plan.backend, time_phases=False))  # fmt: skip
 
 
 def measure(dry: bool, system: str, out: Path) -> list[dict[str, Any]]:
@@ -136,7 +132,7 @@ def measure(dry: bool, system: str, out: Path) -> list[dict[str, Any]]:
     from experiments.lib.cli import compose_config
     from experiments.serve import run_to_end, start
 
-    serving = start(compose_config("serve", serve_overrides(dry, system, out)))
+    serving = start(compose_config("serve", serve_config(dry, system, out)))
     runner = serving.engine.runner
     device = runner.device
     tally = HostTally()

@@ -45,18 +45,15 @@ def kvlab_site(stack: list[traceback.FrameSummary]) -> str:
 
 
 def serve_config(dry: bool, out: Path) -> list[str]:
-    """The serve overrides: the first model of ``engine_gpu``'s plan on its own trace."""
-    from experiments.bench.engine_gpu import make_plan, write_traces
+    """The serve overrides: the first model of ``engine_gpu``'s plan on its own trace,
+    vllm offline, 8 requests (2 in a dry run)."""
+    from experiments.bench.engine_gpu import make_plan, serve_overrides, write_traces
 
     plan = make_plan(dry)
     model = plan.models[0]
     trace = write_traces(plan, out)[model.model]
-    return [f"device={plan.device}", f"dtype={plan.dtype}", f"model={model.model}",
-            f"kv_cache_gb={model.kv_budget_gb}", "system=vllm", "mode=offline",
-            "backend=triton", "time_phases=false", "workload=trace",
-            f"workload.path='{trace.resolve()}'", f"workload.num_requests={2 if dry else 8}",
-            "progress=false", "seed=0", "swap_space_gb=0", "kv_budget_fraction=null",
-            "hardware=h200", "clock=virtual"]  # fmt: skip
+    return list(serve_overrides(plan, model, trace, "vllm", "offline", 2 if dry else 8,
+                                plan.backend, time_phases=False))  # fmt: skip
 
 
 def check(dry: bool, sleep_ms: float, sleep_steps: int, out: Path) -> dict[str, Any]:
