@@ -90,3 +90,18 @@ def test_warm_gemms_calls_each_linear_shape_at_every_token_count() -> None:
     assert body and all(v == set(range(1, 41)) for v in body.values())
     assert calls == 40 * len(body) + 3
     assert engine.warm_gemms(max_tokens=600, max_rows=1) == (512 + 5) * len(body) + 1
+
+
+def test_warm_up_waits_for_its_queued_gpu_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the warm-up's kernels are queued; the run's first step must not wait for them
+    (without it, on the H200, the first step of each run after the first absorbed 135 ms)."""
+    engine = make_engine(num_blocks=24, block_size=4, max_model_len=32)
+    synced: list[object] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    engine.warm_up()
+    assert synced == []  # a CPU engine: nothing queued
+    engine.device = torch.device("cuda")  # only the warm-up's last step looks at it
+    monkeypatch.setattr(engine, "generate", lambda *a, **k: type("R", (), {"num_steps": 1})())
+    monkeypatch.setattr(engine, "warm_gemms", lambda *a: synced.append("gemms") or 0)
+    engine.warm_up()
+    assert synced == ["gemms", torch.device("cuda")]
