@@ -237,8 +237,8 @@ class LLMEngine:
         attention kernel is compiled per query-tile size, which the step's longest prompt
         chunk sets (``kernels.paged_attention.attention_constexprs``); uncompiled, a short
         prompt's first step stalled for 0.4 s on the H200 (``docs/validation/h200.md``).
-        Then :meth:`warm_gemms`, and on CUDA a synchronize, so the run's first step does not
-        wait for the warm-up's queued kernels. Nothing carries over: the next
+        Then, on CUDA, :meth:`warm_gemms` and a synchronize, so the run's first step does
+        not wait for the warm-up's queued kernels. Nothing carries over: the next
         :meth:`generate` or :meth:`serving` resets the scheduler, recorder and clock, prompt
         ids are seeded per request, and each sampler draw has its own generator, so a warmed
         engine serves a run as a fresh one does.
@@ -255,9 +255,9 @@ class LLMEngine:
         while length < longest:
             steps += self.generate([Request(0, 0.0, length, 1)], mode="offline").num_steps
             length *= 2
-        self.warm_gemms(cfg.max_num_batched_tokens, cfg.max_num_seqs)
-        if self.device.type == "cuda":  # else the run's first synchronize waits for them
-            torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":  # the cost warm_gemms removes was measured there
+            self.warm_gemms(cfg.max_num_batched_tokens, cfg.max_num_seqs)
+            torch.cuda.synchronize(self.device)  # else the run's first step waits for them
         return steps
 
     @torch.inference_mode()
