@@ -4,7 +4,9 @@
 On the H200 (``docs/validation/h200.md``, fourth call) the decode forward is bound by the
 host: it returns only as the GPU finishes, with no synchronizing operation inside. And the
 vllm system's pure prefill steps (no decodes in the step) took about 5 ms more host time than
-Orca's mixed steps with the same prompts, running the same code. This serves the same
+Orca's mixed steps with the same prompts, running the same code. This probe found where: in
+the linear calls, at token counts new to the process (a GEMM kernel's first use; since fixed
+by ``LLMEngine.warm_gemms``), and it keeps checking that. It serves the same
 OPT-13B trace online (``experiments.bench.engine_gpu``'s: 20 requests at 4 req/s, virtual
 clock, fp16, Triton attention) under ``system=vllm`` and ``system=orca_oracle`` and, in
 every forward call, adds up the host's time in each part:
