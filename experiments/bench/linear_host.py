@@ -4,7 +4,7 @@
 On the H200 (``docs/validation/h200.md``, ``experiments.bench.host_time``) the host's time
 inside the forward's ``nn.Linear`` calls was bimodal over prefill and mixed steps: about 5 or
 10.5 ms for OPT-13B's 240 calls, while norms, attention and the rest did not move. This
-looks for the cause in the linear call alone. For OPT-13B's four linear shapes (q/k/v/out,
+looks for the cause in the linear call alone. For OPT-13B's three linear shapes (q/k/v/out,
 fc1, fc2; fp16, with bias, as ``nn.Linear`` runs them) and token counts ``M`` = 1 … 64, then
 every 8 up to 512, it measures:
 
