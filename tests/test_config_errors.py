@@ -149,6 +149,8 @@ CASES = [
     ("serve_num_gpu_blocks_zero", serve, ["num_gpu_blocks=0"], "num_gpu_blocks",
      "not a block count"),
     ("unknown_key", simulate, ["bogus_key=1"], "bogus_key", "no such key"),
+    ("added_unknown_key", simulate, ["+bogus_key=1"], "bogus_key", "no part of this app"),
+    ("serve_force_added_unknown_key", serve, ["++warmpu=true"], "warmpu", "no part of this app"),
     ("unknown_workload_key", simulate, ["workload.foo=1"], "workload.foo", "no such key"),
     ("key_of_another_option", simulate, ["workload=trace", "workload.path={malformed}",
                                           "workload.rate=3"], "workload.rate", "no such key"),
@@ -308,3 +310,13 @@ def test_sweeps_are_left_to_hydra() -> None:
 
     for argv in (["hydra.mode=MULTIRUN", "seed=1,2"], ["-m", "seed=1,2"], ["seed=range(1,3)"]):
         check_overrides_compose("simulate", argv)  # nothing raised
+
+
+def test_an_added_key_under_a_known_name_is_left_to_the_config() -> None:
+    from experiments.lib.checks import ConfigError
+    from experiments.lib.cli import check_added_keys
+
+    check_added_keys("simulate", ["slo_ms.ttft", "model.hf_config", "hydra.job.name", "cost"])
+    check_added_keys("serve", [])
+    with pytest.raises(ConfigError, match="warmup"):
+        check_added_keys("simulate", ["warmup"])  # serve's key, not simulate's

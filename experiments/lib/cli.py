@@ -170,6 +170,8 @@ def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
         parsed = OverridesParser.create().parse_overrides(list(argv))
         if any(o.is_sweep_override() or o.key_or_group == "hydra.mode" for o in parsed):
             return  # a sweep (hydra.mode=MULTIRUN): each job's config is checked as it runs
+        check_added_keys(config_name, [o.key_or_group for o in parsed if o.is_add()
+                                       or o.is_force_add()])  # fmt: skip
         compose_config(config_name, argv)
     except HydraException as exc:
         text = str(exc).strip()
@@ -185,6 +187,21 @@ def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
         if exc.__cause__ is not None and str(exc.__cause__).strip():
             lines.append(str(exc.__cause__).strip().splitlines()[0])
         raise ConfigError("overrides", ": ".join(lines)) from None
+
+
+def check_added_keys(config_name: str, keys: Sequence[str]) -> None:
+    """Raise for a key added with ``+`` or ``++`` under a top-level name that
+    ``configs/<config_name>.yaml`` and its groups do not have: the app never reads it, so a
+    mistyped ``+warmpu=true`` would be dropped in silence. Keys under a known name
+    (``+slo_ms.ttft=...``) and under ``hydra`` are left to the config's own checks."""
+    if not keys:
+        return
+    known = set(compose_config(config_name)) | {p.name for p in CONFIG_DIR.iterdir() if p.is_dir()}
+    for key in keys:
+        top = key.split(".")[0].split("@")[0]
+        if top not in known and top != "hydra":
+            expected = f"a key of configs/{config_name}.yaml: " + ", ".join(sorted(known))
+            raise ConfigError(key, "added, but no part of this app reads it", expected=expected)
 
 
 def main_with_checks(
