@@ -117,6 +117,11 @@ def build_scheduler(
     config = config or SchedulerConfig()
     if spec.kv != "paged" and config.chunked_prefill:
         raise SystemConfigError(f"chunked_prefill applies to paged systems only, not {system}")
+    if spec.kv != "paged" and config.preemption_mode == "swap":
+        raise SystemConfigError(
+            f"preemption_mode swap applies to paged systems only, not {system} (it reserves "
+            "each request's KV at admission and never preempts)"
+        )
     manager = build_manager(
         spec,
         num_slots,

@@ -149,6 +149,8 @@ CASES = [
     ("serve_num_gpu_blocks_zero", serve, ["num_gpu_blocks=0"], "num_gpu_blocks",
      "not a block count"),
     ("unknown_key", simulate, ["bogus_key=1"], "bogus_key", "no such key"),
+    ("swap_on_a_contiguous_system", simulate, ["system=fastertransformer",
+     "system.preemption_mode=swap"], "system", "paged systems only"),
     ("added_unknown_key", simulate, ["+bogus_key=1"], "bogus_key", "no part of this app"),
     ("serve_force_added_unknown_key", serve, ["++warmpu=true"], "warmpu", "no part of this app"),
     ("unknown_workload_key", simulate, ["workload.foo=1"], "workload.foo", "no such key"),

@@ -183,6 +183,13 @@ def test_prefix_caching_on_a_contiguous_system_is_refused() -> None:
         build_scheduler("orca_oracle", 4096, enable_prefix_caching=True)
 
 
+@pytest.mark.parametrize("system", ["orca_max", "orca_oracle", "orca_pow2", "fastertransformer"])
+def test_swap_preemption_on_a_contiguous_system_is_refused(system: str) -> None:
+    """It would be ignored: these systems reserve at admission and never preempt."""
+    with pytest.raises(SystemConfigError, match="never preempts"):
+        build_scheduler(system, 4096, config=SchedulerConfig(preemption_mode="swap"))
+
+
 def test_bad_scheduler_config_errors():
     with pytest.raises(SchedulerConfigError, match="max_num_batched_tokens"):
         SchedulerConfig(max_num_batched_tokens=100, max_model_len=2048)
