@@ -19,7 +19,6 @@ config tree).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
+from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
 from experiments.lib.inputs import read_csv, reading
@@ -154,7 +154,7 @@ def calibration_doc(model: CalibratedCostModel, run_dir: Path) -> dict[str, Any]
 
 @plain_cli
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.calibrate", description=__doc__)
+    parser = OneLineParser(prog="python -m experiments.calibrate", description=__doc__)
     parser.add_argument("run_dir", type=Path, help="an engine run directory")
     parser.add_argument("--out", type=Path, default=None, help="default RUN_DIR/calibration.json")
     parser.add_argument(

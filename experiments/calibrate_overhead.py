@@ -17,7 +17,6 @@ exits 0 without a file; a missing run or phase column still fails.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.bench.tables import print_table
+from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
 from experiments.lib.inputs import read_csv
@@ -99,9 +99,7 @@ def point_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 @plain_cli
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.calibrate_overhead", description=__doc__
-    )
+    parser = OneLineParser(prog="python -m experiments.calibrate_overhead", description=__doc__)
     parser.add_argument("run_dirs", type=Path, nargs="+", help="engine run directories")
     parser.add_argument("--out", type=Path, required=True, help="the stack file to write")
     parser.add_argument("--split", choices=SPLITS, default="half")

@@ -36,7 +36,6 @@ measured vs predicted TTFT and E2E and the running/waiting counts over time.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -59,6 +58,7 @@ from core.workload.vllm_log import (
     read_vllm_log,
     requests_from_log,
 )
+from experiments.lib.args import OneLineParser
 from experiments.lib.results import write_json
 from experiments.lib.setup import block_size as system_block_size
 from experiments.lib.setup import prefix_caching_for, scheduler_config, scheduler_factory
@@ -530,7 +530,7 @@ def format_errors(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m experiments.calibrate_vllm", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("run_dir", type=Path, help="a vLLM run directory (meta.json, requests)")

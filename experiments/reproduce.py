@@ -61,6 +61,7 @@ from typing import Any
 import pandas as pd
 from hydra import compose, initialize_config_dir
 
+from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import apply_exclusive, report_config_error
 from experiments.lib.jobs import (
@@ -206,7 +207,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("results/reproduce"))
     p.add_argument("--full", action="store_true", help="the paper's 1-hour traces")
     p.add_argument("--duration", type=float, default=None, help="trace seconds (override)")

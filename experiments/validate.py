@@ -19,7 +19,6 @@ of both with relative errors ``(simulator − engine) / engine``, and writes
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import sys
@@ -30,6 +29,7 @@ from typing import Any
 from core.metrics.summary import summarize_recorder
 from core.request import Request
 from experiments.calibrate import read_run_config
+from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
 from experiments.lib.inputs import first_line, read_csv, read_json, reading
@@ -207,7 +207,7 @@ def _num(x: Any) -> str:
 
 @plain_cli
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.validate", description=__doc__)
+    parser = OneLineParser(prog="python -m experiments.validate", description=__doc__)
     parser.add_argument("run_dir", type=Path, help="an engine run directory")
     parser.add_argument("--calibration", type=Path, default=None, help="RUN_DIR/calibration.json")
     parser.add_argument("--recorded", action="store_true", help="replay measured step times")

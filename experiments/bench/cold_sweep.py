@@ -19,7 +19,6 @@ the first ``--sweeps``, and whose sidecar records ``cold_sweeps``. The sweeps st
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.bench import profile_gpu
+from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
 from experiments.lib.results import write_atomic
@@ -74,7 +74,7 @@ def set_aside(profile_dir: Path, out: Path, sweeps: int) -> Path:
 
 @plain_cli
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m experiments.bench.cold_sweep", description=__doc__.split("\n")[0]
     )
     parser.add_argument("profile", type=Path, help="a profile_gpu --out directory")

@@ -13,7 +13,6 @@ costs (``docs/validation/cpu-engine.md``).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import statistics
 import sys
@@ -26,6 +25,7 @@ import torch
 
 from experiments.bench.profile_gpu import Profiler, cpu_flush_bytes, make_plan
 from experiments.bench.tables import print_table
+from experiments.lib.args import OneLineParser
 from experiments.lib.results import write_json
 
 STATES = ("warm", "write", "read")
@@ -81,7 +81,7 @@ def measure(model: str, repeats: int) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.cpu_cache_state")
+    parser = OneLineParser(prog="python -m experiments.bench.cpu_cache_state")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--model", default="opt-125m")

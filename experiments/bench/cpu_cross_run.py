@@ -71,7 +71,6 @@ drifted it stays near the measured one.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable
@@ -86,6 +85,7 @@ from experiments.bench import profile_gpu
 from experiments.bench.sitting import expected_units, serve_together
 from experiments.bench.speed_timeline import shrink_to_price, stretches
 from experiments.bench.tables import print_table, write_csv
+from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import compose_config, plain_cli
 from experiments.lib.results import read_metrics, write_json
@@ -396,7 +396,7 @@ def repeatability(runs: dict[str, Path]) -> list[dict[str, Any]]:
 
 @plain_cli
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.cpu_cross_run")
+    parser = OneLineParser(prog="python -m experiments.bench.cpu_cross_run")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="tiny-opt, seconds")
     parser.add_argument("--reuse-runs", action="store_true",

@@ -36,7 +36,6 @@ machine, malloc's state, the arguments). About 20 s a sweep at the defaults on a
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
@@ -50,6 +49,7 @@ from experiments.bench.cpu_malloc import spread_contexts as malloc_spread
 from experiments.bench.cpu_malloc import whole_forward_ms
 from experiments.bench.sim import machine_info
 from experiments.bench.tables import print_table, write_csv
+from experiments.lib.args import OneLineParser
 from experiments.lib.cli import plain_cli
 from experiments.lib.malloc import pin_malloc
 from experiments.lib.results import write_json
@@ -155,7 +155,7 @@ def summarize(rows: list[dict[str, Any]], every: int | None = None) -> list[dict
 
 @plain_cli
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m experiments.bench.cpu_decode_grid", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--seqs", type=int, nargs="+", default=list(SEQS))

@@ -38,7 +38,6 @@ runs brought (it stays).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import tempfile
@@ -52,6 +51,7 @@ from experiments.bench.cpu_cross_run import STRETCHES_PER_SWEEP
 from experiments.bench.sitting import expected_units
 from experiments.bench.speed_timeline import speed_timeline
 from experiments.bench.tables import print_table, write_csv
+from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
 from sim.cost import CalibratedCostModel
@@ -188,7 +188,7 @@ def error_parts(
 
 @plain_cli
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m experiments.bench.cpu_error_parts", description=__doc__.split("\n")[0]
     )
     parser.add_argument("sitting", type=Path, help="a cpu_cross_run --out directory")

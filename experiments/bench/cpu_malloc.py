@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.bench.tables import print_table, write_csv
+from experiments.lib.args import OneLineParser
 from experiments.lib.malloc import pin_malloc
 
 MODES = ("default", "pinned")
@@ -99,7 +100,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.cpu_malloc",
+    parser = OneLineParser(prog="python -m experiments.bench.cpu_malloc",
                                      description=__doc__.split("\n")[0])  # fmt: skip
     parser.add_argument("--reps", type=int, default=10, help="times per batch (default 10)")
     parser.add_argument("--processes", type=int, default=3,

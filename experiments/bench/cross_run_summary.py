@@ -13,13 +13,13 @@ the runs were served on (``hardware`` in ``run_s/metrics.json`` beside the file,
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from experiments.bench.tables import print_table, write_csv
+from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
 from experiments.lib.results import read_metrics
@@ -85,7 +85,7 @@ def summarise(
 
 @plain_cli
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.cross_run_summary")
+    parser = OneLineParser(prog="python -m experiments.bench.cross_run_summary")
     parser.add_argument("sittings", nargs="+", type=Path, help="cpu_cross_run output folders")
     parser.add_argument("--within", type=float, default=0.05, help="the target (0.05: 5%%)")
     parser.add_argument("--out", type=Path, help="write the rows to this CSV")

@@ -29,7 +29,6 @@ handful of requests (seconds) so a test can check the script.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
@@ -52,6 +51,7 @@ from core.workload.synthetic import synthesize
 from engine.engine import LLMEngine
 from engine.weights import load_weights
 from experiments.bench.tables import print_table, write_csv
+from experiments.lib.args import OneLineParser
 from experiments.lib.malloc import malloc_state, pin_malloc
 from sim.catalog import ModelSpec, get_model
 
@@ -245,7 +245,7 @@ def ratios(rows: dict[str, dict[str, Any]], hf_name: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.engine_cpu")
+    parser = OneLineParser(prog="python -m experiments.bench.engine_cpu")
     parser.add_argument("--out", type=Path, default=Path("results/bench_engine_cpu"))
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")

@@ -37,7 +37,6 @@ timings are meaningless and labelled so.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import gc
 import os
@@ -46,6 +45,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from experiments.lib.args import OneLineParser
 
 SYSTEMS = ("vllm", "orca_max", "orca_oracle")
 SUMMARY_KEYS = (
@@ -250,9 +251,7 @@ def write_summary(out: Path, doc: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run every planned config; 0 when all of them ran without error."""
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.bench.engine_gpu", description=__doc__
-    )
+    parser = OneLineParser(prog="python -m experiments.bench.engine_gpu", description=__doc__)
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--dry", action="store_true", help="tiny CPU run under the interpreter")
     parser.add_argument("--max-seconds", type=float, default=150.0, help="start no run after")

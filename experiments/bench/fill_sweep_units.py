@@ -11,7 +11,6 @@ atomically with every other column as it was.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.bench import profile_gpu
+from experiments.lib.args import OneLineParser
 
 
 def units_of(plan: profile_gpu.ProfilePlan) -> dict[tuple[str, int, int], list[int]]:
@@ -61,7 +61,7 @@ def fill(profile_dir: Path, plan: profile_gpu.ProfilePlan) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.fill_sweep_units",
+    parser = OneLineParser(prog="python -m experiments.bench.fill_sweep_units",
                                      description=__doc__)  # fmt: skip
     parser.add_argument("profile_dir", type=Path)
     parser.add_argument("--order", required=True, help="sorted, or the plan's order seed")

@@ -11,7 +11,6 @@ import fails or, unless ``--dry``, when torch sees no CUDA device: then no GPU p
 
 from __future__ import annotations
 
-import argparse
 import ast
 import datetime
 import importlib
@@ -23,6 +22,8 @@ import platform
 import sys
 from pathlib import Path
 from typing import Any
+
+from experiments.lib.args import OneLineParser
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("core", "sim", "engine", "kernels", "experiments")
@@ -103,9 +104,7 @@ def gpu_info() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.bench.gpu_env", description=__doc__
-    )
+    parser = OneLineParser(prog="python -m experiments.bench.gpu_env", description=__doc__)
     parser.add_argument("--out", required=True, type=Path, help="JSON file to write")
     parser.add_argument("--dry", action="store_true", help="a CPU run: no GPU is fine")
     args = parser.parse_args(argv)

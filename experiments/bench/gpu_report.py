@@ -46,7 +46,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -57,6 +56,7 @@ import pandas as pd
 from core.plan import BatchShape
 from experiments.bench.cpu_cross_run import KEYS, metric_rows, speed_drift
 from experiments.bench.tables import print_table, write_csv
+from experiments.lib.args import OneLineParser
 from experiments.lib.results import write_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -239,7 +239,7 @@ def report(gpu_dir: Path, out: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.gpu_report",
+    parser = OneLineParser(prog="python -m experiments.bench.gpu_report",
                                      description=__doc__)  # fmt: skip
     parser.add_argument("gpu_dir", type=Path, help="gpu_all.sh's output directory")
     parser.add_argument("--out", type=Path, required=True, help="output directory")

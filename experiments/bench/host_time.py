@@ -31,7 +31,6 @@ tiny-opt on CPU (a check of the script; its times mean nothing).
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
@@ -40,6 +39,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from experiments.lib.args import OneLineParser
 
 PARTS = ("linear", "norm", "embedding", "attention", "gc")
 SYSTEMS = ("vllm", "orca_oracle")
@@ -211,7 +212,7 @@ def summarize(rows: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.host_time",
+    parser = OneLineParser(prog="python -m experiments.bench.host_time",
                                      description=__doc__)  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--dry", action="store_true", help="CPU check of the script")

@@ -21,7 +21,6 @@ shapes and 2 repeats so CI can check the script; its timings are meaningless and
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -34,6 +33,7 @@ import torch
 
 from experiments.bench import timing
 from experiments.bench.tables import print_table, write_csv
+from experiments.lib.args import OneLineParser
 
 SECTIONS = ("correctness", "fig18a", "long_context", "block_size")
 
@@ -307,9 +307,7 @@ def metadata(plan: Plan, argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Run every section, write ``DIR/<section>.csv`` and ``DIR/results.json``; 0 if all ok."""
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.bench.kernels_gpu", description=__doc__
-    )
+    parser = OneLineParser(prog="python -m experiments.bench.kernels_gpu", description=__doc__)
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--dry", action="store_true", help="tiny CPU run under the interpreter")
     args_list = sys.argv[1:] if argv is None else argv

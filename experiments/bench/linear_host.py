@@ -22,12 +22,13 @@ mean nothing).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from experiments.lib.args import OneLineParser
 
 HIDDEN, FFN = 5120, 20480  # OPT-13B (HF config.json: hidden_size, ffn_dim)
 SHAPES = {"qkvo": (HIDDEN, HIDDEN), "fc1": (HIDDEN, FFN), "fc2": (FFN, HIDDEN)}
@@ -104,7 +105,7 @@ def count_kernels(linear: Any, counts: list[int]) -> dict[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.linear_host",
+    parser = OneLineParser(prog="python -m experiments.bench.linear_host",
                                      description=__doc__)  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--dry", action="store_true", help="CPU check of the script")

@@ -81,6 +81,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from experiments.lib.args import OneLineParser
 from experiments.lib.malloc import malloc_state, pin_malloc
 
 FORMAT = "kvlab-operator-profile/1"
@@ -571,7 +572,7 @@ def write_profile(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m experiments.bench.profile_gpu", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip

@@ -28,7 +28,6 @@ each one's median wall and CPU seconds (every run is kept in ``bench_sim.json`` 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import json
@@ -47,6 +46,7 @@ import pandas as pd
 
 from core.metrics.recorder import STEP_COLUMNS
 from core.plan import BatchShape
+from experiments.lib.args import OneLineParser
 from experiments.lib.results import write_json
 from experiments.lib.setup import as_dict, build_setup
 from experiments.reproduce import COSTS, compose_config
@@ -202,7 +202,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=3600.0, help="trace seconds of arrivals")
     p.add_argument("--rate", type=float, default=2.0, help="requests per second")
     p.add_argument("--seed", type=int, default=0)

@@ -28,7 +28,6 @@ Nothing is fitted here beyond ``cpu_cross_run``'s own terms.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from experiments.bench.cpu_cross_run import REPEATS, STRETCHES_PER_SWEEP
 from experiments.bench.cpu_error_parts import expected_steps, sitting_model
 from experiments.bench.speed_timeline import Stretch, shrink_to_price, stretches
 from experiments.bench.tables import print_table, write_csv
+from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
 from sim.cost import CalibratedCostModel
@@ -174,7 +174,7 @@ def sitting_rows(sitting: Path, fit_on: str) -> tuple[list[dict], list[dict]]:
 
 @plain_cli
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m experiments.bench.speed_by_op", description=__doc__.split("\n")[0]
     )
     parser.add_argument("sittings", type=Path, nargs="+", metavar="SITTING_DIR",

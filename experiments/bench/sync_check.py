@@ -22,7 +22,6 @@ CPU with tiny-opt, where nothing is asynchronous: it only checks the script.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -31,6 +30,8 @@ import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from experiments.lib.args import OneLineParser
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -130,7 +131,7 @@ def check(dry: bool, sleep_ms: float, sleep_steps: int, out: Path) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.sync_check",
+    parser = OneLineParser(prog="python -m experiments.bench.sync_check",
                                      description=__doc__)  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--dry", action="store_true", help="CPU check of the script")

@@ -13,7 +13,6 @@ gap between kvlab's Fig. 2 and the paper's inside what the unknown spread can mo
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.lib.args import OneLineParser
 from experiments.lib.results import write_json
 from experiments.report.paper import FIG2_BREAKDOWN, SYSTEM_LABELS
 
@@ -78,7 +78,7 @@ def summary(rows: pd.DataFrame) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.report.fig2_spread")
+    p = OneLineParser(prog="python -m experiments.report.fig2_spread")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--duration", type=float, default=600.0, help="trace seconds")
     p.add_argument("--seed", type=int, default=0)

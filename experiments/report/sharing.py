@@ -11,7 +11,6 @@ the paper's are 1 hour (``--full``).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import time
@@ -21,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from experiments.lib.args import OneLineParser
 from experiments.report import fig14_sampling, fig15_sharing, fig16_prefix, fig17_chatbot
 from experiments.report.figures import pyplot
 from experiments.report.rate_search import Runner, run_search
@@ -88,7 +88,7 @@ def _plt() -> Any:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("results/sharing"))
     p.add_argument("--full", action="store_true", help="the paper's 1-hour traces")
     p.add_argument("--duration", type=float, default=None, help="trace seconds (override)")
