@@ -470,8 +470,27 @@ def check_engine_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         )
 
 
+def check_paged_only(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """Swap preemption, chunked prefill and prefix caching on a system that is not paged
+    (it reserves each request's KV at admission and never preempts): refused, as
+    ``core.systems`` would refuse them once the run is built."""
+    from core.systems import SYSTEMS
+
+    system = c.get("system") or {}
+    spec = SYSTEMS.get(str(system.get("name")))
+    if spec is None or spec.kv == "paged":
+        return
+    if str(system.get("preemption_mode", "recompute")) == "swap":
+        problem = "swap applies to paged systems only; this one never preempts"
+        raise ConfigError("system.preemption_mode", problem, "swap", "recompute")
+    for key in ("chunked_prefill", "enable_prefix_caching"):
+        if system.get(key) is True:
+            raise ConfigError(f"system.{key}", "applies to paged systems only", True, "false")
+
+
 CROSS_CHECKS: tuple[Callable[[Mapping[str, Any], str, Facts], None], ...] = (
     check_catalog,
+    check_paged_only,
     check_workload_size,
     check_trace_file,
     check_slo,
