@@ -324,7 +324,10 @@ def test_an_added_key_under_a_known_name_is_left_to_the_config() -> None:
     from experiments.lib.checks import ConfigError
     from experiments.lib.cli import check_added_keys
 
-    check_added_keys("simulate", ["slo_ms.ttft", "model.hf_config", "hydra.job.name", "cost"])
+    check_added_keys("simulate", ["slo_ms.ttft", "model.hf_config", "hydra.job.name", "cost",
+                                  "hydra/launcher", "model@x"])  # fmt: skip
     check_added_keys("serve", [])
     with pytest.raises(ConfigError, match="warmup"):
         check_added_keys("simulate", ["warmup"])  # serve's key, not simulate's
+    with pytest.raises(ConfigError, match="cost"):
+        check_added_keys("serve", ["cost"])  # a group serve does not compose

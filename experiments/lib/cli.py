@@ -180,7 +180,7 @@ def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
             key = unknown.group(1)
             expected = (
                 f"a key of configs/{config_name}.yaml or of its groups' options; +{key}=... "
-                "adds one where the config takes new keys"
+                "adds one under a name the app reads, where the config takes new keys"
             )
             raise ConfigError(key, "no such key in this config", expected=expected) from None
         lines = [text.splitlines()[0] if text else type(exc).__name__]
@@ -190,15 +190,15 @@ def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
 
 
 def check_added_keys(config_name: str, keys: Sequence[str]) -> None:
-    """Raise for a key added with ``+`` or ``++`` under a top-level name that
-    ``configs/<config_name>.yaml`` and its groups do not have: the app never reads it, so a
+    """Raise for a key or group added with ``+`` or ``++`` under a top-level name that the
+    composed ``configs/<config_name>.yaml`` does not have: the app never reads it, so a
     mistyped ``+warmpu=true`` would be dropped in silence. Keys under a known name
     (``+slo_ms.ttft=...``) and under ``hydra`` are left to the config's own checks."""
     if not keys:
         return
-    known = set(compose_config(config_name)) | {p.name for p in CONFIG_DIR.iterdir() if p.is_dir()}
+    known = set(compose_config(config_name))
     for key in keys:
-        top = key.split(".")[0].split("@")[0]
+        top = re.split(r"[./@]", key)[0]
         if top not in known and top != "hydra":
             expected = f"a key of configs/{config_name}.yaml: " + ", ".join(sorted(known))
             raise ConfigError(key, "added, but no part of this app reads it", expected=expected)
