@@ -238,10 +238,11 @@ class LLMEngine:
         chunk sets (``kernels.paged_attention.attention_constexprs``); uncompiled, a short
         prompt's first step stalled for 0.4 s on the H200 (``docs/validation/h200.md``).
         Then, on CUDA, :meth:`warm_gemms` and a synchronize, so the run's first step does
-        not wait for the warm-up's queued kernels. Nothing carries over: the next
-        :meth:`generate` or :meth:`serving` resets the scheduler, recorder and clock, prompt
-        ids are seeded per request, and each sampler draw has its own generator, so a warmed
-        engine serves a run as a fresh one does.
+        not wait for the warm-up's queued kernels. Not covered: the split-KV attention
+        variants of long-context decodes with few sequences (``choose_num_splits``).
+        Nothing carries over: the next :meth:`generate` or :meth:`serving` resets the
+        scheduler, recorder and clock, prompt ids are seeded per request, and each sampler
+        draw has its own generator, so a warmed engine serves a run as a fresh one does.
         0 steps when the cache takes none of the requests (all rejected)."""
         cfg = self.sched_config
         slots = self.kv_cache.num_blocks * self.kv_cache.block_size
@@ -263,7 +264,7 @@ class LLMEngine:
     @torch.inference_mode()
     def warm_gemms(self, max_tokens: int, max_rows: int) -> int:
         """Call each distinct linear layer shape of the model at every token count up to
-        512, then every 16th up to ``max_tokens``, and the LM head at every row count up to
+        512, then every 16th and ``max_tokens`` itself, and the LM head at every row count up to
         ``max_rows`` (at most 512); the number of calls. The GEMM library picks its kernel
         by token count, and a kernel's first use costs the host milliseconds (CUDA loads
         modules lazily): on the H200, steps at a token count new to the process took
@@ -271,11 +272,13 @@ class LLMEngine:
         ``docs/validation/h200.md``). Outputs are discarded; nothing else changes."""
         model = self.runner.model
         weight = next(model.parameters())
-        shapes = {(m.in_features, m.out_features): m for m in model.modules()
+        shapes = {(m.in_features, m.out_features, m.bias is not None): m for m in model.modules()
                   if isinstance(m, torch.nn.Linear) and m is not model.lm_head}  # fmt: skip
         counts = [*range(1, min(max_tokens, 512) + 1), *range(528, max_tokens + 1, 16)]
+        if counts[-1] != max_tokens:  # a full token budget is a common step
+            counts.append(max_tokens)
         calls = 0
-        for (fan_in, _), linear in shapes.items():
+        for (fan_in, _, _), linear in shapes.items():
             x = torch.zeros(counts[-1], fan_in, device=weight.device, dtype=weight.dtype)
             for m in counts:
                 linear(x[:m])

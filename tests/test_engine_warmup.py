@@ -89,7 +89,7 @@ def test_warm_gemms_calls_each_linear_shape_at_every_token_count() -> None:
     body = {k: v for k, v in seen.items() if k != head}
     assert body and all(v == set(range(1, 41)) for v in body.values())
     assert calls == 40 * len(body) + 3
-    assert engine.warm_gemms(max_tokens=600, max_rows=1) == (512 + 5) * len(body) + 1
+    assert engine.warm_gemms(max_tokens=600, max_rows=1) == (512 + 5 + 1) * len(body) + 1
 
 
 def test_warm_up_waits_for_its_queued_gpu_work(monkeypatch: pytest.MonkeyPatch) -> None:
