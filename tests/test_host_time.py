@@ -89,7 +89,14 @@ def test_summarize_rewrites_the_summary_and_refuses_another_file(tmp_path: Path,
     _rows([5.0, 5.0, 9.0]).to_csv(tmp_path / "host_time.csv", index=False)
     assert main(["--summarize", "--out", str(tmp_path)]) == 0
     assert pd.read_csv(tmp_path / "host_time_summary.csv").steps.sum() == 3
-    (tmp_path / "host_time.csv").write_text("a,b\n1,2\n")
-    assert main(["--summarize", "--out", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and "host_time.csv" in err
+    for text in ("a,b\n1,2\n", _rows([5.0, 5.0]).assign(linear="x").to_csv(index=False), ""):
+        (tmp_path / "host_time.csv").write_text(text)  # other columns, text numbers, empty
+        capsys.readouterr()
+        assert main(["--summarize", "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "host_time.csv" in err
+
+
+def test_no_timed_forward_is_an_error_not_an_empty_table() -> None:
+    with pytest.raises(ValueError, match="no forward calls"):
+        summarize([])

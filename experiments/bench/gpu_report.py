@@ -193,14 +193,14 @@ def sync_tables(gpu_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any
 
 def host_time_rows(gpu_dir: Path) -> list[dict[str, Any]]:
     """The host-time summary (module doc); empty when the call did not run ``host``."""
-    from experiments.bench.host_time import summarize
+    from experiments.bench.host_time import UNREADABLE, summarize
 
     path = gpu_dir / "host" / "host_time.csv"
     if not path.is_file():
         return []
     try:
         return summarize(pd.read_csv(path)).to_dict("records")
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+    except UNREADABLE as exc:
         raise ValueError(f"{path}: not a host_time.csv ({type(exc).__name__}: {exc})") from None
 
 

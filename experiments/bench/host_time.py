@@ -11,8 +11,9 @@ OPT-13B trace online (``experiments.bench.engine_gpu``'s: 20 requests at 4 req/s
 clock, fp16, Triton attention) under ``system=vllm`` and ``system=orca_oracle`` and, in
 every forward call, adds up the host's time in each part:
 
-- ``linear``, ``norm``, ``embedding``: inside ``nn.Linear`` / ``nn.LayerNorm`` /
-  ``nn.Embedding`` calls (module hooks);
+- ``linear``, ``norm``, ``embedding``: inside ``nn.Linear`` / ``nn.LayerNorm`` (and any
+  module class named ``*Norm``, e.g. Llama's RMSNorm) / ``nn.Embedding`` calls (module
+  hooks);
 - ``attention``: inside the attention backend's ``forward`` (KV store and paged attention);
 - ``gc``: in Python's garbage collector (``gc.callbacks``; not counted in the part it
   interrupted), with the oldest generation it collected;
@@ -107,9 +108,12 @@ def instrument(model: Any, tally: HostTally) -> None:
     backends: dict[int, Any] = {}
     for module in model.modules():
         part = next((name for cls, name in kinds if isinstance(module, cls)), None)
+        if part is None and type(module).__name__.endswith("Norm"):  # Llama's RMSNorm
+            part = "norm"
         if part is not None:
             module.register_forward_pre_hook(lambda *_: tally.open())
-            module.register_forward_hook(lambda *_, part=part: tally.close(part))
+            module.register_forward_hook(lambda *_, part=part: tally.close(part),
+                                         always_call=True)  # fmt: skip
         backend = getattr(module, "backend", None)
         if backend is not None and hasattr(backend, "forward"):
             backends[id(backend)] = backend
@@ -192,12 +196,17 @@ def linear_extra_ms(df: Any) -> Any:
     return df.linear - share * others
 
 
+UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError)  # a CSV of other rows
+
+
 def summarize(rows: Any) -> Any:
     """Median milliseconds per run and step kind, with the step count, the steps with GC
-    pauses, with extra linear time, and the stalls (module doc)."""
+    pauses, with extra linear time, and the stalls (module doc). ``ValueError`` for no rows."""
     import pandas as pd
 
     df = pd.DataFrame(rows)
+    if df.empty:
+        raise ValueError("no forward calls were timed")
     keys = ["run", "kind"]
     columns = ["issue_ms", "total_ms", *PARTS, "rest"]
     summary = df.groupby(keys)[columns].median()
@@ -256,7 +265,7 @@ def rewrite_summary(out: Path) -> int:
     try:
         rows = pd.read_csv(path)
         summary = summarize(rows)
-    except (OSError, ValueError, KeyError, AttributeError) as exc:
+    except UNREADABLE as exc:
         print(f"error: {path}: not a host_time.csv ({type(exc).__name__}: {exc})", file=sys.stderr)
         return 2
     write_summary(out, summary)

@@ -8,7 +8,8 @@ looks for the cause in the linear call alone. For OPT-13B's three linear shapes 
 fc1, fc2; fp16, with bias, as ``nn.Linear`` runs them) and token counts ``M`` = 1 … 64, then
 every 8 up to 512, it measures:
 
-- ``first_us``: the host's time for the first call at this ``M`` (a shape new to cuBLAS);
+- ``first_us``: the host's time for the first call at this ``M`` (a shape new to cuBLAS;
+  the library's own set-up is spent on a throwaway 8×8 call first);
 - ``host_us``: the host's time per call afterwards (median of 5 rounds of 20 calls queued
   without a synchronize);
 - ``gpu_us``: the GPU's time per call (CUDA events around 20 calls);
@@ -125,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     torch.manual_seed(0)
     with torch.inference_mode():
+        probe = torch.nn.Linear(8, 8, device=device, dtype=dtype)
+        probe(torch.zeros(1, 8, device=device, dtype=dtype))  # GEMM library set-up, not a shape's
         for name, (fan_in, fan_out) in shapes.items():
             linear = torch.nn.Linear(fan_in, fan_out, device=device, dtype=dtype)
             measured = measure_shape(linear, counts, cuda)

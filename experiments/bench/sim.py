@@ -202,7 +202,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    p = OneLineParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m experiments.bench.sim", description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=3600.0, help="trace seconds of arrivals")
     p.add_argument("--rate", type=float, default=2.0, help="requests per second")
     p.add_argument("--seed", type=int, default=0)

@@ -88,7 +88,9 @@ def _plt() -> Any:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    p = OneLineParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(
+        prog="python -m experiments.report.sharing", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--out", type=Path, default=Path("results/sharing"))
     p.add_argument("--full", action="store_true", help="the paper's 1-hour traces")
     p.add_argument("--duration", type=float, default=None, help="trace seconds (override)")
