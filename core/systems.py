@@ -65,6 +65,29 @@ def get_system(name: str) -> SystemSpec:
         ) from None
 
 
+def paged_only_problem(
+    system: str,
+    preemption_mode: str = "recompute",
+    chunked_prefill: bool = False,
+    enable_prefix_caching: bool = False,
+) -> tuple[str, str] | None:
+    """The first option set that ``system`` cannot take, as ``(its key, why)``, or None.
+    Swap preemption, chunked prefill and prefix caching need paged KV: a contiguous system
+    reserves each request's KV at admission and never preempts. The one rule for
+    :func:`build_scheduler` and the experiments' config check."""
+    if get_system(system).kv == "paged":
+        return None
+    why = f"applies to paged systems only, not {system} (it reserves each request's KV at "
+    why += "admission and never preempts)"
+    if preemption_mode == "swap":
+        return "preemption_mode", f"preemption_mode swap {why}"
+    if chunked_prefill:
+        return "chunked_prefill", f"chunked_prefill {why}"
+    if enable_prefix_caching:
+        return "enable_prefix_caching", f"prefix caching {why}"
+    return None
+
+
 def build_manager(
     spec: SystemSpec,
     num_slots: int,
@@ -85,8 +108,9 @@ def build_manager(
         raise SystemConfigError(
             f"KV cache of {num_slots} slots holds no block of {block_size} slots"
         )
-    if spec.kv != "paged" and enable_prefix_caching:
-        raise SystemConfigError(f"prefix caching applies to paged systems only, not {spec.name}")
+    problem = paged_only_problem(spec.name, enable_prefix_caching=enable_prefix_caching)
+    if problem is not None:
+        raise SystemConfigError(problem[1])
     if spec.kv == "paged":
         return PagedKVCacheManager(
             num_device_blocks=num_blocks,
@@ -115,13 +139,9 @@ def build_scheduler(
     """The scheduler (owning its KV-cache manager) for a named system preset."""
     spec = get_system(system)
     config = config or SchedulerConfig()
-    if spec.kv != "paged" and config.chunked_prefill:
-        raise SystemConfigError(f"chunked_prefill applies to paged systems only, not {system}")
-    if spec.kv != "paged" and config.preemption_mode == "swap":
-        raise SystemConfigError(
-            f"preemption_mode swap applies to paged systems only, not {system} (it reserves "
-            "each request's KV at admission and never preempts)"
-        )
+    problem = paged_only_problem(system, config.preemption_mode, config.chunked_prefill)
+    if problem is not None:
+        raise SystemConfigError(problem[1])
     manager = build_manager(
         spec,
         num_slots,

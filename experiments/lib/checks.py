@@ -471,21 +471,19 @@ def check_engine_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
 
 
 def check_paged_only(c: Mapping[str, Any], app: str, facts: Facts) -> None:
-    """Swap preemption, chunked prefill and prefix caching on a system that is not paged
-    (it reserves each request's KV at admission and never preempts): refused, as
-    ``core.systems`` would refuse them once the run is built."""
-    from core.systems import SYSTEMS
+    """Swap preemption, chunked prefill and prefix caching on a system that is not paged,
+    refused before anything is built, by core's rule (``core.systems.paged_only_problem``)."""
+    from core.systems import paged_only_problem
 
     system = c.get("system") or {}
-    spec = SYSTEMS.get(str(system.get("name")))
-    if spec is None or spec.kv == "paged":
-        return
-    if str(system.get("preemption_mode", "recompute")) == "swap":
-        problem = "swap applies to paged systems only; this one never preempts"
-        raise ConfigError("system.preemption_mode", problem, "swap", "recompute")
-    for key in ("chunked_prefill", "enable_prefix_caching"):
-        if system.get(key) is True:
-            raise ConfigError(f"system.{key}", "applies to paged systems only", True, "false")
+    problem = paged_only_problem(
+        str(system["name"]),
+        preemption_mode=str(system.get("preemption_mode", "recompute")),
+        chunked_prefill=system.get("chunked_prefill") is True,
+        enable_prefix_caching=system.get("enable_prefix_caching") is True,
+    )
+    if problem is not None:
+        raise ConfigError(f"system.{problem[0]}", problem[1])
 
 
 CROSS_CHECKS: tuple[Callable[[Mapping[str, Any], str, Facts], None], ...] = (
