@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from experiments.lib import inputs
 from experiments.lib.args import OneLineParser
 
 PARTS = ("linear", "norm", "embedding", "attention", "gc")
@@ -196,7 +197,8 @@ def linear_extra_ms(df: Any) -> Any:
     return df.linear - share * others
 
 
-UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError)  # a CSV of other rows
+# a file that cannot be read (experiments.lib.inputs) or a CSV of other rows
+UNREADABLE = (*inputs.UNREADABLE, KeyError, TypeError, AttributeError)
 
 
 def summarize(rows: Any) -> Any:
