@@ -151,6 +151,21 @@ def serve_overrides(
     )  # fmt: skip
 
 
+def probe_overrides(
+    dry: bool, out: Path, system: str, mode: str, count: int | None = None
+) -> list[str]:
+    """The serve overrides of a probe's run (the sync check, the host-time probe): the plan's
+    first model on its own trace (written into ``out``), no phase timing; ``count``
+    requests, default the model's count for ``mode``."""
+    plan = make_plan(dry)
+    model = plan.models[0]
+    trace = write_traces(plan, out)[model.model]
+    if count is None:
+        count = model.online_requests if mode == "online" else model.offline_requests
+    return list(serve_overrides(plan, model, trace, system, mode, count, plan.backend,
+                                time_phases=False))  # fmt: skip
+
+
 def run_specs(plan: EnginePlan, traces: dict[str, Path]) -> list[RunSpec]:
     """Every run in priority order: per model (the plan's order), vllm offline, vllm online,
     the baselines offline, the baselines online; then the cross-check."""

@@ -122,25 +122,15 @@ def instrument(model: Any, tally: HostTally) -> None:
         backend.forward = tally.timed("attention", backend.forward)
 
 
-def serve_config(dry: bool, system: str, out: Path) -> list[str]:
-    """``engine_gpu``'s online run of its first model, under ``system``."""
-    from experiments.bench.engine_gpu import make_plan, serve_overrides, write_traces
-
-    plan = make_plan(dry)
-    model = plan.models[0]
-    trace = write_traces(plan, out)[model.model]
-    return list(serve_overrides(plan, model, trace, system, "online", model.online_requests,
-                                plan.backend, time_phases=False))  # fmt: skip
-
-
 def measure(dry: bool, system: str, out: Path) -> list[dict[str, Any]]:
     """One row per forward call of one run."""
     import torch
 
+    from experiments.bench.engine_gpu import probe_overrides
     from experiments.lib.cli import compose_config
     from experiments.serve import run_to_end, start
 
-    serving = start(compose_config("serve", serve_config(dry, system, out)))
+    serving = start(compose_config("serve", probe_overrides(dry, out, system, "online")))
     runner = serving.engine.runner
     device = runner.device
     tally = HostTally()

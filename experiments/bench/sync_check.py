@@ -45,26 +45,16 @@ def kvlab_site(stack: list[traceback.FrameSummary]) -> str:
     return "outside kvlab"
 
 
-def serve_config(dry: bool, out: Path) -> list[str]:
-    """The serve overrides: the first model of ``engine_gpu``'s plan on its own trace,
-    vllm offline, 8 requests (2 in a dry run)."""
-    from experiments.bench.engine_gpu import make_plan, serve_overrides, write_traces
-
-    plan = make_plan(dry)
-    model = plan.models[0]
-    trace = write_traces(plan, out)[model.model]
-    return list(serve_overrides(plan, model, trace, "vllm", "offline", 2 if dry else 8,
-                                plan.backend, time_phases=False))  # fmt: skip
-
-
 def check(dry: bool, sleep_ms: float, sleep_steps: int, out: Path) -> dict[str, Any]:
     import torch
 
+    from experiments.bench.engine_gpu import probe_overrides
     from experiments.lib.cli import compose_config
     from experiments.serve import run_to_end, start
 
     cuda = not dry
-    serving = start(compose_config("serve", serve_config(dry, out)))
+    overrides = probe_overrides(dry, out, "vllm", "offline", 2 if dry else 8)
+    serving = start(compose_config("serve", overrides))
     runner = serving.engine.runner
     inner = runner.forward
     sites: Counter[str] = Counter()
