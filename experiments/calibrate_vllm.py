@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from core.mapping_file import read_mapping
+from core.metrics.summary import rejection_counts
 from core.model_spec import ModelSpec
 from core.request import Request
 from core.sched.base import SchedulerConfig
@@ -59,11 +60,12 @@ from core.workload.vllm_log import (
     requests_from_log,
 )
 from experiments.lib.args import OneLineParser
-from experiments.lib.results import write_json
+from experiments.lib.checks import ConfigError
+from experiments.lib.results import REJECT_LABELS, write_json
 from experiments.lib.setup import block_size as system_block_size
 from experiments.lib.setup import prefix_caching_for, scheduler_config, scheduler_factory
 from sim.capacity import kv_capacity
-from sim.catalog import CONFIGS, GPUSpec, get_gpu, get_model, gpu_from_config
+from sim.catalog import CONFIGS, GPUSpec, get_gpu, get_model, gpu_from_config, gpus
 from sim.cost import CalibratedCostModel, CostModel, RooflineCostModel
 from sim.driver import simulate
 
@@ -84,6 +86,9 @@ DAMPING = 0.5
 EPS = 1e-9  # seconds: step ends and request timestamps are the same sums of floats
 # (lower, upper) of c0 [s], compute time scale, memory time scale.
 BOUNDS = ((0.0, 0.1), (1.0, 20.0), (1.0, 20.0))
+# vLLM's max_cudagraph_capture_size default (the shared run's meta.json), for a meta.json
+# without a compilation_config.
+CUDA_GRAPH_MAX_SIZE = 512
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
 
@@ -106,7 +111,10 @@ class VLLMRun:
     dtype_bytes: int
     model_name: str
     device_memory_bytes: int | None
+    gpu_memory_utilization: float
+    cuda_graph_max_size: int
     timeseries: pd.DataFrame | None
+    prefix_caching_dropped: bool = False
 
     @property
     def sched_config(self) -> SchedulerConfig:
@@ -142,10 +150,14 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
     except ValueError as e:
         raise RunError(str(e)) from None
     logged = read_vllm_log(run_dir)
-    ids = None if workload is None else read_token_ids(workload, [r.prompt_len for r in logged])
+    ids = None if workload is None else read_token_ids(workload, logged)
     ek = "engine_kwargs"
-    sc = "resolved_config.scheduler_config"
-    max_len = int(_meta_value(meta, meta_path, f"{ek}.max_model_len"))
+    rc = "resolved_config"
+    sc = f"{rc}.scheduler_config"
+    _refuse_unmodelled(meta, meta_path)
+    max_len = int(
+        _meta_value(meta, meta_path, f"{ek}.max_model_len", f"{rc}.model_config.max_model_len")
+    )
     chunked = bool(_meta_value(meta, meta_path, f"{sc}.enable_chunked_prefill", default=True))
     # the run as kvlab's system config group; vLLM v1 keeps no watermark
     system = {
@@ -153,7 +165,11 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
         "max_num_seqs": int(
             _meta_value(meta, meta_path, f"{ek}.max_num_seqs", f"{sc}.max_num_seqs")
         ),
-        "max_num_batched_tokens": int(_meta_value(meta, meta_path, f"{ek}.max_num_batched_tokens")),
+        "max_num_batched_tokens": int(
+            _meta_value(
+                meta, meta_path, f"{ek}.max_num_batched_tokens", f"{sc}.max_num_batched_tokens"
+            )
+        ),
         "preemption_mode": "recompute",
         "chunked_prefill": chunked,
         "block_size": int(_meta_value(meta, meta_path, "kv_cache.block_size", default=16)),
@@ -162,15 +178,29 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
             _meta_value(meta, meta_path, "kv_cache.enable_prefix_caching", default=True)
         ),
     }
+    try:
+        scheduler_config(system, max_len)
+    except ConfigError as e:
+        raise RunError(f"{meta_path}: the run's scheduler settings cannot be simulated: "
+                       f"{e.key.removeprefix('system.')}: {e.problem}") from None  # fmt: skip
     requests = requests_from_log(logged, ids)
-    system["enable_prefix_caching"] = prefix_caching_for(system, requests)  # warned once here
-    dtype = str(_meta_value(meta, meta_path, f"{ek}.dtype", default="bfloat16"))
-    if dtype not in DTYPE_BYTES:
-        raise RunError(f"{meta_path}: engine_kwargs.dtype {dtype!r} is not one of {DTYPE_BYTES}")
+    wanted = system["enable_prefix_caching"]
+    system["enable_prefix_caching"] = prefix_caching_for(system, requests, warn=False)
     blocks = _meta_value(meta, meta_path, "kv_cache.num_gpu_blocks", default=-1)
     if blocks != -1 and not (isinstance(blocks, int) and blocks >= 1):
         raise RunError(f"{meta_path}: kv_cache.num_gpu_blocks must be a whole number >= 1, "
                        f"got {blocks!r}")  # fmt: skip
+    memory = _meta_value(meta, meta_path, "hardware.device_total_memory_bytes", default=-1)
+    utilization = float(
+        _meta_value(meta, meta_path, "kv_cache.gpu_memory_utilization",
+                    f"{rc}.cache_config.gpu_memory_utilization", default=0.9)
+    )  # fmt: skip
+    eager = bool(_meta_value(meta, meta_path, f"{ek}.enforce_eager",
+                             f"{rc}.model_config.enforce_eager", default=False))  # fmt: skip
+    graphs = int(
+        _meta_value(meta, meta_path, f"{rc}.compilation_config.max_cudagraph_capture_size",
+                    default=CUDA_GRAPH_MAX_SIZE)
+    )  # fmt: skip
     ts_path = run_dir / "timeseries.csv"
     timeseries = None
     if ts_path.is_file():
@@ -187,15 +217,48 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
         max_model_len=max_len,
         num_gpu_blocks=None if blocks == -1 else int(blocks),
         tp=int(_meta_value(meta, meta_path, f"{ek}.tensor_parallel_size", default=1)),
-        dtype_bytes=DTYPE_BYTES[dtype],
+        dtype_bytes=DTYPE_BYTES[_dtype(meta, meta_path)],
         model_name=str(_meta_value(meta, meta_path, "model", f"{ek}.model")),
-        device_memory_bytes=_meta_value(
-            meta, meta_path, "hardware.device_total_memory_bytes", default=-1
-        )
-        if _meta_value(meta, meta_path, "hardware.device_total_memory_bytes", default=-1) != -1
-        else None,
+        device_memory_bytes=None if memory == -1 else int(memory),
+        gpu_memory_utilization=utilization,
+        cuda_graph_max_size=0 if eager else graphs,
         timeseries=timeseries,
+        prefix_caching_dropped=wanted and not system["enable_prefix_caching"],
     )
+
+
+def _dtype(meta: dict[str, Any], meta_path: Path) -> str:
+    """The weights' dtype: ``engine_kwargs.dtype``, or the resolved model config's when that
+    is vLLM's default ``auto``."""
+    key = "engine_kwargs.dtype"
+    dtype = str(_meta_value(meta, meta_path, key, default="bfloat16"))
+    if dtype == "auto":
+        key = "resolved_config.model_config.dtype"
+        dtype = str(_meta_value(meta, meta_path, key, default="auto"))
+    dtype = dtype.removeprefix("torch.")
+    if dtype not in DTYPE_BYTES:
+        raise RunError(f"{meta_path}: {key} {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+    return dtype
+
+
+def _refuse_unmodelled(meta: dict[str, Any], meta_path: Path) -> None:
+    """Settings the simulator cannot price, refused by name rather than ignored: a KV cache
+    dtype other than the weights' and pipeline or data parallelism."""
+    ek, rc = "engine_kwargs", "resolved_config"
+    for key in (f"{ek}.kv_cache_dtype", f"{rc}.cache_config.cache_dtype"):
+        value = _meta_value(meta, meta_path, key, default="auto")
+        if value != "auto":
+            raise RunError(f"{meta_path}: {key} is {value!r}: kvlab prices the KV cache in "
+                           "the weights' dtype only (a run with kv_cache_dtype auto)")  # fmt: skip
+    for key in (f"{rc}.parallel_config.pipeline_parallel_size",
+                f"{ek}.pipeline_parallel_size", f"{ek}.data_parallel_size",
+                f"{rc}.parallel_config.data_parallel_size"):  # fmt: skip
+        value = _meta_value(meta, meta_path, key, default=1)
+        if value != 1:
+            raise RunError(
+                f"{meta_path}: {key} is {value!r}: kvlab models one engine with tensor "
+                "parallelism only (pipeline and data parallel size 1)"
+            )
 
 
 def resolve_model(arg: str | None, run: VLLMRun) -> ModelSpec:
@@ -209,13 +272,18 @@ def resolve_model(arg: str | None, run: VLLMRun) -> ModelSpec:
 def resolve_gpu(arg: str) -> GPUSpec:
     """``--hardware``: a catalog name or a hardware YAML path."""
     path = Path(arg)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
+    if path.suffix in (".yaml", ".yml") and not path.is_file():
+        raise RunError(f"--hardware {arg}: no such file (a hardware YAML, or one of the "
+                       f"names {', '.join(sorted(gpus()))})")  # fmt: skip
+    if path.suffix in (".yaml", ".yml"):
         import yaml
 
         try:
             doc = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not YAML ({str(e).splitlines()[0]})") from None
+            mark = getattr(e, "problem_mark", None)
+            where = "" if mark is None else f", line {mark.line + 1}, column {mark.column + 1}"
+            raise ValueError(f"{path}{where}: not YAML ({getattr(e, 'problem', e)})") from None
         if not isinstance(doc, dict):
             raise ValueError(f"{path}: not a mapping of the GPU's numbers")
         return gpu_from_config(doc, str(path))
@@ -235,7 +303,8 @@ def num_blocks(run: VLLMRun, model: ModelSpec, gpu: GPUSpec) -> tuple[int, str]:
         max_num_batched_tokens=run.sched_config.max_num_batched_tokens,
         max_num_seqs=run.sched_config.max_num_seqs,
         max_model_len=run.sched_config.max_model_len,
-        block_size=run.block_size, cuda_graph_max_size=512,
+        gpu_memory_utilization=run.gpu_memory_utilization,
+        block_size=run.block_size, cuda_graph_max_size=run.cuda_graph_max_size,
     )  # fmt: skip
     text = estimate.describe()
     if run.num_gpu_blocks is None:
@@ -274,10 +343,17 @@ def measured_frame(logged: list[LoggedRequest]) -> pd.DataFrame:
     )
 
 
-def split_ids(logged: list[LoggedRequest], split: float) -> tuple[set[int], set[int]]:
-    """Request ids of the first ``split`` by arrival (the fit part) and of the rest."""
+def check_split(split: float) -> None:
     if not 0.0 < split < 1.0:
         raise RunError(f"--split must be in (0, 1), got {split}")
+
+
+def split_ids(logged: list[LoggedRequest], split: float) -> tuple[set[int], set[int]]:
+    """Request ids of the first ``split`` by arrival (the fit part) and of the rest."""
+    check_split(split)
+    if len(logged) < 2:
+        raise RunError(f"the log holds {len(logged)} request: a fit part and a held-out part "
+                       "need at least 2")  # fmt: skip
     order = sorted(logged, key=lambda r: (r.arrival, r.index))
     k = max(1, min(len(order) - 1, round(split * len(order))))
     return {r.index for r in order[:k]}, {r.index for r in order[k:]}
@@ -361,7 +437,11 @@ def _fit_rows(
                 rows.append(cum[hi] - cum[lo])
                 targets.append(m.first_token_s - m.first_scheduled_s)
     if len(rows) < 3:
-        raise RunError(f"only {len(rows)} usable requests before the split: too few to fit")
+        raise RunError(
+            f"only {len(rows)} fit signals (TPOTs of requests with 2+ output tokens, TTFTs of "
+            f"requests scheduled at once) from the {len(fit_ids)} requests before the split, "
+            "among those the simulator served: too few to fit"
+        )
     return np.array(rows), np.array(targets)
 
 
@@ -417,6 +497,8 @@ def signal_error(sim_req: pd.DataFrame, meas: pd.DataFrame, ids: set[int]) -> fl
     errs = []
     for m in meas[meas["request_id"].isin(ids)].itertuples():
         s = sim.loc[m.request_id]
+        if s["status"] != "finished":
+            continue
         if m.output_len >= 2 and math.isfinite(m.tpot_s) and math.isfinite(s["tpot_s"]):
             errs.append(abs(s["tpot_s"] - m.tpot_s) / m.tpot_s)
         if m.first_scheduled_s - m.arrival_s <= NO_WAIT_S:
@@ -469,15 +551,37 @@ def run_calibration(
     split: float = 0.5, out: Path | None = None, plot: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """The whole command; returns ``{"uncalibrated", "calibrated", ...}`` and writes the
-    files when ``out`` is given."""
+    files when ``out`` is given. Everything is checked before the first simulation, so a
+    bad option costs no time. Logged requests the simulator rejects (longer than
+    ``max_model_len``, or more KV than the cache holds: the log and its meta.json disagree)
+    are left out of both sides' metrics and named in ``notes``."""
+    check_split(split)
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise RunError(f"--out {out}: exists and is not a directory")
+    gpu = resolve_gpu(hardware)
     run = read_run(run_dir, workload)
-    model, gpu = resolve_model(model_arg, run), resolve_gpu(hardware)
+    model = resolve_model(model_arg, run)
     blocks, capacity_text = num_blocks(run, model, gpu)
     fit_ids, held_ids = split_ids(run.logged, split)
+    notes = []
+    if all(math.isnan(r.scheduled) for r in run.logged):
+        notes.append("the log has no scheduled_ts: the queue wait is unknown, so the fit uses "
+                     "TPOTs only (no TTFTs of requests scheduled at once)")  # fmt: skip
+    if run.prefix_caching_dropped:
+        notes.append("prefix caching is on in meta.json but the log comes without prompt token "
+                     "ids (--workload): prefix caching is off in the simulation")  # fmt: skip
     meas = measured_frame(run.logged)
-    measured = part_metrics(meas, held_ids)
     roofline = RooflineCostModel(model, gpu, run.tp, run.dtype_bytes, block_size=run.block_size)
     first = run_simulation(run, roofline, blocks)
+    rejected = rejected_requests(first[0])
+    if rejected:
+        notes.append(rejection_note(rejected))
+        fit_ids, held_ids = fit_ids - rejected.keys(), held_ids - rejected.keys()
+        for name, ids in (("before", fit_ids), ("after", held_ids)):
+            if not ids:
+                raise RunError(f"every request {name} the split is rejected by the simulator: "
+                               f"{notes[-1]}")  # fmt: skip
+    measured = part_metrics(meas, held_ids)
     cal_model, history = calibrate(run, model, gpu, blocks, fit_ids, first)
     final = run_simulation(run, cal_model, blocks)
     predicted = {"uncalibrated": part_metrics(first[0], held_ids),
@@ -495,7 +599,13 @@ def run_calibration(
         "fit_rounds": history,
         "uncalibrated_cost_model": roofline.describe(),
         "calibrated_cost_model": cal_model.describe(),
+        "rejected_by_simulator": {str(k): v for k, v in sorted(rejected.items())},
+        "notes": notes,
     }
+    if out is not None:
+        result["simulate_command"] = simulate_command(
+            run, run_dir, hardware, model_arg, blocks, workload, Path(out) / "calibration.json"
+        )
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
@@ -516,6 +626,63 @@ def run_calibration(
                 {"calibrated": final[1]}, held_ids, run.timeseries,
             )  # fmt: skip
     return result
+
+
+def rejected_requests(sim_req: pd.DataFrame) -> dict[int, str]:
+    """Request id → the simulator's reason, for the requests it rejected."""
+    rows = sim_req[sim_req["status"] != "finished"]
+    return {int(r.request_id): str(r.reject_reason) for r in rows.itertuples()}
+
+
+def rejection_note(rejected: dict[int, str]) -> str:
+    """One line: how many logged requests the simulator rejected, by kind, and the first."""
+    frame = pd.DataFrame({"status": "rejected", "reject_reason": list(rejected.values())})
+    counts = rejection_counts(frame)
+    kinds = ", ".join(f"{n} {REJECT_LABELS[k]}" for k, n in counts.items() if n)
+    first = min(rejected)
+    return (
+        f"{len(rejected)} logged request(s) rejected by the simulator though vLLM served them "
+        f"({kinds}; the first, request {first} of the log counting from 0: {rejected[first]}); "
+        "left out of the measured and the simulated metrics: do meta.json's max_model_len and "
+        "num_gpu_blocks match the run?"
+    )
+
+
+def simulate_command(
+    run: VLLMRun, run_dir: Path, hardware: str, model_arg: str | None, blocks: int,
+    workload: Path | None, calibration: Path,
+) -> str:  # fmt: skip
+    """The ``experiments.simulate`` call that replays the run as this tool simulated it:
+    the engine settings of meta.json, the KV blocks, the token ids and the calibration."""
+    sys_ = run.system
+    args = ["python -m experiments.simulate system=vllm_v1"]
+    if model_arg is not None and Path(model_arg).exists():
+        args.append(f"model.hf_config={model_arg}")
+    else:
+        args.append(f"model.name={model_arg or run.model_name}")
+    tail = ""
+    if Path(hardware).suffix in (".yaml", ".yml"):
+        yaml_path = Path(hardware)
+        args.append(f"hydra.searchpath=[file://{yaml_path.parent.parent}]")
+        args.append(f"hardware={yaml_path.stem}")
+        tail = "  # with the hardware YAML in a folder named hardware/"
+    else:
+        args.append(f"hardware={hardware}")
+    args += [
+        f"model.tp={run.tp}",
+        f"system.max_model_len={run.max_model_len}",
+        f"system.max_num_seqs={sys_['max_num_seqs']}",
+        f"system.max_num_batched_tokens={sys_['max_num_batched_tokens']}",
+        f"system.block_size={run.block_size}",
+        f"system.chunked_prefill={str(sys_['chunked_prefill']).lower()}",
+        f"system.enable_prefix_caching={str(sys_['enable_prefix_caching']).lower()}",
+        f"num_gpu_blocks={blocks}",
+        f"workload=vllm_log workload.path={run_dir}",
+    ]
+    if workload is not None:
+        args.append(f"workload.tokens_path={workload}")
+    args.append(f"cost=calibrated cost.path={calibration}")
+    return " ".join(args) + tail
 
 
 def format_errors(result: dict[str, Any]) -> str:
@@ -548,12 +715,15 @@ def main(argv: list[str] | None = None) -> int:
         message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"calibrate_vllm: error: {message}", file=sys.stderr)
         return 2
+    for note in result["notes"]:
+        print(f"calibrate_vllm: note: {note}", file=sys.stderr)
     print(result["capacity"])
     print(result["calibrated_cost_model"])
     print(f"held-out part: {result['num_heldout_requests']} requests after the first "
           f"{result['num_fit_requests']} (split {args.split})")  # fmt: skip
     print(format_errors(result))
     print(f"wrote {args.out}/errors.json, calibration.json, calibrate_vllm.png")
+    print(f"replay it with the calibration:\n  {result['simulate_command']}")
     return 0
 
 

@@ -114,9 +114,9 @@ def simulate_job(cfg: DictConfig) -> Mapping[str, Any]:
     if metrics is not None:
         log.info("%s: finished before, not run again", out_dir)
         return metrics
-    return run_app(
-        "simulate", cfg, run, lambda m: summary_line(m, f"rate={cfg.workload.get('rate')}")
-    )
+    rate = cfg.workload.get("rate")
+    where = "rate from the workload file" if rate is None else f"rate={rate}"
+    return run_app("simulate", cfg, run, lambda m: summary_line(m, where))
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="simulate", version_base="1.3")

@@ -321,5 +321,5 @@ def resolve_gpu(cfg: Mapping[str, Any]) -> GPUSpec:
     command-line overrides such as ``hardware.mem_bandwidth_gbs=...``), else the named
     catalog entry."""
     if any(cfg.get(k) is not None for k in HARDWARE_KEYS):
-        return gpu_from_config(cfg, "hardware")
+        return gpu_from_config(cfg, f"hardware/{cfg.get('name')}.yaml or hardware.* overrides")
     return get_gpu(str(cfg.get("name")))

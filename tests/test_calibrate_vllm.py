@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from core.request import Request
 from core.sched.base import SchedulerConfig
 from core.systems import build_scheduler
-from experiments.calibrate_vllm import METRICS, bounded_lstsq, main, run_calibration
+from core.workload.vllm_log import read_vllm_log
+from experiments.calibrate_vllm import (
+    METRICS,
+    bounded_lstsq,
+    main,
+    part_metrics,
+    run_calibration,
+    split_ids,
+)
 from experiments.simulate import run as simulate_run
 from sim.catalog import get_gpu, get_model
 from sim.cost import CalibratedCostModel
@@ -124,7 +134,7 @@ def test_more_bad_runs_give_one_line_errors(tmp_path: Path, capsys: pytest.Captu
     (tmp_path / "gpu.yaml").write_text("memory_gb: [24\npeak: 1\n")
     assert main([str(run), "--hardware", str(tmp_path / "gpu.yaml"), *out]) == 2
     err = capsys.readouterr().err.strip()
-    assert "gpu.yaml: not YAML" in err and "\n" not in err
+    assert "gpu.yaml, line 2, column 5: not YAML" in err and "\n" not in err
 
 
 def test_gpu_and_model_given_by_yaml_and_config_json(tmp_path: Path) -> None:
@@ -158,3 +168,98 @@ def test_gpu_and_model_given_by_yaml_and_config_json(tmp_path: Path) -> None:
     ])  # fmt: skip
     metrics = simulate_run(cfg, None)
     assert metrics["completed"] == 6
+
+
+def _edit_meta(run: Path, edit) -> None:
+    meta = json.loads((run / "meta.json").read_text())
+    edit(meta)
+    (run / "meta.json").write_text(json.dumps(meta))
+
+
+def test_meta_settings_fall_back_to_the_resolved_config(tmp_path: Path) -> None:
+    """dtype ``auto`` and a missing engine_kwargs limit are read from resolved_config."""
+    run = _fake_run(tmp_path, n=12)
+
+    def edit(meta: dict) -> None:
+        meta["engine_kwargs"]["dtype"] = "auto"
+        del meta["engine_kwargs"]["max_num_batched_tokens"]
+        del meta["engine_kwargs"]["max_model_len"]
+        rc = meta["resolved_config"]
+        rc["model_config"] = {"dtype": "torch.bfloat16", "max_model_len": 4096}
+        rc["scheduler_config"]["max_num_batched_tokens"] = 256
+
+    _edit_meta(run, edit)
+    result = run_calibration(run, "rtx4090", out=tmp_path / "out", plot=False)
+    assert "system.max_num_batched_tokens=256" in result["simulate_command"]
+    assert "system.max_model_len=4096" in result["simulate_command"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: m["engine_kwargs"].update(kv_cache_dtype="fp8"),
+         "engine_kwargs.kv_cache_dtype is 'fp8'"),
+        (lambda m: m["engine_kwargs"].update(pipeline_parallel_size=2),
+         "engine_kwargs.pipeline_parallel_size is 2"),
+        (lambda m: m["engine_kwargs"].update(dtype="auto"),
+         "resolved_config.model_config.dtype 'auto' is not one of"),
+        (lambda m: m["resolved_config"]["scheduler_config"].update(enable_chunked_prefill=False),
+         "the run's scheduler settings cannot be simulated: max_num_batched_tokens"),
+    ],
+)  # fmt: skip
+def test_settings_kvlab_cannot_price_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture, edit, message: str
+) -> None:
+    run = _fake_run(tmp_path, n=6)
+    _edit_meta(run, edit)
+    assert main([str(run), "--hardware", "rtx4090", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "error: error" not in err
+
+
+def test_requests_the_simulator_rejects_are_left_out_and_named(tmp_path: Path) -> None:
+    """A logged request over meta.json's max_model_len cannot be replayed: it is named and
+    left out of both sides, and every metric stays a number."""
+    run = _fake_run(tmp_path, n=20)
+    lines = (run / "requests.jsonl").read_text().splitlines()
+    row = json.loads(lines[15])
+    row["input_toks"] = 5000
+    lines[15] = json.dumps(row)
+    (run / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    result = run_calibration(run, "rtx4090", out=tmp_path / "out", plot=False)
+    assert result["rejected_by_simulator"].keys() == {"15"}
+    assert any("1 over max_model_len" in n for n in result["notes"])
+    assert all(math.isfinite(v) for part in ("uncalibrated", "calibrated")
+               for v in result[part].values())  # fmt: skip
+    assert result["num_heldout_requests"] == 9
+
+
+def test_small_logs_and_bad_out_fail_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run = _fake_run(tmp_path, n=6)
+    lines = (run / "requests.jsonl").read_text().splitlines()
+    (run / "requests.jsonl").write_text(lines[0] + "\n")
+    assert main([str(run), "--hardware", "rtx4090", "--out", str(tmp_path / "o")]) == 2
+    assert "the log holds 1 request" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("")
+    assert main([str(run), "--hardware", "rtx4090", "--out", str(tmp_path / "afile")]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert main([str(run), "--hardware", str(tmp_path / "no.yaml"), "--out", "o"]) == 2
+    assert "no.yaml: no such file" in capsys.readouterr().err
+
+
+def test_the_printed_simulate_command_replays_the_calibrated_run(tmp_path: Path) -> None:
+    """The ``simulate`` call calibrate_vllm prints gives its calibrated prediction."""
+    import shlex
+
+    from experiments.reproduce import compose_config
+
+    run = _fake_run(tmp_path, n=16)
+    result = run_calibration(run, "rtx4090", out=tmp_path / "out", plot=False)
+    args = shlex.split(result["simulate_command"])
+    assert args[:3] == ["python", "-m", "experiments.simulate"]
+    simulate_run(compose_config(args[3:]), tmp_path / "sim")
+    frame = pd.read_csv(tmp_path / "sim" / "requests.csv")
+    held = split_ids(read_vllm_log(run), 0.5)[1]
+    assert part_metrics(frame, held) == pytest.approx(result["predicted"]["calibrated"])

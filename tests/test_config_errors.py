@@ -50,6 +50,12 @@ def run_cli(app, args: list[str], tmp: Path) -> tuple[int, str, str]:
     return status, out.getvalue(), err.getvalue()
 
 
+def _bench_bad(tmp: Path) -> str:
+    path = tmp / "bench.json"
+    path.write_text('{"input_lens": [10, "x"], "output_lens": [5, 6], "ttfts": [0.1, 0.2]}')
+    return str(path)
+
+
 def _empty(tmp: Path) -> str:
     path = tmp / "empty.csv"
     path.write_text("\n")
@@ -166,6 +172,14 @@ CASES = [
     ("serve_has_no_cost_group", serve, ["cost=roofline"], "cost", "no such key"),
     ("hf_config_number_as_text", simulate, ["model.hf_config={text_shape}"], "model",
      "wrong type"),
+    ("vllm_log_tokens_missing", simulate, ["workload=vllm_log", "workload.path={tmp}",
+     "workload.tokens_path={tmp}/nope.jsonl"], "workload.tokens_path", "no such file"),
+    ("vllm_bench_length_not_a_number", simulate, ["workload=vllm_bench",
+     "workload.path={bench_bad}"], "workload.path", "key 'input_lens[1]'"),
+    ("calibration_for_another_tp", simulate, ["model=llama-3.1-8b", "hardware=rtx4090",
+     "model.tp=2", "system=vllm_v1", "system.max_model_len=4096", "cost=calibrated",
+     "cost.path={repo}/docs/validation/vllm-rtx4090/calibration.json"], "cost.path",
+     "fitted for another tp"),
 ]  # fmt: skip
 
 
@@ -182,6 +196,8 @@ def test_bad_input_is_one_line_naming_the_key(
         "header_only": _header_only(tmp_path),
         "malformed": _malformed(tmp_path),
         "text_shape": _text_shape(tmp_path),
+        "bench_bad": _bench_bad(tmp_path),
+        "repo": str(REPO),
     }
     small = SIM_SMALL if app is simulate else SERVE_SMALL
     args = [*small, *(o.format(**files) for o in overrides)]
@@ -214,6 +230,10 @@ def test_a_gpu_yaml_on_hydras_search_path_is_an_option(tmp_path: Path) -> None:
     status, _, err = run_cli(simulate, [*SIM_SMALL, search, "hardware=my-gpux"], tmp_path / "b")
     assert status == 2 and err.startswith("error: hardware: unknown hardware")
     assert "my-gpu" in err and "h200" in err  # the user's options listed beside the shipped
+    (tmp_path / "conf" / "hardware" / "broken.yaml").write_text("name: [unclosed\n")
+    status, _, err = run_cli(simulate, [*SIM_SMALL, search, "hardware=broken"], tmp_path / "c")
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: config: ") and "broken.yaml, line 2, column 1: not YAML" in err
 
 
 def test_num_requests_alone_is_a_size(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,52 @@ def test_vllm_v1_preset_runs_mixed_steps_with_prefix_caching(tmp_path: Path) -> 
     assert len(mixed) > 0
     assert (steps["prefill_tokens"] + steps["decode_seqs"]).max() <= 64
     assert steps["prefill_kv_read_tokens"].sum() > 0  # cached prefix blocks were reused
+
+
+def test_scheduled_ts_is_optional(tmp_path: Path) -> None:
+    """Without scheduled_ts the queue wait is unknown (NaN), not zero."""
+    rows = [_row(0, 0.0), _row(1, 1.0)]
+    for r in rows:
+        del r["scheduled_ts"]
+    logged = read_vllm_log(_write(tmp_path, rows))
+    assert all(math.isnan(r.queue_wait) for r in logged)
+    assert logged[1].ttft == pytest.approx(0.1)
+
+
+def test_token_ids_follow_the_request_id_row(tmp_path: Path) -> None:
+    """A log written in another order than the workload was sent (e.g. by finish time)
+    still gets each request's own token ids, by the row in ``bench-<row>``."""
+    run = _write(tmp_path, [_row(1, 1.0, input_toks=5), _row(0, 0.0)])
+    tokens = tmp_path / "sent.jsonl"
+    tokens.write_text('{"input_tok_ids": [1, 2, 3, 4]}\n{"input_tok_ids": [1, 2, 3, 4, 5]}\n')
+    reqs = build_workload({"kind": "vllm_log", "path": str(run), "tokens_path": str(tokens)})
+    assert {r.prompt_len: r.prompt_token_ids for r in reqs} == {
+        4: (1, 2, 3, 4),
+        5: (1, 2, 3, 4, 5),
+    }
+
+
+def test_clock_error_names_the_odd_line(tmp_path: Path) -> None:
+    rows = [_row(i, float(i)) for i in range(5)]
+    rows[1]["arrival_time"] -= 60.0
+    with pytest.raises(TraceFormatError, match=r"line 2: clocks do not align"):
+        read_vllm_log(_write(tmp_path, rows))
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"input_lens": [10, None]}, r"key 'input_lens\[1\]': None is not a whole number"),
+        ({"output_lens": [5, "x"]}, r"key 'output_lens\[1\]': 'x' is not a whole number"),
+        ({"request_rate": "fast"}, r"key 'request_rate': 'fast' is not a positive number"),
+        ({"itls": 5}, r"key 'itls': expected 2 lists of numbers"),
+        ({"burstiness": "x"}, r"key 'burstiness': 'x' is not a positive number"),
+        ({"ttfts": [0.1, -1]}, r"key 'ttfts\[1\]': -1 is not a finite number >= 0"),
+    ],
+)
+def test_bad_bench_values_name_the_key(tmp_path: Path, doc: dict, message: str) -> None:
+    good = {"input_lens": [10, 20], "output_lens": [5, 6], "ttfts": [0.1, 0.2]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(good | doc))
+    with pytest.raises(TraceFormatError, match=message):
+        read_bench_result(path)

@@ -251,7 +251,7 @@ def build_workload(
         logged = _window_log(read_vllm_log(path), c)
         ids = None
         if c["tokens_path"] is not None:
-            ids = read_token_ids(c["tokens_path"], [r.prompt_len for r in logged])
+            ids = read_token_ids(c["tokens_path"], logged)
         return requests_from_log(logged, ids, sampling)
     if kind == "vllm_bench":
         return _from_bench(read_bench_result(path), c, seed, sampling)

@@ -3,15 +3,19 @@
 A *run directory* (the layout of ``../shared/measurements/vllm/<run>/``) holds:
 
 - ``requests.jsonl``: one object per request with ``input_toks``, ``output_toks`` and the
-  engine-clock timestamps ``queued_ts``, ``scheduled_ts``, ``first_token_ts``,
-  ``last_token_ts`` (``arrival_time`` is the client's wall clock, a different clock);
+  engine-clock timestamps ``queued_ts``, ``first_token_ts``, ``last_token_ts`` and,
+  optionally, ``scheduled_ts`` (NaN in :class:`LoggedRequest` when absent: the queue wait is
+  then unknown); ``arrival_time`` is the client's wall clock, a different clock;
+  ``request_id`` as ``vllm bench serve`` names requests, ``<prefix>-<row>``, gives each
+  request's row in the workload that was sent;
 - ``meta.json``: the resolved engine configuration (read by ``experiments.calibrate_vllm``).
 
 Arrivals are ``queued_ts − min(queued_ts)`` (one clock with the other engine timestamps).
 Measured latencies use the definitions of vLLM's benchmark: TTFT = ``first_token_ts −
 queued_ts``, TPOT = ``(last_token_ts − first_token_ts) / (output_toks − 1)``, E2E =
 ``last_token_ts − queued_ts``. Token ids come from the workload JSONL that was sent (one
-object per line with ``input_tok_ids``, in request order), so prefix-cache hits replay.
+object per line with ``input_tok_ids``), matched by the row in each ``request_id`` when every
+request has a distinct one, else by the log's order, so prefix-cache hits replay.
 
 ``vllm bench serve --save-result --save-detailed`` JSON is read as far as it allows: it
 has per-request ``input_lens``, ``output_lens``, ``ttfts`` and ``itls`` but no arrival
@@ -21,8 +25,9 @@ no token ids (prompts are not saved).
 
 Malformed input raises :class:`~core.workload.trace_io.TraceFormatError` naming the file,
 the line and the key: missing fields, negative durations (a timestamp before the one it
-follows), and clocks that do not align (``arrival_time − queued_ts`` drifting by more than
-``CLOCK_TOLERANCE_S`` across requests means the two clocks cannot be one offset apart).
+follows), and clocks that do not align (``arrival_time − queued_ts`` more than
+``CLOCK_TOLERANCE_S`` from its median over the requests means the two clocks cannot be one
+offset apart; the line named is the one farthest from the median).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,15 +45,19 @@ from core.request import Request, SamplingParams
 from core.workload.trace_io import TraceFormatError, jsonl_objects, jsonl_values
 
 REQUIRED = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts")
+ORDER = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
 # Client-to-engine delay varies by request (HTTP, tokenization); the shared run's spread is
 # ~0.16 s (../shared/measurements/README.md). A spread of more than this means the
 # timestamps are not on two clocks one offset apart.
 CLOCK_TOLERANCE_S = 5.0
+_ROW_ID = re.compile(r"-(\d+)$")
 
 
 @dataclass(frozen=True, slots=True)
 class LoggedRequest:
-    """One request as vLLM recorded it; times in seconds from the first ``queued_ts``."""
+    """One request as vLLM recorded it; times in seconds from the first ``queued_ts``
+    (``scheduled`` NaN when the log lacks ``scheduled_ts``); ``row`` is its row in the
+    workload that was sent (see the module doc)."""
 
     index: int
     prompt_len: int
@@ -55,6 +66,7 @@ class LoggedRequest:
     scheduled: float
     first_token: float
     last_token: float
+    row: int
 
     @property
     def ttft(self) -> float:
@@ -73,6 +85,7 @@ class LoggedRequest:
 
     @property
     def queue_wait(self) -> float:
+        """Arrival to first scheduling; NaN when ``scheduled_ts`` was not logged."""
         return self.scheduled - self.arrival
 
 
@@ -101,13 +114,12 @@ def read_vllm_log(run_dir: str | Path) -> list[LoggedRequest]:
     offsets = []
     for line, obj in raw:
         vals = {k: _number(path, line, obj, k) for k in REQUIRED}
-        vals["scheduled_ts"] = (
-            _number(path, line, obj, "scheduled_ts") if "scheduled_ts" in obj else vals["queued_ts"]
-        )
+        if "scheduled_ts" in obj:
+            vals["scheduled_ts"] = _number(path, line, obj, "scheduled_ts")
         for key in ("input_toks", "output_toks"):
             if vals[key] < 1 or vals[key] != int(vals[key]):
                 raise TraceFormatError(path, line, f"{key} must be a positive integer")
-        order = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
+        order = [k for k in ORDER if k in vals]
         for before, after in itertools.pairwise(order):
             if vals[after] < vals[before]:
                 raise TraceFormatError(
@@ -117,54 +129,78 @@ def read_vllm_log(run_dir: str | Path) -> list[LoggedRequest]:
                 )
         if "arrival_time" in obj:
             offsets.append((line, _number(path, line, obj, "arrival_time") - vals["queued_ts"]))
-        rows.append((line, vals))
-    if offsets:
-        low, high = min(offsets, key=lambda o: o[1]), max(offsets, key=lambda o: o[1])
-        if high[1] - low[1] > CLOCK_TOLERANCE_S:
-            raise TraceFormatError(
-                path, high[0], f"clocks do not align: arrival_time - queued_ts is "
-                f"{high[1]:.3f} s here but {low[1]:.3f} s on line {low[0]} "
-                f"(more than {CLOCK_TOLERANCE_S} s apart)",
-            )  # fmt: skip
-    t0 = min(v["queued_ts"] for _, v in rows)
+        rows.append((line, vals, obj.get("request_id")))
+    _check_clocks(path, offsets)
+    t0 = min(v["queued_ts"] for _, v, _ in rows)
+    source_rows = _source_rows([rid for _, _, rid in rows])
     return [
         LoggedRequest(
             i,
             int(v["input_toks"]),
             int(v["output_toks"]),
             v["queued_ts"] - t0,
-            v["scheduled_ts"] - t0,
+            v.get("scheduled_ts", math.nan) - t0,
             v["first_token_ts"] - t0,
             v["last_token_ts"] - t0,
+            source_rows[i],
         )
-        for i, (_, v) in enumerate(rows)
+        for i, (_, v, _) in enumerate(rows)
     ]
 
 
-def read_token_ids(path: str | Path, expected_lens: list[int]) -> list[tuple[int, ...]]:
-    """``input_tok_ids`` of each line of a workload JSONL, checked against the logged
-    prompt lengths (same order)."""
+def _check_clocks(path: Path, offsets: list[tuple[int, float]]) -> None:
+    """``arrival_time − queued_ts`` must stay within ``CLOCK_TOLERANCE_S`` of its median;
+    the error names the line farthest from it."""
+    if not offsets:
+        return
+    middle = statistics.median_low(o for _, o in offsets)
+    line, worst = max(offsets, key=lambda o: abs(o[1] - middle))
+    if abs(worst - middle) > CLOCK_TOLERANCE_S:
+        raise TraceFormatError(
+            path, line, f"clocks do not align: arrival_time - queued_ts is {worst:.3f} s "
+            f"here but {middle:.3f} s over the file (median; more than "
+            f"{CLOCK_TOLERANCE_S} s apart)",
+        )  # fmt: skip
+
+
+def _source_rows(request_ids: list[Any]) -> list[int]:
+    """Each request's row in the workload sent: the ``<row>`` of ``<prefix>-<row>`` ids
+    when every request has one and no two share it, else the log's order."""
+    found = [_ROW_ID.search(r) if isinstance(r, str) else None for r in request_ids]
+    if all(found):
+        numbers = [int(m.group(1)) for m in found if m]
+        if len(set(numbers)) == len(numbers):
+            return numbers
+    return list(range(len(request_ids)))
+
+
+def read_token_ids(path: str | Path, logged: list[LoggedRequest]) -> list[tuple[int, ...]]:
+    """``input_tok_ids`` of each logged request (in ``logged``'s order), from the workload
+    JSONL's row ``request.row``, checked against the logged prompt length."""
     path = Path(path)
     if not path.is_file():
         raise TraceFormatError(path, "file", "not found")
-    out: list[tuple[int, ...]] = []
+    rows: list[tuple[int, tuple[int, ...]]] = []  # (line, ids) per row
     for line, obj in jsonl_values(path, path.read_text(encoding="utf-8").splitlines()):
         ids = obj.get("input_tok_ids") if isinstance(obj, dict) else None
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise TraceFormatError(path, line, "missing key 'input_tok_ids' (a list of ints)")
-        k = len(out)
-        if k < len(expected_lens) and len(ids) != expected_lens[k]:
+        rows.append((line, tuple(ids)))
+    out = []
+    for r in logged:
+        if r.row >= len(rows):
             raise TraceFormatError(
-                path,
-                line,
-                f"{len(ids)} input_tok_ids but the log's input_toks is {expected_lens[k]}",
-            )
-        out.append(tuple(ids))
-    if len(out) < len(expected_lens):
-        raise TraceFormatError(
-            path, "file", f"{len(out)} requests, fewer than the log's {len(expected_lens)}"
-        )
-    return out[: len(expected_lens)]
+                path, "file", f"{len(rows)} requests, but the log's request {r.index} "
+                f"needs row {r.row} (rows count from 0)",
+            )  # fmt: skip
+        line, ids = rows[r.row]
+        if len(ids) != r.prompt_len:
+            raise TraceFormatError(
+                path, line, f"{len(ids)} input_tok_ids but the log's input_toks is "
+                f"{r.prompt_len} (request {r.index} of the log, row {r.row})",
+            )  # fmt: skip
+        out.append(ids)
+    return out
 
 
 def requests_from_log(
@@ -172,8 +208,8 @@ def requests_from_log(
     token_ids: list[tuple[int, ...]] | None = None,
     sampling: SamplingParams | None = None,
 ) -> list[Request]:
-    """Requests replaying the logged arrivals and lengths (and token ids when given),
-    sorted by arrival; ``request_id`` is the log's order."""
+    """Requests replaying the logged arrivals and lengths (and ``token_ids[k]`` for
+    ``logged[k]`` when given), sorted by arrival; ``request_id`` is the log's order."""
     sampling = sampling or SamplingParams()
     reqs = [
         Request(
@@ -182,9 +218,9 @@ def requests_from_log(
             r.prompt_len,
             r.output_len,
             sampling,
-            None if token_ids is None else token_ids[r.index],
+            None if token_ids is None else token_ids[k],
         )
-        for r in logged
+        for k, r in enumerate(logged)
     ]
     return sorted(reqs, key=lambda q: (q.arrival_time, q.request_id))
 
@@ -222,13 +258,40 @@ def read_bench_result(path: str | Path) -> BenchResult:
         if len(doc[key]) != n:
             raise TraceFormatError(path, f"key {key!r}", f"{len(doc[key])} entries, not {n}")
     rate = doc.get("request_rate")
-    rate = None if rate in (None, "inf") or rate == math.inf else float(rate)
+    if rate in (None, "inf") or rate == math.inf:
+        rate = None
+    else:
+        rate = _bench_number(path, "request_rate", rate, positive=True)
+    itls = doc.get("itls")
+    if itls is None:
+        itls = [[] for _ in range(n)]
+    if not isinstance(itls, list) or len(itls) != n or not all(isinstance(x, list) for x in itls):
+        raise TraceFormatError(path, "key 'itls'", f"expected {n} lists of numbers")
+    burstiness = doc.get("burstiness")
+    duration = doc.get("duration")
     return BenchResult(
-        [int(x) for x in doc["input_lens"]],
-        [int(x) for x in doc["output_lens"]],
-        [float(x) for x in doc["ttfts"]],
-        [list(map(float, x)) for x in doc.get("itls") or [[] for _ in range(n)]],
+        _bench_ints(path, "input_lens", doc["input_lens"]),
+        _bench_ints(path, "output_lens", doc["output_lens"]),
+        [_bench_number(path, f"ttfts[{i}]", x) for i, x in enumerate(doc["ttfts"])],
+        [[_bench_number(path, f"itls[{i}]", t) for t in x] for i, x in enumerate(itls)],
         rate,
-        float(doc.get("burstiness") or 1.0),
-        None if doc.get("duration") is None else float(doc["duration"]),
+        1.0 if burstiness is None else _bench_number(path, "burstiness", burstiness, True),
+        None if duration is None else _bench_number(path, "duration", duration),
     )
+
+
+def _bench_number(path: Path, key: str, value: Any, positive: bool = False) -> float:
+    """A finite number ≥ 0 (> 0 with ``positive``) at ``key`` of a bench result."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        want = "a positive number" if positive else "a finite number >= 0"
+        raise TraceFormatError(path, f"key {key!r}", f"{value!r} is not {want}")
+    return float(value)
+
+
+def _bench_ints(path: Path, key: str, values: list[Any]) -> list[int]:
+    """Whole numbers ≥ 0 (a length of 0 is a failed request, dropped later)."""
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v) or v < 0:
+            raise TraceFormatError(path, f"key '{key}[{i}]'", f"{v!r} is not a whole number >= 0")
+    return [int(v) for v in values]

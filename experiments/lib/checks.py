@@ -349,6 +349,12 @@ def check_trace_file(c: Mapping[str, Any], app: str, facts: Facts) -> None:
             "the path of a trace file",
         )
     p = Path(str(path))
+    tokens = w.get("tokens_path")
+    if tokens is not None and not Path(str(tokens)).is_file():
+        raise ConfigError(
+            "workload.tokens_path", "no such file", str(tokens),
+            "the workload JSONL that was sent (input_tok_ids per line), or null",
+        )  # fmt: skip
     if p.is_dir():
         if w.get("kind") == "vllm_log":  # a run directory: its reader checks the files
             return

@@ -159,12 +159,14 @@ def run_app(
 def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
     """Raise for overrides Hydra cannot compose into ``configs/<config_name>.yaml`` (a key
     the config lacks, a malformed value), in one line where Hydra's spans several. Left to
-    Hydra: sweeps and Hydra's own flags (any argument starting with ``-``) and a
-    ``hydra.searchpath``."""
+    Hydra: sweeps, Hydra's own flags (any argument starting with ``-``) and a
+    ``hydra.searchpath`` with a ``pkg://`` entry. A config file that is not YAML is named
+    with its line and column."""
+    import yaml
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    if any(a.startswith("-") for a in argv) or search_dirs(argv) != []:
+    if any(a.startswith("-") for a in argv) or search_dirs(argv) is None:
         return
     try:
         parsed = OverridesParser.create().parse_overrides(list(argv))
@@ -187,6 +189,12 @@ def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
         if exc.__cause__ is not None and str(exc.__cause__).strip():
             lines.append(str(exc.__cause__).strip().splitlines()[0])
         raise ConfigError("overrides", ": ".join(lines)) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = (
+            "" if mark is None else f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}: "
+        )
+        raise ConfigError("config", f"{where}not YAML ({exc.problem})") from None
 
 
 def check_added_keys(config_name: str, keys: Sequence[str]) -> None:

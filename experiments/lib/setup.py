@@ -295,8 +295,8 @@ def with_profile_found(doc: dict[str, Any], calibration_path: Path) -> dict[str,
 
 def calibrated_from_file(path: Path, model: ModelSpec, gpu: GPUSpec, tp: int) -> CostModel:
     """The calibrated model in ``path`` (``experiments.calibrate`` or ``calibrate_vllm``)
-    applied to this run's model and GPU; a file fitted for another model or GPU is a config
-    error."""
+    applied to this run's model and GPU; a file fitted for another model, GPU or tensor
+    parallel size is a config error."""
     if not path.is_file():
         raise ConfigError("cost.path", "no such calibration file", str(path))
     try:
@@ -307,7 +307,7 @@ def calibrated_from_file(path: Path, model: ModelSpec, gpu: GPUSpec, tp: int) ->
         raise ConfigError(
             "cost.path", "not a calibration file", str(path), "kind 'calibrated', coefficients"
         )
-    for key, ours in (("model", model.name), ("gpu", gpu.name)):
+    for key, ours in (("model", model.name), ("gpu", gpu.name), ("tp", tp)):
         if doc.get(key) not in (None, ours):
             raise ConfigError("cost.path", f"fitted for another {key}", doc[key], ours)
     doc = with_profile_found(doc, path)
