@@ -76,6 +76,20 @@ def test_azure_trace_runs():
     assert m["completed"] + m["rejected"] == 150
 
 
+def test_an_azure_row_over_max_model_len_is_rejected_not_dropped(tmp_path):
+    """By default every row of a real trace is a request: one longer than max_model_len is
+    rejected with its reason; with apply_filter it is dropped before the run, and logged."""
+    path = tmp_path / "azure.csv"
+    rows = [(0.0, 100, 20), (0.5, 5000, 20), (1.0, 300, 40), (1.5, 50, 10)]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{t:09.6f},{p},{o}\n" for t, p, o in rows))  # fmt: skip
+    m = run(compose_config(["workload=azure_conv", f"workload.path={path}"]))
+    assert (m["num_requests"], m["completed"], m["rejected_max_model_len"]) == (4, 3, 1)
+    m = run(compose_config(["workload=azure_conv", f"workload.path={path}",
+                            "workload.apply_filter=true"]))  # fmt: skip
+    assert (m["num_requests"], m["completed"]) == (3, 3)
+
+
 @pytest.mark.slow
 def test_reproduce_writes_figures_and_report(tmp_path):
     from experiments.reproduce import main

@@ -22,14 +22,19 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from core.request import Request, RequestError, SamplingParams
-from core.workload.filters import MAX_MODEL_LEN, MAX_PROMPT_LEN, keep_mask
+from core.workload.filters import MAX_MODEL_LEN, MAX_PROMPT_LEN, REASONS, drop_reasons
+
+log = logging.getLogger(__name__)
 
 NATIVE_MAGIC = "# kvlab-trace v1"
 NATIVE_COLUMNS: tuple[str, ...] = (
@@ -250,7 +255,15 @@ def _to_requests(
     prompt = [rows[k][2] for k in order]
     output = [rows[k][3] for k in order]
     if apply_filter:
-        keep = keep_mask(prompt, output, max_model_len, max_prompt_len).tolist()
+        reasons = drop_reasons(prompt, output, max_model_len, max_prompt_len)
+        keep = (reasons < 0).tolist()
+        if not all(keep):
+            counts = np.bincount(reasons[reasons >= 0], minlength=len(REASONS))
+            why = ", ".join(f"{n} {r}" for r, n in zip(REASONS, counts, strict=True) if n)
+            log.warning(
+                "%s: the length filter (apply_filter) dropped %d of %d rows before the run "
+                "(%s)", path, len(keep) - sum(keep), len(keep), why,
+            )  # fmt: skip
     else:
         for k in order:
             line, _, p, o = rows[k]
