@@ -54,6 +54,23 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
     return cfg  # type: ignore[return-value]
 
 
+def run_identity(cfg: dict[str, Any]) -> tuple[Any, str, int]:
+    """The run's model spec, hardware name and tensor-parallel size from its config;
+    one-line errors naming the key."""
+    hardware = (cfg.get("hardware") or {}).get("name")
+    if hardware is None:
+        raise ConfigError("hardware.name", "the run's config.yaml names no hardware", None)
+    try:
+        model = model_from_config(cfg["model"])
+    except (KeyError, ValueError) as exc:  # a KeyError's str() is quoted: take its message
+        raise ConfigError("model", f"the run's config.yaml: {exc.args[0]}") from None
+    try:
+        tp = int(cfg["model"].get("tp", 1))
+    except (TypeError, ValueError):
+        raise ConfigError("model.tp", "not a GPU count", cfg["model"].get("tp")) from None
+    return model, str(hardware), tp
+
+
 def dtype_bytes(cfg: dict[str, Any]) -> int:
     name = str(cfg.get("dtype", "float32"))
     if name not in DTYPE_BYTES:
@@ -72,17 +89,7 @@ def calibrate(
     steps_path = Path(run_dir) / "steps.csv"
     if not steps_path.is_file():
         raise ConfigError("run_dir", "no steps.csv to fit", str(run_dir))
-    hardware = (cfg.get("hardware") or {}).get("name")
-    if hardware is None:
-        raise ConfigError("hardware.name", "the run's config.yaml names no hardware", None)
-    try:
-        model = model_from_config(cfg["model"])
-    except (KeyError, ValueError) as exc:  # a KeyError's str() is quoted: take its message
-        raise ConfigError("model", f"the run's config.yaml: {exc.args[0]}") from None
-    try:
-        tp = int(cfg["model"].get("tp", 1))
-    except (TypeError, ValueError):
-        raise ConfigError("model.tp", "not a GPU count", cfg["model"].get("tp")) from None
+    model, hardware, tp = run_identity(cfg)
     blocks, width = block_size(cfg["system"]), dtype_bytes(cfg)
     if profile is not None:
         check_profile_fits_run(profile, cfg, model, hardware, tp, width, blocks)

@@ -28,7 +28,7 @@ from typing import Any
 
 from core.metrics.summary import summarize_recorder
 from core.request import Request
-from experiments.calibrate import read_run_config
+from experiments.calibrate import read_run_config, run_identity
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
@@ -43,6 +43,7 @@ from experiments.lib.setup import (
 )
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel, CostModel, RecordedCostModel
+from sim.cost.calibrated import check_step_numbers
 from sim.driver import SimResult, simulate
 
 METRICS = (
@@ -154,6 +155,7 @@ def validate(
     if recorded == (calibration is not None):
         raise ValueError("give exactly one of a calibration document and recorded=True")
     cfg = read_run_config(run_dir)
+    model, hardware, tp = run_identity(cfg)
     if recorded:
         steps_path = run_dir / "steps.csv"
         if not steps_path.is_file():
@@ -161,8 +163,11 @@ def validate(
         steps = read_csv(steps_path, "--recorded")
         if "duration_s" not in steps.columns or steps.empty:
             raise ConfigError("--recorded", f"{steps_path}: no steps (duration_s) to replay")
-        with reading(steps_path, "--recorded"):  # a duration that is not a number
-            cost: CostModel = RecordedCostModel(steps["duration_s"].tolist())
+        try:
+            check_step_numbers(steps[["duration_s"]])
+        except ValueError as exc:
+            raise ConfigError("--recorded", f"{steps_path}: {exc}") from None
+        cost: CostModel = RecordedCostModel(steps["duration_s"].astype(float).tolist())
     else:
         assert calibration is not None
         if calibration.get("kind") != "calibrated":
@@ -170,6 +175,12 @@ def validate(
                 "--calibration", "not a calibration document", calibration.get("kind"),
                 "kind 'calibrated' (experiments.calibrate writes one)",
             )  # fmt: skip
+        for key, ours in (("model", model.name), ("gpu", hardware), ("tp", tp)):
+            if calibration.get(key) not in (None, ours):
+                raise ConfigError(
+                    "--calibration", f"fitted for another {key}", calibration[key],
+                    f"{ours}, the run's",
+                )  # fmt: skip
         try:
             cost = CalibratedCostModel.from_dict(calibration)
         except (KeyError, TypeError, ValueError) as exc:

@@ -37,13 +37,25 @@ def _steps(edit: Callable[[list[str]], list[str]]) -> Callable[[Path], None]:
 
 
 def _duration(value: str) -> Callable[[list[str]], list[str]]:
+    return _column("duration_s", value)
+
+
+def _column(name: str, value: str) -> Callable[[list[str]], list[str]]:
     def edit(lines: list[str]) -> list[str]:
-        col = lines[0].split(",").index("duration_s")
+        col = lines[0].split(",").index(name)
         row = lines[1].split(",")
         row[col] = value
         return [lines[0], ",".join(row), *lines[2:]]
 
     return edit
+
+
+def _calibration(**changes: object) -> Callable[[Path], None]:
+    def apply(run: Path) -> None:
+        doc = json.loads((run / "calibration.json").read_text())
+        (run / "calibration.json").write_text(json.dumps({**doc, **changes}))
+
+    return apply
 
 
 def _edit_config(run: Path, old: str, new: str) -> None:
@@ -90,6 +102,24 @@ CASES = [
      "not a JSON object"),
     ("tp_not_a_number", lambda run: _edit_config(run, "tp: 1", "tp: abc"), calibrate, [],
      "model.tp", "not a GPU count"),
+    ("infinite_duration", _steps(_duration("inf")), calibrate, [], "run_dir",
+     "column duration_s, row 1: inf is not a finite number"),
+    ("infinite_duration_replay", _steps(_duration("inf")), validate, ["--recorded"],
+     "--recorded", "column duration_s, row 1: inf"),
+    ("text_in_a_count", _steps(_column("prefill_tokens", "x")), calibrate, [], "run_dir",
+     "column prefill_tokens, row 1: 'x' is not a finite number"),
+    ("negative_count", _steps(_column("decode_seqs", "-3")), calibrate, [], "run_dir",
+     "column decode_seqs, row 1: -3"),
+    ("validate_unknown_model", _config_model, validate, ["--recorded"], "model",
+     "unknown model"),
+    ("calibration_of_another_model", _calibration(model="opt-1.3b"), validate, [],
+     "--calibration", "fitted for another model"),
+    ("calibration_of_another_gpu", _calibration(gpu="a100-40gb"), validate, [],
+     "--calibration", "fitted for another gpu"),
+    ("calibration_coefficients_null", _calibration(coefficients=None), validate, [],
+     "--calibration", "coefficients: expected a mapping"),
+    ("calibration_dtype_null", _calibration(dtype_bytes=None), validate, [],
+     "--calibration", "dtype_bytes: expected a whole number"),
 ]  # fmt: skip
 
 

@@ -159,6 +159,7 @@ def bench_e2e(system: str, duration_s: float, rate: float, seed: int, cost: str)
         run_dir = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "experiments.simulate"]
         cmd += [*overrides(system, duration_s, rate, seed, cost), f"hydra.run.dir={run_dir}"]
+        cmd.append("index=null")  # a timing run, not a result to list
         c0, t0 = _children_cpu(), time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wall, cpu = time.perf_counter() - t0, _children_cpu() - c0

@@ -117,7 +117,8 @@ def launch(
 ) -> list[dict[str, Any]]:
     """Run ``jobs`` on ``launcher`` (a ``hydra/launcher`` option) into
     ``sweep_dir/<label>/``; returns their metrics in order. Finished jobs are read back,
-    not run. Raises RuntimeError naming the extra when the launcher is not installed."""
+    not run. Each job's index row goes to ``sweep_dir/index.csv`` unless the job gives
+    ``index=``. Raises RuntimeError naming the extra when the launcher is not installed."""
     from hydra import initialize_config_dir
     from hydra._internal.callbacks import Callbacks
     from hydra.core.global_hydra import GlobalHydra
@@ -132,6 +133,13 @@ def launch(
     if problem:
         raise RuntimeError(problem)
     sweep_dir = Path(sweep_dir).resolve()
+    # each job's row goes to the sweep's own index, beside its results, unless it names one
+    index = f"index={sweep_dir / 'index.csv'}"
+    jobs = [
+        j if any(o.startswith("index=") for o in j.overrides)
+        else Job(j.label, (*j.overrides, index))
+        for j in jobs
+    ]  # fmt: skip
     results: list[dict[str, Any] | None] = [
         finished_metrics(sweep_dir / j.label, _job_config(j.overrides)) for j in jobs
     ]

@@ -32,6 +32,7 @@ from experiments.lib.checks import ConfigError
 from sim.capacity import KVCapacity, kv_capacity
 from sim.catalog import GPUSpec, ModelSpec, model_from_config, resolve_gpu
 from sim.cost import CostModel, Efficiency, build_cost_model
+from sim.cost.calibrated import check_calibration_doc
 from sim.cost.overhead import Stack
 from sim.cost.stack_file import MEASURED, load_stack_file
 
@@ -307,6 +308,10 @@ def calibrated_from_file(path: Path, model: ModelSpec, gpu: GPUSpec, tp: int) ->
         raise ConfigError(
             "cost.path", "not a calibration file", str(path), "kind 'calibrated', coefficients"
         )
+    try:
+        check_calibration_doc(doc)
+    except ValueError as exc:
+        raise ConfigError("cost.path", f"malformed calibration file: {exc}", str(path)) from None
     for key, ours in (("model", model.name), ("gpu", gpu.name), ("tp", tp)):
         if doc.get(key) not in (None, ours):
             raise ConfigError("cost.path", f"fitted for another {key}", doc[key], ours)

@@ -217,6 +217,7 @@ class CalibratedCostModel:
         missing = [c for c in REQUIRED_COLUMNS if c not in steps.columns]
         if missing:
             raise ValueError(f"steps table lacks columns {missing}; need {REQUIRED_COLUMNS}")
+        check_step_numbers(steps)
         df = steps[(steps["prefill_tokens"] + steps["decode_seqs"]) > 0]
         if len(df) < len(TERMS):
             raise ValueError(f"need at least {len(TERMS)} non-empty steps to fit, got {len(df)}")
@@ -321,6 +322,8 @@ class CalibratedCostModel:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CalibratedCostModel:
+        """The model of a :meth:`to_dict` document; a ValueError names a malformed key."""
+        check_calibration_doc(d)
         return cls(
             d["model"],
             d["gpu"],
@@ -361,6 +364,7 @@ class CalibratedCostModel:
             ("per_prefill_sequence", "extra per prefill sequence"),
         ):
             lines.append(f"  {term:<28} {c[term] * 1e3:10.4f} ms ({reading})")
+        s = {k: v for k, v in s.items() if v is not None}
         stats = [
             text
             for key, text in (
@@ -374,6 +378,42 @@ class CalibratedCostModel:
         if stats:
             lines.append("  fit: " + " ".join(stats))
         return "\n".join(lines)
+
+
+def check_step_numbers(steps: pd.DataFrame) -> None:
+    """Every count and time column a fit reads is a finite number >= 0; else a ValueError
+    naming the column and the first bad row (counting data rows from 1)."""
+    for col in (*REQUIRED_COLUMNS, *COUNT_COLUMNS, "forward_s", "transfer_s"):
+        if col not in steps.columns:
+            continue
+        values = pd.to_numeric(steps[col], errors="coerce").to_numpy(dtype=float)
+        bad = ~(np.isfinite(values) & (values >= 0))
+        if bad.any():
+            row = int(np.argmax(bad))
+            value = steps[col].iloc[row]
+            shown = repr(value) if isinstance(value, str) else str(value)
+            raise ValueError(f"column {col}, row {row + 1}: {shown} is not a finite number >= 0")
+
+
+def check_calibration_doc(d: Mapping[str, Any]) -> None:
+    """A calibration document's fields have the types :meth:`CalibratedCostModel.from_dict`
+    reads; else a ValueError naming the key."""
+    if not isinstance(d.get("coefficients"), Mapping):
+        raise ValueError(f"coefficients: expected a mapping of term to value, got "
+                         f"{d.get('coefficients')!r}")  # fmt: skip
+    for key in ("model", "gpu"):
+        if key in d and not isinstance(d[key], str):
+            raise ValueError(f"{key}: expected a name, got {d[key]!r}")
+    for key, default in (("tp", 1), ("dtype_bytes", 2), ("block_size", DEFAULT_BLOCK_SIZE)):
+        value = d.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key}: expected a whole number >= 1, got {value!r}")
+    stats = d.get("fit_stats")
+    if stats is not None and not isinstance(stats, Mapping):
+        raise ValueError(f"fit_stats: expected a mapping, got {stats!r}")
+    for term, value in d["coefficients"].items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"coefficients.{term}: expected a number, got {value!r}")
 
 
 def host_seconds(steps: pd.DataFrame) -> np.ndarray:
