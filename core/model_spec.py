@@ -319,10 +319,17 @@ class ModelSpec:
         return cfg
 
 
-def _require(d: dict[str, Any], key: str) -> Any:
+def _require(d: dict[str, Any], key: str) -> int:
+    """A required count of the config (a size, a number of layers or heads): a whole
+    number >= 1, else a ValueError naming the key."""
     if key not in d:
         raise ValueError(f"{d.get('model_type')} config lacks required key {key!r}")
-    return d[key]
+    value = d[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"{d.get('model_type')} config: {key} must be a whole number >= 1, got {value!r}"
+        )
+    return value
 
 
 def _reject_unless(d: dict[str, Any], key: str, expected: Any, default: Any) -> None:

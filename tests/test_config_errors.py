@@ -50,6 +50,15 @@ def run_cli(app, args: list[str], tmp: Path) -> tuple[int, str, str]:
     return status, out.getvalue(), err.getvalue()
 
 
+def _dup_ids(tmp: Path) -> str:
+    from core.request import Request
+    from core.workload.trace_io import write_trace
+
+    path = tmp / "dup.csv"
+    write_trace(path, [Request(0, 0.0, 10, 10), Request(0, 1.0, 10, 10)])
+    return str(path)
+
+
 def _bench_bad(tmp: Path) -> str:
     path = tmp / "bench.json"
     path.write_text('{"input_lens": [10, "x"], "output_lens": [5, 6], "ttfts": [0.1, 0.2]}')
@@ -171,7 +180,13 @@ CASES = [
     ("malformed_override", simulate, ["workload.rate=[1,"], "overrides", "no viable"),
     ("serve_has_no_cost_group", serve, ["cost=roofline"], "cost", "no such key"),
     ("hf_config_number_as_text", simulate, ["model.hf_config={text_shape}"], "model",
-     "wrong type"),
+     "config.json: llama config: hidden_size must be a whole number >= 1, got 'big'"),
+    ("too_many_requests", simulate, ["workload.num_requests=100000000000"],
+     "workload.num_requests", "too many requests to hold in memory"),
+    ("rate_times_duration_too_many", simulate, ["workload.rate=1e12", "workload.duration_s=20",
+     "workload.num_requests=null"], "workload.rate", "too many to hold in memory"),
+    ("trace_repeats_a_request_id", simulate, ["workload=trace", "workload.path={dup_ids}"],
+     "workload.path", "line 4: request_id 0 repeats line 3"),
     ("vllm_log_tokens_missing", simulate, ["workload=vllm_log", "workload.path={tmp}",
      "workload.tokens_path={tmp}/nope.jsonl"], "workload.tokens_path", "no such file"),
     ("vllm_bench_length_not_a_number", simulate, ["workload=vllm_bench",
@@ -197,6 +212,7 @@ def test_bad_input_is_one_line_naming_the_key(
         "malformed": _malformed(tmp_path),
         "text_shape": _text_shape(tmp_path),
         "bench_bad": _bench_bad(tmp_path),
+        "dup_ids": _dup_ids(tmp_path),
         "repo": str(REPO),
     }
     small = SIM_SMALL if app is simulate else SERVE_SMALL

@@ -228,7 +228,16 @@ def read_trace(path: PathLike) -> list[Request]:
     extra = [h for h in header if h not in NATIVE_COLUMNS]
     if extra:
         raise TraceFormatError(path, 2, f"unknown column(s) {', '.join(extra)}")
-    return [_native_row(path, ln, row) for ln, row in _csv_rows(path, lines, 2, NATIVE_COLUMNS)]
+    requests, seen = [], {}
+    for ln, row in _csv_rows(path, lines, 2, NATIVE_COLUMNS):
+        request = _native_row(path, ln, row)
+        if request.request_id in seen:
+            raise TraceFormatError(
+                path, ln, f"request_id {request.request_id} repeats line {seen[request.request_id]}"
+            )
+        seen[request.request_id] = ln
+        requests.append(request)
+    return requests
 
 
 # ---------------------------------------------------------------- public traces

@@ -139,6 +139,10 @@ class Rule:
     required: bool = False
 
 
+# The most requests a synthetic workload may draw: every request is held in memory (about
+# 1 KB each with its sequence state), so 10 million is ~10 GB; a day at 100 req/s is 8.6 M.
+MAX_REQUESTS = 10_000_000
+
 SIM = frozenset({"simulate"})
 SERVE = frozenset({"serve"})
 _POS = "a number > 0"
@@ -311,7 +315,8 @@ def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
 
 
 def check_workload_size(c: Mapping[str, Any], app: str, facts: Facts) -> None:
-    """A synthetic workload needs exactly one of num_requests and duration_s."""
+    """A synthetic workload needs exactly one of num_requests and duration_s, and draws at
+    most :data:`MAX_REQUESTS`."""
     w = c.get("workload") or {}
     if w.get("kind") not in ("synthetic", "shared_prefix"):
         return
@@ -332,6 +337,14 @@ def check_workload_size(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         )
     if w.get("rate") is None and n is None:
         raise ConfigError("workload.rate", "a duration needs a rate", None, _POS)
+    drawn = n if n is not None else w["rate"] * d
+    if drawn > MAX_REQUESTS:
+        if n is not None:
+            key, problem, got = "workload.num_requests", "too many requests to hold in memory", n
+        else:
+            key, got = "workload.rate", w["rate"]
+            problem = f"rate x duration_s ({d}) is {drawn:.3g} requests, too many to hold in memory"
+        raise ConfigError(key, problem, got, f"at most {MAX_REQUESTS:,} requests")
 
 
 def check_trace_file(c: Mapping[str, Any], app: str, facts: Facts) -> None:
