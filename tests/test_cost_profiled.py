@@ -147,6 +147,7 @@ def test_a_torch_backend_profile_prices_the_unfilled_last_block(
         ([*synthetic_rows()[:4], ("linear", 1, 0, 0.7), *synthetic_rows()[4:]],
          r"row 6: op linear sizes not increasing"),
         ([("linear", 1, 0, -0.5), *synthetic_rows()[1:]], r"row 2: op linear has time -0.5 ms"),
+        ([("linear", 1, 0, 0.0), *synthetic_rows()[1:]], r"row 2: op linear has time 0 ms"),
         ([("matmul", 1, 0, 0.5), *synthetic_rows()], r"row 2: unknown op 'matmul'"),
     ],
 )  # fmt: skip
@@ -165,6 +166,21 @@ def test_bad_sidecar_and_missing_file(tmp_path: Path) -> None:
         read_profile(tmp_path / "nothing.csv")
     with pytest.raises(ValueError, match="needs profile="):
         build_cost_model("profiled", "opt-13b", "a100-40gb")
+
+
+@needs_vidur
+def test_a_negative_vidur_operator_time_names_its_column(tmp_path: Path) -> None:
+    """Vidur rows are checked per operator, not only by their sums."""
+    lines = VIDUR_A100.read_text().splitlines()
+    header = lines[0].split(",")
+    col = header.index("time_stats.attn_pre_proj.median")
+    row = lines[1].split(",")
+    row[col] = "-1.0"
+    (tmp_path / "a100").mkdir()
+    bad = tmp_path / "a100" / VIDUR_A100.name
+    bad.write_text("\n".join([lines[0], ",".join(row), *lines[2:]]) + "\n")
+    with pytest.raises(ProfileError, match=r"row 2: time_stats.attn_pre_proj.median is -1 ms"):
+        read_profile(bad, tp=int(row[header.index("num_tensor_parallel_workers")]))
 
 
 @needs_vidur

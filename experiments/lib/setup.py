@@ -34,6 +34,7 @@ from sim.catalog import GPUSpec, ModelSpec, model_from_config, resolve_gpu
 from sim.cost import CostModel, Efficiency, build_cost_model
 from sim.cost.calibrated import check_calibration_doc
 from sim.cost.overhead import Stack
+from sim.cost.profile import ProfileError
 from sim.cost.stack_file import MEASURED, load_stack_file
 
 GIB = 1024**3
@@ -248,8 +249,13 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
         extra["stack"] = measured_stack(extra.get("stack"), stack_path)
     try:
         return build_cost_model(kind, model, gpu, tp, **extra)
+    except ProfileError as exc:  # names the file and row
+        raise ConfigError("cost.profile", str(exc)) from None
     except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError("cost", str(exc).strip("'\""), kind) from None
+        text = str(exc).strip("'\"")
+        if "cost.stack" in text:  # an unknown preset: the message lists the known ones
+            raise ConfigError("cost.stack", text) from None
+        raise ConfigError("cost", text, kind) from None
 
 
 def measured_stack(name: Any, path: Any) -> Stack:

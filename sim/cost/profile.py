@@ -112,8 +112,11 @@ def _check(
     path: Path, op: str, n: np.ndarray, c: np.ndarray, t: np.ndarray, rows: list[int]
 ) -> None:
     for i in range(len(t)):
-        if not (t[i] >= 0 and np.isfinite(t[i])):
-            raise ProfileError(f"{path}: row {rows[i]}: op {op} has time {t[i] * 1e3:g} ms (< 0)")
+        if not (t[i] > 0 and np.isfinite(t[i])):  # a measured kernel takes some time
+            raise ProfileError(
+                f"{path}: row {rows[i]}: op {op} has time {t[i] * 1e3:g} ms "
+                "(a measured time is finite and > 0)"
+            )
         if n[i] < 1 or c[i] < 0:
             raise ProfileError(f"{path}: row {rows[i]}: op {op} has sizes ({n[i]:g}, {c[i]:g})")
     keys = list(zip(n.tolist(), c.tolist(), strict=True))
@@ -180,6 +183,16 @@ def shown_path(path: Path) -> str:
         return str(Path(path.parent.name) / path.name)
 
 
+def _vidur_time(path: Path, row: int, r: dict[str, str], op: str) -> float:
+    """One operator's median time (ms) of a Vidur row: finite and >= 0 (Vidur leaves some
+    operators at 0 where a model has none), else a ProfileError naming the column."""
+    key = f"time_stats.{op}.median"
+    value = float(r[key])
+    if not (np.isfinite(value) and value >= 0):
+        raise ProfileError(f"{path}: row {row}: {key} is {value:g} ms (finite and >= 0 expected)")
+    return value
+
+
 def read_vidur_profile(path: Path | str, tp: int = 1) -> OperatorProfile:
     """Vidur's ``mlp_<model>.csv``: the rows with ``num_tensor_parallel_workers == tp``."""
     p = Path(path)
@@ -193,9 +206,11 @@ def read_vidur_profile(path: Path | str, tp: int = 1) -> OperatorProfile:
         try:
             if int(r["num_tensor_parallel_workers"]) != tp:
                 continue
-            lin = sum(float(r[f"time_stats.{o}.median"]) for o in VIDUR_LINEAR)
-            oth = sum(float(r[f"time_stats.{o}.median"]) for o in VIDUR_OTHER)
+            lin = sum(_vidur_time(p, i, r, o) for o in VIDUR_LINEAR)
+            oth = sum(_vidur_time(p, i, r, o) for o in VIDUR_OTHER)
             picked.append((float(r["num_tokens"]), lin, oth, i, r))
+        except ProfileError:
+            raise
         except (KeyError, TypeError, ValueError) as e:
             raise ProfileError(f"{p}: row {i}: bad or missing Vidur column ({e})") from e
     if not picked:
