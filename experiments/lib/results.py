@@ -59,6 +59,15 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # once, at import: reading it sets it for a moment
+
+
 def write_atomic(path: Path, write: str | Callable[[Path], Any]) -> None:
     """Write ``path`` (text, or a function that writes a given path) so that a reader sees
     the old file or the whole new one, never a part: a temporary file in the same
@@ -75,6 +84,7 @@ def write_atomic(path: Path, write: str | Callable[[Path], Any]) -> None:
     os.close(fd)
     tmp = Path(name)
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a result is as any new file
         if isinstance(write, str):
             tmp.write_text(write, encoding="utf-8")
         else:
@@ -143,7 +153,9 @@ def write_run(
     out_dir.mkdir(parents=True, exist_ok=True)
     conf = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
     write_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(conf, resolve=True))
-    write_csv(out_dir / "requests.csv", requests)
+    # step indices stay whole numbers in the file where a rejected request leaves them empty
+    steps_of = {c: "Int64" for c in ("first_token_step", "finish_step") if c in requests}
+    write_csv(out_dir / "requests.csv", requests.astype(steps_of))
     write_csv(out_dir / "steps.csv", steps)
     for name, doc in (extra or {}).items():
         write_json(out_dir / f"{name}.json", doc)
