@@ -16,12 +16,14 @@ log = logging.getLogger(__name__)
 
 
 def collect_summary(sweep_dir: Path) -> pd.DataFrame:
-    """One row per finished job under ``sweep_dir`` (one with a ``metrics.json``): the
-    job, its overrides as columns, the headline metrics, then every other metric."""
+    """One row per job under ``sweep_dir`` that finished (a ``metrics.json``) or failed
+    (an ``error.txt``): the job, its overrides as columns, the headline metrics, every
+    other metric, then ``status`` (ok, config error, failed) and ``error``."""
     rows: list[dict[str, Any]] = []
     override_keys: list[str] = []
-    for metrics_file in sorted(sweep_dir.glob("*/metrics.json")):
-        job_dir = metrics_file.parent
+    job_dirs = {p.parent for p in sweep_dir.glob("*/metrics.json")}
+    job_dirs |= {p.parent for p in sweep_dir.glob("*/error.txt")}
+    for job_dir in sorted(job_dirs):
         row: dict[str, Any] = {"job": job_dir.name}
         overrides = job_dir / ".hydra" / "overrides.yaml"
         if overrides.exists():
@@ -31,11 +33,21 @@ def collect_summary(sweep_dir: Path) -> pd.DataFrame:
                 row[key] = value
                 if key not in override_keys:
                     override_keys.append(key)
-        row.update(read_metrics(job_dir))
+        if (job_dir / "metrics.json").is_file():
+            row.update(read_metrics(job_dir))
+            row["status"] = "ok"
+        else:
+            text = (job_dir / "error.txt").read_text(errors="replace").strip()
+            lines = text.splitlines() or [""]
+            config_error = lines[0].startswith("error: ")
+            row["status"] = "config error" if config_error else "failed"
+            row["error"] = lines[0] if config_error else lines[-1]
         rows.append(row)
     df = pd.DataFrame(rows)
     first = ["job", *override_keys, *(k for k in HEADLINE_METRICS if k not in override_keys)]
-    df = df[[c for c in first if c in df] + [c for c in df if c not in first]]
+    last = ["status", "error"]
+    rest = [c for c in df if c not in first and c not in last]
+    df = df[[c for c in first if c in df] + rest + [c for c in last if c in df]]
     if "job" in df:
         df = df.sort_values("job", key=lambda s: s.map(_job_key)).reset_index(drop=True)
     return df
@@ -50,7 +62,12 @@ class SweepSummary(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         df = collect_summary(sweep_dir)
         if df.empty:
-            log.warning("no metrics.json under %s; no summary.csv written", sweep_dir)
+            log.warning("no job under %s finished or failed; no summary.csv written", sweep_dir)
             return
         write_csv(sweep_dir / "summary.csv", df)
-        log.info("wrote %s (%d runs)", sweep_dir / "summary.csv", len(df))
+        failed = int((df["status"] != "ok").sum())
+        log.info("wrote %s (%d runs, %d failed)", sweep_dir / "summary.csv", len(df), failed)
+        if failed:
+            from experiments.lib import cli
+
+            cli.SWEEP_FAILURES.append(failed)

@@ -8,6 +8,9 @@ one-line config errors, ``error.txt`` for failures, the runs index and the end-o
 - Any other exception is a runtime failure: its traceback goes to ``error.txt`` in the run
   directory and it propagates (Hydra prints it; exit status 1).
 - Every run, finished or not, appends a row to ``index`` (``outputs/index.csv``).
+- In a ``-m`` sweep from the command line a failed job does not stop the others: its line
+  is printed, ``summary.csv`` lists it with its status and error, and the process exits
+  with status 1 after the sweep.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from experiments.lib.table import result_table
 OmegaConf.register_new_resolver("path_safe", lambda v: str(v).replace("/", "--"), replace=True)
 
 CONFIG_ERROR_STATUS = 2
+# set by the sweep-summary callback: how many jobs of the sweep just run failed
+SWEEP_FAILURES: list[int] = []
 DEFAULT_INDEX = Path("outputs/index.csv")
 
 # Keys that describe one quantity in two ways: giving one (not null) on the command line
@@ -121,18 +126,23 @@ def run_app(
     """Run ``run(cfg, out_dir)`` inside a Hydra job with the error handling, index row and
     results table described in the module doc. ``describe`` makes the summary log line."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
     overrides = list(hc.overrides.task)
     index_key = cfg.get("index", str(DEFAULT_INDEX))
     index = Path(str(index_key)) if index_key else None
+    # a sweep from the command line goes on past a failed job (its summary lists it)
+    sweep_job = _COMMAND_LINE and hc.mode == RunMode.MULTIRUN and not full_errors()
 
     def record(status: str, metrics: Mapping[str, Any] | None = None, error: str = "") -> None:
         if index is not None and index_writable:
             append_index(index, app, status, out_dir, overrides, metrics, error)
 
     index_writable = True
+    # this directory's earlier result, if any, is not this run's (a rerun sweep job)
+    (out_dir / "metrics.json").unlink(missing_ok=True)
     try:
         if index is not None:
             index_writable = False
@@ -143,12 +153,20 @@ def run_app(
     except ConfigError as err:
         write_error(out_dir, err.line())
         record("config error", error=err.line())
+        if sweep_job:
+            print(f"job {out_dir.name}: {err.line()}", file=sys.stderr)
+            return {"status": "config error", "error": err.line()}
         if _COMMAND_LINE:
             report_config_error(err)
         raise
     except Exception as exc:
         write_error(out_dir, traceback.format_exc())
-        record("failed", error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+        line = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        record("failed", error=line)
+        if sweep_job:
+            print(f"job {out_dir.name} failed: {line} (traceback: {out_dir}/error.txt)",
+                  file=sys.stderr)  # fmt: skip
+            return {"status": "failed", "error": line}
         raise
     record("ok", metrics)
     print(result_table(metrics, f"{app}: {metrics.get('system')} {metrics.get('model')}"))
@@ -231,6 +249,11 @@ def main_with_checks(
         main()
     finally:
         _COMMAND_LINE = False
+    if SWEEP_FAILURES:
+        failed = SWEEP_FAILURES.pop()
+        print(f"error: {failed} sweep job(s) failed (their rows in summary.csv and "
+              "error.txt say why)", file=sys.stderr)  # fmt: skip
+        sys.exit(1)
 
 
 def compose_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
