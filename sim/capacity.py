@@ -156,8 +156,9 @@ def kv_capacity(
     Overrides: ``num_gpu_blocks`` (vLLM prints it at start-up) fixes the cache at that many
     blocks of ``block_size``; ``kv_cache_bytes`` at a byte total over all ``tp`` GPUs (e.g.
     the paper's 12 GB for OPT-13B). Raises ``ValueError`` when the weights and reserved
-    memory exceed the usable memory, or when the cache cannot hold one ``max_model_len``
-    sequence (default: the model's maximum context).
+    memory exceed the usable memory, when a given cache and the weights exceed the GPU's
+    memory, or when the cache cannot hold one ``max_model_len`` sequence (default: the
+    model's maximum context).
     """
     model, gpu = get_model(model), get_gpu(gpu)
     if not 0.0 < gpu_memory_utilization <= 1.0:
@@ -203,6 +204,12 @@ def kv_capacity(
         source["kv_cache"] = f"kv_cache_bytes={kv_cache_bytes} over {tp} GPUs (given)"
     else:
         kv = usable - reserved
+    if weights + kv > gpu.memory_bytes:  # a given cache: it and the weights must fit at all
+        raise ValueError(
+            f"the given KV cache ({kv / GIB:.2f} GiB per GPU) and {model.name}'s weights "
+            f"({weights / GIB:.2f} GiB per GPU) exceed {gpu.name}'s "
+            f"{gpu.memory_bytes / GIB:.2f} GiB"
+        )
     slots = kv // per_token
     need = model.max_model_len if max_model_len is None else max_model_len
     if slots < need:

@@ -255,7 +255,7 @@ def test_config_from_hf_dicts() -> None:
         ({"hidden_act": "gelu"}, "activation 'silu'"),
         ({"attention_bias": True}, "attention_bias=True"),
         ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1.0}}, "rope_type 'llama3'"),
-        ({"num_hidden_layers": 0}, "num_layers must be positive"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers must be a whole number >= 1"),
         ({"model_type": "qwen3"}, "qk_norm=True"),
     ],
 )

@@ -405,8 +405,14 @@ def check_slo(c: Mapping[str, Any], app: str, facts: Facts) -> None:
 
 
 def check_kv_fits_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
-    """An explicit KV budget fits the memory of the device(s) it lives on."""
+    """An explicit KV budget fits the memory of the device(s) it lives on, and is given
+    one way only."""
     gib = c.get("kv_cache_gb")
+    if gib is not None and c.get("num_gpu_blocks") is not None:
+        raise ConfigError(
+            "num_gpu_blocks", "give one of num_gpu_blocks and kv_cache_gb",
+            c["num_gpu_blocks"], f"null when kv_cache_gb={gib}",
+        )  # fmt: skip
     if gib is None:
         return
     if app == "simulate":
