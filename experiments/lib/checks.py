@@ -70,6 +70,8 @@ class ConfigError(ValueError):
 def _show(value: Any) -> str:
     if value is None:
         return "null"
+    if value == "???":  # OmegaConf's mark of a value the config leaves to the command line
+        return "unset"
     return repr(value) if isinstance(value, str) else str(value)
 
 
@@ -355,12 +357,11 @@ def check_trace_file(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         return
     path = w.get("path")
     if path in (None, "???", ""):
+        what = "a vLLM run directory" if w.get("kind") == "vllm_log" else "a trace file"
         raise ConfigError(
-            "workload.path",
-            f"workload kind {w.get('kind')!r} needs a trace file",
-            path,
-            "the path of a trace file",
-        )
+            "workload.path", f"workload kind {w.get('kind')!r} needs {what}", path,
+            f"the path of {what}",
+        )  # fmt: skip
     p = Path(str(path))
     tokens = w.get("tokens_path")
     if tokens is not None and not Path(str(tokens)).is_file():

@@ -242,7 +242,12 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
     if kind == "profiled" and extra.get("profile") is not None:
         path = Path(str(extra["profile"]))  # relative: from the repository root
         extra["profile"] = path if path.is_absolute() else REPO_ROOT / path
-    if kind == "calibrated" and extra.get("path"):
+    if kind == "calibrated" and extra.get("path") in (None, "???", ""):
+        raise ConfigError(
+            "cost.path", "cost=calibrated needs a calibration file", extra.get("path"),
+            "cost.path=<calibration.json from experiments.calibrate or calibrate_vllm>",
+        )  # fmt: skip
+    if kind == "calibrated":
         return calibrated_from_file(Path(extra["path"]), model, gpu, tp)
     stack_path = extra.pop("stack_path", None)
     if stack_path is not None or extra.get("stack") == MEASURED:
