@@ -345,8 +345,10 @@ def test_an_index_that_cannot_be_written_is_refused_before_the_run(tmp_path: Pat
     from experiments.lib.cli import check_index_writable
 
     (tmp_path / "a-file").write_text("")
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     for bad, phrase in ((tmp_path / "a-file" / "index.csv", "cannot make its folder"),
-                        (tmp_path, "cannot write the runs index")):  # fmt: skip
+                        (tmp_path, "cannot write the runs index"),
+                        (tmp_path / "other.csv", "not a kvlab runs index")):  # fmt: skip
         with pytest.raises(ConfigError, match=phrase) as err:
             check_index_writable(bad)
         assert err.value.key == "index"

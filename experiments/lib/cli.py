@@ -27,7 +27,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from experiments.lib.checks import CONFIG_DIR, ConfigError, check_group_overrides, search_dirs
-from experiments.lib.results import append_index, write_error
+from experiments.lib.results import INDEX_COLUMNS, append_index, write_error
 from experiments.lib.table import result_table
 
 # ``${path_safe:${model.name}}`` in a run directory's name: an HF id's "/" would nest it.
@@ -108,13 +108,22 @@ def apply_exclusive(cfg: DictConfig, overrides: Sequence[str]) -> None:
 
 
 def check_index_writable(index: Path) -> None:
-    """The runs index can be appended to (its folder made if missing), before the run."""
+    """The runs index can be appended to (its folder made if missing) and, if it exists, is
+    a runs index (its header), before the run."""
     try:
         index.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError("index", f"cannot make its folder ({exc.strerror})", str(index)) from None
     if index.is_dir() or not os.access(index if index.exists() else index.parent, os.W_OK):
         raise ConfigError("index", "cannot write the runs index there", str(index), "a CSV path")
+    if index.is_file() and index.stat().st_size > 0:
+        with index.open(encoding="utf-8", errors="replace") as f:
+            header = f.readline().strip()
+        if header != ",".join(INDEX_COLUMNS):
+            raise ConfigError(
+                "index", "the file is not a kvlab runs index (its header differs)", str(index),
+                f"a runs index (header {','.join(INDEX_COLUMNS[:3])},...), a new path or null",
+            )  # fmt: skip
 
 
 def run_app(
