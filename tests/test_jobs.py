@@ -49,6 +49,12 @@ def test_a_missing_launcher_is_one_line_naming_the_extra(monkeypatch, capsys) ->
         launch(GRID[:1], "submitit_slurm", Path("unused"))
 
 
+def test_an_unknown_launcher_lists_the_known_ones() -> None:
+    line = missing_launcher(["hydra/launcher=foo"])
+    assert line is not None and line.startswith("hydra/launcher=foo: unknown launcher; known:")
+    assert "joblib" in line and "slurm" in line and "basic" in line
+
+
 def _mtimes(root: Path) -> dict[str, float]:
     return {p.parent.name: p.stat().st_mtime_ns for p in root.glob("*/metrics.json")}
 

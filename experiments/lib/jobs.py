@@ -78,14 +78,19 @@ def launcher_exists(name: str) -> bool:
 
 def missing_launcher(overrides: Sequence[str]) -> str | None:
     """One line naming the package and extra to install when ``overrides`` choose a
-    launcher whose plugin is not installed; None otherwise."""
+    launcher whose plugin is not installed, or listing the known launchers when they choose
+    none; None otherwise."""
     for item in overrides:
         key, _, value = item.lstrip("+").partition("=")
         if key != "hydra/launcher":
             continue
         plugin = plugin_of(value)
         if plugin is None:
-            return None  # Hydra lists the valid options
+            if launcher_exists(value):
+                return None  # another installed plugin: Hydra takes it from here
+            return (
+                f"hydra/launcher={value}: unknown launcher; known: {', '.join(known_launchers())}"
+            )
         module, package = PLUGINS[plugin]
         if importlib.util.find_spec(module.split(".")[0]) is None or (
             importlib.util.find_spec(module) is None
