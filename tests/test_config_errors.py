@@ -356,6 +356,13 @@ def test_an_index_that_cannot_be_written_is_refused_before_the_run(tmp_path: Pat
     assert (tmp_path / "new").is_dir()
 
 
+def test_a_command_refused_before_hydra_still_gets_its_index_row(tmp_path: Path) -> None:
+    status, _, err = run_cli(simulate, ["system=orca"], tmp_path)
+    assert status == 2 and err.startswith("error: system: unknown system")
+    rows = (tmp_path / "index.csv").read_text().splitlines()
+    assert len(rows) == 2 and ",simulate,config error,," in rows[1] and "system=orca" in rows[1]
+
+
 def test_sweeps_are_left_to_hydra() -> None:
     """A sweep (with -m or hydra.mode=MULTIRUN) is not composed as one run beforehand."""
     from experiments.lib.cli import check_overrides_compose

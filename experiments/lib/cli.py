@@ -254,6 +254,7 @@ def main_with_checks(
             if config_name is not None:
                 check_overrides_compose(config_name, args)
         except ConfigError as err:
+            _index_refused(config_name, args, err)
             report_config_error(err)
         main()
     finally:
@@ -263,6 +264,22 @@ def main_with_checks(
         print(f"error: {failed} sweep job(s) failed (their rows in summary.csv and "
               "error.txt say why)", file=sys.stderr)  # fmt: skip
         sys.exit(1)
+
+
+def _index_refused(config_name: str | None, args: Sequence[str], err: ConfigError) -> None:
+    """A command line refused before Hydra starts still gets its index row (no run
+    directory): in ``index=...`` of the arguments, else the default index; best effort."""
+    if config_name is None:
+        return
+    values = [a.partition("=")[2] for a in args if a.lstrip("+").startswith("index=")]
+    index = values[-1] if values else str(DEFAULT_INDEX)
+    if index in ("null", "None", "~", ""):
+        return
+    try:
+        check_index_writable(Path(index))
+        append_index(Path(index), config_name, "config error", None, args, None, err.line())
+    except (ConfigError, OSError):
+        pass  # the command's own error is the one to report
 
 
 def compose_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:

@@ -195,20 +195,21 @@ def append_index(
     index: Path,
     app: str,
     status: str,
-    run_dir: Path,
+    run_dir: Path | None,
     overrides: Sequence[str],
     metrics: Mapping[str, Any] | None = None,
     error: str = "",
 ) -> None:
-    """Append one row to the runs index (header written with the first row). One locked
-    ``write`` per row, so concurrent runs do not interleave."""
+    """Append one row to the runs index (header written with the first row; ``run_dir``
+    None: a command refused before it had one). One locked ``write`` per row, so
+    concurrent runs do not interleave."""
     index = Path(index)
     index.parent.mkdir(parents=True, exist_ok=True)
     row = {
         "time": datetime.now().isoformat(timespec="milliseconds"),
         "app": app,
         "status": status,
-        "run_dir": str(run_dir),
+        "run_dir": "" if run_dir is None else str(run_dir),
         "overrides": " ".join(overrides),
         "error": error,
     }
