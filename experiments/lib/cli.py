@@ -32,6 +32,9 @@ from experiments.lib.table import result_table
 
 # ``${path_safe:${model.name}}`` in a run directory's name: an HF id's "/" would nest it.
 OmegaConf.register_new_resolver("path_safe", lambda v: str(v).replace("/", "--"), replace=True)
+# ``${kvlab_root:}``: the repository's folder, for defaults that name files beside it (the
+# shared traces), so they resolve from any working directory.
+OmegaConf.register_new_resolver("kvlab_root", lambda: str(CONFIG_DIR.parent), replace=True)
 
 CONFIG_ERROR_STATUS = 2
 # set by the sweep-summary callback: how many jobs of the sweep just run failed
