@@ -154,7 +154,8 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
     ek = "engine_kwargs"
     rc = "resolved_config"
     sc = f"{rc}.scheduler_config"
-    _refuse_unmodelled(meta, meta_path)
+    dtype = _dtype(meta, meta_path)
+    _refuse_unmodelled(meta, meta_path, dtype)
     max_len = int(
         _meta_value(meta, meta_path, f"{ek}.max_model_len", f"{rc}.model_config.max_model_len")
     )
@@ -217,7 +218,7 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
         max_model_len=max_len,
         num_gpu_blocks=None if blocks == -1 else int(blocks),
         tp=int(_meta_value(meta, meta_path, f"{ek}.tensor_parallel_size", default=1)),
-        dtype_bytes=DTYPE_BYTES[_dtype(meta, meta_path)],
+        dtype_bytes=DTYPE_BYTES[dtype],
         model_name=str(_meta_value(meta, meta_path, "model", f"{ek}.model")),
         device_memory_bytes=None if memory == -1 else int(memory),
         gpu_memory_utilization=utilization,
@@ -229,27 +230,27 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
 
 def _dtype(meta: dict[str, Any], meta_path: Path) -> str:
     """The weights' dtype: ``engine_kwargs.dtype``, or the resolved model config's when that
-    is vLLM's default ``auto``."""
+    is missing or vLLM's default ``auto``; bfloat16 when neither says."""
     key = "engine_kwargs.dtype"
-    dtype = str(_meta_value(meta, meta_path, key, default="bfloat16"))
+    dtype = str(_meta_value(meta, meta_path, key, default="auto"))
     if dtype == "auto":
         key = "resolved_config.model_config.dtype"
-        dtype = str(_meta_value(meta, meta_path, key, default="auto"))
+        dtype = str(_meta_value(meta, meta_path, key, default="bfloat16"))
     dtype = dtype.removeprefix("torch.")
     if dtype not in DTYPE_BYTES:
         raise RunError(f"{meta_path}: {key} {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     return dtype
 
 
-def _refuse_unmodelled(meta: dict[str, Any], meta_path: Path) -> None:
+def _refuse_unmodelled(meta: dict[str, Any], meta_path: Path, dtype: str) -> None:
     """Settings the simulator cannot price, refused by name rather than ignored: a KV cache
-    dtype other than the weights' and pipeline or data parallelism."""
+    dtype other than the weights' ``dtype`` and pipeline or data parallelism."""
     ek, rc = "engine_kwargs", "resolved_config"
     for key in (f"{ek}.kv_cache_dtype", f"{rc}.cache_config.cache_dtype"):
-        value = _meta_value(meta, meta_path, key, default="auto")
-        if value != "auto":
+        value = str(_meta_value(meta, meta_path, key, default="auto"))
+        if value not in ("auto", dtype, f"torch.{dtype}"):
             raise RunError(f"{meta_path}: {key} is {value!r}: kvlab prices the KV cache in "
-                           "the weights' dtype only (a run with kv_cache_dtype auto)")  # fmt: skip
+                           f"the weights' dtype only ({dtype})")  # fmt: skip
     for key in (f"{rc}.parallel_config.pipeline_parallel_size",
                 f"{ek}.pipeline_parallel_size", f"{ek}.data_parallel_size",
                 f"{rc}.parallel_config.data_parallel_size"):  # fmt: skip
@@ -603,11 +604,10 @@ def run_calibration(
         "notes": notes,
     }
     if out is not None:
-        result["simulate_command"] = simulate_command(
-            run, run_dir, hardware, model_arg, blocks, workload, Path(out) / "calibration.json"
-        )
-    if out is not None:
         out = Path(out)
+        result["simulate_command"] = simulate_command(
+            run, run_dir, hardware, model_arg, blocks, workload, out / "calibration.json"
+        )
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "errors.json", result)
         doc = cal_model.to_dict()

@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 
 from core.metrics.recorder import STEP_COLUMNS
 from core.metrics.summary import summarize_recorder
-from core.workload.spec import FILE_KINDS
+from core.workload.spec import TIMED_KINDS
 from experiments.lib.checks import CONFIG_DIR, check_config
 from experiments.lib.cli import apply_exclusive, main_with_checks, run_app
 from experiments.lib.jobs import exit_if_launcher_missing
@@ -116,8 +116,8 @@ def simulate_job(cfg: DictConfig) -> Mapping[str, Any]:
         log.info("%s: finished before, not run again", out_dir)
         return metrics
     rate = cfg.workload.get("rate")
-    from_file = rate is None and cfg.workload.get("kind") in FILE_KINDS
-    where = "rate from the workload file" if from_file else f"rate={rate}"
+    from_file = rate is None and cfg.workload.get("kind") in TIMED_KINDS
+    where = "arrivals from the workload file" if from_file else f"rate={rate}"
     return run_app("simulate", cfg, run, lambda m: summary_line(m, where))
 
 

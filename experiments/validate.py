@@ -36,6 +36,7 @@ from experiments.lib.inputs import first_line, read_csv, read_json, reading
 from experiments.lib.results import read_metrics, write_json
 from experiments.lib.setup import (
     build_requests,
+    check_calibration_fits,
     prefix_caching_for,
     scheduler_factory,
     served_max_model_len,
@@ -175,12 +176,7 @@ def validate(
                 "--calibration", "not a calibration document", calibration.get("kind"),
                 "kind 'calibrated' (experiments.calibrate writes one)",
             )  # fmt: skip
-        for key, ours in (("model", model.name), ("gpu", hardware), ("tp", tp)):
-            if calibration.get(key) not in (None, ours):
-                raise ConfigError(
-                    "--calibration", f"fitted for another {key}", calibration[key],
-                    f"{ours}, the run's",
-                )  # fmt: skip
+        check_calibration_fits(calibration, "--calibration", model.name, hardware, tp)
         try:
             cost = CalibratedCostModel.from_dict(calibration)
         except (KeyError, TypeError, ValueError) as exc:

@@ -187,6 +187,7 @@ def test_meta_settings_fall_back_to_the_resolved_config(tmp_path: Path) -> None:
         rc = meta["resolved_config"]
         rc["model_config"] = {"dtype": "torch.bfloat16", "max_model_len": 4096}
         rc["scheduler_config"]["max_num_batched_tokens"] = 256
+        meta["engine_kwargs"]["kv_cache_dtype"] = "bfloat16"  # the weights' dtype, named
 
     _edit_meta(run, edit)
     result = run_calibration(run, "rtx4090", out=tmp_path / "out", plot=False)
@@ -198,11 +199,13 @@ def test_meta_settings_fall_back_to_the_resolved_config(tmp_path: Path) -> None:
     ("edit", "message"),
     [
         (lambda m: m["engine_kwargs"].update(kv_cache_dtype="fp8"),
-         "engine_kwargs.kv_cache_dtype is 'fp8'"),
+         "engine_kwargs.kv_cache_dtype is 'fp8': kvlab prices the KV cache in the weights' "
+         "dtype only (bfloat16)"),
         (lambda m: m["engine_kwargs"].update(pipeline_parallel_size=2),
          "engine_kwargs.pipeline_parallel_size is 2"),
-        (lambda m: m["engine_kwargs"].update(dtype="auto"),
-         "resolved_config.model_config.dtype 'auto' is not one of"),
+        (lambda m: (m["engine_kwargs"].update(dtype="auto"),
+                    m["resolved_config"].update(model_config={"dtype": "torch.float64"})),
+         "resolved_config.model_config.dtype 'float64' is not one of"),
         (lambda m: m["resolved_config"]["scheduler_config"].update(enable_chunked_prefill=False),
          "the run's scheduler settings cannot be simulated: max_num_batched_tokens"),
     ],

@@ -49,10 +49,28 @@ def test_a_missing_launcher_is_one_line_naming_the_extra(monkeypatch, capsys) ->
         launch(GRID[:1], "submitit_slurm", Path("unused"))
 
 
-def test_an_unknown_launcher_lists_the_known_ones() -> None:
+def test_an_unknown_launcher_lists_the_known_ones(tmp_path: Path) -> None:
     line = missing_launcher(["hydra/launcher=foo"])
     assert line is not None and line.startswith("hydra/launcher=foo: unknown launcher; known:")
     assert "joblib" in line and "slurm" in line and "basic" in line
+    # a user's own preset on Hydra's search path is left to Hydra
+    (tmp_path / "hydra" / "launcher").mkdir(parents=True)
+    (tmp_path / "hydra" / "launcher" / "mine.yaml").write_text("defaults:\n  - basic\n")
+    search = f"hydra.searchpath=[file://{tmp_path}]"
+    assert missing_launcher([search, "hydra/launcher=mine"]) is None
+
+
+def test_a_finished_job_is_found_wherever_its_index_row_went(tmp_path: Path) -> None:
+    from experiments.lib.results import finished_metrics
+    from experiments.reproduce import compose_config
+    from experiments.simulate import run
+
+    small = ["workload.num_requests=4", "workload.duration_s=null"]
+    run(compose_config([*small, f"index={tmp_path / 'a.csv'}"]), tmp_path / "job")
+    again = compose_config([*small, f"index={tmp_path / 'b.csv'}"])
+    assert finished_metrics(tmp_path / "job", again) is not None
+    other = compose_config(["workload.num_requests=5", "workload.duration_s=null"])
+    assert finished_metrics(tmp_path / "job", other) is None
 
 
 def _mtimes(root: Path) -> dict[str, float]:

@@ -178,6 +178,7 @@ def test_clock_error_names_the_odd_line(tmp_path: Path) -> None:
         ({"itls": 5}, r"key 'itls': expected 2 lists of numbers"),
         ({"burstiness": "x"}, r"key 'burstiness': 'x' is not a positive number"),
         ({"ttfts": [0.1, -1]}, r"key 'ttfts\[1\]': -1 is not a finite number >= 0"),
+        ({"input_lens": [10, math.nan]}, r"key 'input_lens\[1\]': nan is not a whole number"),
     ],
 )
 def test_bad_bench_values_name_the_key(tmp_path: Path, doc: dict, message: str) -> None:

@@ -11,7 +11,9 @@ only kinds that make token ids read.
   :func:`core.workload.synthetic.synthesize`).
 - ``shared_prefix`` / ``multi_turn``: the Fig. 16 / Fig. 17 generators.
 - ``native`` / ``azure`` / ``mooncake`` / ``vidur``: trace files with their own arrival times;
-  ``num_requests`` keeps the first that many, ``duration_s`` keeps arrivals before it.
+  ``num_requests`` keeps the first that many, ``duration_s`` keeps arrivals before it;
+  ``apply_filter`` (vLLM's 2023 length filter, :mod:`core.workload.filters`) is on by
+  default except for ``azure``, a production trace served row for row.
 - ``vllm_log``: a real vLLM run directory (``requests.jsonl``): the recorded arrivals
   (``queued_ts − min``) and lengths, and the prompts' token ids from ``tokens_path`` (the
   workload JSONL that was sent) when given, so prefix hits replay
@@ -72,6 +74,11 @@ FILE_KINDS = frozenset(
     {"native", "azure", "sharegpt_json", "alpaca_json", "mooncake", "vidur", "vllm_log"}
     | {"vllm_bench"}
 )
+# file kinds whose arrivals come from the file (vllm_bench: drawn at the file's rate)
+TIMED_KINDS = frozenset({"native", "azure", "mooncake", "vidur", "vllm_log", "vllm_bench"})
+# kinds that keep every row by default: a real production trace is served as recorded, a
+# row longer than max_model_len rejected by the scheduler with its reason
+UNFILTERED_KINDS = frozenset({"azure"})
 
 DEFAULTS: dict[str, Any] = {
     "dataset": "sharegpt",
@@ -151,6 +158,8 @@ def _resolve(cfg: Mapping[str, Any]) -> dict[str, Any]:
             f"it reads {', '.join(sorted(USES[kind]))}"
         )
     out = dict(DEFAULTS)
+    if kind in UNFILTERED_KINDS:
+        out["apply_filter"] = False
     out.update({k: v for k, v in cfg.items() if v is not None})
     if out["kind"] in FILE_KINDS and out["path"] is None:
         raise RequestError(f"workload kind {out['kind']!r} needs a 'path'")

@@ -292,6 +292,7 @@ def _bench_number(path: Path, key: str, value: Any, positive: bool = False) -> f
 def _bench_ints(path: Path, key: str, values: list[Any]) -> list[int]:
     """Whole numbers ≥ 0 (a length of 0 is a failed request, dropped later)."""
     for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v) or v < 0:
+        number = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        if not number or v != int(v) or v < 0:
             raise TraceFormatError(path, f"key '{key}[{i}]'", f"{v!r} is not a whole number >= 0")
     return [int(v) for v in values]

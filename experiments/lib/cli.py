@@ -37,6 +37,9 @@ OmegaConf.register_new_resolver("path_safe", lambda v: str(v).replace("/", "--")
 OmegaConf.register_new_resolver("kvlab_root", lambda: str(CONFIG_DIR.parent), replace=True)
 
 CONFIG_ERROR_STATUS = 2
+# set while main_with_checks runs, so the jobs a launcher starts in other processes know
+# they belong to a command-line sweep
+COMMAND_LINE_ENV = "KVLAB_COMMAND_LINE"
 # set by the sweep-summary callback: how many jobs of the sweep just run failed
 SWEEP_FAILURES: list[int] = []
 DEFAULT_INDEX = Path("outputs/index.csv")
@@ -110,6 +113,11 @@ def apply_exclusive(cfg: DictConfig, overrides: Sequence[str]) -> None:
                 node[leaf] = value
 
 
+def on_command_line() -> bool:
+    """This process, or the command-line sweep that launched it, is a command line."""
+    return _COMMAND_LINE or os.environ.get(COMMAND_LINE_ENV) == "1"
+
+
 def check_index_writable(index: Path) -> None:
     """The runs index can be appended to (its folder made if missing) and, if it exists, is
     a runs index (its header), before the run."""
@@ -146,15 +154,16 @@ def run_app(
     index_key = cfg.get("index", str(DEFAULT_INDEX))
     index = Path(str(index_key)) if index_key else None
     # a sweep from the command line goes on past a failed job (its summary lists it)
-    sweep_job = _COMMAND_LINE and hc.mode == RunMode.MULTIRUN and not full_errors()
+    sweep_job = on_command_line() and hc.mode == RunMode.MULTIRUN and not full_errors()
 
     def record(status: str, metrics: Mapping[str, Any] | None = None, error: str = "") -> None:
         if index is not None and index_writable:
             append_index(index, app, status, out_dir, overrides, metrics, error)
 
     index_writable = True
-    # this directory's earlier result, if any, is not this run's (a rerun sweep job)
+    # this directory's earlier result or error, if any, is not this run's (a rerun job)
     (out_dir / "metrics.json").unlink(missing_ok=True)
+    (out_dir / "error.txt").unlink(missing_ok=True)
     try:
         if index is not None:
             index_writable = False
@@ -250,6 +259,7 @@ def main_with_checks(
     that does not compose)."""
     global _COMMAND_LINE
     _COMMAND_LINE = True
+    os.environ[COMMAND_LINE_ENV] = "1"  # for a launcher's job processes
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         try:
@@ -262,6 +272,7 @@ def main_with_checks(
         main()
     finally:
         _COMMAND_LINE = False
+        os.environ.pop(COMMAND_LINE_ENV, None)
     if SWEEP_FAILURES:
         failed = SWEEP_FAILURES.pop()
         print(f"error: {failed} sweep job(s) failed (their rows in summary.csv and "

@@ -86,8 +86,8 @@ def missing_launcher(overrides: Sequence[str]) -> str | None:
             continue
         plugin = plugin_of(value)
         if plugin is None:
-            if launcher_exists(value):
-                return None  # another installed plugin: Hydra takes it from here
+            if launcher_exists(value) or _on_search_path(value, overrides):
+                return None  # another plugin, or a user's preset: Hydra takes it from here
             return (
                 f"hydra/launcher={value}: unknown launcher; known: {', '.join(known_launchers())}"
             )
@@ -97,6 +97,16 @@ def missing_launcher(overrides: Sequence[str]) -> str | None:
         ):
             return f"hydra/launcher={value} needs {package}: {EXTRA}"
     return None
+
+
+def _on_search_path(launcher: str, overrides: Sequence[str]) -> bool:
+    """``hydra/launcher/<launcher>.yaml`` is in a ``hydra.searchpath`` folder of
+    ``overrides`` (or the search path has entries this check cannot list)."""
+    from experiments.lib.checks import search_dirs
+
+    dirs = search_dirs(overrides)
+    return dirs is None or any((d / "hydra" / "launcher" / f"{launcher}.yaml").is_file()
+                               for d in dirs)  # fmt: skip
 
 
 def exit_if_launcher_missing(argv: Sequence[str]) -> None:

@@ -170,13 +170,22 @@ def is_complete(run_dir: Path) -> bool:
 
 def finished_metrics(out_dir: Path, cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None:
     """The metrics of a complete run of ``cfg`` in ``out_dir`` (its ``metrics.json`` exists
-    and its ``config.yaml`` is ``cfg`` resolved), else None: a finished job is not run
-    again, and a directory holding another config's run is not mistaken for this one."""
+    and its ``config.yaml`` is ``cfg`` resolved, ``index`` aside), else None: a finished job
+    is not run again, and a directory holding another config's run is not mistaken for
+    this one."""
     metrics, config = out_dir / "metrics.json", out_dir / "config.yaml"
     if not (metrics.is_file() and config.is_file()):
         return None
     conf = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
-    if config.read_text() != OmegaConf.to_yaml(conf, resolve=True):
+    ours = OmegaConf.create(OmegaConf.to_yaml(conf, resolve=True))
+    try:
+        saved = OmegaConf.create(config.read_text())
+    except Exception:  # a damaged config.yaml is not this run's
+        return None
+    for doc in (ours, saved):  # where the run's index row went is not part of the run
+        if isinstance(doc, DictConfig):
+            doc.pop("index", None)
+    if OmegaConf.to_yaml(saved) != OmegaConf.to_yaml(ours):
         return None
     return read_metrics(out_dir)
 

@@ -305,6 +305,14 @@ def with_profile_found(doc: dict[str, Any], calibration_path: Path) -> dict[str,
     return {**doc, "profile": str(beside)} if beside.exists() else doc
 
 
+def check_calibration_fits(doc: Mapping[str, Any], key: str, model: str, gpu: str, tp: int) -> None:
+    """A calibration document names this model, GPU and tensor-parallel size (or none of
+    them); else a ConfigError under ``key``."""
+    for field, ours in (("model", model), ("gpu", gpu), ("tp", tp)):
+        if doc.get(field) not in (None, ours):
+            raise ConfigError(key, f"fitted for another {field}", doc[field], ours)
+
+
 def calibrated_from_file(path: Path, model: ModelSpec, gpu: GPUSpec, tp: int) -> CostModel:
     """The calibrated model in ``path`` (``experiments.calibrate`` or ``calibrate_vllm``)
     applied to this run's model and GPU; a file fitted for another model, GPU or tensor
@@ -323,9 +331,7 @@ def calibrated_from_file(path: Path, model: ModelSpec, gpu: GPUSpec, tp: int) ->
         check_calibration_doc(doc)
     except ValueError as exc:
         raise ConfigError("cost.path", f"malformed calibration file: {exc}", str(path)) from None
-    for key, ours in (("model", model.name), ("gpu", gpu.name), ("tp", tp)):
-        if doc.get(key) not in (None, ours):
-            raise ConfigError("cost.path", f"fitted for another {key}", doc[key], ours)
+    check_calibration_fits(doc, "cost.path", model.name, gpu.name, tp)
     doc = with_profile_found(doc, path)
     try:
         return build_cost_model(
