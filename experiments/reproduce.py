@@ -206,6 +206,20 @@ def check_arguments(args: argparse.Namespace) -> None:
                           "one of " + ", ".join(known_launchers()))  # fmt: skip
 
 
+def check_launcher_overrides(launcher: str, overrides: list[str]) -> None:
+    """Each ``--launcher-override`` composes with ``hydra/launcher=launcher``; else one line
+    (exit 2) before any job runs."""
+    from hydra.errors import HydraException
+
+    for item in overrides:
+        try:
+            with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+                compose("simulate", [f"hydra/launcher={launcher}", item], return_hydra_config=True)
+        except HydraException as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            report_config_error(ConfigError("--launcher-override", first, item))
+
+
 def main(argv: list[str] | None = None) -> Path:
     p = OneLineParser(prog="python -m experiments.reproduce", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("results/reproduce"))
@@ -263,8 +277,14 @@ def main(argv: list[str] | None = None) -> Path:
     try:
         check_arguments(args)
         figs = selection.select(args.figures, [k for k in selection.SKIPS if getattr(args, k)])
+        if args.launcher_override and not args.launcher:
+            raise ConfigError("--launcher-override", "given without --launcher",
+                              args.launcher_override[0], "--launcher NAME as well")  # fmt: skip
     except ConfigError as err:
         report_config_error(err)
+    if args.launcher:
+        exit_if_launcher_missing([f"hydra/launcher={args.launcher}"])
+        check_launcher_overrides(args.launcher, args.launcher_override)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("fontTools").setLevel(logging.WARNING)
     # Hundreds of runs: their per-run capacity breakdown is Table 1's, printed once in the report.

@@ -142,8 +142,12 @@ def test_a_run_passes_only_when_it_keeps_up() -> None:
     assert passes(ok, 1.0, max_backlog=0.1)
     assert not passes(ok | {"unfinished_at_last_arrival": 0.2}, 1.0, max_backlog=0.1)
     assert passes(ok | {"unfinished_at_last_arrival": 0.2}, 1.0)  # no backlog bound given
-    few = ok | {"num_requests": BACKLOG_MIN_REQUESTS - 1, "completed": BACKLOG_MIN_REQUESTS - 1}
-    assert passes(few | {"unfinished_at_last_arrival": 0.5}, 1.0, max_backlog=0.1)
+    # a short trace keeps the allowance of BACKLOG_MIN_REQUESTS x 10% = 10 requests
+    n = 50
+    few = ok | {"num_requests": n, "completed": n}
+    assert BACKLOG_MIN_REQUESTS * 0.1 == 10 and n < BACKLOG_MIN_REQUESTS
+    assert passes(few | {"unfinished_at_last_arrival": 10 / n}, 1.0, max_backlog=0.1)
+    assert not passes(few | {"unfinished_at_last_arrival": 11 / n}, 1.0, max_backlog=0.1)
     assert not passes(ok | {"completed": 499}, 1.0)
     assert not passes(ok | {"normalized_latency": math.nan}, 1.0)
 
@@ -230,7 +234,7 @@ def test_section_has_a_table_and_a_gap_line_per_panel(tmp_path) -> None:
     assert "| Orca (Oracle) | 1 [1, 1] | 100 | 1.0 | 0.01 | 2.00× [2.00, 2.00] | 1.7–2.7× |" in text
     short = [r | {"num_requests": 50} for r in rows if r["setting"] == "a"]
     text = fig12_rates.write(short, tmp_path, pyplot(headless=True), 1.0)
-    assert "| 50 | 1.0 | 0.01 (not judged: < 100 requests) |" in text
+    assert "| 50 | 1.0 | 0.01 (< 100 requests: at most 10 unfinished) |" in text
 
 
 @pytest.mark.slow

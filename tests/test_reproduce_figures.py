@@ -47,6 +47,18 @@ def test_an_unknown_figure_is_one_line_and_exit_2(tmp_path: Path, capsys) -> Non
         (["--workers", "-4"], "error: --workers: not a count >= 1"),
         (["--seeds", "0"], "error: --seeds: not a count >= 1"),
         (["--launcher", "nope"], "error: --launcher: unknown launcher"),
+        (
+            ["--figures", "fig19", "--skip-blocks"],
+            "error: --figures: every figure named is removed by --skip-blocks",
+        ),
+        (
+            ["--launcher-override", "hydra.launcher.n_jobs=2"],
+            "error: --launcher-override: given without --launcher",
+        ),
+        (
+            ["--launcher", "basic", "--launcher-override", "hydra.launcher.bogus=1"],
+            "error: --launcher-override: Could not override 'hydra.launcher.bogus'",
+        ),
     ],
 )
 def test_a_bad_number_or_launcher_is_one_line_before_any_run(

@@ -13,7 +13,9 @@ Choices where the paper is silent (made before any result; config values here):
   ``--threshold``, every request completed, and at most :data:`MAX_BACKLOG` of the trace's
   requests were unfinished when its last request arrived (the system kept up: an overload
   of rate/capacity - 1 >= ~11% leaves a larger share queued; a system that keeps up leaves
-  about mean latency / trace length). The last condition is what makes a short trace
+  about mean latency / trace length; on a trace of fewer than ``BACKLOG_MIN_REQUESTS``
+  requests the allowance stays at that share of that many, 10 requests, instead of
+  shrinking with the trace). The last condition is what makes a short trace
   honest: on a trace much shorter than the wait 1 s/token allows (a 338-token ShareGPT
   request may wait 338 s), normalized latency alone passes rates the system cannot keep up
   with; it also requires the trace to be >= ~10x the mean latency at the rates found;
@@ -193,8 +195,9 @@ def section(cap: pd.DataFrame, runs: pd.DataFrame, threshold: float) -> str:
         "(*backlog*; it guards short traces, on which latency alone passes rates the system "
         "cannot keep up with: see `experiments/report/fig12_rates.py`). Search: an "
         "ascending grid of fractions of the paper's x-axis, stopped at the first rate that "
-        "does not pass, then bisection. The backlog is not judged on traces of fewer than "
-        f"{BACKLOG_MIN_REQUESTS} requests. The "
+        "does not pass, then bisection. On a trace of fewer than "
+        f"{BACKLOG_MIN_REQUESTS} requests the backlog allowed stays at "
+        f"{MAX_BACKLOG * BACKLOG_MIN_REQUESTS:g} requests. The "
         "sustainable rate is the highest rate that passes on every seed; [interval] is the "
         "min–max over seeds of each seed's own sustainable rate on the same evaluated rates. "
         "vLLM / system [interval]: vLLM's interval over the system's, low over high and high "
@@ -262,11 +265,13 @@ def _vllm_rate(c: pd.DataFrame) -> float:
 
 
 def _backlog(r: Any) -> str:
-    """The backlog cell; flagged where the trace was too short for it to be judged."""
+    """The backlog cell; flagged where the trace was short (judged against a fixed
+    allowance of requests)."""
     n = r["requests_at_rate"]
     short = n == n and n < BACKLOG_MIN_REQUESTS
-    return _f(r["backlog_at_rate"]) + (f" (not judged: < {BACKLOG_MIN_REQUESTS} requests)"
-                                       if short else "")  # fmt: skip
+    most = MAX_BACKLOG * BACKLOG_MIN_REQUESTS
+    allowance = f" (< {BACKLOG_MIN_REQUESTS} requests: at most {most:g} unfinished)"
+    return _f(r["backlog_at_rate"]) + (allowance if short else "")
 
 
 def gap_line(panel: Panel, c: pd.DataFrame) -> str:

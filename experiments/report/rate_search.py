@@ -43,10 +43,11 @@ KEEP = (
 
 def passes(metrics: dict[str, Any], threshold: float, max_backlog: float | None = None) -> bool:
     """One run passes: normalized latency <= ``threshold``, every request completed and, with
-    ``max_backlog``, at most that share of the trace's requests was unfinished when the last
-    one arrived (``unfinished_at_last_arrival``: the system kept up with the arrivals). The
-    backlog is not judged on a trace of fewer than :data:`BACKLOG_MIN_REQUESTS` requests,
-    where one unfinished request is a large share."""
+    ``max_backlog``, the system kept up with the arrivals: the requests unfinished when the
+    last one arrived (``unfinished_at_last_arrival`` x requests) are at most ``max_backlog``
+    of the trace, or of :data:`BACKLOG_MIN_REQUESTS` on a shorter trace, where one
+    unfinished request is a large share: there the allowance stays at that many requests
+    (10 at 10%) instead of shrinking with the trace."""
     value = metrics.get("normalized_latency")
     if value is None or value != value or value > threshold:
         return False
@@ -54,9 +55,10 @@ def passes(metrics: dict[str, Any], threshold: float, max_backlog: float | None 
     if not (n is None or done is None or (n > 0 and done == n)):
         return False
     backlog = metrics.get("unfinished_at_last_arrival")
-    if max_backlog is None or backlog is None or (n or 0) < BACKLOG_MIN_REQUESTS:
+    if max_backlog is None or backlog is None or backlog != backlog or n is None:
         return True
-    return backlog <= max_backlog
+    unfinished = round(backlog * n)
+    return unfinished <= max_backlog * max(n, BACKLOG_MIN_REQUESTS) + 1e-9
 
 
 def search_rate(

@@ -32,7 +32,8 @@ SKIPS = {
 def select(spec: str | None, skipped: Iterable[str] = ()) -> tuple[str, ...]:
     """The figures to make, in :data:`FIGURES` order: the comma-separated names of
     ``spec`` (``None``: every figure) less those of ``skipped`` (:data:`SKIPS` keys).
-    An unknown name raises :class:`ConfigError` listing the valid ones."""
+    An unknown name raises :class:`ConfigError` listing the valid ones, and so does a
+    selection the skips leave empty."""
     names = FIGURES if spec is None else [n.strip() for n in spec.split(",") if n.strip()]
     unknown = [n for n in names if n not in FIGURES]
     if unknown or not names:
@@ -43,7 +44,14 @@ def select(spec: str | None, skipped: Iterable[str] = ()) -> tuple[str, ...]:
             expected=f"comma-separated names from {', '.join(FIGURES)}",
         )
     drop = {f for key in skipped for f in SKIPS[key]}
-    return tuple(f for f in FIGURES if f in names and f not in drop)
+    chosen = tuple(f for f in FIGURES if f in names and f not in drop)
+    if not chosen:
+        flags = ", ".join("--" + k.replace("_", "-") for k in skipped)
+        raise ConfigError(
+            "--figures", f"every figure named is removed by {flags}: nothing to make", spec,
+            "a figure the --skip-* flags leave",
+        )  # fmt: skip
+    return chosen
 
 
 class Progress:
