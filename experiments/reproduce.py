@@ -130,12 +130,12 @@ def run_recorded(runs_dir: Path, clock: list[str], label: str, overrides: list[s
     return m
 
 
+# no wall time: a figure's CSV is the same on every machine
 _KEEP = (
     "label", "num_requests", "normalized_latency", "request_throughput", "output_throughput",
     "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "mean_batch_size",
     "completed", "rejected", "num_preemptions", "kv_token_states_pct", "kv_reserved_pct",
-    "kv_internal_frag_pct", "kv_external_frag_pct", "kv_free_pct", "kv_slots", "wall_s",
-    "num_steps",
+    "kv_internal_frag_pct", "kv_external_frag_pct", "kv_free_pct", "kv_slots", "num_steps",
 )  # fmt: skip
 
 

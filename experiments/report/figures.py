@@ -163,8 +163,11 @@ def fig12_panels(
         for system in [s for s in SYSTEM_COLORS if s in set(sub["system"])]:
             df = sub[sub["system"] == system].sort_values("rate")
             color = SYSTEM_COLORS[system]
+            label = SYSTEM_LABELS.get(system, system)
+            if system in cap.index and not cap.loc[system, "max_rate"] > 0:
+                label += " (no rate passed)"  # its points may all lie above the y-limit
             ax.plot(df["rate"], df["normalized_latency_mean"], marker="o", ms=2.5, lw=1,
-                    color=color, label=SYSTEM_LABELS.get(system, system))  # fmt: skip
+                    color=color, label=label)  # fmt: skip
             ax.fill_between(df["rate"], df["normalized_latency_min"],
                             df["normalized_latency_max"], color=color, alpha=0.2, lw=0)  # fmt: skip
             if system in cap.index and cap.loc[system, "max_rate"] > 0:
@@ -183,7 +186,8 @@ def fig12_panels(
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=7)
-    title = (f"Fig. 12 (simulated): mean over seeds, shaded min–max; threshold "
+    sep = "; " if cols == 3 else "\n"  # one or two panels: too narrow for one line
+    title = (f"Fig. 12 (simulated): mean over seeds, shaded min–max{sep}threshold "
              f"{threshold:g} s/token; grey line: end of the paper's axis")  # fmt: skip
     fig.suptitle(title, fontsize=9)
     return fig

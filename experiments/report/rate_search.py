@@ -32,12 +32,13 @@ BACKLOG_MIN_REQUESTS = 100
 # the bisection stops when the rate is bracketed within this share of the failing end
 RATE_TOL = 0.03
 Runner = Callable[[str, list[str]], dict[str, Any]]
+# no wall time: a figure's CSV is the same on every machine
 KEEP = (
     "label", "num_requests", "completed", "rejected", "normalized_latency",
     "request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
     "mean_e2el_ms", "mean_batch_size", "num_preemptions", "kv_sharing_saving_pct",
     "kv_token_states_pct", "kv_reserved_pct", "kv_internal_frag_pct", "kv_external_frag_pct",
-    "kv_free_pct", "kv_slots", "duration_s", "num_steps", "wall_s", "unfinished_at_last_arrival",
+    "kv_free_pct", "kv_slots", "duration_s", "num_steps", "unfinished_at_last_arrival",
 )  # fmt: skip
 
 
