@@ -38,6 +38,7 @@ from experiments.report.figures import (
 )
 from experiments.report.paper import (
     FIG2_BREAKDOWN,
+    FIG2_LIKELY,
     FIG13_BATCH,
     SYSTEM_LABELS,
 )
@@ -233,7 +234,8 @@ def _breakdown_rows(f2: pd.DataFrame) -> list[list[str]]:
     for _, r in f2.iterrows():
         cells = [SYSTEM_LABELS[r["system"]]]
         for part in PARTS:
-            cells.append(f"{_fmt(r[f'kvlab_{part}_pct'])} ({_fmt(r[f'paper_{part}_pct'])})")
+            likely = "≈" if (r["system"], part) in FIG2_LIKELY else ""
+            cells.append(f"{_fmt(r[f'kvlab_{part}_pct'])} ({likely}{_fmt(r[f'paper_{part}_pct'])})")
         cells.append(_fmt(r["kvlab_free_pct"]))
         rows.append(cells)
     return rows
@@ -374,7 +376,8 @@ def _report(
             "for tokens the request will still generate; internal fragmentation = slots reserved "
             "beyond the true output (contiguous) or the unfilled tail of each last block (paged); "
             "external fragmentation & other = buddy-allocator rounding plus free slots while "
-            "requests wait for admission; free = free slots with nobody waiting.",
+            "requests wait for admission; free = free slots with nobody waiting. "
+            "≈: a paper value read off the figure's bar (the text does not print it).",
             "",
             "Largest differences from the paper: " + "; ".join(_largest_gaps(f2)) + ".",
             "",

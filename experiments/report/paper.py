@@ -15,6 +15,8 @@ FIG2_BREAKDOWN: dict[str, dict[str, float | None]] = {
     "vllm": {"token_states": 96.3, "reserved": None, "internal_frag": None,
              "external_frag": 3.7},
 }  # fmt: skip
+# the values above marked "(likely)" in ../shared/PAPER.md: read off the figure's bars
+FIG2_LIKELY = frozenset({("orca_oracle", "reserved"), ("orca_oracle", "external_frag")})
 
 # Fig. 13: average number of batched requests, OPT-13B, ShareGPT at 2 req/s.
 FIG13_BATCH: dict[str, float] = {
