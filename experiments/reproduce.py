@@ -255,8 +255,8 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--skip-sharing", action="store_true", help="no Fig. 14-17")
     p.add_argument(
         "--launcher",
-        help="run every simulation as a Hydra job on this "
-        "hydra/launcher (local, ray_cluster, slurm, joblib, ray, submitit_slurm)",
+        help="run every simulation as a Hydra job on this hydra/launcher "
+        f"({', '.join(known_launchers())})",
     )
     p.add_argument(
         "--launcher-override",

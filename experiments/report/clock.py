@@ -8,6 +8,7 @@ PAPER.md (§7.2, §7.3) beside them, never fitted.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any
 
 import pandas as pd
@@ -200,17 +201,20 @@ def _ratio_at(price: pd.DataFrame, bs: int) -> float:
     return float(r["recompute_ms"].iloc[0] / r["swap_total_ms"].iloc[0]) if len(r) else math.nan
 
 
-def gap_lines(fig2_runs: pd.DataFrame) -> list[str]:
-    """One computed line per step-time-bound gap of Fig. 2 (vLLM) and Fig. 13 (the ratio);
-    Fig. 12's are in ``experiments.report.fig12_rates``."""
+def gap_lines(fig2_runs: pd.DataFrame, figures: Collection[str] = ("fig2", "fig13")) -> list[str]:
+    """One computed line per step-time-bound gap of Fig. 2 (vLLM) and Fig. 13 (the ratio),
+    for those of the two in ``figures``; Fig. 12's are in
+    ``experiments.report.fig12_rates``."""
     by = fig2_runs.set_index("system") if len(fig2_runs) else pd.DataFrame()
     lines = []
     if "vllm" in by.index:
         v = by.loc["vllm"]
-        lines.append(f"- Fig. 2: vLLM's token-state share is {v['kv_token_states_pct']:.1f}% "
-                     f"(paper 96.3%, {v['kv_token_states_pct'] - 96.3:+.1f} points); "
-                     f"{v['kv_free_pct']:.1f}% is free with nobody waiting.")  # fmt: skip
-        if "orca_oracle" in by.index:
+        if "fig2" in figures:
+            share = v["kv_token_states_pct"]
+            lines.append(f"- Fig. 2: vLLM's token-state share is {share:.1f}% (paper 96.3%, "
+                         f"{share - 96.3:+.1f} points); {v['kv_free_pct']:.1f}% is free with "
+                         "nobody waiting.")  # fmt: skip
+        if "fig13" in figures and "orca_oracle" in by.index:
             ratio = v["mean_batch_size"] / by.loc["orca_oracle", "mean_batch_size"]
             paper = FIG13_BATCH["vllm"] / FIG13_BATCH["orca_oracle"]
             rel = v["mean_batch_size"] / FIG13_BATCH["vllm"] - 1

@@ -134,7 +134,7 @@ def write_outputs(
         "constants and sources under *Cost model* above."
     )
     extra = ["## Computed gaps (step-time-bound results)", "", cost_line, "",
-             *gap_lines(fig2), ""]  # fmt: skip
+             *gap_lines(fig2, figures), ""]  # fmt: skip
     if blocks is not None and len(blocks):
         sizes = tuple(sorted(int(b) for b in blocks["block_size"].unique()))
 
