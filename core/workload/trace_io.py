@@ -269,7 +269,7 @@ def _to_requests(
         if not all(keep):
             counts = np.bincount(reasons[reasons >= 0], minlength=len(REASONS))
             why = ", ".join(f"{n} {r}" for r, n in zip(REASONS, counts, strict=True) if n)
-            log.warning(
+            log.info(
                 "%s: the length filter (apply_filter) dropped %d of %d rows before the run "
                 "(%s)", path, len(keep) - sum(keep), len(keep), why,
             )  # fmt: skip
