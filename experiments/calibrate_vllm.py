@@ -230,12 +230,13 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
 
 def _dtype(meta: dict[str, Any], meta_path: Path) -> str:
     """The weights' dtype: ``engine_kwargs.dtype``, or the resolved model config's when that
-    is missing or vLLM's default ``auto``; bfloat16 when neither says."""
-    key = "engine_kwargs.dtype"
-    dtype = str(_meta_value(meta, meta_path, key, default="auto"))
-    if dtype == "auto":
-        key = "resolved_config.model_config.dtype"
-        dtype = str(_meta_value(meta, meta_path, key, default="bfloat16"))
+    is missing or vLLM's default ``auto``; bfloat16 when neither is recorded (older logs),
+    an error when ``auto`` is not resolved."""
+    key, resolved = "engine_kwargs.dtype", "resolved_config.model_config.dtype"
+    dtype = str(_meta_value(meta, meta_path, key, resolved, default="bfloat16"))
+    if dtype == "auto":  # vLLM's default: the resolved config says which it chose
+        key = resolved
+        dtype = str(_meta_value(meta, meta_path, key, default="auto"))
     dtype = dtype.removeprefix("torch.")
     if dtype not in DTYPE_BYTES:
         raise RunError(f"{meta_path}: {key} {dtype!r} is not one of {sorted(DTYPE_BYTES)}")

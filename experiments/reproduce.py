@@ -69,6 +69,7 @@ from experiments.lib.jobs import (
     exit_if_launcher_missing,
     known_launchers,
     launcher_exists,
+    on_search_path,
 )
 from experiments.lib.results import write_json
 from experiments.report import fig12_rates, selection, sharing
@@ -201,23 +202,27 @@ def check_arguments(args: argparse.Namespace) -> None:
     for flag, value in {"--workers": args.workers, "--seeds": args.seeds}.items():
         if value < 1:
             raise ConfigError(flag, "not a count >= 1", value)
-    if args.launcher is not None and not launcher_exists(args.launcher):
+    known = args.launcher is None or launcher_exists(args.launcher)
+    if not known and not on_search_path(args.launcher, args.launcher_override):
         raise ConfigError("--launcher", "unknown launcher", args.launcher,
                           "one of " + ", ".join(known_launchers()))  # fmt: skip
 
 
 def check_launcher_overrides(launcher: str, overrides: list[str]) -> None:
-    """Each ``--launcher-override`` composes with ``hydra/launcher=launcher``; else one line
-    (exit 2) before any job runs."""
+    """The ``--launcher-override`` values compose with ``hydra/launcher=launcher`` (together:
+    a search path and the preset it holds go as a pair); else one line (exit 2) before any
+    job runs."""
     from hydra.errors import HydraException
 
-    for item in overrides:
-        try:
-            with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-                compose("simulate", [f"hydra/launcher={launcher}", item], return_hydra_config=True)
-        except HydraException as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            report_config_error(ConfigError("--launcher-override", first, item))
+    if not overrides:
+        return
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            compose("simulate", [f"hydra/launcher={launcher}", *overrides],
+                    return_hydra_config=True)  # fmt: skip
+    except HydraException as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        report_config_error(ConfigError("--launcher-override", first, " ".join(overrides)))
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -283,7 +288,7 @@ def main(argv: list[str] | None = None) -> Path:
     except ConfigError as err:
         report_config_error(err)
     if args.launcher:
-        exit_if_launcher_missing([f"hydra/launcher={args.launcher}"])
+        exit_if_launcher_missing([f"hydra/launcher={args.launcher}", *args.launcher_override])
         check_launcher_overrides(args.launcher, args.launcher_override)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("fontTools").setLevel(logging.WARNING)
@@ -311,7 +316,6 @@ def main(argv: list[str] | None = None) -> Path:
 
     global _LAUNCH
     if args.launcher:
-        exit_if_launcher_missing([f"hydra/launcher={args.launcher}"])
         _LAUNCH = LaunchQueue(args.launcher, runs_dir, args.launcher_override)
     executor = ThreadPoolExecutor(64) if _LAUNCH else ProcessPoolExecutor(max(1, args.workers))
     with executor as pool:

@@ -46,6 +46,29 @@ def test_block_sections_name_the_best_block_and_the_swap_ratio() -> None:
     assert "| 16 | 0.100 (3) | 0.200 (4) | 2.00 |" in text
 
 
+def test_the_fig19_gap_reads_the_papers_bound_as_recompute_at_most_1_2x_swap() -> None:
+    """§7.3: recompute is never more than 20% above swapping (ratio <= 1.2); the line names
+    the block sizes whose price ratio is above that, and only those."""
+    price = pd.DataFrame({
+        "block_size": [1, 16, 256], "blocks": [512, 32, 2],
+        "swap_total_ms": [10.0, 1.0, 0.5], "recompute_ms": [1.0, 1.1, 1.0],
+    })  # fmt: skip
+    text = "\n".join(block_sections(_runs(), price, "Clock: test"))
+    assert "recompute / swap <= 1.2" in text
+    assert "0.10–2.00 over all block sizes: above the paper's 1.2 at block sizes 256." in text
+
+
+def test_a_subset_gets_the_gap_lines_of_its_figures_only() -> None:
+    fig2 = pd.DataFrame([
+        {"system": "vllm", "kv_token_states_pct": 90.0, "kv_free_pct": 5.0,
+         "mean_batch_size": 27.24},
+        {"system": "orca_oracle", "kv_token_states_pct": 39.0, "kv_free_pct": 1.0,
+         "mean_batch_size": 12.0},
+    ])  # fmt: skip
+    assert [line[:9] for line in gap_lines(fig2, ["fig13"])] == ["- Fig. 13"]
+    assert [line[:8] for line in gap_lines(fig2, ["fig2"])] == ["- Fig. 2"]
+
+
 def test_gap_lines_compare_with_the_paper() -> None:
     fig2 = pd.DataFrame([
         {"system": "vllm", "kv_token_states_pct": 90.0, "kv_free_pct": 5.0,

@@ -65,7 +65,16 @@ def _dataset_requests(
         rows.append((entry, 0.0, len(p_ids), o_len))
         ids.append(tuple(int(t) for t in p_ids) if with_token_ids else None)
     return _to_requests(
-        path, rows, 1.0, max_model_len, max_prompt_len, limit, apply_filter, sampling, ids
+        path,
+        rows,
+        1.0,
+        max_model_len,
+        max_prompt_len,
+        limit,
+        apply_filter,
+        sampling,
+        ids,
+        dataset=True,
     )
 
 

@@ -253,8 +253,11 @@ def _to_requests(
     apply_filter: bool,
     sampling: SamplingParams | None,
     token_ids: list[tuple[int, ...] | None] | None = None,
+    dataset: bool = False,
 ) -> list[Request]:
-    """Shared policy of the readers. ``rows``: (line, arrival seconds, prompt, output)."""
+    """Shared policy of the readers. ``rows``: (line, arrival seconds, prompt, output);
+    ``dataset``: a dataset file without times, whose sampling expects the filter (rows it
+    drops are logged at info level; a timed trace's, which lose arrivals, as a warning)."""
     if not (math.isfinite(time_scale) and time_scale > 0):
         raise RequestError(f"time_scale must be finite and > 0, got {time_scale}")
     if limit is not None and limit < 0:
@@ -269,7 +272,8 @@ def _to_requests(
         if not all(keep):
             counts = np.bincount(reasons[reasons >= 0], minlength=len(REASONS))
             why = ", ".join(f"{n} {r}" for r, n in zip(REASONS, counts, strict=True) if n)
-            log.info(
+            log.log(
+                logging.INFO if dataset else logging.WARNING,
                 "%s: the length filter (apply_filter) dropped %d of %d rows before the run "
                 "(%s)", path, len(keep) - sum(keep), len(keep), why,
             )  # fmt: skip

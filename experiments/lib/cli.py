@@ -37,8 +37,8 @@ OmegaConf.register_new_resolver("path_safe", lambda v: str(v).replace("/", "--")
 OmegaConf.register_new_resolver("kvlab_root", lambda: str(CONFIG_DIR.parent), replace=True)
 
 CONFIG_ERROR_STATUS = 2
-# set while main_with_checks runs, so the jobs a launcher starts in other processes know
-# they belong to a command-line sweep
+# set in a job's environment (hydra.job.env_set) by main_with_checks, so the jobs a
+# launcher starts in other processes know they belong to a command-line sweep
 COMMAND_LINE_ENV = "KVLAB_COMMAND_LINE"
 # set by the sweep-summary callback: how many jobs of the sweep just run failed
 SWEEP_FAILURES: list[int] = []
@@ -259,8 +259,11 @@ def main_with_checks(
     that does not compose)."""
     global _COMMAND_LINE
     _COMMAND_LINE = True
-    os.environ[COMMAND_LINE_ENV] = "1"  # for a launcher's job processes
     args = sys.argv[1:] if argv is None else list(argv)
+    saved_argv = sys.argv
+    # every launcher sets hydra.job.env_set in the job's process (Ray and Slurm workers
+    # included), so a job knows it belongs to a command-line sweep
+    sys.argv = [*sys.argv, f"+hydra.job.env_set.{COMMAND_LINE_ENV}=1"]
     try:
         try:
             check_group_overrides(args)
@@ -272,7 +275,7 @@ def main_with_checks(
         main()
     finally:
         _COMMAND_LINE = False
-        os.environ.pop(COMMAND_LINE_ENV, None)
+        sys.argv = saved_argv
     if SWEEP_FAILURES:
         failed = SWEEP_FAILURES.pop()
         print(f"error: {failed} sweep job(s) failed (their rows in summary.csv and "

@@ -86,7 +86,7 @@ def missing_launcher(overrides: Sequence[str]) -> str | None:
             continue
         plugin = plugin_of(value)
         if plugin is None:
-            if launcher_exists(value) or _on_search_path(value, overrides):
+            if launcher_exists(value) or on_search_path(value, overrides):
                 return None  # another plugin, or a user's preset: Hydra takes it from here
             return (
                 f"hydra/launcher={value}: unknown launcher; known: {', '.join(known_launchers())}"
@@ -99,7 +99,7 @@ def missing_launcher(overrides: Sequence[str]) -> str | None:
     return None
 
 
-def _on_search_path(launcher: str, overrides: Sequence[str]) -> bool:
+def on_search_path(launcher: str, overrides: Sequence[str]) -> bool:
     """``hydra/launcher/<launcher>.yaml`` is in a ``hydra.searchpath`` folder of
     ``overrides`` (or the search path has entries this check cannot list)."""
     from experiments.lib.checks import search_dirs
@@ -144,7 +144,7 @@ def launch(
     from experiments.lib.results import finished_metrics
     from experiments.simulate import simulate_job
 
-    problem = missing_launcher([f"hydra/launcher={launcher}"])
+    problem = missing_launcher([f"hydra/launcher={launcher}", *launcher_overrides])
     if problem:
         raise RuntimeError(problem)
     sweep_dir = Path(sweep_dir).resolve()
