@@ -25,3 +25,10 @@ def read_mapping(
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: expected {expected}")
     return doc
+
+
+def yaml_error_place(exc: Exception) -> str:
+    """``"line L, column C"`` of a YAML parse error that marks its place (1-based), else
+    ``""``."""
+    mark = getattr(exc, "problem_mark", None)
+    return "" if mark is None else f"line {mark.line + 1}, column {mark.column + 1}"

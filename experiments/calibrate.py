@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 from omegaconf import OmegaConf
 
 from experiments.lib.args import OneLineParser
@@ -96,8 +95,6 @@ def calibrate(
     steps = read_csv(steps_path, "run_dir")
     if "duration_s" not in steps.columns:
         raise ConfigError("run_dir", f"{steps_path}: no column duration_s")
-    if not (pd.to_numeric(steps["duration_s"], errors="coerce") >= 0).all():
-        raise ConfigError("run_dir", f"{steps_path}: duration_s is not a number >= 0 everywhere")
     if target == "host" and "forward_s" not in steps.columns:
         raise ConfigError(
             "--target", "host needs each step's forward_s (the engine's phase timing), which "

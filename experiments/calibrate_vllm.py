@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.mapping_file import read_mapping
+from core.mapping_file import read_mapping, yaml_error_place
 from core.metrics.summary import rejection_counts
 from core.model_spec import ModelSpec
 from core.request import Request
@@ -283,8 +283,7 @@ def resolve_gpu(arg: str) -> GPUSpec:
         try:
             doc = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = "" if mark is None else f", line {mark.line + 1}, column {mark.column + 1}"
+            where = f", {yaml_error_place(e)}" if yaml_error_place(e) else ""
             raise ValueError(f"{path}{where}: not YAML ({getattr(e, 'problem', e)})") from None
         if not isinstance(doc, dict):
             raise ValueError(f"{path}: not a mapping of the GPU's numbers")

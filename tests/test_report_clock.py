@@ -58,24 +58,24 @@ def test_the_fig19_gap_reads_the_papers_bound_as_recompute_at_most_1_2x_swap() -
     assert "0.10–2.00 over all block sizes: above the paper's 1.2 at block sizes 256." in text
 
 
-def test_a_subset_gets_the_gap_lines_of_its_figures_only() -> None:
-    fig2 = pd.DataFrame([
+def _fig2_runs() -> pd.DataFrame:
+    """vLLM and Orca (Oracle) runs as the Fig. 2 gap lines read them."""
+    return pd.DataFrame([
         {"system": "vllm", "kv_token_states_pct": 90.0, "kv_free_pct": 5.0,
          "mean_batch_size": 27.24},
         {"system": "orca_oracle", "kv_token_states_pct": 39.0, "kv_free_pct": 1.0,
          "mean_batch_size": 12.0},
     ])  # fmt: skip
+
+
+def test_a_subset_gets_the_gap_lines_of_its_figures_only() -> None:
+    fig2 = _fig2_runs()
     assert [line[:9] for line in gap_lines(fig2, ["fig13"])] == ["- Fig. 13"]
     assert [line[:8] for line in gap_lines(fig2, ["fig2"])] == ["- Fig. 2"]
 
 
 def test_gap_lines_compare_with_the_paper() -> None:
-    fig2 = pd.DataFrame([
-        {"system": "vllm", "kv_token_states_pct": 90.0, "kv_free_pct": 5.0,
-         "mean_batch_size": 27.24},
-        {"system": "orca_oracle", "kv_token_states_pct": 39.0, "kv_free_pct": 1.0,
-         "mean_batch_size": 12.0},
-    ])  # fmt: skip
+    fig2 = _fig2_runs()
     text = "\n".join(gap_lines(fig2))
     assert "(paper 96.3%, -6.3 points)" in text
     assert "vLLM's batch is 2.27× Orca (Oracle)'s (paper 2.23×)" in text

@@ -26,6 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from core.mapping_file import yaml_error_place
 from experiments.lib.checks import CONFIG_DIR, ConfigError, check_group_overrides, search_dirs
 from experiments.lib.results import INDEX_COLUMNS, append_index, write_error
 from experiments.lib.table import result_table
@@ -229,10 +230,8 @@ def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
             lines.append(str(exc.__cause__).strip().splitlines()[0])
         raise ConfigError("overrides", ": ".join(lines)) from None
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = (
-            "" if mark is None else f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}: "
-        )
+        place = yaml_error_place(exc)
+        where = f"{exc.problem_mark.name}, {place}: " if place else ""
         raise ConfigError("config", f"{where}not YAML ({exc.problem})") from None
 
 
