@@ -15,12 +15,12 @@ from core.systems import build_scheduler
 from core.workload.vllm_log import read_vllm_log
 from experiments.calibrate_vllm import (
     METRICS,
-    bounded_lstsq,
     main,
     part_metrics,
     run_calibration,
     split_ids,
 )
+from experiments.lib.vllm_fit import bounded_lstsq
 from experiments.simulate import run as simulate_run
 from sim.catalog import get_gpu, get_model
 from sim.cost import CalibratedCostModel

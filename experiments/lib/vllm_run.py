@@ -1,0 +1,288 @@
+"""A vLLM run directory (``meta.json``, ``requests.jsonl``, ``timeseries.csv``) read into
+what the simulator needs: the requests, kvlab's ``system`` config group for the engine's
+settings, the KV blocks, and the simulation of the whole run on them. Anything the
+simulator cannot price is refused by name (:class:`RunError`); nothing is guessed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from core.mapping_file import read_mapping, yaml_error_place
+from core.model_spec import ModelSpec
+from core.request import Request
+from core.sched.base import SchedulerConfig
+from core.workload.vllm_log import (
+    LoggedRequest,
+    read_token_ids,
+    read_vllm_log,
+    requests_from_log,
+)
+from experiments.lib.checks import ConfigError
+from experiments.lib.setup import block_size as system_block_size
+from experiments.lib.setup import prefix_caching_for, scheduler_config, scheduler_factory
+from sim.capacity import kv_capacity
+from sim.catalog import GPUSpec, get_gpu, get_model, gpu_from_config, gpus
+from sim.cost import CostModel
+from sim.driver import simulate
+
+# vLLM's max_cudagraph_capture_size default (the shared run's meta.json), for a meta.json
+# without a compilation_config.
+CUDA_GRAPH_MAX_SIZE = 512
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+
+
+class RunError(ValueError):
+    """A run directory or option that cannot be used; the message names file and key."""
+
+
+@dataclass
+class VLLMRun:
+    """A vLLM run directory read into what the simulator needs."""
+
+    name: str
+    meta: dict[str, Any]
+    logged: list[LoggedRequest]
+    requests: list[Request]
+    system: dict[str, Any]
+    max_model_len: int
+    num_gpu_blocks: int | None
+    tp: int
+    dtype_bytes: int
+    model_name: str
+    device_memory_bytes: int | None
+    gpu_memory_utilization: float
+    cuda_graph_max_size: int
+    timeseries: pd.DataFrame | None
+    prefix_caching_dropped: bool = False
+
+    @property
+    def sched_config(self) -> SchedulerConfig:
+        return scheduler_config(self.system, self.max_model_len)
+
+    @property
+    def block_size(self) -> int:
+        return system_block_size(self.system)
+
+
+def _meta_value(meta: dict[str, Any], path: Path, *keys: str, default: Any = None) -> Any:
+    """The first of ``keys`` (dotted paths into meta.json) present; ``default`` or an
+    error naming the key when none is."""
+    for key in keys:
+        node: Any = meta
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            return node
+    if default is not None:
+        return default
+    raise RunError(f"{path}: missing key {keys[0]!r}")
+
+
+def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
+    """Read ``run_dir``'s meta.json, requests.jsonl and timeseries.csv."""
+    run_dir = Path(run_dir)
+    meta_path = run_dir / "meta.json"
+    if not meta_path.is_file():
+        raise RunError(f"{meta_path}: not found (a vLLM run directory holds meta.json)")
+    try:
+        meta = read_mapping(meta_path, json.loads, json.JSONDecodeError, "JSON", "a JSON object")
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    logged = read_vllm_log(run_dir)
+    ids = None if workload is None else read_token_ids(workload, logged)
+    ek = "engine_kwargs"
+    rc = "resolved_config"
+    sc = f"{rc}.scheduler_config"
+    dtype = _dtype(meta, meta_path)
+    _refuse_unmodelled(meta, meta_path, dtype)
+    max_len = int(
+        _meta_value(meta, meta_path, f"{ek}.max_model_len", f"{rc}.model_config.max_model_len")
+    )
+    chunked = bool(_meta_value(meta, meta_path, f"{sc}.enable_chunked_prefill", default=True))
+    # the run as kvlab's system config group; vLLM v1 keeps no watermark
+    system = {
+        "name": "vllm_v1",
+        "max_num_seqs": int(
+            _meta_value(meta, meta_path, f"{ek}.max_num_seqs", f"{sc}.max_num_seqs")
+        ),
+        "max_num_batched_tokens": int(
+            _meta_value(
+                meta, meta_path, f"{ek}.max_num_batched_tokens", f"{sc}.max_num_batched_tokens"
+            )
+        ),
+        "preemption_mode": "recompute",
+        "chunked_prefill": chunked,
+        "block_size": int(_meta_value(meta, meta_path, "kv_cache.block_size", default=16)),
+        "watermark": 0.0,
+        "enable_prefix_caching": bool(
+            _meta_value(meta, meta_path, "kv_cache.enable_prefix_caching", default=True)
+        ),
+    }
+    try:
+        scheduler_config(system, max_len)
+    except ConfigError as e:
+        raise RunError(f"{meta_path}: the run's scheduler settings cannot be simulated: "
+                       f"{e.key.removeprefix('system.')}: {e.problem}") from None  # fmt: skip
+    requests = requests_from_log(logged, ids)
+    wanted = system["enable_prefix_caching"]
+    system["enable_prefix_caching"] = prefix_caching_for(system, requests, warn=False)
+    blocks = _meta_value(meta, meta_path, "kv_cache.num_gpu_blocks", default=-1)
+    if blocks != -1 and not (isinstance(blocks, int) and blocks >= 1):
+        raise RunError(f"{meta_path}: kv_cache.num_gpu_blocks must be a whole number >= 1, "
+                       f"got {blocks!r}")  # fmt: skip
+    memory = _meta_value(meta, meta_path, "hardware.device_total_memory_bytes", default=-1)
+    utilization = float(
+        _meta_value(meta, meta_path, "kv_cache.gpu_memory_utilization",
+                    f"{rc}.cache_config.gpu_memory_utilization", default=0.9)
+    )  # fmt: skip
+    eager = bool(_meta_value(meta, meta_path, f"{ek}.enforce_eager",
+                             f"{rc}.model_config.enforce_eager", default=False))  # fmt: skip
+    graphs = int(
+        _meta_value(meta, meta_path, f"{rc}.compilation_config.max_cudagraph_capture_size",
+                    default=CUDA_GRAPH_MAX_SIZE)
+    )  # fmt: skip
+    ts_path = run_dir / "timeseries.csv"
+    timeseries = None
+    if ts_path.is_file():
+        try:
+            timeseries = pd.read_csv(ts_path)
+        except ValueError as e:  # pandas' EmptyDataError and ParserError
+            raise RunError(f"{ts_path}: not a CSV table ({e})") from None
+    return VLLMRun(
+        name=run_dir.name,
+        meta=meta,
+        logged=logged,
+        requests=requests,
+        system=system,
+        max_model_len=max_len,
+        num_gpu_blocks=None if blocks == -1 else int(blocks),
+        tp=int(_meta_value(meta, meta_path, f"{ek}.tensor_parallel_size", default=1)),
+        dtype_bytes=DTYPE_BYTES[dtype],
+        model_name=str(_meta_value(meta, meta_path, "model", f"{ek}.model")),
+        device_memory_bytes=None if memory == -1 else int(memory),
+        gpu_memory_utilization=utilization,
+        cuda_graph_max_size=0 if eager else graphs,
+        timeseries=timeseries,
+        prefix_caching_dropped=wanted and not system["enable_prefix_caching"],
+    )
+
+
+def _dtype(meta: dict[str, Any], meta_path: Path) -> str:
+    """The weights' dtype: ``engine_kwargs.dtype``, or the resolved model config's when that
+    is missing or vLLM's default ``auto``; bfloat16 when neither is recorded (older logs),
+    an error when ``auto`` is not resolved."""
+    key, resolved = "engine_kwargs.dtype", "resolved_config.model_config.dtype"
+    dtype = str(_meta_value(meta, meta_path, key, resolved, default="bfloat16"))
+    if dtype == "auto":  # vLLM's default: the resolved config says which it chose
+        key = resolved
+        dtype = str(_meta_value(meta, meta_path, key, default="auto"))
+    dtype = dtype.removeprefix("torch.")
+    if dtype not in DTYPE_BYTES:
+        raise RunError(f"{meta_path}: {key} {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+    return dtype
+
+
+def _refuse_unmodelled(meta: dict[str, Any], meta_path: Path, dtype: str) -> None:
+    """Settings the simulator cannot price, refused by name rather than ignored: a KV cache
+    dtype other than the weights' ``dtype`` and pipeline or data parallelism."""
+    ek, rc = "engine_kwargs", "resolved_config"
+    for key in (f"{ek}.kv_cache_dtype", f"{rc}.cache_config.cache_dtype"):
+        value = str(_meta_value(meta, meta_path, key, default="auto"))
+        if value not in ("auto", dtype, f"torch.{dtype}"):
+            raise RunError(f"{meta_path}: {key} is {value!r}: kvlab prices the KV cache in "
+                           f"the weights' dtype only ({dtype})")  # fmt: skip
+    for key in (f"{rc}.parallel_config.pipeline_parallel_size",
+                f"{ek}.pipeline_parallel_size", f"{ek}.data_parallel_size",
+                f"{rc}.parallel_config.data_parallel_size"):  # fmt: skip
+        value = _meta_value(meta, meta_path, key, default=1)
+        if value != 1:
+            raise RunError(
+                f"{meta_path}: {key} is {value!r}: kvlab models one engine with tensor "
+                "parallelism only (pipeline and data parallel size 1)"
+            )
+
+
+def resolve_model(arg: str | None, run: VLLMRun) -> ModelSpec:
+    """``--model``: a catalog name or HF id, or a ``config.json`` path; default the run's
+    model id from meta.json."""
+    if arg is not None and Path(arg).exists():
+        return ModelSpec.from_json(arg)
+    return get_model(arg or run.model_name)
+
+
+def resolve_gpu(arg: str) -> GPUSpec:
+    """``--hardware``: a catalog name or a hardware YAML path."""
+    path = Path(arg)
+    if path.suffix in (".yaml", ".yml") and not path.is_file():
+        raise RunError(f"--hardware {arg}: no such file (a hardware YAML, or one of the "
+                       f"names {', '.join(sorted(gpus()))})")  # fmt: skip
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            where = f", {yaml_error_place(e)}" if yaml_error_place(e) else ""
+            raise ValueError(f"{path}{where}: not YAML ({getattr(e, 'problem', e)})") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"{path}: not a mapping of the GPU's numbers")
+        return gpu_from_config(doc, str(path))
+    return get_gpu(arg)
+
+
+def num_blocks(run: VLLMRun, model: ModelSpec, gpu: GPUSpec) -> tuple[int, str]:
+    """vLLM's block count when meta.json records it, else kvlab's estimate (vllm_v1
+    accounting on the device memory meta.json records); the capacity description."""
+    if run.device_memory_bytes is not None:
+        gpu = replace(
+            gpu, memory_bytes=int(run.device_memory_bytes),
+            source={**gpu.source, "memory_gb": "device_total_memory_bytes of the run's meta.json"},
+        )  # fmt: skip
+    estimate = kv_capacity(
+        model, gpu, run.tp, run.dtype_bytes,
+        max_num_batched_tokens=run.sched_config.max_num_batched_tokens,
+        max_num_seqs=run.sched_config.max_num_seqs,
+        max_model_len=run.sched_config.max_model_len,
+        gpu_memory_utilization=run.gpu_memory_utilization,
+        block_size=run.block_size, cuda_graph_max_size=run.cuda_graph_max_size,
+    )  # fmt: skip
+    text = estimate.describe()
+    if run.num_gpu_blocks is None:
+        return estimate.num_blocks(run.block_size), text
+    est = estimate.num_blocks(run.block_size)
+    text += (
+        f"\n  vLLM allocated {run.num_gpu_blocks} blocks (meta.json, used); kvlab's estimate "
+        f"{est} blocks ({est / run.num_gpu_blocks - 1:+.1%})"
+    )
+    return run.num_gpu_blocks, text
+
+
+def run_simulation(run: VLLMRun, cost: CostModel, blocks: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Simulate the whole run on ``run.system`` (vllm_v1); the requests and steps frames.
+    Prefix caching is off when the log comes without prompt token ids."""
+    slots = blocks * run.block_size
+    make_scheduler = scheduler_factory(run.system, slots, 0, run.max_model_len, run.requests)
+    rec = simulate(run.requests, make_scheduler, cost).recorder
+    return rec.requests_frame(), rec.steps_frame()
+
+
+def measured_frame(logged: list[LoggedRequest]) -> pd.DataFrame:
+    """The log as a requests frame (columns of ``core.metrics.recorder``)."""
+    return pd.DataFrame(
+        {
+            "request_id": [r.index for r in logged],
+            "arrival_s": [r.arrival for r in logged],
+            "output_len": [r.output_len for r in logged],
+            "first_scheduled_s": [r.scheduled for r in logged],
+            "first_token_s": [r.first_token for r in logged],
+            "finish_s": [r.last_token for r in logged],
+            "ttft_s": [r.ttft for r in logged],
+            "tpot_s": [r.tpot for r in logged],
+            "e2el_s": [r.e2e for r in logged],
+        }
+    )
