@@ -167,7 +167,7 @@ class StepLoop:
                 self._done(aborted)
             if not plan.is_empty:
                 break
-            if plan.preempted:
+            if plan.preempted or aborted:  # memory was freed: what waits may fit now
                 continue
             if sched.has_unfinished():
                 raise StallError(

@@ -26,7 +26,6 @@ from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm
@@ -38,12 +37,13 @@ from core.model_spec import ModelSpec
 from core.plan import BatchShape, StepOutcome, StepPlan
 from core.request import Request, SequenceGroup
 from core.sched.base import BaseScheduler, SchedulerConfig
+from core.seeding import with_drawn_prompt_ids
 from core.systems import build_scheduler
 from engine.kv_cache import PagedKVCache, resolve_kv_budget
 from engine.models import build_model
 from engine.phases import PhaseTimer, device_clock, phase_timing_default, step_timer
 from engine.runner import ModelRunner
-from engine.sampler import Sampler, mix_seed
+from engine.sampler import Sampler
 from engine.weights import init_dummy_weights, load_checkpoint
 
 MODES = ("offline", "online")
@@ -181,14 +181,10 @@ class LLMEngine:
 
     # -- intake -----------------------------------------------------------------------
     def with_token_ids(self, request: Request) -> Request:
-        """``request`` with prompt ids (seeded random ones if it has none); given ones are
-        kept as they are (:meth:`Request.vocabulary_problem` checks them at intake)."""
-        if request.prompt_token_ids is not None:
-            return request
-        vocab = self.model_config.vocab_size
-        rng = np.random.default_rng(mix_seed(self.seed, request.request_id))
-        drawn = rng.integers(0, vocab, size=request.prompt_len)
-        return dataclasses.replace(request, prompt_token_ids=tuple(int(t) for t in drawn))
+        """``request`` with prompt ids (seeded random ones if it has none:
+        :func:`core.seeding.with_drawn_prompt_ids`); given ones are kept as they are
+        (:meth:`Request.vocabulary_problem` checks them at intake)."""
+        return with_drawn_prompt_ids(request, self.model_config.vocab_size, self.seed)
 
     def add_request(self, request: Request, now: float | None = None) -> SequenceGroup:
         """Queue ``request`` at ``now`` (default: the engine clock). A rejected request

@@ -25,23 +25,7 @@ import torch
 
 from core.plan import BeamChoice
 from core.request import Sequence, SequenceGroup
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def mix_seed(*parts: int) -> int:
-    """A 63-bit seed hashing ``parts`` (splitmix64 chain; order matters)."""
-    h = 0
-    for p in parts:
-        h = _splitmix64(h ^ (p & _MASK64))
-    return h >> 1
+from core.seeding import mix_seed
 
 
 @dataclass

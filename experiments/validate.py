@@ -28,6 +28,7 @@ from typing import Any
 
 from core.metrics.summary import summarize_recorder
 from core.request import Request
+from core.seeding import with_drawn_prompt_ids
 from experiments.calibrate import read_run_config, run_identity
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
@@ -37,7 +38,6 @@ from experiments.lib.results import read_metrics, write_json
 from experiments.lib.setup import (
     build_requests,
     check_calibration_fits,
-    prefix_caching_for,
     scheduler_factory,
     served_max_model_len,
     with_profile_found,
@@ -45,6 +45,7 @@ from experiments.lib.setup import (
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel, CostModel, RecordedCostModel
 from sim.cost.calibrated import check_step_numbers
+from sim.cost.recorded import RecordedStepsExhausted
 from sim.driver import SimResult, simulate
 
 METRICS = (
@@ -93,18 +94,19 @@ def simulate_served(
 ) -> SimResult:
     """Simulate ``requests`` (as served) on the run's policy and on a KV cache of
     ``kv["num_blocks"]`` device and ``kv["num_cpu_blocks"]`` CPU blocks of
-    ``kv["block_size"]`` slots (``engine.json``'s keys). Prefix caching is off for requests
-    without prompt token ids: the engine drew random ones for them, so nothing was hit."""
+    ``kv["block_size"]`` slots (``engine.json``'s keys). With prefix caching on, a request
+    without prompt token ids gets the ids the engine drew for it
+    (:func:`core.seeding.with_drawn_prompt_ids`): a request preempted by recompute hits its
+    own blocks in the engine, and so in the simulation."""
     block = int(kv["block_size"])
     system = {**cfg["system"], "block_size": block}
-    # quietly: the engine drew ids for these requests and kept prefix caching on
-    system["enable_prefix_caching"] = prefix_caching_for(system, requests, warn=False)
+    vocab = model_from_config(cfg["model"]).vocab_size
+    seed = int(cfg.get("seed", 0))
+    if system.get("enable_prefix_caching"):
+        requests = [with_drawn_prompt_ids(r, vocab, seed) for r in requests]
     slots, cpu_slots = int(kv["num_blocks"]) * block, int(kv["num_cpu_blocks"]) * block
     make_scheduler = scheduler_factory(system, slots, cpu_slots, max_model_len)
-    vocab = model_from_config(cfg["model"]).vocab_size
-    return simulate(
-        requests, make_scheduler, cost_model, seed=int(cfg.get("seed", 0)), vocab_size=vocab
-    )
+    return simulate(requests, make_scheduler, cost_model, seed=seed, vocab_size=vocab)
 
 
 def simulate_run(run_dir: Path, cost_model: CostModel) -> dict[str, Any]:
@@ -189,8 +191,13 @@ def validate(
         metrics = read_metrics(run_dir)
     if not isinstance(metrics, dict):
         raise ConfigError("run_dir", f"{run_dir / 'metrics.json'}: not a JSON object")
-    simulated = simulate_run(run_dir, cost)
-    return {
+    if isinstance(cost, RecordedCostModel):
+        check_all_steps(cost.steps_left, metrics.get("num_steps"), run_dir / "steps.csv")
+    try:
+        simulated = simulate_run(run_dir, cost)
+    except RecordedStepsExhausted as exc:
+        raise ConfigError("--recorded", f"{run_dir / 'steps.csv'}: {exc}") from None
+    result: dict[str, Any] = {
         "run": run_dir.name,
         "cost_model": cost.describe(),
         "clock": cfg.get("clock", "virtual"),
@@ -199,6 +206,19 @@ def validate(
         "simulator": simulated,
         "comparison": compare(metrics, simulated),
     }
+    if isinstance(cost, RecordedCostModel):
+        result["recorded_steps_left"] = cost.steps_left  # 0 when the replay took every step
+    return result
+
+
+def check_all_steps(num_rows: int, num_steps: Any, steps_path: Path) -> None:
+    """A steps.csv with fewer rows than the run's ``num_steps`` (metrics.json) was cut
+    short: replaying it would diverge for want of step times, not for the policy."""
+    if isinstance(num_steps, int) and num_rows != num_steps:
+        raise ConfigError(
+            "--recorded", f"{steps_path}: {num_rows} steps, but metrics.json counts {num_steps}"
+            " (a file cut short or from another run)",
+        )  # fmt: skip
 
 
 def print_comparison(rows: list[dict[str, Any]]) -> None:

@@ -46,6 +46,8 @@ def make_engine(
     max_model_len: int = 256,
     max_num_seqs: int = 256,
     seed: int = 0,
+    enable_prefix_caching: bool = False,
+    watermark: float | None = None,
 ) -> LLMEngine:
     sched = SchedulerConfig(
         max_num_seqs=max_num_seqs,
@@ -62,6 +64,8 @@ def make_engine(
         sched_config=sched,
         num_cpu_blocks=num_cpu_blocks,
         seed=seed,
+        enable_prefix_caching=enable_prefix_caching,
+        **({} if watermark is None else {"watermark": watermark}),
     )
     init_dummy_weights(engine.model, seed, std=TEST_STD)
     return engine

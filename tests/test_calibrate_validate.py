@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,25 +77,51 @@ def test_validation_with_the_calibrated_model_writes_its_file(online_run: Path) 
     assert all(math.isfinite(rows[m]["simulator"]) for m in ("output_throughput", "mean_e2el_ms"))
 
 
-@pytest.mark.parametrize("mode", ["online", "offline", "vllm_v1"])
+# vllm_v1 with a small cache and token budget: recompute preemptions under prefix caching
+V1_PREEMPTING = ["system=vllm_v1", "kv_cache_gb=0.0004", "system.max_num_batched_tokens=64"]
+
+
+@pytest.mark.parametrize("mode", ["online", "offline", "vllm_v1", "vllm_v1_preempting"])
 def test_recorded_replay_reproduces_the_engine_metrics(
     mode: str, online_run: Path, tmp_path: Path
 ) -> None:
     """Each step at its recorded time, the simulator serves the run as the engine did. The
-    vllm_v1 run has prefix caching on and no token ids in the workload: the engine drew
-    random ids (nothing to hit), the simulator turns prefix caching off."""
-    extra = {"online": None, "offline": ["mode=offline"], "vllm_v1": ["system=vllm_v1"]}[mode]
+    vllm_v1 runs have prefix caching on and no token ids in the workload: the simulator
+    gives each request the ids the engine drew, so a request preempted by recompute hits
+    its own blocks (prompt and generated) in both."""
+    extra = {
+        "online": None, "offline": ["mode=offline"], "vllm_v1": ["system=vllm_v1"],
+        "vllm_v1_preempting": V1_PREEMPTING,
+    }[mode]  # fmt: skip
     run_dir = online_run if extra is None else _serve(tmp_path, extra)
     out = tmp_path / "validation.json"
     assert validate.main([str(run_dir), "--recorded", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["exact_replay_expected"] is True
+    assert doc["recorded_steps_left"] == 0
+    if mode == "vllm_v1_preempting":
+        assert doc["engine"]["num_preemptions"] > 0
     engine, sim = doc["engine"], doc["simulator"]
     summary_keys = set(sim) - {"wall_s"}
     assert {"num_steps", "mean_batch_size", "normalized_latency"} <= summary_keys
     for key in summary_keys:
         assert sim[key] == engine[key], key
     assert all(r["rel_err"] == 0.0 for r in doc["comparison"])
+
+
+def test_recorded_replay_of_a_cut_steps_file_is_one_line(
+    online_run: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    run_dir = tmp_path / "cut"
+    shutil.copytree(online_run, run_dir)
+    lines = (run_dir / "steps.csv").read_text().splitlines(keepends=True)
+    (run_dir / "steps.csv").write_text("".join(lines[: len(lines) // 2]))
+    with pytest.raises(SystemExit) as exit_:
+        validate.main([str(run_dir), "--recorded", "--out", str(tmp_path / "v.json")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "steps.csv" in err and "but metrics.json counts" in err and "\n" not in err
 
 
 def test_validate_needs_a_calibration_or_recorded(online_run: Path) -> None:

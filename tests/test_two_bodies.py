@@ -24,12 +24,19 @@ ARRIVALS = [0.0, 0.0, 0.0, 0.0, 0.004, 0.011, 0.02, 30.0, 30.0]
 STEP_COLUMNS = ["prefill_tokens", "prefill_seqs", "decode_seqs", "num_preempted"]
 REQUEST_COLUMNS = ["request_id", "status", "first_token_step", "finish_step", "num_preemptions"]
 
-CASES = [("vllm", "recompute", 14), ("vllm", "swap", 14), ("orca_oracle", "recompute", 24)]
+# (system, preemption mode, device blocks, prefix caching): with prefix caching a request
+# preempted by recompute hits its own earlier blocks, generated tokens included
+CASES = [
+    ("vllm", "recompute", 14, False),
+    ("vllm", "swap", 14, False),
+    ("orca_oracle", "recompute", 24, False),
+    ("vllm", "recompute", 14, True),
+]
 
 
-@pytest.mark.parametrize(("system", "mode", "num_blocks"), CASES)
+@pytest.mark.parametrize(("system", "mode", "num_blocks", "caching"), CASES)
 def test_simulator_replays_the_engine(
-    system: str, mode: str, num_blocks: int, monkeypatch: pytest.MonkeyPatch
+    system: str, mode: str, num_blocks: int, caching: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     batches: list[list[int]] = []
     original = BaseScheduler.update
@@ -40,8 +47,9 @@ def test_simulator_replays_the_engine(
 
     monkeypatch.setattr(BaseScheduler, "update", spy)
     engine = make_engine(
-        system, num_blocks=num_blocks, num_cpu_blocks=64, preemption_mode=mode, max_model_len=64
-    )
+        system, num_blocks=num_blocks, num_cpu_blocks=64, preemption_mode=mode, max_model_len=64,
+        enable_prefix_caching=caching,
+    )  # fmt: skip
     reqs = requests(LENS, ARRIVALS)
     eng = engine.generate(reqs, mode="online", clock="virtual").recorder
     engine_batches, batches[:] = list(batches), []
@@ -49,7 +57,10 @@ def test_simulator_replays_the_engine(
     config = SchedulerConfig(max_model_len=64, preemption_mode=mode)
 
     def make_scheduler() -> BaseScheduler:
-        return build_scheduler(system, num_blocks * 4, config, block_size=4, num_cpu_slots=256)
+        return build_scheduler(
+            system, num_blocks * 4, config, block_size=4, num_cpu_slots=256,
+            enable_prefix_caching=caching,
+        )  # fmt: skip
 
     cost = RecordedCostModel(eng.steps_frame()["duration_s"])
     sim = simulate(reqs, make_scheduler, cost).recorder
@@ -70,6 +81,35 @@ def test_simulator_replays_the_engine(
         assert e_steps["num_preempted"].sum() > 0
         swapped = e_steps["swap_out_blocks"].sum() > 0
         assert swapped == (mode == "swap")
+    if caching:  # re-admitted after a recompute, a request reads its own cached blocks
+        assert e_steps["prefill_kv_read_tokens"].sum() > 0
+
+
+def test_an_aborted_forked_request_leaves_the_others_running() -> None:
+    """Request 1 (two samples) is preempted by recompute (no CPU pool to swap to) and
+    re-admitted without its samples' shared prompt blocks; alone, it then outgrows the 12
+    blocks and is aborted in a decode step. Both bodies reject it and go on to serve the
+    request that waited behind it (they used to stop: nothing scheduled, nothing
+    preempted)."""
+    import dataclasses
+
+    from core.request import SamplingParams
+
+    reqs = requests([(4, 20), (8, 20), (40, 1)], [0.0, 0.001, 0.002])
+    reqs[1] = dataclasses.replace(reqs[1], sampling=SamplingParams(n=2))
+    engine = make_engine("vllm", num_blocks=12, max_model_len=64, watermark=0.0)
+    eng = engine.generate(reqs, mode="online", clock="virtual").recorder
+    config = SchedulerConfig(max_model_len=64)
+
+    def make_scheduler() -> BaseScheduler:
+        return build_scheduler("vllm", 12 * 4, config, block_size=4, watermark=0.0)
+
+    cost = RecordedCostModel(eng.steps_frame()["duration_s"])
+    sim = simulate(reqs, make_scheduler, cost).recorder
+    e_req, s_req = eng.requests_frame(), sim.requests_frame()
+    assert e_req.equals(s_req)
+    assert e_req["status"].tolist() == ["finished", "rejected", "finished"]
+    assert "outgrew the KV cache" in str(e_req.loc[1, "reject_reason"])
 
 
 def test_both_bodies_reject_an_unreadable_prompt_and_serve_the_others() -> None:

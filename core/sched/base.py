@@ -95,6 +95,15 @@ class Scheduler(Protocol):
     def check_integrity(self) -> None: ...
 
 
+def stand_in_token_id(seq_id: int) -> int:
+    """The id every generated token of sequence ``seq_id`` carries in a body that samples
+    none (the simulator): negative, so never a vocabulary id, and one per sequence, so a
+    prefix cache finds a sequence's own generated blocks (after a recompute preemption)
+    and no other sequence's. The engine's real tokens can also repeat across sequences
+    (greedy decoding of one prompt twice); the simulator counts no such hits."""
+    return -1 - seq_id
+
+
 @dataclass(slots=True)
 class DecodeRun:
     """A scheduler's promise about the coming steps (:meth:`BaseScheduler.decode_run`):
@@ -135,6 +144,10 @@ class BaseScheduler:
         self._next_seq_id = 0
         self._pending_copies: list[tuple[int, int]] = []
         self._aborted: list[SequenceGroup] = []
+        # A prefix cache hashes generated tokens too (a request preempted by recompute hits
+        # its own earlier blocks), so a body that samples no tokens gives each sequence
+        # stand-in ids of its own (see ``stand_in_token_id``).
+        self._stand_in_ids = bool(getattr(manager, "enable_prefix_caching", False))
 
     # -- intake -----------------------------------------------------------------------
     def reject(self, request: Request, reason: str) -> SequenceGroup:
@@ -343,6 +356,8 @@ class BaseScheduler:
         step = self.step_index
         self.step_index += 1
         tokens = outcome.token_ids
+        if tokens is None and self._stand_in_ids:
+            tokens = {seq.seq_id: stand_in_token_id(seq.seq_id) for seq in plan.scheduled_seqs()}
         # Keyed by the group object (identity hash): insertion order is sampling order.
         sampled: dict[SequenceGroup, None] = {}
         for chunk in plan.prefill:
@@ -398,6 +413,8 @@ class BaseScheduler:
             child = self._spawn_child(parent)
             if extra is not None:
                 child.output_token_ids[-1] = extra[i]
+            elif child.output_token_ids:  # stand-in ids: each sample's first token its own
+                child.output_token_ids[-1] = stand_in_token_id(child.seq_id)
             self._pending_copies.extend(self.manager.fork(parent.seq_id, child.seq_id))
 
     def _spawn_child(self, parent: Sequence) -> Sequence:

@@ -7,12 +7,17 @@ from collections.abc import Sequence
 from core.plan import BatchShape
 
 
+class RecordedStepsExhausted(IndexError):
+    """The simulation asked for a step beyond the recording: the replay diverged."""
+
+
 class RecordedCostModel:
     """Returns ``step_times[i]`` for the i-th call of :meth:`step_time`, in order.
 
     The shape is ignored: with the same policy and trace the simulator makes the same
-    decisions as the engine, so the i-th step is the same step. Raises ``IndexError``
-    when asked for more steps than were recorded.
+    decisions as the engine, so the i-th step is the same step. Raises
+    :class:`RecordedStepsExhausted` (an ``IndexError``) when asked for more steps than were
+    recorded.
     """
 
     priced_in_order = True  # the i-th call answers the i-th step (sim.cost.base)
@@ -36,7 +41,7 @@ class RecordedCostModel:
 
     def step_time(self, shape: BatchShape) -> float:
         if self._next >= len(self._times):
-            raise IndexError(
+            raise RecordedStepsExhausted(
                 f"recorded cost model ran out of step times after "
                 f"{len(self._times)} steps; the replay diverged from the recording"
             )
