@@ -39,11 +39,17 @@ class SequenceStatus(enum.Enum):
     REJECTED = "rejected"
 
 
+# Temperatures below this sample greedily: dividing logits by less overflows to inf (NaN
+# probabilities). vLLM draws the same line (``_SAMPLING_EPS = 1e-5``, vllm/sampling_params.py).
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How a request samples. ``n`` parallel samples or beam search of ``beam_width``.
 
-    ``temperature == 0`` means greedy. ``seed`` makes random sampling reproducible.
+    ``temperature`` below :data:`GREEDY_BELOW` (0 included) means greedy. ``seed`` makes
+    random sampling reproducible.
     """
 
     n: int = 1
@@ -60,12 +66,18 @@ class SamplingParams:
             raise RequestError(f"SamplingParams.beam_width must be >= 1, got {self.beam_width}")
         if self.n > 1 and self.beam_width > 1:
             raise RequestError("use either n > 1 (parallel sampling) or beam_width > 1, not both")
-        if self.temperature < 0:
-            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise RequestError(f"temperature must be finite and >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise RequestError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        """Whether a sample is the most likely token (a temperature below
+        :data:`GREEDY_BELOW`)."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def num_seqs(self) -> int:

@@ -62,7 +62,7 @@ class Sampler:
         random_rows = [
             i
             for i, s in enumerate(seqs)
-            if s.group.sampling.temperature > 0 and not s.group.sampling.use_beam_search
+            if not s.group.sampling.greedy and not s.group.sampling.use_beam_search
         ]
         cpu = logits[random_rows].float().cpu() if random_rows else None
         cpu_row = {row: j for j, row in enumerate(random_rows)}
@@ -75,7 +75,7 @@ class Sampler:
             first_of_n = params.n > 1 and len(seq.group.seqs) == 1
             count = params.n if first_of_n else 1
             index = 0 if first_of_n else seq.group.seqs.index(seq)
-            if params.temperature == 0:
+            if params.greedy:
                 tokens = [greedy[i]] * count
             else:
                 assert cpu is not None

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from core.request import Request, SamplingParams, SequenceGroup
+from core.request import Request, RequestError, SamplingParams, SequenceGroup
 from engine.sampler import Sampler
 from tests.engine_helpers import (
     make_engine,
@@ -72,6 +72,22 @@ def test_degenerate_filters_are_greedy(params: dict) -> None:
     greedy = make_engine().generate([_request(0, SamplingParams())]).outputs[0]
     sampled = SamplingParams(temperature=1.5, seed=9, **params)
     assert make_engine().generate([_request(0, sampled)]).outputs[0] == greedy
+
+
+def test_a_tiny_temperature_is_greedy_and_leaves_the_batch_alone() -> None:
+    """Below vLLM's 1e-5 a temperature samples greedily: logits divided by 1e-39 overflow
+    to inf, and the NaN probabilities used to stop the whole engine."""
+    greedy = make_engine().generate([_request(0, SamplingParams())]).outputs[0]
+    tiny = _request(0, SamplingParams(temperature=1e-39, seed=5))
+    other = _request(1, SamplingParams(temperature=1.0, seed=5))
+    out = make_engine().generate([tiny, other]).outputs
+    assert out[0].token_ids == greedy.token_ids and len(out[1].token_ids[0]) == 8
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf"), -1.0])
+def test_a_temperature_that_is_not_a_finite_number_is_refused(temperature: float) -> None:
+    with pytest.raises(RequestError, match="temperature must be finite and >= 0"):
+        SamplingParams(temperature=temperature)
 
 
 def _draws(params: SamplingParams, logits: torch.Tensor, seeds: range) -> set[int]:
