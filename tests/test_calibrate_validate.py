@@ -78,7 +78,12 @@ def test_validation_with_the_calibrated_model_writes_its_file(online_run: Path) 
 
 
 # vllm_v1 with a small cache and token budget: recompute preemptions under prefix caching
-V1_PREEMPTING = ["system=vllm_v1", "kv_cache_gb=0.0004", "system.max_num_batched_tokens=64"]
+V1_PREEMPTING = [
+    "system=vllm_v1",
+    "kv_cache_gb=0.0004",
+    "system.max_num_batched_tokens=64",
+    "system.max_num_seqs=64",
+]
 
 
 @pytest.mark.parametrize("mode", ["online", "offline", "vllm_v1", "vllm_v1_preempting"])

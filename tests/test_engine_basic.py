@@ -147,7 +147,7 @@ def test_chunked_prefill_and_prefix_caching_keep_greedy_tokens() -> None:
     plain = _engine().generate(reqs)
     chunked = _engine(
         sched_config=SchedulerConfig(
-            max_num_batched_tokens=8, max_model_len=64, chunked_prefill=True
+            max_num_seqs=8, max_num_batched_tokens=8, max_model_len=64, chunked_prefill=True
         )
     ).generate(reqs)
     assert chunked.recorder.steps_frame()["prefill_kv_read_tokens"].sum() > 0

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from core.plan import StepPlan
 from core.request import Request, SamplingParams, SequenceGroup
-from core.sched.base import SchedulerConfig
+from core.sched.base import SchedulerConfig, SchedulerConfigError
 from core.systems import build_scheduler
 from sim.driver import simulate
 from tests.sched_harness import run_loop
@@ -75,7 +75,7 @@ def test_chunked_prefill_respects_budget_and_finishes_everything(reqs, budget, s
 def test_chunked_prefill_with_parallel_samples_keeps_every_step_within_the_budget(seed: int):
     rng = np.random.default_rng(seed)
     budget = 10
-    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget, max_model_len=64,
+    cfg = SchedulerConfig(max_num_seqs=budget, max_num_batched_tokens=budget, max_model_len=64,
                           chunked_prefill=True)  # fmt: skip
     sched = build_scheduler("vllm", 160, config=cfg, block_size=4, watermark=0.0)
     reqs = [
@@ -87,9 +87,16 @@ def test_chunked_prefill_with_parallel_samples_keeps_every_step_within_the_budge
     def check(plan: StepPlan) -> None:
         _check_plan(plan, chunked=True)
         shape = plan.shape()
-        assert shape.prefill_tokens <= max(0, budget - shape.decode_seqs)
+        assert shape.prefill_tokens + shape.decode_seqs <= budget
 
     _all_finished(run_loop(sched, reqs, on_plan=check).groups)
+
+
+def test_a_token_budget_below_max_num_seqs_is_refused_with_chunked_prefill() -> None:
+    """Each running sequence's decode counts against the budget, so 16 sequences could
+    not fit a budget of 10 (vLLM refuses the pair too)."""
+    with pytest.raises(SchedulerConfigError, match="max_num_batched_tokens=10 is below"):
+        SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=10, chunked_prefill=True)
 
 
 def test_chunked_prefill_mixes_prompt_chunks_with_decodes():
