@@ -19,7 +19,6 @@ config tree).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -30,10 +29,10 @@ from omegaconf import OmegaConf
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
-from experiments.lib.inputs import read_csv, reading
+from experiments.lib.inputs import read_json, read_run_steps, reading
 from experiments.lib.results import write_json
 from experiments.lib.setup import block_size
-from sim.catalog import model_from_config
+from sim.catalog import GPUSpec, model_from_config, resolve_gpu
 from sim.cost import CalibratedCostModel
 from sim.cost.calibrated import TARGETS, WEIGHTINGS
 from sim.cost.profiled import ProfiledCostModel
@@ -53,12 +52,17 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
     return cfg  # type: ignore[return-value]
 
 
-def run_identity(cfg: dict[str, Any]) -> tuple[Any, str, int]:
-    """The run's model spec, hardware name and tensor-parallel size from its config;
-    one-line errors naming the key."""
-    hardware = (cfg.get("hardware") or {}).get("name")
-    if hardware is None:
+def run_identity(cfg: dict[str, Any]) -> tuple[Any, GPUSpec, int]:
+    """The run's model spec, GPU (its config's hardware group: a catalog entry, or the
+    numbers the run carried for a GPU of the user's own) and tensor-parallel size; one-line
+    errors naming the key."""
+    group = cfg.get("hardware") or {}
+    if group.get("name") is None:
         raise ConfigError("hardware.name", "the run's config.yaml names no hardware", None)
+    try:
+        hardware = resolve_gpu(group)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError("hardware", f"the run's config.yaml: {exc.args[0]}") from None
     try:
         model = model_from_config(cfg["model"])
     except (KeyError, ValueError) as exc:  # a KeyError's str() is quoted: take its message
@@ -67,7 +71,7 @@ def run_identity(cfg: dict[str, Any]) -> tuple[Any, str, int]:
         tp = int(cfg["model"].get("tp", 1))
     except (TypeError, ValueError):
         raise ConfigError("model.tp", "not a GPU count", cfg["model"].get("tp")) from None
-    return model, str(hardware), tp
+    return model, hardware, tp
 
 
 def dtype_bytes(cfg: dict[str, Any]) -> int:
@@ -88,11 +92,17 @@ def calibrate(
     steps_path = Path(run_dir) / "steps.csv"
     if not steps_path.is_file():
         raise ConfigError("run_dir", "no steps.csv to fit", str(run_dir))
+    engine = read_engine_json(run_dir)
+    if engine is None:
+        raise ConfigError(
+            "run_dir", "no engine.json: not an engine run (a simulator run's step times are "
+            "its own cost model's, nothing to fit)", str(run_dir),
+        )  # fmt: skip
     model, hardware, tp = run_identity(cfg)
     blocks, width = block_size(cfg["system"]), dtype_bytes(cfg)
     if profile is not None:
         check_profile_fits_run(profile, cfg, model, hardware, tp, width, blocks)
-    steps = read_csv(steps_path, "run_dir")
+    steps = read_run_steps(run_dir)
     if "duration_s" not in steps.columns:
         raise ConfigError("run_dir", f"{steps_path}: no column duration_s")
     if target == "host" and "forward_s" not in steps.columns:
@@ -117,8 +127,9 @@ def calibrate(
 
 
 def check_profile_fits_run(
-    profile: str, cfg: dict[str, Any], model: Any, hardware: str, tp: int, width: int, blocks: int
-) -> None:
+    profile: str, cfg: dict[str, Any], model: Any, hardware: GPUSpec, tp: int, width: int,
+    blocks: int,
+) -> None:  # fmt: skip
     """Refuse, in one line naming ``--profile``, a profile that is not of this run: another
     model, tp or device (:class:`ProfiledCostModel`), dtype or block size, or another clock
     (a CPU profile times one thread's CPU time, so the run must be served with
@@ -146,13 +157,24 @@ def check_profile_fits_run(
         )
 
 
+def read_engine_json(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``engine.json`` (None without one); an unreadable one is a ConfigError."""
+    path = Path(run_dir) / "engine.json"
+    if not path.is_file():
+        return None
+    doc = read_json(path, "run_dir")
+    if not isinstance(doc, dict):
+        raise ConfigError("run_dir", f"{path}: not a JSON object")
+    return doc
+
+
 def calibration_doc(model: CalibratedCostModel, run_dir: Path) -> dict[str, Any]:
     """``model.to_dict()`` plus where the measurements came from."""
     doc = model.to_dict()
     doc["source_run"] = Path(run_dir).name
-    engine_json = Path(run_dir) / "engine.json"
-    if engine_json.is_file():
-        doc["measured_on"] = json.loads(engine_json.read_text()).get("device")
+    engine = read_engine_json(run_dir)
+    if engine is not None:
+        doc["measured_on"] = engine.get("device")
     return doc
 
 

@@ -28,7 +28,7 @@ from experiments.bench.tables import print_table
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
-from experiments.lib.inputs import read_csv
+from experiments.lib.inputs import read_run_steps
 from experiments.lib.results import write_json
 from sim.cost.overhead import STACKS
 from sim.cost.stack_file import (
@@ -41,10 +41,7 @@ from sim.cost.stack_file import (
 
 
 def read_steps(run_dir: Path) -> pd.DataFrame:
-    path = Path(run_dir) / "steps.csv"
-    if not path.is_file():
-        raise ConfigError("run_dir", "no steps.csv (not an engine run directory)", str(run_dir))
-    return read_csv(path, "run_dir")
+    return read_run_steps(run_dir)
 
 
 def measured_on(run_dirs: list[Path]) -> str | None:
@@ -107,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", default="vllm-2023", help="preset whose other terms to keep")
     parser.add_argument("--dry", action="store_true", help="meaningless timings: a failed fit")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.min_steps < 1:
+        parser.error(f"--min-steps must be >= 1, got {args.min_steps}")
     try:
         doc = calibrate_overhead(args.run_dirs, args.split, args.min_steps, args.base)
     except ConfigError as exc:

@@ -62,3 +62,16 @@ def test_scale_lengths_keeps_a_floor_and_the_first_ids() -> None:
     assert (b.prompt_len, b.output_len, b.prompt_token_ids) == (4, 4, None)
     with pytest.raises(ValueError, match="length scale"):
         scale_lengths(reqs, 0.0)
+
+
+def test_an_output_folder_that_is_a_file_is_refused_before_serving(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--quick", "--out", str(blocker)])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and captured.out == ""
+    assert captured.err.strip() == f"error: --out: {blocker} is a file, not a folder"

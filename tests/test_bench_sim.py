@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from experiments.bench.sim import COLUMNS, main
 
@@ -49,3 +50,29 @@ def test_bench_sim_repeats_alternately_and_takes_medians(tmp_path):
     cpus = sorted(run["cpu_s"] for run in doc["runs"])
     assert table.iloc[0]["cpu_s"] == cpus[1]
     assert {run["steps"] for run in doc["runs"]} == {table.iloc[0]["steps"]}
+
+
+@pytest.mark.parametrize(
+    ("args", "phrase"),
+    [
+        (["--out", "{file}"], "--out: {file} is a file, not a folder"),
+        (["--out", "{file}/sub"], "lies under {file}, a file"),
+        (["--duration", "nan"], "--duration and --rate must be finite and > 0"),
+        (["--seed", "-3"], "--seed must be >= 0"),
+    ],
+)
+def test_bench_sim_refuses_bad_options_before_measuring(
+    args: list[str], phrase: str, tmp_path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One line and status 2, before any run is timed (nothing printed of a run)."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    argv = [a.format(file=blocker) for a in args]
+    with pytest.raises(SystemExit) as exit_:
+        main(["--duration", "5", "--systems", "vllm", "--modes", "loop", *argv])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2
+    err = captured.err.strip()
+    assert phrase.format(file=blocker) in err and len(err.splitlines()) == 1
+    assert "wall" not in captured.out

@@ -154,3 +154,13 @@ def test_at_the_sittings_speed_a_drift_the_sweeps_measured_goes_away(tmp_path: P
         assert timed[run]["one_at"] > 0.5 > timed[run]["many_at"]
     with pytest.raises(ConfigError, match="--timed: needs the sitting's own profile"):
         error_parts(sitting, profile=sitting / "operator_profile", timed=True)
+
+
+def test_a_folder_without_runs_is_named_as_such(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "empty")])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2
+    assert err.startswith("error: SITTING_DIR: holds no run_* folder")

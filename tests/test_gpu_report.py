@@ -122,8 +122,29 @@ def test_a_run_without_steps_is_left_out_from_any_working_directory(
     shutil.copytree(run, call / "engine" / "empty")
     steps = pd.read_csv(run / "steps.csv")
     steps.iloc[:0].to_csv(call / "engine" / "empty" / "steps.csv", index=False)
+    metrics = json.loads((run / "metrics.json").read_text())
+    (call / "engine" / "empty" / "metrics.json").write_text(json.dumps({**metrics, "num_steps": 0}))
     monkeypatch.chdir(tmp_path)
     assert main([str(call), "--out", str(tmp_path / "out")]) == 0
     for table in ("forward_gap", "speed", "stalls", "cross_run"):
         frame = pd.read_csv(tmp_path / "out" / f"{table}.csv")
         assert set(frame["run"]) == {"full"}, table
+
+
+def test_a_cut_steps_file_or_an_output_file_is_one_line(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's steps.csv with fewer rows than its metrics.json counts is refused (it was
+    read as the whole run), and so is an --out that is a file, before any work."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    call = _one_run_call(tmp_path / "call")
+    steps = call / "engine" / "full" / "steps.csv"
+    lines = steps.read_text().splitlines(keepends=True)
+    steps.write_text("".join(lines[: len(lines) // 2]))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out, phrase in ((tmp_path / "out", "but metrics.json counts"), (blocker, "not a folder")):
+        with pytest.raises(SystemExit) as exit_:
+            main([str(call), "--out", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert exit_.value.code == 2 and len(err.splitlines()) == 1 and phrase in err, err

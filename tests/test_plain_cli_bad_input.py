@@ -50,6 +50,32 @@ def _column(name: str, value: str) -> Callable[[list[str]], list[str]]:
     return edit
 
 
+def _metrics(**changes: object) -> Callable[[Path], None]:
+    def apply(run: Path) -> None:
+        doc = json.loads((run / "metrics.json").read_text())
+        (run / "metrics.json").write_text(json.dumps({**doc, **changes}))
+
+    return apply
+
+
+def _uncounted(damage: Callable[[Path], None]) -> Callable[[Path], None]:
+    """``damage``, in a run whose metrics.json does not count its steps (so the steps.csv's
+    own problem is the one reported, not the count)."""
+
+    def apply(run: Path) -> None:
+        damage(run)
+        metrics = json.loads((run / "metrics.json").read_text())
+        del metrics["num_steps"]
+        (run / "metrics.json").write_text(json.dumps(metrics))
+
+    return apply
+
+
+def _cut_mid_line(run: Path) -> None:
+    text = (run / "steps.csv").read_text()
+    (run / "steps.csv").write_text(text[: text.rindex("\n", 0, len(text) // 2) + 5])
+
+
 def _calibration(**changes: object) -> Callable[[Path], None]:
     def apply(run: Path) -> None:
         doc = json.loads((run / "calibration.json").read_text())
@@ -74,7 +100,7 @@ CASES = [
     ("empty_steps", _write("steps.csv", ""), calibrate, [], "run_dir", "cannot read"),
     ("garbled_steps", _write("steps.csv", 'a,b\n1,"2\n3,4,5,6\n'), calibrate, [], "run_dir",
      "cannot read"),
-    ("header_only_steps", _steps(lambda lines: lines[:1]), calibrate, [], "run_dir",
+    ("header_only_steps", _uncounted(_steps(lambda lines: lines[:1])), calibrate, [], "run_dir",
      "non-empty steps"),
     ("text_duration", _steps(_duration("slow")), calibrate, [], "run_dir", "duration_s"),
     ("negative_duration", _steps(_duration("-0.5")), calibrate, [], "run_dir", "duration_s"),
@@ -92,9 +118,10 @@ CASES = [
      "--calibration", "not a calibration document"),
     ("no_steps_to_replay", lambda run: (run / "steps.csv").unlink(), validate, ["--recorded"],
      "--recorded", "no steps.csv"),
-    ("header_only_replay", _steps(lambda lines: lines[:1]), validate, ["--recorded"],
-     "--recorded", "no steps"),
-    ("no_duration_column", _steps(lambda lines: [",".join(f"c{i}" for i in range(3))] * 3),
+    ("header_only_replay", _uncounted(_steps(lambda lines: lines[:1])), validate,
+     ["--recorded"], "--recorded", "no steps"),
+    ("no_duration_column",
+     _uncounted(_steps(lambda lines: [",".join(f"c{i}" for i in range(3))] * 3)),
      calibrate, [], "run_dir", "no column duration_s"),
     ("engine_json_without_sizes", _write("engine.json", "{}"), validate, [], "run_dir",
      "whole numbers block_size"),
@@ -120,6 +147,22 @@ CASES = [
      "--calibration", "coefficients: expected a mapping"),
     ("calibration_dtype_null", _calibration(dtype_bytes=None), validate, [],
      "--calibration", "dtype_bytes: expected a whole number"),
+    ("steps_cut_at_a_line", _steps(lambda lines: lines[: len(lines) // 2]), calibrate, [],
+     "run_dir", "but metrics.json counts"),
+    ("steps_cut_mid_line", _cut_mid_line, calibrate_overhead, [], "run_dir",
+     "the last line is cut short"),
+    ("replay_of_cut_steps", _steps(lambda lines: lines[: len(lines) // 2]), validate,
+     ["--recorded"], "--recorded", "but metrics.json counts"),
+    ("simulator_run", lambda run: (run / "engine.json").unlink(), calibrate, [], "run_dir",
+     "no engine.json: not an engine run"),
+    ("calibrate_truncated_engine_json", _write("engine.json", '{"num_blocks": '), calibrate,
+     [], "run_dir", "engine.json"),
+    ("text_in_a_phase_time", _steps(_column("sample_s", "x")), calibrate_overhead, [],
+     "run_dir", "column sample_s, row 1: 'x'"),
+    ("nan_phase_time", _steps(_column("schedule_s", "nan")), calibrate_overhead, [],
+     "run_dir", "column schedule_s, row 1: nan"),
+    ("text_metric", _metrics(mean_tpot_ms="fast"), validate, [], "run_dir",
+     "mean_tpot_ms is 'fast', not a number"),
 ]  # fmt: skip
 
 
@@ -153,3 +196,26 @@ def test_a_missing_run_or_an_unwritable_output_is_one_line(tmp_path: Path, capsy
     assert exit_.value.code == 2 and len(err.splitlines()) == 1
     assert err.startswith(f"error: {blocked / 'calibration.json'}: "), err
     assert calibrate.main([str(run), "--out", str(tmp_path / "new" / "c.json")]) == 0  # made
+
+
+def test_a_run_on_a_gpu_of_ones_own_calibrates_and_validates(tmp_path: Path) -> None:
+    """The run's config.yaml carries its GPU's numbers: a name the catalog does not hold
+    is priced on them (it was a KeyError traceback)."""
+    run = _run(tmp_path)
+    _edit_config(run, "name: h200", "name: my-h200")
+    assert calibrate.main([str(run)]) == 0
+    assert json.loads((run / "calibration.json").read_text())["gpu"] == "my-h200"
+    assert validate.main([str(run), "--out", str(tmp_path / "v.json")]) == 0
+
+
+def test_validate_refuses_an_output_folder_before_simulating(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    run = _run(tmp_path)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        validate.main([str(run), "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and "engine" not in out
+    assert err.strip() == f"error: --out: {tmp_path} is a folder; give the file to write"

@@ -95,3 +95,38 @@ def test_the_script_writes_both_tables_and_bad_input_is_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("error: SITTING_DIR: holds no sitting.json")
     assert err[1].startswith("error: SITTING_DIR: not a directory")
+
+
+@pytest.mark.parametrize(
+    ("damage", "phrase"),
+    [
+        (lambda s: (s / "sitting.json").write_text('{"participants": ['), "sitting.json"),
+        (
+            lambda s: _edit_csv(s / "run_a" / "steps.csv", "duration_s", "fast"),
+            "column duration_s, row 1: 'fast' is not a finite number",
+        ),
+        (
+            lambda s: _edit_csv(s / "operator_profile" / "operator_profile.csv", "time_ms", "nan"),
+            "operator_profile.csv",
+        ),
+    ],
+    ids=["truncated_sitting_json", "text_in_a_step_time", "nan_in_the_profile"],
+)
+def test_a_damaged_sitting_is_one_line(
+    damage, phrase: str, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    sitting = drifting_sitting(tmp_path / "sit")
+    damage(sitting)
+    with pytest.raises(SystemExit) as exit_:
+        main([str(sitting), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: ") and phrase in err and "Traceback" not in err
+
+
+def _edit_csv(path: Path, column: str, value: str) -> None:
+    table = pd.read_csv(path)
+    table[column] = table[column].astype(object)
+    table.loc[0, column] = value
+    table.to_csv(path, index=False)

@@ -38,7 +38,6 @@ runs brought (it stays).
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -54,6 +53,7 @@ from experiments.bench.tables import print_table, write_csv
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
+from experiments.lib.inputs import read_json, read_run_steps
 from sim.cost import CalibratedCostModel
 from sim.cost.calibrated import host_seconds
 from sim.cost.drifting import DriftingCostModel
@@ -141,13 +141,19 @@ def sitting_model(sitting: Path, fit_on: str, profile: Path | None = None) -> Ca
     sitting's own, wherever the calibration file says the profile was)."""
     if not sitting.is_dir():
         raise ConfigError("SITTING_DIR", "not a directory", str(sitting))
+    if not any(sitting.glob("run_*")):
+        raise ConfigError(
+            "SITTING_DIR", "holds no run_* folder (not a cpu_cross_run --out folder)", str(sitting)
+        )
     path = sitting / f"run_{fit_on}" / "calibration.json"
     if not path.is_file():
         raise ConfigError("--fit-on", f"{path} does not exist", fit_on)
     profile = profile or sitting / "operator_profile"
     if not (profile / "operator_profile.csv").is_file():
         raise ConfigError("SITTING_DIR", f"{profile} holds no operator_profile.csv", str(sitting))
-    doc = json.loads(path.read_text())
+    doc = read_json(path, "--fit-on")
+    if not isinstance(doc, dict):
+        raise ConfigError("--fit-on", f"{path}: not a calibration document")
     return CalibratedCostModel.from_dict({**doc, "profile": str(profile)})
 
 
@@ -156,7 +162,10 @@ def expected_steps(sitting: Path) -> dict[str, int]:
     record = sitting / "sitting.json"
     if not record.is_file():
         return {}
-    return expected_units(json.loads(record.read_text()))
+    doc = read_json(record, "SITTING_DIR")
+    if not isinstance(doc, dict):
+        raise ConfigError("SITTING_DIR", f"{record}: not a JSON object")
+    return expected_units(doc)
 
 
 def error_parts(
@@ -181,7 +190,7 @@ def error_parts(
     rows = []
     for run in runs:
         name = run.name.removeprefix("run_")
-        steps = pd.read_csv(run / "steps.csv")
+        steps = read_run_steps(run, "sitting")
         rows.append({"run": name, **run_parts(model, steps, expected.get(name), timeline)})
     return rows
 

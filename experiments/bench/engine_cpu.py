@@ -52,7 +52,9 @@ from engine.engine import LLMEngine
 from engine.weights import load_weights
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.args import OneLineParser
+from experiments.lib.cli import check_out_dir, plain_cli
 from experiments.lib.malloc import malloc_state, pin_malloc
+from experiments.lib.results import write_atomic
 from sim.catalog import ModelSpec, get_model
 
 MIN_LEN = 4  # vLLM's benchmark filter drops prompts/outputs under 4 tokens
@@ -244,6 +246,7 @@ def ratios(rows: dict[str, dict[str, Any]], hf_name: str) -> dict[str, float]:
     }
 
 
+@plain_cli
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m experiments.bench.engine_cpu")
     parser.add_argument("--out", type=Path, default=Path("results/bench_engine_cpu"))
@@ -256,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--num-requests must be >= 1, got {args.num_requests}")
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    check_out_dir(args.out)
     plan = make_plan(args.quick, args.num_requests, args.threads)
     pin_malloc()  # both bodies alike (experiments.lib.malloc)
     threads_before = torch.get_num_threads()
@@ -264,9 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         results = run_all(plan, args_list)
     finally:
         torch.set_num_threads(threads_before)
-    args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "results.csv", results["rows"])
-    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_atomic(args.out / "results.json", json.dumps(results, indent=2) + "\n")
     print_table(
         f"{plan.model}, {plan.num_requests} requests, {plan.threads} thread(s)", results["rows"]
     )

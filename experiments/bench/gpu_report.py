@@ -57,6 +57,9 @@ from core.plan import BatchShape
 from experiments.bench.cpu_cross_run import KEYS, metric_rows, speed_drift
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.args import OneLineParser
+from experiments.lib.checks import ConfigError
+from experiments.lib.cli import check_out_dir, plain_cli
+from experiments.lib.inputs import read_run_steps
 from experiments.lib.results import write_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,7 +108,7 @@ def runs_with_steps(engine_dir: Path) -> dict[Path, pd.DataFrame]:
     found = {}
     for run in sorted(engine_dir.iterdir()):
         if (run / "steps.csv").is_file():
-            steps = pd.read_csv(run / "steps.csv")
+            steps = read_run_steps(run, "engine")
             if len(steps):
                 found[run] = steps
     return found
@@ -238,14 +241,18 @@ def report(gpu_dir: Path, out: Path) -> dict[str, Any]:
     return doc
 
 
+@plain_cli
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m experiments.bench.gpu_report",
                                      description=__doc__)  # fmt: skip
     parser.add_argument("gpu_dir", type=Path, help="gpu_all.sh's output directory")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     args = parser.parse_args(argv)
+    check_out_dir(args.out)
     try:
         doc = report(args.gpu_dir, args.out)
+    except ConfigError:
+        raise  # one line of its own (plain_cli)
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {args.gpu_dir}: {exc}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
 import os
 import platform
 import resource
@@ -47,7 +48,8 @@ import pandas as pd
 from core.metrics.recorder import STEP_COLUMNS
 from core.plan import BatchShape
 from experiments.lib.args import OneLineParser
-from experiments.lib.results import write_json
+from experiments.lib.cli import check_out_dir, plain_cli
+from experiments.lib.results import write_atomic, write_json
 from experiments.lib.setup import as_dict, build_setup
 from experiments.reproduce import COSTS, compose_config
 from sim.driver import simulate
@@ -202,6 +204,7 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+@plain_cli
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     p = OneLineParser(prog="python -m experiments.bench.sim", description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=3600.0, help="trace seconds of arrivals")
@@ -222,10 +225,13 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("results/bench_sim"))
     args = p.parse_args(argv)
-    if args.duration <= 0 or args.rate <= 0:
-        p.error(f"--duration and --rate must be > 0, got {args.duration}, {args.rate}")
+    if not all(math.isfinite(x) and x > 0 for x in (args.duration, args.rate)):
+        p.error(f"--duration and --rate must be finite and > 0, got {args.duration}, {args.rate}")
     if args.repeat < 1:
         p.error(f"--repeat must be >= 1, got {args.repeat}")
+    if args.seed < 0:
+        p.error(f"--seed must be >= 0, got {args.seed}")
+    check_out_dir(args.out)
 
     bench = {"loop": bench_loop, "e2e": bench_e2e}
     configs = [(c, s, m) for c in args.cost for s in args.systems for m in args.modes]
@@ -242,8 +248,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     rows = [_median_row(runs[k]) for k in configs]
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     print(table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
-    args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "bench_sim.csv", index=False)
+    write_atomic(args.out / "bench_sim.csv", table.to_csv(index=False))
     write_json(
         args.out / "bench_sim.json",
         {

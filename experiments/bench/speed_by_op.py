@@ -42,6 +42,7 @@ from experiments.bench.tables import print_table, write_csv
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
+from experiments.lib.inputs import read_run_steps
 from sim.cost import CalibratedCostModel
 from sim.cost.drifting import DriftingCostModel
 
@@ -158,7 +159,8 @@ def sitting_rows(sitting: Path, fit_on: str) -> tuple[list[dict], list[dict]]:
             raise ConfigError(
                 "SITTING_DIR", f"sitting.json has no expected steps for {run_name}", str(sitting)
             )
-        errors = decode_errors(model, pd.read_csv(run / "steps.csv"), expected[run_name], ways)
+        steps = read_run_steps(run, "sitting")
+        errors = decode_errors(model, steps, expected[run_name], ways)
         by_run[run_name] = errors
         pricing.append({"sitting": name, "run": run_name, **errors})
     groups: dict[str, list[dict[str, float]]] = {}

@@ -27,9 +27,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from core.mapping_file import yaml_error_place
+from core.workload.trace_io import TraceFormatError
 from experiments.lib.checks import CONFIG_DIR, ConfigError, check_group_overrides, search_dirs
 from experiments.lib.results import INDEX_COLUMNS, append_index, write_error
 from experiments.lib.table import result_table
+from sim.cost.profile import ProfileError
 
 # ``${path_safe:${model.name}}`` in a run directory's name: an HF id's "/" would nest it.
 OmegaConf.register_new_resolver("path_safe", lambda v: str(v).replace("/", "--"), replace=True)
@@ -67,10 +69,15 @@ def report_config_error(err: ConfigError) -> None:
     sys.exit(CONFIG_ERROR_STATUS)
 
 
+# Errors of reading an input file whose message names the file and row: one line too.
+INPUT_ERRORS = (ProfileError, TraceFormatError)
+
+
 def plain_cli(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
     """Decorate an argparse (non-Hydra) ``main(argv)``: a :class:`ConfigError` becomes one
-    line on stderr and status 2 (:func:`report_config_error`), and so does an ``OSError``
-    on a named file (an output folder that cannot be written, say)."""
+    line on stderr and status 2 (:func:`report_config_error`), and so do an
+    :data:`INPUT_ERRORS` error and an ``OSError`` on a named file (an output folder that
+    cannot be written, say)."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str] | None = None) -> int:
@@ -79,6 +86,11 @@ def plain_cli(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | 
         except ConfigError as err:
             report_config_error(err)
             return CONFIG_ERROR_STATUS
+        except INPUT_ERRORS as err:
+            if full_errors():
+                raise
+            print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+            sys.exit(CONFIG_ERROR_STATUS)
         except OSError as err:
             if err.filename is None:
                 raise
@@ -86,6 +98,15 @@ def plain_cli(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | 
             return CONFIG_ERROR_STATUS
 
     return wrapped
+
+
+def check_out_dir(path: Path, key: str = "--out") -> None:
+    """Refuse, before any work, an output folder that is a file or lies under one."""
+    path = Path(path)
+    blocker = next((a for a in (path, *path.parents) if a.exists() and not a.is_dir()), None)
+    if blocker is not None:
+        where = "is a file" if blocker == path else f"lies under {blocker}, a file"
+        raise ConfigError(key, f"{path} {where}, not a folder")
 
 
 def exclusive_nulls(overrides: Sequence[str]) -> dict[str, None]:

@@ -13,6 +13,7 @@ import pandas as pd
 import yaml
 
 from experiments.lib.checks import ConfigError
+from sim.cost.calibrated import check_step_numbers
 
 # What reading and parsing a file raises on bad content: pandas' EmptyDataError and
 # ParserError, json's JSONDecodeError and a bad number are ValueErrors.
@@ -42,3 +43,33 @@ def read_csv(path: Path | str, key: str) -> pd.DataFrame:
 def read_json(path: Path | str, key: str) -> Any:
     with reading(path, key):
         return json.loads(Path(path).read_text())
+
+
+def read_run_steps(run_dir: Path | str, key: str = "run_dir") -> pd.DataFrame:
+    """A run directory's ``steps.csv``, whole: a missing file, a last line cut short (no
+    newline at its end), a count or time that is not a finite number >= 0
+    (:func:`sim.cost.calibrated.check_step_numbers`) or another number of rows than
+    ``metrics.json``'s ``num_steps`` (when the run has one) is a ConfigError on ``key``
+    naming the file, never a frame that quietly holds part of the run."""
+    path = Path(run_dir) / "steps.csv"
+    if not path.is_file():
+        raise ConfigError(key, "no steps.csv (not a run directory)", str(run_dir))
+    with reading(path, key):
+        text = path.read_text()
+        steps = pd.read_csv(path)
+    if text and not text.endswith("\n"):
+        raise ConfigError(key, f"{path}: the last line is cut short (no newline at its end)")
+    try:
+        check_step_numbers(steps)
+    except ValueError as exc:
+        raise ConfigError(key, f"{path}: {exc}") from None
+    metrics = Path(run_dir) / "metrics.json"
+    if metrics.is_file():
+        doc = read_json(metrics, key)
+        num_steps = doc.get("num_steps") if isinstance(doc, dict) else None
+        if isinstance(num_steps, int) and len(steps) != num_steps:
+            raise ConfigError(
+                key, f"{path}: {len(steps)} steps, but {metrics.name} counts {num_steps}"
+                " (a file cut short or from another run)",
+            )  # fmt: skip
+    return steps

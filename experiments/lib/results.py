@@ -15,6 +15,7 @@ per run: time, app, status, run directory, overrides and the headline metrics.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import math
@@ -74,6 +75,8 @@ def write_atomic(path: Path, write: str | Callable[[Path], Any]) -> None:
     directory, fsync, rename. The directory is made if missing; one that cannot be is an
     ``OSError`` naming ``path``."""
     path = Path(path)
+    if path.is_dir():
+        raise OSError(errno.EISDIR, "is a folder, not a file", str(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from core.defaults import DEFAULT_BLOCK_SIZE
+from core.metrics.phases import PHASE_COLUMNS
 from core.plan import BatchShape
 from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.cost.profiled import ProfiledCostModel
@@ -321,12 +322,14 @@ class CalibratedCostModel:
         return doc
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CalibratedCostModel:
-        """The model of a :meth:`to_dict` document; a ValueError names a malformed key."""
+    def from_dict(cls, d: Mapping[str, Any], gpu: GPUSpec | None = None) -> CalibratedCostModel:
+        """The model of a :meth:`to_dict` document; a ValueError names a malformed key.
+        ``gpu``: the spec to price on, for a GPU the catalog does not hold (a user's own,
+        named as the document names it)."""
         check_calibration_doc(d)
         return cls(
             d["model"],
-            d["gpu"],
+            d["gpu"] if gpu is None else gpu,
             d["coefficients"],
             d.get("tp", 1),
             d.get("dtype_bytes", 2),
@@ -381,9 +384,10 @@ class CalibratedCostModel:
 
 
 def check_step_numbers(steps: pd.DataFrame) -> None:
-    """Every count and time column a fit reads is a finite number >= 0; else a ValueError
-    naming the column and the first bad row (counting data rows from 1)."""
-    for col in (*REQUIRED_COLUMNS, *COUNT_COLUMNS, "forward_s", "transfer_s"):
+    """Every count and time column a fit reads (the engine's phase times included) is a
+    finite number >= 0; else a ValueError naming the column and the first bad row
+    (counting data rows from 1)."""
+    for col in (*REQUIRED_COLUMNS, *COUNT_COLUMNS, *PHASE_COLUMNS):
         if col not in steps.columns:
             continue
         values = pd.to_numeric(steps[col], errors="coerce").to_numpy(dtype=float)
