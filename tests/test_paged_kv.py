@@ -442,7 +442,10 @@ def test_prefix_cache_indexes_only_computed_blocks() -> None:
     m.check_integrity()
 
 
-def test_recompute_of_a_forked_group_gives_each_seq_its_own_blocks() -> None:
+def test_recompute_of_a_forked_group_shares_its_full_prompt_blocks_again() -> None:
+    """The 6-token prompt's full block is shared again (as after the fork), the rest is
+    each sequence's own: 3 blocks, where separate tables took 4 (so a group that fitted
+    before its preemption fits after it)."""
     m = PagedKVCacheManager(num_device_blocks=8, block_size=4, watermark=0.0)
     g, _ = admit_and_fork(m, 6)
     grow(m, g)
@@ -453,6 +456,49 @@ def test_recompute_of_a_forked_group_gives_each_seq_its_own_blocks() -> None:
     assert m.can_allocate(g) is AllocStatus.OK
     assert m.allocate(g) == 0
     a, b = (m.block_table(s.seq_id) for s in g.seqs)
-    assert len(a) == len(b) == 2 and not set(a) & set(b)
+    assert len(a) == len(b) == 2 and a[0] == b[0] and a[1] != b[1]
     assert [m.num_slots(s.seq_id) for s in g.seqs] == [7, 7]
+    assert m.num_free_blocks() == 5
+    m.check_integrity()
+
+
+def test_a_forked_group_that_fits_only_shared_is_not_never() -> None:
+    """Two 13-token sequences of a 12-token prompt: 4 blocks each alone, 5 with the
+    prompt's three blocks shared; a 5-block cache takes them back after a recompute."""
+    m = PagedKVCacheManager(num_device_blocks=5, block_size=4, watermark=0.0)
+    g, _ = admit_and_fork(m, 12)
+    grow(m, g)
+    for s in g.seqs:
+        m.free(s.seq_id)
+        s.status = SequenceStatus.WAITING
+    assert m.can_allocate(g) is AllocStatus.OK
+    m.allocate(g)
+    assert m.num_free_blocks() == 0
+    m.check_integrity()
+
+
+def test_a_recomputed_forked_group_hits_the_cache_once_for_its_prompt() -> None:
+    """With prefix caching, the shared prompt blocks come from the cache once (pinned
+    once per holder), and each sequence's own cached blocks beyond them stay its own."""
+    m = PagedKVCacheManager(
+        num_device_blocks=16, block_size=4, watermark=0.0, enable_prefix_caching=True
+    )
+    g = make_group(8, n=2, prompt=tuple(range(8)))
+    m.allocate(g)
+    child = spawn(g.seqs[0])
+    m.fork(g.seqs[0].seq_id, child.seq_id)
+    for token in range(4):  # four tokens each, different per sequence: a full own block
+        for i, seq in enumerate(g.seqs):
+            seq.num_computed = seq.num_tokens
+            seq.num_generated += 1
+            seq.output_token_ids.append(100 * i + token)
+        m.append(g)
+    for seq in g.seqs:  # their last block is now computed and cached
+        seq.num_computed = seq.num_tokens
+    for s in g.seqs:
+        m.free(s.seq_id)
+        s.status = SequenceStatus.WAITING
+    assert m.allocate(g) == 8  # the prompt and each one's generated block, less the last
+    a, b = (m.block_table(s.seq_id) for s in g.seqs)
+    assert a[:2] == b[:2] and a[2] != b[2]
     m.check_integrity()

@@ -3,6 +3,7 @@ the engine's decisions, step for step (the rule "one policy, two bodies": README
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from core.plan import StepOutcome, StepPlan
@@ -85,16 +86,17 @@ def test_simulator_replays_the_engine(
         assert e_steps["prefill_kv_read_tokens"].sum() > 0
 
 
-def test_an_aborted_forked_request_leaves_the_others_running() -> None:
-    """Request 1 (two samples) is preempted by recompute (no CPU pool to swap to) and
-    re-admitted without its samples' shared prompt blocks; alone, it then outgrows the 12
-    blocks and is aborted in a decode step. Both bodies reject it and go on to serve the
-    request that waited behind it (they used to stop: nothing scheduled, nothing
-    preempted)."""
+def _forked_run(monkeypatch: pytest.MonkeyPatch, reshare: bool) -> pd.DataFrame:
+    """Request 1 (two samples, 8-token prompt) is preempted by recompute (no CPU pool to
+    swap to) while request 0 runs; request 2 waits behind it. Both bodies, the engine's
+    step times replayed; the requests frame, equal in both."""
     import dataclasses
 
+    from core.kv.paged import PagedKVCacheManager
     from core.request import SamplingParams
 
+    if not reshare:  # re-admitted without its shared prompt blocks, it outgrows 12 blocks
+        monkeypatch.setattr(PagedKVCacheManager, "_shared_prompt_blocks", lambda self, s: 0)
     reqs = requests([(4, 20), (8, 20), (40, 1)], [0.0, 0.001, 0.002])
     reqs[1] = dataclasses.replace(reqs[1], sampling=SamplingParams(n=2))
     engine = make_engine("vllm", num_blocks=12, max_model_len=64, watermark=0.0)
@@ -106,8 +108,26 @@ def test_an_aborted_forked_request_leaves_the_others_running() -> None:
 
     cost = RecordedCostModel(eng.steps_frame()["duration_s"])
     sim = simulate(reqs, make_scheduler, cost).recorder
-    e_req, s_req = eng.requests_frame(), sim.requests_frame()
-    assert e_req.equals(s_req)
+    e_req = eng.requests_frame()
+    assert e_req.equals(sim.requests_frame())
+    return e_req
+
+
+def test_a_forked_request_preempted_by_recompute_shares_its_prompt_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    e_req = _forked_run(monkeypatch, reshare=True)
+    assert (e_req["status"] == "finished").all()
+    assert e_req.loc[1, "num_preemptions"] >= 1
+
+
+def test_an_aborted_request_that_leaves_nothing_scheduled_does_not_stop_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the re-sharing, request 1 is aborted alone in a decode step and that step
+    schedules nothing; both bodies schedule again and serve request 2 (they used to stop:
+    nothing scheduled, nothing preempted)."""
+    e_req = _forked_run(monkeypatch, reshare=False)
     assert e_req["status"].tolist() == ["finished", "rejected", "finished"]
     assert "outgrew the KV cache" in str(e_req.loc[1, "reject_reason"])
 

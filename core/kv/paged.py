@@ -11,7 +11,9 @@ Choices where the paper is silent:
 - Admission keeps ``watermark * num_device_blocks`` blocks free (vLLM v0's 1% watermark);
   a group needing more blocks than the device has beyond that watermark is NEVER.
 - A waiting group with several live sequences (a forked group preempted by recompute)
-  gets separate blocks for each sequence; the sharing is not rebuilt.
+  gets its sharing back: every sequence holds the first one's full prompt blocks (as
+  after ``fork``); the blocks of tokens generated before a later fork (beams) are not
+  re-shared.
 - ``can_swap_in`` asks for the swapped blocks plus exactly the blocks the group's next
   ``append`` takes, so each sequence can append right after swap-in (vLLM v0 asks for one
   spare block per sequence instead). Swap-in does not re-share blocks with the prefix cache.
@@ -203,49 +205,77 @@ class PagedKVCacheManager:
     # -- admission --------------------------------------------------------------------
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
         """NEVER if the group's tokens need more blocks than the device holds beyond the
-        watermark; OK if they fit now leaving the watermark free; LATER otherwise."""
+        watermark; OK if they fit now leaving the watermark free; LATER otherwise. The
+        sequences of a group share their full prompt blocks (:meth:`allocate`)."""
         seqs = self._live(group)
-        total = 0
         for seq in seqs:
             if seq.seq_id in self._seqs:
                 raise KVCacheError(f"seq {seq.seq_id} already holds KV blocks")
-            total += self._blocks_for(seq.num_tokens)
+        shared = self._shared_prompt_blocks(seqs)
+        total = sum(self._blocks_for(seq.num_tokens) for seq in seqs) - shared * (len(seqs) - 1)
         if total > self.num_device_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
         need = total
         if self.enable_prefix_caching:
             revived: set[int] = set()
-            for seq in seqs:
+            for i, seq in enumerate(seqs):
                 hits = self._prefix_hits(seq)
-                need -= len(hits)
-                revived.update(b for b, _ in hits if self._device.is_evictable(b))
+                own = hits if i == 0 else hits[shared:]  # the shared ones are the first's
+                need -= len(own)
+                revived.update(b for b, _ in own if self._device.is_evictable(b))
             need += len(revived)  # evictable hits are counted as free now
         if self._device.num_free() - need >= self.watermark_blocks:
             return AllocStatus.OK
         return AllocStatus.LATER
 
     def allocate(self, group: SequenceGroup) -> int:
-        """Give each live sequence its own blocks for ``seq.num_tokens`` slots (prefix-cache
-        hits shared). Returns the cached leading tokens (the minimum over sequences)."""
+        """Give the live sequences blocks for ``seq.num_tokens`` slots each: the first its
+        own, every other one the first's full prompt blocks (shared, as after ``fork``; a
+        forked group preempted by recompute gets its sharing back) and its own beyond them;
+        prefix-cache hits shared. Returns the cached leading tokens (the minimum over
+        sequences)."""
         status = self.can_allocate(group)
         if status is not AllocStatus.OK:
             raise KVCacheError(f"allocate of request {group.request_id}: can_allocate is {status}")
         seqs = group.live_seqs()
+        shared = self._shared_prompt_blocks(seqs)
         # Pin every sequence's hits before any new block is taken, so that no eviction
         # can reclaim a block another sequence of the group was counted as reusing.
-        states = []
-        for seq in seqs:
+        hits_of = []
+        for i, seq in enumerate(seqs):
             hits = self._prefix_hits(seq) if self.enable_prefix_caching else []
-            for block, _ in hits:
+            for block, _ in hits if i == 0 else hits[shared:]:
                 self._device.incref(block)
-            st = _SeqState([b for b, _ in hits], len(hits) * self.block_size)
-            if hits:
-                st.n_hashed, st.last_hash = len(hits), hits[-1][1]
-            states.append(st)
-        for seq, st in zip(seqs, states, strict=True):
+            hits_of.append(hits)
+        first = self._state_with_hits(hits_of[0])
+        self._grow(first, seqs[0].num_tokens)
+        self._seqs[seqs[0].seq_id] = first
+        states = [first]
+        for seq, hits in zip(seqs[1:], hits_of[1:], strict=True):
+            table = first.table[:shared]
+            for block in table:
+                self._device.incref(block)
+            if len(hits) > shared:  # its own cached blocks beyond the prompt
+                st = self._state_with_hits(hits)
+                st.table[:shared] = table
+            else:
+                n = min(first.n_hashed, shared)
+                last = hits_of[0][n - 1][1] if n else _ROOT_HASH
+                st = _SeqState(table, shared * self.block_size, n, last)
             self._grow(st, seq.num_tokens)
             self._seqs[seq.seq_id] = st
+            states.append(st)
         return min(st.n_hashed for st in states) * self.block_size
+
+    def _shared_prompt_blocks(self, seqs: list[Sequence]) -> int:
+        """Full prompt blocks the sequences of a group hold in common (0 for one)."""
+        return seqs[0].prompt_len // self.block_size if len(seqs) > 1 else 0
+
+    def _state_with_hits(self, hits: list[tuple[int, int]]) -> _SeqState:
+        st = _SeqState([b for b, _ in hits], len(hits) * self.block_size)
+        if hits:
+            st.n_hashed, st.last_hash = len(hits), hits[-1][1]
+        return st
 
     # -- growth -----------------------------------------------------------------------
     def can_append(self, group: SequenceGroup) -> bool:
