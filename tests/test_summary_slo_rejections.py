@@ -18,7 +18,7 @@ def _requests() -> pd.DataFrame:
         (3, 0.0, 10, 5, 4, None, None, None, None, None, 0, None, None, None, "rejected",
          "needs 4 sequences (parallel samples or beams), more than max_num_seqs=2"),
         (4, 0.0, 10, 900, 1, None, None, None, None, None, 0, None, None, None, "rejected",
-         "needs more KV-cache memory than the whole cache holds (8 blocks of 16 slots)"),
+         "needs more KV-cache memory than the cache admits (8 of its 8 blocks of 16 slots"),
         (5, 0.0, 10, 900, 1, None, None, None, None, None, 0, None, None, None, "rejected",
          "outgrew the KV cache: alone on the device it needs more than all 8 blocks"),
     ]  # fmt: skip

@@ -182,12 +182,13 @@ class BaseScheduler:
                 f"needs {request.sampling.num_seqs} sequences (parallel samples or beams), "
                 f"more than max_num_seqs={self.config.max_num_seqs}"
             )
-        elif self._blocks_needed(request) > self.manager.num_device_blocks or (
+        elif self._blocks_needed(request) > self._admissible_blocks() or (
             self.manager.can_allocate(group) is AllocStatus.NEVER
         ):
             group.reject_reason = (
-                f"needs more KV-cache memory than the whole cache holds "
-                f"({self.manager.num_device_blocks} blocks of {self.manager.block_size} slots) "
+                f"needs more KV-cache memory than the cache admits "
+                f"({self._admissible_blocks()} of its {self.manager.num_device_blocks} blocks "
+                f"of {self.manager.block_size} slots, less the admission watermark) "
                 f"for prompt_len={request.prompt_len}, output_len={request.output_len}, "
                 f"{request.sampling.num_seqs} sequence(s)"
             )
@@ -196,6 +197,11 @@ class BaseScheduler:
             return group
         self.waiting.append(group)
         return group
+
+    def _admissible_blocks(self) -> int:
+        """Blocks a waiting group may be given: the device's, less the admission watermark
+        (a group re-admitted after a recompute preemption must fit under it again)."""
+        return self.manager.num_device_blocks - getattr(self.manager, "watermark_blocks", 0)
 
     def _blocks_needed(self, request: Request) -> int:
         """Blocks the request occupies at its longest (paged): the full sequence, plus for
