@@ -25,7 +25,7 @@
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
-from _common import read_metrics, require, results_dir, save
+from _common import read_metrics, read_result, require, results_dir, save
 
 from core.metrics.summary import memory_shares
 from experiments.report.figures import KV_PARTS, PART_COLORS, PART_LABELS, fig2_breakdown
@@ -34,7 +34,9 @@ from experiments.report.paper import SYSTEM_LABELS
 from experiments.reproduce import FIG2_SYSTEMS
 
 RESULTS = results_dir()
-runs = read_metrics(RESULTS, {s: f"fig2_{s}" for s in FIG2_SYSTEMS})
+runs = read_metrics(
+    RESULTS, {s: f"fig2_{s}" for s in FIG2_SYSTEMS}, numbers=[f"kv_{p}_pct" for p in KV_PARTS]
+)
 table = fig2_table(runs)
 table.set_index("system").round(1)
 
@@ -64,8 +66,19 @@ def shares_over_time(steps: pd.DataFrame, windows: int = WINDOWS) -> pd.DataFram
 
 
 step_files = require(RESULTS, *(f"runs/fig2_{s}/steps.csv" for s in FIG2_SYSTEMS))
+STEP_NUMBERS = (
+    "start_s",
+    "duration_s",
+    "num_waiting",
+    "kv_free",
+    "kv_token_states",
+    "kv_reserved",
+    "kv_internal_frag",
+    "kv_allocator_padding",
+)
 over_time = {
-    s: shares_over_time(pd.read_csv(p)) for s, p in zip(FIG2_SYSTEMS, step_files, strict=True)
+    s: shares_over_time(read_result(p, numbers=STEP_NUMBERS))
+    for s, p in zip(FIG2_SYSTEMS, step_files, strict=True)
 }
 fig, axes = plt.subplots(len(over_time), 1, figsize=(6, 6), sharex=True)
 for ax, (system, df) in zip(axes, over_time.items(), strict=True):

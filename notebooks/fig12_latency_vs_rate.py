@@ -26,8 +26,7 @@
 # `python -m experiments.reproduce`; reads `$KVLAB_RESULTS` (default `results/reproduce`).
 
 # %%
-import pandas as pd
-from _common import require, results_dir, save
+from _common import read_result, require, results_dir, save
 
 from experiments.report.fig12_rates import BY_LETTER
 from experiments.report.figures import fig12_panels
@@ -38,8 +37,20 @@ THRESHOLD = 1.0
 
 RESULTS = results_dir()
 curves_csv, capacity_csv = require(RESULTS, "fig12_curves.csv", "fig12_capacity.csv")
-curves = pd.read_csv(curves_csv)
-capacity = pd.read_csv(capacity_csv)
+curves = read_result(
+    curves_csv,
+    text=("panel", "system"),
+    numbers=("rate",),
+    flags=("passes",),
+    passing=("normalized_latency_mean", "normalized_latency_min", "normalized_latency_max"),
+)
+capacity = read_result(
+    capacity_csv,
+    text=("panel", "system"),
+    choices={"panel": BY_LETTER},
+    numbers=("max_rate", "rate_lo", "rate_hi"),
+    maybe=("vllm_ratio", "trace_s"),
+)
 passing = curves[curves["passes"]]
 if (passing["normalized_latency_max"] > THRESHOLD).any():
     raise ValueError(

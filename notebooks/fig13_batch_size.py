@@ -28,7 +28,7 @@
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from _common import require, results_dir, save
+from _common import read_result, require, results_dir, save
 
 from experiments.report.figures import SYSTEM_COLORS, WORKLOAD_LABELS, fig13_batch
 from experiments.report.paper import SYSTEM_LABELS
@@ -36,7 +36,13 @@ from experiments.reproduce import FIG2_SYSTEMS
 
 RESULTS = results_dir()
 (table_csv,) = require(RESULTS, "fig13_batch.csv")
-table = pd.read_csv(table_csv)
+table = read_result(
+    table_csv,
+    text=("workload", "system"),
+    choices={"workload": WORKLOAD_LABELS, "system": SYSTEM_LABELS},
+    numbers=("rate", "kvlab_mean_batch"),
+    maybe=("paper_mean_batch",),
+)
 table.set_index(["workload", "system"]).round(2)
 
 # %% [markdown]
@@ -58,7 +64,7 @@ for (ax_t, ax_h), (workload, label_fmt) in zip(axes, RUNS.items(), strict=True):
     step_files = require(RESULTS, *(f"runs/{label_fmt.format(s)}/steps.csv" for s in FIG2_SYSTEMS))
     paper = table[table["workload"] == workload].set_index("system")["paper_mean_batch"]
     for system, path in zip(FIG2_SYSTEMS, step_files, strict=True):
-        df = pd.read_csv(path)
+        df = read_result(path, numbers=("start_s", "duration_s", "running_requests"))
         color, label = SYSTEM_COLORS[system], SYSTEM_LABELS[system]
         ax_t.plot(df["start_s"], df["running_requests"], drawstyle="steps-post", lw=0.6,
                   color=color, label=label)  # fmt: skip

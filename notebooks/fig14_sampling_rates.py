@@ -24,14 +24,20 @@
 # `results/reproduce`).
 
 # %%
-import pandas as pd
-from _common import require, results_dir, save
+from _common import read_result, require, results_dir, save
 
-from experiments.report.fig14_sampling import PAPER_RATIO, draw_fig14
+from experiments.report.fig14_sampling import PAPER_RATIO, SETTINGS, draw_fig14
 
 RESULTS = results_dir()
 cap_csv, runs_csv = require(RESULTS, "fig14_capacity.csv", "fig14_sampling.csv")
-cap = pd.read_csv(cap_csv)
+SETTING_NAMES = [f"{kind} {k}" for kind, k in SETTINGS]
+cap = read_result(
+    cap_csv,
+    text=("setting", "system"),
+    choices={"setting": SETTING_NAMES},
+    numbers=("max_rate", "rate_lo", "rate_hi"),
+    maybe=("vllm_ratio",),
+)
 ratios = cap[cap["system"] == "orca_oracle"].set_index("setting")[["vllm_ratio"]]
 ratios["paper_ratio"] = [PAPER_RATIO.get(s) for s in ratios.index]
 ratios.round(2)
@@ -48,5 +54,7 @@ save(fig, RESULTS, "fig14_sampling_rates")
 # Every rate the searches ran, with whether it passed the normalized-latency threshold.
 
 # %%
-runs = pd.read_csv(runs_csv)
+runs = read_result(
+    runs_csv, text=("setting", "system"), numbers=("rate",), passing=("normalized_latency",)
+)
 runs.pivot_table(index=["setting", "rate"], columns="system", values="normalized_latency").round(3)

@@ -24,14 +24,19 @@
 # `results/reproduce`).
 
 # %%
-import pandas as pd
-from _common import require, results_dir, save
+from _common import read_result, require, results_dir, save
 
+from experiments.report.fig14_sampling import SETTINGS
 from experiments.report.fig15_sharing import PAPER_RANGE, draw_fig15
 
 RESULTS = results_dir()
 (table_csv,) = require(RESULTS, "fig15_sharing.csv")
-table = pd.read_csv(table_csv)
+table = read_result(
+    table_csv,
+    text=("setting",),
+    maybe=("saving_pct",),
+    choices={"setting": [f"{kind} {k}" for kind, k in SETTINGS]},
+)
 table["paper_range_pct"] = [PAPER_RANGE[s.split()[0]] for s in table["setting"]]
 table
 

@@ -24,14 +24,19 @@
 # `results/reproduce`).
 
 # %%
-import pandas as pd
-from _common import require, results_dir, save
+from _common import read_result, require, results_dir, save
 
 from experiments.report.fig16_prefix import PAPER_RATIO, draw_fig16
 
 RESULTS = results_dir()
 (cap_csv,) = require(RESULTS, "fig16_capacity.csv")
-cap = pd.read_csv(cap_csv)
+cap = read_result(
+    cap_csv,
+    text=("setting", "system"),
+    choices={"setting": PAPER_RATIO},
+    numbers=("max_rate",),
+    maybe=("vllm_ratio",),
+)
 ratios = cap[cap["system"] == "orca_oracle"].set_index("setting")[["vllm_ratio"]]
 ratios["paper_ratio"] = [PAPER_RATIO[s] for s in ratios.index]
 ratios["gap"] = ratios["vllm_ratio"] - ratios["paper_ratio"]

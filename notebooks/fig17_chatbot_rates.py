@@ -24,15 +24,15 @@
 # `results/reproduce`).
 
 # %%
-import pandas as pd
-from _common import require, results_dir, save
+from _common import read_result, require, results_dir, save
 
 from experiments.report.fig17_chatbot import PAPER_RATIO, draw_fig17
 
 RESULTS = results_dir()
 runs_csv, cap_csv = require(RESULTS, "fig17_chatbot.csv", "fig17_capacity.csv")
-runs = pd.read_csv(runs_csv)
-cap = pd.read_csv(cap_csv).set_index("system")
+runs = read_result(runs_csv, text=("system",), numbers=("rate",), passing=("normalized_latency",))
+cap = read_result(cap_csv, text=("system",), numbers=("max_rate",), maybe=("vllm_ratio",))
+cap = cap.set_index("system")
 cap["paper_ratio"] = [None if s == "vllm" else PAPER_RATIO for s in cap.index]
 cap.round(2)
 

@@ -24,14 +24,15 @@
 # `results/reproduce`).
 
 # %%
-import pandas as pd
-from _common import require, results_dir, save
+from _common import read_result, require, results_dir, save
 
 from experiments.report.clock import FIG18B_PAPER, draw_fig18b
 
 RESULTS = results_dir()
 (blocks_csv,) = require(RESULTS, "fig18b_block_size.csv")
-blocks = pd.read_csv(blocks_csv)
+blocks = read_result(
+    blocks_csv, text=("study", "workload"), numbers=("rate", "block_size", "normalized_latency")
+)
 latency = blocks.pivot_table(index="block_size", columns="workload", values="normalized_latency")
 best = {w: int(latency[w].idxmin()) for w in latency.columns}
 print("kvlab's best block size:", best, "| paper's best ranges:", FIG18B_PAPER)

@@ -23,15 +23,18 @@
 # experiments.reproduce`. Reads `$KVLAB_RESULTS` (default `results/reproduce`).
 
 # %%
-import pandas as pd
-from _common import require, results_dir, save
+from _common import read_result, require, results_dir, save
 
 from experiments.report.clock import draw_fig19
 
 RESULTS = results_dir()
 runs_csv, price_csv = require(RESULTS, "fig19_swap_recompute.csv", "fig19_preemption_cost.csv")
-runs = pd.read_csv(runs_csv)
-price = pd.read_csv(price_csv)
+runs = read_result(
+    runs_csv,
+    text=("study", "workload", "preemption_mode"),
+    numbers=("rate", "block_size", "normalized_latency"),
+)
+price = read_result(price_csv, numbers=("block_size", "blocks", "swap_total_ms", "recompute_ms"))
 price["recompute_over_swap"] = price["recompute_ms"] / price["swap_total_ms"]
 price.round(3)
 

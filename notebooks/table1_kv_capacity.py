@@ -22,14 +22,17 @@
 # (default `results/reproduce`); run `python -m experiments.reproduce` first.
 
 # %%
-import pandas as pd
-from _common import require, results_dir, save
+from _common import read_result, require, results_dir, save
 
 from experiments.report.figures import table1_capacity
 
 RESULTS = results_dir()
 (table1_csv,) = require(RESULTS, "table1.csv")
-t1 = pd.read_csv(table1_csv)
+t1 = read_result(
+    table1_csv,
+    text=("model", "gpu"),
+    numbers=("num_gpus", "kv_gib", "paper_kv_gib", "max_slots", "paper_slots"),
+)
 t1["slots_vs_paper_pct"] = 100 * (t1["max_slots"] / t1["paper_slots"] - 1)
 t1[["model", "gpu", "num_gpus", "kv_gib", "paper_kv_gib", "max_slots", "paper_slots",
     "slots_vs_paper_pct"]]  # fmt: skip

@@ -24,16 +24,22 @@
 # (`experiments.report.paper`). Reads `$KVLAB_RESULTS` (default `results/reproduce`).
 
 # %%
-import pandas as pd
-from _common import require, results_dir, save
+from _common import read_result, require, results_dir, save
 
 from experiments.report.figures import overhead_sensitivity
 
 RESULTS = results_dir()
 (sens_csv,) = require(RESULTS, "vllm_overhead_sensitivity.csv")
-sens = pd.read_csv(sens_csv).sort_values("per_step_overhead_ms")
-sens[["per_step_overhead_ms", "mean_batch_size", "normalized_latency", "kv_token_states_pct",
-      "kv_free_pct", "num_preemptions"]]  # fmt: skip
+SHOWN = (
+    "per_step_overhead_ms",
+    "mean_batch_size",
+    "normalized_latency",
+    "kv_token_states_pct",
+    "kv_free_pct",
+    "num_preemptions",
+)
+sens = read_result(sens_csv, numbers=SHOWN).sort_values("per_step_overhead_ms")
+sens[list(SHOWN)]
 
 # %% [markdown]
 # The report's figure (`experiments.report.figures.overhead_sensitivity`): batch, latency

@@ -70,3 +70,44 @@ def test_the_cli_writes_a_csv_and_names_a_bad_file(
     bad, missing = capsys.readouterr().err.strip().splitlines()
     assert bad.startswith("error: ") and "bad/cross_run.json" in bad and "'rows'" in bad
     assert "missing/cross_run.json" in missing
+
+
+def _other_run(**changes: object) -> dict:
+    row = {"calibrated_on": "S", "validated_on": "A", "role": "other run",
+           "metric": "mean_tpot_ms", "rel_err": 0.01}  # fmt: skip
+    return {k: v for k, v in (row | changes).items() if v != "DROP"}
+
+
+@pytest.mark.parametrize(
+    ("doc", "says"),
+    [
+        ({"rows": [_other_run(rel_err=None)]}, "rows[0]: 'rel_err' is not a finite number"),
+        ({"rows": [_other_run(), _other_run(rel_err="abc")]}, "rows[1]: 'rel_err'"),
+        ({"rows": [_other_run(rel_err=float("nan"))]}, "(got nan)"),
+        ({"rows": [_other_run(role="DROP")]}, "rows[0] has no 'role'"),
+        ({"rows": [_other_run(validated_on="DROP")]}, "rows[0] has no 'validated_on'"),
+        ({"rows": [1, 2]}, "rows[0] is not an object"),
+        ({"rows": None}, "'rows' is not a list of rows (got null)"),
+        ({"rows": [], "timed_rows": [_other_run(rel_err=True)]}, "timed_rows[0]: 'rel_err'"),
+        ({"rows": [], "repeatability": [{"metric": "mean_tpot_ms", "rel_diff": "x"}]},
+         "repeatability[0]: 'rel_diff'"),
+    ],
+)  # fmt: skip
+def test_a_bad_row_is_one_line_naming_the_file_and_row(
+    doc: dict, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "cross_run.json").write_text(json.dumps(doc))
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: {tmp_path}/cross_run.json: ")
+    assert says in err
+
+
+def test_an_unused_in_sample_row_may_lack_its_error() -> None:
+    from experiments.bench.cross_run_summary import check_sitting
+
+    doc = {"rows": [_other_run(), _other_run(role="in-sample", rel_err=None)]}
+    check_sitting(doc, "x.json")
+    assert summarise(doc, "s", 0.05)[0]["worst_err"] == 0.01

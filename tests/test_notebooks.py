@@ -133,3 +133,80 @@ def test_results_dir_defaults_and_relative_paths_are_from_repo_root(monkeypatch)
     assert common.results_dir() == NB_DIR.parent / "results" / "other"
     monkeypatch.setenv("KVLAB_RESULTS", str(NB_DIR))
     assert common.results_dir() == NB_DIR
+
+
+CSV = "system,rate,passes,normalized_latency\nvllm,1.0,True,0.5\nvllm,2.0,False,\n"
+KINDS = {"text": ("system",), "numbers": ("rate",), "passing": ("normalized_latency",)}
+
+
+def test_read_result_gives_what_pandas_reads(tmp_path: Path) -> None:
+    import pandas as pd
+
+    path = tmp_path / "r.csv"
+    path.write_text(CSV)
+    table = _common().read_result(path, **KINDS, choices={"system": ("vllm", "orca_max")})
+    pd.testing.assert_frame_equal(table, pd.read_csv(path))
+
+
+@pytest.mark.parametrize(
+    ("text", "kinds", "says"),
+    [
+        (CSV[:-1], KINDS, "line 3 has no newline at its end: the file was cut short"),
+        (CSV[:-9] + "\n", KINDS, "line 3 has 2 of the header's 4 fields"),
+        ("", KINDS, "is empty"),
+        (CSV.split("\n")[0] + "\n", KINDS, "has a header but no rows"),
+        (CSV, {"numbers": ("max_rate",)}, "no column max_rate; the notebook reads it"),
+        (CSV.replace("vllm,2.0", "vllm,abc"), KINDS, "column rate: not a number (got 'abc')"),
+        (CSV.replace("vllm,2.0", "vllm,nan"), KINDS, "line 3, column rate: empty or NaN"),
+        (CSV.replace("vllm,2.0", "vllm,inf"), KINDS, "line 3, column rate: not finite (got inf)"),
+        (CSV.replace("0.5", ""), KINDS, "line 2, column normalized_latency: empty or NaN on"),
+        (CSV.replace("False", "maybe"), KINDS, "line 3, column passes: not True or False"),
+        (CSV.replace("\nvllm,1", "\n,1"), KINDS, "line 2, column system: empty"),
+        (CSV, {"text": ("system",), "choices": {"system": ("orca_max",)}},
+         "line 2, column system: not one of orca_max (got 'vllm')"),
+    ],
+)  # fmt: skip
+def test_read_result_names_the_file_line_and_column(
+    text: str, kinds: dict, says: str, tmp_path: Path
+) -> None:
+    from experiments.lib.checks import ConfigError
+
+    path = tmp_path / "r.csv"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        _common().read_result(path, **kinds)
+    assert err.value.line().startswith(f"error: {path}: ") and says in err.value.line()
+
+
+def test_read_metrics_names_a_bad_file_and_key(tmp_path: Path) -> None:
+    from experiments.lib.checks import ConfigError
+
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    for doc, says in (('{"kv_free_pct": 1', "cannot read it"), ("[1]", "not a JSON object"),
+                      ("{}", "no key kv_free_pct"),
+                      ('{"kv_free_pct": NaN}', "kv_free_pct: not a finite number")):  # fmt: skip
+        (run / "metrics.json").write_text(doc)
+        with pytest.raises(ConfigError, match=says):
+            _common().read_metrics(tmp_path, {"vllm": "r"}, numbers=("kv_free_pct",))
+
+
+def test_a_notebook_run_as_a_script_refuses_a_cut_short_file_in_one_line(tmp_path: Path) -> None:
+    """The audit's case: fig18b_block_size.csv cut mid-file printed a wrong best block size."""
+    import os
+    import subprocess
+    import sys
+
+    rows = ["study,workload,rate,block_size,normalized_latency"] + [
+        f"fig18b,sharegpt,2.0,{bs},{lat}" for bs, lat in ((16, 0.9), (32, 0.5), (64, 0.7))
+    ]
+    (tmp_path / "fig18b_block_size.csv").write_text("\n".join(rows)[:-12])
+    done = subprocess.run(
+        [sys.executable, str(NB_DIR / "fig18b_block_size_study.py")], capture_output=True,
+        text=True, env={**os.environ, "KVLAB_RESULTS": str(tmp_path), "MPLBACKEND": "Agg"},
+    )  # fmt: skip
+    assert done.returncode == 2 and "best block size" not in done.stdout
+    assert done.stderr.strip() == (
+        f"error: {tmp_path / 'fig18b_block_size.csv'}: line 4 has no newline at its end: the "
+        "file was cut short (truncated, or read while being written)"
+    )

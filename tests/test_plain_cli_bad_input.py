@@ -97,7 +97,7 @@ def _config_model(run: Path) -> None:
 
 CASES = [
     # (id, damage, tool, args after the run dir, key or file named, phrase)
-    ("empty_steps", _write("steps.csv", ""), calibrate, [], "run_dir", "cannot read"),
+    ("empty_steps", _write("steps.csv", ""), calibrate, [], "run_dir", "is empty"),
     ("garbled_steps", _write("steps.csv", 'a,b\n1,"2\n3,4,5,6\n'), calibrate, [], "run_dir",
      "cannot read"),
     ("header_only_steps", _uncounted(_steps(lambda lines: lines[:1])), calibrate, [], "run_dir",
@@ -108,7 +108,7 @@ CASES = [
      "config.yaml"),
     ("unknown_model", _config_model, calibrate, [], "model", "unknown model"),
     ("overhead_empty_steps", _write("steps.csv", ""), calibrate_overhead, [], "run_dir",
-     "cannot read"),
+     "is empty"),
     ("truncated_engine_json", _write("engine.json", '{"num_blocks": '), validate, [],
      "run_dir", "engine.json"),
     ("truncated_metrics", _write("metrics.json", "{"), validate, [], "run_dir", "metrics.json"),
@@ -150,7 +150,7 @@ CASES = [
     ("steps_cut_at_a_line", _steps(lambda lines: lines[: len(lines) // 2]), calibrate, [],
      "run_dir", "but metrics.json counts"),
     ("steps_cut_mid_line", _cut_mid_line, calibrate_overhead, [], "run_dir",
-     "the last line is cut short"),
+     "has no newline at its end"),
     ("replay_of_cut_steps", _steps(lambda lines: lines[: len(lines) // 2]), validate,
      ["--recorded"], "--recorded", "but metrics.json counts"),
     ("simulator_run", lambda run: (run / "engine.json").unlink(), calibrate, [], "run_dir",

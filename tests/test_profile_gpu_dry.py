@@ -350,3 +350,34 @@ def test_filled_sweep_units_are_what_measuring_wrote(tmp_path: Path) -> None:
     for argv in ([str(out), "--order", "random"], [str(tmp_path / "absent"), "--order", "0"]):
         with pytest.raises(SystemExit):
             fill_sweep_units.main(argv)
+
+
+def test_a_block_size_the_cache_cannot_hold_or_a_file_as_out_is_refused_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from experiments.bench import profile_gpu
+
+    def no_measuring(*_: object, **__: object) -> None:
+        raise AssertionError("measured before refusing")
+
+    monkeypatch.setattr(profile_gpu, "measure", no_measuring)
+    monkeypatch.setattr(profile_gpu, "pin_malloc", lambda: None)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for argv, needle in (
+        (["--out", str(tmp_path / "p"), "--cpu", "--model", "tiny-opt", "--block-size", "1024"],
+         "--block-size 1024 is too large for this profile: a decode batch of 64 sequences"),
+        (["--out", str(tmp_path / "p"), "--dry", "--block-size", "32"], "(at most 16 here)"),
+        (["--out", str(afile), "--dry"], f"--out: {afile} is a file, not a folder"),
+        (["--out", str(afile / "sub" / "p"), "--dry"], f"lies under {afile}, a file"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and needle in err, err
+    assert not (tmp_path / "p").exists()
+    for block_size in (16, 512):
+        plan = make_plan(False, "tiny-opt", block_size, cpu=True)
+        assert profile_gpu.blocks_short(plan) is None

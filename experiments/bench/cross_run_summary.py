@@ -14,6 +14,7 @@ the runs were served on (``hardware`` in ``run_s/metrics.json`` beside the file,
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,16 +30,64 @@ MODES = (("as is", "rows"), ("timed", "timed_rows"), ("shrunk", "shrunk_rows"))
 
 
 def read_sitting(path: Path) -> dict[str, Any]:
-    """A sitting's ``cross_run.json`` (``path`` is the file or its folder); a
-    :class:`ConfigError` naming the file when it is missing or not a cross-run result."""
+    """A sitting's ``cross_run.json`` (``path`` is the file or its folder), checked by
+    :func:`check_sitting`; a :class:`ConfigError` naming the file when it is missing or not a
+    cross-run result."""
     file = path if path.suffix == ".json" else path / "cross_run.json"
     try:
         doc = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(str(file), f"not a readable cross_run.json ({err})") from None
     if not isinstance(doc, dict) or "rows" not in doc:
         raise ConfigError(str(file), "has no 'rows': not a cpu_cross_run result")
+    check_sitting(doc, str(file))
     return doc
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_sitting(doc: dict[str, Any], file: str) -> None:
+    """Raise a :class:`ConfigError` naming ``file`` and the row for what :func:`summarise`
+    cannot use: ``rows`` (or a ``timed_rows``/``shrunk_rows`` it holds) not a list of
+    objects with ``role`` and ``metric``; an "other run" row on a target metric without a
+    finite ``rel_err`` or without ``calibrated_on``/``validated_on``; a ``repeatability``
+    row whose ``rel_diff`` is neither null nor a finite number."""
+    for _, key in MODES:
+        rows = doc.get(key)
+        if rows is None and key != "rows":
+            continue
+        if not isinstance(rows, list):
+            raise ConfigError(file, f"'{key}' is not a list of rows", rows)
+        for i, r in enumerate(rows):
+            where = f"{key}[{i}]"
+            if not isinstance(r, dict):
+                raise ConfigError(file, f"{where} is not an object", r)
+            for name in ("role", "metric"):
+                if name not in r:
+                    raise ConfigError(file, f"{where} has no '{name}'")
+            if r["role"] != "other run" or r["metric"] not in TARGET_METRICS:
+                continue
+            if not _number(r.get("rel_err")):
+                raise ConfigError(file, f"{where}: 'rel_err' is not a finite number",
+                                  r.get("rel_err"))  # fmt: skip
+            for name in ("calibrated_on", "validated_on"):
+                if name not in r:
+                    raise ConfigError(file, f"{where} has no '{name}'")
+    repeat = doc.get("repeatability") or []
+    if not isinstance(repeat, list):
+        raise ConfigError(file, "'repeatability' is not a list of rows", repeat)
+    for i, r in enumerate(repeat):
+        where = f"repeatability[{i}]"
+        if not isinstance(r, dict) or "metric" not in r:
+            raise ConfigError(file, f"{where} is not an object with a 'metric'", r)
+        if r.get("rel_diff") is not None and not _number(r["rel_diff"]):
+            raise ConfigError(file, f"{where}: 'rel_diff' is neither null nor a finite number",
+                              r["rel_diff"])  # fmt: skip
+    shrinkage = doc.get("speed_shrinkage")
+    if shrinkage is not None and not isinstance(shrinkage, dict):
+        raise ConfigError(file, "'speed_shrinkage' is not an object", shrinkage)
 
 
 def machine_of(path: Path) -> str:

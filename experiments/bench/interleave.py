@@ -102,3 +102,10 @@ def spread(participants: Sequence[Participant]) -> list[dict[str, Any]]:
             "q75": round(float(q[3]), 3), "last": round(float(q[4]), 3),
         })  # fmt: skip
     return rows
+
+
+if __name__ == "__main__":
+    from experiments.bench.tables import not_a_command
+
+    not_a_command("experiments.bench.interleave", "experiments.bench.sitting (an interleaved "
+                  "sitting of engine runs and a profile)")  # fmt: skip

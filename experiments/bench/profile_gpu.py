@@ -73,7 +73,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from experiments.lib.args import OneLineParser
+from experiments.lib.args import OneLineParser, out_dir_problem
 from experiments.lib.malloc import malloc_state, pin_malloc
 
 FORMAT = "kvlab-operator-profile/1"
@@ -203,6 +203,36 @@ def decode_points(plan: ProfilePlan) -> list[tuple[int, int]]:
             for c in plan.seq_contexts if n * c <= plan.max_context_tokens]  # fmt: skip
 
 
+def cache_blocks(plan: ProfilePlan) -> int:
+    """Blocks of the profiler's KV cache: enough for the largest total context or token
+    count of ``plan`` at its block size."""
+    return -(-max(plan.max_context_tokens, max(plan.token_counts)) // plan.block_size)
+
+
+def blocks_short(plan: ProfilePlan) -> str | None:
+    """Why ``plan``'s cache (:func:`cache_blocks`) cannot hold one of its decode batches, each
+    sequence in whole blocks, naming the largest power-of-two block size that fits; None
+    when every batch fits."""
+
+    def worst(p: ProfilePlan) -> tuple[int, int, int]:
+        return max((n * -(-(total // n) // p.block_size), n, total // n)
+                   for n, total in decode_points(p))  # fmt: skip
+
+    if not decode_points(plan):
+        return None
+    need, seqs, context = worst(plan)
+    if need <= cache_blocks(plan):
+        return None
+    fits = [
+        b
+        for b in (2**i for i in range(plan.block_size.bit_length()))
+        if worst(replace(plan, block_size=b))[0] <= cache_blocks(replace(plan, block_size=b))
+    ]
+    return (f"{plan.block_size} is too large for this profile: a decode batch of {seqs} "
+            f"sequences of {context} tokens needs {need} blocks and the cache holds "
+            f"{cache_blocks(plan)} (at most {max(fits, default=1)} here)")  # fmt: skip
+
+
 class _PresetOutput(nn.Module):
     """Stands in for an ``nn.Linear``: returns rows of a preset tensor, launching nothing."""
 
@@ -246,7 +276,7 @@ class Profiler:
         self.linears = [m for m in self.layer.modules() if isinstance(m, nn.Linear)]
         widths = {m.in_features for m in self.linears} | {self.config.embed_dim}
         self.inputs = {w: self._randn(rows, w) for w in widths}
-        num_blocks = -(-max(plan.max_context_tokens, rows) // plan.block_size)
+        num_blocks = cache_blocks(plan)
         shape = (num_blocks, plan.block_size, self.config.num_kv_heads, self.config.head_dim)
         self.k_cache, self.v_cache = self._randn(*shape), self._randn(*shape)
         self.stub = self._stub_layer(rows)
@@ -612,8 +642,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--passes must be >= 1, got {args.passes}")
     if args.single_calls and not args.cpu:
         parser.error("--single-calls needs --cpu")
+    refused = out_dir_problem(args.out)
+    if refused:
+        parser.error(f"--out: {refused}")
     plan = make_plan(args.dry, args.model, args.block_size, cpu=args.cpu, passes=args.passes,
                      single_calls=args.single_calls)  # fmt: skip
+    short = blocks_short(plan)
+    if short:
+        parser.error(f"--block-size {short}")
     meta = sidecar(plan, args_list)
     rows = measure(plan, partial=lambda r: write_profile(args.out, r, {**meta, "complete": False}))
     write_profile(args.out, rows, {**meta, "complete": True})

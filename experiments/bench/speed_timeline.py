@@ -171,3 +171,10 @@ def shrink_to_price(found: list[Stretch]) -> ShrunkTimeline:
         speeds.append(1.0 + keep * (s.speed - 1.0))
     speeds = _copied(found, speeds)
     return ShrunkTimeline(speeds, float(np.sqrt(tau2)), q, len(positive))
+
+
+if __name__ == "__main__":
+    from experiments.bench.tables import not_a_command
+
+    not_a_command("experiments.bench.speed_timeline", "experiments.bench.cpu_cross_run, "
+                  "cpu_error_parts and speed_by_op")  # fmt: skip

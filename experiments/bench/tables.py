@@ -1,10 +1,12 @@
 """Benchmark output: a plain-text table on stdout and the same rows as a CSV file.
 
-Every benchmark script prints what it measured and writes it, with these two helpers."""
+Every benchmark script prints what it measured and writes it, with these two helpers. A
+library module: no command line."""
 
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 
 from experiments.lib.results import write_atomic
@@ -37,3 +39,16 @@ def print_table(title: str, rows: list[dict]) -> None:
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
     for row in cells:
         print("  ".join(x.rjust(w) for x, w in zip(row, widths, strict=True)))
+
+
+def not_a_command(module: str, used_by: str) -> None:
+    """What ``python -m`` on a library module does: one line on stderr saying so and who
+    uses it, and exit status 2."""
+    print(f"error: {module} is a library module with no command line; it is used by "
+          f"{used_by}", file=sys.stderr)  # fmt: skip
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    not_a_command("experiments.bench.tables", "every benchmark script that prints or writes "
+                  "a table (experiments.bench.*, experiments.calibrate_overhead)")  # fmt: skip

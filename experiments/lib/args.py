@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import NoReturn
 
 
@@ -14,3 +16,18 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the arguments)\n")
+
+
+def out_dir_problem(out: Path) -> str | None:
+    """Why results cannot be written in the folder ``out`` (it is a file, lies under one,
+    or its nearest existing folder cannot be written), or None: checked before any work."""
+    existing = Path(out)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        if existing == Path(out):
+            return f"{out} is a file, not a folder"
+        return f"{out} lies under {existing}, a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot write in {existing}"
+    return None

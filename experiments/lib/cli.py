@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from core.mapping_file import yaml_error_place
 from core.workload.trace_io import TraceFormatError
+from experiments.lib.args import out_dir_problem
 from experiments.lib.checks import CONFIG_DIR, ConfigError, check_group_overrides, search_dirs
 from experiments.lib.results import INDEX_COLUMNS, append_index, write_error
 from experiments.lib.table import result_table
@@ -101,12 +102,11 @@ def plain_cli(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | 
 
 
 def check_out_dir(path: Path, key: str = "--out") -> None:
-    """Refuse, before any work, an output folder that is a file or lies under one."""
-    path = Path(path)
-    blocker = next((a for a in (path, *path.parents) if a.exists() and not a.is_dir()), None)
-    if blocker is not None:
-        where = "is a file" if blocker == path else f"lies under {blocker}, a file"
-        raise ConfigError(key, f"{path} {where}, not a folder")
+    """Refuse, before any work, an output folder results cannot be written in
+    (:func:`experiments.lib.args.out_dir_problem`)."""
+    problem = out_dir_problem(Path(path))
+    if problem is not None:
+        raise ConfigError(key, problem)
 
 
 def exclusive_nulls(overrides: Sequence[str]) -> dict[str, None]:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,20 +47,43 @@ def read_json(path: Path | str, key: str) -> Any:
         return json.loads(Path(path).read_text())
 
 
+def check_whole(path: Path | str, key: str | None = None) -> None:
+    """Raise a :class:`ConfigError` on ``key`` (default: the path) naming ``path`` and the
+    line (the header is line 1) when the CSV cannot be read, is empty, or was cut short: its
+    last line has no newline, or a line has fewer fields than the header. Blank lines are
+    skipped, as pandas does."""
+    key = str(path) if key is None else key
+    where = "" if key == str(path) else f"{path}: "
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(key, f"{where}cannot read it ({first_line(exc)})") from None
+    if not text.strip():
+        raise ConfigError(key, f"{where}is empty: no header, no rows")
+    if not text.endswith(("\n", "\r")):
+        line = len(text.splitlines())
+        raise ConfigError(key, f"{where}line {line} has no newline at its end: the file was "
+                          "cut short (truncated, or read while being written)")  # fmt: skip
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader)
+    for row in reader:
+        if row and len(row) < len(header):
+            raise ConfigError(key, f"{where}line {reader.line_num} has {len(row)} of the "
+                              f"header's {len(header)} fields: the file was cut short")  # fmt: skip
+
+
 def read_run_steps(run_dir: Path | str, key: str = "run_dir") -> pd.DataFrame:
-    """A run directory's ``steps.csv``, whole: a missing file, a last line cut short (no
-    newline at its end), a count or time that is not a finite number >= 0
+    """A run directory's ``steps.csv``, whole: a missing file, one cut short
+    (:func:`check_whole`), a count or time that is not a finite number >= 0
     (:func:`sim.cost.calibrated.check_step_numbers`) or another number of rows than
     ``metrics.json``'s ``num_steps`` (when the run has one) is a ConfigError on ``key``
     naming the file, never a frame that quietly holds part of the run."""
     path = Path(run_dir) / "steps.csv"
     if not path.is_file():
         raise ConfigError(key, "no steps.csv (not a run directory)", str(run_dir))
+    check_whole(path, key)
     with reading(path, key):
-        text = path.read_text()
         steps = pd.read_csv(path)
-    if text and not text.endswith("\n"):
-        raise ConfigError(key, f"{path}: the last line is cut short (no newline at its end)")
     try:
         check_step_numbers(steps)
     except ValueError as exc:
