@@ -150,3 +150,12 @@ def test_recomputed_group_over_the_budget_computes_every_token(chunked: bool) ->
     assert all(g.finish_time is not None for g in groups)
     # Gang scheduling: every sample of the recomputed group produced the whole output.
     assert [s.num_generated for s in groups[2].seqs] == [25, 25, 25]
+
+
+def test_stand_in_token_ids_of_different_sequences_hash_apart() -> None:
+    """What a prefix cache keys on is the hash: CPython hashes -1 as -2."""
+    from core.sched.base import stand_in_token_id
+
+    ids = [stand_in_token_id(i) for i in range(10_000)]
+    assert max(ids) < 0
+    assert len({hash((0, (i, i))) for i in ids}) == len(ids)

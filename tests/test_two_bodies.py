@@ -86,6 +86,44 @@ def test_simulator_replays_the_engine(
         assert e_steps["prefill_kv_read_tokens"].sum() > 0
 
 
+@pytest.mark.parametrize("num_blocks", [9, 10, 12])
+def test_two_requests_of_one_prompt_keep_their_generated_blocks_apart(num_blocks: int) -> None:
+    """Same prompt, sampled apart (seeds 7 and 8), prefix caching on, request 1 preempted
+    by recompute: the simulator's stand-in ids of sequences 0 and 1 must not name each
+    other's generated blocks (they did when they were -1 and -2, which CPython hashes
+    alike), or its hits and block counts part from the engine's."""
+    import dataclasses
+
+    from core.request import SamplingParams
+
+    reqs = requests([(8, 20), (8, 20)], [0.0, 0.0])
+    reqs = [
+        dataclasses.replace(
+            r, sampling=SamplingParams(temperature=1.0, seed=7 + r.request_id),
+            prompt_token_ids=reqs[0].prompt_token_ids,
+        )
+        for r in reqs
+    ]  # fmt: skip
+    engine = make_engine(
+        "vllm", num_blocks=num_blocks, max_model_len=64, enable_prefix_caching=True,
+        watermark=0.0,
+    )  # fmt: skip
+    eng = engine.generate(reqs, mode="online", clock="virtual").recorder
+    config = SchedulerConfig(max_model_len=64)
+
+    def make_scheduler() -> BaseScheduler:
+        return build_scheduler(
+            "vllm", num_blocks * 4, config, block_size=4, watermark=0.0,
+            enable_prefix_caching=True,
+        )  # fmt: skip
+
+    cost = RecordedCostModel(eng.steps_frame()["duration_s"])
+    sim = simulate(reqs, make_scheduler, cost, check_integrity_every=1).recorder
+    assert cost.steps_left == 0
+    assert eng.steps_frame().equals(sim.steps_frame())
+    assert eng.requests_frame()["num_preemptions"].sum() > 0
+
+
 def _forked_run(monkeypatch: pytest.MonkeyPatch, reshare: bool) -> pd.DataFrame:
     """Request 1 (two samples, 8-token prompt) is preempted by recompute (no CPU pool to
     swap to) while request 0 runs; request 2 waits behind it. Both bodies, the engine's

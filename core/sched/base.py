@@ -108,8 +108,9 @@ def stand_in_token_id(seq_id: int) -> int:
     none (the simulator): negative, so never a vocabulary id, and one per sequence, so a
     prefix cache finds a sequence's own generated blocks (after a recompute preemption)
     and no other sequence's. The engine's real tokens can also repeat across sequences
-    (greedy decoding of one prompt twice); the simulator counts no such hits."""
-    return -1 - seq_id
+    (greedy decoding of one prompt twice); the simulator counts no such hits. From -2 down:
+    CPython hashes -1 as -2, so -1 and -2 would name the same blocks."""
+    return -2 - seq_id
 
 
 @dataclass(slots=True)
