@@ -123,7 +123,7 @@ def test_vllm_v1_preset_runs_mixed_steps_with_prefix_caching(tmp_path: Path) -> 
     cfg = {
         "model": {"name": "tiny-llama", "tp": 1},
         "hardware": {"name": "h100"},
-        "system": system | {"max_num_batched_tokens": 64},
+        "system": system | {"max_num_batched_tokens": 64, "max_num_seqs": 64},
         "workload": {"kind": "shared_prefix", "rate": None, "num_requests": 30, "prefix_len": 48,
                      "vocab_size": 512},
         "num_gpu_blocks": 200,
