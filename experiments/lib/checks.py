@@ -107,6 +107,14 @@ def positive_int(v: Any) -> bool:
     return _is_int(v) and v > 0
 
 
+def non_negative_int(v: Any) -> bool:
+    return _is_int(v) and v >= 0
+
+
+def at_least_one(v: Any) -> bool:
+    return _is_number(v) and v >= 1
+
+
 def power_of_two(v: Any) -> bool:
     return positive_int(v) and v & (v - 1) == 0
 
@@ -163,6 +171,20 @@ RULES: tuple[Rule, ...] = (
     Rule("workload.burstiness", positive, _POS, "not a positive gamma shape"),
     Rule("workload.n", positive_int, _POS_INT, "not a positive sample count"),
     Rule("workload.beam_width", positive_int, _POS_INT, "not a positive beam width"),
+    Rule("workload.temperature", non_negative, "a number >= 0", "not a temperature"),
+    Rule("workload.apply_filter", is_bool, "true or false", "not a boolean"),
+    Rule("workload.with_token_ids", is_bool, "true or false", "not a boolean"),
+    Rule("workload.vocab_size", positive_int, _POS_INT, "not a vocabulary size"),
+    Rule("workload.prefix_len", non_negative_int, "an integer >= 0 (tokens)", "not a length"),
+    Rule("workload.suffix_len_mean", at_least_one, "a number >= 1 (tokens)", "not a mean length"),
+    Rule("workload.output_len_mean", at_least_one, "a number >= 1 (tokens)", "not a mean length"),
+    Rule("workload.num_conversations", non_negative_int, "an integer >= 0 or null", "not a count"),
+    Rule("workload.rounds", positive_int, _POS_INT, "not a round count"),
+    Rule("workload.think_time_s", non_negative, "a number >= 0 (seconds)", "not a time"),
+    Rule("workload.max_prompt_len", positive_int, f"{_POS_INT} (tokens)", "not a length"),
+    Rule("workload.max_output_len", positive_int, f"{_POS_INT} (tokens)", "not a length"),
+    Rule("workload.sigma_input", positive, f"{_POS} or null (the dataset's)", "not a spread"),
+    Rule("workload.sigma_output", positive, f"{_POS} or null (the dataset's)", "not a spread"),
     Rule(
         "workload.arrival",
         one_of("poisson", "gamma", "all_at_once"),
