@@ -59,25 +59,36 @@ def init_dummy_weights(model: nn.Module, seed: int, std: float = DEFAULT_STD) ->
                 )
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded into the model; the message names the file and
+    what is wrong (unreadable, not a state dict, keys or shapes the model does not have)."""
+
+
 def load_checkpoint(model: nn.Module, path: str | Path) -> None:
     """Load a local HF checkpoint into ``model`` (see ``load_weights`` for key rules).
 
     ``path`` is a directory or one weights file. In a directory, all ``*.safetensors``
     files are read if any exist, else ``pytorch_model.bin`` or ``*.pt`` / ``*.bin``. If the
-    directory has a ``config.json`` and the model has a ``config``, they must agree.
+    directory has a ``config.json`` and the model has a ``config``, they must agree. Any
+    failure is a :class:`CheckpointError`.
     """
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint path {path} does not exist")
-    if path.is_dir():
-        config_file = path / "config.json"
-        model_config = getattr(model, "config", None)
-        if config_file.is_file() and isinstance(model_config, ModelSpec):
-            _check_same_config(ModelSpec.from_json(config_file), model_config)
-        files = _weight_files(path)
-    else:
-        files = [path]
-    load_weights(model, _iter_tensors(files))
+    try:
+        if not path.exists():
+            raise FileNotFoundError(f"checkpoint path {path} does not exist")
+        if path.is_dir():
+            config_file = path / "config.json"
+            model_config = getattr(model, "config", None)
+            if config_file.is_file() and isinstance(model_config, ModelSpec):
+                _check_same_config(ModelSpec.from_json(config_file), model_config)
+            files = _weight_files(path)
+        else:
+            files = [path]
+        load_weights(model, _iter_tensors(files))
+    except CheckpointError:
+        raise
+    except (ValueError, FileNotFoundError) as exc:
+        raise CheckpointError(str(exc)) from exc
 
 
 def load_weights(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -144,18 +155,34 @@ def _weight_files(directory: Path) -> list[Path]:
 def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     for file in files:
         if file.suffix == ".safetensors":
-            from safetensors import safe_open
-
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    yield key, f.get_tensor(key)
-        else:
+            yield from _safetensors(file)
+            continue
+        try:
             state = torch.load(file, map_location="cpu", weights_only=True)
-            if not isinstance(state, dict) or not all(
-                isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
-            ):
-                raise ValueError(f"{file} is not a state dict of name -> tensor")
-            yield from state.items()
+        except Exception as exc:  # the unpickler's errors name no file: any is unreadable
+            raise CheckpointError(
+                f"{file} cannot be read as a torch weights file (torch.load with weights_only: "
+                f"{type(exc).__name__})"
+            ) from exc
+        if not isinstance(state, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+        ):
+            raise CheckpointError(f"{file} is not a state dict of name -> tensor")
+        yield from state.items()
+
+
+def _safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    try:
+        handle = safe_open(str(file), framework="pt")
+    except Exception as exc:  # safetensors' own error type: a bad header, a short file
+        lines = str(exc).strip().splitlines()
+        why = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        raise CheckpointError(f"{file} cannot be read as a safetensors file ({why})") from exc
+    with handle as f:
+        for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+            yield key, f.get_tensor(key)
 
 
 def _check_same_config(checkpoint: ModelSpec, model: ModelSpec) -> None:

@@ -45,6 +45,7 @@ from core.request import Request
 from engine.config import check_engine_support
 from engine.engine import EngineError, EngineResult, LLMEngine, run_to_end
 from engine.kv_cache import GIB, KVBudgetError, bytes_per_block, resolve_kv_budget
+from engine.weights import CheckpointError
 from experiments.lib.checks import CONFIG_DIR, ConfigError, Facts, check_config
 from experiments.lib.cli import main_with_checks, run_app
 from experiments.lib.malloc import malloc_state, pin_malloc
@@ -142,6 +143,8 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
         )
     except KVBudgetError as exc:
         raise ConfigError("kv_cache_gb", str(exc)) from None
+    except CheckpointError as exc:
+        raise ConfigError("model.path", str(exc)) from None
     except EngineError as exc:
         if "max_model_len" not in str(exc):
             raise

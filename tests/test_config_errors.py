@@ -65,6 +65,15 @@ def _bench_bad(tmp: Path) -> str:
     return str(path)
 
 
+def _junk(tmp: Path, name: str) -> str:
+    """Bytes that no weights reader takes, in a folder of their own (``{tmp}`` itself
+    stands for a folder without weights)."""
+    path = tmp / "junk" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(bytes(range(256)) * 8)
+    return str(path)
+
+
 def _empty(tmp: Path) -> str:
     path = tmp / "empty.csv"
     path.write_text("\n")
@@ -170,6 +179,10 @@ CASES = [
      "no such file"),
     ("serve_checkpoint_without_weights", serve, ["model.path={tmp}"], "model.path",
      "no weights"),
+    ("serve_checkpoint_not_torch", serve, ["model.path={junk_bin}"], "model.path",
+     "cannot be read as a torch weights file"),
+    ("serve_checkpoint_not_safetensors", serve, ["model.path={junk_safetensors}"],
+     "model.path", "cannot be read as a safetensors file"),
     ("num_gpu_blocks_text", simulate, ["num_gpu_blocks=many"], "num_gpu_blocks",
      "not a block count"),
     ("serve_num_gpu_blocks_zero", serve, ["num_gpu_blocks=0"], "num_gpu_blocks",
@@ -231,6 +244,8 @@ def test_bad_input_is_one_line_naming_the_key(
         "bench_bad": _bench_bad(tmp_path),
         "dup_ids": _dup_ids(tmp_path),
         "repo": str(REPO),
+        "junk_bin": _junk(tmp_path, "junk.bin"),
+        "junk_safetensors": _junk(tmp_path, "junk.safetensors"),
     }
     small = SIM_SMALL if app is simulate else SERVE_SMALL
     args = [*small, *(o.format(**files) for o in overrides)]

@@ -17,7 +17,7 @@ from core.model_spec import ModelSpec
 from engine.attention.metadata import AttentionMetadata
 from engine.config import spec_from_hf_dict
 from engine.models import CausalLM, build_model
-from engine.weights import init_dummy_weights, load_checkpoint, load_weights
+from engine.weights import CheckpointError, init_dummy_weights, load_checkpoint, load_weights
 
 VOCAB = 128
 ATOL = RTOL = 1e-4
@@ -211,7 +211,7 @@ def test_checkpoint_config_must_match_model(tmp_path: Path) -> None:
     model = build_model(spec_from_hf_dict(config), "torch")
     with pytest.raises(ValueError, match="ffn_hidden_size: checkpoint 128, model 256"):
         load_checkpoint(model, tmp_path)
-    with pytest.raises(FileNotFoundError, match="no weights"):
+    with pytest.raises(CheckpointError, match="no weights"):
         load_checkpoint(model, tmp_path / "..")
 
 
