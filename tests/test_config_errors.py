@@ -179,6 +179,8 @@ CASES = [
      "no such file"),
     ("serve_checkpoint_without_weights", serve, ["model.path={tmp}"], "model.path",
      "no weights"),
+    ("serve_weights_beyond_memory", serve, ["model=opt-175b", "model.tp=1"], "model",
+     "weights need"),
     ("serve_checkpoint_not_torch", serve, ["model.path={junk_bin}"], "model.path",
      "cannot be read as a torch weights file"),
     ("serve_checkpoint_not_safetensors", serve, ["model.path={junk_safetensors}"],

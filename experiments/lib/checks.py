@@ -457,6 +457,33 @@ def check_kv_fits_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         )
 
 
+ENGINE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def check_weights_fit_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """The engine's weights (parameters x dtype bytes) plus an explicit KV budget fit the
+    device's memory: a model that cannot is refused before any tensor is made (on a CPU
+    the kernel's out-of-memory killer would end the process, or another one, silently)."""
+    if app != "serve" or facts.device_memory_bytes is None:
+        return
+    from sim.catalog import model_from_config
+
+    spec = model_from_config(c["model"])
+    width = ENGINE_DTYPE_BYTES.get(str(c.get("dtype", "float32")), 4)
+    weights = spec.num_params() * width
+    kv = float(c.get("kv_cache_gb") or 0) * 1024**3
+    limit = facts.device_memory_bytes
+    if weights + kv > limit:
+        raise ConfigError(
+            "model",
+            f"{spec.name}'s weights need {weights / 1024**3:.1f} GiB in {c.get('dtype', 'float32')}"
+            f"{f' (+ {kv / 1024**3:.1f} GiB of KV)' if kv else ''}, more than the "
+            f"{limit / 1024**3:.1f} GiB of the {c.get('device', 'cpu')} device",
+            spec.name,
+            "a smaller model (model=tiny-opt, opt-125m, ...) or a device with more memory",
+        )
+
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")  # what engine.weights.load_checkpoint reads
 
 
@@ -542,6 +569,7 @@ CROSS_CHECKS: tuple[Callable[[Mapping[str, Any], str, Facts], None], ...] = (
     check_slo,
     check_kv_fits_device,
     check_engine_device,
+    check_weights_fit_device,
     check_checkpoint,
 )
 
