@@ -5,6 +5,7 @@ place whole (``experiments.lib.results``)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,35 @@ def test_a_run_killed_midway_is_not_taken_for_a_whole_one(
     assert is_complete(run_dir) and read_metrics(run_dir) == {"completed": ROWS}
     _assert_whole(run_dir)
     assert len(collect_summary(tmp_path)) == 1
+
+
+# A simulate run whose work is interrupted (Ctrl-C raises KeyboardInterrupt in it); argv:
+# run dir, index path.
+INTERRUPTED = """
+import sys
+import experiments.simulate as app
+from experiments.lib.cli import main_with_checks
+
+def interrupted(cfg, out_dir=None):
+    raise KeyboardInterrupt
+
+app.run = interrupted
+run_dir, index = sys.argv[1], sys.argv[2]
+sys.argv = ["simulate", "workload.num_requests=5", f"hydra.run.dir={run_dir}", f"index={index}"]
+main_with_checks(app.main, config_name="simulate")
+"""
+
+
+def test_an_interrupted_run_is_marked_partial_in_one_line(tmp_path: Path) -> None:
+    run_dir, index = tmp_path / "run", tmp_path / "index.csv"
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED, str(run_dir), str(index)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
+    )  # fmt: skip
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"interrupted: {run_dir} holds a")
+    assert "interrupted" in (run_dir / "error.txt").read_text()
+    assert not is_complete(run_dir)
+    assert pd.read_csv(index)["status"].tolist() == ["interrupted"]

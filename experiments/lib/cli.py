@@ -7,6 +7,8 @@ one-line config errors, ``error.txt`` for failures, the runs index and the end-o
   job launched from Python.
 - Any other exception is a runtime failure: its traceback goes to ``error.txt`` in the run
   directory and it propagates (Hydra prints it; exit status 1).
+- Ctrl-C marks the run directory as partial (``error.txt``, index status ``interrupted``)
+  and ends the command with one line and status 130, a sweep included.
 - Every run, finished or not, appends a row to ``index`` (``outputs/index.csv``).
 - In a ``-m`` sweep from the command line a failed job does not stop the others: its line
   is printed, ``summary.csv`` lists it with its status and error, and the process exits
@@ -41,6 +43,7 @@ OmegaConf.register_new_resolver("path_safe", lambda v: str(v).replace("/", "--")
 OmegaConf.register_new_resolver("kvlab_root", lambda: str(CONFIG_DIR.parent), replace=True)
 
 CONFIG_ERROR_STATUS = 2
+INTERRUPTED_STATUS = 130  # a shell's status for a command ended by SIGINT
 # set in a job's environment (hydra.job.env_set) by main_with_checks, so the jobs a
 # launcher starts in other processes know they belong to a command-line sweep
 COMMAND_LINE_ENV = "KVLAB_COMMAND_LINE"
@@ -202,6 +205,15 @@ def run_app(
         if _COMMAND_LINE:
             report_config_error(err)
         raise
+    except KeyboardInterrupt:
+        line = "interrupted (Ctrl-C) before the run finished: the files here are partial"
+        write_error(out_dir, line)
+        record("interrupted", error=line)
+        if not _COMMAND_LINE or full_errors():
+            raise
+        print(f"interrupted: {out_dir} holds a partial run (no metrics.json); run the same "
+              "command again to redo it", file=sys.stderr)  # fmt: skip
+        sys.exit(INTERRUPTED_STATUS)
     except Exception as exc:
         write_error(out_dir, traceback.format_exc())
         line = f"{type(exc).__name__}: {exc}".splitlines()[0]
