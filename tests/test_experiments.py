@@ -97,6 +97,14 @@ def test_a_failed_sweep_job_does_not_stop_the_sweep(tmp_path):
     assert not (sweep / "0" / "metrics.json").exists()  # job 0's old result is gone
     summary = pd.read_csv(sweep / "summary.csv")
     assert list(summary["status"]) == ["config error", "config error", "ok"]
+    # counts stay whole numbers beside the failed rows (they were written 60.0)
+    assert pd.read_csv(sweep / "summary.csv", dtype=str)["completed"][2] == "60"
+    # a narrower sweep into the same folder summarises its own job, not the others left
+    proc = subprocess.run([*base, "workload.rate=3"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = pd.read_csv(sweep / "summary.csv")
+    assert list(summary["job"]) == [0] and list(summary["workload.rate"]) == [3.0]
 
 
 def test_an_azure_row_over_max_model_len_is_rejected_not_dropped(tmp_path):

@@ -15,14 +15,23 @@ from experiments.lib.results import HEADLINE_METRICS, read_metrics, write_csv
 log = logging.getLogger(__name__)
 
 
-def collect_summary(sweep_dir: Path) -> pd.DataFrame:
+def collect_summary(
+    sweep_dir: Path, before: dict[Path, tuple[int, int]] | None = None
+) -> pd.DataFrame:
     """One row per job under ``sweep_dir`` that finished (a ``metrics.json``) or failed
     (an ``error.txt``): the job, its overrides as columns, the headline metrics, every
-    other metric, then ``status`` (ok, config error, failed) and ``error``."""
+    other metric, then ``status`` (ok, config error, failed) and ``error``. ``before``
+    (:func:`job_records` when the sweep started): only the jobs Hydra started since, whose
+    ``.hydra/overrides.yaml`` is new or rewritten, so that a sweep rerun into the folder of
+    a wider one leaves the other jobs out. Whole-number metrics stay whole numbers beside a
+    failed job's row."""
     rows: list[dict[str, Any]] = []
     override_keys: list[str] = []
     job_dirs = {p.parent for p in sweep_dir.glob("*/metrics.json")}
     job_dirs |= {p.parent for p in sweep_dir.glob("*/error.txt")}
+    if before is not None:
+        now = job_records(sweep_dir)
+        job_dirs = {d for d in job_dirs if d in now and now[d] != before.get(d)}
     for job_dir in sorted(job_dirs):
         row: dict[str, Any] = {"job": job_dir.name}
         overrides = job_dir / ".hydra" / "overrides.yaml"
@@ -44,6 +53,10 @@ def collect_summary(sweep_dir: Path) -> pd.DataFrame:
             row["error"] = lines[0] if config_error else lines[-1]
         rows.append(row)
     df = pd.DataFrame(rows)
+    for column in df:
+        values = [r[column] for r in rows if r.get(column) is not None]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            df[column] = df[column].astype("Int64")  # NaN in a failed row made them floats
     first = ["job", *override_keys, *(k for k in HEADLINE_METRICS if k not in override_keys)]
     last = ["status", "error"]
     rest = [c for c in df if c not in first and c not in last]
@@ -53,14 +66,32 @@ def collect_summary(sweep_dir: Path) -> pd.DataFrame:
     return df
 
 
+def job_records(sweep_dir: Path) -> dict[Path, tuple[int, int]]:
+    """Each job folder under ``sweep_dir`` -> (modification time in ns, size) of the
+    ``.hydra/overrides.yaml`` Hydra writes when it starts the job."""
+    out = {}
+    for record in sweep_dir.glob("*/.hydra/overrides.yaml"):
+        stat = record.stat()
+        out[record.parent.parent] = (stat.st_mtime_ns, stat.st_size)
+    return out
+
+
 def _job_key(name: str) -> tuple[int, str]:
     return (int(name), "") if name.isdigit() else (1 << 30, name)
 
 
 class SweepSummary(Callback):
+    """Writes ``summary.csv`` of this sweep's jobs (not of others left in its folder)."""
+
+    def __init__(self) -> None:
+        self.before: dict[Path, tuple[int, int]] | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.before = job_records(Path(config.hydra.sweep.dir))
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        df = collect_summary(sweep_dir)
+        df = collect_summary(sweep_dir, self.before)
         if df.empty:
             log.warning("no job under %s finished or failed; no summary.csv written", sweep_dir)
             return
