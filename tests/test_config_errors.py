@@ -179,6 +179,8 @@ CASES = [
      "no such file"),
     ("serve_checkpoint_without_weights", serve, ["model.path={tmp}"], "model.path",
      "no weights"),
+    ("run_dir_is_a_file", simulate, ["hydra.run.dir={junk_bin}"], "hydra.run.dir",
+     "is a file, not a folder"),
     ("serve_weights_beyond_memory", serve, ["model=opt-175b", "model.tp=1"], "model",
      "weights need"),
     ("serve_checkpoint_not_torch", serve, ["model.path={junk_bin}"], "model.path",

@@ -299,6 +299,7 @@ def main_with_checks(
     try:
         try:
             check_group_overrides(args)
+            check_output_dirs(args)
             if config_name is not None:
                 check_overrides_compose(config_name, args)
         except ConfigError as err:
@@ -313,6 +314,15 @@ def main_with_checks(
         print(f"error: {failed} sweep job(s) failed (their rows in summary.csv and "
               "error.txt say why)", file=sys.stderr)  # fmt: skip
         sys.exit(1)
+
+
+def check_output_dirs(args: Sequence[str]) -> None:
+    """``hydra.run.dir`` and ``hydra.sweep.dir`` given as plain paths are folders a run can
+    be written in (Hydra's own error for a file there is a traceback)."""
+    for arg in args:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and value and "$" not in value:
+            check_out_dir(Path(value), key)
 
 
 def _index_refused(config_name: str | None, args: Sequence[str], err: ConfigError) -> None:
