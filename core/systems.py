@@ -42,11 +42,14 @@ class SystemSpec:
     scheduler: type[BaseScheduler]
     kv: str  # "paged" or "contiguous"
     reservation: str | None = None  # contiguous policy
+    # paged, prefix caching: index a block when its step is scheduled (vLLM V1's
+    # KVCacheManager.allocate_slots caches the full blocks of the tokens it allocates for)
+    cache_scheduled_blocks: bool = False
 
 
 SYSTEMS: dict[str, SystemSpec] = {
     "vllm": SystemSpec("vllm", VLLMScheduler, "paged"),
-    "vllm_v1": SystemSpec("vllm_v1", VLLMScheduler, "paged"),
+    "vllm_v1": SystemSpec("vllm_v1", VLLMScheduler, "paged", cache_scheduled_blocks=True),
     "orca_max": SystemSpec("orca_max", OrcaScheduler, "contiguous", "max"),
     "orca_pow2": SystemSpec("orca_pow2", OrcaScheduler, "contiguous", "pow2"),
     "orca_oracle": SystemSpec("orca_oracle", OrcaScheduler, "contiguous", "oracle"),
@@ -118,6 +121,7 @@ def build_manager(
             num_cpu_blocks=num_cpu_slots // block_size,
             watermark=watermark,
             enable_prefix_caching=enable_prefix_caching,
+            cache_scheduled_blocks=spec.cache_scheduled_blocks,
         )
     return ContiguousKVCacheManager(
         capacity_slots=num_blocks * block_size,

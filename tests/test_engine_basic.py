@@ -162,6 +162,40 @@ def test_chunked_prefill_and_prefix_caching_keep_greedy_tokens() -> None:
     assert cached.outputs == plain.outputs
 
 
+def test_vllm_v1_shares_a_prefix_computed_in_the_same_step() -> None:
+    """vLLM V1 indexes a block when the step that fills it is scheduled: requests admitted
+    in one step after the first one skip its shared prefix blocks (their attention reads
+    the K/V the same forward writes first), and the tokens are those computed without any
+    cache. The simulator replaying the engine's step times makes the same steps."""
+    from core.systems import build_scheduler
+    from sim.cost.recorded import RecordedCostModel
+    from sim.driver import simulate
+
+    shared = prompt_ids(12, seed=1)
+    reqs = [
+        Request(i, 0.0, 15, 6, prompt_token_ids=(*shared, *prompt_ids(3, seed=10 + i)))
+        for i in range(3)
+    ]
+    plain = _engine().generate(reqs)
+    config = SchedulerConfig(
+        max_num_seqs=64, max_num_batched_tokens=64, max_model_len=64, chunked_prefill=True
+    )
+    v1 = _engine(system="vllm_v1", enable_prefix_caching=True, sched_config=config)
+    result = v1.generate(reqs)
+    steps = result.recorder.steps_frame()
+    first = steps.iloc[0]
+    assert first["prefill_seqs"] == 3
+    assert first["prefill_tokens"] == 15 + 2 * 3  # the 12 shared tokens computed once
+    assert result.outputs == plain.outputs
+
+    def make_scheduler():
+        return build_scheduler("vllm_v1", 64 * 4, config, block_size=4, enable_prefix_caching=True)
+
+    cost = RecordedCostModel(steps["duration_s"])
+    sim = simulate(reqs, make_scheduler, cost).recorder
+    assert cost.steps_left == 0 and sim.steps_frame().equals(steps)
+
+
 def test_wall_clock_online_run_never_schedules_before_arrival() -> None:
     reqs = requests([(5, 4), (6, 5), (4, 3)], [0.0, 0.02, 0.05])
     wall = make_engine().generate(reqs, mode="online", clock="wall")

@@ -20,7 +20,10 @@ Choices where the paper is silent:
 - Prefix caching (off by default) indexes a *full* block under the chained hash of
   (previous block's hash, its token ids) once all its tokens are computed (checked on
   ``append`` from ``seq.num_computed``), so a later request never skips tokens whose K/V is
-  not written yet. A hit never covers the last token: at least one token is computed.
+  not written yet; with ``cache_scheduled_blocks`` (vLLM V1: ``KVCacheManager.
+  allocate_slots`` caches the blocks of the tokens it schedules), once the step that
+  computes them is scheduled (:meth:`note_scheduled`). A hit never covers the last token:
+  at least one token is computed.
   Unreferenced cached blocks stay cached, are evicted least recently released first, and
   count as free. A sequence releases its blocks last-to-first so that prompt-prefix blocks
   are evicted last.
@@ -65,6 +68,7 @@ class PagedKVCacheManager:
         num_cpu_blocks: int = 0,
         watermark: float = DEFAULT_WATERMARK,
         enable_prefix_caching: bool = False,
+        cache_scheduled_blocks: bool = False,
     ) -> None:
         check_at_least(1, num_device_blocks=num_device_blocks, block_size=block_size)
         check_at_least(0, num_cpu_blocks=num_cpu_blocks)
@@ -76,6 +80,8 @@ class PagedKVCacheManager:
         self.watermark = watermark
         self.watermark_blocks = int(watermark * num_device_blocks)
         self.enable_prefix_caching = enable_prefix_caching
+        # vLLM V1 indexes a block when a step that fills it is scheduled, not once computed
+        self.cache_scheduled_blocks = cache_scheduled_blocks
         self._device = BlockPool(num_device_blocks, block_size)
         self._cpu = BlockPool(num_cpu_blocks, block_size)
         self._seqs: dict[int, _SeqState] = {}
@@ -144,10 +150,19 @@ class PagedKVCacheManager:
             s += k
         st.slots = s
 
-    def _register_computed(self, seq: Sequence, st: _SeqState) -> None:
-        """Offer the sequence's newly computed full blocks to the prefix cache."""
+    def note_scheduled(self, seq: Sequence, upto: int) -> None:
+        """A step computes ``seq``'s tokens up to ``upto``: with ``cache_scheduled_blocks``
+        (vLLM V1), the full blocks they complete are offered to the prefix cache now, so a
+        request admitted later in the same step finds them; its tokens there are not
+        computed again, and its attention reads the K/V the same forward writes first."""
+        if self.enable_prefix_caching and self.cache_scheduled_blocks:
+            self._register_computed(seq, self._device_state(seq.seq_id), upto)
+
+    def _register_computed(self, seq: Sequence, st: _SeqState, upto: int | None = None) -> None:
+        """Offer the sequence's newly computed full blocks (those below ``upto`` tokens, by
+        default its computed ones) to the prefix cache."""
         bs = self.block_size
-        upto = min(seq.num_computed, st.slots) // bs
+        upto = min(seq.num_computed if upto is None else upto, st.slots) // bs
         if upto <= st.n_hashed:
             return
         tokens = self._token_ids(seq)

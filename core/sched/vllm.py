@@ -107,13 +107,29 @@ class VLLMScheduler(BaseScheduler):
             self.running.append(group)
             num_seqs += width
             if chunked:
-                budget = _lockstep_chunks(plan, seqs, budget, self.config)
+                budget = self._lockstep_chunks(plan, seqs, budget)
             else:
                 for seq in seqs:
-                    plan.prefill.append(PrefillChunk(seq, cached, seq.num_tokens - cached))
+                    self._add_chunk(plan, seq, cached, seq.num_tokens - cached)
                     budget -= seq.num_tokens - cached
             admitted = True
         return admitted
+
+    def _lockstep_chunks(self, plan: StepPlan, seqs: list[Sequence], budget: int) -> int:
+        """Append one group's prefill chunks of :func:`_lockstep_share` tokens (fewer where
+        a prompt ends sooner); returns the budget left."""
+        share = _lockstep_share(len(seqs), budget, self.config)
+        if share == 0:
+            return budget
+        for seq in seqs:
+            length = min(seq.num_tokens - seq.num_computed, share)
+            self._add_chunk(plan, seq, seq.num_computed, length)
+            budget -= length
+        return budget
+
+    def _add_chunk(self, plan: StepPlan, seq: Sequence, start: int, length: int) -> None:
+        plan.prefill.append(PrefillChunk(seq, start, length))
+        self.manager.note_scheduled(seq, start + length)
 
     def _schedule_decodes(self, plan: StepPlan) -> None:
         self._reserve_decode_slots(plan)
@@ -143,7 +159,7 @@ class VLLMScheduler(BaseScheduler):
         for seqs in prefilling:
             if budget <= 0:
                 break
-            budget = _lockstep_chunks(plan, seqs, budget, self.config)
+            budget = self._lockstep_chunks(plan, seqs, budget)
         if not self.swapped and not plan.preempted and budget > 0:
             self._admit_prompts(plan, now, budget)
 
@@ -231,21 +247,6 @@ def _lockstep_share(num_seqs: int, budget: int, config: SchedulerConfig) -> int:
     if share == 0 and num_seqs > config.max_num_batched_tokens:
         return 1
     return share
-
-
-def _lockstep_chunks(
-    plan: StepPlan, seqs: list[Sequence], budget: int, config: SchedulerConfig
-) -> int:
-    """Append one group's prefill chunks of :func:`_lockstep_share` tokens (fewer where a
-    prompt ends sooner); returns the budget left."""
-    share = _lockstep_share(len(seqs), budget, config)
-    if share == 0:
-        return budget
-    for seq in seqs:
-        length = min(seq.num_tokens - seq.num_computed, share)
-        plan.prefill.append(PrefillChunk(seq, seq.num_computed, length))
-        budget -= length
-    return budget
 
 
 _TOO_BIG = "outgrew the KV cache: alone on the device it needs more than all {blocks} blocks"
