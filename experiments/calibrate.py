@@ -92,8 +92,7 @@ def calibrate(
     steps_path = Path(run_dir) / "steps.csv"
     if not steps_path.is_file():
         raise ConfigError("run_dir", "no steps.csv to fit", str(run_dir))
-    engine = read_engine_json(run_dir)
-    if engine is None:
+    if read_engine_json(run_dir) is None:
         raise ConfigError(
             "run_dir", "no engine.json: not an engine run (a simulator run's step times are "
             "its own cost model's, nothing to fit)", str(run_dir),
