@@ -27,7 +27,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from experiments.lib.args import OneLineParser
-from experiments.lib.checks import ConfigError
+from experiments.lib.checks import DTYPE_BYTES, ConfigError
 from experiments.lib.cli import plain_cli
 from experiments.lib.inputs import read_json, read_run_steps, reading
 from experiments.lib.results import write_json
@@ -36,8 +36,6 @@ from sim.catalog import GPUSpec, model_from_config, resolve_gpu
 from sim.cost import CalibratedCostModel
 from sim.cost.calibrated import TARGETS, WEIGHTINGS
 from sim.cost.profiled import ProfiledCostModel
-
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:

@@ -138,12 +138,17 @@ def _engine(**kwargs) -> LLMEngine:
     return engine
 
 
-def test_chunked_prefill_and_prefix_caching_keep_greedy_tokens() -> None:
+def _shared_prefix_requests() -> list[Request]:
+    """Three 15-token prompts at t=0 sharing their first 12 tokens, 6 output tokens each."""
     shared = prompt_ids(12, seed=1)
-    reqs = [
+    return [
         Request(i, 0.0, 15, 6, prompt_token_ids=(*shared, *prompt_ids(3, seed=10 + i)))
         for i in range(3)
     ]
+
+
+def test_chunked_prefill_and_prefix_caching_keep_greedy_tokens() -> None:
+    reqs = _shared_prefix_requests()
     plain = _engine().generate(reqs)
     chunked = _engine(
         sched_config=SchedulerConfig(
@@ -171,11 +176,7 @@ def test_vllm_v1_shares_a_prefix_computed_in_the_same_step() -> None:
     from sim.cost.recorded import RecordedCostModel
     from sim.driver import simulate
 
-    shared = prompt_ids(12, seed=1)
-    reqs = [
-        Request(i, 0.0, 15, 6, prompt_token_ids=(*shared, *prompt_ids(3, seed=10 + i)))
-        for i in range(3)
-    ]
+    reqs = _shared_prefix_requests()
     plain = _engine().generate(reqs)
     config = SchedulerConfig(
         max_num_seqs=64, max_num_batched_tokens=64, max_model_len=64, chunked_prefill=True

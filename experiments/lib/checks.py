@@ -457,7 +457,8 @@ def check_kv_fits_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         )
 
 
-ENGINE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# bytes per element of the dtypes a run may name (``dtype``); the one table of them
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def check_weights_fit_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
@@ -469,7 +470,7 @@ def check_weights_fit_device(c: Mapping[str, Any], app: str, facts: Facts) -> No
     from sim.catalog import model_from_config
 
     spec = model_from_config(c["model"])
-    width = ENGINE_DTYPE_BYTES.get(str(c.get("dtype", "float32")), 4)
+    width = DTYPE_BYTES.get(str(c.get("dtype", "float32")), 4)
     weights = spec.num_params() * width
     kv = float(c.get("kv_cache_gb") or 0) * 1024**3
     limit = facts.device_memory_bytes

@@ -28,7 +28,7 @@ from core.sched.base import BaseScheduler, SchedulerConfig, SchedulerConfigError
 from core.systems import SystemConfigError, build_scheduler
 from core.workload.spec import FILE_KINDS, build_workload
 from core.workload.trace_io import TraceFormatError
-from experiments.lib.checks import ConfigError
+from experiments.lib.checks import DTYPE_BYTES, ConfigError
 from sim.capacity import KVCapacity, kv_capacity
 from sim.catalog import GPUSpec, ModelSpec, model_from_config, resolve_gpu
 from sim.cost import CostModel, Efficiency, build_cost_model
@@ -40,7 +40,6 @@ from sim.cost.stack_file import MEASURED, load_stack_file
 GIB = 1024**3
 REPO_ROOT = Path(__file__).resolve().parents[2]  # relative profile paths start here
 log = logging.getLogger(__name__)
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 # Old key -> the key that replaced it; reading the old one warns.
 KEY_ALIASES = {"kv_budget_gb": "kv_cache_gb"}
