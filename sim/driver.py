@@ -107,7 +107,7 @@ def simulate(
         counts = Counter(r.request_id for r in ordered)
         dup = next(rid for rid, c in counts.items() if c > 1)
         raise ValueError(f"request id {dup} appears {counts[dup]} times; ids must be unique")
-    env = simpy.Environment()
+    env = simpy.Environment(initial_time=0.0)  # float from the start, as the engine's clock
     recorder = Recorder()
     bar = tqdm(total=len(ordered), unit="req", disable=not progress, desc="simulate")
     beams = any(r.sampling.use_beam_search for r in ordered)

@@ -163,3 +163,20 @@ def test_recorder_rows_from_a_run_with_fixed_steps() -> None:
     assert list(steps["copy_blocks"]) == [0, 1, 0]
     assert list(steps["kv_token_states"]) == [4, 2 * (4 + 1), 2 * (4 + 2) + 6]
     assert rec.inter_token_latencies() == pytest.approx([0.01, 0.01])
+
+
+def test_the_simulator_records_times_as_floats_from_its_first_step() -> None:
+    """SimPy's clock starts at int 0 unless told otherwise; the engine's at 0.0. A request
+    scheduled at the start must read the same type in both bodies' frames."""
+    from sim.cost.recorded import RecordedCostModel
+    from sim.driver import simulate
+
+    reqs = [Request(0, 0, 4, 3)]  # an arrival given as an int, as a trace may
+    result = simulate(
+        reqs, lambda: build_scheduler("vllm", 64, SchedulerConfig(max_model_len=16), 4),
+        RecordedCostModel([0.01, 0.01, 0.01]),
+    )  # fmt: skip
+    frame = result.recorder.requests_frame()
+    for column in ("first_scheduled_s", "first_token_s", "finish_s"):
+        assert frame[column].dtype == np.float64, column
+    assert isinstance(result.end_time_s, float)
