@@ -59,7 +59,7 @@ def all_cases() -> list[tuple[object, str, dict[str, str], dict]]:
     cases: list[tuple[object, str, dict[str, str], dict]] = [
         (_attn_kernel, *case) for case in attention_cases()
     ]
-    merge_ptrs = {"out_ptr": "*bf16"} | dict.fromkeys(
+    merge_ptrs = {"out_ptr": "*bf16", "qsl_ptr": "*i32"} | dict.fromkeys(
         ("part_out_ptr", "part_m_ptr", "part_l_ptr"), "*fp32"
     )
     merge_cfg = {"NUM_HEADS": 32, "HEAD_DIM": 128, "BLOCK_D": 128, "NUM_SPLITS": 5,

@@ -40,7 +40,10 @@ _MAX_SPLITS = 16
 # otherwise compile a new variant whenever one of them becomes 1 or a multiple of 16, and
 # each compile (~0.3-0.7 s on an H200) stalls the step that meets it
 # (docs/validation/h200.md: up to 12 such stalls per engine run before, at most one after).
-@triton.jit(do_not_specialize=["keys_per_split", "num_tokens", "stride_bt"])
+_PER_STEP_INTS = ["keys_per_split", "num_tokens", "table_width", "stride_bt"]
+
+
+@triton.jit(do_not_specialize=_PER_STEP_INTS)
 def _attn_kernel(
     q_ptr,
     k_ptr,
@@ -55,6 +58,8 @@ def _attn_kernel(
     sm_scale_log2,
     keys_per_split,
     num_tokens,
+    num_blocks,
+    table_width,
     stride_qt,
     stride_qh,
     stride_kb,
@@ -115,9 +120,12 @@ def _attn_kernel(
     keys = tl.arange(0, BLOCK_N)
     for start in range(kv_lo, kv_end, BLOCK_N):
         t = start + keys
-        key_ok = t < kv_end
-        block = tl.load(bt_ptr + seq * stride_bt + t // BLOCK_SIZE, mask=key_ok, other=0)
-        block = block.to(tl.int64)
+        column = t // BLOCK_SIZE
+        key_ok = (t < kv_end) & (column < table_width)
+        block = tl.load(bt_ptr + seq * stride_bt + column, mask=key_ok, other=0).to(tl.int64)
+        # An id outside the cache is never dereferenced (on CUDA it is not checked on the
+        # host, which would cost a device sync): its keys are masked instead.
+        key_ok = key_ok & (block >= 0) & (block < num_blocks)
         slot = t % BLOCK_SIZE
         kv_mask = key_ok[:, None] & dim_ok[None, :]
         k_off = block[:, None] * stride_kb + slot[:, None] * stride_ks + dims[None, :]
@@ -150,12 +158,14 @@ def _attn_kernel(
         tl.store(part_out_ptr + ml_off[:, None] * HEAD_DIM + dims[None, :], acc, mask=q_mask)
 
 
-@triton.jit(do_not_specialize=["num_tokens"])
+@triton.jit(do_not_specialize=["num_tokens", "num_seqs"])
 def _merge_kernel(
     out_ptr,
     part_out_ptr,
     part_m_ptr,
     part_l_ptr,
+    qsl_ptr,
+    num_seqs,
     num_tokens,
     stride_ot,
     stride_oh,
@@ -166,6 +176,8 @@ def _merge_kernel(
     SPLITS_P2: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
+    if token >= tl.load(qsl_ptr + num_seqs):
+        return  # a padding row: its partitions were never written, and it stays untouched
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_P2)
     split_ok = splits < NUM_SPLITS
@@ -252,6 +264,37 @@ def _check_inputs(
             )
 
 
+def _check_lengths(
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    num_tokens: int,
+    max_query_len: int,
+    max_context_len: int,
+    k_cache: torch.Tensor,
+) -> None:
+    """The per-sequence contract, read from host tensors: query spans inside ``q``, each
+    context at least its query and within the bounds, every block it uses in the cache."""
+    num_blocks, block_size = k_cache.shape[:2]
+    qsl = query_start_loc.tolist()
+    if qsl[0] < 0 or qsl[-1] > num_tokens:
+        raise ValueError(f"query_start_loc spans rows {qsl[0]}..{qsl[-1]} of {num_tokens}")
+    for i, (start, end, ctx) in enumerate(
+        zip(qsl[:-1], qsl[1:], context_lens.tolist(), strict=True)
+    ):
+        q_len = end - start
+        if q_len < 0 or q_len > max_query_len:
+            raise ValueError(f"sequence {i}: query_len {q_len} outside 0..{max_query_len}")
+        if ctx < q_len or ctx > max_context_len:
+            raise ValueError(
+                f"sequence {i}: context_len {ctx} must be >= its query_len {q_len} and "
+                f"<= max_context_len {max_context_len}"
+            )
+        for block in block_tables[i, : -(-ctx // block_size)].tolist():
+            if not 0 <= block < num_blocks:
+                raise ValueError(f"sequence {i}: block id {block} outside 0..{num_blocks - 1}")
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -310,9 +353,14 @@ def paged_attention(
     and mixed batches. ``H`` must be a multiple of the cache's ``KVH`` (GQA/MQA). Inputs may
     be fp32, fp16 or bf16 (one dtype for q and the caches); accumulation is fp32 and ``out``
     gets q's dtype. ``max_query_len`` / ``max_context_len`` must bound the true lengths (they
-    size the grid and the split partitions; passing them avoids a device sync). Every row of
-    the sequences' tokens is written; rows past ``query_start_loc[-1]`` are left untouched.
-    ``num_splits=None`` picks splits with ``choose_num_splits`` (never splits on CPU).
+    size the grid and the split partitions; passing them avoids a device sync), and
+    ``block_tables`` needs ``ceil(max_context_len / block_size)`` columns. Every row of the
+    sequences' tokens is written; rows past ``query_start_loc[-1]`` are left untouched, split
+    or not. ``num_splits=None`` picks splits with ``choose_num_splits`` (never splits on CPU).
+
+    Raises ``ValueError`` on a contract broken on the host. On CPU the per-sequence lengths
+    and block ids are checked too; on CUDA they are not (a device sync), and a block id outside
+    the cache is masked in the kernel rather than read.
     """
     _check_inputs(q, k_cache, v_cache, query_start_loc, context_lens, block_tables)
     num_tokens, num_heads, head_dim = q.shape
@@ -331,6 +379,16 @@ def paged_attention(
         raise ValueError(
             f"need 1 <= max_query_len <= max_context_len, got {max_query_len}, {max_context_len}"
         )
+
+    needed = triton.cdiv(max_context_len, block_size)
+    if block_tables.shape[1] < needed:
+        raise ValueError(
+            f"max_context_len {max_context_len} needs {needed} blocks of {block_size} tokens, "
+            f"but block_tables has {block_tables.shape[1]} columns"
+        )
+    if q.device.type == "cpu":  # free here; on CUDA it would cost a device sync
+        _check_lengths(query_start_loc, context_lens, block_tables, num_tokens,
+                       max_query_len, max_context_len, k_cache)  # fmt: skip
 
     cfg = attention_constexprs(
         num_heads, num_kv_heads, head_dim, block_size, max_query_len, 1, q.dtype
@@ -371,6 +429,8 @@ def paged_attention(
         scale * _LOG2E,
         keys_per_split,
         num_tokens,
+        k_cache.shape[0],
+        block_tables.shape[1],
         q.stride(0),
         q.stride(1),
         *cache_strides(k_cache, v_cache),
@@ -385,6 +445,8 @@ def paged_attention(
             part_out,
             part_m,
             part_l,
+            query_start_loc,
+            num_seqs,
             num_tokens,
             out.stride(0),
             out.stride(1),

@@ -183,6 +183,36 @@ def test_bad_inputs_raise_clear_errors() -> None:
         paged_attention(**batch, scale=SCALE, num_splits=0)
 
 
+def test_split_kv_leaves_padding_rows_untouched() -> None:
+    """The merge pass runs over every row of ``q``; rows past the last sequence's tokens
+    have no partitions written and must keep what ``out`` held."""
+    batch = make_batch([(1, 21), (1, 9)], 8, 1, 2, 16, torch.float32, seed=12)
+    pad = torch.zeros(2, *batch["q"].shape[1:])
+    batch["q"] = torch.cat([batch["q"], pad])
+    out = torch.full_like(batch["q"], 7.0)
+    paged_attention(**batch, scale=SCALE, out=out, num_splits=2)
+    assert (out[2:] == 7.0).all()
+    torch.testing.assert_close(out[:2], reference(batch)[:2], rtol=1e-4, atol=1e-4)
+
+
+def test_broken_length_contracts_raise_instead_of_reading_out_of_bounds() -> None:
+    """Each of these reads memory it must not (a segfault under the interpreter, an illegal
+    access or garbage on a GPU) unless refused on the host."""
+    batch = make_batch([(2, 7)], 4, 1, 2, 16, torch.float32, seed=13)
+    with pytest.raises(ValueError, match="needs 2 blocks of 4 tokens, but block_tables has 1"):
+        paged_attention(**{**batch, "block_tables": batch["block_tables"][:, :1]}, scale=SCALE)
+    far = batch["block_tables"].clone()
+    far[0, 1] = 4_000_000
+    with pytest.raises(ValueError, match="block id 4000000 outside"):
+        paged_attention(**{**batch, "block_tables": far}, scale=SCALE)
+    short = torch.tensor([1], dtype=torch.int32)
+    with pytest.raises(ValueError, match="context_len 1 must be >= its query_len 2"):
+        paged_attention(**{**batch, "context_lens": short}, scale=SCALE)
+    with pytest.raises(ValueError, match="<= max_context_len 7"):
+        paged_attention(**{**batch, "context_lens": torch.tensor([8], dtype=torch.int32)},
+                        scale=SCALE)  # fmt: skip
+
+
 def test_triton_backend_matches_torch_backend_with_padding() -> None:
     from engine.attention.metadata import AttentionMetadata
     from engine.attention.torch_ref import TorchRefBackend
@@ -239,7 +269,8 @@ def test_step_varying_integers_are_not_specialized_on() -> None:
     silently bring back a compile whenever one becomes 1 or a multiple of 16)."""
     code = (
         "from kernels.paged_attention import _attn_kernel as a, _merge_kernel as m\n"
-        "wants = {'keys_per_split', 'num_tokens', 'stride_bt'}, {'num_tokens'}\n"
+        "wants = ({'keys_per_split', 'num_tokens', 'table_width', 'stride_bt'},\n"
+        "         {'num_tokens', 'num_seqs'})\n"
         "for k, want in zip((a, m), wants):\n"
         "    names = {k.arg_names[i] if isinstance(i, int) else i for i in k.do_not_specialize}\n"
         "    assert names == want and names <= set(k.arg_names), (names, k.arg_names)\n"
