@@ -27,6 +27,9 @@ Family = Literal["opt", "llama"]
 # OPT's learned positional table has 2 extra rows (position ids start at offset 2).
 OPT_POSITION_OFFSET = 2
 
+# Bytes per element of the dtypes a run or a profile may name (torch's names).
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
+
 _ACTIVATIONS: dict[str, str] = {"opt": "relu", "llama": "silu"}
 # HF model_type -> family; all but OPT share the Llama block layout.
 MODEL_TYPES: dict[str, Family] = {

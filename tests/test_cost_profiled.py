@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from sim.cost import CalibratedCostModel, ProfiledCostModel, RooflineCostModel, 
 from sim.cost.calibrated import ROOFLINE_TERMS, WEIGHTINGS
 from sim.cost.overhead import FIG18A_GATHER_TOKENS_PER_BLOCK
 from sim.cost.profile import FORMAT, ProfileError, attention_backend, read_profile
+from sim.cost.profiled import interp_points, isotonic
 
 VIDUR_A100 = Path(__file__).resolve().parents[1].parent / (
     "shared/measurements/vidur/a100/mlp_llama-2-7b.csv"
@@ -194,12 +196,76 @@ def test_vidur_profile_transfers_by_achieved_fraction() -> None:
     for n in (1, 16, 128):
         shape = BatchShape(decode_seqs=n, decode_ctx_tokens=n * 300)
         assert m.step_time(shape) > roof.step_time(shape)
-    # the same model on the profiled GPU, scaled the same way, reproduces the profile
+    # the profiled layer shape on the profiled GPU uses the table as measured, dips and all
     llama = ProfiledCostModel(prof, "llama-7b", "a100-80gb")
+    assert llama.same
     n_lin, _, t_lin = prof.ops["linear"]
     _, _, t_oth = prof.ops["other"]
     i = int(np.searchsorted(n_lin, 64))
     assert llama._layer[64] == pytest.approx(32 * (t_lin[i] + t_oth[i]), rel=1e-9)
+    # OPT-13B's curve is the table transferred, then the nearest non-decreasing curve
+    ratio = m._layer[64] / (40 * (isotonic(t_lin)[i] + isotonic(t_oth)[i]))
+    assert 1.0 < ratio < 3.0
+
+
+@needs_vidur
+def test_the_transferred_vidur_profile_never_gets_cheaper_with_more_tokens() -> None:
+    """Vidur's A100 rows dip between token counts (kernel choice, noise) and fall by 0.1%
+    between their last two points, which made every step past 4,096 tokens cheaper the
+    larger it was. The paper's clock (OPT-13B from Llama-2-7B's rows) is non-decreasing
+    over the table and past it."""
+    m = ProfiledCostModel(read_profile(VIDUR_A100, tp=1), "opt-13b", "a100-40gb",
+                          stack="vllm-2023")  # fmt: skip
+    tokens = [*range(1, 4200), 6144, 8192, 8193, 12000, 16384, 30000]
+    times = [m.gpu_seconds(BatchShape(prefill_tokens=n, prefill_seqs=1)) for n in tokens]
+    assert all(b >= a for a, b in itertools.pairwise(times))
+    assert times[-1] > 1.5 * times[tokens.index(8192)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=40))
+def test_isotonic_is_the_non_decreasing_least_squares_fit(values: list[float]) -> None:
+    y = np.array(values)
+    fit = isotonic(y)
+    assert np.all(np.diff(fit) >= -1e-9 * max(1.0, np.abs(y).max()))
+    assert fit.sum() == pytest.approx(y.sum(), rel=1e-9, abs=1e-6)  # pooled means keep sums
+    if np.all(np.diff(y) >= 0):
+        assert np.array_equal(fit, y)
+
+
+def test_extrapolation_past_the_last_point_follows_the_top_half_not_the_last_pair() -> None:
+    xp = np.array([1.0, 1000, 2000, 3000, 4000])
+    fp = np.array([1.0, 10.0, 20.0, 30.0, 29.9])  # the last point a little low
+    past = interp_points(np.array([4000.0, 8000.0]), xp, fp)
+    # least squares over 2000..4000 (20, 30, 29.9): slope 0.00495, not the last pair's -0.0001
+    assert past[1] == pytest.approx(29.9 + 4000 * 0.00495)
+    flat = interp_points(np.array([9.0]), np.array([1.0, 2.0, 3.0]), np.array([3.0, 2.0, 1.0]))
+    assert flat[0] == 1.0  # a falling top never extrapolates down
+
+
+def test_a_chunk_after_a_cached_prefix_pays_for_the_keys_it_attends_to(tmp_path: Path) -> None:
+    """``attn_prefill`` rows are prompts from position 0; a 512-token chunk after 8,192
+    cached tokens has 17 times the causal pairs of the chunk alone."""
+    m = ProfiledCostModel(write_profile(tmp_path / "p", synthetic_rows()), "opt-13b",
+                          "a100-40gb")  # fmt: skip
+    q = 512
+
+    def chunk(start: int) -> BatchShape:
+        pairs = q * start + q * (q + 1) // 2
+        return BatchShape(prefill_tokens=q, prefill_seqs=1, prefill_attn_pairs=pairs,
+                          prefill_kv_read_tokens=start)  # fmt: skip
+
+    times = [m.gpu_seconds(chunk(start)) for start in (0, 1536, 8192)]
+    assert times[0] < times[1] < times[2]
+    whole = m.gpu_seconds(chunk(0)) - m.gpu_seconds(BatchShape(prefill_tokens=q, prefill_seqs=1))
+    assert whole == pytest.approx(0.0, abs=1e-12)  # from position 0: the mean length as before
+
+
+def test_a_profile_is_priced_only_at_the_dtype_width_it_was_measured_in(tmp_path: Path) -> None:
+    path = write_profile(tmp_path / "p", synthetic_rows(), dtype="float16")
+    ProfiledCostModel(path, "opt-13b", "a100-40gb", dtype_bytes=2)
+    with pytest.raises(ValueError, match=r"measured in float16 \(2 bytes an element\); the run"):
+        ProfiledCostModel(path, "opt-13b", "a100-40gb", dtype_bytes=4)
 
 
 _SHAPES = st.builds(

@@ -7,8 +7,10 @@ CPU time (as in :class:`~sim.cost.roofline.RooflineCostModel`).
 When the profile was measured on the simulated model, GPU and tp (or ``as_measured``: the
 profile was taken on the device being modelled, e.g. a CPU, which has no hardware entry),
 its times are used as they are (linear interpolation between token counts, linear
-extrapolation past the ends).
-Otherwise each operator is *transferred*:
+extrapolation past the ends, see :func:`interp_points`); a dip between two token counts is
+then the device's own behaviour (a CPU's matrix-vector path at one row, say) and is kept.
+Otherwise the ``linear`` and ``other`` curves are first made non-decreasing
+(:func:`isotonic`) and each operator is *transferred*:
 
 - ``linear``: ``profile(N) × roofline_target(N) / roofline_profiled(N)``, the roofline at
   datasheet peaks of each side's GPU with the layer's FLOPs and bytes
@@ -31,19 +33,27 @@ Otherwise each operator is *transferred*:
   priced as read (``docs/validation/cpu-engine.md``: a half-filled block costs about what a
   full one does). (A least-squares line per count, the earlier model,
   mispriced the CPU engine's short contexts: ``docs/validation/cpu-engine.md``.)
-  ``attn_prefill``: prefill sequences of equal length ``tokens / seqs`` (BatchShape keeps
-  sums), rescaled by FLOPs per pair and peak when transferred.
+  Decode sequences are priced at the step's mean context (BatchShape keeps sums), so a
+  step of a few long contexts and one short one is priced as equal contexts, and on a
+  profile where more sequences run more efficiently it can come out cheaper than the long
+  ones alone. ``attn_prefill``: prefill chunks of the length from position 0 with the
+  chunks' mean causal pairs (:func:`prefill_equivalent_length`; a chunk after a cached
+  prefix attends to it), rescaled by FLOPs per pair and peak when transferred.
+
+A profile is priced only at the dtype width it was measured in (its sidecar's ``dtype``).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from core.model_spec import DTYPE_BYTES
 from core.plan import BatchShape
 from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.cost.efficiency import Efficiency
@@ -62,13 +72,59 @@ _MEMO_LIMIT = 1 << 16  # prefill lengths remembered before the memo starts over
 
 
 def interp_points(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
-    """Piecewise-linear through the points, linear extrapolation past both ends, >= 0."""
+    """Piecewise-linear through the points, linear extrapolation past both ends, >= 0.
+
+    Below the first point the line runs through the first two. Past the last point its slope
+    is the least-squares slope over the top half of the measured range (``xp >= xp[-1] / 2``,
+    at least the last two points), never negative: the last two points alone carry their
+    noise into every larger size (Vidur's A100 linear rows at 4064 and 4096 tokens fall by
+    0.1%, which made steps past 4096 tokens cheaper the larger they were)."""
     y = np.interp(x, xp, fp)
     if len(xp) > 1:
         lo, hi = x < xp[0], x > xp[-1]
         y = np.where(lo, fp[0] + (x - xp[0]) * (fp[1] - fp[0]) / (xp[1] - xp[0]), y)
-        y = np.where(hi, fp[-1] + (x - xp[-1]) * (fp[-1] - fp[-2]) / (xp[-1] - xp[-2]), y)
+        if hi.any():
+            y = np.where(hi, fp[-1] + (x - xp[-1]) * _top_slope(xp, fp), y)
     return np.maximum(y, 0.0)
+
+
+def _top_slope(xp: np.ndarray, fp: np.ndarray) -> float:
+    top = xp >= xp[-1] / 2
+    if top.sum() < 2:
+        top[-2:] = True
+    xs, ys = xp[top], fp[top]
+    dx = xs - xs.mean()
+    return max(float((dx * (ys - ys.mean())).sum() / (dx * dx).sum()), 0.0)
+
+
+def isotonic(y: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence nearest ``y`` in least squares (pool adjacent
+    violators): a dip is replaced by the mean of the points it pools, so the fit is not
+    biased up as a running maximum of noisy points is."""
+    means: list[float] = []
+    sizes: list[int] = []
+    for value in map(float, y):
+        means.append(value)
+        sizes.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            n = sizes[-2] + sizes[-1]
+            means[-2:] = [(means[-2] * sizes[-2] + means[-1] * sizes[-1]) / n]
+            sizes[-2:] = [n]
+    return np.repeat(means, sizes)
+
+
+def prefill_equivalent_length(shape: BatchShape) -> float:
+    """The length of a prefill from position 0 with as many causal (query, key) pairs as the
+    step's mean prefill chunk, ``L (L + 1) / 2 = prefill_attn_pairs / prefill_seqs``: the
+    profile's ``attn_prefill`` rows are whole prompts from position 0, and a chunk after a
+    cached prefix (chunked prefill, a prefix-cache hit) attends to every cached key too.
+    Prefill attention is compute-bound, so pairs, not new tokens, set its time; a chunk
+    after a long prefix also reads that prefix's K/V, which this does not add. Without
+    pairs (a shape that does not count them) the mean new tokens per chunk."""
+    if shape.prefill_attn_pairs <= 0:
+        return shape.prefill_tokens / shape.prefill_seqs
+    pairs = shape.prefill_attn_pairs / shape.prefill_seqs
+    return (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0
 
 
 def _layer_of(spec: ModelSpec) -> LayerShape:
@@ -107,6 +163,13 @@ class ProfiledCostModel:
         self.profile = prof = (
             profile if isinstance(profile, OperatorProfile) else read_profile(profile, tp)
         )
+        measured_in = str(prof.meta.get("dtype"))
+        if DTYPE_BYTES.get(measured_in, dtype_bytes) != dtype_bytes:
+            raise ValueError(
+                f"{prof.source}: measured in {measured_in} ({DTYPE_BYTES[measured_in]} bytes "
+                f"an element); the run's dtype has {dtype_bytes}: profile at the run's dtype, "
+                "or price it with cost=roofline"
+            )
         if as_measured:
             # the profile was taken on the device being modelled, whatever ``gpu`` is called
             # (a CPU has no hardware entry): its times are used as they are
@@ -134,7 +197,8 @@ class ProfiledCostModel:
                 ) from None
         ref = _layer_of(get_model(prof.model)) if prof.model else prof.layer_shape
         assert ref is not None
-        self.same = as_measured or (prof.model == m.name and gp.name == g.name and prof.tp == tp)
+        same_layer = prof.model == m.name or (prof.model is None and ref == _layer_of(m))
+        self.same = as_measured or (same_layer and gp.name == g.name and prof.tp == tp)
         p_t, act_t = _layer_work(_layer_of(m), tp)
         p_p, act_p = _layer_work(ref, prof.tp)
 
@@ -147,24 +211,29 @@ class ProfiledCostModel:
         n_lin, _, t_lin = prof.ops["linear"]
         n_oth, _, t_oth = prof.ops["other"]
         self._achieved = roof(p_p, act_p, gp, n_lin) / t_lin  # fraction of the roofline
-        hidden_ratio = m.hidden_size / ref.hidden_size
-
-        def layer_s(n: np.ndarray) -> np.ndarray:
-            lin = interp_points(n, n_lin, t_lin)
-            if not self.same:
-                lin = lin * roof(p_t, act_t, g, n) / roof(p_p, act_p, gp, n)
-            oth = interp_points(n if self.same else n * hidden_ratio, n_oth, t_oth)
-            return m.num_layers * (lin + oth)
-
         h, vocab = m.hidden_size, m.vocab_size
         lm_params, lm_act = h * vocab / tp, h + vocab / tp
+        # Each curve is a set of points interpolated by ``interp_points``. Used as measured,
+        # the profile's own; otherwise transferred at the profile's token counts, then made
+        # non-decreasing (:func:`isotonic`): a dip between two counts is the profiled
+        # kernels' choice on that model and GPU (or noise), not a property of the target's.
+        if self.same:
+            lin_pts, oth_x, oth_pts = t_lin, n_oth, t_oth
+        else:
+            lin_pts = isotonic(t_lin * roof(p_t, act_t, g, n_lin) / roof(p_p, act_p, gp, n_lin))
+            oth_x, oth_pts = n_oth / (m.hidden_size / ref.hidden_size), isotonic(t_oth)
+        if self.same and "lm_head" in prof.ops:
+            lm_x, _, lm_pts = prof.ops["lm_head"]
+        else:  # the LM head's roofline at the linear operator's achieved fraction
+            lm_x = n_lin
+            lm_pts = isotonic(roof(lm_params, lm_act, g, n_lin) / self._achieved)
+
+        def layer_s(n: np.ndarray) -> np.ndarray:
+            lin = interp_points(n, n_lin, lin_pts)
+            return m.num_layers * (lin + interp_points(n, oth_x, oth_pts))
 
         def lm_head_s(rows: np.ndarray) -> np.ndarray:
-            if self.same and "lm_head" in prof.ops:
-                n, _, t = prof.ops["lm_head"]
-                return interp_points(rows, n, t)
-            frac = interp_points(rows, n_lin, self._achieved)
-            return roof(lm_params, lm_act, g, rows) / np.maximum(frac, 1e-9)
+            return interp_points(rows, lm_x, lm_pts)
 
         self._layer_fn, self._lm_fn = layer_s, lm_head_s
         dense = np.arange(DENSE_TOKENS + 1, dtype=float)
@@ -256,7 +325,7 @@ class ProfiledCostModel:
         return (1 - w) * at(hi - 1) + w * at(hi)
 
     def _prefill_seq_s(self, length: float) -> float:
-        """Attention seconds of one prefill chunk of ``length`` tokens (the step's mean),
+        """Attention seconds of one prefill of ``length`` tokens from position 0,
         interpolated in the profile; memoised by ``length`` (bounded)."""
         hit = self._prefill_memo.get(length)
         if hit is None:
@@ -307,7 +376,7 @@ class ProfiledCostModel:
         if shape.decode_seqs:
             t += self._decode_attn_s(shape.decode_seqs, shape.decode_ctx_tokens)
         if shape.prefill_seqs and self._prefill is not None:
-            t += shape.prefill_seqs * self._prefill_seq_s(shape.prefill_tokens / shape.prefill_seqs)
+            t += shape.prefill_seqs * self._prefill_seq_s(prefill_equivalent_length(shape))
         return t
 
     def gpu_seconds(self, shape: BatchShape) -> float:
