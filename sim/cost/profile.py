@@ -19,7 +19,13 @@ milliseconds, per decoder layer except ``lm_head`` (whole model):
 
 Every op is required unless the sidecar lists the ones it holds (``"ops"``, which must
 include ``linear`` and ``other``); the cost model prices missing attention or LM-head rows
-by the roofline, as for Vidur's tables.
+by the roofline, as for Vidur's tables. Sizes are whole numbers (``num_tokens`` >= 1,
+``context_tokens`` >= 0), times finite and > 0, and each op's ``(num_tokens,
+context_tokens)`` strictly increase down the file (a size given twice is refused). The
+sidecar's ``model`` and ``gpu`` are non-empty strings, ``tp`` a JSON integer >= 1,
+``block_size`` a power-of-two JSON integer or null/absent (not said: the run's block size
+is assumed), ``dtype`` and ``attention`` strings or null/absent, ``ops`` a list of op
+names.
 
 Vidur's format (``mlp_<model>.csv``, e.g. ``../shared/measurements/vidur/a100/``): one row
 per ``num_tokens`` and ``num_tensor_parallel_workers`` with ``time_stats.<op>.median``
@@ -28,7 +34,11 @@ attn_pre_proj + attn_post_proj + mlp_up_proj + mlp_down_proj; ``other`` =
 input_layernorm + attn_rope + post_attention_layernorm + mlp_act + add. It has no
 attention or LM-head rows; the shape comes from its ``n_head``, ``n_kv_head``, ``n_embd``,
 ``n_expanded_embd``, ``use_gated_mlp`` columns and the GPU from its directory (Vidur
-profiles ``a100`` on A100 80GB and ``h100`` on H100, per Vidur's README).
+profiles ``a100`` on A100 80GB and ``h100`` on H100, per Vidur's README). Its
+``num_tokens`` are whole numbers >= 1 and its medians finite and >= 0.
+
+Every defect found is a :class:`ProfileError` of one line naming the file and the row (the
+line a text editor shows) or the sidecar key.
 """
 
 from __future__ import annotations
@@ -36,8 +46,10 @@ from __future__ import annotations
 import csv
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -77,7 +89,9 @@ class LayerShape:
 @dataclass
 class OperatorProfile:
     """Per-op arrays ``(num_tokens, context_tokens, time_s)`` sorted by size, with where the
-    profile was measured. ``model`` is a catalog name or None (then ``layer_shape``)."""
+    profile was measured. ``model`` is a catalog name or None (then ``layer_shape``).
+    ``block_size`` is the KV block size the decode rows were measured at, or None when the
+    profile does not say (the run's block size is then assumed)."""
 
     ops: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
     gpu: str
@@ -100,32 +114,143 @@ def attention_backend(meta: dict[str, object]) -> str | None:
     return found.group(1) if found else None
 
 
-def _rows(path: Path) -> list[dict[str, str]]:
+def _rows(path: Path) -> list[tuple[int, dict[str, str]]]:
+    """The data rows of the CSV file ``path``, each with the line it ends on (as a text
+    editor numbers them); a ProfileError when the file cannot be read, is not CSV text or
+    has no data row."""
     try:
         with path.open(newline="") as f:
-            return list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            rows = [(reader.line_num, r) for r in reader]
     except OSError as e:
         raise ProfileError(f"{path}: cannot read ({e.strerror})") from e
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ProfileError(f"{path}: not a CSV text file ({e})") from e
+    if not rows:
+        raise ProfileError(f"{path}: no data rows (the file is empty or only a header)")
+    return rows
+
+
+def _size(path: Path, row: int, column: str, text: str | None, least: int) -> float:
+    """``text``, the ``column`` of ``row``, as a size: a whole number >= ``least`` (a count
+    of tokens or sequences), else a ProfileError naming the row and column."""
+    if text is None:
+        raise ProfileError(f"{path}: row {row}: no {column} column")
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (np.isfinite(value) and value.is_integer() and value >= least):
+        raise ProfileError(
+            f"{path}: row {row}: {column} is {text!r} (a whole number >= {least} expected)"
+        )
+    return value
 
 
 def _check(
     path: Path, op: str, n: np.ndarray, c: np.ndarray, t: np.ndarray, rows: list[int]
 ) -> None:
+    """One op's arrays (``rows``: their line numbers) hold finite times > 0 and finite sizes
+    (``n`` >= 1, ``c`` >= 0) whose pairs ``(n, c)`` strictly increase; else a ProfileError
+    naming the row (a pair given twice is refused as such)."""
     for i in range(len(t)):
         if not (t[i] > 0 and np.isfinite(t[i])):  # a measured kernel takes some time
             raise ProfileError(
                 f"{path}: row {rows[i]}: op {op} has time {t[i] * 1e3:g} ms "
                 "(a measured time is finite and > 0)"
             )
-        if n[i] < 1 or c[i] < 0:
+        if not (np.isfinite(n[i]) and np.isfinite(c[i]) and n[i] >= 1 and c[i] >= 0):
             raise ProfileError(f"{path}: row {rows[i]}: op {op} has sizes ({n[i]:g}, {c[i]:g})")
     keys = list(zip(n.tolist(), c.tolist(), strict=True))
     for i in range(1, len(keys)):
-        if keys[i] <= keys[i - 1]:
+        if keys[i] == keys[i - 1]:
+            raise ProfileError(
+                f"{path}: row {rows[i]}: op {op} sizes not increasing: {keys[i]} again "
+                f"(row {rows[i - 1]}; each size is measured once)"
+            )
+        if keys[i] < keys[i - 1]:
             raise ProfileError(
                 f"{path}: row {rows[i]}: op {op} sizes not increasing "
                 f"({keys[i - 1]} then {keys[i]})"
             )
+
+
+def _is_count(value: object) -> bool:
+    """A JSON integer >= 1 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _is_name(value: object) -> bool:
+    """A non-empty string."""
+    return isinstance(value, str) and value.strip() != ""
+
+
+def _is_block_size(value: object) -> bool:
+    """Null (not known) or a JSON integer that is a power of two."""
+    if value is None:
+        return True
+    return _is_count(value) and not cast(int, value) & (cast(int, value) - 1)
+
+
+def _is_ops(value: object) -> bool:
+    """A list of op names from :data:`OPS`."""
+    return isinstance(value, list) and all(o in OPS for o in value)
+
+
+# The sidecar's checked keys: (key, required, valid, what is expected).
+_SIDECAR_KEYS: tuple[tuple[str, bool, Callable[[object], bool], str], ...] = (
+    ("model", True, _is_name, "a model name"),
+    ("gpu", True, _is_name, "a device name"),
+    ("tp", True, _is_count, "a whole number >= 1 (a JSON integer)"),
+    ("block_size", False, _is_block_size, "a power of two (JSON integer), or null if not known"),
+    ("dtype", False, lambda v: v is None or _is_name(v), "a dtype name, or null"),
+    ("attention", False, lambda v: v is None or _is_name(v), "a backend name, or null"),
+    ("ops", False, _is_ops, f"a list of op names from {', '.join(OPS)}"),
+)  # fmt: skip
+
+
+def _read_sidecar(side: Path) -> dict[str, object]:
+    """The sidecar ``side``: a JSON object of :data:`FORMAT` whose keys hold what
+    :data:`_SIDECAR_KEYS` says; else a ProfileError naming the file and the key."""
+    try:
+        meta = json.loads(side.read_text())
+    except (OSError, ValueError) as e:
+        raise ProfileError(f"{side}: cannot read the profile's sidecar ({e})") from e
+    if not isinstance(meta, dict):
+        raise ProfileError(f"{side}: not a JSON object")
+    if meta.get("format") != FORMAT:
+        raise ProfileError(f"{side}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    for key, required, valid, expected in _SIDECAR_KEYS:
+        if key not in meta:
+            if required:
+                raise ProfileError(f"{side}: missing key {key!r}")
+        elif not valid(meta[key]):
+            raise ProfileError(f"{side}: key {key!r} is {meta[key]!r}; expected {expected}")
+    return meta
+
+
+_KVLAB_COLUMNS = ("op", "num_tokens", "context_tokens", "time_ms")
+
+
+def _kvlab_row(path: Path, row: int, r: dict[str, str]) -> tuple[str, float, float, float]:
+    """Row ``row`` of kvlab's CSV as ``(op, num_tokens, context_tokens, time_ms)``: a known
+    op, whole sizes (num_tokens >= 1, context_tokens >= 0) and a number of ms (checked
+    finite and > 0 by :func:`_check`); else a ProfileError naming the row."""
+    missing = [k for k in _KVLAB_COLUMNS if r.get(k) is None]
+    if missing:
+        raise ProfileError(
+            f"{path}: row {row}: need {','.join(_KVLAB_COLUMNS)} (no {', '.join(missing)})"
+        )
+    op = r["op"]
+    if op not in OPS:
+        raise ProfileError(f"{path}: row {row}: unknown op {op!r}; known: {', '.join(OPS)}")
+    n = _size(path, row, "num_tokens", r["num_tokens"], 1)
+    c = _size(path, row, "context_tokens", r["context_tokens"], 0)
+    try:
+        t = float(r["time_ms"])
+    except ValueError as e:
+        raise ProfileError(f"{path}: row {row}: time_ms is {r['time_ms']!r}, not a number") from e
+    return op, n, c, t
 
 
 def read_kvlab_profile(path: Path | str) -> OperatorProfile:
@@ -134,28 +259,13 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
     if p.is_dir():
         p = p / "operator_profile.csv"
     side = p.with_suffix(".json")
-    try:
-        meta = json.loads(side.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ProfileError(f"{side}: cannot read the profile's sidecar ({e})") from e
-    if meta.get("format") != FORMAT:
-        raise ProfileError(f"{side}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    for key in ("model", "gpu", "tp"):
-        if key not in meta:
-            raise ProfileError(f"{side}: missing key {key!r}")
+    meta = _read_sidecar(side)
     by_op: dict[str, list[tuple[float, float, float, int]]] = {}
-    for i, r in enumerate(_rows(p), start=2):  # row numbers as a text editor shows them
-        try:
-            op = r["op"]
-            item = (float(r["num_tokens"]), float(r["context_tokens"]), float(r["time_ms"]), i)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ProfileError(
-                f"{p}: row {i}: need op,num_tokens,context_tokens,time_ms ({e})"
-            ) from e
-        if op not in OPS:
-            raise ProfileError(f"{p}: row {i}: unknown op {op!r}; known: {', '.join(OPS)}")
-        by_op.setdefault(op, []).append(item)
-    expected = dict.fromkeys([*REQUIRED_OPS, *meta.get("ops", OPS)])
+    for i, r in _rows(p):
+        op, n, c, t = _kvlab_row(p, i, r)
+        by_op.setdefault(op, []).append((n, c, t, i))
+    listed = cast("list[str]", meta.get("ops", OPS))  # _read_sidecar checked the types
+    expected = dict.fromkeys([*REQUIRED_OPS, *listed])
     missing = [o for o in expected if o not in by_op]
     if missing:
         raise ProfileError(f"{p}: missing operators {', '.join(missing)}")
@@ -164,10 +274,9 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
         n, c, t = (np.array([x[j] for x in items]) for j in range(3))
         _check(p, op, n, c, t / 1e3, [x[3] for x in items])
         ops[op] = (n, c, t / 1e3)
-    bs = meta.get("block_size")
     return OperatorProfile(
-        ops, str(meta["gpu"]), int(meta["tp"]), str(meta["model"]), None,
-        None if bs is None else int(bs),
+        ops, str(meta["gpu"]), cast(int, meta["tp"]), str(meta["model"]), None,
+        cast("int | None", meta.get("block_size")),
         f"kvlab operator profile {shown_path(p)} ({meta.get('model')} on {meta.get('gpu')}, "
         f"{meta.get('date', 'undated')})",
         meta,
@@ -181,6 +290,25 @@ def shown_path(path: Path) -> str:
         return str(path.resolve().relative_to(_REPO_ROOT))
     except ValueError:
         return str(Path(path.parent.name) / path.name)
+
+
+def _vidur_shape(path: Path, row: int, r: dict[str, str]) -> LayerShape:
+    """The model shape Vidur's row ``row`` names: whole widths >= 1, ``n_embd`` a multiple
+    of ``n_head`` and ``use_gated_mlp`` true or false; else a ProfileError naming the row
+    and column."""
+    h, heads, kv_heads, ffn = (
+        int(_size(path, row, k, r.get(k), 1))
+        for k in ("n_embd", "n_head", "n_kv_head", "n_expanded_embd")
+    )
+    if h % heads:
+        raise ProfileError(f"{path}: row {row}: n_embd {h} is not a multiple of n_head {heads}")
+    gated = str(r.get("use_gated_mlp")).strip().lower()
+    if gated not in ("true", "false"):
+        raise ProfileError(
+            f"{path}: row {row}: use_gated_mlp is {r.get('use_gated_mlp')!r} (true or false)"
+        )
+    hd = h // heads
+    return LayerShape(h, heads * hd, kv_heads * hd, ffn, gated == "true", hd, heads)
 
 
 def _vidur_time(path: Path, row: int, r: dict[str, str], op: str) -> float:
@@ -202,13 +330,13 @@ def read_vidur_profile(path: Path | str, tp: int = 1) -> OperatorProfile:
             f"{p}: GPU directory {gpu_dir!r} unknown; known: {', '.join(VIDUR_GPUS)}"
         )
     picked: list[tuple[float, float, float, int, dict[str, str]]] = []
-    for i, r in enumerate(_rows(p), start=2):
+    for i, r in _rows(p):
         try:
             if int(r["num_tensor_parallel_workers"]) != tp:
                 continue
             lin = sum(_vidur_time(p, i, r, o) for o in VIDUR_LINEAR)
             oth = sum(_vidur_time(p, i, r, o) for o in VIDUR_OTHER)
-            picked.append((float(r["num_tokens"]), lin, oth, i, r))
+            picked.append((_size(p, i, "num_tokens", r.get("num_tokens"), 1), lin, oth, i, r))
         except ProfileError:
             raise
         except (KeyError, TypeError, ValueError) as e:
@@ -231,13 +359,7 @@ def read_vidur_profile(path: Path | str, tp: int = 1) -> OperatorProfile:
         t = np.array([x[j] for x in picked]) / 1e3
         _check(p, op, n, zeros, t, rows)
         ops[op] = (n, zeros, t)
-    r0 = picked[0][4]
-    h, heads, kv_heads = int(r0["n_embd"]), int(r0["n_head"]), int(r0["n_kv_head"])
-    hd = h // heads
-    shape = LayerShape(
-        h, heads * hd, kv_heads * hd, int(r0["n_expanded_embd"]),
-        r0["use_gated_mlp"].strip().lower() == "true", hd, heads,
-    )  # fmt: skip
+    shape = _vidur_shape(p, picked[0][3], picked[0][4])
     return OperatorProfile(
         ops, VIDUR_GPUS[gpu_dir], tp, None, shape, None,
         f"Vidur profile {gpu_dir}/{p.name} (microsoft/vidur 7d47513, MIT), tp {tp}, "
