@@ -14,11 +14,15 @@ _FIELDS = ("compute", "memory", "per_step_overhead_s", "allreduce_latency_s", "p
 
 def _default_sources() -> dict[str, str]:
     return {
-        "compute": "H200 measurement (PyTorch, by the kvlab authors): 8192^3 bf16 torch "
-        "matmul 770-800 TFLOP/s of 989 peak -> 0.79",
-        "memory": "H200 measurement (PyTorch, by the kvlab authors): device-to-device copy "
-        "4.3 TB/s of 4.8 -> 0.90 (kvlab's own copy benchmark on the lent H200, 2026-12-04: "
-        "4.22-4.24 TB/s, docs/validation/h200/*/kernels/results.json copy_gbps)",
+        "compute": "kvlab's engine profiled on the lent H200 (2026-12-04): OPT-13B's "
+        "matmuls of one layer at 4,096 tokens, fp16, 712-719 TFLOP/s of 989 dense peak, "
+        "median 0.72 over the five calls (docs/validation/h200/{first,second,third,fourth,"
+        "fifth}-run/profile/operator_profile.csv, line 14, op linear); the largest token "
+        "count measured, as cost=profiled takes it. Applied to every GPU: no other GPU's "
+        "matmuls were measured here",
+        "memory": "kvlab's device-to-device copy benchmark on the lent H200 (2026-12-04): "
+        "4.22-4.24 TB/s of 4.8 -> 0.88 (docs/validation/h200/*/kernels/results.json, "
+        "copy_gbps). Applied to every GPU",
         "per_step_overhead_s": "0: roofline lower bound, no scheduling/sampling overhead; a "
         "calibrated model replaces it",
         "allreduce_latency_s": "0: not measured; bandwidth term only (lower bound)",
@@ -39,8 +43,8 @@ class Efficiency:
     ``source`` holds one text per field saying where its value comes from.
     """
 
-    compute: float = 0.79
-    memory: float = 0.90
+    compute: float = 0.72
+    memory: float = 0.88
     per_step_overhead_s: float = 0.0
     allreduce_latency_s: float = 0.0
     pcie_bandwidth: float | None = None
