@@ -21,6 +21,7 @@ Sources of the built-in shapes:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -74,29 +75,55 @@ class GPUSpec:
             "peer_link_bandwidth",
             "host_link_bandwidth",
         ):
-            if not getattr(self, attr) > 0:
-                raise ValueError(f"GPU {self.name!r}: {attr} must be positive")
+            value = getattr(self, attr)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"GPU {self.name!r}: {attr} must be finite and positive")
         if self.peer_link not in PEER_LINKS:
             raise ValueError(
                 f"GPU {self.name!r}: peer_link must be one of {PEER_LINKS}, got {self.peer_link!r}"
             )
 
 
+class HardwareError(ValueError):
+    """A hardware group or YAML that describes no GPU; ``key`` is the YAML key at fault
+    (None: the group as a whole)."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+# The keys a hardware group may hold: its numbers, the link kind, the names the device
+# reports and the sources of the numbers (``configs/hardware/*.yaml``).
+HARDWARE_FIELDS = ("name", *HARDWARE_KEYS, "peer_link", "device_names", "source")
+
+
+def _hardware_number(cfg: Mapping[str, Any], key: str, origin: str, name: str) -> float:
+    """``cfg[key]`` times its SI scale; raises :class:`HardwareError` naming ``key`` unless
+    the value is a finite number > 0 and stays finite once scaled."""
+    raw = cfg.get(key)
+    if raw is None:
+        raise HardwareError(f"{origin}: GPU {name!r} lacks {key}", key)
+    try:
+        value = float(raw) * HARDWARE_KEYS[key][1]
+    except (TypeError, ValueError):
+        raise HardwareError(f"{origin}: {key} must be a number, got {raw!r}", key) from None
+    if isinstance(raw, bool) or not (math.isfinite(value) and value > 0):
+        raise HardwareError(f"{origin}: {key} must be a finite number > 0, got {raw!r}", key)
+    return value
+
+
 def gpu_from_config(cfg: Mapping[str, Any], origin: str = "hardware") -> GPUSpec:
-    """A GPU from a hardware YAML's keys (see ``configs/hardware/*.yaml``); a missing or
-    non-numeric number raises naming the key and ``origin`` (the file or config group)."""
+    """A GPU from a hardware YAML's keys (see ``configs/hardware/*.yaml``); a missing,
+    non-numeric, non-finite or non-positive number raises :class:`HardwareError` naming the
+    key and ``origin`` (the file or config group)."""
     name = str(cfg.get("name") or Path(origin).stem)
-    values: dict[str, Any] = {}
-    for key, (attr, scale) in HARDWARE_KEYS.items():
-        if cfg.get(key) is None:
-            raise ValueError(f"{origin}: GPU {name!r} lacks {key}")
-        try:
-            values[attr] = float(cfg[key]) * scale
-        except (TypeError, ValueError):
-            raise ValueError(f"{origin}: {key} must be a number, got {cfg[key]!r}") from None
+    values: dict[str, Any] = {
+        attr: _hardware_number(cfg, key, origin, name) for key, (attr, _) in HARDWARE_KEYS.items()
+    }
     values["memory_bytes"] = int(values["memory_bytes"])
     if cfg.get("peer_link") is None:
-        raise ValueError(f"{origin}: GPU {name!r} lacks peer_link (nvlink or pcie)")
+        raise HardwareError(f"{origin}: GPU {name!r} lacks peer_link (nvlink or pcie)", "peer_link")
     source = {str(k): str(v) for k, v in (cfg.get("source") or {}).items()}
     device_names = cfg.get("device_names") or []
     if (
@@ -104,14 +131,17 @@ def gpu_from_config(cfg: Mapping[str, Any], origin: str = "hardware") -> GPUSpec
         or isinstance(device_names, str)
         or not all(isinstance(d, str) for d in device_names)
     ):
-        raise ValueError(f"{origin}: device_names must be a list of strings, got {device_names!r}")
+        raise HardwareError(
+            f"{origin}: device_names must be a list of strings, got {device_names!r}",
+            "device_names",
+        )
     try:
         return GPUSpec(
             name, peer_link=str(cfg["peer_link"]), device_names=tuple(device_names),
             source=source, **values,
         )  # fmt: skip
     except ValueError as e:
-        raise ValueError(f"{origin}: {e}") from None
+        raise HardwareError(f"{origin}: {e}", "peer_link") from None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -316,10 +346,19 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
     return table[key]
 
 
-def resolve_gpu(cfg: Mapping[str, Any]) -> GPUSpec:
+def resolve_gpu(cfg: Mapping[str, Any] | None, origin: str | None = None) -> GPUSpec:
     """A run's ``hardware`` group: its own numbers when it carries any (a user's YAML or
     command-line overrides such as ``hardware.mem_bandwidth_gbs=...``), else the named
-    catalog entry."""
+    catalog entry. ``origin`` names where the group came from in errors (default: the
+    shipped file of its name). An empty group, or numbers without a ``name``, raise
+    :class:`HardwareError`; an unknown name raises ``KeyError`` (:func:`get_gpu`)."""
+    cfg = cfg or {}
+    name = cfg.get("name")
+    where = origin or (f"hardware/{name}.yaml or hardware.* overrides" if name else "hardware")
+    if not cfg:
+        raise HardwareError(f"{where}: empty (a GPU's name, and its numbers for a new GPU)")
     if any(cfg.get(k) is not None for k in HARDWARE_KEYS):
-        return gpu_from_config(cfg, f"hardware/{cfg.get('name')}.yaml or hardware.* overrides")
-    return get_gpu(str(cfg.get("name")))
+        if name in (None, ""):
+            raise HardwareError(f"{where}: the GPU has no name (give name: <gpu>)", "name")
+        return gpu_from_config(cfg, where)
+    return get_gpu(str(name))

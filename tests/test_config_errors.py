@@ -393,8 +393,9 @@ def test_a_command_refused_before_hydra_still_gets_its_index_row(tmp_path: Path)
     assert len(rows) == 2 and ",simulate,config error,," in rows[1] and "system=orca" in rows[1]
 
 
-def test_sweeps_are_left_to_hydra() -> None:
-    """A sweep (with -m or hydra.mode=MULTIRUN) is not composed as one run beforehand."""
+def test_valid_sweeps_pass_the_checks() -> None:
+    """A sweep (with -m or hydra.mode=MULTIRUN) of valid values is checked as its jobs and
+    passes."""
     from experiments.lib.cli import check_overrides_compose
 
     for argv in (["hydra.mode=MULTIRUN", "seed=1,2"], ["-m", "seed=1,2"], ["seed=range(1,3)"]):

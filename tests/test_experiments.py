@@ -79,21 +79,22 @@ def test_azure_trace_runs():
 @pytest.mark.slow
 def test_a_failed_sweep_job_does_not_stop_the_sweep(tmp_path):
     """A job with a bad value is listed in summary.csv with its error, the jobs after it
-    run, the process exits 1; a rerun whose job config changed does not keep the old
-    result (a stale metrics.json would read as the new config's)."""
+    run, the process exits 2 (every failure a config error); a rerun whose job config
+    changed does not keep the old result (a stale metrics.json would read as the new
+    config's)."""
     sweep = tmp_path / "sweep"
     base = [sys.executable, "-m", "experiments.simulate", "-m", *SMALL,
             f"hydra.sweep.dir={sweep}", f"index={tmp_path / 'index.csv'}"]  # fmt: skip
     proc = subprocess.run([*base, "workload.rate=4,-1,2"], cwd=REPO, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr
     assert "job 1: error: workload.rate: not a positive rate" in proc.stderr
     summary = pd.read_csv(sweep / "summary.csv")
     assert list(summary["status"]) == ["ok", "config error", "ok"]
     assert summary["error"][1].startswith("error: workload.rate:")
     proc = subprocess.run([*base, "workload.rate=-1,-1,2"], cwd=REPO, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert not (sweep / "0" / "metrics.json").exists()  # job 0's old result is gone
     summary = pd.read_csv(sweep / "summary.csv")
     assert list(summary["status"]) == ["config error", "config error", "ok"]

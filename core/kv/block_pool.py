@@ -19,13 +19,20 @@ from collections import OrderedDict
 
 from core.kv.base import KVCacheError
 
+# The most blocks a pool holds: it keeps about 58 bytes of Python state a block (three
+# lists and the free list's ints), so 2**26 blocks is about 4 GB.
+MAX_BLOCKS = 1 << 26
+
 
 class BlockPool:
-    """Blocks ``0 .. num_blocks-1`` of ``block_size`` slots each."""
+    """Blocks ``0 .. num_blocks-1`` of ``block_size`` slots each; ``num_blocks`` in
+    ``[0, MAX_BLOCKS]``."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        if num_blocks < 0:
-            raise ValueError(f"BlockPool num_blocks must be >= 0, got {num_blocks}")
+        if not 0 <= num_blocks <= MAX_BLOCKS:
+            raise ValueError(
+                f"BlockPool num_blocks must be in [0, {MAX_BLOCKS}] (2**26), got {num_blocks}"
+            )
         if block_size < 1:
             raise ValueError(f"BlockPool block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks

@@ -160,7 +160,7 @@ _POS_INT = "an integer > 0"
 _FRACTION_OR_NULL = "a fraction in (0, 1] or null"
 
 RULES: tuple[Rule, ...] = (
-    Rule("seed", _is_int, "an integer", "not an integer"),
+    Rule("seed", non_negative_int, "an integer >= 0", "not a seed"),
     Rule(
         "workload.kind", one_of(*KINDS), f"one of {', '.join(KINDS)}", "unknown kind", required=True
     ),
@@ -214,6 +214,13 @@ RULES: tuple[Rule, ...] = (
     Rule("system.chunked_prefill", is_bool, "true or false", "not a boolean"),
     Rule("system.watermark", fraction_low, "a fraction in [0, 1)", "not a fraction"),
     Rule("system.enable_prefix_caching", is_bool, "true or false", "not a boolean"),
+    Rule("system.non_torch_gb", non_negative, "a number >= 0 (GiB per GPU)", "not a size"),
+    Rule(
+        "system.cuda_graph_max_size",
+        non_negative_int,
+        "an integer >= 0 (tokens; 0: no CUDA graphs)",
+        "not a capture size",
+    ),
     Rule("model.tp", positive_int, f"{_POS_INT} (GPUs)", "not a positive GPU count"),
     Rule("kv_cache_gb", positive, f"{_POS} (GiB) or null (derived)", "KV budget must be positive"),
     Rule(
@@ -306,11 +313,51 @@ def _apply_rules(c: Mapping[str, Any], app: str) -> None:
 # ---------------------------------------------------------------- cross checks
 
 
+def hardware_origin() -> str | None:
+    """Where a Hydra run's ``hardware`` group came from, for its errors: the file of Hydra's
+    choice for the group (a user's YAML on ``hydra.searchpath`` by its path, a shipped one as
+    ``hardware/<name>.yaml``), or ``hardware=<choice>`` where no file is found; None outside
+    a Hydra app or without a choice."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    runtime = HydraConfig.get().runtime
+    choice = (runtime.get("choices") or {}).get("hardware")
+    if not choice:
+        return None
+    for source in runtime.get("config_sources") or ():
+        if source.get("schema") != "file":
+            continue
+        path = Path(str(source.get("path"))) / "hardware" / f"{choice}.yaml"
+        if path.is_file():
+            shipped = path.resolve().parent == (CONFIG_DIR / "hardware").resolve()
+            where = f"hardware/{path.name}" if shipped else str(path)
+            return f"{where} or hardware.* overrides"
+    return f"hardware={choice}"
+
+
+def run_gpu(hardware: Mapping[str, Any] | None) -> Any:
+    """The run's GPU (:func:`sim.catalog.resolve_gpu`, errors naming the file Hydra chose,
+    :func:`hardware_origin`); a group that describes no GPU is a ConfigError naming the key
+    at fault."""
+    from sim.catalog import HardwareError, resolve_gpu
+
+    try:
+        return resolve_gpu(hardware, hardware_origin())
+    except KeyError:
+        valid = "one of " + ", ".join(options("hardware"))
+        name = (hardware or {}).get("name")
+        raise ConfigError("hardware", "unknown hardware", name, valid) from None
+    except HardwareError as exc:
+        raise ConfigError(f"hardware.{exc.key}" if exc.key else "hardware", str(exc)) from None
+
+
 def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     """The model and hardware resolve (a catalog name, or numbers of their own) and the
     system name exists."""
     from core.systems import SYSTEMS
-    from sim.catalog import model_from_config, resolve_gpu
+    from sim.catalog import model_from_config
 
     model = c.get("model") or {}
     try:
@@ -326,13 +373,7 @@ def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         ) from None
     hardware = c.get("hardware") or {}
     if app == "simulate" or hardware.get("name") is not None:
-        try:
-            resolve_gpu(hardware)
-        except KeyError:
-            valid = "one of " + ", ".join(options("hardware"))
-            raise ConfigError("hardware", "unknown hardware", hardware.get("name"), valid) from None
-        except ValueError as exc:
-            raise ConfigError("hardware", str(exc)) from None
+        run_gpu(hardware)
     system = lookup(c, "system.name")
     if system not in SYSTEMS:
         raise ConfigError("system", "unknown system", system, "one of " + ", ".join(SYSTEMS))
@@ -439,9 +480,7 @@ def check_kv_fits_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     if gib is None:
         return
     if app == "simulate":
-        from sim.catalog import resolve_gpu
-
-        gpu = resolve_gpu(c["hardware"])
+        gpu = run_gpu(c["hardware"])
         tp = int(lookup(c, "model.tp") or 1)
         limit, where = gpu.memory_bytes * tp, f"{tp} x {gpu.name}"
     else:
@@ -562,12 +601,46 @@ def check_paged_only(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         raise ConfigError(f"system.{problem[0]}", problem[1])
 
 
+# The keys each cost kind reads besides ``kind`` (experiments.lib.setup.make_cost_model);
+# any other key given a value is refused.
+COST_KEYS: dict[str, tuple[str, ...]] = {
+    "roofline": (
+        "compute_efficiency", "memory_efficiency", "per_step_overhead_s", "stack", "stack_path",
+        "dtype_bytes", "block_size",
+    ),
+    "profiled": ("profile", "stack", "stack_path", "dtype_bytes", "block_size"),
+    "calibrated": ("path",),
+}  # fmt: skip
+
+
+def check_cost_keys(kind: str, cost_cfg: Mapping[str, Any]) -> None:
+    """Refuse a key of the ``cost`` group (``kind`` aside) that cost=``kind`` does not read
+    (:data:`COST_KEYS`) and that is set (not null): it would be ignored, or fail deep in the
+    model's constructor. An unknown kind is left to :func:`sim.cost.build_cost_model`."""
+    known = COST_KEYS.get(kind)
+    if known is None:
+        return
+    for key, value in cost_cfg.items():
+        if key not in (*known, "kind") and value is not None:
+            raise ConfigError(
+                f"cost.{key}", f"cost={kind} takes no such key (known: {', '.join(known)})", value
+            )
+
+
+def check_cost_group(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """The simulator's ``cost`` group holds only keys its kind reads (:func:`check_cost_keys`)."""
+    cost = c.get("cost")
+    if app == "simulate" and isinstance(cost, Mapping):
+        check_cost_keys(str(cost.get("kind", "roofline")), cost)
+
+
 CROSS_CHECKS: tuple[Callable[[Mapping[str, Any], str, Facts], None], ...] = (
     check_catalog,
     check_paged_only,
     check_workload_size,
     check_trace_file,
     check_slo,
+    check_cost_group,
     check_kv_fits_device,
     check_engine_device,
     check_weights_fit_device,
@@ -617,18 +690,85 @@ def search_dirs(argv: Sequence[str]) -> list[Path] | None:
     return dirs
 
 
+def override_args(argv: Sequence[str]) -> list[str]:
+    """The overrides among a command line's arguments: Hydra's flags (``-m``, ``-cn NAME``
+    ...) and their values left out."""
+    return [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))]
+
+
+def parse_overrides(argv: Sequence[str]) -> list[Any]:
+    """Hydra's parse of the overrides of ``argv`` (:func:`override_args`); raises Hydra's
+    ``OverrideParseException`` for a malformed one."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides(override_args(argv))
+
+
+def sweep_values(override: Any, group_options: Sequence[str] = ()) -> list[str]:
+    """The values of a parsed override as override text: its one value, each value of a
+    choice or range sweep, or the ``group_options`` a ``glob(...)`` matches; an interval
+    sweep (for a sweeper plugin) by its start."""
+    from hydra.core.override_parser.types import Glob, IntervalSweep
+
+    value = override.value()
+    if isinstance(value, Glob):
+        return value.filter(list(group_options))
+    if isinstance(value, IntervalSweep):
+        return [str(value.start)]
+    if override.is_sweep_override():
+        return list(override.sweep_string_iterator())
+    return [override.get_value_element_as_str()]
+
+
 def check_group_overrides(argv: Sequence[str]) -> None:
     """Raise for a ``group=option`` argument naming no option of ``group`` in ``configs/`` or
-    a ``hydra.searchpath`` folder (before Hydra, whose own message spans several lines)."""
+    a ``hydra.searchpath`` folder (before Hydra, whose own message spans several lines).
+    Each value of a sweep is checked (``system=vllm,orca_max``, ``choice(...)``); a
+    ``glob(...)`` must match an option. Overrides Hydra cannot parse are left to
+    ``experiments.lib.cli.check_overrides_compose``."""
+    from hydra.errors import HydraException
+
     extra = search_dirs(argv)
     if extra is None:
         return  # a package on the search path: Hydra says what it lacks
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        key = key.lstrip("+~")
-        if not sep or key not in GROUPS:
+    try:
+        parsed = parse_overrides(argv)
+    except HydraException:
+        return
+    for override in parsed:
+        key = override.key_or_group
+        if key not in GROUPS or (override.is_delete() and override.value() is None):
             continue
         valid = options(key, extra)
-        for choice in value.split(","):
+        expected = "one of " + ", ".join(valid)
+        choices = [v.strip("'\"") for v in sweep_values(override, valid)]
+        if not choices:
+            got = override.get_value_string()
+            raise ConfigError(key, f"the glob matches no {key}", got, expected)
+        for choice in choices:
             if choice not in valid:
-                raise ConfigError(key, f"unknown {key}", choice, "one of " + ", ".join(valid))
+                raise ConfigError(key, f"unknown {key}", choice, expected)
+
+
+# The groups whose keys a ``+group.key=...`` may add: only keys an option of the group holds.
+KEYED_GROUPS = ("model", "hardware", "system")
+
+
+def group_keys(group: str, extra_dirs: Sequence[Path] = ()) -> set[str]:
+    """The keys the options of ``group`` hold: the top-level keys of every
+    ``<group>/*.yaml`` in ``configs/`` and ``extra_dirs`` (its defaults list aside), and for
+    ``hardware`` every key :func:`sim.catalog.gpu_from_config` reads."""
+    import yaml
+
+    from sim.catalog import HARDWARE_FIELDS
+
+    keys = set(HARDWARE_FIELDS) if group == "hardware" else set()
+    for folder in (CONFIG_DIR, *extra_dirs):
+        for path in (Path(folder) / group).glob("*.yaml"):
+            try:
+                doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                continue  # the run that chooses it reports it
+            if isinstance(doc, dict):
+                keys |= {str(k) for k in doc if k != "defaults"}
+    return keys

@@ -12,11 +12,12 @@ one-line config errors, ``error.txt`` for failures, the runs index and the end-o
 - Every run, finished or not, appends a row to ``index`` (``outputs/index.csv``).
 - In a ``-m`` sweep from the command line a failed job does not stop the others: its line
   is printed, ``summary.csv`` lists it with its status and error, and the process exits
-  with status 1 after the sweep.
+  after the sweep with status 2 when every failed job failed on its config, else 1.
 """
 
 from __future__ import annotations
 
+import csv
 import functools
 import os
 import re
@@ -26,12 +27,24 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from core.mapping_file import yaml_error_place
 from core.workload.trace_io import TraceFormatError
 from experiments.lib.args import out_dir_problem
-from experiments.lib.checks import CONFIG_DIR, ConfigError, check_group_overrides, search_dirs
+from experiments.lib.checks import (
+    CONFIG_DIR,
+    GROUPS,
+    KEYED_GROUPS,
+    ConfigError,
+    check_group_overrides,
+    group_keys,
+    options,
+    parse_overrides,
+    search_dirs,
+    sweep_values,
+)
 from experiments.lib.results import INDEX_COLUMNS, append_index, write_error
 from experiments.lib.table import result_table
 from sim.cost.profile import ProfileError
@@ -49,6 +62,10 @@ INTERRUPTED_STATUS = 130  # a shell's status for a command ended by SIGINT
 COMMAND_LINE_ENV = "KVLAB_COMMAND_LINE"
 # set by the sweep-summary callback: how many jobs of the sweep just run failed
 SWEEP_FAILURES: list[int] = []
+# set by SweepDirRecorder: the folder of the sweep just run (its summary.csv)
+SWEEP_DIRS: list[Path] = []
+SWEEP_DIR_CALLBACK = f"+hydra.callbacks.kvlab_sweep_dir._target_={__name__}.SweepDirRecorder"
+RUNTIME_FAILURE_STATUS = 1
 DEFAULT_INDEX = Path("outputs/index.csv")
 
 # Keys that describe one quantity in two ways: giving one (not null) on the command line
@@ -152,6 +169,13 @@ def check_index_writable(index: Path) -> None:
         raise ConfigError("index", f"cannot make its folder ({exc.strerror})", str(index)) from None
     if index.is_dir() or not os.access(index if index.exists() else index.parent, os.W_OK):
         raise ConfigError("index", "cannot write the runs index there", str(index), "a CSV path")
+    try:  # os.access says yes to root even where no file can be made (/proc, a read-only mount)
+        with index.open("a", encoding="utf-8"):
+            pass  # an empty index gets its header with its first row
+    except OSError as exc:
+        raise ConfigError(
+            "index", f"cannot write the runs index there ({exc.strerror})", str(index), "a CSV path"
+        ) from None
     if index.is_file() and index.stat().st_size > 0:
         with index.open(encoding="utf-8", errors="replace") as f:
             header = f.readline().strip()
@@ -229,58 +253,112 @@ def run_app(
     return metrics
 
 
+# Hydra's flags that make a command a sweep; the other flags (--cfg, -cp, ...) change what
+# the command does, so a command with one is left to Hydra.
+MULTIRUN_FLAGS = frozenset({"-m", "--multirun"})
+
+
 def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
     """Raise for overrides Hydra cannot compose into ``configs/<config_name>.yaml`` (a key
-    the config lacks, a malformed value), in one line where Hydra's spans several. Left to
-    Hydra: sweeps, Hydra's own flags (any argument starting with ``-``) and a
-    ``hydra.searchpath`` with a ``pkg://`` entry. A config file that is not YAML is named
-    with its line and column."""
+    the config lacks, a malformed value, a key added under a name nothing reads), in one
+    line where Hydra's spans several. A sweep is checked as its jobs (:func:`sweep_jobs`).
+    Left to Hydra: its flags other than ``-m`` (any other argument starting with ``-``)
+    and a ``hydra.searchpath`` with a ``pkg://`` entry. A config file that is not YAML is
+    named with its line and column."""
     import yaml
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    if any(a.startswith("-") for a in argv) or search_dirs(argv) is None:
+    flags = {a for a in argv if a.startswith("-")}
+    if flags - MULTIRUN_FLAGS or search_dirs(argv) is None:
         return
+    overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
     try:
-        parsed = OverridesParser.create().parse_overrides(list(argv))
-        if any(o.is_sweep_override() or o.key_or_group == "hydra.mode" for o in parsed):
-            return  # a sweep (hydra.mode=MULTIRUN): each job's config is checked as it runs
-        check_added_keys(config_name, [o.key_or_group for o in parsed if o.is_add()
-                                       or o.is_force_add()])  # fmt: skip
-        compose_config(config_name, argv)
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        for job in sweep_jobs(parsed, search_dirs(argv) or []):
+            added = [o.key_or_group for o in parse_overrides(job) if o.is_add() or o.is_force_add()]
+            check_added_keys(config_name, added, job)
+            compose_config(config_name, job)
     except HydraException as exc:
-        text = str(exc).strip()
-        unknown = re.match(r"Could not override '([^']+)'", text)
-        if unknown:
-            key = unknown.group(1)
-            expected = (
-                f"a key of configs/{config_name}.yaml or of its groups' options; +{key}=... "
-                "adds one under a name the app reads, where the config takes new keys"
-            )
-            raise ConfigError(key, "no such key in this config", expected=expected) from None
-        lines = [text.splitlines()[0] if text else type(exc).__name__]
-        if exc.__cause__ is not None and str(exc.__cause__).strip():
-            lines.append(str(exc.__cause__).strip().splitlines()[0])
-        raise ConfigError("overrides", ": ".join(lines)) from None
+        raise _compose_error(config_name, exc) from None
     except yaml.MarkedYAMLError as exc:
         place = yaml_error_place(exc)
         where = f"{exc.problem_mark.name}, {place}: " if place else ""
         raise ConfigError("config", f"{where}not YAML ({exc.problem})") from None
 
 
-def check_added_keys(config_name: str, keys: Sequence[str]) -> None:
-    """Raise for a key or group added with ``+`` or ``++`` under a top-level name that the
-    composed ``configs/<config_name>.yaml`` does not have: the app never reads it, so a
-    mistyped ``+warmpu=true`` would be dropped in silence. Keys under a known name
-    (``+slo_ms.ttft=...``) and under ``hydra`` are left to the config's own checks."""
+def _compose_error(config_name: str, exc: Exception) -> ConfigError:
+    """Hydra's error composing a config, as one line naming the key where it names one."""
+    text = str(exc).strip()
+    unknown = re.match(r"Could not override '([^']+)'", text)
+    if unknown:
+        key = unknown.group(1)
+        expected = (
+            f"a key of configs/{config_name}.yaml or of its groups' options; +{key}=... "
+            "adds one under a name the app reads, where the config takes new keys"
+        )
+        return ConfigError(key, "no such key in this config", expected=expected)
+    lines = [text.splitlines()[0] if text else type(exc).__name__]
+    if exc.__cause__ is not None and str(exc.__cause__).strip():
+        lines.append(str(exc.__cause__).strip().splitlines()[0])
+    return ConfigError("overrides", ": ".join(lines))
+
+
+def sweep_jobs(parsed: Sequence[Any], extra_dirs: Sequence[Path]) -> list[list[str]]:
+    """Override lists that stand for a command's jobs, for checking each swept value's key
+    as a single run's: every sweep at its first value, then, for each further value of a
+    swept config group, that value with the others at their first (a group's value brings
+    its own keys; another key's values share their key). ``hydra.mode`` and sweeps of
+    ``hydra.*`` keys are left out. A command without sweeps is its one job."""
+    base: list[str] = []
+    alternatives: list[tuple[int, list[str]]] = []
+    for override in parsed:
+        if override.key_or_group == "hydra.mode" or (
+            override.is_hydra_override() and override.is_sweep_override()
+        ):
+            continue  # Hydra's own (a sweeper's search space): not a job's key
+        if not override.is_sweep_override():
+            base.append(override.input_line)
+            continue
+        group = override.key_or_group
+        values = sweep_values(override, options(group, extra_dirs) if group in GROUPS else ())
+        if not values:
+            continue  # a glob that matches nothing: check_group_overrides says so
+        key = override.get_key_element()
+        base.append(f"{key}={values[0]}")
+        if group in GROUPS:
+            alternatives.append((len(base) - 1, [f"{key}={v}" for v in values[1:]]))
+    jobs = [base]
+    for position, others in alternatives:
+        jobs += [[*base[:position], other, *base[position + 1 :]] for other in others]
+    return jobs
+
+
+def check_added_keys(config_name: str, keys: Sequence[str], overrides: Sequence[str] = ()) -> None:
+    """Raise for a key or group added with ``+`` or ``++`` that the app never reads, so a
+    mistyped ``+warmpu=true`` is not dropped in silence: a top-level name that the composed
+    ``configs/<config_name>.yaml`` does not have, or a key under ``model``, ``hardware`` or
+    ``system`` that no option of the group holds (:func:`~experiments.lib.checks.group_keys`,
+    with the user's ``hydra.searchpath`` folders) nor the config composed with the other
+    ``overrides``. Deeper keys (``+model.shape.x``), other groups' keys (their own checks)
+    and ``hydra`` keys are left alone."""
     if not keys:
         return
-    known = set(compose_config(config_name))
+    composed = compose_config(config_name, [o for o in overrides if not o.startswith("+")])
+    known = set(composed)
     for key in keys:
         top = re.split(r"[./@]", key)[0]
         if top not in known and top != "hydra":
             expected = f"a key of configs/{config_name}.yaml: " + ", ".join(sorted(known))
             raise ConfigError(key, "added, but no part of this app reads it", expected=expected)
+        group, _, rest = key.partition(".")
+        if group in KEYED_GROUPS and rest and "@" not in key:
+            held = group_keys(group, search_dirs(overrides) or []) | set(composed.get(group) or {})
+            if rest.split(".")[0] not in held:
+                raise ConfigError(
+                    key, f"added, but the {group} group has no such key",
+                    expected=f"a key of {group}: " + ", ".join(sorted(held)),
+                )  # fmt: skip
 
 
 def main_with_checks(
@@ -288,14 +366,17 @@ def main_with_checks(
 ) -> None:
     """Call a ``@hydra.main`` function after the command-line checks Hydra cannot phrase
     as one line (an unknown option of a config group; with ``config_name``, any override
-    that does not compose)."""
+    that does not compose, every job of a sweep included). A refused command exits with
+    status 2. After a ``-m`` sweep with failed jobs it exits with status 2 when every one
+    failed on its config, else 1 (:func:`sweep_failure_status`)."""
     global _COMMAND_LINE
     _COMMAND_LINE = True
+    SWEEP_DIRS.clear()  # one left by an earlier sweep in this process is not this one's
     args = sys.argv[1:] if argv is None else list(argv)
     saved_argv = sys.argv
     # every launcher sets hydra.job.env_set in the job's process (Ray and Slurm workers
     # included), so a job knows it belongs to a command-line sweep
-    sys.argv = [*sys.argv, f"+hydra.job.env_set.{COMMAND_LINE_ENV}=1"]
+    sys.argv = [*sys.argv, f"+hydra.job.env_set.{COMMAND_LINE_ENV}=1", SWEEP_DIR_CALLBACK]
     try:
         try:
             check_group_overrides(args)
@@ -311,9 +392,36 @@ def main_with_checks(
         sys.argv = saved_argv
     if SWEEP_FAILURES:
         failed = SWEEP_FAILURES.pop()
-        print(f"error: {failed} sweep job(s) failed (their rows in summary.csv and "
+        status = sweep_failure_status(SWEEP_DIRS.pop() if SWEEP_DIRS else None)
+        what = "failed on bad config" if status == CONFIG_ERROR_STATUS else "failed"
+        print(f"error: {failed} sweep job(s) {what} (their rows in summary.csv and "
               "error.txt say why)", file=sys.stderr)  # fmt: skip
-        sys.exit(1)
+        sys.exit(status)
+
+
+class SweepDirRecorder(Callback):
+    """Hydra callback that records the folder of a sweep when it ends (:data:`SWEEP_DIRS`),
+    for :func:`main_with_checks` to read its jobs' statuses in ``summary.csv``."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        SWEEP_DIRS.append(Path(str(config.hydra.sweep.dir)))
+
+
+def sweep_failure_status(sweep_dir: Path | None) -> int:
+    """The exit status of a sweep with failed jobs: :data:`CONFIG_ERROR_STATUS` (2) when
+    every job ``sweep_dir/summary.csv`` lists as not ok is a ``config error``, else
+    :data:`RUNTIME_FAILURE_STATUS` (1), also when the summary cannot be read."""
+    if sweep_dir is None:
+        return RUNTIME_FAILURE_STATUS
+    try:
+        with (sweep_dir / "summary.csv").open(encoding="utf-8", newline="") as f:
+            statuses = [row.get("status") for row in csv.DictReader(f)]
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return RUNTIME_FAILURE_STATUS
+    failed = [s for s in statuses if s != "ok"]
+    if failed and all(s == "config error" for s in failed):
+        return CONFIG_ERROR_STATUS
+    return RUNTIME_FAILURE_STATUS
 
 
 def check_output_dirs(args: Sequence[str]) -> None:

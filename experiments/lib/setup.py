@@ -23,14 +23,22 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
+from core.kv.block_pool import MAX_BLOCKS
 from core.request import Request, RequestError
 from core.sched.base import BaseScheduler, SchedulerConfig, SchedulerConfigError
 from core.systems import SystemConfigError, build_scheduler
 from core.workload.spec import FILE_KINDS, build_workload
 from core.workload.trace_io import TraceFormatError
-from experiments.lib.checks import DTYPE_BYTES, ConfigError
+from experiments.lib.checks import (
+    COST_KEYS,
+    DTYPE_BYTES,
+    ConfigError,
+    check_cost_keys,
+    lookup,
+    run_gpu,
+)
 from sim.capacity import KVCapacity, kv_capacity
-from sim.catalog import GPUSpec, ModelSpec, model_from_config, resolve_gpu
+from sim.catalog import GPUSpec, ModelSpec, model_from_config
 from sim.cost import CostModel, Efficiency, build_cost_model
 from sim.cost.calibrated import check_calibration_doc
 from sim.cost.overhead import Stack
@@ -78,14 +86,18 @@ def resolve_aliases(c: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextmanager
-def config_errors() -> Iterator[None]:
-    """Turn errors that a config causes while run objects are built into ConfigError."""
+def config_errors(workload: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """Turn errors that a config causes while run objects are built into ConfigError. A
+    malformed file is named by its key: ``workload.tokens_path`` when it is the
+    ``workload``'s tokens file, else ``workload.path``."""
     try:
         yield
     except ConfigError:
         raise
     except TraceFormatError as exc:
-        raise ConfigError("workload.path", str(exc)) from None
+        tokens = (workload or {}).get("tokens_path")
+        key = "workload.tokens_path" if tokens is not None and exc.path == str(tokens) else None
+        raise ConfigError(key or "workload.path", str(exc)) from None
     except RequestError as exc:
         raise ConfigError("workload", str(exc)) from None
     except SystemConfigError as exc:
@@ -204,7 +216,7 @@ def build_requests(
     workload = dict(c["workload"])
     if vocab_size is not None:
         workload["vocab_size"] = vocab_size
-    with config_errors():
+    with config_errors(workload):
         requests = build_workload(workload, max_model_len=max_model_len, seed=int(c.get("seed", 0)))
     if not requests and workload.get("kind") in FILE_KINDS:
         raise ConfigError(
@@ -212,7 +224,36 @@ def build_requests(
         )
     if not requests:
         log.warning("the workload holds no request (%s)", workload)
+    check_arrivals_resolvable(workload, requests)
     return requests
+
+
+# The latest arrival a run may have: 2**52 µs (~4.5e9 s, ~143 years). Past it, a float64
+# clock in seconds no longer resolves a microsecond, and soon no step at all.
+MAX_ARRIVAL_S = 2.0**52 / 1e6
+
+
+def check_arrivals_resolvable(workload: Mapping[str, Any], requests: list[Request]) -> None:
+    """Refuse arrivals past :data:`MAX_ARRIVAL_S`, naming the key that put them there:
+    ``workload.time_scale`` when it scales a file's arrivals, ``workload.path`` for a file's
+    own times, else ``workload.rate``."""
+    last = max((r.arrival_time for r in requests), default=0.0)
+    if last <= MAX_ARRIVAL_S:  # NaN passes: the workload's reader refuses it
+        return
+    scale = workload.get("time_scale")
+    if scale is not None and scale != 1:
+        key, got = "workload.time_scale", scale
+    elif workload.get("kind") in FILE_KINDS:
+        key, got = "workload.path", workload.get("path")
+    else:
+        key, got = "workload.rate", workload.get("rate")
+    raise ConfigError(
+        key,
+        f"the last request arrives at {last:.3g} s, past {MAX_ARRIVAL_S:.3g} s (2**52 us), "
+        "where a float64 clock in seconds no longer resolves a microsecond",
+        got,
+        f"arrivals before {MAX_ARRIVAL_S:.3g} s",
+    )
 
 
 _EFFICIENCY_KEYS = {
@@ -223,9 +264,14 @@ _EFFICIENCY_KEYS = {
 
 
 def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: int = 1) -> CostModel:
-    """The ``cost`` group's model; efficiency overrides are labelled as such."""
+    """The ``cost`` group's model; efficiency overrides are labelled as such. A key the kind
+    does not read is a ConfigError (:func:`check_cost_keys`); swaps and copies are priced at
+    the run's ``system.block_size``, a calibrated model's included."""
     cost_cfg = dict(c.get("cost") or {"kind": "roofline"})
     kind = cost_cfg.pop("kind", "roofline")
+    check_cost_keys(kind, cost_cfg)
+    if kind in COST_KEYS:  # what is left of the other keys is null: not given
+        cost_cfg = {k: v for k, v in cost_cfg.items() if k in COST_KEYS[kind]}
     overrides = {
         _EFFICIENCY_KEYS[k]: float(v)
         for k, v in cost_cfg.items()
@@ -247,7 +293,9 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
             "cost.path=<calibration.json from experiments.calibrate or calibrate_vllm>",
         )  # fmt: skip
     if kind == "calibrated":
-        return calibrated_from_file(Path(extra["path"]), model, gpu, tp)
+        return calibrated_from_file(
+            Path(extra["path"]), model, gpu, tp, block_size=block_size(c["system"])
+        )
     stack_path = extra.pop("stack_path", None)
     if stack_path is not None or extra.get("stack") == MEASURED:
         extra["stack"] = measured_stack(extra.get("stack"), stack_path)
@@ -256,7 +304,7 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
     except ProfileError as exc:  # names the file and row
         raise ConfigError("cost.profile", str(exc)) from None
     except (KeyError, TypeError, ValueError) as exc:
-        text = str(exc).strip("'\"")
+        text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
         if "cost.stack" in text:  # an unknown preset: the message lists the known ones
             raise ConfigError("cost.stack", text) from None
         raise ConfigError("cost", text, kind) from None
@@ -312,10 +360,15 @@ def check_calibration_fits(doc: Mapping[str, Any], key: str, model: str, gpu: st
             raise ConfigError(key, f"fitted for another {field}", doc[field], ours)
 
 
-def calibrated_from_file(path: Path, model: ModelSpec, gpu: GPUSpec, tp: int) -> CostModel:
+def calibrated_from_file(
+    path: Path, model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int | None = None
+) -> CostModel:
     """The calibrated model in ``path`` (``experiments.calibrate`` or ``calibrate_vllm``)
     applied to this run's model and GPU; a file fitted for another model, GPU or tensor
-    parallel size is a config error."""
+    parallel size is a config error. ``block_size`` (default: the file's) is the run's KV
+    block: the fit does not price swaps and copies, the roofline adds them per byte
+    (:meth:`~sim.cost.calibrated.CalibratedCostModel.step_time`), so they are priced at the
+    run's block whatever block the file was fitted at."""
     if not path.is_file():
         raise ConfigError("cost.path", "no such calibration file", str(path))
     try:
@@ -337,7 +390,7 @@ def calibrated_from_file(path: Path, model: ModelSpec, gpu: GPUSpec, tp: int) ->
             "calibrated", model, gpu, tp,
             coefficients=doc["coefficients"], fit_stats=doc.get("fit_stats"),
             dtype_bytes=int(doc.get("dtype_bytes", 2)),
-            block_size=int(doc.get("block_size", DEFAULT_BLOCK_SIZE)),
+            block_size=int(block_size or doc.get("block_size", DEFAULT_BLOCK_SIZE)),
             profile=doc.get("profile"),
         )  # fmt: skip
     except ValueError as exc:  # bad coefficients, or the operator profile it builds on
@@ -366,42 +419,126 @@ def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
     c = resolve_aliases(as_dict(cfg))
     try:
         model = model_from_config(c["model"])
-        gpu = resolve_gpu(c["hardware"])
     except (KeyError, ValueError) as exc:
-        raise ConfigError("model" if "model" in str(exc) else "hardware", str(exc)) from None
+        raise ConfigError("model", str(exc.args[0] if exc.args else exc)) from None
+    gpu = run_gpu(c["hardware"])
     tp = int(c["model"].get("tp", 1))
     system = c["system"]
     mml = served_max_model_len(system, model)
     sched_config = scheduler_config(system, mml)
-    kv_gb = c.get("kv_cache_gb")
-    blocks = c.get("num_gpu_blocks")
-    try:
-        capacity = kv_capacity(
-            model,
-            gpu,
-            tp=tp,
-            dtype_bytes=DTYPE_BYTES.get(str(c.get("dtype") or "bfloat16"), 2),
-            gpu_memory_utilization=float(c.get("gpu_memory_utilization", 0.9)),
-            max_num_batched_tokens=sched_config.max_num_batched_tokens,
-            max_num_seqs=sched_config.max_num_seqs,
-            kv_cache_bytes=None if kv_gb is None else int(float(kv_gb) * GIB),
-            max_model_len=mml,
-            num_gpu_blocks=None if blocks is None else int(blocks),
-            block_size=block_size(system),
-            cuda_graph_max_size=int(system.get("cuda_graph_max_size") or 0),
-            non_torch_bytes=int(float(system.get("non_torch_gb") or 0) * GIB),
-        )
-    except ValueError as exc:
-        text = str(exc)
-        key = "num_gpu_blocks" if blocks is not None else "kv_cache_gb"
-        if "KV cache" not in text and "block" not in text:
-            key = "model.tp" if "tp=" in text else "model"
-        raise ConfigError(key, text) from None
-    swap_bytes = float(c.get("swap_space_gb", 4)) * GIB
-    num_cpu_slots = int(swap_bytes // capacity.bytes_per_token_per_gpu)
+    capacity = run_capacity(capacity_args(c, model, gpu, tp, sched_config, mml))
+    num_cpu_slots = pool_slots(c, capacity, model)
     requests = build_requests(c, mml, vocab_size=model.vocab_size)  # as the engine does
     make_scheduler = scheduler_factory(system, capacity.num_slots, num_cpu_slots, mml, requests)
     cost_model = make_cost_model(c, model, gpu, tp)
     return RunSetup(
         model, gpu, tp, capacity, sched_config, requests, make_scheduler, mml, cost_model
     )
+
+
+def capacity_args(
+    c: Mapping[str, Any],
+    model: ModelSpec,
+    gpu: GPUSpec,
+    tp: int,
+    sched_config: SchedulerConfig,
+    mml: int,
+) -> dict[str, Any]:
+    """The keyword arguments of :func:`sim.capacity.kv_capacity` for the run's config
+    (values already checked by :data:`~experiments.lib.checks.RULES`)."""
+    system = c["system"]
+    kv_gb, blocks = c.get("kv_cache_gb"), c.get("num_gpu_blocks")
+    return {
+        "model": model,
+        "gpu": gpu,
+        "tp": tp,
+        "dtype_bytes": DTYPE_BYTES.get(str(c.get("dtype") or "bfloat16"), 2),
+        "gpu_memory_utilization": float(c.get("gpu_memory_utilization", 0.9)),
+        "max_num_batched_tokens": sched_config.max_num_batched_tokens,
+        "max_num_seqs": sched_config.max_num_seqs,
+        "kv_cache_bytes": None if kv_gb is None else int(float(kv_gb) * GIB),
+        "max_model_len": mml,
+        "num_gpu_blocks": None if blocks is None else int(blocks),
+        "block_size": block_size(system),
+        "cuda_graph_max_size": int(system.get("cuda_graph_max_size") or 0),
+        "non_torch_bytes": int(float(system.get("non_torch_gb") or 0) * GIB),
+    }
+
+
+def run_capacity(args: Mapping[str, Any]) -> KVCapacity:
+    """:func:`sim.capacity.kv_capacity` of ``args``; an impossible cache is a ConfigError
+    naming the key at fault (:func:`capacity_error_key`)."""
+    try:
+        return kv_capacity(**args)
+    except ValueError as exc:
+        raise ConfigError(capacity_error_key(str(exc), args), str(exc)) from None
+
+
+# Memory a run's system group reserves beside the weights: key -> kv_capacity argument.
+_RESERVED = (
+    ("system.non_torch_gb", "non_torch_bytes"),
+    ("system.cuda_graph_max_size", "cuda_graph_max_size"),
+)
+
+
+def capacity_error_key(text: str, args: Mapping[str, Any]) -> str:
+    """The key to blame for :func:`sim.capacity.kv_capacity`'s error ``text`` on ``args``:
+    the given KV budget (``num_gpu_blocks`` or ``kv_cache_gb``) for a cache that cannot be;
+    the tensor-parallel size for a split that cannot be; else a memory reservation of the
+    system group without which the run would fit; else ``kv_cache_gb`` (a derived cache
+    too small) or ``model`` (weights too large)."""
+    about_cache = "KV cache" in text or "block" in text
+    if about_cache and args["num_gpu_blocks"] is not None:
+        return "num_gpu_blocks"
+    if about_cache and args["kv_cache_bytes"] is not None:
+        return "kv_cache_gb"
+    if not about_cache and "tp=" in text:
+        return "model.tp"
+    for key, arg in _RESERVED:
+        if args[arg] and _fits({**args, arg: 0}):
+            return key
+    return "kv_cache_gb" if about_cache else "model"
+
+
+def _fits(args: Mapping[str, Any]) -> bool:
+    try:
+        kv_capacity(**args)
+    except ValueError:
+        return False
+    return True
+
+
+def pool_slots(c: Mapping[str, Any], capacity: KVCapacity, model: ModelSpec) -> int:
+    """The CPU swap pool's token slots (``swap_space_gb`` over the KV bytes of a token);
+    a device or swap pool of more than :data:`~core.kv.block_pool.MAX_BLOCKS` blocks is a
+    ConfigError naming the key that sized it."""
+    bs = block_size(c["system"])
+    per_token = capacity.bytes_per_token_per_gpu
+    device_blocks = capacity.num_slots // bs
+    if device_blocks > MAX_BLOCKS:
+        key = next((k for k in ("num_gpu_blocks", "kv_cache_gb") if c.get(k) is not None), None)
+        key = key or "hardware.memory_gb"
+        raise ConfigError(
+            key, f"a KV cache of {_count(device_blocks)} blocks: {_POOL_RULE}", lookup(c, key)
+        )
+    swap_gb = float(c.get("swap_space_gb", 4))
+    cpu_slots = int(swap_gb * GIB // per_token)
+    if cpu_slots // bs > MAX_BLOCKS:
+        most = MAX_BLOCKS * bs * per_token / GIB
+        raise ConfigError(
+            "swap_space_gb",
+            f"a CPU swap pool of {_count(cpu_slots // bs)} blocks: {_POOL_RULE}",
+            c.get("swap_space_gb"),
+            f"at most {most:.4g} GiB for {model.name} at block_size {bs}",
+        )
+    return cpu_slots
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n < 10**12 else f"{n:.3g}"
+
+
+_POOL_RULE = (
+    f"more than the {MAX_BLOCKS:,} blocks (2**{MAX_BLOCKS.bit_length() - 1}) a KV block pool "
+    "holds (the simulator keeps state for every block)"
+)

@@ -1,0 +1,270 @@
+"""More bad input that must be one line ``error: <key>: ...`` and exit status 2: hardware
+numbers that are not finite, system keys vLLM V1 adds, keys added under a group, sweeps
+(each job's keys checked, Hydra's sweep syntax for groups), arrivals a float clock cannot
+resolve, a user's hardware YAML named by its file, the cost group's keys, and a runs index
+that cannot be written. Valid input keeps working beside each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from core.kv.block_pool import MAX_BLOCKS, BlockPool
+from core.plan import BatchShape
+from experiments import simulate
+from experiments.lib.checks import ConfigError, check_group_overrides, parse_overrides
+from experiments.lib.cli import check_added_keys, sweep_failure_status, sweep_jobs
+from experiments.lib.setup import MAX_ARRIVAL_S, make_cost_model
+from sim.catalog import GPUSpec, HardwareError, get_gpu, get_model, gpu_from_config
+from tests.test_config_errors import SIM_SMALL, run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+CALIBRATION = REPO / "docs" / "validation" / "vllm-rtx4090" / "calibration.json"
+CALIBRATED = [
+    "model=llama-3.1-8b", "hardware=rtx4090", "system=vllm_v1", "system.max_model_len=4096",
+    "cost=calibrated", f"cost.path={CALIBRATION}",
+]  # fmt: skip
+
+
+def _azure(tmp: Path) -> str:
+    """A four-row trace in the Azure format."""
+    path = tmp / "azure.csv"
+    rows = [(0.0, 100, 20), (0.5, 50, 20), (1.0, 300, 40), (1.5, 50, 10)]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{t:09.6f},{p},{o}\n" for t, p, o in rows))  # fmt: skip
+    return str(path)
+
+
+def _user_hardware(tmp: Path) -> str:
+    """A search-path folder with user hardware YAMLs: a copy of h200 without memory_gb,
+    one without a name, an empty one; returns the ``hydra.searchpath`` argument."""
+    hw = yaml.safe_load((REPO / "configs" / "hardware" / "h200.yaml").read_text())
+    folder = tmp / "conf" / "hardware"
+    folder.mkdir(parents=True)
+    (folder / "nomem.yaml").write_text(yaml.safe_dump({k: v for k, v in hw.items()
+                                                       if k != "memory_gb"}))  # fmt: skip
+    (folder / "noname.yaml").write_text(yaml.safe_dump({k: v for k, v in hw.items()
+                                                        if k != "name"}))  # fmt: skip
+    (folder / "empty.yaml").write_text("")
+    return f"hydra.searchpath=[file://{tmp / 'conf'}]"
+
+
+def _tokens_run(tmp: Path) -> str:
+    """A vLLM run directory (for workload=vllm_log) beside a malformed tokens file."""
+    from tests.test_calibrate_vllm import _fake_run
+
+    (tmp / "bad.jsonl").write_text("{not json\n")
+    return str(_fake_run(tmp, n=6))
+
+
+# (id, overrides ({tmp}: the test's folder), the key the line must name, a phrase)
+CASES = [
+    ("memory_inf", ["hardware.memory_gb=inf"], "hardware.memory_gb", "finite number > 0"),
+    ("memory_overflows", ["hardware.memory_gb=1e300"], "hardware.memory_gb",
+     "finite number > 0"),
+    ("bandwidth_inf", ["hardware.mem_bandwidth_gbs=inf"], "hardware.mem_bandwidth_gbs",
+     "finite number > 0"),
+    ("flops_negative", ["hardware.peak_tflops=-1"], "hardware.peak_tflops", "finite number > 0"),
+    ("memory_beyond_a_pool", ["hardware.memory_gb=1e250"], "hardware.memory_gb",
+     "blocks (2**26) a KV block pool holds"),
+    ("swap_beyond_a_pool", ["swap_space_gb=1e12"], "swap_space_gb",
+     "blocks (2**26) a KV block pool holds"),
+    ("non_torch_text", ["system=vllm_v1", "system.non_torch_gb=abc"], "system.non_torch_gb",
+     "not a size"),
+    ("non_torch_nan", ["system=vllm_v1", "system.non_torch_gb=nan"], "system.non_torch_gb",
+     "not a size"),
+    ("non_torch_inf", ["system=vllm_v1", "system.non_torch_gb=inf"], "system.non_torch_gb",
+     "not a size"),
+    ("non_torch_negative", ["system=vllm_v1", "system.non_torch_gb=-100"],
+     "system.non_torch_gb", "not a size"),
+    ("non_torch_beyond_the_gpu", ["system=vllm_v1", "system.non_torch_gb=1000"],
+     "system.non_torch_gb", "does not fit"),
+    ("graph_size_text", ["system=vllm_v1", "system.cuda_graph_max_size=abc"],
+     "system.cuda_graph_max_size", "not a capture size"),
+    ("graph_size_negative", ["system=vllm_v1", "system.cuda_graph_max_size=-100000"],
+     "system.cuda_graph_max_size", "not a capture size"),
+    ("graph_size_fraction", ["system=vllm_v1", "system.cuda_graph_max_size=1.5"],
+     "system.cuda_graph_max_size", "not a capture size"),
+    ("graph_pool_beyond_the_gpu", ["system=vllm_v1", "system.cuda_graph_max_size=1000000"],
+     "system.cuda_graph_max_size", "does not fit"),
+    ("added_system_typo", ["+system.max_num_seq=4"], "system.max_num_seq",
+     "the system group has no such key"),
+    ("added_model_key", ["+model.foo=4"], "model.foo", "the model group has no such key"),
+    ("added_hardware_key", ["+hardware.foo=1"], "hardware.foo",
+     "the hardware group has no such key"),
+    ("sweep_of_an_unknown_key", ["-m", "workload.foo=1,2"], "workload.foo", "no such key"),
+    ("sweep_beside_an_added_key", ["-m", "+foo=1", "seed=0,1"], "foo",
+     "no part of this app reads it"),
+    ("sweep_of_a_system_key_one_system_lacks", ["-m", "system=vllm_v1,vllm",
+     "system.non_torch_gb=1"], "system.non_torch_gb", "no such key"),
+    ("glob_matching_nothing", ["-m", "system=glob(zz*)"], "system", "the glob matches no"),
+    ("choice_with_an_unknown_system", ["-m", "system=choice(vllm,orca)"], "system",
+     "unknown system"),
+    ("rate_too_low_for_the_clock", ["workload.rate=1e-300"], "workload.rate",
+     "past 4.5e+09 s (2**52 us)"),
+    ("time_scale_too_high_for_the_clock", ["workload=azure_conv", "workload.path={azure}",
+     "workload.time_scale=1e300"], "workload.time_scale", "past 4.5e+09 s (2**52 us)"),
+    ("user_hardware_without_memory", ["{search}", "hardware=nomem"], "hardware.memory_gb",
+     "conf/hardware/nomem.yaml or hardware.* overrides: GPU 'h200' lacks memory_gb"),
+    ("user_hardware_without_a_name", ["{search}", "hardware=noname"], "hardware.name",
+     "conf/hardware/noname.yaml or hardware.* overrides: the GPU has no name"),
+    ("user_hardware_empty", ["{search}", "hardware=empty"], "hardware",
+     "conf/hardware/empty.yaml or hardware.* overrides: empty"),
+    ("seed_negative", ["seed=-1"], "seed", "not a seed"),
+    ("tokens_file_malformed", ["model=llama-3.1-8b", "hardware=rtx4090", "system=vllm_v1",
+     "system.max_model_len=4096", "workload=vllm_log", "workload.path={vllm_run}",
+     "workload.tokens_path={tmp}/bad.jsonl"], "workload.tokens_path", "bad.jsonl, line 1"),
+    ("roofline_unknown_key", ["+cost.foo=1"], "cost.foo",
+     "cost=roofline takes no such key (known: compute_efficiency,"),
+    ("calibrated_stack", [*CALIBRATED, "+cost.stack=vllm-v1"], "cost.stack",
+     "cost=calibrated takes no such key (known: path)"),
+    ("calibrated_efficiency", [*CALIBRATED, "+cost.compute_efficiency=0.5"],
+     "cost.compute_efficiency", "cost=calibrated takes no such key"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "key", "phrase"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])  # fmt: skip
+def test_bad_input_is_one_line_naming_the_key(
+    overrides: list[str], key: str, phrase: str, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    joined = " ".join(overrides)
+    files = {
+        "tmp": str(tmp_path),
+        "azure": _azure(tmp_path) if "{azure}" in joined else "",
+        "search": _user_hardware(tmp_path) if "{search}" in joined else "",
+        "vllm_run": _tokens_run(tmp_path) if "{vllm_run}" in joined else "",
+    }
+    flags = [o for o in overrides if o.startswith("-")]
+    rest = [o.format(**files) for o in overrides if not o.startswith("-")]
+    sweep = [f"hydra.sweep.dir={tmp_path / 'sweep'}"] if flags else []
+    status, out, err = run_cli(simulate, [*flags, *SIM_SMALL, *rest, *sweep], tmp_path)
+    lines = err.strip().splitlines()
+    assert status == 2, (out, err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"error: {key}: "), lines[0]
+    assert phrase in lines[0], lines[0]
+    assert "Traceback" not in out + err
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_hardware_numbers_must_be_finite_and_positive() -> None:
+    doc = yaml.safe_load((REPO / "configs" / "hardware" / "h200.yaml").read_text())
+    for key, bad in (("memory_gb", float("inf")), ("mem_bandwidth_gbs", float("nan")),
+                     ("host_link_gbs", 0), ("peak_tflops", 1e300 * 1e10)):  # fmt: skip
+        with pytest.raises(HardwareError, match=f"my.yaml: {key} must be a finite") as err:
+            gpu_from_config({**doc, key: bad}, "my.yaml")
+        assert err.value.key == key
+    assert gpu_from_config(doc, "my.yaml") == get_gpu("h200")
+    with pytest.raises(ValueError, match="mem_bandwidth must be finite and positive"):
+        GPUSpec("x", 1 << 30, float("inf"), 1e12, 1e9, 1e9)
+
+
+def test_a_block_pool_beyond_its_bound_is_refused_before_any_allocation() -> None:
+    with pytest.raises(ValueError, match=r"num_blocks must be in \[0, 67108864\]"):
+        BlockPool(MAX_BLOCKS + 1, 16)
+    assert BlockPool(4, 16).num_free() == 4
+
+
+def test_keys_a_group_holds_may_be_added(tmp_path: Path) -> None:
+    """Keys of any option of the group (vllm_v1's on vllm), deeper keys of the model's
+    shape, and the keys of a user's own hardware YAML on the search path."""
+    keys = ["system.cuda_graph_max_size", "system.non_torch_gb", "model.hf_id",
+            "model.shape.rope_theta", "hardware.source"]  # fmt: skip
+    check_added_keys("simulate", keys)
+    check_added_keys("serve", ["model.path"])
+    hw = yaml.safe_load((REPO / "configs" / "hardware" / "h200.yaml").read_text())
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "mine.yaml").write_text(yaml.safe_dump({**hw, "notes": "lab"}))
+    search = f"hydra.searchpath=[file://{tmp_path}]"
+    check_added_keys("simulate", ["hardware.notes"], [search, "hardware=mine"])
+    with pytest.raises(ConfigError, match=r"hardware\.notes") as err:
+        check_added_keys("simulate", ["hardware.notes"])  # not without that folder
+    assert "memory_gb" in err.value.line()  # the group's keys listed
+
+
+def test_a_sweep_is_checked_as_its_jobs() -> None:
+    """Each sweep at its first value; each further value of a swept group in a job of
+    its own; hydra.mode left out."""
+    argv = ["-m", "hydra.mode=MULTIRUN", "system=glob(orca_*)", "seed=range(0,3)",
+            "+slo_ms.ttft=100"]  # fmt: skip
+    jobs = sweep_jobs(parse_overrides(argv), [])
+    assert jobs == [
+        ["system=orca_max", "seed=0", "+slo_ms.ttft=100"],
+        ["system=orca_oracle", "seed=0", "+slo_ms.ttft=100"],
+        ["system=orca_pow2", "seed=0", "+slo_ms.ttft=100"],
+    ]
+    assert sweep_jobs(parse_overrides(["seed=1"]), []) == [["seed=1"]]
+
+
+def test_hydras_sweep_syntax_for_groups_is_accepted(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    check_group_overrides(["-m", "system=glob(orca_*)", "model=glob(opt-1*,exclude=opt-13b)"])
+    check_group_overrides(["-m", "system=choice(vllm,orca_max)", "hardware=h100,h200"])
+    args = ["-m", *SIM_SMALL, "system=choice(vllm,orca_max)",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}"]  # fmt: skip
+    status, _, err = run_cli(simulate, args, tmp_path)
+    assert status == 0, err
+    summary = (tmp_path / "sweep" / "summary.csv").read_text()
+    assert "orca_max" in summary and "vllm" in summary
+
+
+def test_a_sweep_failing_only_on_config_exits_2_else_1(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    args = ["-m", *SIM_SMALL, "workload.rate=-1,2", f"hydra.sweep.dir={tmp_path / 'a'}"]
+    status, _, err = run_cli(simulate, args, tmp_path)
+    assert status == 2, err
+    assert "1 sweep job(s) failed on bad config" in err
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the cost model blew up")
+
+    monkeypatch.setattr(simulate, "simulate", broken)
+    args = ["-m", *SIM_SMALL, "workload.rate=-1,2", f"hydra.sweep.dir={tmp_path / 'b'}"]
+    status, _, err = run_cli(simulate, args, tmp_path)
+    assert status == 1, err
+    assert "2 sweep job(s) failed (" in err
+
+
+def test_sweep_failure_status_reads_the_summary(tmp_path: Path) -> None:
+    (tmp_path / "summary.csv").write_text("job,status,error\n0,ok,\n1,config error,e\n")
+    assert sweep_failure_status(tmp_path) == 2
+    (tmp_path / "summary.csv").write_text("job,status,error\n0,failed,x\n1,config error,e\n")
+    assert sweep_failure_status(tmp_path) == 1
+    assert sweep_failure_status(tmp_path / "nope") == 1
+    assert sweep_failure_status(None) == 1
+
+
+def test_a_calibrated_model_prices_transfers_at_the_runs_block_size() -> None:
+    """Swaps and copies are not fitted: the roofline prices them per byte, so at the run's
+    block size (the shipped file was fitted at 16)."""
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("rtx4090")
+    cost = {"kind": "calibrated", "path": str(CALIBRATION)}
+    assert json.loads(CALIBRATION.read_text())["block_size"] == 16
+    swap = BatchShape(swap_out_blocks=4, copy_blocks=2)
+    times = {}
+    for bs in (8, 16, 32):
+        config = {"system": {"name": "vllm_v1", "block_size": bs}, "cost": cost}
+        times[bs] = make_cost_model(config, model, gpu).step_time(swap)
+    assert times[8] == pytest.approx(times[16] / 2) and times[32] == pytest.approx(2 * times[16])
+
+
+def test_arrivals_within_the_clock_still_run(tmp_path: Path) -> None:
+    status, out, err = run_cli(simulate, [*SIM_SMALL, "workload.rate=1e-5"], tmp_path)
+    assert status == 0, err
+    assert "5/5 done" in out
+    assert MAX_ARRIVAL_S == 2**52 / 1e6
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_index_where_no_file_can_be_made_is_refused() -> None:
+    """/proc takes no new file, though os.access says it may to root."""
+    from experiments.lib.cli import check_index_writable
+
+    with pytest.raises(ConfigError, match="cannot write the runs index there") as err:
+        check_index_writable(Path("/proc/kvlab-index.csv"))
+    assert err.value.key == "index"
