@@ -57,3 +57,14 @@ def test_a_kvlab_profile_without_linear_rows_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(ProfileError, match="missing operators linear"):
         read_kvlab_profile(tmp_path)
+
+
+def test_help_prints_usage_and_writes_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.lib.embed_profile import main
+
+    shipped = REPO / EMBEDDED / "operator_profile.csv"
+    before = shipped.stat().st_mtime_ns
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0 and "usage:" in capsys.readouterr().out
+    assert shipped.stat().st_mtime_ns == before

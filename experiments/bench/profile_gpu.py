@@ -614,7 +614,9 @@ def main(argv: list[str] | None = None) -> int:
         help="real times on this CPU: one torch thread, thread CPU time, torch attention "
         "(kvlab's CPU engine settings; default model opt-125m, fp32)",
     )  # fmt: skip
-    parser.add_argument("--model", help="catalog model (default opt-13b; dry: tiny-opt)")
+    parser.add_argument(
+        "--model", help="catalog model (default opt-13b; --cpu: opt-125m; --dry: tiny-opt)"
+    )
     parser.add_argument("--block-size", type=int, default=16, help="KV block size (default 16)")
     parser.add_argument("--passes", type=int, default=1,
                         help="sweeps over every point, median per point (default 1)")  # fmt: skip

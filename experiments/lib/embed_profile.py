@@ -13,11 +13,13 @@ gated MLP 11008; Touvron et al. 2023), so the profile names the catalog's ``llam
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
 from pathlib import Path
 
+from experiments.lib.results import write_atomic
 from sim.cost.profile import FORMAT, read_vidur_profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,12 +54,16 @@ def derive(source: Path) -> tuple[str, dict[str, object]]:
     return buf.getvalue(), meta
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(
+        prog="python -m experiments.lib.embed_profile",
+        description=f"Rewrite {EMBEDDED} from {SOURCE} (takes no arguments).",
+    ).parse_args(argv)
     text, meta = derive(REPO / SOURCE)
     out = REPO / EMBEDDED
     out.mkdir(parents=True, exist_ok=True)
-    (out / "operator_profile.csv").write_text(text)
-    (out / "operator_profile.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_atomic(out / "operator_profile.csv", text)
+    write_atomic(out / "operator_profile.json", json.dumps(meta, indent=2) + "\n")
     print(f"wrote {out}")
 
 
