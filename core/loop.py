@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from core.kv.base import MemoryBreakdown
-from core.metrics.recorder import Recorder
+from core.metrics.recorder import Recorder, ReplicaRecorder
 from core.plan import BatchShape, StepOutcome, StepPlan, new_shape
 from core.request import Request, SequenceGroup
 from core.sched.base import BaseScheduler
@@ -123,7 +123,7 @@ class StepLoop:
 
     scheduler: BaseScheduler
     executor: Executor
-    recorder: Recorder
+    recorder: Recorder | ReplicaRecorder
     on_done: Callable[[int], object] | None = None
     check_every: int = 0
     observer: LoopObserver | None = None

@@ -108,14 +108,20 @@ def simulate(
         dup = next(rid for rid, c in counts.items() if c > 1)
         raise ValueError(f"request id {dup} appears {counts[dup]} times; ids must be unique")
     env = simpy.Environment(initial_time=0.0)  # float from the start, as the engine's clock
-    recorder = Recorder()
+    recorder = Recorder(num_replicas=num_replicas)
     bar = tqdm(total=len(ordered), unit="req", disable=not progress, desc="simulate")
     beams = any(r.sampling.use_beam_search for r in ordered)
     beams_rng = np.random.default_rng(seed) if beams else None
     executor = CostExecutor(cost_model.step_time, beams_rng)
     loops = [
-        StepLoop(make_scheduler(), executor, recorder, bar.update, check_integrity_every)
-        for _ in range(num_replicas)
+        StepLoop(
+            make_scheduler(),
+            executor,
+            recorder if num_replicas == 1 else recorder.for_replica(r),
+            bar.update,
+            check_integrity_every,
+        )
+        for r in range(num_replicas)
     ]
     wakeups: list[simpy.Event | None] = [None] * num_replicas
     state = {"arrivals_done": False}

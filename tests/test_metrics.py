@@ -180,3 +180,38 @@ def test_the_simulator_records_times_as_floats_from_its_first_step() -> None:
     for column in ("first_scheduled_s", "first_token_s", "finish_s"):
         assert frame[column].dtype == np.float64, column
     assert isinstance(result.end_time_s, float)
+
+
+def test_free_slots_while_a_request_is_swapped_out_are_external_fragmentation() -> None:
+    """A request swapped out waits for memory as one waiting for admission does: the same
+    free slots must not count as free under swap and as fragmentation under recompute."""
+    steps = pd.DataFrame({
+        "duration_s": [1.0, 1.0, 1.0], "num_waiting": [1, 0, 0], "num_swapped": [0, 1, 0],
+        "kv_token_states": [60, 60, 60], "kv_reserved": [0, 0, 0], "kv_internal_frag": [0, 0, 0],
+        "kv_allocator_padding": [0, 0, 0], "kv_free": [40, 40, 40],
+    })  # fmt: skip
+    shares = memory_shares(steps)
+    assert shares["kv_external_frag_pct"] == pytest.approx(100 * 80 / 300)
+    assert shares["kv_free_pct"] == pytest.approx(100 * 40 / 300)
+
+
+def test_several_replicas_tag_their_steps() -> None:
+    from sim.cost.recorded import RecordedCostModel
+    from sim.driver import simulate
+
+    reqs = [Request(i, 0.01 * i, 6, 4) for i in range(6)]
+
+    def run(replicas: int) -> pd.DataFrame:
+        make = lambda: build_scheduler("vllm", 64, SchedulerConfig(max_model_len=16), 4)  # noqa: E731
+        result = simulate(reqs, make, RecordedCostModel([0.01] * 100), replicas)
+        return result.recorder.steps_frame()
+
+    one, three = run(1), run(3)
+    assert "replica" not in one.columns
+    assert list(three.columns[:2]) == ["step", "replica"]
+    assert sorted(three["replica"].unique()) == [0, 1, 2]
+    for _, rows in three.groupby("replica"):
+        assert rows["step"].tolist() == list(range(len(rows)))  # each replica its own count
+    assert (
+        summarize(pd.DataFrame(columns=list(REQUEST_COLUMNS)), three.iloc[:0])["busy_time_s"] == 0.0
+    )

@@ -71,6 +71,13 @@ DIGITS = 12  # significant digits of every float digested (see _round)
 # on re-admission, as after its fork (it got a separate copy for each sample). Fewer blocks
 # per re-admitted group: vllm_n2_small_cpu's sharing saving 7.5 -> 13.7%, mean batch
 # 5.26 -> 5.71, throughput +5.6%; vllm_n2's mean batch 5.65 -> 5.72, throughput +0.9%.
+# Re-pinned 2026-12-04 (night), two modelled changes, each checked by reproducing every old
+# digest with the change undone: (1) free slots while a request is swapped out count as
+# external fragmentation, as while one waits for admission (a metrics audit: they counted as
+# free, so Fig. 2's split hung on the preemption mode): vllm_n2's kv_external_frag_pct
+# 5.23 -> 5.66, kv_free_pct 5.38 -> 4.94; vllm_n2_small_cpu and vllm_beam2 move by 0.01;
+# nothing else; (2) a run of several replicas tags each step row with its replica
+# (vllm_3_replicas: the new column alone).
 # The clock the digests were made on, pinned here so that re-sourcing a default efficiency
 # (2026-12-04: compute 0.79 -> 0.72, memory 0.90 -> 0.88) does not move them.
 PINNED_EFFICIENCY = Efficiency().with_values(
@@ -84,13 +91,13 @@ GOLDEN: dict[str, str] = {
     "orca_oracle": "99a89a1dadab3adb",
     "orca_pow2": "53d141edd2248db9",
     "vllm": "01d5a2a186c086f7",
-    "vllm_beam2": "9d58294b5fc762c7",
+    "vllm_beam2": "2390331c4f062ea8",
     "vllm_chunked": "78861f34fea046e4",
-    "vllm_n2": "3e6c3070d7853840",
-    "vllm_n2_small_cpu": "6e4e4d84b82dc70e",
+    "vllm_n2": "4f6fee0eeaa1a8b1",
+    "vllm_n2_small_cpu": "3560ad5bc35b974c",
     "vllm_prefix": "323c12b5150fd109",
     "vllm_swap": "d839d0ce31276ad8",
-    "vllm_3_replicas": "426733ab8027fd70",
+    "vllm_3_replicas": "7d6afbd89b6f937c",
 }
 
 

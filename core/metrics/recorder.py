@@ -79,10 +79,13 @@ REQUEST_COLUMNS = (
 
 class Recorder:
     """Collects step and request rows. ``keep_token_times`` keeps every request's token
-    timestamps for inter-token latency (ITL) statistics."""
+    timestamps for inter-token latency (ITL) statistics. With ``num_replicas > 1`` each
+    replica records through :meth:`for_replica`, and the steps table gains a ``replica``
+    column after ``step`` (each replica numbers its own steps)."""
 
-    def __init__(self, keep_token_times: bool = True) -> None:
+    def __init__(self, keep_token_times: bool = True, num_replicas: int = 1) -> None:
         self._steps: list[tuple] = []
+        self._step_replicas: list[int] | None = [] if num_replicas > 1 else None
         self._requests: list[tuple] = []
         # (request id, token times) of finished requests with two tokens or more; the gaps
         # are taken in one vectorized pass at the end, not one NumPy call per request
@@ -175,6 +178,10 @@ class Recorder:
         if self.keep_token_times and len(group.token_times) > 1:
             self._token_times.append((r.request_id, group.token_times))  # final once finished
 
+    def for_replica(self, replica: int) -> ReplicaRecorder:
+        """What replica ``replica``'s step loop records through."""
+        return ReplicaRecorder(self, replica)
+
     @property
     def num_steps(self) -> int:
         return len(self._steps)
@@ -202,16 +209,22 @@ class Recorder:
 
     def _build_steps(self) -> pd.DataFrame:
         if not self._steps:
-            return pd.DataFrame.from_records(self._steps, columns=list(STEP_COLUMNS))
+            columns = list(STEP_COLUMNS)
+            if self._step_replicas is not None:
+                columns.insert(1, "replica")
+            return pd.DataFrame.from_records(self._steps, columns=columns)
         # One float64 pass over every value, then each column in its dtype: the counts
         # are far below 2**53, so they come back exact (faster than a record array).
         rows, width = len(self._steps), len(STEP_COLUMNS)
         flat = np.fromiter(
             chain.from_iterable(self._steps), dtype=np.float64, count=rows * width
         ).reshape(rows, width)
-        return pd.DataFrame(
+        frame = pd.DataFrame(
             {name: flat[:, i].astype(_STEP_DTYPE[name]) for i, name in enumerate(STEP_COLUMNS)}
         )
+        if self._step_replicas is not None:
+            frame.insert(1, "replica", np.array(self._step_replicas, dtype=np.int64))
+        return frame
 
     def requests_frame(self) -> pd.DataFrame:
         """One row per request, by request id; a new frame on each call."""
@@ -248,3 +261,27 @@ class Recorder:
         ends = np.cumsum(lengths)
         times = np.fromiter(chain.from_iterable(lists), dtype=np.float64, count=int(ends[-1]))
         return np.delete(np.diff(times), ends[:-1] - 1), lengths - 1  # no gaps across requests
+
+
+class ReplicaRecorder:
+    """A replica's view of a shared :class:`Recorder`: the rows it records are the shared
+    recorder's, each step row tagged with ``replica``."""
+
+    def __init__(self, shared: Recorder, replica: int) -> None:
+        if shared._step_replicas is None:
+            raise ValueError("a recorder of one replica has no replica views")
+        self.shared, self.replica = shared, replica
+        self.record_request = shared.record_request
+
+    def record_step(self, *args: Any, **kwargs: Any) -> None:
+        self.shared.record_step(*args, **kwargs)
+        self._tag()
+
+    def record_row(self, *args: Any, **kwargs: Any) -> None:
+        self.shared.record_row(*args, **kwargs)
+        self._tag()
+
+    def _tag(self) -> None:
+        replicas = self.shared._step_replicas
+        assert replicas is not None
+        replicas.append(self.replica)

@@ -10,19 +10,23 @@ miss). kvlab adds:
 
 - ``normalized_latency``: the vLLM paper's metric (§6.1), mean over finished requests of
   end-to-end latency / output length, in s/token;
-- two batch metrics that must not be mixed up (they differ by about 2x for vLLM):
+- two batch metrics that must not be mixed up (for vLLM's 2023 scheduler they part as
+  prompts arrive more often: 1.09x at ShareGPT 2 req/s, 2.3x at Alpaca 30 req/s in the
+  10-minute reproduction):
 
   - ``mean_batch_size``: requests *holding KV* in the running batch, time-weighted mean
     over busy steps (by step duration). This is the paper's Fig. 13 "batched requests".
+    With several replicas it is a replica's batch, and ``busy_time_s`` sums the
+    replicas' busy time.
   - ``mean_step_batch``: requests *computed in a step*, plain mean over steps. A
     prompt-only step of vLLM's 2023 scheduler computes only the prompts it admits while
     the running requests wait, so this is smaller than ``mean_batch_size``.
 
 - ``kv_*_pct``: the time-weighted (by step duration) KV memory breakdown, in percent of
   device KV slots. ``kv_external_frag_pct`` is "external fragmentation & other": slots the
-  allocator's size classes waste plus free slots *while requests wait for admission*
-  (memory that exists but cannot serve them); free slots with nobody waiting are
-  ``kv_free_pct``. The five parts sum to 100;
+  allocator's size classes waste plus free slots *while requests wait for admission or
+  for swap-in* (memory that exists but cannot serve them); free slots with nobody waiting
+  are ``kv_free_pct``. The five parts sum to 100;
 - ``kv_sharing_saving_pct``: memory saved by block sharing (Kwon et al., Fig. 15: blocks
   saved by sharing / blocks needed without sharing), time-weighted as a ratio of
   duration-weighted sums, 100 * sum(w * (logical - physical)) / sum(w * logical), so a step
@@ -60,7 +64,8 @@ def memory_shares(steps: pd.DataFrame) -> dict[str, float]:
     if steps.empty or steps["duration_s"].sum() <= 0:
         return {f"kv_{k}_pct": math.nan for k in keys}
     w = steps["duration_s"].to_numpy()
-    waiting = steps["num_waiting"].to_numpy() > 0
+    # a request swapped out waits for memory as much as one waiting for admission
+    waiting = (steps["num_waiting"].to_numpy() > 0) | (steps["num_swapped"].to_numpy() > 0)
     free = steps["kv_free"].to_numpy(dtype=float)
     parts = {
         "token_states": steps["kv_token_states"].to_numpy(dtype=float),
@@ -147,7 +152,8 @@ def summarize(
 
 def _batch_stats(steps: pd.DataFrame) -> dict[str, float]:
     if steps.empty:
-        return {"num_steps": 0, "mean_batch_size": math.nan, "mean_step_batch": math.nan}
+        return {"num_steps": 0, "mean_batch_size": math.nan, "mean_step_batch": math.nan,
+                "busy_time_s": 0.0}  # fmt: skip
     w = steps["duration_s"].to_numpy()
     wsum = w.sum()
     running = steps["running_requests"].to_numpy(dtype=float)

@@ -2,7 +2,8 @@
 throughput, then TTFT / TPOT / ITL / E2E latency (mean, median, p99), then what kvlab adds:
 the paper's normalized latency, both batch metrics and the KV-memory breakdown.
 
-The two batch metrics differ (about 2x for vLLM): ``mean_batch_size`` counts the requests
+The two batch metrics differ (for vLLM more as prompts arrive more often; see
+:mod:`core.metrics.summary`): ``mean_batch_size`` counts the requests
 holding KV in the running batch, time-weighted over busy steps (the paper's Fig. 13
 "batched requests"); ``mean_step_batch`` counts the requests computed in a step, plain mean
 over steps (a prompt-only step of vLLM's 2023 scheduler computes only the new prompts).
