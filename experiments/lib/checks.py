@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.model_spec import DTYPE_BYTES  # the one table of dtype widths, used here too
 from core.workload.spec import FILE_KINDS, KINDS
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -494,10 +495,6 @@ def check_kv_fits_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
             gib,
             f"at most {limit / 1024**3:.1f} GiB",
         )
-
-
-# bytes per element of the dtypes a run may name (``dtype``); the one table of them
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def check_weights_fit_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
