@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 
 from core.metrics.recorder import STEP_COLUMNS
 from core.metrics.summary import summarize_recorder
-from core.workload.spec import TIMED_KINDS
+from core.workload.spec import arrivals_note
 from experiments.lib.checks import CONFIG_DIR, check_config
 from experiments.lib.cli import apply_exclusive, main_with_checks, run_app
 from experiments.lib.jobs import exit_if_launcher_missing
@@ -115,10 +115,9 @@ def simulate_job(cfg: DictConfig) -> Mapping[str, Any]:
     if metrics is not None:
         log.info("%s: finished before, not run again", out_dir)
         return metrics
-    rate = cfg.workload.get("rate")
-    from_file = rate is None and cfg.workload.get("kind") in TIMED_KINDS
-    where = "arrivals from the workload file" if from_file else f"rate={rate}"
-    return run_app("simulate", cfg, run, lambda m: summary_line(m, where))
+    # after the run (the workload file is known to be readable then): a vllm_bench file
+    # without start_times has its arrivals redrawn, not read
+    return run_app("simulate", cfg, run, lambda m: summary_line(m, arrivals_note(cfg.workload)))
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="simulate", version_base="1.3")

@@ -1,6 +1,8 @@
 """Workloads: synthetic generators fitted to published statistics, and trace readers/writers.
 
-Everything here yields ``list[Request]`` sorted by arrival time (numpy/pandas only).
+Everything here yields ``list[Request]`` (numpy/pandas only). :func:`build_workload` and
+the generators return them sorted by arrival time; ``read_trace`` keeps a native file's row
+order (an exact round trip with ``write_trace``), and ``build_workload`` sorts it.
 """
 
 from core.workload.arrivals import all_at_once, gamma, make_arrivals, poisson

@@ -24,7 +24,9 @@ Procedure that derives the mus (run by :func:`fit`, cached): with the sigmas fix
 filtered means are computed *exactly* from the discretized lognormal pmfs over the filter's
 region ``4 <= p <= 1024, 4 <= o, p + o <= 2048``; ``mu_in`` and ``mu_out`` are then solved
 so both filtered means equal the published ones (alternating bisection; each filtered mean is
-increasing in its own mu). The fit always uses the paper's filter (2048); synthesizing with
+increasing in its own mu; a mu that puts a narrow distribution wholly outside the filter
+reads as too low or too high, and the search interval widens for wide ones, so every sigma
+in [0.05, 3] solves). The fit always uses the paper's filter (2048); synthesizing with
 another ``max_model_len`` changes only the filter, so the means then drift from the targets.
 """
 
@@ -123,13 +125,10 @@ def _pmf(mu: float, sigma: float, kmax: int) -> np.ndarray:
     return pmf
 
 
-def filtered_means(
-    model: LengthModel,
-    max_model_len: int = MAX_MODEL_LEN,
-    max_prompt_len: int = MAX_PROMPT_LEN,
-    min_len: int = MIN_LEN,
-) -> tuple[float, float]:
-    """Exact (prompt, output) means of ``model`` conditioned on passing the filter."""
+def _filtered(
+    model: LengthModel, max_model_len: int, max_prompt_len: int, min_len: int
+) -> tuple[float, float] | None:
+    """Exact filtered (prompt, output) means, or None when no probability passes the filter."""
     p = _pmf(model.mu_input, model.sigma_input, max_prompt_len)
     q = _pmf(model.mu_output, model.sigma_output, max_model_len).copy()
     q[:min_len] = 0.0
@@ -141,14 +140,65 @@ def filtered_means(
     w = p[i] * q_cum[room]
     total = w.sum()
     if total <= 0:
-        raise RequestError("length model puts no probability inside the filter")
+        return None
     mean_in = float((i * w).sum() / total)
     mean_out = float((p[i] * oq_cum[room]).sum() / total)
     return mean_in, mean_out
 
 
+def filtered_means(
+    model: LengthModel,
+    max_model_len: int = MAX_MODEL_LEN,
+    max_prompt_len: int = MAX_PROMPT_LEN,
+    min_len: int = MIN_LEN,
+) -> tuple[float, float]:
+    """Exact (prompt, output) means of ``model`` conditioned on passing the filter; raises
+    RequestError when no probability passes it."""
+    means = _filtered(model, max_model_len, max_prompt_len, min_len)
+    if means is None:
+        raise RequestError("length model puts no probability inside the filter")
+    return means
+
+
+_PAPER_FILTER = (MAX_MODEL_LEN, MAX_PROMPT_LEN, MIN_LEN)
+# When no probability lands inside the filter, a mu below this (the geometric middle of
+# 4..1024) has the distribution below the filter's window, one at or above it, above.
+_WINDOW_MIDDLE = 0.5 * (math.log(MIN_LEN) + math.log(MAX_PROMPT_LEN))
+
+
+def _mean_at(model: LengthModel, which: int, mu: float) -> float:
+    """Filtered mean ``which`` (0 prompt, 1 output) of ``model``, whose varied mu is ``mu``.
+
+    When no probability passes the filter (a narrow distribution far from the window) the
+    result is -inf if ``mu`` lies below the window and +inf if above, so a bisection reads
+    "too low" / "too high" instead of failing.
+    """
+    means = _filtered(model, *_PAPER_FILTER)
+    if means is None:
+        return -math.inf if mu < _WINDOW_MIDDLE else math.inf
+    return means[which]
+
+
+def _bracket(
+    f: Callable[[float], float], target: float, lo: float, hi: float
+) -> tuple[float, float]:
+    """Widen [lo, hi] (steps of its width, at most 4 each way) until ``f(lo) < target <=
+    f(hi)`` for increasing ``f``; a bracket that already holds the root is returned as is."""
+    width = hi - lo
+    for _ in range(4):
+        if f(lo) < target:
+            break
+        lo, hi = lo - width, lo
+    for _ in range(4):
+        if f(hi) >= target:
+            break
+        lo, hi = hi, hi + width
+    return lo, hi
+
+
 def _bisect(f: Callable[[float], float], target: float, lo: float, hi: float) -> float:
-    """Root of increasing ``f(x) = target`` in [lo, hi]."""
+    """Root of increasing ``f(x) = target``, searched in [lo, hi] widened by :func:`_bracket`."""
+    lo, hi = _bracket(f, target, lo, hi)
     for _ in range(100):
         mid = 0.5 * (lo + hi)
         if f(mid) < target:
@@ -179,18 +229,24 @@ def solve_mus(stats: DatasetStats, tol: float = 1e-9, max_iter: int = 200) -> Le
     lo, hi = -5.0, 15.0
 
     def mean_in_at(mu_input: float, mu_output: float) -> float:
-        return filtered_means(LengthModel(mu_input, sig_in, mu_output, sig_out))[0]
+        return _mean_at(LengthModel(mu_input, sig_in, mu_output, sig_out), 0, mu_input)
 
     def mean_out_at(mu_input: float, mu_output: float) -> float:
-        return filtered_means(LengthModel(mu_input, sig_in, mu_output, sig_out))[1]
+        return _mean_at(LengthModel(mu_input, sig_in, mu_output, sig_out), 1, mu_output)
 
     for _ in range(max_iter):
         mu_in = _bisect(partial(mean_in_at, mu_output=mu_out), stats.mean_input, lo, hi)
         mu_out = _bisect(partial(mean_out_at, mu_in), stats.mean_output, lo, hi)
-        got_in, got_out = filtered_means(LengthModel(mu_in, sig_in, mu_out, sig_out))
-        if abs(got_in - stats.mean_input) < tol and abs(got_out - stats.mean_output) < tol:
+        got = _filtered(LengthModel(mu_in, sig_in, mu_out, sig_out), *_PAPER_FILTER)
+        if got is None:
+            continue
+        if abs(got[0] - stats.mean_input) < tol and abs(got[1] - stats.mean_output) < tol:
             return LengthModel(mu_in, sig_in, mu_out, sig_out)
-    raise RequestError(f"length fit did not converge for {stats}")
+    raise RequestError(
+        f"length fit did not converge: no lognormals with sigma_input={sig_in}, "
+        f"sigma_output={sig_out} give filtered means {stats.mean_input} / "
+        f"{stats.mean_output}; choose other sigmas"
+    )
 
 
 @cache

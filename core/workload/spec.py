@@ -10,16 +10,19 @@ only kinds that make token ids read.
 - ``synthetic``: fitted ``dataset`` lengths with an arrival process (see
   :func:`core.workload.synthetic.synthesize`).
 - ``shared_prefix`` / ``multi_turn``: the Fig. 16 / Fig. 17 generators.
-- ``native`` / ``azure`` / ``mooncake`` / ``vidur``: trace files with their own arrival times;
-  ``num_requests`` keeps the first that many, ``duration_s`` keeps arrivals before it;
-  ``apply_filter`` (vLLM's 2023 length filter, :mod:`core.workload.filters`) is on by
-  default except for ``azure``, a production trace served row for row.
+- ``native`` / ``azure`` / ``mooncake`` / ``vidur``: trace files with their own arrival times,
+  sorted by them (``native``: ties by request id); ``num_requests`` keeps the first that
+  many, ``duration_s`` keeps arrivals before it; ``apply_filter`` (vLLM's 2023 length
+  filter, :mod:`core.workload.filters`) is on by default except for ``azure``, a production
+  trace served row for row.
 - ``vllm_log``: a real vLLM run directory (``requests.jsonl``): the recorded arrivals
   (``queued_ts − min``) and lengths, and the prompts' token ids from ``tokens_path`` (the
   workload JSONL that was sent) when given, so prefix hits replay
   (:mod:`core.workload.vllm_log`); ``vllm_bench``: a ``vllm bench serve --save-detailed``
-  JSON: its lengths with arrivals redrawn at its ``request_rate`` and ``burstiness`` (it
-  saves no arrival times).
+  JSON: its served requests' lengths (failed rows dropped and counted in a warning) with
+  its ``start_times`` minus the earliest as arrivals, or, when it has none or ``rate`` is
+  set, arrivals redrawn at ``rate`` or its ``request_rate`` and ``burstiness`` (logged);
+  ``num_requests`` counts requests kept (a warning when the file holds fewer).
 - ``sharegpt_json`` / ``alpaca_json``: dataset files without timestamps; requests are drawn
   (seeded, without replacement while the file lasts) and given arrivals from the arrival
   process, or all at t = 0 when ``rate`` is None.
@@ -30,6 +33,8 @@ sampling stored per request.
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
@@ -57,6 +62,8 @@ from core.workload.vllm_log import (
     requests_from_log,
 )
 
+log = logging.getLogger(__name__)
+
 KINDS: tuple[str, ...] = (
     "synthetic",
     "native",
@@ -74,7 +81,8 @@ FILE_KINDS = frozenset(
     {"native", "azure", "sharegpt_json", "alpaca_json", "mooncake", "vidur", "vllm_log"}
     | {"vllm_bench"}
 )
-# file kinds whose arrivals come from the file (vllm_bench: drawn at the file's rate)
+# file kinds whose arrivals come from the file (vllm_bench: its start_times, or drawn at
+# its request_rate when it has none; see arrivals_note)
 TIMED_KINDS = frozenset({"native", "azure", "mooncake", "vidur", "vllm_log", "vllm_bench"})
 # kinds that keep every row by default: a real production trace is served as recorded, a
 # row longer than max_model_len rejected by the scheduler with its reason
@@ -175,6 +183,12 @@ def _window(requests: list[Request], c: Mapping[str, Any]) -> list[Request]:
     return requests
 
 
+def _by_arrival(requests: list[Request]) -> list[Request]:
+    """``requests`` sorted by arrival time, ties by request id (a file's rows may be in any
+    order; every workload is sorted by arrival)."""
+    return sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
+
+
 def _with_sampling(requests: list[Request], sampling: SamplingParams) -> list[Request]:
     return [replace(r, sampling=sampling) for r in requests]
 
@@ -207,19 +221,89 @@ def _window_log(logged: list[LoggedRequest], c: Mapping[str, Any]) -> list[Logge
     return logged
 
 
-def _from_bench(
-    bench: BenchResult, c: Mapping[str, Any], seed: int, sampling: SamplingParams
-) -> list[Request]:
-    """A bench result's lengths with arrivals drawn at its rate (``rate`` overrides)."""
-    rate = c["rate"] if c["rate"] is not None else bench.request_rate
-    n = len(bench.input_lens) if c["num_requests"] is None else int(c["num_requests"])
-    kind = "gamma" if rate is not None else "all_at_once"
-    times = make_arrivals(kind, rate, n, None, bench.burstiness, np.random.default_rng(seed))
-    return [
-        Request(i, float(t), p, o, sampling)
-        for i, (t, p, o) in enumerate(zip(times, bench.input_lens, bench.output_lens, strict=False))
-        if p >= 1 and o >= 1
+def _bench_drop_reason(prompt: int, output: int, success: bool) -> str | None:
+    """Why a bench result row is not a request (None: it is one)."""
+    if not success:
+        return "successes false"
+    if output < 1:
+        return "output_lens 0"
+    return "input_lens 0" if prompt < 1 else None
+
+
+def _bench_kept_rows(bench: BenchResult, path: str) -> list[int]:
+    """Rows of a bench result that were served (lengths >= 1, not marked failed); the
+    dropped ones are counted, with why, in a warning."""
+    n = len(bench.input_lens)
+    ok = bench.successes if bench.successes is not None else [True] * n
+    reasons = [
+        _bench_drop_reason(bench.input_lens[r], bench.output_lens[r], ok[r]) for r in range(n)
     ]
+    kept = [r for r in range(n) if reasons[r] is None]
+    if len(kept) < n:
+        counts = Counter(r for r in reasons if r is not None)
+        detail = ", ".join(f"{k} {why}" for why, k in sorted(counts.items()))
+        log.warning(
+            "%s: dropped %d of %d rows, failed requests (%s)", path, n - len(kept), n, detail
+        )
+    return kept
+
+
+def _bench_arrivals(
+    bench: BenchResult, rows: list[int], c: Mapping[str, Any], seed: int, path: str
+) -> list[float]:
+    """Arrival of each of ``rows`` (in that order): the file's ``start_times`` minus the
+    earliest (of any row) unless ``rate`` is set; else drawn (gamma at the file's
+    burstiness) at ``rate`` or the file's ``request_rate``, all at t = 0 when that is inf."""
+    if bench.start_times is not None and c["rate"] is None:
+        t0 = min(bench.start_times)
+        log.info("%s: arrivals from the file's start_times", path)
+        return [bench.start_times[r] - t0 for r in rows]
+    rate = c["rate"] if c["rate"] is not None else bench.request_rate
+    kind = "gamma" if rate is not None else "all_at_once"
+    how = f"gamma at {rate} req/s, burstiness {bench.burstiness}" if rate else "all at t=0"
+    why = "rate is set" if c["rate"] is not None else "the file has no start_times"
+    log.info("%s: arrivals redrawn (%s; %s)", path, how, why)
+    rng = np.random.default_rng(seed)
+    return [float(t) for t in make_arrivals(kind, rate, len(rows), None, bench.burstiness, rng)]
+
+
+def _from_bench(
+    bench: BenchResult, c: Mapping[str, Any], seed: int, sampling: SamplingParams, path: str
+) -> list[Request]:
+    """A bench result's served requests, sorted by arrival (ties: file order), ids 0, 1, ...
+    in that order; ``num_requests`` keeps the first that many (the earliest when arrivals
+    are the file's; a warning when it holds fewer). Arrivals: :func:`_bench_arrivals`."""
+    rows = _bench_kept_rows(bench, path)
+    want = None if c["num_requests"] is None else int(c["num_requests"])
+    if want is not None and want > len(rows):
+        log.warning(
+            "%s: num_requests=%d but the file holds %d usable requests; using %d",
+            path, want, len(rows), len(rows),
+        )  # fmt: skip
+    if bench.start_times is None or c["rate"] is not None:
+        rows = rows[:want]  # drawn arrivals go to the file's first rows
+    times = _bench_arrivals(bench, rows, c, seed, path)
+    order = sorted(range(len(rows)), key=lambda k: (times[k], k))[:want]
+    return [
+        Request(i, times[k], bench.input_lens[rows[k]], bench.output_lens[rows[k]], sampling)
+        for i, k in enumerate(order)
+    ]
+
+
+def arrivals_note(cfg: Mapping[str, Any]) -> str:
+    """Where a run's arrivals come from, for its summary line: ``rate=<rate>``, "arrivals
+    from the workload file", or, for a ``vllm_bench`` file without ``start_times``,
+    "arrivals redrawn at the file's request_rate"."""
+    rate, kind = cfg.get("rate"), cfg.get("kind")
+    if rate is not None or kind not in TIMED_KINDS:
+        return f"rate={rate}"
+    if kind == "vllm_bench":
+        bench = read_bench_result(str(cfg.get("path")))
+        if bench.start_times is None and bench.request_rate is None:
+            return "arrivals all at t=0 (the file's request_rate is inf, no start_times)"
+        if bench.start_times is None:
+            return f"arrivals redrawn at the file's request_rate={bench.request_rate}"
+    return "arrivals from the workload file"
 
 
 def build_workload(
@@ -263,9 +347,9 @@ def build_workload(
             ids = read_token_ids(c["tokens_path"], logged)
         return requests_from_log(logged, ids, sampling)
     if kind == "vllm_bench":
-        return _from_bench(read_bench_result(path), c, seed, sampling)
+        return _from_bench(read_bench_result(path), c, seed, sampling, path)
     if kind == "native":
-        return _window(read_trace(path), c)
+        return _window(_by_arrival(read_trace(path)), c)
     timed: dict[str, Callable[..., list[Request]]] = {
         "azure": read_azure_trace,
         "mooncake": read_mooncake_trace,

@@ -7,7 +7,8 @@ Native format, CSV with a first line ``# kvlab-trace v1`` and then the header::
 
 Floats are written with ``repr`` (shortest string that parses back to the same double), ``seed``
 is empty for None, ``prompt_token_ids`` is space-separated ids or empty. Rows keep their ids
-and order.
+and order (an exact round trip, even of rows out of arrival order); ``build_workload`` sorts
+them by arrival (ties by request id) before windowing.
 
 Readers of public traces (Azure LLM-inference CSV, Mooncake JSONL, Vidur CSV) share one policy:
 rows are sorted by arrival time (stable; out-of-order rows are accepted, not an error), arrival
@@ -24,6 +25,7 @@ import csv
 import json
 import logging
 import math
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -98,8 +100,9 @@ def _float(path: PathLike, line: int, name: str, text: str) -> float:
 
 
 def _read_text(path: PathLike) -> list[str]:
+    """The lines of a UTF-8 text file (a leading byte-order mark is not part of them)."""
     try:
-        return Path(path).read_text(encoding="utf-8").splitlines()
+        return Path(path).read_text(encoding="utf-8-sig").splitlines()  # a BOM is dropped
     except FileNotFoundError:
         raise TraceFormatError(path, "file", "no such file") from None
     except UnicodeDecodeError as exc:
@@ -220,7 +223,8 @@ def _native_row(path: PathLike, line: int, row: dict[str, str]) -> Request:
 
 
 def read_trace(path: PathLike) -> list[Request]:
-    """Read a native trace written by :func:`write_trace`."""
+    """Read a native trace written by :func:`write_trace`, in file order (rows out of
+    arrival order are accepted; ``build_workload`` sorts them by arrival)."""
     lines = _read_text(path)
     if not lines or lines[0].strip() != NATIVE_MAGIC:
         raise TraceFormatError(path, 1, f"first line must be {NATIVE_MAGIC!r}")
@@ -298,18 +302,49 @@ def _to_requests(
     return out
 
 
+# YYYY-MM-DD[ HH:MM:SS] (anything datetime.fromisoformat reads, without a '.'), then an
+# optional fraction of up to 9 digits, then an optional UTC offset (Z, ±HH:MM or ±HHMM)
+_TIMESTAMP = re.compile(
+    r"(?P<body>[^.]*?)(?:\.(?P<frac>\d{1,9}))?(?P<offset>[Zz]|[+-]\d{2}:?\d{2})?"
+)
+
+
 def _timestamp_ns(path: PathLike, line: int, text: str) -> int:
-    """``YYYY-MM-DD HH:MM:SS[.fraction]`` (up to 9 fraction digits) as integer ns (naive)."""
-    s = text.strip()
-    main, _, frac = s.partition(".")
+    """``YYYY-MM-DD HH:MM:SS[.fraction][offset]`` as integer ns since the epoch, in UTC.
+
+    Up to 9 fraction digits; the offset is ``Z``, ``±HH:MM`` or ``±HHMM`` (the Azure 2024
+    release writes ``+00:00``) and is subtracted; a time without one is taken as UTC (the
+    2023 release's naive times). Anything else is a :class:`TraceFormatError` naming the line.
+    """
+    match = _TIMESTAMP.fullmatch(text.strip())
     try:
-        dt = datetime.fromisoformat(main)
+        if match is None:
+            raise ValueError
+        dt = datetime.fromisoformat(match["body"])
     except ValueError:
-        raise TraceFormatError(path, line, f"unparsable TIMESTAMP {text!r}") from None
-    if frac and (not frac.isdigit() or len(frac) > 9):
-        raise TraceFormatError(path, line, f"unparsable TIMESTAMP fraction in {text!r}")
-    seconds = (dt.replace(tzinfo=None) - _EPOCH) // timedelta(seconds=1)
-    return seconds * 10**9 + int(frac.ljust(9, "0") or "0")
+        raise TraceFormatError(
+            path, line, f"unparsable TIMESTAMP {text!r} (expected YYYY-MM-DD HH:MM:SS"
+            "[.fraction][+HH:MM|Z])",
+        ) from None  # fmt: skip
+    offset_s = _offset_s(path, line, text, match["offset"])
+    if dt.tzinfo is not None:  # an offset fromisoformat read (e.g. "+05")
+        if match["offset"] or match["frac"]:
+            raise TraceFormatError(path, line, f"unparsable TIMESTAMP {text!r}")
+        offset_s = int(dt.utcoffset() // timedelta(seconds=1))
+    seconds = (dt.replace(tzinfo=None, microsecond=0) - _EPOCH) // timedelta(seconds=1)
+    frac_ns = int((match["frac"] or "").ljust(9, "0")) + dt.microsecond * 1000
+    return (seconds - offset_s) * 10**9 + frac_ns
+
+
+def _offset_s(path: PathLike, line: int, text: str, offset: str | None) -> int:
+    """Seconds east of UTC of a TIMESTAMP's offset text (``Z``, ``±HH:MM``, ``±HHMM``)."""
+    if offset is None or offset in ("Z", "z"):
+        return 0
+    hours, minutes = int(offset[1:3]), int(offset[-2:])
+    if hours > 23 or minutes > 59:
+        raise TraceFormatError(path, line, f"TIMESTAMP offset {offset!r} out of range in {text!r}")
+    sign = -1 if offset[0] == "-" else 1
+    return sign * (hours * 3600 + minutes * 60)
 
 
 def read_azure_trace(
@@ -324,7 +359,8 @@ def read_azure_trace(
     """Azure LLM-inference trace CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
     Patel et al., "Splitwise", ISCA 2024 (AzurePublicDataset, CC-BY 4.0). Timestamps are
-    naive date-times; arrivals are seconds after the earliest one.
+    date-times, naive (2023 release, taken as UTC) or with a UTC offset (2024 release,
+    ``+00:00``), see :func:`_timestamp_ns`; arrivals are seconds after the earliest one.
     """
     lines = _read_text(path)
     cols = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

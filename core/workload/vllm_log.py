@@ -18,10 +18,14 @@ object per line with ``input_tok_ids``), matched by the row in each ``request_id
 request has a distinct one, else by the log's order, so prefix-cache hits replay.
 
 ``vllm bench serve --save-result --save-detailed`` JSON is read as far as it allows: it
-has per-request ``input_lens``, ``output_lens``, ``ttfts`` and ``itls`` but no arrival
-times (only ``request_rate`` and ``burstiness``, so arrivals must be redrawn), no
-queueing or scheduling timestamps, no end-to-end times other than TTFT + sum(ITL), and
-no token ids (prompts are not saved).
+has per-request ``input_lens``, ``output_lens``, ``ttfts`` and ``itls``; current vLLM also
+saves ``start_times`` (each request's send time on the client's clock), which give the
+arrivals; older files have only ``request_rate`` and ``burstiness``, so arrivals must be
+redrawn. A failed request has ``output_lens`` 0 (or ``successes`` false where saved). There
+are no queueing or scheduling timestamps, no end-to-end times other than TTFT + sum(ITL),
+and no token ids (prompts are not saved). A file written with ``--append-result`` holds one
+JSON object per run; it is refused with a line saying how many, since which run to replay
+is the user's choice.
 
 Malformed input raises :class:`~core.workload.trace_io.TraceFormatError` naming the file,
 the line and the key: missing fields, negative durations (a timestamp before the one it
@@ -51,6 +55,7 @@ ORDER = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
 # timestamps are not on two clocks one offset apart.
 CLOCK_TOLERANCE_S = 5.0
 _ROW_ID = re.compile(r"-(\d+)$")
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +112,7 @@ def read_vllm_log(run_dir: str | Path) -> list[LoggedRequest]:
         raise TraceFormatError(
             path, "file", "not found (a vLLM run directory holds requests.jsonl)"
         )
-    raw = list(jsonl_objects(path, path.read_text(encoding="utf-8").splitlines()))
+    raw = list(jsonl_objects(path, path.read_text(encoding="utf-8-sig").splitlines()))
     if not raw:
         raise TraceFormatError(path, "file", "no requests")
     rows = []
@@ -181,7 +186,7 @@ def read_token_ids(path: str | Path, logged: list[LoggedRequest]) -> list[tuple[
     if not path.is_file():
         raise TraceFormatError(path, "file", "not found")
     rows: list[tuple[int, tuple[int, ...]]] = []  # (line, ids) per row
-    for line, obj in jsonl_values(path, path.read_text(encoding="utf-8").splitlines()):
+    for line, obj in jsonl_values(path, path.read_text(encoding="utf-8-sig").splitlines()):
         ids = obj.get("input_tok_ids") if isinstance(obj, dict) else None
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise TraceFormatError(path, line, "missing key 'input_tok_ids' (a list of ints)")
@@ -227,7 +232,8 @@ def requests_from_log(
 
 @dataclass(frozen=True, slots=True)
 class BenchResult:
-    """What ``vllm bench serve --save-result --save-detailed`` JSON holds per request."""
+    """What ``vllm bench serve --save-result --save-detailed`` JSON holds per request;
+    ``start_times`` (send times, seconds) and ``successes`` are None when not saved."""
 
     input_lens: list[int]
     output_lens: list[int]
@@ -236,18 +242,15 @@ class BenchResult:
     request_rate: float | None
     burstiness: float
     duration: float | None
+    start_times: list[float] | None = None
+    successes: list[bool] | None = None
 
 
 def read_bench_result(path: str | Path) -> BenchResult:
     """Parse a ``vllm bench serve --save-detailed`` result JSON (see the module doc for
     what it lacks); errors name the key."""
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise TraceFormatError(path, "file", f"not a readable JSON file ({e})") from None
-    if not isinstance(doc, dict):
-        raise TraceFormatError(path, "file", "expected a JSON object")
+    doc = _bench_doc(path)
     for key in ("input_lens", "output_lens", "ttfts"):
         if not isinstance(doc.get(key), list):
             raise TraceFormatError(
@@ -277,7 +280,68 @@ def read_bench_result(path: str | Path) -> BenchResult:
         rate,
         1.0 if burstiness is None else _bench_number(path, "burstiness", burstiness, True),
         None if duration is None else _bench_number(path, "duration", duration),
+        _start_times(path, doc.get("start_times"), n),
+        _successes(path, doc.get("successes"), n),
     )
+
+
+def _bench_doc(path: Path) -> dict[str, Any]:
+    """The one JSON object of a bench result file; a file of several (``--append-result``)
+    is refused with a line saying how many and how to keep one."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TraceFormatError(path, "file", f"not a readable JSON file ({e})") from None
+    docs = _json_documents(path, text)
+    if len(docs) > 1:
+        raise TraceFormatError(
+            path, "file", f"holds {len(docs)} results (one JSON object per run, as "
+            f"--append-result writes them); copy the run to replay into its own file, e.g. "
+            f"the last: tail -n 1 {path} > one.json",
+        )  # fmt: skip
+    if not docs or not isinstance(docs[0], dict):
+        raise TraceFormatError(path, "file", "expected a JSON object")
+    return docs[0]
+
+
+def _json_documents(path: Path, text: str) -> list[Any]:
+    """The JSON values written one after another in ``text`` (whitespace between them)."""
+    decoder = json.JSONDecoder()
+    docs: list[Any] = []
+    pos = _JSON_SPACE.match(text).end()
+    while pos < len(text):
+        try:
+            value, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            raise TraceFormatError(path, "file", f"not a readable JSON file ({e})") from None
+        docs.append(value)
+        pos = _JSON_SPACE.match(text, end).end()
+    return docs
+
+
+def _start_times(path: Path, values: Any, n: int) -> list[float] | None:
+    """``start_times``: None when absent, else ``n`` finite numbers (any clock origin)."""
+    if values is None:
+        return None
+    if not isinstance(values, list) or len(values) != n:
+        raise TraceFormatError(path, "key 'start_times'", f"expected {n} numbers, one a request")
+    for i, v in enumerate(values):
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok:
+            raise TraceFormatError(path, f"key 'start_times[{i}]'", f"{v!r} is not a finite number")
+    return [float(v) for v in values]
+
+
+def _successes(path: Path, values: Any, n: int) -> list[bool] | None:
+    """``successes``: None when absent, else ``n`` booleans."""
+    if values is None:
+        return None
+    if not isinstance(values, list) or len(values) != n:
+        raise TraceFormatError(path, "key 'successes'", f"expected {n} booleans")
+    for i, v in enumerate(values):
+        if not isinstance(v, bool):
+            raise TraceFormatError(path, f"key 'successes[{i}]'", f"{v!r} is not true/false")
+    return list(values)
 
 
 def _bench_number(path: Path, key: str, value: Any, positive: bool = False) -> float:
