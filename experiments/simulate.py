@@ -84,14 +84,16 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
 
 
 def unfinished_at_last_arrival(requests: Any) -> float:
-    """The share of the trace's requests still unfinished when its last request arrives
-    (NaN without requests): about mean latency / trace length when the system keeps up,
-    and at least the excess share (rate - capacity) / rate when it does not."""
+    """The share of the trace's requests admitted but still unfinished when its last
+    request arrives (NaN without requests): about mean latency / trace length when the
+    system keeps up, and at least the excess share (rate - capacity) / rate when it does
+    not. A rejected request is not waiting for anything and is not counted."""
     if not len(requests):
         return float("nan")
     last = float(requests["arrival_s"].max())
     done = requests["finish_s"].notna() & (requests["finish_s"] <= last)
-    return float((~done).sum() / len(requests))
+    rejected = requests["status"] == "rejected"
+    return float((~done & ~rejected).sum() / len(requests))
 
 
 def _cost_doc(cost_model: Any) -> dict[str, Any]:

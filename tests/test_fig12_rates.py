@@ -282,3 +282,16 @@ def test_gap_line_says_undecided_when_the_resolution_straddles_the_paper_bound()
     line = fig12_rates.gap_line(panel, clear)
     assert "vLLM / Orca (Max) = 4.00× (paper 2.7–8×: inside)" in line
     assert "not decided" not in line
+
+
+def test_a_rejected_request_is_not_counted_as_unfinished() -> None:
+    import pandas as pd
+
+    from experiments.simulate import unfinished_at_last_arrival
+
+    requests = pd.DataFrame({
+        "arrival_s": [0.0, 1.0, 2.0, 3.0], "finish_s": [0.5, None, 9.0, 3.5],
+        "status": ["finished", "rejected", "finished", "finished"],
+    })  # fmt: skip
+    # at t=3 requests 2 and 3 are still running; request 1 was rejected, not waiting
+    assert unfinished_at_last_arrival(requests) == 0.5
