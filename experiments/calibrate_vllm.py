@@ -94,8 +94,10 @@ def split_ids(logged: list[LoggedRequest], split: float) -> tuple[set[int], set[
 
 def part_metrics(frame: pd.DataFrame, ids: set[int]) -> dict[str, float]:
     """The ``METRICS`` of the requests ``ids`` (throughputs over their own makespan: first
-    arrival to last finish)."""
+    arrival to last finish; output tokens count every sample, as ``summarize`` does, where
+    the frame says how many a request has)."""
     part = frame[frame["request_id"].isin(ids)]
+    samples = part["num_seqs"] if "num_seqs" in part.columns else 1
     makespan = float(part["finish_s"].max() - part["arrival_s"].min())
     tpot = part["tpot_s"].dropna().to_numpy(dtype=float)
     ttft = part["ttft_s"].to_numpy(dtype=float)
@@ -107,7 +109,7 @@ def part_metrics(frame: pd.DataFrame, ids: set[int]) -> dict[str, float]:
         "p99_tpot_ms": float(np.percentile(tpot, 99) * 1e3),
         "mean_e2el_ms": float(part["e2el_s"].mean() * 1e3),
         "request_throughput": len(part) / makespan,
-        "output_throughput": float(part["output_len"].sum()) / makespan,
+        "output_throughput": float((part["output_len"] * samples).sum()) / makespan,
         "makespan_s": makespan,
     }
 

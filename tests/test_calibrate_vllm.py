@@ -266,3 +266,17 @@ def test_the_printed_simulate_command_replays_the_calibrated_run(tmp_path: Path)
     frame = pd.read_csv(tmp_path / "sim" / "requests.csv")
     held = split_ids(read_vllm_log(run), 0.5)[1]
     assert part_metrics(frame, held) == pytest.approx(result["predicted"]["calibrated"])
+
+
+def test_part_metrics_count_every_sample_as_summarize_does() -> None:
+    import pandas as pd
+
+    from experiments.calibrate_vllm import part_metrics
+
+    frame = pd.DataFrame({
+        "request_id": [0, 1], "arrival_s": [0.0, 0.0], "finish_s": [1.0, 2.0],
+        "output_len": [10, 10], "num_seqs": [1, 4], "ttft_s": [0.1, 0.2],
+        "tpot_s": [0.01, 0.02], "e2el_s": [1.0, 2.0],
+    })  # fmt: skip
+    assert part_metrics(frame, {0, 1})["output_throughput"] == 50 / 2.0
+    assert part_metrics(frame.drop(columns="num_seqs"), {0, 1})["output_throughput"] == 10.0
