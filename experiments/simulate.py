@@ -26,7 +26,6 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from core.metrics.recorder import STEP_COLUMNS
 from core.metrics.summary import summarize_recorder
 from core.workload.spec import arrivals_note
 from experiments.lib.checks import CONFIG_DIR, check_config
@@ -64,7 +63,7 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
     )
     wall = time.perf_counter() - t0
     rec = result.recorder
-    requests, steps = rec.requests_frame(), RowTable(STEP_COLUMNS, rec.step_rows())
+    requests, steps = rec.requests_frame(), RowTable(*rec.step_table())
     metrics = summarize_recorder(rec, c.get("slo_ms"))
     metrics.update(
         system=c["system"]["name"],

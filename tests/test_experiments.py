@@ -40,6 +40,14 @@ def test_simulate_writes_result_files_with_bench_keys(tmp_path):
     assert steps["duration_s"].gt(0).all()
 
 
+def test_a_run_of_several_replicas_writes_whose_step_each_row_is(tmp_path):
+    run(compose_config([*SMALL, "num_replicas=2"]), tmp_path)
+    steps = pd.read_csv(tmp_path / "steps.csv")
+    assert list(steps.columns[:2]) == ["step", "replica"]
+    assert set(steps["replica"]) == {0, 1}
+    assert not steps.duplicated(["replica", "step"]).any()
+
+
 def test_same_seed_same_metrics_different_seed_differs():
     def key_metrics(seed):
         m = run(compose_config([*SMALL, f"seed={seed}"]))

@@ -201,6 +201,16 @@ class Recorder:
         for ``start_s`` and ``duration_s``): :meth:`steps_frame` without the frame."""
         return list(self._steps)
 
+    def step_table(self) -> tuple[tuple[str, ...], list[tuple]]:
+        """The columns and rows of ``steps.csv``: :meth:`step_rows` under
+        :data:`STEP_COLUMNS`, with each row's replica after ``step`` in a run of several
+        replicas (as :meth:`steps_frame`)."""
+        if self._step_replicas is None:
+            return STEP_COLUMNS, self.step_rows()
+        columns = (STEP_COLUMNS[0], "replica", *STEP_COLUMNS[1:])
+        rows = [(r[0], k, *r[1:]) for r, k in zip(self._steps, self._step_replicas, strict=True)]
+        return columns, rows
+
     def steps_frame(self) -> pd.DataFrame:
         """One row per step; ``start_s`` and ``duration_s`` are floats, every other column
         an integer count. A new frame on each call (a copy of the one built, through a
