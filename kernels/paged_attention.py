@@ -176,8 +176,8 @@ def _merge_kernel(
     SPLITS_P2: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
-    if token >= tl.load(qsl_ptr + num_seqs):
-        return  # a padding row: its partitions were never written, and it stays untouched
+    if token < tl.load(qsl_ptr) or token >= tl.load(qsl_ptr + num_seqs):
+        return  # not a sequence's row: its partitions were never written; it stays untouched
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_P2)
     split_ok = splits < NUM_SPLITS
@@ -187,7 +187,7 @@ def _merge_kernel(
     ml_off = (splits * num_tokens + token) * NUM_HEADS + head
     m = tl.load(part_m_ptr + ml_off, mask=split_ok, other=float("-inf"))
     l = tl.load(part_l_ptr + ml_off, mask=split_ok, other=0.0)
-    m_max = tl.max(m, axis=0)  # finite: split 0 always holds key 0, visible to every query
+    m_max = tl.max(m, axis=0)  # finite for valid input: split 0 holds key 0, seen by every query
     w = tl.where(split_ok & (m > float("-inf")), tl.exp2(m - m_max), 0.0)
     mask = split_ok[:, None] & dim_ok[None, :]
     acc = tl.load(part_out_ptr + ml_off[:, None] * HEAD_DIM + dims[None, :], mask=mask, other=0.0)
@@ -277,8 +277,11 @@ def _check_lengths(
     context at least its query and within the bounds, every block it uses in the cache."""
     num_blocks, block_size = k_cache.shape[:2]
     qsl = query_start_loc.tolist()
-    if qsl[0] < 0 or qsl[-1] > num_tokens:
-        raise ValueError(f"query_start_loc spans rows {qsl[0]}..{qsl[-1]} of {num_tokens}")
+    if qsl[0] != 0 or qsl[-1] > num_tokens:
+        raise ValueError(
+            f"query_start_loc must start at 0 and end within {num_tokens} rows, got "
+            f"{qsl[0]}..{qsl[-1]}"
+        )
     for i, (start, end, ctx) in enumerate(
         zip(qsl[:-1], qsl[1:], context_lens.tolist(), strict=True)
     ):
@@ -290,7 +293,13 @@ def _check_lengths(
                 f"sequence {i}: context_len {ctx} must be >= its query_len {q_len} and "
                 f"<= max_context_len {max_context_len}"
             )
-        for block in block_tables[i, : -(-ctx // block_size)].tolist():
+        needed = -(-ctx // block_size)
+        if needed > block_tables.shape[1]:
+            raise ValueError(
+                f"sequence {i}: context_len {ctx} needs {needed} blocks of {block_size} tokens, "
+                f"but block_tables has {block_tables.shape[1]} columns"
+            )
+        for block in block_tables[i, :needed].tolist():
             if not 0 <= block < num_blocks:
                 raise ValueError(f"sequence {i}: block id {block} outside 0..{num_blocks - 1}")
 
@@ -353,14 +362,16 @@ def paged_attention(
     and mixed batches. ``H`` must be a multiple of the cache's ``KVH`` (GQA/MQA). Inputs may
     be fp32, fp16 or bf16 (one dtype for q and the caches); accumulation is fp32 and ``out``
     gets q's dtype. ``max_query_len`` / ``max_context_len`` must bound the true lengths (they
-    size the grid and the split partitions; passing them avoids a device sync), and
-    ``block_tables`` needs ``ceil(max_context_len / block_size)`` columns. Every row of the
-    sequences' tokens is written; rows past ``query_start_loc[-1]`` are left untouched, split
-    or not. ``num_splits=None`` picks splits with ``choose_num_splits`` (never splits on CPU).
+    size the grid and the split partitions; passing them avoids a device sync);
+    ``query_start_loc[0]`` is 0 and sequence ``i``'s row of ``block_tables`` holds
+    ``ceil(context_lens[i] / block_size)`` blocks. Every row of the sequences' tokens is
+    written; rows outside them (past ``query_start_loc[-1]``) are left untouched, split or
+    not. ``num_splits=None`` picks splits with ``choose_num_splits`` (never splits on CPU).
 
-    Raises ``ValueError`` on a contract broken on the host. On CPU the per-sequence lengths
-    and block ids are checked too; on CUDA they are not (a device sync), and a block id outside
-    the cache is masked in the kernel rather than read.
+    Raises ``ValueError`` on a contract broken on the host. On CPU the per-sequence lengths,
+    table widths and block ids are checked too; on CUDA they are not (a device sync): the
+    kernel never reads past the table or outside the cache, and a query whose keys were all
+    outside comes out NaN, not an error.
     """
     _check_inputs(q, k_cache, v_cache, query_start_loc, context_lens, block_tables)
     num_tokens, num_heads, head_dim = q.shape
@@ -380,12 +391,6 @@ def paged_attention(
             f"need 1 <= max_query_len <= max_context_len, got {max_query_len}, {max_context_len}"
         )
 
-    needed = triton.cdiv(max_context_len, block_size)
-    if block_tables.shape[1] < needed:
-        raise ValueError(
-            f"max_context_len {max_context_len} needs {needed} blocks of {block_size} tokens, "
-            f"but block_tables has {block_tables.shape[1]} columns"
-        )
     if q.device.type == "cpu":  # free here; on CUDA it would cost a device sync
         _check_lengths(query_start_loc, context_lens, block_tables, num_tokens,
                        max_query_len, max_context_len, k_cache)  # fmt: skip

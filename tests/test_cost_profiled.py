@@ -472,3 +472,17 @@ def test_the_shipped_h200_profile_prices_its_own_model_and_gpu_as_measured() -> 
         decode = [cost.gpu_seconds(BatchShape(decode_seqs=seqs, decode_ctx_tokens=seqs * c))
                   for c in (16, 256, 2048)]  # fmt: skip
         assert decode == sorted(decode)
+
+
+def test_a_transferred_prefill_attention_curve_never_dips() -> None:
+    """The shipped H200 profile's attn_prefill row at 2 tokens is faster than at 1; carried
+    to another GPU, that dip made a 2-token prefill cheaper than a 1-token one."""
+    shipped = Path(__file__).resolve().parents[1] / "sim/cost/profiles/kvlab-h200-opt-13b"
+    m = ProfiledCostModel(shipped, "opt-13b", "a100-80gb")
+    assert not m.same
+    times = [
+        m.gpu_seconds(BatchShape(prefill_tokens=n, prefill_seqs=1,
+                                 prefill_attn_pairs=n * (n + 1) // 2))
+        for n in range(1, 300)
+    ]  # fmt: skip
+    assert all(b >= a for a, b in itertools.pairwise(times))

@@ -199,7 +199,7 @@ def test_broken_length_contracts_raise_instead_of_reading_out_of_bounds() -> Non
     """Each of these reads memory it must not (a segfault under the interpreter, an illegal
     access or garbage on a GPU) unless refused on the host."""
     batch = make_batch([(2, 7)], 4, 1, 2, 16, torch.float32, seed=13)
-    with pytest.raises(ValueError, match="needs 2 blocks of 4 tokens, but block_tables has 1"):
+    with pytest.raises(ValueError, match="context_len 7 needs 2 blocks of 4 tokens, but block_"):
         paged_attention(**{**batch, "block_tables": batch["block_tables"][:, :1]}, scale=SCALE)
     far = batch["block_tables"].clone()
     far[0, 1] = 4_000_000
@@ -208,6 +208,11 @@ def test_broken_length_contracts_raise_instead_of_reading_out_of_bounds() -> Non
     short = torch.tensor([1], dtype=torch.int32)
     with pytest.raises(ValueError, match="context_len 1 must be >= its query_len 2"):
         paged_attention(**{**batch, "context_lens": short}, scale=SCALE)
+    loose = paged_attention(**{**batch, "max_context_len": 40}, scale=SCALE)  # a bound only
+    torch.testing.assert_close(loose, reference(batch), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="must start at 0"):
+        paged_attention(**{**batch, "query_start_loc": torch.tensor([1, 3], dtype=torch.int32)},
+                        scale=SCALE)  # fmt: skip
     with pytest.raises(ValueError, match="<= max_context_len 7"):
         paged_attention(**{**batch, "context_lens": torch.tensor([8], dtype=torch.int32)},
                         scale=SCALE)  # fmt: skip

@@ -167,8 +167,9 @@ class ProfiledCostModel:
         if DTYPE_BYTES.get(measured_in, dtype_bytes) != dtype_bytes:
             raise ValueError(
                 f"{prof.source}: measured in {measured_in} ({DTYPE_BYTES[measured_in]} bytes "
-                f"an element); the run's dtype has {dtype_bytes}: profile at the run's dtype, "
-                "or price it with cost=roofline"
+                f"an element); the run prices {dtype_bytes}-byte elements (cost.dtype_bytes): "
+                "profile at the run's dtype, set cost.dtype_bytes to match, or price it with "
+                "cost=roofline"
             )
         if as_measured:
             # the profile was taken on the device being modelled, whatever ``gpu`` is called
@@ -297,6 +298,7 @@ class ProfiledCostModel:
         n, _, t = prof.ops["attn_prefill"]
         scale = float(m.num_layers)
         if not self.same:
+            t = isotonic(t)  # as the linear curves: a dip is the profiled kernel's, not ours
             heads_t, heads_p = m.num_heads // tp, ref.num_heads // prof.tp
             scale *= (heads_t * m.head_dim) / (heads_p * ref.head_dim)
             scale *= gp.peak_flops / g.peak_flops
