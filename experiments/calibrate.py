@@ -35,6 +35,7 @@ from experiments.lib.setup import block_size
 from sim.catalog import GPUSpec, model_from_config, resolve_gpu
 from sim.cost import CalibratedCostModel
 from sim.cost.calibrated import TARGETS, WEIGHTINGS
+from sim.cost.profile import read_profile
 from sim.cost.profiled import ProfiledCostModel
 
 
@@ -132,7 +133,10 @@ def check_profile_fits_run(
     (a CPU profile times one thread's CPU time, so the run must be served with
     ``threads=1 step_timer=thread_cpu``)."""
     try:
-        ops = ProfiledCostModel(profile, model, hardware, tp, width, blocks, as_measured=True)
+        prof = read_profile(profile, tp)
+        # priced at its own width here, so that a dtype of another name is said below
+        own = DTYPE_BYTES.get(str(prof.meta.get("dtype")), width)
+        ops = ProfiledCostModel(prof, model, hardware, tp, own, blocks, as_measured=True)
     except ValueError as err:  # unreadable, malformed, of another model or device
         raise ConfigError("--profile", str(err)) from None
     prof, src = ops.profile, ops.profile.source

@@ -163,14 +163,6 @@ class ProfiledCostModel:
         self.profile = prof = (
             profile if isinstance(profile, OperatorProfile) else read_profile(profile, tp)
         )
-        measured_in = str(prof.meta.get("dtype"))
-        if DTYPE_BYTES.get(measured_in, dtype_bytes) != dtype_bytes:
-            raise ValueError(
-                f"{prof.source}: measured in {measured_in} ({DTYPE_BYTES[measured_in]} bytes "
-                f"an element); the run prices {dtype_bytes}-byte elements (cost.dtype_bytes): "
-                "profile at the run's dtype, set cost.dtype_bytes to match, or price it with "
-                "cost=roofline"
-            )
         if as_measured:
             # the profile was taken on the device being modelled, whatever ``gpu`` is called
             # (a CPU has no hardware entry): its times are used as they are
@@ -196,6 +188,14 @@ class ProfiledCostModel:
                     f"{prof.source}: measured on {prof.gpu!r}, which has no hardware entry to "
                     f"price from ({exc.args[0]})"
                 ) from None
+        measured_in = str(prof.meta.get("dtype"))
+        if DTYPE_BYTES.get(measured_in, dtype_bytes) != dtype_bytes:
+            raise ValueError(
+                f"{prof.source}: measured in {measured_in} ({DTYPE_BYTES[measured_in]} bytes "
+                f"an element); the run prices {dtype_bytes}-byte elements (cost.dtype_bytes): "
+                "profile at the run's dtype, set cost.dtype_bytes to match, or price it with "
+                "cost=roofline"
+            )
         ref = _layer_of(get_model(prof.model)) if prof.model else prof.layer_shape
         assert ref is not None
         same_layer = prof.model == m.name or (prof.model is None and ref == _layer_of(m))
