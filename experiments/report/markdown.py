@@ -376,7 +376,7 @@ def _report(
             "for tokens the request will still generate; internal fragmentation = slots reserved "
             "beyond the true output (contiguous) or the unfilled tail of each last block (paged); "
             "external fragmentation & other = buddy-allocator rounding plus free slots while "
-            "requests wait for admission; free = free slots with nobody waiting. "
+            "requests wait for admission or swap-in; free = free slots with nobody waiting. "
             "≈: a paper value read off the figure's bar (the text does not print it).",
             "",
             "Largest differences from the paper: " + "; ".join(_largest_gaps(f2)) + ".",
