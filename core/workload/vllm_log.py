@@ -41,6 +41,7 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -319,29 +320,34 @@ def _json_documents(path: Path, text: str) -> list[Any]:
     return docs
 
 
-def _start_times(path: Path, values: Any, n: int) -> list[float] | None:
-    """``start_times``: None when absent, else ``n`` finite numbers (any clock origin)."""
+def _per_request(
+    path: Path, key: str, values: Any, n: int, valid: Callable[[Any], bool], what: str
+) -> list[Any] | None:
+    """The optional list ``key`` of a bench result: None when absent, else ``n`` values each
+    ``valid`` (``what`` says what one is, for the error naming the file and index)."""
     if values is None:
         return None
     if not isinstance(values, list) or len(values) != n:
-        raise TraceFormatError(path, "key 'start_times'", f"expected {n} numbers, one a request")
+        raise TraceFormatError(path, f"key '{key}'", f"expected {n} {what}s, one a request")
     for i, v in enumerate(values):
-        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-        if not ok:
-            raise TraceFormatError(path, f"key 'start_times[{i}]'", f"{v!r} is not a finite number")
-    return [float(v) for v in values]
+        if not valid(v):
+            raise TraceFormatError(path, f"key '{key}[{i}]'", f"{v!r} is not a {what}")
+    return list(values)
+
+
+def _is_finite_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _start_times(path: Path, values: Any, n: int) -> list[float] | None:
+    """``start_times``: None when absent, else ``n`` finite numbers (any clock origin)."""
+    times = _per_request(path, "start_times", values, n, _is_finite_number, "finite number")
+    return None if times is None else [float(v) for v in times]
 
 
 def _successes(path: Path, values: Any, n: int) -> list[bool] | None:
     """``successes``: None when absent, else ``n`` booleans."""
-    if values is None:
-        return None
-    if not isinstance(values, list) or len(values) != n:
-        raise TraceFormatError(path, "key 'successes'", f"expected {n} booleans")
-    for i, v in enumerate(values):
-        if not isinstance(v, bool):
-            raise TraceFormatError(path, f"key 'successes[{i}]'", f"{v!r} is not true/false")
-    return list(values)
+    return _per_request(path, "successes", values, n, lambda v: isinstance(v, bool), "boolean")
 
 
 def _bench_number(path: Path, key: str, value: Any, positive: bool = False) -> float:

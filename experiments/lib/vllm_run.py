@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from core.mapping_file import read_mapping, yaml_error_place
+from core.model_spec import DTYPE_BYTES as MODEL_DTYPE_BYTES
 from core.model_spec import ModelSpec
 from core.request import Request
 from core.sched.base import SchedulerConfig
@@ -33,7 +34,8 @@ from sim.driver import simulate
 # vLLM's max_cudagraph_capture_size default (the shared run's meta.json), for a meta.json
 # without a compilation_config.
 CUDA_GRAPH_MAX_SIZE = 512
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+# kvlab's dtype widths plus the short names vLLM's --dtype also takes
+DTYPE_BYTES = {**MODEL_DTYPE_BYTES, "half": 2, "float": 4}
 
 
 class RunError(ValueError):
