@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import math
+import operator
 from dataclasses import dataclass, field
 
 
@@ -125,15 +126,23 @@ class Request:
         return self.prompt_len + self.output_len
 
     def vocabulary_problem(self, vocab_size: int | None) -> str | None:
-        """Why a model of ``vocab_size`` tokens cannot read this prompt (an id outside
-        ``[0, vocab_size)``), or None; None too when either is unknown. Both bodies reject
-        such a request at intake, as vLLM's input validation does, and serve the others."""
+        """Why a model of ``vocab_size`` tokens cannot read this prompt (an id that is not a
+        whole number, or outside ``[0, vocab_size)``), or None; None too when either is
+        unknown. Both bodies reject such a request at intake, as vLLM's input validation does,
+        and serve the others."""
         if vocab_size is None or self.prompt_token_ids is None:
             return None
-        bad = next((t for t in self.prompt_token_ids if not 0 <= t < vocab_size), None)
-        if bad is None:
-            return None
-        return f"prompt token id {bad} is outside the model's vocabulary [0, {vocab_size})"
+        for token in self.prompt_token_ids:
+            try:
+                token_id = operator.index(token)
+            except TypeError:
+                return f"prompt token id {token!r} is not a whole number"
+            if not 0 <= token_id < vocab_size:
+                return (
+                    f"prompt token id {token_id} is outside the model's vocabulary "
+                    f"[0, {vocab_size})"
+                )
+        return None
 
 
 class Sequence:

@@ -39,6 +39,7 @@ from core.request import Request, SequenceGroup
 from core.sched.base import BaseScheduler, SchedulerConfig
 from core.seeding import with_drawn_prompt_ids
 from core.systems import build_scheduler
+from engine.config import check_engine_support
 from engine.kv_cache import PagedKVCache, resolve_kv_budget
 from engine.models import build_model
 from engine.phases import PhaseTimer, device_clock, phase_timing_default, step_timer
@@ -136,6 +137,10 @@ class LLMEngine:
         self.time_phases = (
             phase_timing_default(self.device) if time_phases is None else bool(time_phases)
         )
+        try:
+            check_engine_support(model_config)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
         self.model = build_model(model_config, backend, dtype=dtype, device=self.device)
         if weights_path is None:
             init_dummy_weights(self.model, seed)
