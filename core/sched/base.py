@@ -430,7 +430,16 @@ class BaseScheduler:
                 child.output_token_ids[-1] = extra[i]
             elif child.output_token_ids:  # stand-in ids: each sample's first token its own
                 child.output_token_ids[-1] = stand_in_token_id(child.seq_id)
-            self._pending_copies.extend(self.manager.fork(parent.seq_id, child.seq_id))
+            self._fork_copies(parent, child)
+
+    def _fork_copies(self, parent: Sequence, child: Sequence) -> None:
+        """Fork ``child``'s cache from ``parent``'s and queue the block copies for the next
+        plan, unless this token was the request's last: ``update`` then frees every region of
+        the request, and a copy into them would make a step of its own (contiguous managers;
+        paged forks share blocks and copy nothing)."""
+        copies = self.manager.fork(parent.seq_id, child.seq_id)
+        if parent.num_generated < parent.group.request.output_len:
+            self._pending_copies.extend(copies)
 
     def _spawn_child(self, parent: Sequence) -> Sequence:
         group = parent.group
@@ -470,7 +479,7 @@ class BaseScheduler:
                 group.seqs.remove(seq)
         for parent, token, score in forks:
             child = self._spawn_child(parent)
-            self._pending_copies.extend(self.manager.fork(parent.seq_id, child.seq_id))
+            self._fork_copies(parent, child)
             new_seqs.append((child, token, score))
         for seq, token, score in new_seqs:
             if seq.output_token_ids:
