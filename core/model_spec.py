@@ -16,6 +16,9 @@ with the feature named (``engine.config.check_engine_support``).
 from __future__ import annotations
 
 import json
+import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +29,14 @@ Family = Literal["opt", "llama"]
 
 # OPT's learned positional table has 2 extra rows (position ids start at offset 2).
 OPT_POSITION_OFFSET = 2
+
+# RoPE types whose max_position_embeddings already is the extended context: vLLM's
+# ``_get_and_verify_max_len`` (vllm/config/model.py) scales every other type's by its factor.
+UNSCALED_ROPE_TYPES = ("su", "longrope", "llama3")
+
+# An HF Hub repository id, ``org/name`` (huggingface_hub's validate_repo_id: letters, digits,
+# '-', '_' and '.'; not starting with '.' or '-').
+_HF_ID = re.compile(r"[A-Za-z0-9_][\w.-]*/[A-Za-z0-9_][\w.-]*")
 
 # Bytes per element of the dtypes a run or a profile may name (torch's names).
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -55,10 +66,13 @@ def kv_bytes_per_token(spec: ModelSpec, dtype_bytes: int = 2, tp: int = 1) -> in
 class ModelSpec:
     """Shape and numerics of one model; see the module doc for the families.
 
-    ``max_model_len`` is the model's longest context (HF ``max_position_embeddings``); a
-    serving run may cap it lower (``system.max_model_len``). ``activation`` defaults to the
-    family's (OPT ``relu``, Llama ``silu``). ``word_embed_proj_dim`` is OPT's optional
-    embedding projection width (``None``: the hidden size).
+    ``max_model_len`` is the model's longest context (HF ``max_position_embeddings``, scaled
+    by a RoPE scaling factor as vLLM does: :func:`rope_max_model_len`); a serving run may cap
+    it lower (``system.max_model_len``). ``activation`` defaults to the family's (OPT
+    ``relu``, Llama ``silu``). ``word_embed_proj_dim`` is OPT's optional embedding
+    projection width (``None``: the hidden size; else the token embedding and LM head are
+    that wide, and ``project_in`` / ``project_out`` map it to and from the hidden size).
+    ``do_layer_norm_before`` false (OPT-350M) is post-LayerNorm, without a final LayerNorm.
     """
 
     name: str
@@ -172,27 +186,34 @@ class ModelSpec:
         return 2 * h + extra + bias
 
     def lm_head_params(self) -> int:
-        """Elements of the output projection (``hidden × vocab``), shared with the
-        token embedding when ``tie_word_embeddings``."""
-        return self.hidden_size * self.vocab_size
+        """Elements of the output projection (``embed_dim × vocab``: the hidden size, or
+        OPT's ``word_embed_proj_dim``), shared with the token embedding when
+        ``tie_word_embeddings``."""
+        return self.embed_dim * self.vocab_size
 
     def num_params(self) -> int:
-        """Parameter count from the shape::
+        """Parameter count from the shape, as HF's ``OPTForCausalLM`` /
+        ``LlamaForCausalLM`` hold them::
 
-            vocab × hidden                       (token embedding)
+            vocab × embed_dim                    (token embedding; embed_dim: see embed_dim)
           + positions × hidden                   (OPT's learned positions, else 0)
+          + 2 × hidden × embed_dim               (OPT's project_in / project_out, no bias,
+                                                  only when embed_dim != hidden)
           + layers × (matmul + bias/norm params) (see layer_*_params)
-          + final norm (OPT: 2 × hidden, Llama: hidden)
-          + vocab × hidden unless embeddings are tied (separate LM head)
+          + final norm (OPT: 2 × hidden, none when do_layer_norm_before is false;
+                        Llama: hidden)
+          + vocab × embed_dim unless embeddings are tied (separate LM head)
 
-        OPT-350M's 512-wide embedding projections are not modelled (its count is ~1% off).
+        Exact for OPT-350M's released checkpoint (331,196,416).
         """
-        h = self.hidden_size
-        embed = self.vocab_size * h + self.num_position_embeddings * h
+        h, e = self.hidden_size, self.embed_dim
+        embed = self.vocab_size * e + self.num_position_embeddings * h
+        projections = 2 * h * e if e != h else 0
         layers = self.num_layers * (self.layer_matmul_params() + self.layer_other_params())
-        final_norm = 2 * h if self.family == "opt" else h
+        opt_norm = 2 * h if self.do_layer_norm_before else 0  # OPT-350M: no final LayerNorm
+        final_norm = opt_norm if self.family == "opt" else h
         head = 0 if self.tie_word_embeddings else self.lm_head_params()
-        return embed + layers + final_norm + head
+        return embed + projections + layers + final_norm + head
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2, tp: int = 1) -> int:
         """See :func:`kv_bytes_per_token`."""
@@ -204,7 +225,9 @@ class ModelSpec:
         """Build a spec from an HF ``config.json`` dict (OPT, Llama, Mistral, Qwen2/3).
 
         Errors name the missing or unsupported key. ``name`` defaults to the config's
-        ``_name_or_path``."""
+        ``_name_or_path``; ``hf_id`` is ``_name_or_path`` only when it looks like an HF Hub
+        id (:func:`looks_like_hf_id`), not a local path. ``max_model_len`` is
+        ``max_position_embeddings`` scaled as vLLM does (:func:`rope_max_model_len`)."""
         model_type = config.get("model_type")
         if model_type not in MODEL_TYPES:
             raise ValueError(
@@ -233,7 +256,7 @@ class ModelSpec:
             "vocab_size": _require(config, "vocab_size"),
             "max_model_len": _require(config, "max_position_embeddings"),
             "model_type": model_type,
-            "hf_id": path_or_id if "/" in path_or_id else "",
+            "hf_id": path_or_id if looks_like_hf_id(path_or_id) else "",
         }
         if family == "opt":
             _reject_unless(config, "enable_bias", True, True)
@@ -255,6 +278,7 @@ class ModelSpec:
             )
         _reject_unless(config, "mlp_bias", False, False)
         rope_type, rope_theta = _rope(config)
+        common["max_model_len"] = rope_max_model_len(config, common["max_model_len"])
         window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
         return cls(
             **common,
@@ -320,6 +344,60 @@ class ModelSpec:
         if self.rope_type != "default":
             cfg["rope_scaling"] = {"rope_type": self.rope_type}
         return cfg
+
+
+def looks_like_hf_id(text: str) -> bool:
+    """True when ``text`` is an HF Hub id (``org/name``: one '/', each part letters,
+    digits, '-', '_' or '.', not starting with '.' or '-') and no existing local path
+    (``_name_or_path`` holds a folder's path when a model was saved from or loaded from
+    one)."""
+    if not _HF_ID.fullmatch(text) or ".." in text:
+        return False
+    return not Path(text).exists()
+
+
+def rope_max_model_len(d: Mapping[str, Any], max_position_embeddings: int) -> int:
+    """The longest context of a RoPE model, as vLLM derives it
+    (``_get_and_verify_max_len``): ``max_position_embeddings`` for RoPE types in
+    :data:`UNSCALED_ROPE_TYPES` (their table is already the extended one, e.g. Llama-3.1's
+    ``llama3``) and without scaling; otherwise times the block's ``factor`` (default 1),
+    where ``yarn`` scales ``original_max_position_embeddings`` when given (Qwen3-8B's
+    documented YaRN block: factor 4 × 32768 = 131072). The block is ``rope_parameters``
+    (transformers >= 5) over ``rope_scaling``, as :func:`_rope` reads them; a malformed one
+    raises ``ValueError`` naming the key."""
+    blocks: dict[str, Mapping[str, Any]] = {}
+    for name in ("rope_scaling", "rope_parameters"):
+        block = d.get(name) or {}
+        if not isinstance(block, Mapping):
+            raise ValueError(
+                f"{d.get('model_type')} config: {name} must be a mapping, got {block!r}"
+            )
+        blocks[name] = block
+    block = {**blocks["rope_scaling"], **blocks["rope_parameters"]}  # as _rope reads them
+    key = "rope_parameters" if blocks["rope_parameters"] else "rope_scaling"
+    rope_type = block.get("rope_type", block.get("type", "default"))
+    if rope_type in UNSCALED_ROPE_TYPES:
+        return max_position_embeddings
+    factor = block.get("factor", 1.0)
+    if (
+        isinstance(factor, bool)
+        or not isinstance(factor, int | float)
+        or not (math.isfinite(factor) and factor > 0)
+    ):
+        raise ValueError(
+            f"{d.get('model_type')} config: {key}.factor must be a finite number > 0, "
+            f"got {factor!r}"
+        )
+    base = max_position_embeddings
+    original = block.get("original_max_position_embeddings")
+    if rope_type == "yarn" and original is not None:
+        if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+            raise ValueError(
+                f"{d.get('model_type')} config: {key}.original_max_position_embeddings must "
+                f"be a whole number >= 1, got {original!r}"
+            )
+        base = original
+    return int(base * factor)
 
 
 def _require(d: dict[str, Any], key: str) -> int:

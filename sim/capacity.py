@@ -2,7 +2,11 @@
 
 Per GPU: ``kv_bytes = gpu_memory_utilization × memory − weights / tp − peak activations
 − CUDA-graph pool − non-torch memory`` (vLLM's accounting; the paper's v0.1 had no CUDA
-graphs). ``gpu_memory_utilization = 0.9`` is vLLM's documented default for its
+graphs). ``memory`` is the total the CUDA driver reports for the device where a hardware
+YAML records it (``reported_memory_gib``: vLLM multiplies ``torch.cuda.mem_get_info()``'s
+total), else the nominal ``memory_gb`` (:attr:`sim.catalog.GPUSpec.total_memory_bytes`).
+Table 1's A100s have no reported total: the paper's nominal GiB stand.
+``gpu_memory_utilization = 0.9`` is vLLM's documented default for its
 ``gpu_memory_utilization`` engine argument; it is not tuned to match Table 1.
 ``num_gpu_blocks`` (the count vLLM prints at start-up) overrides the estimate.
 """
@@ -82,6 +86,8 @@ class KVCapacity:
     ``kv = utilization × memory − weights − peak activations of the profile run − CUDA-graph
     pool − non-torch memory``. Byte fields are per GPU; ``num_slots`` counts tokens (each
     token's K/V is spread over the ``tp`` GPUs, so slots are the same on every GPU).
+    ``total_bytes`` is the device total the budget starts from (the reported total, else
+    the nominal memory: :attr:`sim.catalog.GPUSpec.total_memory_bytes`).
     ``source`` says where each term comes from (:meth:`describe` prints them)."""
 
     tp: int
@@ -146,7 +152,9 @@ def kv_capacity(
 ) -> KVCapacity:
     """KV slots for ``model`` on ``tp`` × ``gpu``, as vLLM sizes its cache.
 
-    Terms: ``gpu_memory_utilization × memory`` minus the weights / tp, minus the peak
+    Terms: ``gpu_memory_utilization × memory`` (``gpu.total_memory_bytes``: the total the
+    driver reports when the hardware YAML records it, else the nominal ``memory_gb``;
+    :meth:`KVCapacity.describe` says which) minus the weights / tp, minus the peak
     activations of a profile run of ``max_num_batched_tokens`` tokens with
     ``max_num_seqs`` sampled rows (:func:`activation_bytes`), minus the CUDA-graph pool
     (``cuda_graph_max_size`` > 0: graphs are captured largest first into one shared pool,
@@ -157,8 +165,9 @@ def kv_capacity(
     blocks of ``block_size``; ``kv_cache_bytes`` at a byte total over all ``tp`` GPUs (e.g.
     the paper's 12 GB for OPT-13B). Raises ``ValueError`` when the weights and reserved
     memory exceed the usable memory, when a given cache and the weights exceed the GPU's
-    memory, or when the cache cannot hold one ``max_model_len`` sequence (default: the
-    model's maximum context).
+    memory, when ``num_gpu_blocks`` or ``block_size`` is below 1 (the error names which),
+    or when the cache cannot hold one ``max_model_len`` sequence (default: the model's
+    maximum context).
     """
     model, gpu = get_model(model), get_gpu(gpu)
     if not 0.0 < gpu_memory_utilization <= 1.0:
@@ -172,11 +181,13 @@ def kv_capacity(
         if cuda_graph_max_size > 0
         else 0
     )
-    usable = int(gpu_memory_utilization * gpu.memory_bytes)
+    total, total_key = gpu.total_memory_bytes, gpu.total_memory_key
+    kind = "reported total" if total_key == "reported_memory_gib" else "nominal memory"
+    usable = int(gpu_memory_utilization * total)
     reserved = weights + acts + graphs + non_torch_bytes
     source = {
-        "usable": f"gpu_memory_utilization {gpu_memory_utilization} × {gpu.name} memory "
-        f"({gpu.source.get('memory_gb', 'hardware config')})",
+        "usable": f"gpu_memory_utilization {gpu_memory_utilization} × {gpu.name} {kind} "
+        f"{total / GIB:.3f} GiB ({total_key}: {gpu.source.get(total_key, 'hardware config')})",
         "weights": f"{model.num_params() / 1e9:.2f}B parameters × {dtype_bytes} B / tp",
         "activations": f"profile run: max(forward of {max_num_batched_tokens} tokens, sampler "
         f"on {max_num_seqs} rows: fp32 logits + top-k/top-p sort)",
@@ -192,11 +203,12 @@ def kv_capacity(
             f"{model.name} does not fit on {tp} × {gpu.name}: weights {weights / GIB:.2f} GiB "
             f"+ activations {acts / GIB:.2f} GiB + CUDA graphs {graphs / GIB:.2f} GiB "
             f"+ non-torch {non_torch_bytes / GIB:.2f} GiB per GPU exceed {usable / GIB:.2f} "
-            f"GiB ({gpu_memory_utilization:.0%} of {gpu.memory_bytes / GIB:.0f} GiB)"
+            f"GiB ({gpu_memory_utilization:.0%} of the {total / GIB:.2f} GiB {kind})"
         )
     if num_gpu_blocks is not None:
-        if num_gpu_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_gpu_blocks must be >= 1, got {num_gpu_blocks}")
+        for key, value in (("num_gpu_blocks", num_gpu_blocks), ("block_size", block_size)):
+            if value < 1:
+                raise ValueError(f"{key} must be >= 1, got {value}")
         kv = num_gpu_blocks * block_size * per_token
         source["kv_cache"] = f"num_gpu_blocks={num_gpu_blocks} × {block_size} tokens (given)"
     elif kv_cache_bytes is not None:
@@ -204,11 +216,11 @@ def kv_capacity(
         source["kv_cache"] = f"kv_cache_bytes={kv_cache_bytes} over {tp} GPUs (given)"
     else:
         kv = usable - reserved
-    if weights + kv > gpu.memory_bytes:  # a given cache: it and the weights must fit at all
+    if weights + kv > total:  # a given cache: it and the weights must fit at all
         raise ValueError(
             f"the given KV cache ({kv / GIB:.2f} GiB per GPU) and {model.name}'s weights "
-            f"({weights / GIB:.2f} GiB per GPU) exceed {gpu.name}'s "
-            f"{gpu.memory_bytes / GIB:.2f} GiB"
+            f"({weights / GIB:.2f} GiB per GPU) exceed {gpu.name}'s {total / GIB:.2f} GiB "
+            f"{kind}"
         )
     slots = kv // per_token
     need = model.max_model_len if max_model_len is None else max_model_len
@@ -218,7 +230,7 @@ def kv_capacity(
             f"fewer than one max_model_len={need} sequence; lower system.max_model_len"
         )
     return KVCapacity(
-        tp, gpu.memory_bytes, weights, acts, kv, per_token, slots, graphs, non_torch_bytes,
+        tp, total, weights, acts, kv, per_token, slots, graphs, non_torch_bytes,
         usable, source,
     )  # fmt: skip
 

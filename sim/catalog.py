@@ -12,7 +12,9 @@ Sources of the built-in shapes:
 
 - OPT shapes: Zhang et al., "OPT: Open Pre-trained Transformer Language Models", 2022,
   Table 1 (layers, heads, hidden size); FFN width is 4 × hidden, vocabulary 50272 and
-  2048 positions (+2 offset rows) as in the released checkpoints' configs.
+  2048 positions (+2 offset rows) as in the released checkpoints' configs; OPT-350M's
+  ``word_embed_proj_dim`` 512 and ``do_layer_norm_before`` false from its released
+  ``config.json`` (huggingface.co/facebook/opt-350m; 331,196,416 parameters).
 - LLaMA shapes: Touvron et al., "LLaMA: Open and Efficient Foundation Language Models",
   2023, Table 2 (dimension, heads, layers); FFN widths 11008 / 13824 and vocabulary 32000
   from the released configs.
@@ -44,6 +46,13 @@ HARDWARE_KEYS: dict[str, tuple[str, float]] = {
     "host_link_gbs": ("host_link_bandwidth", 1e9),
     "peer_link_gbs": ("peer_link_bandwidth", 1e9),
 }
+# Optional numbers (null or absent: not measured): key -> (GPUSpec field, scale to SI units).
+# ``reported_memory_gib`` is the device's total memory as the CUDA driver reports it to torch
+# (vLLM multiplies that total, from ``torch.cuda.mem_get_info()``, by
+# gpu_memory_utilization), a little below the nominal ``memory_gb``.
+OPTIONAL_HARDWARE_KEYS: dict[str, tuple[str, float]] = {
+    "reported_memory_gib": ("reported_memory_bytes", GIB),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +64,12 @@ class GPUSpec:
     ``device_names`` are the names the device reports for itself
     (``torch.cuda.get_device_name``, as an operator profile's sidecar records it), by which
     :func:`get_gpu` finds the entry too. ``source`` maps each YAML key to where it comes
-    from."""
+    from.
+
+    ``memory_bytes`` is the nominal memory (the datasheet's 'N GB' read as GiB, as the vLLM
+    paper's Table 1 reads it); ``reported_memory_bytes`` is the total the CUDA driver
+    reports for the device when it was measured (``None``: not measured). KV capacity
+    starts from :attr:`total_memory_bytes`."""
 
     name: str
     memory_bytes: int
@@ -66,6 +80,7 @@ class GPUSpec:
     peer_link: str = "nvlink"
     device_names: tuple[str, ...] = field(default=(), compare=False, hash=False, kw_only=True)
     source: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    reported_memory_bytes: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         for attr in (
@@ -78,10 +93,33 @@ class GPUSpec:
             value = getattr(self, attr)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"GPU {self.name!r}: {attr} must be finite and positive")
+        reported = self.reported_memory_bytes
+        if reported is not None and (type(reported) is not int or reported <= 0):
+            raise ValueError(
+                f"GPU {self.name!r}: reported_memory_bytes must be a whole number > 0 or None, "
+                f"got {reported!r}"
+            )
         if self.peer_link not in PEER_LINKS:
             raise ValueError(
                 f"GPU {self.name!r}: peer_link must be one of {PEER_LINKS}, got {self.peer_link!r}"
             )
+
+    @property
+    def total_memory_key(self) -> str:
+        """The hardware key :attr:`total_memory_bytes` comes from: ``reported_memory_gib``
+        when measured and not above ``memory_bytes``, else ``memory_gb``."""
+        reported = self.reported_memory_bytes
+        if reported is not None and reported <= self.memory_bytes:
+            return "reported_memory_gib"
+        return "memory_gb"
+
+    @property
+    def total_memory_bytes(self) -> int:
+        """The device total a KV budget starts from (vLLM multiplies the driver's total by
+        ``gpu_memory_utilization``): the reported total when measured, else the nominal
+        ``memory_bytes``. A ``memory_bytes`` set below the reported total after reading
+        (``dataclasses.replace``, e.g. to a run's measured total) wins."""
+        return min(self.memory_bytes, self.reported_memory_bytes or self.memory_bytes)
 
 
 class HardwareError(ValueError):
@@ -95,7 +133,9 @@ class HardwareError(ValueError):
 
 # The keys a hardware group may hold: its numbers, the link kind, the names the device
 # reports and the sources of the numbers (``configs/hardware/*.yaml``).
-HARDWARE_FIELDS = ("name", *HARDWARE_KEYS, "peer_link", "device_names", "source")
+HARDWARE_FIELDS = (
+    "name", *HARDWARE_KEYS, *OPTIONAL_HARDWARE_KEYS, "peer_link", "device_names", "source",
+)  # fmt: skip
 
 
 def _hardware_number(cfg: Mapping[str, Any], key: str, origin: str, name: str) -> float:
@@ -105,7 +145,7 @@ def _hardware_number(cfg: Mapping[str, Any], key: str, origin: str, name: str) -
     if raw is None:
         raise HardwareError(f"{origin}: GPU {name!r} lacks {key}", key)
     try:
-        value = float(raw) * HARDWARE_KEYS[key][1]
+        value = float(raw) * {**HARDWARE_KEYS, **OPTIONAL_HARDWARE_KEYS}[key][1]
     except (TypeError, ValueError):
         raise HardwareError(f"{origin}: {key} must be a number, got {raw!r}", key) from None
     if isinstance(raw, bool) or not (math.isfinite(value) and value > 0):
@@ -113,15 +153,36 @@ def _hardware_number(cfg: Mapping[str, Any], key: str, origin: str, name: str) -
     return value
 
 
+def _reported_memory(
+    cfg: Mapping[str, Any], origin: str, name: str, memory_bytes: int
+) -> int | None:
+    """``reported_memory_gib`` in bytes, ``None`` when null or absent; raises
+    :class:`HardwareError` naming the key unless it is a finite number > 0 and at most
+    ``memory_bytes`` (the driver reports less than the nominal memory, never more)."""
+    if cfg.get("reported_memory_gib") is None:
+        return None
+    reported = int(_hardware_number(cfg, "reported_memory_gib", origin, name))
+    if reported > memory_bytes:
+        raise HardwareError(
+            f"{origin}: reported_memory_gib ({cfg['reported_memory_gib']}) exceeds memory_gb "
+            f"({memory_bytes / GIB:g}) of GPU {name!r}: give the total the device reports "
+            "(at most memory_gb), or null to use memory_gb",
+            "reported_memory_gib",
+        )
+    return reported
+
+
 def gpu_from_config(cfg: Mapping[str, Any], origin: str = "hardware") -> GPUSpec:
     """A GPU from a hardware YAML's keys (see ``configs/hardware/*.yaml``); a missing,
     non-numeric, non-finite or non-positive number raises :class:`HardwareError` naming the
-    key and ``origin`` (the file or config group)."""
+    key and ``origin`` (the file or config group). The optional ``reported_memory_gib``
+    (null or absent: not measured) must be a finite number > 0 and at most ``memory_gb``."""
     name = str(cfg.get("name") or Path(origin).stem)
     values: dict[str, Any] = {
         attr: _hardware_number(cfg, key, origin, name) for key, (attr, _) in HARDWARE_KEYS.items()
     }
     values["memory_bytes"] = int(values["memory_bytes"])
+    reported = _reported_memory(cfg, origin, name, values["memory_bytes"])
     if cfg.get("peer_link") is None:
         raise HardwareError(f"{origin}: GPU {name!r} lacks peer_link (nvlink or pcie)", "peer_link")
     source = {str(k): str(v) for k, v in (cfg.get("source") or {}).items()}
@@ -138,7 +199,7 @@ def gpu_from_config(cfg: Mapping[str, Any], origin: str = "hardware") -> GPUSpec
     try:
         return GPUSpec(
             name, peer_link=str(cfg["peer_link"]), device_names=tuple(device_names),
-            source=source, **values,
+            source=source, reported_memory_bytes=reported, **values,
         )  # fmt: skip
     except ValueError as e:
         raise HardwareError(f"{origin}: {e}", "peer_link") from None
@@ -156,7 +217,7 @@ def _gpu_files() -> dict[str, GPUSpec]:
     }
 
 
-def _opt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+def _opt(name: str, layers: int, hidden: int, heads: int, **numerics: Any) -> ModelSpec:
     return ModelSpec(
         name,
         "opt",
@@ -172,6 +233,7 @@ def _opt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
         tie_word_embeddings=True,
         num_position_embeddings=2048 + OPT_POSITION_OFFSET,
         hf_id=f"facebook/{name}",
+        **numerics,
     )
 
 
@@ -207,7 +269,9 @@ BUILTIN_MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
         _opt("opt-125m", 12, 768, 12),
-        _opt("opt-350m", 24, 1024, 16),
+        # facebook/opt-350m's config.json: a 512-wide embedding projected to the hidden
+        # size, and post-LayerNorm blocks without a final LayerNorm
+        _opt("opt-350m", 24, 1024, 16, word_embed_proj_dim=512, do_layer_norm_before=False),
         _opt("opt-1.3b", 24, 2048, 32),
         _opt("opt-2.7b", 32, 2560, 32),
         _opt("opt-6.7b", 32, 4096, 32),
@@ -279,23 +343,39 @@ def _model_files() -> dict[str, ModelSpec]:
 def model_from_config(cfg: Mapping[str, Any], origin: str = "model") -> ModelSpec:
     """A model from a run's ``model`` group: ``hf_config`` (path to a ``config.json`` or its
     directory), else ``shape`` (HF config keys inline), else ``name`` looked up in the
-    catalog. Errors name ``origin`` and the key."""
+    catalog. With ``shape``, the group's ``name`` (default: ``origin``'s stem) and ``hf_id``
+    label the model. With ``hf_config`` they do too, unless ``name`` is a catalog model of
+    another shape: the group then is another model's (``model.hf_config=...`` on the
+    default group) and the config labels itself (its ``_name_or_path``, else its folder's
+    name; :meth:`ModelSpec.from_json`). Errors name ``origin`` and the key."""
     name = cfg.get("name")
+    hf_id = cfg.get("hf_id")
     if cfg.get("hf_config"):
-        return ModelSpec.from_json(str(cfg["hf_config"]))
-    if cfg.get("shape"):
+        spec = ModelSpec.from_json(str(cfg["hf_config"]))
+        if not name or not _may_label(str(name), spec):
+            return spec
+        spec = replace(spec, name=str(name))
+    elif cfg.get("shape"):
         shape = dict(cfg["shape"])
         try:
             spec = ModelSpec.from_hf_config(shape, name=name or Path(origin).stem)
         except ValueError as e:
             raise ValueError(f"{origin}: {e}") from None
-        hf_id = cfg.get("hf_id")
-        if hf_id:
-            spec = replace(spec, hf_id=str(hf_id))
-        return spec
-    if not name:
+    elif name:
+        return get_model(str(name))
+    else:
         raise ValueError(f"{origin}: give model.name, model.shape or model.hf_config")
-    return get_model(str(name))
+    return replace(spec, hf_id=str(hf_id)) if hf_id else spec
+
+
+def _may_label(name: str, spec: ModelSpec) -> bool:
+    """Whether a ``model`` group's ``name`` may label ``spec`` (read from a config.json):
+    a name the catalog lacks, or a catalog model of the same shape and numerics."""
+    try:
+        known = get_model(name)
+    except KeyError:
+        return True
+    return replace(spec, name=known.name) == known
 
 
 @cache
@@ -349,8 +429,10 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
 def resolve_gpu(cfg: Mapping[str, Any] | None, origin: str | None = None) -> GPUSpec:
     """A run's ``hardware`` group: its own numbers when it carries any (a user's YAML or
     command-line overrides such as ``hardware.mem_bandwidth_gbs=...``), else the named
-    catalog entry. ``origin`` names where the group came from in errors (default: the
-    shipped file of its name). An empty group, or numbers without a ``name``, raise
+    catalog entry (with the group's ``reported_memory_gib`` when it has the key; null:
+    the nominal ``memory_gb``).
+    ``origin`` names where the group came from in errors (default: the shipped file of its
+    name). An empty group, or numbers without a ``name``, raise
     :class:`HardwareError`; an unknown name raises ``KeyError`` (:func:`get_gpu`)."""
     cfg = cfg or {}
     name = cfg.get("name")
@@ -361,4 +443,9 @@ def resolve_gpu(cfg: Mapping[str, Any] | None, origin: str | None = None) -> GPU
         if name in (None, ""):
             raise HardwareError(f"{where}: the GPU has no name (give name: <gpu>)", "name")
         return gpu_from_config(cfg, where)
-    return get_gpu(str(name))
+    gpu = get_gpu(str(name))
+    if "reported_memory_gib" not in cfg:
+        return gpu
+    reported = _reported_memory(cfg, where, gpu.name, gpu.memory_bytes)
+    source = {**gpu.source, "reported_memory_gib": f"set by {where}"}
+    return replace(gpu, reported_memory_bytes=reported, source=source)

@@ -273,7 +273,7 @@ def test_a_gpu_yaml_on_hydras_search_path_is_an_option(tmp_path: Path) -> None:
     hw = yaml.safe_load((REPO / "configs" / "hardware" / "h200.yaml").read_text())
     (tmp_path / "conf" / "hardware").mkdir(parents=True)
     (tmp_path / "conf" / "hardware" / "my-gpu.yaml").write_text(
-        yaml.safe_dump({**hw, "name": "my-gpu", "memory_gb": 48})
+        yaml.safe_dump({**hw, "name": "my-gpu", "memory_gb": 48, "reported_memory_gib": None})
     )
     search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
     status, _, err = run_cli(simulate, [*SIM_SMALL, search, "hardware=my-gpu"], tmp_path)

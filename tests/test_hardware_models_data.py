@@ -94,8 +94,10 @@ def test_head_dim_other_than_hidden_over_heads() -> None:
 def test_hf_config_path_and_shape_groups(tmp_path: Path) -> None:
     spec = get_model("llama-3.1-8b")
     (tmp_path / "config.json").write_text(json.dumps(spec.to_hf_config()))
-    from_file = model_from_config({"name": "ignored", "hf_config": str(tmp_path)})
+    from_file = model_from_config({"hf_config": str(tmp_path)})
     assert from_file == spec
+    named = model_from_config({"name": "mine", "hf_id": "me/mine", "hf_config": str(tmp_path)})
+    assert (named.name, named.hf_id) == ("mine", "me/mine")
     from_shape = model_from_config({"name": "mine", "shape": spec.to_hf_config()})
     assert from_shape.num_params() == spec.num_params()
     with pytest.raises(ValueError, match=r"lacks required key 'num_attention_heads'"):

@@ -483,7 +483,7 @@ def check_kv_fits_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     if app == "simulate":
         gpu = run_gpu(c["hardware"])
         tp = int(lookup(c, "model.tp") or 1)
-        limit, where = gpu.memory_bytes * tp, f"{tp} x {gpu.name}"
+        limit, where = gpu.total_memory_bytes * tp, f"{tp} x {gpu.name}"
     else:
         if facts.device_memory_bytes is None:
             return
