@@ -1,5 +1,6 @@
 """``python -m experiments.calibrate_vllm RUN_DIR --hardware NAME [--model NAME|CONFIG]
-[--workload FILE] [--split 0.5] --out DIR``: does kvlab match a real vLLM run?
+[--workload FILE] [--split 0.5] [--allow-device-mismatch] --out DIR``: does kvlab match a
+real vLLM run?
 
 ``RUN_DIR`` holds a vLLM run: ``requests.jsonl`` (per-request engine timestamps),
 ``meta.json`` (the resolved engine configuration) and optionally ``timeseries.csv``
@@ -7,7 +8,10 @@
 the run's arrivals and lengths (and token ids from ``--workload``, the JSONL that was sent,
 so prefix hits replay) on ``system=vllm_v1`` with the engine settings of ``meta.json``
 (``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``, dtype, tensor-parallel
-size, block size, prefix caching, and the KV blocks vLLM allocated).
+size, block size, prefix caching, and the KV blocks vLLM allocated). ``--hardware`` must be
+the GPU meta.json's ``hardware.device_name`` names where the catalog knows that device (its
+``device_names``); ``--allow-device-mismatch`` simulates the run on another GPU deliberately
+(with a note). An unknown device, or a hardware YAML that does not list it, gives a note.
 
 1. *Uncalibrated*: the roofline cost model on the GPU's datasheet numbers and the
    documented default efficiencies (:mod:`sim.cost.efficiency`); nothing is fitted.
@@ -54,6 +58,7 @@ from experiments.lib.vllm_fit import BOUNDS, calibrate
 from experiments.lib.vllm_run import (
     RunError,
     VLLMRun,
+    check_device,
     measured_frame,
     num_blocks,
     read_run,
@@ -159,21 +164,25 @@ def _plot(
 def run_calibration(
     run_dir: Path, hardware: str, model_arg: str | None = None, workload: Path | None = None,
     split: float = 0.5, out: Path | None = None, plot: bool = True,
+    allow_device_mismatch: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """The whole command; returns ``{"uncalibrated", "calibrated", ...}`` and writes the
     files when ``out`` is given. Everything is checked before the first simulation, so a
-    bad option costs no time. Logged requests the simulator rejects (longer than
-    ``max_model_len``, or more KV than the cache holds: the log and its meta.json disagree)
-    are left out of both sides' metrics and named in ``notes``."""
+    bad option costs no time; ``--hardware`` is checked against meta.json's device as
+    :func:`~experiments.lib.vllm_run.check_device` says (its note, if any, goes in
+    ``notes``). Logged requests the simulator rejects (longer than ``max_model_len``, or
+    more KV than the cache holds: the log and its meta.json disagree) are left out of both
+    sides' metrics and named in ``notes``."""
     check_split(split)
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise RunError(f"--out {out}: exists and is not a directory")
     gpu = resolve_gpu(hardware)
     run = read_run(run_dir, workload)
+    device_note = check_device(run, gpu, hardware, allow_device_mismatch)
     model = resolve_model(model_arg, run)
     blocks, capacity_text = num_blocks(run, model, gpu)
     fit_ids, held_ids = split_ids(run.logged, split)
-    notes = []
+    notes = [] if device_note is None else [device_note]
     if all(math.isnan(r.scheduled) for r in run.logged):
         notes.append("the log has no scheduled_ts: the queue wait is unknown, so the fit uses "
                      "TPOTs only (no TTFTs of requests scheduled at once)")  # fmt: skip
@@ -315,11 +324,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", type=Path, default=None, help="the workload JSONL sent")
     parser.add_argument("--split", type=float, default=0.5, help="fit part (by arrival)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument(
+        "--allow-device-mismatch", action="store_true",
+        help="simulate on --hardware though meta.json names another catalog GPU",
+    )  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         result = run_calibration(
-            args.run_dir, args.hardware, args.model, args.workload, args.split, args.out
-        )
+            args.run_dir, args.hardware, args.model, args.workload, args.split, args.out,
+            allow_device_mismatch=args.allow_device_mismatch,
+        )  # fmt: skip
     except (RunError, TraceFormatError, ValueError, KeyError, FileNotFoundError) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"calibrate_vllm: error: {message}", file=sys.stderr)

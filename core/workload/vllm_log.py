@@ -29,9 +29,14 @@ is the user's choice.
 
 Malformed input raises :class:`~core.workload.trace_io.TraceFormatError` naming the file,
 the line and the key: missing fields, negative durations (a timestamp before the one it
-follows), and clocks that do not align (``arrival_time − queued_ts`` more than
+follows), clocks that do not align (``arrival_time − queued_ts`` more than
 ``CLOCK_TOLERANCE_S`` from its median over the requests means the two clocks cannot be one
-offset apart; the line named is the one farthest from the median).
+offset apart; the line named is the one farthest from the median), and engine timestamps
+that are not on one clock: every ``scheduled_ts``, ``first_token_ts`` and ``last_token_ts``
+must lie within the run's span of ``queued_ts`` plus ``SECONDS_PER_TOKEN_BOUND`` for each
+token of the run (input and output, all requests) after it — an engine serving every token
+of the run one after another at that pace would still be done by then; the line named is
+the one that ends last, the key its first timestamp past the bound.
 """
 
 from __future__ import annotations
@@ -55,6 +60,13 @@ ORDER = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
 # ~0.16 s (../shared/measurements/README.md). A spread of more than this means the
 # timestamps are not on two clocks one offset apart.
 CLOCK_TOLERANCE_S = 5.0
+# Seconds per token of the run (input and output, all requests, one after another) that
+# bound how long after the last queued_ts the run may end on one clock: the shared run's
+# engine needed 0.0004 s (../shared/measurements/vllm/rtx4090-llama-3.1-8b/requests.jsonl:
+# 184 s for 452,992 tokens), 25,000 times less; engine timestamps moved to another clock
+# (e.g. from the monotonic clock to the epoch) are ~1.7e9 s off, caught in runs of up to
+# ~1.7e8 tokens.
+SECONDS_PER_TOKEN_BOUND = 10.0
 _ROW_ID = re.compile(r"-(\d+)$")
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
@@ -137,6 +149,7 @@ def read_vllm_log(run_dir: str | Path) -> list[LoggedRequest]:
             offsets.append((line, _number(path, line, obj, "arrival_time") - vals["queued_ts"]))
         rows.append((line, vals, obj.get("request_id")))
     _check_clocks(path, offsets)
+    _check_one_clock(path, rows)
     t0 = min(v["queued_ts"] for _, v, _ in rows)
     source_rows = _source_rows([rid for _, _, rid in rows])
     return [
@@ -167,6 +180,27 @@ def _check_clocks(path: Path, offsets: list[tuple[int, float]]) -> None:
             f"here but {middle:.3f} s over the file (median; more than "
             f"{CLOCK_TOLERANCE_S} s apart)",
         )  # fmt: skip
+
+
+def _check_one_clock(path: Path, rows: list[tuple[int, dict[str, float], Any]]) -> None:
+    """Every engine timestamp lies on ``queued_ts``'s clock: none is more than the span of
+    ``queued_ts`` plus ``SECONDS_PER_TOKEN_BOUND`` per token of the run after the first
+    ``queued_ts`` (timestamps before their own ``queued_ts`` are negative durations, refused
+    already). The error names the line that ends last and its first timestamp past that."""
+    queued = [v["queued_ts"] for _, v, _ in rows]
+    tokens = int(sum(v["input_toks"] + v["output_toks"] for _, v, _ in rows))
+    start, span = min(queued), max(queued) - min(queued)
+    bound = span + tokens * SECONDS_PER_TOKEN_BOUND
+    line, worst, _ = max(rows, key=lambda r: r[1]["last_token_ts"])  # each row's latest
+    if worst["last_token_ts"] - start <= bound:
+        return
+    key = next(k for k in ORDER[1:] if k in worst and worst[k] - start > bound)
+    raise TraceFormatError(
+        path, line, f"engine timestamps on two clocks: {key} {worst[key]:.3f} is "
+        f"{worst[key] - start:.4g} s after the first queued_ts {start:.3f}, but on one clock "
+        f"the run ends within {bound:.4g} s of it (the span of queued_ts, {span:.4g} s, plus "
+        f"{SECONDS_PER_TOKEN_BOUND:g} s for each of the run's {tokens} tokens)",
+    )  # fmt: skip
 
 
 def _source_rows(request_ids: list[Any]) -> list[int]:

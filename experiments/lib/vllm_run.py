@@ -6,6 +6,8 @@ simulator cannot price is refused by name (:class:`RunError`); nothing is guesse
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,8 @@ class VLLMRun:
     cuda_graph_max_size: int
     timeseries: pd.DataFrame | None
     prefix_caching_dropped: bool = False
+    device_name: str | None = None  # hardware.device_name of meta.json
+    meta_path: Path | None = None
 
     @property
     def sched_config(self) -> SchedulerConfig:
@@ -71,22 +75,82 @@ class VLLMRun:
         return system_block_size(self.system)
 
 
-def _meta_value(meta: dict[str, Any], path: Path, *keys: str, default: Any = None) -> Any:
-    """The first of ``keys`` (dotted paths into meta.json) present; ``default`` or an
-    error naming the key when none is."""
+_REQUIRED: Any = object()  # a default that makes a missing key an error
+
+
+def _meta_entry(
+    meta: dict[str, Any], path: Path, *keys: str, default: Any = _REQUIRED
+) -> tuple[str | None, Any]:
+    """The first of ``keys`` (dotted paths into meta.json) present (not null), with its
+    value; ``(None, default)`` when none is, or an error naming ``keys[0]`` when there is
+    no ``default``."""
     for key in keys:
         node: Any = meta
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
-            return node
-    if default is not None:
+            return key, node
+    if default is _REQUIRED:
+        raise RunError(f"{path}: missing key {keys[0]!r}")
+    return None, default
+
+
+def _meta_value(meta: dict[str, Any], path: Path, *keys: str, default: Any = None) -> Any:
+    """The first of ``keys`` (dotted paths into meta.json) present; ``default`` or an
+    error naming the key when none is."""
+    return _meta_entry(meta, path, *keys, default=_REQUIRED if default is None else default)[1]
+
+
+def _whole(v: Any) -> bool:
+    """A finite number without a fractional part (``256`` or ``256.0``; not a bool)."""
+    ok = isinstance(v, int | float) and not isinstance(v, bool)
+    return ok and math.isfinite(v) and v == int(v)
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """What a meta.json setting must be: ``ok`` tests the JSON value, ``what`` says it for
+    the error, ``convert`` makes the Python value."""
+
+    ok: Callable[[Any], bool]
+    what: str
+    convert: Callable[[Any], Any]
+
+
+WHOLE = _Kind(lambda v: _whole(v) and v >= 1, "a whole number >= 1", int)
+WHOLE_OR_ZERO = _Kind(lambda v: _whole(v) and v >= 0, "a whole number >= 0", int)
+BLOCK_SIZE = _Kind(
+    lambda v: _whole(v) and v >= 1 and int(v) & (int(v) - 1) == 0,
+    "a power of two >= 1 (16, 32, ...)", int,
+)  # fmt: skip
+FRACTION = _Kind(
+    lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 1,
+    "a number in (0, 1]", float,
+)  # fmt: skip
+BOOLEAN = _Kind(lambda v: isinstance(v, bool), "true or false (a JSON boolean)", bool)
+
+
+def _meta_setting(
+    meta: dict[str, Any], path: Path, kind: _Kind, *keys: str, default: Any = _REQUIRED
+) -> Any:
+    """The first of ``keys`` present, checked and converted as ``kind`` says; ``default``
+    (returned as is) when none is, else an error naming ``keys[0]``. A value of the wrong
+    kind is an error naming the key it was read from, e.g. ``<path>: kv_cache.num_gpu_blocks
+    must be a whole number >= 1, got '2588'``."""
+    key, value = _meta_entry(meta, path, *keys, default=default)
+    if key is None:
         return default
-    raise RunError(f"{path}: missing key {keys[0]!r}")
+    if not kind.ok(value):
+        raise RunError(f"{path}: {key} must be {kind.what}, got {value!r}")
+    return kind.convert(value)
 
 
 def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
-    """Read ``run_dir``'s meta.json, requests.jsonl and timeseries.csv."""
+    """Read ``run_dir``'s meta.json, requests.jsonl and timeseries.csv. Each engine setting
+    is read from ``engine_kwargs`` or ``kv_cache``, else from vLLM's ``resolved_config``,
+    else (where vLLM has one) vLLM's default, and must be of its kind (whole numbers,
+    booleans, a block size that is a power of two, a memory fraction in (0, 1]): a value
+    that is not is an error naming meta.json and the key, never converted."""
     run_dir = Path(run_dir)
     meta_path = run_dir / "meta.json"
     if not meta_path.is_file():
@@ -100,30 +164,30 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
     ek = "engine_kwargs"
     rc = "resolved_config"
     sc = f"{rc}.scheduler_config"
+    cc = f"{rc}.cache_config"
+
+    def setting(kind: _Kind, *keys: str, default: Any = _REQUIRED) -> Any:
+        return _meta_setting(meta, meta_path, kind, *keys, default=default)
+
     dtype = _dtype(meta, meta_path)
     _refuse_unmodelled(meta, meta_path, dtype)
-    max_len = int(
-        _meta_value(meta, meta_path, f"{ek}.max_model_len", f"{rc}.model_config.max_model_len")
-    )
-    chunked = bool(_meta_value(meta, meta_path, f"{sc}.enable_chunked_prefill", default=True))
+    prefix_keys = ("kv_cache.enable_prefix_caching", f"{ek}.enable_prefix_caching",
+                   f"{cc}.enable_prefix_caching")  # fmt: skip
+    max_len = setting(WHOLE, f"{ek}.max_model_len", f"{rc}.model_config.max_model_len")
     # the run as kvlab's system config group; vLLM v1 keeps no watermark
     system = {
         "name": "vllm_v1",
-        "max_num_seqs": int(
-            _meta_value(meta, meta_path, f"{ek}.max_num_seqs", f"{sc}.max_num_seqs")
-        ),
-        "max_num_batched_tokens": int(
-            _meta_value(
-                meta, meta_path, f"{ek}.max_num_batched_tokens", f"{sc}.max_num_batched_tokens"
-            )
+        "max_num_seqs": setting(WHOLE, f"{ek}.max_num_seqs", f"{sc}.max_num_seqs"),
+        "max_num_batched_tokens": setting(
+            WHOLE, f"{ek}.max_num_batched_tokens", f"{sc}.max_num_batched_tokens"
         ),
         "preemption_mode": "recompute",
-        "chunked_prefill": chunked,
-        "block_size": int(_meta_value(meta, meta_path, "kv_cache.block_size", default=16)),
-        "watermark": 0.0,
-        "enable_prefix_caching": bool(
-            _meta_value(meta, meta_path, "kv_cache.enable_prefix_caching", default=True)
+        "chunked_prefill": setting(
+            BOOLEAN, f"{ek}.enable_chunked_prefill", f"{sc}.enable_chunked_prefill", default=True
         ),
+        "block_size": setting(BLOCK_SIZE, "kv_cache.block_size", f"{cc}.block_size", default=16),
+        "watermark": 0.0,
+        "enable_prefix_caching": setting(BOOLEAN, *prefix_keys, default=True),
     }
     try:
         scheduler_config(system, max_len)
@@ -133,21 +197,19 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
     requests = requests_from_log(logged, ids)
     wanted = system["enable_prefix_caching"]
     system["enable_prefix_caching"] = prefix_caching_for(system, requests, warn=False)
-    blocks = _meta_value(meta, meta_path, "kv_cache.num_gpu_blocks", default=-1)
-    if blocks != -1 and not (isinstance(blocks, int) and blocks >= 1):
-        raise RunError(f"{meta_path}: kv_cache.num_gpu_blocks must be a whole number >= 1, "
-                       f"got {blocks!r}")  # fmt: skip
-    memory = _meta_value(meta, meta_path, "hardware.device_total_memory_bytes", default=-1)
-    utilization = float(
-        _meta_value(meta, meta_path, "kv_cache.gpu_memory_utilization",
-                    f"{rc}.cache_config.gpu_memory_utilization", default=0.9)
-    )  # fmt: skip
-    eager = bool(_meta_value(meta, meta_path, f"{ek}.enforce_eager",
-                             f"{rc}.model_config.enforce_eager", default=False))  # fmt: skip
-    graphs = int(
-        _meta_value(meta, meta_path, f"{rc}.compilation_config.max_cudagraph_capture_size",
-                    default=CUDA_GRAPH_MAX_SIZE)
-    )  # fmt: skip
+    blocks = setting(WHOLE, "kv_cache.num_gpu_blocks", f"{cc}.num_gpu_blocks", default=None)
+    memory = setting(WHOLE, "hardware.device_total_memory_bytes", default=None)
+    utilization = setting(FRACTION, "kv_cache.gpu_memory_utilization",
+                          f"{cc}.gpu_memory_utilization", default=0.9)  # fmt: skip
+    eager = setting(BOOLEAN, f"{ek}.enforce_eager", f"{rc}.model_config.enforce_eager",
+                    default=False)  # fmt: skip
+    graphs = setting(WHOLE_OR_ZERO, f"{rc}.compilation_config.max_cudagraph_capture_size",
+                     default=CUDA_GRAPH_MAX_SIZE)  # fmt: skip
+    tp = setting(WHOLE, f"{ek}.tensor_parallel_size", f"{rc}.parallel_config.tensor_parallel_size",
+                 default=1)  # fmt: skip
+    device = _meta_value(meta, meta_path, "hardware.device_name", default="")
+    if not isinstance(device, str):
+        raise RunError(f"{meta_path}: hardware.device_name must be a string, got {device!r}")
     ts_path = run_dir / "timeseries.csv"
     timeseries = None
     if ts_path.is_file():
@@ -162,15 +224,17 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
         requests=requests,
         system=system,
         max_model_len=max_len,
-        num_gpu_blocks=None if blocks == -1 else int(blocks),
-        tp=int(_meta_value(meta, meta_path, f"{ek}.tensor_parallel_size", default=1)),
+        num_gpu_blocks=blocks,
+        tp=tp,
         dtype_bytes=DTYPE_BYTES[dtype],
         model_name=str(_meta_value(meta, meta_path, "model", f"{ek}.model")),
-        device_memory_bytes=None if memory == -1 else int(memory),
+        device_memory_bytes=memory,
         gpu_memory_utilization=utilization,
         cuda_graph_max_size=0 if eager else graphs,
         timeseries=timeseries,
         prefix_caching_dropped=wanted and not system["enable_prefix_caching"],
+        device_name=device or None,
+        meta_path=meta_path,
     )
 
 
@@ -237,13 +301,58 @@ def resolve_gpu(arg: str) -> GPUSpec:
     return get_gpu(arg)
 
 
+def check_device(
+    run: VLLMRun, gpu: GPUSpec, hardware: str, allow_mismatch: bool = False
+) -> str | None:
+    """``--hardware`` against the GPU meta.json's ``hardware.device_name`` names. A device
+    the catalog knows (its ``device_names``) that is another catalog GPU than ``--hardware``
+    is a :class:`RunError` naming both, unless ``allow_mismatch``; then, and when the device
+    is unknown to the catalog or ``--hardware`` is a YAML that does not list it, a one-line
+    note is returned. None when they match or meta.json names no device."""
+    device = run.device_name
+    if device is None:
+        return None
+    where = f"{run.meta_path or 'meta.json'}: hardware.device_name {device!r}"
+    if Path(hardware).suffix in (".yaml", ".yml"):
+        if device.lower() in (d.lower() for d in gpu.device_names):
+            return None
+        return (
+            f"--hardware {hardware} is a hardware YAML whose device_names do not list "
+            f"{device!r} (meta.json's hardware.device_name): not checked against it"
+        )
+    try:
+        known = get_gpu(device)
+    except KeyError:
+        return (
+            f"meta.json's hardware.device_name {device!r} is not in the hardware catalog "
+            f"(no device_names entry): --hardware {hardware} not checked against it"
+        )
+    if known.name == gpu.name:
+        return None
+    if allow_mismatch:
+        return (
+            f"--allow-device-mismatch: the run is simulated on {gpu.name} though it ran on "
+            f"{device!r} ({known.name} in the catalog)"
+        )
+    named = hardware if hardware == gpu.name else f"{hardware} ({gpu.name})"
+    raise RunError(
+        f"{where} is the catalog's {known.name} but --hardware is {named}: "
+        f"pass --hardware {known.name}, or add --allow-device-mismatch to simulate the run on "
+        f"{gpu.name} deliberately"
+    )
+
+
 def num_blocks(run: VLLMRun, model: ModelSpec, gpu: GPUSpec) -> tuple[int, str]:
     """vLLM's block count when meta.json records it, else kvlab's estimate (vllm_v1
     accounting on the device memory meta.json records); the capacity description."""
-    if run.device_memory_bytes is not None:
+    if run.device_memory_bytes is not None:  # the run's own device total, as vLLM read it
+        total = int(run.device_memory_bytes)
         gpu = replace(
-            gpu, memory_bytes=int(run.device_memory_bytes),
-            source={**gpu.source, "memory_gb": "device_total_memory_bytes of the run's meta.json"},
+            gpu, memory_bytes=max(gpu.memory_bytes, total), reported_memory_bytes=total,
+            source={
+                **gpu.source,
+                "reported_memory_gib": "hardware.device_total_memory_bytes of the run's meta.json",
+            },
         )  # fmt: skip
     estimate = kv_capacity(
         model, gpu, run.tp, run.dtype_bytes,
