@@ -20,7 +20,8 @@ Choices where the paper is silent (made before any result; config values here):
   request may wait 338 s), normalized latency alone passes rates the system cannot keep up
   with; it also requires the trace to be >= ~10x the mean latency at the rates found;
 - rate grids: fractions of each panel's paper x-axis (:data:`GRID_FRACTIONS`), from 1/16 of
-  the axis to twice it, then steps of 1.5x up to 8x the axis while a system still passes;
+  the axis to twice it, then steps of 1.5x up to 8x the axis (:data:`GROW_TO` x the grid's
+  top; the last step is cut short, so no rate above 8x is run) while a system still passes;
   the grid stops at the first rate that does not pass (the sustainable rate lies below it;
   runs above it cost the most and cannot change it), then ``bisect_evals`` bisections;
 - trace lengths: the paper's (1 hour; 15 minutes for OPT-175B) with ``--full``; by default
@@ -29,6 +30,16 @@ Choices where the paper is silent (made before any result; config values here):
   request's latency at the rates found (ShareGPT requests run for tens of seconds, Alpaca's
   for a few). The report prints, per panel and system, the requests at the rate found and
   the backlog share, so a reader sees whether the trace was long enough.
+
+Bounds: a system that passed every rate tried has only a lower bound on its rate (printed
+"≥"), one that passed none only an upper bound (the lowest rate tried, "<"); a seed's own
+rate likewise marks its interval end. A ratio with such a rate in it is a bound ("≥", "≤",
+">", "<"), and the gap line calls such a ratio inside or outside the paper's range only when
+every ratio the rates tried allow (:func:`ratio_bounds`) is inside it, or all on one side.
+
+``python -m experiments.report.fig12_rates DIR`` prints the section again from the per-run
+CSVs of a finished run in ``DIR`` (no simulation; ``--write-capacity`` also rewrites its
+``fig12_capacity.csv``).
 """
 
 from __future__ import annotations
@@ -54,6 +65,11 @@ from experiments.report.rate_search import (
 SYSTEMS = ("fastertransformer", "orca_max", "orca_pow2", "orca_oracle", "vllm")
 MAX_BACKLOG = 0.1
 GRID_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0, 1.5, 2.0)
+# growth above the grid's top (2x the axis) stops at this multiple of it: 8x the axis
+GROW_TO = 4.0
+# the columns of ``rate_search.capacity_table`` that say which rates and ratios are bounds
+BOUND_COLUMNS = ("rate_open", "rate_lo_open", "rate_hi_open", "vllm_ratio_bound",
+                 "ratio_lo_bound", "ratio_hi_bound")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -113,7 +129,7 @@ def searches(
                 f"workload.duration_s={t}")  # fmt: skip
         for system in SYSTEMS:
             out.append(Search("fig12", p.letter, system, (*base, f"system={system}"), p.rates,
-                              seeds=seeds, bisect_evals=bisect_evals, grow_to=4.0,
+                              seeds=seeds, bisect_evals=bisect_evals, grow_to=GROW_TO,
                               trace_s=t, max_backlog=MAX_BACKLOG,
                               stop_after=1, rate_tol=rate_tol))  # fmt: skip
     return out
@@ -125,11 +141,8 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any, threshold: float)
     min and max over seeds per rate) and ``fig12_all_panels.png/.pdf``;
     returns the report section."""
     runs = pd.DataFrame(rows)
-    cap = pd.DataFrame(capacity_table(rows, "vllm"))
+    cap = capacity(rows)
     curves = pd.DataFrame(curve_table(rows))
-    at = _at_rate(runs, cap)
-    cap = cap.merge(at, on=["setting", "system"], how="left")
-    cap.insert(0, "panel", cap.pop("setting"))
     curves.insert(0, "panel", curves.pop("setting"))
     cap.to_csv(out / "fig12_capacity.csv", index=False)
     curves.to_csv(out / "fig12_curves.csv", index=False)
@@ -145,6 +158,32 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any, threshold: float)
     save(fig, out, "fig12_all_panels")
     plt.close(fig)
     return section(cap, runs, threshold)
+
+
+def capacity(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """``fig12_capacity.csv``'s table: ``rate_search.capacity_table`` (with its bound
+    columns) and :func:`_at_rate`'s columns per (panel, system), ``panel`` first."""
+    runs = pd.DataFrame(rows)
+    cap = pd.DataFrame(capacity_table(rows, "vllm"))
+    cap = cap.merge(_at_rate(runs, cap), on=["setting", "system"], how="left")
+    cap.insert(0, "panel", cap.pop("setting"))
+    return cap
+
+
+def read_runs(directory: Path) -> list[dict[str, Any]]:
+    """The rows of every panel's per-run CSV (``fig12<letter>_*.csv``) in ``directory``, as
+    the search made them: ``seed`` None where empty, ``passes`` None where not measured."""
+    frames = [pd.read_csv(directory / f"{p.name}.csv") for p in PANELS
+              if (directory / f"{p.name}.csv").exists()]  # fmt: skip
+    if not frames:
+        raise FileNotFoundError(f"no fig12<panel>_*.csv in {directory}")
+    rows = pd.concat(frames, ignore_index=True).to_dict("records")
+    for r in rows:
+        r["setting"] = str(r["setting"])
+        r["seed"] = None if r["seed"] != r["seed"] else int(r["seed"])
+        ok = r["passes"]
+        r["passes"] = None if ok is None or ok != ok else ok in (True, "True", "true", 1)
+    return rows
 
 
 def _at_rate(runs: pd.DataFrame, cap: pd.DataFrame) -> pd.DataFrame:
@@ -172,6 +211,14 @@ def _f(v: Any, spec: str = ".2f") -> str:
     return "∞" if isinstance(v, float) and math.isinf(v) else format(v, spec)
 
 
+_MARK = {"exact": "", "lower": "≥ ", "upper": "≤ "}
+
+
+def _end(value: float, bound: str, spec: str = ".2f") -> str:
+    """A value with its bound mark ("≥ 3", "≤ 1.2"; "?" when it may move either way)."""
+    return "?" if bound == "unknown" else _MARK[bound] + _f(value, spec)
+
+
 def _paper_ratio(panel: Panel, system: str) -> str:
     if system == "vllm":
         return "1"
@@ -184,7 +231,13 @@ def _paper_ratio(panel: Panel, system: str) -> str:
 
 
 def section(cap: pd.DataFrame, runs: pd.DataFrame, threshold: float) -> str:
-    """The report's Fig. 12 section: per panel a table and a computed gap line."""
+    """The report's Fig. 12 section: per panel a table and a computed gap line. ``cap``:
+    :func:`capacity` (a table without its bound columns, such as a ``fig12_capacity.csv``
+    written before they existed, raises ``ValueError``: rebuild it from the runs)."""
+    missing = [col for col in BOUND_COLUMNS if col not in cap.columns]
+    if missing:
+        raise ValueError(f"capacity table lacks {', '.join(missing)}: rebuild it with "
+                         "fig12_rates.capacity(rows) from the per-run CSVs")  # fmt: skip
     seeds = sorted({int(s) for s in runs["seed"].dropna()})
     lines = [
         "## Fig. 12 (a)–(f): sustainable request rate",
@@ -201,7 +254,12 @@ def section(cap: pd.DataFrame, runs: pd.DataFrame, threshold: float) -> str:
         "sustainable rate is the highest rate that passes on every seed; [interval] is the "
         "min–max over seeds of each seed's own sustainable rate on the same evaluated rates. "
         "vLLM / system [interval]: vLLM's interval over the system's, low over high and high "
-        "over low. The paper's ratios are over three model sizes, for ShareGPT only (§6.2). "
+        "over low. ≥ marks a lower bound (a system, or the seed behind an interval end, "
+        "that passed every rate tried), < an upper one (none passed: below the lowest rate "
+        "tried); a ratio with such a rate in it is a bound (≥, ≤, >, <; ? where it may move "
+        "either way), and the gap line decides inside or outside the paper's range only "
+        "where every ratio the rates tried allow lies on one side. The paper's ratios are "
+        "over three model sizes, for ShareGPT only (§6.2). "
         "Curves: mean over seeds, shaded min–max. Files: `fig12<panel>_*.csv` (every run), "
         "`fig12_curves.csv`, `fig12_capacity.csv`.",
         "",
@@ -227,28 +285,96 @@ def section(cap: pd.DataFrame, runs: pd.DataFrame, threshold: float) -> str:
         ]
         for system in [s for s in SYSTEMS if s in c.index]:
             r = c.loc[system]
-            below = _below_grid(r)
-            rate_cell = (
-                f"< {below:.3g} (none of the rates tried passed)"
-                if below
-                else f"{_f(r['max_rate'], '.3g')} [{_f(r['rate_lo'], '.3g')}, "
-                f"{_f(r['rate_hi'], '.3g')}]"
-            )
-            ratio_cell = (
-                f"> {_f(_vllm_rate(c) / below)}×"
-                if below
-                else f"{_f(r['vllm_ratio'])}× [{_f(r['ratio_lo'])}, {_f(r['ratio_hi'])}]"
-            )
             lines.append(
-                f"| {SYSTEM_LABELS[system]} | {rate_cell} "
+                f"| {SYSTEM_LABELS[system]} | {_rate_cell(r)} "
                 f"| {_f(r['requests_at_rate'], '.0f')} | {_f(r['mean_e2el_s_at_rate'], '.1f')} "
-                f"| {_backlog(r)} | {ratio_cell} | {_paper_ratio(p, system)} |"
+                f"| {_backlog(r)} | {_ratio_cell(c, system)} | {_paper_ratio(p, system)} |"
             )
         gap = gap_line(p, c)
         gaps.append(gap)
         lines += ["", gap, ""]
     lines += _narrowing(cap)
     return "\n".join(lines) + "\n"
+
+
+def _rate_cell(r: Any) -> str:
+    """The sustained-rate cell: the rate and its seed interval, open ends marked "≥"."""
+    below = _below_grid(r)
+    if below:
+        return f"< {below:.3g} (none of the rates tried passed)"
+    mark = {True: "lower", False: "exact"}
+    cell = (f"{_end(r['max_rate'], mark[bool(r['rate_open'])], '.3g')} "
+            f"[{_end(r['rate_lo'], mark[bool(r['rate_lo_open'])], '.3g')}, "
+            f"{_end(r['rate_hi'], mark[bool(r['rate_hi_open'])], '.3g')}]")  # fmt: skip
+    return cell + (" (passed every rate tried)" if r["rate_open"] else "")
+
+
+def _ratio_cell(c: pd.DataFrame, system: str) -> str:
+    """The vLLM / system cell: the ratio (a bound where a rate in it is) and its seed
+    interval with its ends marked."""
+    r = c.loc[system]
+    if system == "vllm" and _below_grid(r):
+        return "—"
+    kind, value = ratio_estimate(c, system)
+    if kind in (">", "<"):
+        return f"{kind} {_f(value)}×"
+    if kind == "?":
+        return f"— ({_why(c, system)})"
+    head = {"=": "", "≥": "≥ ", "≤": "≤ "}[kind] + f"{_f(value)}×"
+    return (f"{head} [{_end(r['ratio_lo'], r['ratio_lo_bound'])}, "
+            f"{_end(r['ratio_hi'], r['ratio_hi_bound'])}]")  # fmt: skip
+
+
+def _passed_all(r: Any) -> bool:
+    """Every rate tried passed (no failing rate): the rate is only a lower bound."""
+    fail = r["first_failing_rate"]
+    return r["max_rate"] > 0 and (fail is None or fail != fail)
+
+
+def ratio_estimate(c: pd.DataFrame, system: str) -> tuple[str, float]:
+    """vLLM / ``system`` from their sustainable rates, as (kind, value): "=" both rates
+    bracketed; "≥" vLLM passed every rate tried (its rate is a lower bound); "≤" ``system``
+    did; ">" ``system`` passed none (vLLM's rate over the lowest rate it tried); "<" vLLM
+    passed none (the lowest rate vLLM tried over ``system``'s rate); "?" no bound (both
+    passed every rate, or neither passed one). (1.0, "=") for vLLM itself."""
+    if system == "vllm":
+        return "=", 1.0
+    v, s = c.loc["vllm"], c.loc[system]
+    v_rate, s_rate = float(v["max_rate"]), float(s["max_rate"])
+    v_below, s_below = _below_grid(v), _below_grid(s)
+    if (v_below and s_below) or (_passed_all(v) and _passed_all(s)):
+        return "?", v_rate / s_rate if s_rate > 0 else math.nan
+    if s_below:
+        return ">", v_rate / s_below
+    if v_below:
+        return "<", v_below / s_rate
+    if _passed_all(v):
+        return "≥", v_rate / s_rate
+    if _passed_all(s):
+        return "≤", v_rate / s_rate
+    return "=", v_rate / s_rate
+
+
+def ratio_bounds(c: pd.DataFrame, system: str) -> tuple[float, float] | None:
+    """Every value vLLM / ``system`` can take given the rates tried, as [low, high]: each
+    sustainable rate is at least the highest rate that passed (0 when none did) and below
+    the lowest that failed (unbounded when none did), so the ratio is in [vLLM passed /
+    system failed, vLLM failed / system passed], with 0 and inf where a side is open.
+    None when a row is missing or its rate is not a number."""
+    if "vllm" not in c.index or system not in c.index:
+        return None
+    v, s = c.loc["vllm"], c.loc[system]
+    if any(x is None or x != x for x in (v["max_rate"], s["max_rate"])):
+        return None
+
+    def fail(r: Any) -> float:
+        f = r["first_failing_rate"]
+        return math.inf if f is None or f != f else float(f)
+
+    v_pass, s_pass = float(v["max_rate"]), float(s["max_rate"])
+    low = 0.0 if v_pass == 0 or math.isinf(fail(s)) else v_pass / fail(s)
+    high = math.inf if s_pass == 0 or math.isinf(fail(v)) else fail(v) / s_pass
+    return low, high
 
 
 def _below_grid(r: Any) -> float | None:
@@ -258,10 +384,6 @@ def _below_grid(r: Any) -> float | None:
     if r["max_rate"] > 0 or fail is None or fail != fail:
         return None
     return float(fail)
-
-
-def _vllm_rate(c: pd.DataFrame) -> float:
-    return float(c.loc["vllm", "max_rate"]) if "vllm" in c.index else math.nan
 
 
 def _backlog(r: Any) -> str:
@@ -276,46 +398,102 @@ def _backlog(r: Any) -> str:
 
 def gap_line(panel: Panel, c: pd.DataFrame) -> str:
     """One computed line: vLLM's rate against the paper's axis and each ratio against the
-    paper's range (ShareGPT), or the ratios alone (Alpaca: the paper prints none)."""
+    paper's range (ShareGPT), or the ratios alone (Alpaca: the paper prints none). A rate
+    or ratio that is only a bound is printed as one (:func:`ratio_estimate`); its verdict is
+    "inside" or "outside" only when every value :func:`ratio_bounds` allows is, else "not
+    decided". ``c``: one panel's capacity rows indexed by system (``max_rate``,
+    ``first_failing_rate``)."""
     parts = []
     if "vllm" in c.index:
-        rate = float(c.loc["vllm", "max_rate"])
-        where = "inside" if rate <= panel.axis else "beyond"
-        parts.append(f"vLLM sustains {rate:.3g} req/s, {where} the paper's axis "
-                     f"(0–{panel.axis:g})")  # fmt: skip
+        parts.append(_vllm_part(panel, c.loc["vllm"]))
     for system in ("orca_oracle", "orca_max", "orca_pow2", "fastertransformer"):
-        if system not in c.index:
+        if system not in c.index or "vllm" not in c.index:
             continue
-        ratio = float(c.loc[system, "vllm_ratio"])
+        label = SYSTEM_LABELS[system]
+        kind, ratio = ratio_estimate(c, system)
         below = _below_grid(c.loc[system])
-        if below:
-            parts.append(
-                f"{SYSTEM_LABELS[system]} passes none of the rates tried (from {below:.3g} "
-                f"req/s), so vLLM / {SYSTEM_LABELS[system]} > {_f(_vllm_rate(c) / below)}×"
-            )
-            continue
-        text = f"vLLM / {SYSTEM_LABELS[system]} = {_f(ratio)}×"
+        notes = []
+        if kind == ">":
+            text = (f"{label} passes none of the rates tried (from {below:.3g} req/s), so "
+                    f"vLLM / {label} > {_f(ratio)}×")  # fmt: skip
+        elif kind == "?":
+            text = f"vLLM / {label}: not bounded"
+            notes.append(_why(c, system))
+        else:
+            text = f"vLLM / {label} {kind} {_f(ratio)}×"
+            notes += [] if kind == "=" else [_why(c, system)]
         lo, hi = FIG12_SHAREGPT_RATIO.get(system, (None, None))
         if panel.workload == "sharegpt" and hi is not None:
-            lo_ = lo or 1.0
-            off = (ratio - hi) if ratio > hi else (ratio - lo_)
-            verdict = "inside" if lo_ <= ratio <= hi else f"outside by {off:+.2f}×"
-            bracket = resolution_bracket(c, system)
-            bounds = [b for b in (lo, hi) if b is not None]  # "up to 22x": no lower bound
-            if bracket and any(bracket[0] < b < bracket[1] for b in bounds):
-                low, high = (_f(x) for x in bracket)
-                verdict += (f"; the search's resolution puts the ratio in [{low}, {high}], "
-                            "across the paper's bound: not decided")  # fmt: skip
-            text += f" (paper {_paper_ratio(panel, system)}: {verdict})"
-        parts.append(text)
+            verdict = (_exact_verdict(c, system, ratio, lo, hi) if kind == "="
+                       else _bound_verdict(ratio_bounds(c, system), lo or 1.0, hi))  # fmt: skip
+            notes.append(f"paper {_paper_ratio(panel, system)}: {verdict}")
+        parts.append(text + (f" ({'; '.join(notes)})" if notes else ""))
     return f"Gap ({panel.letter}): " + "; ".join(parts) + "."
+
+
+def _vllm_part(panel: Panel, v: Any) -> str:
+    """vLLM's rate against the paper's axis, as a bound where it is one."""
+    rate, below, axis = float(v["max_rate"]), _below_grid(v), f"the paper's axis (0–{panel.axis:g})"
+    if below:
+        where = f", inside {axis}" if below <= panel.axis else ""
+        return f"vLLM passes none of the rates tried, so it sustains < {below:.3g} req/s{where}"
+    if _passed_all(v):
+        where = f", beyond {axis}" if rate > panel.axis else ""
+        return f"vLLM passes every rate tried, so it sustains ≥ {rate:.3g} req/s{where}"
+    where = "inside" if rate <= panel.axis else "beyond"
+    return f"vLLM sustains {rate:.3g} req/s, {where} {axis}"
+
+
+def _why(c: pd.DataFrame, system: str) -> str:
+    """Which rates of vLLM / ``system`` are bounds, in words."""
+    words = []
+    for name in ("vllm", system):
+        r = c.loc[name]
+        label = SYSTEM_LABELS[name]
+        if _below_grid(r):
+            words.append(f"{label} passed none of the rates tried")
+        elif _passed_all(r):
+            words.append(f"{label} passed every rate tried")
+    return " and ".join(words)
+
+
+def _exact_verdict(c: pd.DataFrame, system: str, ratio: float, lo: float | None,
+                   hi: float) -> str:  # fmt: skip
+    """Inside or outside the paper's [lo, hi] by the point ratio; "not decided" added where
+    the search's resolution (:func:`resolution_bracket`) straddles a paper bound."""
+    lo_ = lo or 1.0
+    off = (ratio - hi) if ratio > hi else (ratio - lo_)
+    verdict = "inside" if lo_ <= ratio <= hi else f"outside by {off:+.2f}×"
+    bracket = resolution_bracket(c, system)
+    bounds = [b for b in (lo, hi) if b is not None]  # "up to 22x": no lower bound
+    if bracket and any(bracket[0] < b < bracket[1] for b in bounds):
+        low, high = (_f(x) for x in bracket)
+        verdict += (f"; the search's resolution puts the ratio in [{low}, {high}], "
+                    "across the paper's bound: not decided")  # fmt: skip
+    return verdict
+
+
+def _bound_verdict(bracket: tuple[float, float] | None, lo: float, hi: float) -> str:
+    """The verdict for a ratio that is only a bound: decided only when every value in
+    ``bracket`` (:func:`ratio_bounds`) lies inside [lo, hi] or on one side of it."""
+    if bracket is None:
+        return "not decided"
+    low, high = bracket
+    if high < lo:
+        return f"outside: at most {_f(high)}×, below the range by ≥ {lo - high:.2f}×"
+    if low > hi:
+        return f"outside: at least {_f(low)}×, above the range by ≥ {low - hi:.2f}×"
+    if lo <= low and high <= hi:
+        return "inside"
+    end = f"{_f(high)}]" if math.isfinite(high) else "∞)"
+    return f"not decided: the rates tried put the ratio in [{_f(low)}, {end}, across the range"
 
 
 def resolution_bracket(c: pd.DataFrame, system: str) -> tuple[float, float] | None:
     """Where vLLM / ``system`` can lie given the rates tried: each sustainable rate is at
     least the highest rate that passed and below the lowest that failed, so the ratio is in
     [vLLM passed / system failed, vLLM failed / system passed]. None when a failing rate is
-    missing (the grid's top passed) or nothing passed."""
+    missing (the grid's top passed) or nothing passed: :func:`ratio_bounds` covers those."""
     if "vllm" not in c.index or system not in c.index:
         return None
     v, s = c.loc["vllm"], c.loc[system]
@@ -327,13 +505,47 @@ def resolution_bracket(c: pd.DataFrame, system: str) -> tuple[float, float] | No
 
 
 def _narrowing(cap: pd.DataFrame) -> list[str]:
-    """The paper's one Alpaca statement: the gap narrows on OPT-175B (§6.2)."""
-    o = cap[(cap["system"] == "orca_oracle")].set_index("panel")["vllm_ratio"]
-    if not {"d", "f"} <= set(o.index):
-        return []
-    d, f = float(o["d"]), float(o["f"])
-    verdict = "narrows" if f < d else "does not narrow"
-    if f < 1:
-        verdict += ", and inverts: Orca (Oracle) sustains more than vLLM on (f)"
-    return [f"Alpaca, OPT-175B (f) against OPT-13B (d): vLLM / Orca (Oracle) is {_f(f)}× vs "
-            f"{_f(d)}×; kvlab's gap {verdict} (the paper: it narrows, §6.2).", ""]  # fmt: skip
+    """The paper's one Alpaca statement: the gap narrows on OPT-175B (§6.2). Not decided
+    where either ratio is only a bound (:func:`ratio_estimate`)."""
+    est = {}
+    for letter in ("d", "f"):
+        c = cap[cap["panel"] == letter].set_index("system")
+        if not {"vllm", "orca_oracle"} <= set(c.index):
+            return []
+        est[letter] = ratio_estimate(c, "orca_oracle")
+    (kind_d, d), (kind_f, f) = est["d"], est["f"]
+    if kind_d != "=" or kind_f != "=":
+        verdict = "is not decided (a rate in it is only a bound)"
+    else:
+        verdict = "narrows" if f < d else "does not narrow"
+        if f < 1:
+            verdict += ", and inverts: Orca (Oracle) sustains more than vLLM on (f)"
+    shown = {k: ("" if kind == "=" else f"{kind} ") + _f(x) for k, (kind, x) in est.items()}
+    return [f"Alpaca, OPT-175B (f) against OPT-13B (d): vLLM / Orca (Oracle) is {shown['f']}× "
+            f"vs {shown['d']}×; kvlab's gap {verdict} (the paper: it narrows, §6.2).",
+            ""]  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    """Print (and return) the report's Fig. 12 section rebuilt from the per-run CSVs in a
+    finished run's directory, without running a simulation; ``--write-capacity`` also
+    rewrites that directory's ``fig12_capacity.csv`` with :func:`capacity`'s columns."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m experiments.report.fig12_rates")
+    parser.add_argument("directory", type=Path, help="a run's output (fig12<panel>_*.csv)")
+    parser.add_argument("--threshold", type=float, default=1.0,
+                        help="the --threshold the runs were made with (s/token)")  # fmt: skip
+    parser.add_argument("--write-capacity", action="store_true")
+    args = parser.parse_args(argv)
+    rows = read_runs(args.directory)
+    cap = capacity(rows)
+    if args.write_capacity:
+        cap.to_csv(args.directory / "fig12_capacity.csv", index=False)
+    text = section(cap, pd.DataFrame(rows), args.threshold)
+    print(text, end="")
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -6,14 +6,21 @@ normalized latency (s/token) is at or under the threshold and every request of i
 completed (none rejected), and (where the search sets ``max_backlog``) the system kept up
 with the arrivals (:func:`passes`); a *rate passes* when every seed's run passes. The search
 walks an ascending rate grid and stops after two rates in a row that do not pass (or, while
-the grid's top still passes, goes on in steps of 1.5x up to ``grow_to`` times the top), then
-bisects between the highest passing rate and the next rate that does not pass.
+the grid's top still passes, goes on in steps of 1.5x, the last step cut short so that no
+rate exceeds ``grow_to`` times the top), then bisects between the highest passing rate and
+the next rate that does not pass.
 
 Aggregation over seeds (:func:`max_rate`, :func:`seed_rates`, :func:`curve_table`): the
 sustainable rate is the highest rate that passes on every seed, below the lowest rate that
 does not; its interval is the min–max over seeds of each seed's own sustainable rate on the
 same evaluated rates (the lower end equals the sustainable rate when each seed's curve is
 monotone).
+
+Censoring: a rate is only bracketed (at least the highest rate that passed, below the lowest
+that did not) where something failed. A system, or a seed, that passed every rate tried has
+only a lower bound (:func:`seed_open`; :func:`capacity_table`'s ``*_open`` columns), and one
+that passed none only an upper bound, the lowest rate tried (its rate is reported as 0); a
+ratio of such rates is a bound too (``*_bound`` columns).
 
 ``run(label, overrides) -> metrics`` is the caller's runner (a local call or a Hydra launcher
 job), so the search itself knows nothing of where runs execute.
@@ -81,7 +88,8 @@ def search_rate(
     the run's config overrides (``seed`` None: the caller's overrides fix the seed).
     ``bisect_evals`` rates at most are bisected, until the highest passing and the lowest
     failing rate are within ``rate_tol`` of the latter; ``max_backlog``: :func:`passes`; the grid
-    stops after ``stop_after`` rates in a row that do not pass;
+    stops after ``stop_after`` rates in a row that do not pass; while the grid's top passes,
+    rates grow by 1.5x up to ``grow_to`` x the top and no further (the last step is shorter);
     ``trace_s``: the trace length, recorded in each row."""
     rows: list[dict[str, Any]] = []
 
@@ -109,8 +117,9 @@ def search_rate(
         fails = 0 if last_ok else fails + 1
         if fails >= stop_after:
             break
-    while last_ok and rate < grow_to * rates[-1]:  # sustained at the grid's top
-        rate *= 1.5
+    ceiling = grow_to * rates[-1]
+    while last_ok and rate < ceiling:  # sustained at the grid's top
+        rate = min(rate * 1.5, ceiling)
         last_ok = evaluate(rate)
     lo = max_rate(rows)
     above = [r for r in _rate_passes(rows) if r > lo and not _rate_passes(rows)[r]]
@@ -153,6 +162,13 @@ def seed_rates(rows: Sequence[dict[str, Any]]) -> dict[Any, float]:
     """Per seed: its own sustainable rate (:func:`max_rate` on that seed's runs)."""
     seeds = dict.fromkeys(r.get("seed") for r in rows)
     return {s: max_rate([r for r in rows if r.get("seed") == s]) for s in seeds}
+
+
+def seed_open(rows: Sequence[dict[str, Any]]) -> dict[Any, bool]:
+    """Per seed: True when none of its measured runs failed, so its own rate
+    (:func:`seed_rates`) is only a lower bound on where it would fail (censored)."""
+    seeds = dict.fromkeys(r.get("seed") for r in rows)
+    return {s: first_failing_rate([r for r in rows if r.get("seed") == s]) is None for s in seeds}
 
 
 def at_max_rate(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -215,30 +231,70 @@ def run_search(run: Runner, search: Search, threshold: float) -> list[dict[str, 
 def capacity_table(rows: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
     """Per (setting, system): the sustainable rate (``max_rate``), its seed interval
     (``rate_lo``, ``rate_hi``), the lowest rate that failed, the seeds, and vLLM's rate over
-    it (``vllm_ratio``; ``ratio_lo``/``ratio_hi``: vLLM's interval over this one's, its
-    lowest over this one's highest and back). ``baseline`` names the figure's reference."""
+    it (``vllm_ratio``, 1 on vLLM's own row; ``ratio_lo``/``ratio_hi``: vLLM's interval over
+    this one's, its lowest over this one's highest and back; a ratio with a zero denominator
+    is inf, or NaN when the numerator is zero too). ``baseline`` names the figure's
+    reference.
+
+    Censoring (the numeric columns keep the meaning above; these say which are bounds):
+    ``rate_open`` True when every rate tried passed, so ``max_rate`` is only a lower bound;
+    ``rate_lo_open``/``rate_hi_open`` True when that end of the seed interval comes from
+    seeds that never failed (:func:`seed_open`), a lower bound likewise.
+    ``vllm_ratio_bound``, ``ratio_lo_bound``, ``ratio_hi_bound``: "exact" (every rate in it
+    bracketed by a pass and a failure), "lower" (the true ratio may only be higher: the
+    numerator is open, or 0 because nothing passed), "upper" (may only be lower: the
+    denominator is), "unknown" (both)."""
     by: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         by.setdefault((r["setting"], r["system"]), []).append(r)
     out = []
     for (setting, system), rs in by.items():
-        per_seed = seed_rates(rs)
+        per_seed, open_ = seed_rates(rs), seed_open(rs)
+        lo, hi = min(per_seed.values()), max(per_seed.values())
+        fail = first_failing_rate(rs)
         out.append({
             "setting": setting, "system": system, "max_rate": max_rate(rs),
-            "rate_lo": min(per_seed.values()), "rate_hi": max(per_seed.values()),
-            "first_failing_rate": first_failing_rate(rs), "seeds": len(per_seed),
+            "rate_lo": lo, "rate_hi": hi, "first_failing_rate": fail, "seeds": len(per_seed),
+            "rate_open": fail is None and max_rate(rs) > 0,
+            "rate_lo_open": all(open_[s] for s, r in per_seed.items() if r == lo),
+            "rate_hi_open": any(open_.values()),
         })  # fmt: skip
     vllm = {o["setting"]: o for o in out if o["system"] == "vllm"}
     for o in out:
-        v = vllm.get(o["setting"])
-        o["vllm_ratio"] = _ratio(v["max_rate"] if v else math.nan, o["max_rate"])
-        o["ratio_lo"] = _ratio(v["rate_lo"] if v else math.nan, o["rate_hi"])
-        o["ratio_hi"] = _ratio(v["rate_hi"] if v else math.nan, o["rate_lo"])
+        v = vllm.get(o["setting"]) or {}
+        ratios = (("vllm_ratio", "max_rate", "max_rate", "rate_open", "rate_open"),
+                  ("ratio_lo", "rate_lo", "rate_hi", "rate_lo_open", "rate_hi_open"),
+                  ("ratio_hi", "rate_hi", "rate_lo", "rate_hi_open", "rate_lo_open"))  # fmt: skip
+        for name, num, den, num_open, den_open in ratios:
+            o[name] = _ratio(v.get(num, math.nan), o[den])
+            o[f"{name}_bound"] = (
+                _bound(_may_be_higher(v[num], v[num_open]), _may_be_higher(o[den], o[den_open]))
+                if v
+                else "unknown"
+            )
+        if o["system"] == "vllm":
+            o["vllm_ratio"], o["vllm_ratio_bound"] = 1.0, "exact"
     return out
 
 
 def _ratio(num: float, den: float) -> float:
-    return num / den if den > 0 else math.inf
+    if den > 0:
+        return num / den
+    return math.inf if num > 0 else math.nan
+
+
+def _may_be_higher(rate: float, is_open: bool) -> bool:
+    """Whether the true rate may lie above ``rate``: it is open (nothing failed), or 0
+    (nothing passed: only below the lowest rate tried is known)."""
+    return bool(is_open) or rate == 0
+
+
+def _bound(num_higher: bool, den_higher: bool) -> str:
+    """How a ratio relates to the true one when its numerator or denominator may be higher:
+    "exact", "lower" (the ratio is a lower bound), "upper" or "unknown"."""
+    if num_higher and den_higher:
+        return "unknown"
+    return "lower" if num_higher else "upper" if den_higher else "exact"
 
 
 def curve_table(rows: Sequence[dict[str, Any]], value: str = "normalized_latency") -> list[dict]:
