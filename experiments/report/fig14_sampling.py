@@ -7,6 +7,13 @@ width-6 ratio stands beside the 2.3x (basic sampling is Fig. 12's Alpaca panel, 
 here). Choices where the paper is silent (config values of :func:`searches`): the rate grid,
 the normalized-latency threshold (``reproduce --threshold``) and the trace length. The
 simulator's beams follow top-``width`` selection on seeded scores (``sim/beams.py``).
+
+Bounds (shared by the Fig. 14, 16 and 17 sections: :mod:`experiments.report.bound_text`): a
+system that passed every rate tried has only a lower bound on its rate
+(printed "≥"), one that passed none only an upper bound (the lowest rate tried, "<"); a ratio
+with such a rate in it is a bound (``fig12_rates.ratio_estimate``: "≥", "≤", ">", "<"), and
+its gap to the paper is a number only where every ratio the rates tried allow
+(``fig12_rates.ratio_bounds``) lies on one side of the paper's value, else "not decided".
 """
 
 from __future__ import annotations
@@ -17,6 +24,15 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.report.bound_text import (
+    BOUNDS_NOTE,
+    NOT_DECIDED,
+    gap_text,
+    has_bounds,
+    rate_text,
+    ratio_text,
+)
+from experiments.report.fig12_rates import _ratio_cell, _why, ratio_estimate
 from experiments.report.figures import SYSTEM_COLORS, pyplot, save
 from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
@@ -92,19 +108,19 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
         "|---|---|---|---|---|",
     ]
     for setting in cap["setting"].unique():
-        o = cap[(cap["setting"] == setting) & (cap["system"] == "orca_oracle")].iloc[0]
-        v = cap[(cap["setting"] == setting) & (cap["system"] == "vllm")].iloc[0]
+        c = cap[cap["setting"] == setting].set_index("system")
         paper = PAPER_RATIO.get(setting)
         lines.append(
-            f"| {setting} | {_interval(o, 'max_rate', 'rate_lo', 'rate_hi')} "
-            f"| {_interval(v, 'max_rate', 'rate_lo', 'rate_hi')} "
-            f"| {_interval(o, 'vllm_ratio', 'ratio_lo', 'ratio_hi', '×')} "
+            f"| {setting} | {rate_text(c.loc['orca_oracle'], interval=True)} "
+            f"| {rate_text(c.loc['vllm'], interval=True)} "
+            f"| {_ratio_cell(c, 'orca_oracle')} "
             f"| {f'{paper:.1f}×' if paper else '—'} |"
         )
-    w6 = cap[(cap["setting"] == "beam 6") & (cap["system"] == "orca_oracle")]
-    if len(w6):
-        gap = float(w6["vllm_ratio"].iloc[0]) - PAPER_RATIO["beam 6"]
-        lines += ["", f"Gap at beam width 6: kvlab − paper = {gap:+.2f}× (ratio points)."]
+    c6 = cap[cap["setting"] == "beam 6"].set_index("system")
+    if {"vllm", "orca_oracle"} <= set(c6.index):
+        lines += ["", _gap_w6(c6)]
+    if has_bounds(cap):
+        lines += ["", BOUNDS_NOTE]
     return "\n".join(lines) + "\n"
 
 
@@ -112,5 +128,15 @@ def _seeds(runs: pd.DataFrame) -> int:
     return int(runs["seed"].nunique()) if "seed" in runs and runs["seed"].notna().any() else 1
 
 
-def _interval(row: Any, mid: str, lo: str, hi: str, unit: str = "") -> str:
-    return f"{row[mid]:.2f}{unit} [{row[lo]:.2f}, {row[hi]:.2f}]"
+def _gap_w6(c: pd.DataFrame) -> str:
+    """The beam-width-6 gap line: kvlab's ratio minus the paper's, a bound or "not decided"
+    where the ratio is only a bound (:func:`gap_text`). ``c``: the setting's capacity rows
+    indexed by system."""
+    kind, _ = ratio_estimate(c, "orca_oracle")
+    gap = gap_text(c, "orca_oracle", PAPER_RATIO["beam 6"])
+    if kind == "=":
+        return f"Gap at beam width 6: kvlab − paper = {gap} (ratio points)."
+    why = f"vLLM ÷ Orca (Oracle) is {ratio_text(c, 'orca_oracle')}: {_why(c, 'orca_oracle')}"
+    if gap == NOT_DECIDED:
+        return f"Gap at beam width 6: {NOT_DECIDED} ({why})."
+    return f"Gap at beam width 6: kvlab − paper {gap} (ratio points; {why})."
