@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 
-from experiments.report import fig12_rates
+from experiments.report import bound_text, fig12_rates
 from experiments.report.rate_search import (
     Search,
     capacity_table,
@@ -92,7 +92,7 @@ def test_a_baseline_passing_every_rate_makes_the_ratio_an_upper_bound() -> None:
     ratio = float(cap.set_index("system").loc["vllm", "max_rate"]) / float(o["max_rate"])
     assert f"| ≤ {ratio:.2f}× [" in table_row(text, "Orca (Oracle)")
     # every ratio the rates tried allow is below the paper's range: decided
-    low, high = fig12_rates.ratio_bounds(cap.set_index("system"), "orca_oracle")
+    low, high = bound_text.ratio_bounds(cap.set_index("system"), "orca_oracle")
     assert low == 0 and high < ORACLE_RANGE[0]
     assert re.search(r"Orca \(Oracle\) ≤ [^;]*; paper 1\.7–2\.7×: outside: at most", gap(text))
 
@@ -134,10 +134,10 @@ def test_the_bounds_hold_the_true_ratio_and_a_verdict_is_never_wrong(
 ) -> None:
     cap, text = report(panel_rows({"vllm": v_cap, "orca_oracle": o_cap}))
     c = cap.set_index("system")
-    low, high = fig12_rates.ratio_bounds(c, "orca_oracle")
+    low, high = bound_text.ratio_bounds(c, "orca_oracle")
     true = v_cap / o_cap
     assert low <= true * (1 + 1e-9) and true <= high * (1 + 1e-9)
-    kind, value = fig12_rates.ratio_estimate(c, "orca_oracle")
+    kind, value = bound_text.ratio_estimate(c, "orca_oracle")
     if kind in ("≥", ">"):
         assert true >= low and value >= low
     if kind in ("≤", "<"):

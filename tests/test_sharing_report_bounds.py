@@ -13,7 +13,7 @@ from typing import Any
 import matplotlib
 import pytest
 
-from experiments.report import fig14_sampling, fig16_prefix, fig17_chatbot
+from experiments.report import bound_text, fig14_sampling, fig16_prefix, fig17_chatbot
 from experiments.report.figures import pyplot
 from experiments.report.rate_search import capacity_table, run_search
 
@@ -69,14 +69,14 @@ def test_gap_is_a_bound_when_every_allowed_ratio_lies_on_one_side() -> None:
     # vLLM >= 12 (open), Orca (Oracle) in [2, 4): every ratio allowed is >= 12/4 = 3 > 1.67
     rows = [*runs("s", "orca_oracle", (2,), (4,)), *runs("s", "vllm", (2, 4, 8, 12))]
     c = _cap(rows)
-    assert fig14_sampling.ratio_text(c, "orca_oracle") == "≥ 6.00×"
-    assert fig14_sampling.gap_text(c, "orca_oracle", 1.67) == "≥ +1.33×"
+    assert bound_text.ratio_text(c, "orca_oracle") == "≥ 6.00×"
+    assert bound_text.gap_text(c, "orca_oracle", 1.67) == "≥ +1.33×"
     # Orca (Oracle) passed none (< 2): the ratio is above 12/2, the gap above 6 - 1.67
     rows = [*runs("s", "orca_oracle", (), (2, 4)), *runs("s", "vllm", (2, 4, 8, 12), (16,))]
     c = _cap(rows)
-    assert fig14_sampling.rate_text(c.loc["orca_oracle"]) == "< 2.00"
-    assert fig14_sampling.ratio_text(c, "orca_oracle") == "> 6.00×"
-    assert fig14_sampling.gap_text(c, "orca_oracle", 1.67) == "≥ +4.33×"
+    assert bound_text.rate_text(c.loc["orca_oracle"]) == "< 2.00"
+    assert bound_text.ratio_text(c, "orca_oracle") == "> 6.00×"
+    assert bound_text.gap_text(c, "orca_oracle", 1.67) == "≥ +4.33×"
 
 
 def _cap(rows: list[dict[str, Any]]) -> Any:

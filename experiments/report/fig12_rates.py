@@ -52,6 +52,15 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.report.bound_text import (
+    below_grid,
+    end_text,
+    fmt,
+    passed_all,
+    ratio_bounds,
+    ratio_estimate,
+    why_bound,
+)
 from experiments.report.figures import fig12_panels, save
 from experiments.report.paper import FIG12_SHAREGPT_RATIO, SYSTEM_LABELS
 from experiments.report.rate_search import (
@@ -205,20 +214,6 @@ def _at_rate(runs: pd.DataFrame, cap: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _f(v: Any, spec: str = ".2f") -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "—"
-    return "∞" if isinstance(v, float) and math.isinf(v) else format(v, spec)
-
-
-_MARK = {"exact": "", "lower": "≥ ", "upper": "≤ "}
-
-
-def _end(value: float, bound: str, spec: str = ".2f") -> str:
-    """A value with its bound mark ("≥ 3", "≤ 1.2"; "?" when it may move either way)."""
-    return "?" if bound == "unknown" else _MARK[bound] + _f(value, spec)
-
-
 def _paper_ratio(panel: Panel, system: str) -> str:
     if system == "vllm":
         return "1"
@@ -287,7 +282,7 @@ def section(cap: pd.DataFrame, runs: pd.DataFrame, threshold: float) -> str:
             r = c.loc[system]
             lines.append(
                 f"| {SYSTEM_LABELS[system]} | {_rate_cell(r)} "
-                f"| {_f(r['requests_at_rate'], '.0f')} | {_f(r['mean_e2el_s_at_rate'], '.1f')} "
+                f"| {fmt(r['requests_at_rate'], '.0f')} | {fmt(r['mean_e2el_s_at_rate'], '.1f')} "
                 f"| {_backlog(r)} | {_ratio_cell(c, system)} | {_paper_ratio(p, system)} |"
             )
         gap = gap_line(p, c)
@@ -299,13 +294,13 @@ def section(cap: pd.DataFrame, runs: pd.DataFrame, threshold: float) -> str:
 
 def _rate_cell(r: Any) -> str:
     """The sustained-rate cell: the rate and its seed interval, open ends marked "≥"."""
-    below = _below_grid(r)
+    below = below_grid(r)
     if below:
         return f"< {below:.3g} (none of the rates tried passed)"
     mark = {True: "lower", False: "exact"}
-    cell = (f"{_end(r['max_rate'], mark[bool(r['rate_open'])], '.3g')} "
-            f"[{_end(r['rate_lo'], mark[bool(r['rate_lo_open'])], '.3g')}, "
-            f"{_end(r['rate_hi'], mark[bool(r['rate_hi_open'])], '.3g')}]")  # fmt: skip
+    cell = (f"{end_text(r['max_rate'], mark[bool(r['rate_open'])], '.3g')} "
+            f"[{end_text(r['rate_lo'], mark[bool(r['rate_lo_open'])], '.3g')}, "
+            f"{end_text(r['rate_hi'], mark[bool(r['rate_hi_open'])], '.3g')}]")  # fmt: skip
     return cell + (" (passed every rate tried)" if r["rate_open"] else "")
 
 
@@ -313,77 +308,16 @@ def _ratio_cell(c: pd.DataFrame, system: str) -> str:
     """The vLLM / system cell: the ratio (a bound where a rate in it is) and its seed
     interval with its ends marked."""
     r = c.loc[system]
-    if system == "vllm" and _below_grid(r):
+    if system == "vllm" and below_grid(r):
         return "—"
     kind, value = ratio_estimate(c, system)
     if kind in (">", "<"):
-        return f"{kind} {_f(value)}×"
+        return f"{kind} {fmt(value)}×"
     if kind == "?":
-        return f"— ({_why(c, system)})"
-    head = {"=": "", "≥": "≥ ", "≤": "≤ "}[kind] + f"{_f(value)}×"
-    return (f"{head} [{_end(r['ratio_lo'], r['ratio_lo_bound'])}, "
-            f"{_end(r['ratio_hi'], r['ratio_hi_bound'])}]")  # fmt: skip
-
-
-def _passed_all(r: Any) -> bool:
-    """Every rate tried passed (no failing rate): the rate is only a lower bound."""
-    fail = r["first_failing_rate"]
-    return r["max_rate"] > 0 and (fail is None or fail != fail)
-
-
-def ratio_estimate(c: pd.DataFrame, system: str) -> tuple[str, float]:
-    """vLLM / ``system`` from their sustainable rates, as (kind, value): "=" both rates
-    bracketed; "≥" vLLM passed every rate tried (its rate is a lower bound); "≤" ``system``
-    did; ">" ``system`` passed none (vLLM's rate over the lowest rate it tried); "<" vLLM
-    passed none (the lowest rate vLLM tried over ``system``'s rate); "?" no bound (both
-    passed every rate, or neither passed one). (1.0, "=") for vLLM itself."""
-    if system == "vllm":
-        return "=", 1.0
-    v, s = c.loc["vllm"], c.loc[system]
-    v_rate, s_rate = float(v["max_rate"]), float(s["max_rate"])
-    v_below, s_below = _below_grid(v), _below_grid(s)
-    if (v_below and s_below) or (_passed_all(v) and _passed_all(s)):
-        return "?", v_rate / s_rate if s_rate > 0 else math.nan
-    if s_below:
-        return ">", v_rate / s_below
-    if v_below:
-        return "<", v_below / s_rate
-    if _passed_all(v):
-        return "≥", v_rate / s_rate
-    if _passed_all(s):
-        return "≤", v_rate / s_rate
-    return "=", v_rate / s_rate
-
-
-def ratio_bounds(c: pd.DataFrame, system: str) -> tuple[float, float] | None:
-    """Every value vLLM / ``system`` can take given the rates tried, as [low, high]: each
-    sustainable rate is at least the highest rate that passed (0 when none did) and below
-    the lowest that failed (unbounded when none did), so the ratio is in [vLLM passed /
-    system failed, vLLM failed / system passed], with 0 and inf where a side is open.
-    None when a row is missing or its rate is not a number."""
-    if "vllm" not in c.index or system not in c.index:
-        return None
-    v, s = c.loc["vllm"], c.loc[system]
-    if any(x is None or x != x for x in (v["max_rate"], s["max_rate"])):
-        return None
-
-    def fail(r: Any) -> float:
-        f = r["first_failing_rate"]
-        return math.inf if f is None or f != f else float(f)
-
-    v_pass, s_pass = float(v["max_rate"]), float(s["max_rate"])
-    low = 0.0 if v_pass == 0 or math.isinf(fail(s)) else v_pass / fail(s)
-    high = math.inf if s_pass == 0 or math.isinf(fail(v)) else fail(v) / s_pass
-    return low, high
-
-
-def _below_grid(r: Any) -> float | None:
-    """The lowest rate tried when no rate passed (the sustainable rate lies below it), else
-    None."""
-    fail = r["first_failing_rate"]
-    if r["max_rate"] > 0 or fail is None or fail != fail:
-        return None
-    return float(fail)
+        return f"— ({why_bound(c, system)})"
+    head = {"=": "", "≥": "≥ ", "≤": "≤ "}[kind] + f"{fmt(value)}×"
+    return (f"{head} [{end_text(r['ratio_lo'], r['ratio_lo_bound'])}, "
+            f"{end_text(r['ratio_hi'], r['ratio_hi_bound'])}]")  # fmt: skip
 
 
 def _backlog(r: Any) -> str:
@@ -393,7 +327,7 @@ def _backlog(r: Any) -> str:
     short = n == n and n < BACKLOG_MIN_REQUESTS
     most = MAX_BACKLOG * BACKLOG_MIN_REQUESTS
     allowance = f" (< {BACKLOG_MIN_REQUESTS} requests: at most {most:g} unfinished)"
-    return _f(r["backlog_at_rate"]) + (allowance if short else "")
+    return fmt(r["backlog_at_rate"]) + (allowance if short else "")
 
 
 def gap_line(panel: Panel, c: pd.DataFrame) -> str:
@@ -411,17 +345,17 @@ def gap_line(panel: Panel, c: pd.DataFrame) -> str:
             continue
         label = SYSTEM_LABELS[system]
         kind, ratio = ratio_estimate(c, system)
-        below = _below_grid(c.loc[system])
+        below = below_grid(c.loc[system])
         notes = []
         if kind == ">":
             text = (f"{label} passes none of the rates tried (from {below:.3g} req/s), so "
-                    f"vLLM / {label} > {_f(ratio)}×")  # fmt: skip
+                    f"vLLM / {label} > {fmt(ratio)}×")  # fmt: skip
         elif kind == "?":
             text = f"vLLM / {label}: not bounded"
-            notes.append(_why(c, system))
+            notes.append(why_bound(c, system))
         else:
-            text = f"vLLM / {label} {kind} {_f(ratio)}×"
-            notes += [] if kind == "=" else [_why(c, system)]
+            text = f"vLLM / {label} {kind} {fmt(ratio)}×"
+            notes += [] if kind == "=" else [why_bound(c, system)]
         lo, hi = FIG12_SHAREGPT_RATIO.get(system, (None, None))
         if panel.workload == "sharegpt" and hi is not None:
             verdict = (_exact_verdict(c, system, ratio, lo, hi) if kind == "="
@@ -433,28 +367,15 @@ def gap_line(panel: Panel, c: pd.DataFrame) -> str:
 
 def _vllm_part(panel: Panel, v: Any) -> str:
     """vLLM's rate against the paper's axis, as a bound where it is one."""
-    rate, below, axis = float(v["max_rate"]), _below_grid(v), f"the paper's axis (0–{panel.axis:g})"
+    rate, below, axis = float(v["max_rate"]), below_grid(v), f"the paper's axis (0–{panel.axis:g})"
     if below:
         where = f", inside {axis}" if below <= panel.axis else ""
         return f"vLLM passes none of the rates tried, so it sustains < {below:.3g} req/s{where}"
-    if _passed_all(v):
+    if passed_all(v):
         where = f", beyond {axis}" if rate > panel.axis else ""
         return f"vLLM passes every rate tried, so it sustains ≥ {rate:.3g} req/s{where}"
     where = "inside" if rate <= panel.axis else "beyond"
     return f"vLLM sustains {rate:.3g} req/s, {where} {axis}"
-
-
-def _why(c: pd.DataFrame, system: str) -> str:
-    """Which rates of vLLM / ``system`` are bounds, in words."""
-    words = []
-    for name in ("vllm", system):
-        r = c.loc[name]
-        label = SYSTEM_LABELS[name]
-        if _below_grid(r):
-            words.append(f"{label} passed none of the rates tried")
-        elif _passed_all(r):
-            words.append(f"{label} passed every rate tried")
-    return " and ".join(words)
 
 
 def _exact_verdict(c: pd.DataFrame, system: str, ratio: float, lo: float | None,
@@ -467,7 +388,7 @@ def _exact_verdict(c: pd.DataFrame, system: str, ratio: float, lo: float | None,
     bracket = resolution_bracket(c, system)
     bounds = [b for b in (lo, hi) if b is not None]  # "up to 22x": no lower bound
     if bracket and any(bracket[0] < b < bracket[1] for b in bounds):
-        low, high = (_f(x) for x in bracket)
+        low, high = (fmt(x) for x in bracket)
         verdict += (f"; the search's resolution puts the ratio in [{low}, {high}], "
                     "across the paper's bound: not decided")  # fmt: skip
     return verdict
@@ -480,13 +401,13 @@ def _bound_verdict(bracket: tuple[float, float] | None, lo: float, hi: float) ->
         return "not decided"
     low, high = bracket
     if high < lo:
-        return f"outside: at most {_f(high)}×, below the range by ≥ {lo - high:.2f}×"
+        return f"outside: at most {fmt(high)}×, below the range by ≥ {lo - high:.2f}×"
     if low > hi:
-        return f"outside: at least {_f(low)}×, above the range by ≥ {low - hi:.2f}×"
+        return f"outside: at least {fmt(low)}×, above the range by ≥ {low - hi:.2f}×"
     if lo <= low and high <= hi:
         return "inside"
-    end = f"{_f(high)}]" if math.isfinite(high) else "∞)"
-    return f"not decided: the rates tried put the ratio in [{_f(low)}, {end}, across the range"
+    end = f"{fmt(high)}]" if math.isfinite(high) else "∞)"
+    return f"not decided: the rates tried put the ratio in [{fmt(low)}, {end}, across the range"
 
 
 def resolution_bracket(c: pd.DataFrame, system: str) -> tuple[float, float] | None:
@@ -520,7 +441,7 @@ def _narrowing(cap: pd.DataFrame) -> list[str]:
         verdict = "narrows" if f < d else "does not narrow"
         if f < 1:
             verdict += ", and inverts: Orca (Oracle) sustains more than vLLM on (f)"
-    shown = {k: ("" if kind == "=" else f"{kind} ") + _f(x) for k, (kind, x) in est.items()}
+    shown = {k: ("" if kind == "=" else f"{kind} ") + fmt(x) for k, (kind, x) in est.items()}
     return [f"Alpaca, OPT-175B (f) against OPT-13B (d): vLLM / Orca (Oracle) is {shown['f']}× "
             f"vs {shown['d']}×; kvlab's gap {verdict} (the paper: it narrows, §6.2).",
             ""]  # fmt: skip

@@ -11,9 +11,9 @@ simulator's beams follow top-``width`` selection on seeded scores (``sim/beams.p
 Bounds (shared by the Fig. 14, 16 and 17 sections: :mod:`experiments.report.bound_text`): a
 system that passed every rate tried has only a lower bound on its rate
 (printed "≥"), one that passed none only an upper bound (the lowest rate tried, "<"); a ratio
-with such a rate in it is a bound (``fig12_rates.ratio_estimate``: "≥", "≤", ">", "<"), and
+with such a rate in it is a bound (``bound_text.ratio_estimate``: "≥", "≤", ">", "<"), and
 its gap to the paper is a number only where every ratio the rates tried allow
-(``fig12_rates.ratio_bounds``) lies on one side of the paper's value, else "not decided".
+(``bound_text.ratio_bounds``) lies on one side of the paper's value, else "not decided".
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from experiments.report.bound_text import (
     gap_text,
     has_bounds,
     rate_text,
+    ratio_estimate,
     ratio_text,
+    why_bound,
 )
-from experiments.report.fig12_rates import _ratio_cell, _why, ratio_estimate
+from experiments.report.fig12_rates import _ratio_cell
 from experiments.report.figures import SYSTEM_COLORS, pyplot, save
 from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
@@ -136,7 +138,7 @@ def _gap_w6(c: pd.DataFrame) -> str:
     gap = gap_text(c, "orca_oracle", PAPER_RATIO["beam 6"])
     if kind == "=":
         return f"Gap at beam width 6: kvlab − paper = {gap} (ratio points)."
-    why = f"vLLM ÷ Orca (Oracle) is {ratio_text(c, 'orca_oracle')}: {_why(c, 'orca_oracle')}"
+    why = f"vLLM ÷ Orca (Oracle) is {ratio_text(c, 'orca_oracle')}: {why_bound(c, 'orca_oracle')}"
     if gap == NOT_DECIDED:
         return f"Gap at beam width 6: {NOT_DECIDED} ({why})."
     return f"Gap at beam width 6: kvlab − paper {gap} (ratio points; {why})."

@@ -9,7 +9,7 @@ sentence and translation lengths (``configs/workload/shared_prefix.yaml``: logno
 30 tokens each, log-space sigma 0.5: ``core.workload.synthetic.shared_prefix``), the rate
 grid and the trace length. The report section states the GPU and the lengths
 (:func:`setup_line`, read from the config the runs compose) and marks rates and ratios that
-are only bounds (``fig14_sampling.rate_text``, ``ratio_text``, ``gap_text``).
+are only bounds (:mod:`experiments.report.bound_text`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ where the paper is silent (config values here): 4 rounds per conversation, 10 s 
 (``multi_turn.yaml``), conversations sized so the trace lasts about ``duration_s``, the
 rate grid and the trace length. The report section states them (:func:`setup_line`, read
 from the config the runs compose) and marks rates and ratios that are only bounds
-(``fig14_sampling.rate_text``, ``ratio_text``, ``gap_text``).
+(:mod:`experiments.report.bound_text`).
 
 The rate searched and printed is the nominal one (``workload.rate``): conversations start at
 rate / rounds per second for ``duration_s``, but round ``r`` arrives ``r * think_time_s``
