@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.bench.speed_timeline import Stretch, shrink_to_price, stretches
+from experiments.bench.speed_timeline import Stretch, UnknownScatter, shrink_to_price, stretches
 
 
 def _profile(
@@ -141,3 +141,26 @@ def test_a_class_of_points_is_timed_over_the_whole_profiles_stretches(tmp_path: 
     first = stretches(path, 2, lambda t: t["num_tokens"] == 1)
     assert first is not None
     assert first[1] == Stretch(1.0, math.inf, 0) and first[3] == Stretch(1.0, math.inf, 0)
+
+
+def test_unknown_scatter_is_not_shrunk_to_the_price(tmp_path: Path) -> None:
+    """One unit per stretch (a profile that did not record where its points fell): the
+    stretches' scatter is unknown, so no shrunk timeline is made (it used to be all 1, the
+    'shrunk' validation silently the 'as is' one)."""
+    alone = stretches(_profile(tmp_path / "q", [1.0, 2.0, 4.0], [[1, 1], [3, 2], [4, 4]]), 3)
+    assert alone is not None
+    with pytest.raises(UnknownScatter, match="fill_sweep_units"):
+        shrink_to_price(alone)
+
+
+def test_two_cold_sweeps_copy_the_first_measured_sweep(tmp_path: Path) -> None:
+    """With two cold sweeps, each cold stretch takes the speed of the same stretch of the
+    first measured sweep (the third), not of the sweep two on (which ran past the end)."""
+    sweeps = [[9, 9, 2, 3, 1], [9, 9, 4, 5, 1]]  # units 0 and 1, five sweeps of one call
+    path = _profile(tmp_path / "p", [1.0, 1.0], sweeps)
+    (path / "operator_profile.json").write_text('{"cold_sweeps": 2}')
+    found = stretches(path, 2)
+    assert found is not None and len(found) == 10
+    speeds = [s.speed for s in found]
+    assert speeds[:4] == [2.0, 4.0, 2.0, 4.0]  # sweeps 0 and 1 copy sweep 2
+    assert speeds[4:] == [2.0, 4.0, 3.0, 5.0, 1.0, 1.0]

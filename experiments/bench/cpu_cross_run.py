@@ -83,7 +83,7 @@ import torch
 from experiments import calibrate, validate
 from experiments.bench import profile_gpu
 from experiments.bench.sitting import expected_units, serve_together
-from experiments.bench.speed_timeline import shrink_to_price, stretches
+from experiments.bench.speed_timeline import UnknownScatter, shrink_to_price, stretches
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
@@ -313,8 +313,12 @@ def cross_run(
     shrunk = None
     timelines: dict[str, list[float]] = {}
     if found is not None:
-        shrunk = shrink_to_price(found)
-        timelines = {"timed": [s.speed for s in found], "shrunk": shrunk.speeds}
+        timelines = {"timed": [s.speed for s in found]}
+        try:
+            shrunk = shrink_to_price(found)
+            timelines["shrunk"] = shrunk.speeds
+        except UnknownScatter:  # said with the results: speed_shrinkage null, no shrunk rows
+            shrunk = None
     rows, open_loop, calibrations, drift = [], [], {}, []
     at_speed: dict[str, list[dict[str, Any]]] = {
         f"{kind}_{part}": [] for kind in timelines for part in ("rows", "open_loop")
@@ -460,13 +464,17 @@ def main(argv: list[str] | None = None) -> int:
                     "sweeps)", result["timed_rows"])  # fmt: skip
         print_table("the same, open loop", result["timed_open_loop"])
         shrink = result["speed_shrinkage"]
-        steps = ", ".join(f"{x:.2f}" for x in shrink["speeds"])
-        print(
-            f"the same speeds shrunk toward the price by their own scatter (tau "
-            f"{shrink['tau']:.3f}, Q {shrink['q']:.0f} over {shrink['counted']}): {steps}"
-        )
-        print_table("the same, each step at the shrunk speed", result["shrunk_rows"])
-        print_table("the same, open loop", result["shrunk_open_loop"])
+        if shrink is None:
+            print("no shrunk validation: no stretch holds two units or more, so their scatter "
+                  "is unknown (fill_sweep_units fills in where each point fell)")  # fmt: skip
+        else:
+            steps = ", ".join(f"{x:.2f}" for x in shrink["speeds"])
+            print(
+                f"the same speeds shrunk toward the price by their own scatter (tau "
+                f"{shrink['tau']:.3f}, Q {shrink['q']:.0f} over {shrink['counted']}): {steps}"
+            )
+            print_table("the same, each step at the shrunk speed", result["shrunk_rows"])
+            print_table("the same, open loop", result["shrunk_open_loop"])
     if result["drift"]:
         title = f"each run's decode steps over the profile's price (per {DRIFT_WINDOW} steps)"
         rows = [{k: v for k, v in d.items() if k != "windows"} for d in result["drift"]]

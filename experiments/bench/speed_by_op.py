@@ -37,7 +37,7 @@ import pandas as pd
 
 from experiments.bench.cpu_cross_run import REPEATS, STRETCHES_PER_SWEEP
 from experiments.bench.cpu_error_parts import expected_steps, sitting_model
-from experiments.bench.speed_timeline import Stretch, shrink_to_price, stretches
+from experiments.bench.speed_timeline import Stretch, UnknownScatter, shrink_to_price, stretches
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
@@ -100,12 +100,16 @@ def timelines(profile: Path) -> dict[str, tuple[list[float], list[float]]]:
     if whole is None or attention is None or rest is None:
         raise ConfigError("SITTING_DIR", "its profile has no sweeps to follow", str(profile))
     timed = [s.speed for s in whole]
-    shrunk = shrink_to_price(whole).speeds
+    try:
+        shrunk = shrink_to_price(whole).speeds
+        shrunk_split = (shrink_to_price(attention).speeds, shrink_to_price(rest).speeds)
+    except UnknownScatter as exc:
+        raise ConfigError("SITTING_DIR", str(exc), str(profile)) from None
     return {
         "timed": (timed, timed),
         "shrunk": (shrunk, shrunk),
         "split": ([s.speed for s in attention], [s.speed for s in rest]),
-        "shrunk_split": (shrink_to_price(attention).speeds, shrink_to_price(rest).speeds),
+        "shrunk_split": shrunk_split,
     }
 
 

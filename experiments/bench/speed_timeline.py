@@ -45,6 +45,10 @@ class Stretch:
     copies: int | None = None
 
 
+class UnknownScatter(ValueError):
+    """No stretch's scatter is known: :func:`shrink_to_price` has nothing to weigh by."""
+
+
 @dataclass(frozen=True)
 class ShrunkTimeline:
     """:func:`shrink_to_price`'s answer. ``speeds``: each stretch's speed, shrunk toward 1 by
@@ -111,8 +115,8 @@ def stretches(
         ordered = np.array([by_unit[u] for u in sorted(by_unit)])
         for part in np.array_split(ordered, stretches_per_sweep):
             part = part[part[:, 1] > 0]
-            if j < cold:
-                source = len(out) + cold * stretches_per_sweep
+            if j < cold:  # the same stretch of the first measured sweep
+                source = cold * stretches_per_sweep + len(out) % stretches_per_sweep
                 out.append(Stretch(float("nan"), float("inf"), len(part), copies=source))
             elif not len(part):
                 out.append(Stretch(1.0, float("inf"), 0))
@@ -153,9 +157,18 @@ def shrink_to_price(found: list[Stretch]) -> ShrunkTimeline:
     spread is ``tau² = max(0, (Q − k) / Σ w)`` (``E[Q] = k + tau² Σ w``, the mean known);
     a stretch keeps ``tau² / (tau² + variance)`` of its departure. A stretch of zero variance
     keeps all of it, one of infinite variance none, and a cold one the shrunk speed of the
-    stretch it copies."""
+    stretch it copies. :class:`UnknownScatter` when no stretch has a finite variance (each
+    holds fewer than two units, as in a profile that did not record where its points fell
+    in each sweep): how much the stretches differ beyond their scatter cannot be told then,
+    which is not the same as their not differing."""
     if not found:
         raise ValueError("no stretches to shrink")
+    if not any(np.isfinite(s.variance) for s in found if s.copies is None):
+        raise UnknownScatter(
+            "no stretch of the sitting's profile holds two units or more, so their scatter is "
+            "unknown and the speed cannot be shrunk by it (a profile without sweep_units: "
+            "python -m experiments.bench.fill_sweep_units fills them in from the plan's order)"
+        )
     positive = [s for s in found if np.isfinite(s.variance) and s.variance > 0]
     weights = np.array([1.0 / s.variance for s in positive])
     q = float(sum(w * (s.speed - 1.0) ** 2 for w, s in zip(weights, positive, strict=True)))
