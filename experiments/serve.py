@@ -78,7 +78,8 @@ def device_facts(device: str) -> Facts:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     else:
         memory = None
-    return Facts(device_memory_bytes=memory, cuda_available=cuda)
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Facts(device_memory_bytes=memory, cuda_available=cuda, host_memory_bytes=host)
 
 
 def device_name(device: torch.device) -> str:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -114,3 +116,53 @@ def test_an_interrupted_run_is_marked_partial_in_one_line(tmp_path: Path) -> Non
     assert "interrupted" in (run_dir / "error.txt").read_text()
     assert not is_complete(run_dir)
     assert pd.read_csv(index)["status"].tolist() == ["interrupted"]
+
+
+# A simulate run that receives SIGTERM (what timeout, kill and Slurm send) mid-run.
+TERMINATED = """
+import os, signal, sys, time
+import experiments.simulate as app
+from experiments.lib.cli import main_with_checks
+
+def terminated(cfg, out_dir=None):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+
+app.run = terminated
+run_dir, index = sys.argv[1], sys.argv[2]
+sys.argv = ["simulate", "workload.num_requests=5", f"hydra.run.dir={run_dir}", f"index={index}"]
+main_with_checks(app.main, config_name="simulate")
+"""
+
+
+def test_a_terminated_run_is_marked_partial_like_an_interrupted_one(tmp_path: Path) -> None:
+    """SIGTERM left no error.txt and no index row (the process just died)."""
+    run_dir, index = tmp_path / "run", tmp_path / "index.csv"
+    proc = subprocess.run(
+        [sys.executable, "-c", TERMINATED, str(run_dir), str(index)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
+    )  # fmt: skip
+    assert proc.returncode == 143, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "interrupted (SIGTERM)" in (run_dir / "error.txt").read_text()
+    assert pd.read_csv(index)["status"].tolist() == ["interrupted"]
+
+
+def test_an_interrupt_while_a_finished_run_writes_its_row_waits_for_it() -> None:
+    """Ctrl-C while a finished run appends its index row (interrupts_deferred): the block
+    runs to its end and the interrupt is raised after it (it cut the row off, with a
+    traceback); a SIGTERM likewise, as Terminated."""
+    from experiments.lib import signals
+
+    done: list[str] = []
+    with pytest.raises(KeyboardInterrupt), signals.interrupts_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        done.append("row")
+    assert done == ["row"]
+    with pytest.raises(signals.Terminated), signals.interrupts_deferred():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        done.append("row again")
+    assert done == ["row", "row again"]

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.model_spec import DTYPE_BYTES  # the one table of dtype widths, used here too
+from core.defaults import DEFAULT_BLOCK_SIZE
+from core.model_spec import DTYPE_BYTES, kv_bytes_per_token  # the one table of dtype widths
 from core.workload.spec import FILE_KINDS, KINDS
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -79,10 +80,12 @@ def _show(value: Any) -> str:
 @dataclass(frozen=True)
 class Facts:
     """What the checks need to know about the machine: the memory of the device the KV
-    cache lives on (None: unknown) and whether CUDA is available."""
+    cache lives on and of the host that holds swapped blocks (None: unknown), and whether
+    CUDA is available."""
 
     device_memory_bytes: int | None = None
     cuda_available: bool = False
+    host_memory_bytes: int | None = None
 
 
 # ---------------------------------------------------------------- predicates
@@ -510,6 +513,21 @@ def check_weights_fit_device(c: Mapping[str, Any], app: str, facts: Facts) -> No
     weights = spec.num_params() * width
     kv = float(c.get("kv_cache_gb") or 0) * 1024**3
     limit = facts.device_memory_bytes
+    blocks = c.get("num_gpu_blocks")
+    if blocks is not None:  # a pool of that many blocks of the run's size
+        size = lookup(c, "system.block_size")
+        block_size = size if isinstance(size, int) and size > 0 else DEFAULT_BLOCK_SIZE
+        per_block = block_size * kv_bytes_per_token(spec, width)
+        kv = float(blocks) * per_block
+        if weights + kv > limit:
+            raise ConfigError(
+                "num_gpu_blocks",
+                f"{blocks} blocks of {block_size} tokens need {kv / 1024**3:.1f} GiB of KV "
+                f"besides {spec.name}'s {weights / 1024**3:.1f} GiB of weights, more than the "
+                f"{limit / 1024**3:.1f} GiB of the {c.get('device', 'cpu')} device",
+                blocks,
+                f"at most {max(0, int((limit - weights) // per_block))}",
+            )
     if weights + kv > limit:
         raise ConfigError(
             "model",
@@ -518,6 +536,22 @@ def check_weights_fit_device(c: Mapping[str, Any], app: str, facts: Facts) -> No
             f"{limit / 1024**3:.1f} GiB of the {c.get('device', 'cpu')} device",
             spec.name,
             "a smaller model (model=tiny-opt, opt-125m, ...) or a device with more memory",
+        )
+
+
+def check_swap_fits_host(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """The engine's swap space (pinned host memory for swapped-out blocks) fits the host's
+    memory: a larger one is refused before the allocation fails."""
+    gib = c.get("swap_space_gb")
+    if app != "serve" or facts.host_memory_bytes is None or not gib:
+        return
+    limit = facts.host_memory_bytes
+    if float(gib) * 1024**3 > limit:
+        raise ConfigError(
+            "swap_space_gb",
+            f"more than the {limit / 1024**3:.1f} GiB of host memory",
+            gib,
+            f"at most {limit / 1024**3:.1f} GiB",
         )
 
 
@@ -641,6 +675,7 @@ CROSS_CHECKS: tuple[Callable[[Mapping[str, Any], str, Facts], None], ...] = (
     check_kv_fits_device,
     check_engine_device,
     check_weights_fit_device,
+    check_swap_fits_host,
     check_checkpoint,
 )
 

@@ -8,7 +8,9 @@ one-line config errors, ``error.txt`` for failures, the runs index and the end-o
 - Any other exception is a runtime failure: its traceback goes to ``error.txt`` in the run
   directory and it propagates (Hydra prints it; exit status 1).
 - Ctrl-C marks the run directory as partial (``error.txt``, index status ``interrupted``)
-  and ends the command with one line and status 130, a sweep included.
+  and ends the command with one line and status 130, a sweep included; SIGTERM (``timeout``,
+  ``kill``, Slurm) likewise, with status 143. One arriving while a finished run writes its
+  index row waits for the row.
 - Every run, finished or not, appends a row to ``index`` (``outputs/index.csv``).
 - In a ``-m`` sweep from the command line a failed job does not stop the others: its line
   is printed, ``summary.csv`` lists it with its status and error, and the process exits
@@ -46,6 +48,12 @@ from experiments.lib.checks import (
     sweep_values,
 )
 from experiments.lib.results import INDEX_COLUMNS, append_index, write_error
+from experiments.lib.signals import (
+    TERMINATED_STATUS,
+    Terminated,
+    interrupts_deferred,
+    sigterm_as_interrupt,
+)
 from experiments.lib.table import result_table
 from sim.cost.profile import ProfileError
 
@@ -193,7 +201,18 @@ def run_app(
     describe: Callable[[Mapping[str, Any]], str],
 ) -> Mapping[str, Any]:
     """Run ``run(cfg, out_dir)`` inside a Hydra job with the error handling, index row and
-    results table described in the module doc. ``describe`` makes the summary log line."""
+    results table described in the module doc. ``describe`` makes the summary log line.
+    SIGTERM is handled as Ctrl-C is (:mod:`experiments.lib.signals`)."""
+    with sigterm_as_interrupt():
+        return _run_app(app, cfg, run, describe)
+
+
+def _run_app(
+    app: str,
+    cfg: DictConfig,
+    run: Callable[[DictConfig, Path], Mapping[str, Any]],
+    describe: Callable[[Mapping[str, Any]], str],
+) -> Mapping[str, Any]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -229,15 +248,16 @@ def run_app(
         if _COMMAND_LINE:
             report_config_error(err)
         raise
-    except KeyboardInterrupt:
-        line = "interrupted (Ctrl-C) before the run finished: the files here are partial"
+    except KeyboardInterrupt as exc:
+        how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+        line = f"interrupted ({how}) before the run finished: the files here are partial"
         write_error(out_dir, line)
         record("interrupted", error=line)
         if not _COMMAND_LINE or full_errors():
             raise
         print(f"interrupted: {out_dir} holds a partial run (no metrics.json); run the same "
               "command again to redo it", file=sys.stderr)  # fmt: skip
-        sys.exit(INTERRUPTED_STATUS)
+        sys.exit(_interrupted_status(exc))
     except Exception as exc:
         write_error(out_dir, traceback.format_exc())
         line = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -247,10 +267,21 @@ def run_app(
                   file=sys.stderr)  # fmt: skip
             return {"status": "failed", "error": line}
         raise
-    record("ok", metrics)
+    try:
+        with interrupts_deferred():  # the run is whole: its row is written whole
+            record("ok", metrics)
+    except KeyboardInterrupt as exc:
+        if not _COMMAND_LINE or full_errors():
+            raise
+        print(f"interrupted after the run finished: {out_dir} is complete", file=sys.stderr)
+        sys.exit(_interrupted_status(exc))
     print(result_table(metrics, f"{app}: {metrics.get('system')} {metrics.get('model')}"))
     print(f"{describe(metrics)} -> {out_dir}")
     return metrics
+
+
+def _interrupted_status(exc: KeyboardInterrupt) -> int:
+    return TERMINATED_STATUS if isinstance(exc, Terminated) else INTERRUPTED_STATUS
 
 
 # Hydra's flags that make a command a sweep; the other flags (--cfg, -cp, ...) change what

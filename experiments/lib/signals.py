@@ -1,0 +1,65 @@
+"""Signals around a run: SIGTERM (what ``timeout``, ``kill`` and Slurm send) ends a run the
+way Ctrl-C does, and a finished run's last bookkeeping is not cut in half by either.
+
+Both only act in the main thread (where Python delivers signals); elsewhere they do nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+TERMINATED_STATUS = 143  # a shell's status for a command ended by SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: handled wherever Ctrl-C's ``KeyboardInterrupt`` is."""
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated("SIGTERM")
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside the block, SIGTERM raises :class:`Terminated`; the previous handler after."""
+    if not _in_main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM held back while the block runs and raised after it (as
+    ``KeyboardInterrupt`` / :class:`Terminated`, the first to arrive), so the block (a
+    finished run's index row) is done whole. Python runs signal handlers in the main thread
+    whichever thread the signal reaches, so handlers that only note the signal hold it back
+    (a thread signal mask would not, with torch's threads about)."""
+    if not _in_main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        held.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if held:
+        raise Terminated("SIGTERM") if held[0] == signal.SIGTERM else KeyboardInterrupt
