@@ -86,30 +86,37 @@ def test_a_run_killed_midway_is_not_taken_for_a_whole_one(
     assert len(collect_summary(tmp_path)) == 1
 
 
-# A simulate run whose work is interrupted (Ctrl-C raises KeyboardInterrupt in it); argv:
+# A simulate run whose work is stopped by ``STOP`` (a line of Python run inside it); argv:
 # run dir, index path.
-INTERRUPTED = """
-import sys
+STOPPED = """
+import os, signal, sys, time
 import experiments.simulate as app
 from experiments.lib.cli import main_with_checks
 
-def interrupted(cfg, out_dir=None):
-    raise KeyboardInterrupt
+def stopped(cfg, out_dir=None):
+    STOP
+    time.sleep(30)
 
-app.run = interrupted
+app.run = stopped
 run_dir, index = sys.argv[1], sys.argv[2]
 sys.argv = ["simulate", "workload.num_requests=5", f"hydra.run.dir={run_dir}", f"index={index}"]
 main_with_checks(app.main, config_name="simulate")
 """
 
 
-def test_an_interrupted_run_is_marked_partial_in_one_line(tmp_path: Path) -> None:
+def _stopped_run(tmp_path: Path, stop: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """The process, run directory and index of a simulate run stopped by ``stop``."""
     run_dir, index = tmp_path / "run", tmp_path / "index.csv"
     proc = subprocess.run(
-        [sys.executable, "-c", INTERRUPTED, str(run_dir), str(index)],
+        [sys.executable, "-c", STOPPED.replace("STOP", stop), str(run_dir), str(index)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
         env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
     )  # fmt: skip
+    return proc, run_dir, index
+
+
+def test_an_interrupted_run_is_marked_partial_in_one_line(tmp_path: Path) -> None:
+    proc, run_dir, index = _stopped_run(tmp_path, "raise KeyboardInterrupt")
     assert proc.returncode == 130, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(f"interrupted: {run_dir} holds a")
@@ -118,31 +125,10 @@ def test_an_interrupted_run_is_marked_partial_in_one_line(tmp_path: Path) -> Non
     assert pd.read_csv(index)["status"].tolist() == ["interrupted"]
 
 
-# A simulate run that receives SIGTERM (what timeout, kill and Slurm send) mid-run.
-TERMINATED = """
-import os, signal, sys, time
-import experiments.simulate as app
-from experiments.lib.cli import main_with_checks
-
-def terminated(cfg, out_dir=None):
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(30)
-
-app.run = terminated
-run_dir, index = sys.argv[1], sys.argv[2]
-sys.argv = ["simulate", "workload.num_requests=5", f"hydra.run.dir={run_dir}", f"index={index}"]
-main_with_checks(app.main, config_name="simulate")
-"""
-
-
 def test_a_terminated_run_is_marked_partial_like_an_interrupted_one(tmp_path: Path) -> None:
-    """SIGTERM left no error.txt and no index row (the process just died)."""
-    run_dir, index = tmp_path / "run", tmp_path / "index.csv"
-    proc = subprocess.run(
-        [sys.executable, "-c", TERMINATED, str(run_dir), str(index)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-        env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
-    )  # fmt: skip
+    """SIGTERM (what timeout, kill and Slurm send) left no error.txt and no index row (the
+    process just died)."""
+    proc, run_dir, index = _stopped_run(tmp_path, "os.kill(os.getpid(), signal.SIGTERM)")
     assert proc.returncode == 143, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "interrupted (SIGTERM)" in (run_dir / "error.txt").read_text()

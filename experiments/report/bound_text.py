@@ -123,18 +123,18 @@ def has_bounds(cap: pd.DataFrame) -> bool:
     return bool(opened or (cap["max_rate"] == 0).any())
 
 
-def rate_text(r: Any, interval: bool = False) -> str:
-    """A sustained rate (``.2f``) marked where it is a bound: "≥ 8.00" (``rate_open``: every
-    rate tried passed), "< 2.00" (none passed: below the lowest rate tried, the row's
-    ``first_failing_rate``), else the bare number; with ``interval``, its seed interval
-    "[lo, hi]" follows, each end marked likewise (``rate_lo_open``, ``rate_hi_open``). ``r``:
-    one :func:`capacity_table` row."""
+def rate_text(r: Any, interval: bool = False, spec: str = ".2f") -> str:
+    """A sustained rate (formatted by ``spec``) marked where it is a bound: "≥ 8.00"
+    (``rate_open``: every rate tried passed), "< 2.00" (none passed: below the lowest rate
+    tried, the row's ``first_failing_rate``), else the bare number; with ``interval``, its
+    seed interval "[lo, hi]" follows, each end marked likewise (``rate_lo_open``,
+    ``rate_hi_open``). ``r``: one :func:`capacity_table` row."""
     below = below_grid(r)
 
     def end(value: float, is_open: Any) -> str:
         if below and value == 0:  # a seed that passed nothing: below the lowest rate tried
-            return f"< {below:.2f}"
-        return end_text(value, "lower" if bool(is_open) else "exact")
+            return f"< {below:{spec}}"
+        return end_text(value, "lower" if bool(is_open) else "exact", spec)
 
     head = end(r["max_rate"], r["rate_open"])
     if not interval:
@@ -155,6 +155,20 @@ def ratio_text(c: pd.DataFrame, system: str) -> str:
     if kind == "?":
         return f"— ({why_bound(c, system)})"
     return ("" if kind == "=" else f"{kind} ") + f"{fmt(value)}×"
+
+
+def ratio_cell(c: pd.DataFrame, system: str) -> str:
+    """:func:`ratio_text` followed, where the ratio is exact or a ≥ / ≤ bound, by vLLM's
+    seed interval over ``system``'s, each end marked (``ratio_lo_bound``,
+    ``ratio_hi_bound``). ``c``: as :func:`ratio_text`."""
+    text = ratio_text(c, system)
+    kind, _ = ratio_estimate(c, system)
+    if text == "—" or kind not in ("=", "≥", "≤"):
+        return text
+    r = c.loc[system]
+    lo = end_text(r["ratio_lo"], r["ratio_lo_bound"])
+    hi = end_text(r["ratio_hi"], r["ratio_hi_bound"])
+    return f"{text} [{lo}, {hi}]"
 
 
 def gap_text(c: pd.DataFrame, system: str, paper: float) -> str:

@@ -54,10 +54,11 @@ import pandas as pd
 
 from experiments.report.bound_text import (
     below_grid,
-    end_text,
     fmt,
     passed_all,
+    rate_text,
     ratio_bounds,
+    ratio_cell,
     ratio_estimate,
     why_bound,
 )
@@ -283,7 +284,7 @@ def section(cap: pd.DataFrame, runs: pd.DataFrame, threshold: float) -> str:
             lines.append(
                 f"| {SYSTEM_LABELS[system]} | {_rate_cell(r)} "
                 f"| {fmt(r['requests_at_rate'], '.0f')} | {fmt(r['mean_e2el_s_at_rate'], '.1f')} "
-                f"| {_backlog(r)} | {_ratio_cell(c, system)} | {_paper_ratio(p, system)} |"
+                f"| {_backlog(r)} | {ratio_cell(c, system)} | {_paper_ratio(p, system)} |"
             )
         gap = gap_line(p, c)
         gaps.append(gap)
@@ -297,27 +298,8 @@ def _rate_cell(r: Any) -> str:
     below = below_grid(r)
     if below:
         return f"< {below:.3g} (none of the rates tried passed)"
-    mark = {True: "lower", False: "exact"}
-    cell = (f"{end_text(r['max_rate'], mark[bool(r['rate_open'])], '.3g')} "
-            f"[{end_text(r['rate_lo'], mark[bool(r['rate_lo_open'])], '.3g')}, "
-            f"{end_text(r['rate_hi'], mark[bool(r['rate_hi_open'])], '.3g')}]")  # fmt: skip
-    return cell + (" (passed every rate tried)" if r["rate_open"] else "")
-
-
-def _ratio_cell(c: pd.DataFrame, system: str) -> str:
-    """The vLLM / system cell: the ratio (a bound where a rate in it is) and its seed
-    interval with its ends marked."""
-    r = c.loc[system]
-    if system == "vllm" and below_grid(r):
-        return "—"
-    kind, value = ratio_estimate(c, system)
-    if kind in (">", "<"):
-        return f"{kind} {fmt(value)}×"
-    if kind == "?":
-        return f"— ({why_bound(c, system)})"
-    head = {"=": "", "≥": "≥ ", "≤": "≤ "}[kind] + f"{fmt(value)}×"
-    return (f"{head} [{end_text(r['ratio_lo'], r['ratio_lo_bound'])}, "
-            f"{end_text(r['ratio_hi'], r['ratio_hi_bound'])}]")  # fmt: skip
+    suffix = " (passed every rate tried)" if r["rate_open"] else ""
+    return rate_text(r, interval=True, spec=".3g") + suffix
 
 
 def _backlog(r: Any) -> str:

@@ -30,11 +30,11 @@ from experiments.report.bound_text import (
     gap_text,
     has_bounds,
     rate_text,
+    ratio_cell,
     ratio_estimate,
     ratio_text,
     why_bound,
 )
-from experiments.report.fig12_rates import _ratio_cell
 from experiments.report.figures import SYSTEM_COLORS, pyplot, save
 from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
@@ -115,7 +115,7 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
         lines.append(
             f"| {setting} | {rate_text(c.loc['orca_oracle'], interval=True)} "
             f"| {rate_text(c.loc['vllm'], interval=True)} "
-            f"| {_ratio_cell(c, 'orca_oracle')} "
+            f"| {ratio_cell(c, 'orca_oracle')} "
             f"| {f'{paper:.1f}×' if paper else '—'} |"
         )
     c6 = cap[cap["setting"] == "beam 6"].set_index("system")
