@@ -19,6 +19,7 @@ from experiments.report import bound_text, fig12_rates
 from experiments.report.rate_search import (
     Search,
     capacity_table,
+    curve_table,
     run_search,
     seed_open,
     seed_rates,
@@ -214,3 +215,32 @@ def test_the_section_is_rebuilt_from_the_per_run_csvs(tmp_path: Path, capsys) ->
     assert list(rebuilt.columns) == list(stale.columns)
     pd.testing.assert_frame_equal(rebuilt, stale)
     assert not math.isnan(float(rebuilt["max_rate"].iloc[0]))
+    curves = (tmp_path / "fig12_curves.csv").read_bytes()
+    for png in tmp_path.glob("*.png"):
+        png.unlink()
+    (tmp_path / "fig12_curves.csv").unlink()
+    assert fig12_rates.main([str(tmp_path), "--write-figures"]) == text
+    assert (tmp_path / "fig12_curves.csv").read_bytes() == curves
+    assert {p.name for p in tmp_path.glob("*.png")} == {
+        "fig12_all_panels.png", f"{PANEL.name}.png"}  # fmt: skip
+
+
+def test_the_figure_marks_open_rates_and_systems_that_passed_none(tmp_path: Path) -> None:
+    """Fig. 12's figure: "≥" on a rate that is only a lower bound, "→" past an interval end
+    that is, and a left caret at the lowest rate tried for a system that passed none; a
+    bracketed rate has none of them."""
+    from experiments.report.figures import fig12_panels, pyplot
+
+    pyplot(headless=True)
+    rows = panel_rows({"vllm": 100.0, "orca_oracle": 1.0, "fastertransformer": 0.0})
+    cap = fig12_rates.capacity(rows)
+    curves = pd.DataFrame(curve_table(rows)).rename(columns={"setting": "panel"})
+    fig = fig12_panels(curves, cap, 1.0, [("a", PANEL.title, PANEL.axis)])
+    ax = fig.axes[0]
+    assert sorted(t.get_text() for t in ax.texts) == ["→", "≥"]
+    (vllm,) = [t for t in ax.texts if t.get_text() == "≥"]
+    assert vllm.xy[0] == pytest.approx(float(cap.set_index("system").loc["vllm", "max_rate"]))
+    carets = [line for line in ax.lines if line.get_marker() == 8]
+    assert len(carets) == 1
+    lowest = min(r["rate"] for r in rows if r["system"] == "fastertransformer")
+    assert carets[0].get_xdata()[0] == pytest.approx(lowest)

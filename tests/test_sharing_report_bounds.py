@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import pandas as pd
 import pytest
 
 from experiments.report import bound_text, fig14_sampling, fig16_prefix, fig17_chatbot
@@ -174,3 +175,31 @@ def test_fig14_bound_at_beam_6_is_not_a_numeric_gap(tmp_path: Path) -> None:
     gap = next(line for line in text.splitlines() if line.startswith("Gap at beam width 6"))
     assert gap.startswith("Gap at beam width 6: not decided (vLLM ÷ Orca (Oracle) is ≥ 4.00×")
     assert "kvlab − paper =" not in gap
+
+
+def bar_marks(fig: Any) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_the_bar_figures_mark_what_a_bar_cannot_say() -> None:
+    """A bar of a rate that is only a lower bound gets "≥", a bar whose seed interval's top
+    is one gets "↑", a system that passed no rate "<r" (r the lowest rate tried); a
+    bracketed rate gets no mark. Figures of Fig. 14 and Fig. 16."""
+    rows = [
+        *runs("1-shot", "orca_oracle", (), (2, 4)),  # none passed: below 2
+        *runs("1-shot", "vllm", (2, 4, 8, 12)),  # every rate passed: >= 12
+        *runs("5-shot", "orca_oracle", (2,), (4, 8)),
+        *runs("5-shot", "vllm", (2, 4, 8, 12), (16, 24)),
+    ]
+    fig = fig16_prefix.draw_fig16(pd.DataFrame(capacity_table(rows, "orca_oracle")))
+    assert sorted(bar_marks(fig)) == ["<2", "≥"]
+    rows = []
+    for kind, k in fig14_sampling.SETTINGS:
+        rows += runs(f"{kind} {k}", "orca_oracle", (2, 4), (8, 12), (0, 1))
+        if (kind, k) == ("n", 2):  # seed 1 never failed: the interval's top is a bound
+            rows += [*runs("n 2", "vllm", (2, 4, 8), (12,), (0,)),
+                     *runs("n 2", "vllm", (2, 4, 8, 12), (), (1,))]  # fmt: skip
+        else:
+            rows += runs(f"{kind} {k}", "vllm", (2, 4, 8), (12,), (0, 1))
+    fig = fig14_sampling.draw_fig14(pd.DataFrame(capacity_table(rows, "orca_oracle")))
+    assert bar_marks(fig) == ["↑"]

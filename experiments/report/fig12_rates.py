@@ -156,10 +156,18 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any, threshold: float)
     curves.insert(0, "panel", curves.pop("setting"))
     cap.to_csv(out / "fig12_capacity.csv", index=False)
     curves.to_csv(out / "fig12_curves.csv", index=False)
-    letters = [p.letter for p in PANELS if p.letter in set(runs["setting"])]
+    for p in [p for p in PANELS if p.letter in set(runs["setting"])]:
+        runs[runs["setting"] == p.letter].to_csv(out / f"{p.name}.csv", index=False)
+    draw(cap, curves, out, plt, threshold)
+    return section(cap, runs, threshold)
+
+
+def draw(cap: pd.DataFrame, curves: pd.DataFrame, out: Path, plt: Any, threshold: float) -> None:
+    """``fig12<letter>_<model>_<workload>.png/.pdf`` per panel in ``cap`` and
+    ``fig12_all_panels.png/.pdf`` (:func:`experiments.report.figures.fig12_panels`)."""
+    letters = [p.letter for p in PANELS if p.letter in set(cap["panel"])]
     for letter in letters:
         p = BY_LETTER[letter]
-        runs[runs["setting"] == letter].to_csv(out / f"{p.name}.csv", index=False)
         fig = fig12_panels(curves, cap, threshold, [(letter, p.title, p.axis)])
         save(fig, out, p.name)
         plt.close(fig)
@@ -167,7 +175,6 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any, threshold: float)
                                                 for x in letters])  # fmt: skip
     save(fig, out, "fig12_all_panels")
     plt.close(fig)
-    return section(cap, runs, threshold)
 
 
 def capacity(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -432,7 +439,8 @@ def _narrowing(cap: pd.DataFrame) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> str:
     """Print (and return) the report's Fig. 12 section rebuilt from the per-run CSVs in a
     finished run's directory, without running a simulation; ``--write-capacity`` also
-    rewrites that directory's ``fig12_capacity.csv`` with :func:`capacity`'s columns."""
+    rewrites that directory's ``fig12_capacity.csv`` with :func:`capacity`'s columns,
+    ``--write-figures`` its figures (:func:`draw`) and ``fig12_curves.csv``."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m experiments.report.fig12_rates")
@@ -440,11 +448,19 @@ def main(argv: Sequence[str] | None = None) -> str:
     parser.add_argument("--threshold", type=float, default=1.0,
                         help="the --threshold the runs were made with (s/token)")  # fmt: skip
     parser.add_argument("--write-capacity", action="store_true")
+    parser.add_argument("--write-figures", action="store_true")
     args = parser.parse_args(argv)
     rows = read_runs(args.directory)
     cap = capacity(rows)
     if args.write_capacity:
         cap.to_csv(args.directory / "fig12_capacity.csv", index=False)
+    if args.write_figures:
+        from experiments.report.figures import pyplot
+
+        curves = pd.DataFrame(curve_table(rows))
+        curves.insert(0, "panel", curves.pop("setting"))
+        curves.to_csv(args.directory / "fig12_curves.csv", index=False)
+        draw(cap, curves, args.directory, pyplot(headless=True), args.threshold)
     text = section(cap, pd.DataFrame(rows), args.threshold)
     print(text, end="")
     return text

@@ -35,7 +35,13 @@ from experiments.report.bound_text import (
     ratio_text,
     why_bound,
 )
-from experiments.report.figures import SYSTEM_COLORS, pyplot, save
+from experiments.report.figures import (
+    BAR_MARKS,
+    SYSTEM_COLORS,
+    pyplot,
+    rate_bars,
+    save,
+)
 from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
 
@@ -73,17 +79,13 @@ def draw_fig14(cap: pd.DataFrame) -> Any:
             label, color = SYSTEM_LABELS[system], SYSTEM_COLORS[system]
             rows = [sub[(sub["setting"] == f"{kind} {k}") & (sub["system"] == system)].iloc[0]
                     for k in ks]  # fmt: skip
-            vals = [float(r["max_rate"]) for r in rows]
-            pairs = list(zip(vals, rows, strict=True))
-            err = [[v - float(r.get("rate_lo", v)) for v, r in pairs],
-                   [float(r.get("rate_hi", v)) - v for v, r in pairs]]  # fmt: skip
-            ax.bar([i + (j - 0.5) * width for i in range(len(ks))], vals, width, label=label,
-                   color=color, yerr=err, capsize=2, error_kw={"lw": 0.8})  # fmt: skip
+            xs = [i + (j - 0.5) * width for i in range(len(ks))]
+            rate_bars(ax, xs, rows, width, label=label, color=color)
         ax.set_xticks(range(len(ks)), [f"{'n' if kind == 'n' else 'width'}={k}" for k in ks])
         ax.set_title("parallel sampling" if kind == "n" else "beam search", fontsize=9)
         ax.set_ylabel("sustained rate (req/s)")
     axes[0].legend(fontsize=7)
-    fig.suptitle("Fig. 14: OPT-13B, Alpaca (simulated)", fontsize=9)
+    fig.suptitle(f"Fig. 14: OPT-13B, Alpaca (simulated)\n{BAR_MARKS}", fontsize=8)
     return fig
 
 

@@ -30,7 +30,13 @@ from experiments.report.bound_text import (
     rate_text,
     ratio_text,
 )
-from experiments.report.figures import SYSTEM_COLORS, pyplot, save
+from experiments.report.figures import (
+    BAR_MARKS,
+    SYSTEM_COLORS,
+    pyplot,
+    rate_bars,
+    save,
+)
 from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
 
@@ -60,13 +66,12 @@ def draw_fig16(cap: pd.DataFrame) -> Any:
     names = [n for n, _ in SETTINGS]
     for j, system in enumerate(SYSTEMS):
         label, color = SYSTEM_LABELS[system], SYSTEM_COLORS[system]
-        vals = [float(cap[(cap["setting"] == n) & (cap["system"] == system)]["max_rate"].iloc[0])
-                for n in names]  # fmt: skip
-        ax.bar([i + (j - 0.5) * 0.38 for i in range(len(names))], vals, 0.38, label=label,
-               color=color)  # fmt: skip
+        rows = [cap[(cap["setting"] == n) & (cap["system"] == system)].iloc[0] for n in names]
+        xs = [i + (j - 0.5) * 0.38 for i in range(len(names))]
+        rate_bars(ax, xs, rows, 0.38, label=label, color=color)
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("sustained rate (req/s)")
-    ax.set_title("Fig. 16: shared prefix, LLaMA-13B (simulated)", fontsize=9)
+    ax.set_title(f"Fig. 16: shared prefix, LLaMA-13B (simulated)\n{BAR_MARKS}", fontsize=7)
     ax.legend(fontsize=7)
     return fig
 

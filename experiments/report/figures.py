@@ -79,6 +79,47 @@ def _value(v: Any) -> float:
     return 0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
+BAR_MARKS = "≥: a lower bound (no rate tried failed); ↑: so is the interval's top; <r: none passed"
+
+
+def is_flag(row: Any, key: str) -> bool:
+    """Whether a capacity row's boolean column ``key`` is true: False when absent (a CSV
+    written before the column existed) or empty; the text "True" counts, NaN does not."""
+    return str(row.get(key, False)).strip().lower() in ("true", "1", "1.0")
+
+
+def rate_bars(ax: Any, xs: list[float], rows: list[Any], width: float, **bar: Any) -> None:
+    """One system's sustained rates as bars at ``xs`` (``max_rate`` of each capacity row in
+    ``rows``), the seed interval ``rate_lo``–``rate_hi`` as error bars (none where a row
+    lacks it), and :func:`mark_rate_bounds`' marks; ``bar``: label, color."""
+    vals = [_value(r["max_rate"]) for r in rows]
+    lows = [v - _value(r.get("rate_lo", v)) for v, r in zip(vals, rows, strict=True)]
+    highs = [_value(r.get("rate_hi", v)) - v for v, r in zip(vals, rows, strict=True)]
+    ax.bar(xs, vals, width, yerr=[lows, highs], capsize=2, error_kw={"lw": 0.8}, **bar)
+    mark_rate_bounds(ax, xs, rows)
+
+
+def mark_rate_bounds(ax: Any, xs: Any, rows: Any) -> None:
+    """Marks on a bar chart of sustained rates (``max_rate`` with the seed interval
+    ``rate_lo``–``rate_hi`` as error bars) what a bar cannot say (the legend :data:`BAR_MARKS`):
+    "≥" above a bar whose rate is only a lower bound (``rate_open``), "↑" above one whose
+    interval's top is (``rate_hi_open``), and "<r" on a system that passed no rate, r the
+    lowest rate tried (``first_failing_rate``). ``rows``: capacity-table rows, one per x."""
+    for x, row in zip(xs, rows, strict=True):
+        rate = _value(row.get("max_rate"))
+        top = max(rate, _value(row.get("rate_hi", rate)))
+        if rate <= 0:
+            fail = _value(row.get("first_failing_rate"))
+            ax.annotate(f"<{fail:g}" if fail > 0 else "none", (x, 0), xytext=(0, 2),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=6,
+                        rotation=90)  # fmt: skip
+        elif is_flag(row, "rate_open") or is_flag(row, "rate_hi_open"):
+            mark = "≥" if is_flag(row, "rate_open") else "↑"
+            ax.annotate(mark, (x, top), xytext=(0, 1), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=9)  # fmt: skip
+    ax.margins(y=0.12)  # room above the tallest bar for its mark
+
+
 def fig2_breakdown(table: pd.DataFrame) -> Any:
     """Fig. 2: stacked KV shares, kvlab's bar beside the paper's for each system.
     ``table``: ``experiments.report.markdown.fig2_table``."""
@@ -175,6 +216,11 @@ def fig12_panels(
                 ax.errorbar([r["max_rate"]], [threshold], fmt="o", ms=5, mfc="none", color=color,
                             xerr=[[r["max_rate"] - r["rate_lo"]], [r["rate_hi"] - r["max_rate"]]],
                             capsize=3, lw=1)  # fmt: skip
+                _mark_threshold_bounds(ax, r, threshold, color)
+            elif system in cap.index and _value(cap.loc[system].get("first_failing_rate")) > 0:
+                # nothing passed: the rate lies below the lowest one tried
+                ax.plot([cap.loc[system, "first_failing_rate"]], [threshold], marker=8, ms=6,
+                        color=color, ls="none")  # fmt: skip
         ax.axhline(threshold, color="k", lw=0.6, ls=":")
         ax.axvline(axis_end, color="0.6", lw=0.6)
         ax.set_ylim(0, 2 * threshold)
@@ -188,9 +234,23 @@ def fig12_panels(
     axes.flat[0].legend(fontsize=7)
     sep = "; " if cols == 3 else "\n"  # one or two panels: too narrow for one line
     title = (f"Fig. 12 (simulated): mean over seeds, shaded min–max{sep}threshold "
-             f"{threshold:g} s/token; grey line: end of the paper's axis")  # fmt: skip
+             f"{threshold:g} s/token; grey line: end of the paper's axis\n"
+             "≥ rate, → interval's top: lower bounds (no rate tried failed)"
+             f"{sep}◂: no rate passed, below the lowest tried")  # fmt: skip
     fig.suptitle(title, fontsize=9)
     return fig
+
+
+def _mark_threshold_bounds(ax: Any, row: Any, threshold: float, color: str) -> None:
+    """Fig. 12's bound marks on a system's rate dot (the threshold line): "≥" above it when
+    the rate is only a lower bound (``rate_open``), "→" past the interval's right end when
+    that end is (``rate_hi_open``)."""
+    if is_flag(row, "rate_open"):
+        ax.annotate("≥", (row["max_rate"], threshold), xytext=(0, 4), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=8, color=color)  # fmt: skip
+    if is_flag(row, "rate_hi_open"):
+        ax.annotate("→", (row["rate_hi"], threshold), xytext=(3, 0), textcoords="offset points",
+                    ha="left", va="center", fontsize=8, color=color)  # fmt: skip
 
 
 def table1_capacity(t1: pd.DataFrame) -> Any:
