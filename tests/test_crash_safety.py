@@ -152,3 +152,42 @@ def test_an_interrupt_while_a_finished_run_writes_its_row_waits_for_it() -> None
         time.sleep(0.2)
         done.append("row again")
     assert done == ["row", "row again"]
+
+
+# A command starting (``python -m experiments.<name>`` sets argv[0] to "-m" while the package
+# imports) that is interrupted before its own handling begins, as by Ctrl-C during torch's
+# import: argv: "-m" or "library", then the exception to raise ("interrupt", "sigterm",
+# "error").
+STARTING = """
+import sys
+if sys.argv[1] == "-m":
+    sys.argv[0] = "-m"
+import experiments
+from experiments.lib.signals import Terminated
+raise {"interrupt": KeyboardInterrupt, "sigterm": Terminated, "error": ValueError}[sys.argv[2]]
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "raised", "full", "stderr", "status"),
+    [
+        ("-m", "interrupt", "0", "interrupted (Ctrl-C)\n", -signal.SIGINT),
+        ("-m", "sigterm", "0", "interrupted (SIGTERM)\n", 143),
+        ("-m", "interrupt", "1", "Traceback", -signal.SIGINT),
+        ("-m", "error", "0", "Traceback", 1),
+        ("library", "interrupt", "0", "Traceback", -signal.SIGINT),
+    ],
+)
+def test_an_interrupt_while_a_command_starts_is_one_line(
+    how: str, raised: str, full: str, stderr: str, status: int
+) -> None:
+    """One line, not torch's import traceback, and the exit status of the signal; tracebacks
+    stay for other errors, with HYDRA_FULL_ERROR=1, and where kvlab is imported as a library."""
+    env = {**os.environ, "HYDRA_FULL_ERROR": full}
+    done = subprocess.run([sys.executable, "-c", STARTING, how, raised], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == status
+    if stderr.startswith("Traceback"):
+        assert done.stderr.startswith("Traceback")
+    else:
+        assert done.stderr == stderr

@@ -6,11 +6,13 @@ Both only act in the main thread (where Python delivers signals); elsewhere they
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import FrameType
+from types import FrameType, TracebackType
 
 TERMINATED_STATUS = 143  # a shell's status for a command ended by SIGTERM
 
@@ -63,3 +65,25 @@ def interrupts_deferred() -> Iterator[None]:
             signal.signal(sig, handler)
     if held:
         raise Terminated("SIGTERM") if held[0] == signal.SIGTERM else KeyboardInterrupt
+
+
+def quiet_uncaught_interrupts() -> None:
+    """An interrupt no command caught (Ctrl-C or SIGTERM while a command still imports torch,
+    before its own handling starts) prints one line instead of a traceback; the exit status
+    stays the signal's (Python exits by SIGINT itself; a :class:`Terminated` exits 143 at
+    once). Every other exception, and every
+    interrupt with ``HYDRA_FULL_ERROR=1``, keeps the usual traceback."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if issubclass(kind, KeyboardInterrupt) and os.environ.get("HYDRA_FULL_ERROR") != "1":
+            how = "SIGTERM" if issubclass(kind, Terminated) else "Ctrl-C"
+            print(f"interrupted ({how})", file=sys.stderr)
+            if issubclass(kind, Terminated):  # Python would exit 1: SIGTERM's status instead
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(TERMINATED_STATUS)
+            return
+        previous(kind, exc, tb)
+
+    sys.excepthook = hook
