@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from experiments.report.clock import block_sections, gap_lines, preemption_cost
+from experiments.report.clock import (
+    RATES_CHOSEN,
+    block_sections,
+    gap_lines,
+    preemption_cost,
+)
+from experiments.reproduce import BLOCK_STUDY_RATES
 from sim.cost import RooflineCostModel
 
 SIZES = (1, 16, 256)
@@ -102,3 +108,10 @@ def test_tokens_per_request_checks_fig2_against_fig13() -> None:
     ]
     assert f"give {', '.join(f'{p:.0f}' for p in paper)}." in line
     assert tokens_per_request_line(runs[runs["system"] != "vllm"], 1000.0) is None
+
+
+def test_the_block_study_says_its_rates_are_kvlabs_choice() -> None:
+    """The paper gives no rate for Fig. 18b or Fig. 19: the sections say theirs are chosen."""
+    text = "\n".join(block_sections(_runs(), _price("vllm-2023"), "Clock: test"))
+    assert RATES_CHOSEN in text and "the rate is kvlab's choice" in text
+    assert all(f"{r:g} req/s" in RATES_CHOSEN for r in BLOCK_STUDY_RATES.values())

@@ -1,10 +1,11 @@
 """Synthetic prompt/output length distributions fitted to the published dataset statistics.
 
-Targets (Kwon et al., SOSP 2023, §6.1, "Workloads"): after vLLM's benchmark filter
-(:mod:`core.workload.filters`, max model length 2048) ShareGPT has mean input 161.31 and
+Targets (Kwon et al., SOSP 2023, §6.1, "Workloads"): ShareGPT has mean input 161.31 and
 mean output 337.99 tokens; Alpaca has mean input 19.31 and mean output 58.45 tokens. The
 paper gives only these means, that ShareGPT has "higher variance", and histograms that span
-0-2000 tokens.
+0-2000 tokens; it does not say whether the means are before or after a length filter.
+kvlab's choice: they are the means after vLLM's benchmark filter
+(:mod:`core.workload.filters`, max model length 2048), which the fits below match.
 
 Family (a choice; the paper is silent): prompt and output lengths are independent, each
 ``max(1, round(exp(mu + sigma * Z)))`` with ``Z ~ N(0, 1)``, and the pair is then put

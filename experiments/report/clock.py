@@ -118,7 +118,8 @@ def fig18b_section(blocks: pd.DataFrame, cost_line: str) -> list[str]:
     """Markdown for Fig. 18b with its computed gap lines."""
     from experiments.report.markdown import _md_table
 
-    parts = ["## Fig. 18b: block size (vLLM, OPT-13B, recompute)", "", cost_line, ""]
+    parts = ["## Fig. 18b: block size (vLLM, OPT-13B, recompute)", "", cost_line, "",
+             RATES_CHOSEN, ""]  # fmt: skip
     f18 = blocks[blocks["study"] == "fig18b"]
     header = ["block size"]
     cols = []
@@ -151,6 +152,13 @@ def fig18b_section(blocks: pd.DataFrame, cost_line: str) -> list[str]:
     return [*parts, ""]
 
 
+RATES_CHOSEN = (
+    "Rates: kvlab's choice, fixed before any result (the paper gives none for Fig. 18b or "
+    "Fig. 19): ShareGPT at Fig. 13's 2 req/s; Alpaca at 25 req/s, near the top of the paper's "
+    "OPT-13B Alpaca axis (0–30 req/s)."
+)
+
+
 # §7.3: "recomputation overhead is never higher than 20% of swapping's latency", read as
 # recompute at most 1.2x swapping's (the paper also has swapping win at large blocks, so a
 # bound of 0.2x could not hold there)
@@ -179,7 +187,8 @@ def fig19_section(blocks: pd.DataFrame, price: pd.DataFrame, cost_line: str) -> 
                               values="normalized_latency")  # fmt: skip
         pre = e2e.pivot_table(index="block_size", columns="preemption_mode",
                               values="num_preemptions")  # fmt: skip
-        parts += ["(b) End to end at 2 req/s (normalized latency, s/token; preemptions):", ""]
+        parts += ["(b) End to end at 2 req/s (normalized latency, s/token; preemptions; "
+                  "the rate is kvlab's choice, as in Fig. 18b):", ""]  # fmt: skip
         parts += [_md_table(
             ["block size", "recompute", "swap", "swap / recompute"],
             [[str(bs), f"{_fmt(r.get('recompute'))} ({int(pre.loc[bs].get('recompute', 0))})",

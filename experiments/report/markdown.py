@@ -191,7 +191,7 @@ def fig13_table(
 def fig13_section(f13: pd.DataFrame, sharegpt: pd.DataFrame, alpaca: pd.DataFrame) -> list[str]:
     """The report's Fig. 13: (a) ShareGPT beside the paper, with a gap line; (b) Alpaca,
     kvlab's numbers only. ``sharegpt`` and ``alpaca``: the panels' runs."""
-    parts = ["## Fig. 13: mean batched requests (OPT-13B)", ""]
+    parts = ["## Fig. 13: mean batched requests (OPT-13B)", "", BATCH_DEFINITION, ""]
     for workload, runs in (("sharegpt", sharegpt), ("alpaca", alpaca)):
         t = f13[f13["workload"] == workload] if len(f13) else f13
         if not len(t):
@@ -249,6 +249,14 @@ def _batch_rows(f13: pd.DataFrame) -> list[list[str]]:
     ]  # fmt: skip
 
 
+BATCH_DEFINITION = (
+    "Batched requests (kvlab's `mean_batch_size`): the requests holding KV in the running "
+    "batch, averaged over the steps weighted by each step's duration, idle time left out."
+)
+TABLE1_UNITS = (
+    'The paper\'s memory figures ("12 GB / 21 GB / 264 GB" of KV) are read as GiB: with '
+    "GiB its 15.7K / 9.7K / 60.1K slots follow from 800 KiB a token (`sim/capacity.py`)."
+)
 BREAKDOWN_HEADER = ["system", *(f"{PART_LABELS[p]} kvlab (paper)" for p in PARTS), "free kvlab"]
 BATCH_HEADER = ["system", "kvlab", "paper", "kvlab / paper"]
 
@@ -296,7 +304,8 @@ def tokens_per_request_line(fig2_runs: pd.DataFrame, slots: float) -> str | None
     ]
     names = ", ".join(SYSTEM_LABELS[s] for s in systems)
     return (
-        f"Tokens held per batched request (token-state share × KV slots ÷ Fig. 13's batch), "
+        f"If Fig. 2's runs are Fig. 13's (kvlab's reading above), tokens held per batched "
+        f"request (token-state share × KV slots ÷ Fig. 13's batch), "
         f"{names}: kvlab {', '.join(f'{ours[s]:.0f}' for s in systems)}; the paper's Figs. 2 "
         f"and 13 ({PAPER_KV_SLOTS:,} slots) give {', '.join(f'{paper[s]:.0f}' for s in systems)}. "
         f"All four serve the same requests first come, first served, and kvlab's agree within "
@@ -365,10 +374,14 @@ def _report(
         "",
     ]
     if "table1" in figures:
-        parts += ["## Table 1: KV cache capacity", "", "```", format_table1(t1).strip(), "```", ""]
+        parts += ["## Table 1: KV cache capacity", "", "```", format_table1(t1).strip(), "```", "",
+                  TABLE1_UNITS, ""]  # fmt: skip
     if "fig2" in figures:
         parts += [
             "## Fig. 2: KV memory breakdown (% of KV slots, time-averaged, ShareGPT 2 req/s)",
+            "",
+            "Setup: OPT-13B on ShareGPT at 2 req/s, Fig. 13's runs. This is kvlab's reading: "
+            "the paper's caption names neither the model nor the rate.",
             "",
             _md_table(BREAKDOWN_HEADER, _breakdown_rows(f2)),
             "",

@@ -1,5 +1,9 @@
 """Numbers from the vLLM paper (Kwon et al., SOSP 2023, arXiv:2309.06180) that kvlab
-puts next to its own. Figures only; each constant cites its figure or section."""
+puts next to its own. Figures only; each constant cites its figure or section.
+
+These are the numbers ``../shared/PAPER.md`` summarises. The sharing figures' paper numbers
+(Fig. 14-17: ``PAPER_RATIO`` / ``PAPER_RANGE`` in their modules) are quoted from the
+paper's own text (§6.3-§6.5), which PAPER.md does not reproduce."""
 
 from __future__ import annotations
 
