@@ -48,7 +48,8 @@ class MemoryBreakdown:
     - ``token_states``: slots holding K/V of tokens (prompt and generated so far);
       a physical slot shared by several sequences counts once.
     - ``reserved``: slots set aside for tokens the request *will* generate (its true
-      output, not yet produced). Zero for paged allocation.
+      output, not yet produced). Paged: the slots of a prompt allocated whole at admission
+      that no step has been scheduled to write yet (chunked prefill's later chunks).
     - ``internal_frag``: slots allocated that hold no token and are not reserved for one:
       over-reservation beyond the true output (contiguous) or the unfilled slots of
       allocated blocks (paged; see below).
@@ -182,6 +183,13 @@ class KVCacheManager(Protocol):
         """Make ``child`` hold the same tokens as ``parent``. Paged: share every block
         (ref counts +1). Contiguous: move into one of the group's reserved regions and
         return the block copies ``(src, dst)`` the executor must perform."""
+        ...
+
+    def note_computed(self, seq: Sequence) -> None:
+        """The step that computed ``seq``'s tokens up to ``seq.num_computed`` has ended.
+        Paged with prefix caching: its full blocks are now offered to the cache (a request
+        admitted in the next step finds them; so does one after ``seq`` finished). Others:
+        nothing."""
         ...
 
     def free(self, seq_id: int) -> None:

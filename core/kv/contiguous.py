@@ -292,6 +292,9 @@ class ContiguousKVCacheManager:
         dst = g.regions[child.region] // bs
         return [(src + i, dst + i) for i in range(-(-parent.slots // bs))]
 
+    def note_computed(self, seq: Sequence) -> None:
+        """Nothing: contiguous regions are not shared by prefix."""
+
     def free(self, seq_id: int) -> None:
         s = self._state(seq_id)
         g = s.group

@@ -18,12 +18,12 @@ Choices where the paper is silent:
   ``append`` takes, so each sequence can append right after swap-in (vLLM v0 asks for one
   spare block per sequence instead). Swap-in does not re-share blocks with the prefix cache.
 - Prefix caching (off by default) indexes a *full* block under the chained hash of
-  (previous block's hash, its token ids) once all its tokens are computed (checked on
-  ``append`` from ``seq.num_computed``), so a later request never skips tokens whose K/V is
-  not written yet; with ``cache_scheduled_blocks`` (vLLM V1: ``KVCacheManager.
-  allocate_slots`` caches the blocks of the tokens it schedules), once the step that
-  computes them is scheduled (:meth:`note_scheduled`). A hit never covers the last token:
-  at least one token is computed.
+  (previous block's hash, its token ids) once all its tokens are computed (at the end of
+  the step that computes them, :meth:`note_computed`, and on ``append``), so a later
+  request never skips tokens whose K/V is not written yet; with ``cache_scheduled_blocks``
+  (vLLM V1: ``KVCacheManager.allocate_slots`` caches the blocks of the tokens it
+  schedules), once the step that computes them is scheduled (:meth:`note_scheduled`). A
+  hit never covers the last token: at least one token is computed.
   Unreferenced cached blocks stay cached, are evicted least recently released first, and
   count as free. A sequence releases its blocks last-to-first so that prompt-prefix blocks
   are evicted last.
@@ -85,6 +85,11 @@ class PagedKVCacheManager:
         self._device = BlockPool(num_device_blocks, block_size)
         self._cpu = BlockPool(num_cpu_blocks, block_size)
         self._seqs: dict[int, _SeqState] = {}
+        # seq id -> slots written or being written by a scheduled step, for the sequences
+        # whose allocated prompt has not all been scheduled yet (chunked prefill)
+        self._prefilling: dict[int, int] = {}
+        # seq id -> leading slots another sequence of its group writes (shared prompt blocks)
+        self._written_by_group: dict[int, int] = {}
 
     # -- helpers ----------------------------------------------------------------------
     def _state(self, seq_id: int) -> _SeqState:
@@ -151,12 +156,26 @@ class PagedKVCacheManager:
         st.slots = s
 
     def note_scheduled(self, seq: Sequence, upto: int) -> None:
-        """A step computes ``seq``'s tokens up to ``upto``: with ``cache_scheduled_blocks``
-        (vLLM V1), the full blocks they complete are offered to the prefix cache now, so a
+        """A step computes ``seq``'s tokens up to ``upto``: its slots below ``upto`` stop
+        counting as set aside (:meth:`breakdown`). With ``cache_scheduled_blocks`` (vLLM
+        V1), the full blocks they complete are offered to the prefix cache now, so a
         request admitted later in the same step finds them; its tokens there are not
         computed again, and its attention reads the K/V the same forward writes first."""
+        sid = seq.seq_id
+        written = max(upto, self._written_by_group.get(sid, 0))
+        if written >= self._seqs[sid].slots:
+            self._prefilling.pop(sid, None)
+        else:
+            self._prefilling[sid] = max(written, self._prefilling.get(sid, 0))
         if self.enable_prefix_caching and self.cache_scheduled_blocks:
             self._register_computed(seq, self._device_state(seq.seq_id), upto)
+
+    def note_computed(self, seq: Sequence) -> None:
+        """The step computing ``seq`` up to ``seq.num_computed`` ended: with prefix caching,
+        the full blocks below it are offered to the cache now, not at ``seq``'s next
+        ``append`` (a prompt whose request finishes on its first token has none)."""
+        if self.enable_prefix_caching:
+            self._register_computed(seq, self._device_state(seq.seq_id))
 
     def _register_computed(self, seq: Sequence, st: _SeqState, upto: int | None = None) -> None:
         """Offer the sequence's newly computed full blocks (those below ``upto`` tokens, by
@@ -279,6 +298,8 @@ class PagedKVCacheManager:
                 st = _SeqState(table, shared * self.block_size, n, last)
             self._grow(st, seq.num_tokens)
             self._seqs[seq.seq_id] = st
+            # the shared prompt blocks are the first sequence's to write
+            self._written_by_group[seq.seq_id] = max(len(hits), shared) * self.block_size
             states.append(st)
         return min(st.n_hashed for st in states) * self.block_size
 
@@ -526,6 +547,8 @@ class PagedKVCacheManager:
     def free(self, seq_id: int) -> None:
         st = self._state(seq_id)
         del self._seqs[seq_id]
+        self._prefilling.pop(seq_id, None)
+        self._written_by_group.pop(seq_id, None)
         pool = self._cpu if st.on_cpu else self._device
         for block in reversed(st.table):
             pool.decref(block)
@@ -617,22 +640,39 @@ class PagedKVCacheManager:
         return self._device.ref_total - self._device.num_used
 
     def breakdown(self) -> MemoryBreakdown:
+        """Token states are the filled slots less :meth:`unwritten_slots`, which are
+        ``reserved``: a prompt is allocated whole at admission, and with chunked prefill
+        its later chunks' slots hold no K/V until a step is scheduled to write them."""
         bs, pool = self.block_size, self._device
-        tokens = pool.num_filled
+        ahead = self.unwritten_slots() if self._prefilling else 0
+        tokens = pool.num_filled - ahead
         return new_breakdown(
             token_states=tokens,
-            reserved=0,
-            internal_frag=pool.num_used * bs - tokens,
+            reserved=ahead,
+            internal_frag=pool.num_used * bs - tokens - ahead,
             allocator_padding=0,
             free=pool.num_free() * bs,
             physical_blocks=pool.num_used,
             logical_blocks=pool.ref_total,
         )
 
+    def unwritten_slots(self) -> int:
+        """Device slots allocated to prompts that no step has been scheduled to write yet
+        (chunked prefill's later chunks)."""
+        seqs = self._seqs
+        return sum(
+            seqs[sid].slots - written
+            for sid, written in self._prefilling.items()
+            if not seqs[sid].on_cpu
+        )
+
     def check_integrity(self) -> None:
         """Recount ref counts from every block table (device and CPU) and check each
         table's length and fills against the sequence's slots, then the pools."""
         bs = self.block_size
+        for sid, written in self._prefilling.items():
+            if sid not in self._seqs or not 0 <= written < self._seqs[sid].slots:
+                raise KVCacheError(f"seq {sid}: {written} slots written, a prefill in progress")
         refs = {False: [0] * self.num_device_blocks, True: [0] * self.num_cpu_blocks}
         for sid, st in self._seqs.items():
             pool = self._cpu if st.on_cpu else self._device

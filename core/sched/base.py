@@ -378,6 +378,7 @@ class BaseScheduler:
         for chunk in plan.prefill:
             seq = chunk.seq
             seq.num_computed = chunk.end
+            self.manager.note_computed(seq)
             if chunk.end >= seq.num_tokens:
                 self._emit(seq, tokens)
                 sampled[seq.group] = None
