@@ -13,6 +13,7 @@ Table 1's A100s have no reported total: the paper's nominal GiB stand.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from core.model_spec import ModelSpec, kv_bytes_per_token
@@ -47,6 +48,24 @@ def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
     return max(1, model.num_kv_heads // tp)
 
 
+def kv_width_per_gpu(model: ModelSpec, tp: int) -> int:
+    """Width of each of the K and V projections on one GPU: its KV heads × head_dim.
+    Above ``kv_size / tp`` when ``tp > kv_heads``: each GPU then holds and computes a whole
+    replicated head (vLLM's ``QKVParallelLinear``)."""
+    return kv_heads_per_gpu(model, tp) * model.head_dim
+
+
+def replicated_kv_params(model: ModelSpec, tp: int, biases: bool = True) -> float:
+    """Parameters each GPU holds beyond ``num_params / tp`` because its K and V heads are
+    replicated (0 unless ``tp > kv_heads``): per layer ``2 × (hidden [+ 1 for the
+    biases]) × (kv_width_per_gpu − kv_size / tp)``. ``biases=False``: matmul weights only."""
+    excess = kv_width_per_gpu(model, tp) - model.kv_size / tp
+    if excess <= 0:
+        return 0.0
+    bias = biases and (model.family == "opt" or model.attention_bias)
+    return model.num_layers * 2 * (model.hidden_size + bias) * excess
+
+
 def activation_bytes(
     model: ModelSpec,
     tp: int,
@@ -72,7 +91,7 @@ def activation_bytes(
     is read from the algorithm, not measured.
     """
     t = max_num_batched_tokens
-    qkv = (model.q_size + 2 * model.kv_size) // tp
+    qkv = model.q_size // tp + 2 * kv_width_per_gpu(model, tp)
     mlp = ((2 if model.gated_mlp else 1) + 1) * model.ffn_hidden_size // tp
     hidden = 2 * model.hidden_size
     forward = t * (hidden + max(qkv, mlp)) * dtype_bytes
@@ -174,7 +193,8 @@ def kv_capacity(
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     check_tp(model, tp)
     per_token = kv_bytes_per_token(model, dtype_bytes, tp)
-    weights = -(-model.num_params() * dtype_bytes // tp)
+    replicated = replicated_kv_params(model, tp)
+    weights = -(-model.num_params() * dtype_bytes // tp) + math.ceil(replicated * dtype_bytes)
     acts = activation_bytes(model, tp, max_num_batched_tokens, max_num_seqs, dtype_bytes)
     graphs = (
         activation_bytes(model, tp, cuda_graph_max_size, 0, dtype_bytes)
@@ -188,7 +208,8 @@ def kv_capacity(
     source = {
         "usable": f"gpu_memory_utilization {gpu_memory_utilization} × {gpu.name} {kind} "
         f"{total / GIB:.3f} GiB ({total_key}: {gpu.source.get(total_key, 'hardware config')})",
-        "weights": f"{model.num_params() / 1e9:.2f}B parameters × {dtype_bytes} B / tp",
+        "weights": f"{model.num_params() / 1e9:.2f}B parameters × {dtype_bytes} B / tp"
+        + (f" + {replicated / 1e9:.3f}B of K/V heads replicated over tp" if replicated else ""),
         "activations": f"profile run: max(forward of {max_num_batched_tokens} tokens, sampler "
         f"on {max_num_seqs} rows: fp32 logits + top-k/top-p sort)",
         "cuda_graphs": f"shared graph pool = intermediates of the largest capture "

@@ -222,3 +222,22 @@ def test_a_bad_block_count_names_its_key() -> None:
         kv_capacity("llama-3.1-8b", "rtx4090", num_gpu_blocks=2588, block_size=0, **kw)
     with pytest.raises(ValueError, match=r"^num_gpu_blocks must be >= 1, got 0$"):
         kv_capacity("llama-3.1-8b", "rtx4090", num_gpu_blocks=0, block_size=16, **kw)
+
+
+def test_replicated_kv_heads_count_on_every_gpu() -> None:
+    """Llama-3.1-70B has 8 KV heads: at tp 16 each GPU holds (and computes) a whole K and V
+    head, twice its even share, in its weights, its profile-run activations and its work
+    (a researcher-scenario audit, 2026-12-05: the weights were num_params / tp)."""
+    from sim.capacity import kv_capacity, replicated_kv_params
+    from sim.catalog import get_model
+    from sim.cost.work import WorkCoefficients
+
+    m = get_model("llama-3.1-70b")
+    extra = m.num_layers * 2 * m.hidden_size * (m.head_dim - m.kv_size // 16)  # no biases
+    assert replicated_kv_params(m, 16) == extra and replicated_kv_params(m, 8) == 0
+    cap16 = kv_capacity(m, "h200", tp=16, max_model_len=8192)
+    assert cap16.weight_bytes == -(-m.num_params() * 2 // 16) + 2 * extra
+    assert "replicated" in cap16.source["weights"]
+    k16, k8 = WorkCoefficients.of(m, 16), WorkCoefficients.of(m, 8)
+    assert k16.flops_per_token == pytest.approx(k8.flops_per_token / 2 + 2 * extra)
+    assert k16.kv_bytes_per_token == k8.kv_bytes_per_token  # one head's K/V per GPU both ways

@@ -85,6 +85,11 @@ class LayerShape:
     head_dim: int
     num_heads: int
 
+    def kv_width_per_gpu(self, tp: int) -> int:
+        """Width of each of K and V on one of ``tp`` GPUs: its KV heads (at least one,
+        replicated when ``tp`` exceeds them) × head_dim."""
+        return max(1, self.kv_size // self.head_dim // tp) * self.head_dim
+
 
 @dataclass
 class OperatorProfile:

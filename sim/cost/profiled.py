@@ -136,11 +136,11 @@ def _layer_of(spec: ModelSpec) -> LayerShape:
 
 def _layer_work(s: LayerShape, tp: int) -> tuple[float, float]:
     """(matmul weight elements, activation elements per token) of one layer per GPU."""
-    h, f = s.hidden_size, s.ffn_hidden_size
-    params = h * s.q_size + 2 * h * s.kv_size + s.q_size * h + (3 if s.gated_mlp else 2) * h * f
+    h, f, kv = s.hidden_size, s.ffn_hidden_size, s.kv_width_per_gpu(tp)
+    params = (h * s.q_size + s.q_size * h + (3 if s.gated_mlp else 2) * h * f) / tp + 2 * h * kv
     g = 2 if s.gated_mlp else 1
-    act = 4 * h + (s.q_size + 2 * s.kv_size + 3 * s.q_size + 2 * (g + 1) * f) / tp
-    return params / tp, act
+    act = 4 * h + (s.q_size + 3 * s.q_size + 2 * (g + 1) * f) / tp + 2 * kv
+    return params, act
 
 
 class ProfiledCostModel:
@@ -276,8 +276,8 @@ class ProfiledCostModel:
         n, c, t = prof.ops["attn_decode"]
         scale = float(m.num_layers)
         if not self.same:
-            kv_t = 2 * (m.num_kv_heads // tp if m.num_kv_heads >= tp else 1) * m.head_dim
-            kv_p = 2 * max(1, ref.kv_size // ref.head_dim // prof.tp) * ref.head_dim
+            kv_t = 2 * _layer_of(m).kv_width_per_gpu(tp)
+            kv_p = 2 * ref.kv_width_per_gpu(prof.tp)
             scale *= (kv_t / kv_p) * (gp.mem_bandwidth / g.mem_bandwidth)
         counts, curves = [], []
         for s in np.unique(n):

@@ -22,7 +22,7 @@ from typing import Any
 
 from core.model_spec import ModelSpec, kv_bytes_per_token
 from core.plan import BatchShape
-from sim.capacity import check_tp
+from sim.capacity import check_tp, kv_width_per_gpu, replicated_kv_params
 
 
 def act_elems_per_token(model: ModelSpec, tp: int) -> float:
@@ -33,13 +33,11 @@ def act_elems_per_token(model: ModelSpec, tp: int) -> float:
     Unsharded (hidden-wide): QKV and fc1 inputs, O and fc2 outputs: ``4h``. Sharded over
     tp: QKV output ``q + 2kv``, attention input q and output q, O input q (``3q``), fc1
     output and activation input (``2 × g × ffn``, g = 2 if gated else 1), activation output
-    and fc2 input (``2 ffn``).
+    and fc2 input (``2 ffn``). K and V are this GPU's heads (:func:`kv_width_per_gpu`).
     """
     g = 2 if model.gated_mlp else 1
-    sharded = (
-        model.q_size + 2 * model.kv_size + 3 * model.q_size + 2 * (g + 1) * model.ffn_hidden_size
-    )
-    return 4 * model.hidden_size + sharded / tp
+    sharded = model.q_size + 3 * model.q_size + 2 * (g + 1) * model.ffn_hidden_size
+    return 4 * model.hidden_size + sharded / tp + 2 * kv_width_per_gpu(model, tp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +56,13 @@ class WorkCoefficients:
         """The coefficients of ``model`` on ``tp`` GPUs (validates ``tp``)."""
         m, layers = model, model.num_layers
         check_tp(m, tp)
+        replicated = replicated_kv_params(m, tp, biases=False)  # K/V heads on every GPU
+        matmul = layers * m.layer_matmul_params() / tp + replicated
         return cls(
-            flops_per_token=2 * layers * m.layer_matmul_params() / tp,
+            flops_per_token=2 * matmul,
             flops_per_logit=2 * m.lm_head_params() / tp,
             flops_per_pair=4 * m.head_dim * (m.num_heads // tp) * layers,
-            weight_bytes=(layers * m.layer_matmul_params() + m.lm_head_params()) * dtype_bytes / tp,
+            weight_bytes=(matmul + m.lm_head_params() / tp) * dtype_bytes,
             act_bytes_per_token=layers * act_elems_per_token(m, tp) * dtype_bytes,
             kv_bytes_per_token=kv_bytes_per_token(m, dtype_bytes, tp),
         )
