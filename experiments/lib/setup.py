@@ -485,8 +485,9 @@ def capacity_error_key(text: str, args: Mapping[str, Any]) -> str:
     """The key to blame for :func:`sim.capacity.kv_capacity`'s error ``text`` on ``args``:
     the given KV budget (``num_gpu_blocks`` or ``kv_cache_gb``) for a cache that cannot be;
     the tensor-parallel size for a split that cannot be; else a memory reservation of the
-    system group without which the run would fit; else ``kv_cache_gb`` (a derived cache
-    too small) or ``model`` (weights too large)."""
+    system group without which the run would fit; else ``system.max_model_len`` (a derived
+    cache smaller than one such sequence), ``kv_cache_gb`` (a derived cache too small) or
+    ``model`` (weights too large)."""
     about_cache = "KV cache" in text or "block" in text
     if about_cache and args["num_gpu_blocks"] is not None:
         return "num_gpu_blocks"
@@ -497,6 +498,8 @@ def capacity_error_key(text: str, args: Mapping[str, Any]) -> str:
     for key, arg in _RESERVED:
         if args[arg] and _fits({**args, arg: 0}):
             return key
+    if about_cache and "max_model_len" in text:
+        return "system.max_model_len"
     return "kv_cache_gb" if about_cache else "model"
 
 
