@@ -77,7 +77,7 @@ def activation_bytes(
 
     With ``T = max_num_batched_tokens`` tokens in flight, the live tensors at the peak are
     the residual stream and its normed copy (``2 × T × hidden``), the largest per-layer
-    intermediate — the QKV output ``T × (q + 2 kv)/tp`` or the MLP's ``T × ffn/tp``
+    intermediate — the QKV output ``T × (q/tp + 2 kv_width_per_gpu)`` or the MLP's ``T × ffn/tp``
     (×2 for the gate and up halves of a gated MLP) plus its activated output
     ``T × ffn/tp`` — all in ``dtype_bytes``. Attention scores are not materialized
     (memory-efficient attention), so there is no ``T²`` term.

@@ -60,3 +60,21 @@ def test_a_chunked_prompts_unwritten_slots_are_reserved_not_token_states() -> No
     assert list(steps["prefill_tokens"][:3]) == [16, 16, 8]
     assert list(steps["kv_token_states"][:3]) == [16, 32, 40]
     assert list(steps["kv_reserved"][:4]) == [24, 8, 0, 0]
+
+
+def test_a_recomputed_sequence_past_its_prefill_reserves_nothing() -> None:
+    """A sequence preempted by recompute after generating tokens is prefilled again in
+    chunks; a chunk that stops one token short of it leaves the sequence decoding, and
+    its slots from then on are token states, not reserved (a review found them counted
+    as reserved, one more each decode step, until the request finished)."""
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=4, max_model_len=64,
+                             chunked_prefill=True)  # fmt: skip
+    sched = build_scheduler("vllm", 9 * BLOCK, config, block_size=BLOCK)
+    requests = [Request(i, 0.0, 10, 20, SamplingParams()) for i in range(2)]
+    result = run_loop(sched, requests)
+    steps = result.recorder.steps_frame()
+    assert result.recorder.requests_frame()["num_preemptions"].sum() > 0
+    # a budget of 4 always leaves a mid-prefill sequence a chunk: no prefill, none reserved
+    idle = steps["prefill_tokens"] == 0
+    assert (steps.loc[idle, "kv_reserved"] == 0).all()
+    assert (steps["kv_reserved"] > 0).any()

@@ -173,7 +173,11 @@ class PagedKVCacheManager:
     def note_computed(self, seq: Sequence) -> None:
         """The step computing ``seq`` up to ``seq.num_computed`` ended: with prefix caching,
         the full blocks below it are offered to the cache now, not at ``seq``'s next
-        ``append`` (a prompt whose request finishes on its first token has none)."""
+        ``append`` (a prompt whose request finishes on its first token has none). A
+        sequence past its prefill (a recomputed one whose last chunk stops one token short
+        goes on by decoding) leaves :meth:`unwritten_slots`."""
+        if not seq.needs_prefill:
+            self._prefilling.pop(seq.seq_id, None)
         if self.enable_prefix_caching:
             self._register_computed(seq, self._device_state(seq.seq_id))
 
