@@ -45,11 +45,16 @@ class SystemSpec:
     # paged, prefix caching: index a block when its step is scheduled (vLLM V1's
     # KVCacheManager.allocate_slots caches the full blocks of the tokens it allocates for)
     cache_scheduled_blocks: bool = False
+    # paged, chunked prefill: a prompt's blocks come chunk by chunk, as each step schedules
+    # it (vLLM V1's allocate_slots), not whole at admission (vLLM v0)
+    allocate_per_chunk: bool = False
 
 
 SYSTEMS: dict[str, SystemSpec] = {
     "vllm": SystemSpec("vllm", VLLMScheduler, "paged"),
-    "vllm_v1": SystemSpec("vllm_v1", VLLMScheduler, "paged", cache_scheduled_blocks=True),
+    "vllm_v1": SystemSpec(
+        "vllm_v1", VLLMScheduler, "paged", cache_scheduled_blocks=True, allocate_per_chunk=True
+    ),
     "orca_max": SystemSpec("orca_max", OrcaScheduler, "contiguous", "max"),
     "orca_pow2": SystemSpec("orca_pow2", OrcaScheduler, "contiguous", "pow2"),
     "orca_oracle": SystemSpec("orca_oracle", OrcaScheduler, "contiguous", "oracle"),
@@ -122,6 +127,7 @@ def build_manager(
             watermark=watermark,
             enable_prefix_caching=enable_prefix_caching,
             cache_scheduled_blocks=spec.cache_scheduled_blocks,
+            allocate_per_chunk=spec.allocate_per_chunk,
         )
     return ContiguousKVCacheManager(
         capacity_slots=num_blocks * block_size,

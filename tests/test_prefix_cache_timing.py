@@ -49,17 +49,28 @@ def test_a_prompt_admitted_in_the_next_step_finds_the_previous_prompt(system: st
     assert found == {0: 0, 1: len(SHARED)}
 
 
-def test_a_chunked_prompts_unwritten_slots_are_reserved_not_token_states() -> None:
-    """A prompt is allocated whole at admission; under chunked prefill the slots of chunks
-    not yet scheduled hold no K/V: each step's breakdown counts them as reserved."""
+@pytest.mark.parametrize(
+    ("system", "reserved", "blocks"),
+    [
+        ("vllm", [24, 8, 0, 0], [10, 10, 10, 11]),  # v0: the prompt's blocks at admission
+        ("vllm_v1", [0, 0, 0, 0], [4, 8, 10, 11]),  # V1: each chunk's as it is scheduled
+    ],
+)
+def test_a_chunked_prompts_blocks_and_unwritten_slots(
+    system: str, reserved: list[int], blocks: list[int]
+) -> None:
+    """vLLM v0 allocates a prompt whole at admission: under chunked prefill the slots of
+    chunks not yet scheduled hold no K/V, and each step's breakdown counts them as reserved.
+    vLLM V1 allocates each chunk's blocks as the step computing it is scheduled."""
     config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64,
                              chunked_prefill=True)  # fmt: skip
-    sched = build_scheduler("vllm_v1", 64 * BLOCK, config, block_size=BLOCK)
+    sched = build_scheduler(system, 64 * BLOCK, config, block_size=BLOCK)
     result = run_loop(sched, [Request(0, 0.0, 40, 2, SamplingParams())])
     steps = result.recorder.steps_frame()
     assert list(steps["prefill_tokens"][:3]) == [16, 16, 8]
     assert list(steps["kv_token_states"][:3]) == [16, 32, 40]
-    assert list(steps["kv_reserved"][:4]) == [24, 8, 0, 0]
+    assert list(steps["kv_reserved"][:4]) == reserved
+    assert list(steps["kv_physical_blocks"][:4]) == blocks
 
 
 def test_a_recomputed_sequence_past_its_prefill_reserves_nothing() -> None:
@@ -78,3 +89,25 @@ def test_a_recomputed_sequence_past_its_prefill_reserves_nothing() -> None:
     idle = steps["prefill_tokens"] == 0
     assert (steps.loc[idle, "kv_reserved"] == 0).all()
     assert (steps["kv_reserved"] > 0).any()
+
+
+def test_v1_admits_a_long_prompt_by_its_first_chunk_and_it_gives_way_when_short() -> None:
+    """12 blocks of 4; a short request decoding, then a 44-token prompt (11 blocks). vLLM
+    v0 allocates a prompt whole: it waits until the first request finished. vLLM V1
+    allocates each chunk's blocks: it starts at once, and when a chunk's blocks are short it
+    gives way itself (the last admitted), to be admitted again; both finish."""
+    out = {}
+    for system in ("vllm", "vllm_v1"):
+        config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8, max_model_len=64,
+                                 chunked_prefill=True)  # fmt: skip
+        sched = build_scheduler(system, 12 * BLOCK, config, block_size=BLOCK, watermark=0.0)
+        requests = [Request(0, 0.0, 8, 20, SamplingParams()),
+                    Request(1, 1e-4, 44, 2, SamplingParams())]  # fmt: skip
+        frame = run_loop(sched, requests).recorder.requests_frame().set_index("request_id")
+        assert (frame["status"] == "finished").all()
+        out[system] = frame
+    v0, v1 = out["vllm"], out["vllm_v1"]
+    assert v0.loc[1, "first_scheduled_s"] >= v0.loc[0, "finish_s"]
+    assert v0.loc[1, "num_preemptions"] == 0
+    assert v1.loc[1, "first_scheduled_s"] == pytest.approx(0.01)  # the second step
+    assert v1.loc[1, "num_preemptions"] >= 1

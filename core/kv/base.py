@@ -130,13 +130,13 @@ class KVCacheManager(Protocol):
     num_device_blocks: int  # device capacity in blocks (capacity in slots = x * block_size)
 
     # -- admission ------------------------------------------------------------------
-    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
+    def can_allocate(self, group: SequenceGroup, first_chunk: int | None = None) -> AllocStatus:
         """Whether the group's prompt (or, for a preempted-by-recompute group, its prompt
         plus generated tokens) can get slots now, and for contiguous policies its whole
         reservation for every sequence the group will fork into."""
         ...
 
-    def allocate(self, group: SequenceGroup) -> int:
+    def allocate(self, group: SequenceGroup, first_chunk: int | None = None) -> int:
         """Give the waiting group's live sequence slots for its ``num_tokens`` tokens
         (contiguous: reserve regions for all ``sampling.num_seqs`` sequences up front).
         Returns how many leading tokens already have their K/V cached (a prefix-cache

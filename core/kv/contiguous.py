@@ -146,9 +146,10 @@ class ContiguousKVCacheManager:
         s.slots = slots
 
     # -- admission --------------------------------------------------------------------
-    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
+    def can_allocate(self, group: SequenceGroup, first_chunk: int | None = None) -> AllocStatus:
         """NEVER if the request is longer than ``max_model_len``, or ``num_seqs`` regions
-        cannot fit even in an empty allocator; LATER if they do not fit now; else OK."""
+        cannot fit even in an empty allocator; LATER if they do not fit now; else OK.
+        ``first_chunk`` is ignored: a reservation is whole."""
         request = group.request
         if group.request_id in self._groups:
             raise KVCacheError(f"request {group.request_id} already holds KV regions")
@@ -163,7 +164,7 @@ class ContiguousKVCacheManager:
             return AllocStatus.NEVER
         return AllocStatus.OK if self.allocator.count_fit(size) >= n else AllocStatus.LATER
 
-    def allocate(self, group: SequenceGroup) -> int:
+    def allocate(self, group: SequenceGroup, first_chunk: int | None = None) -> int:
         """Reserve ``num_seqs`` regions; live sequences take regions 0, 1, ... with
         ``seq.num_tokens`` stored slots each. Returns 0 (no prefix caching)."""
         status = self.can_allocate(group)

@@ -69,6 +69,7 @@ class PagedKVCacheManager:
         watermark: float = DEFAULT_WATERMARK,
         enable_prefix_caching: bool = False,
         cache_scheduled_blocks: bool = False,
+        allocate_per_chunk: bool = False,
     ) -> None:
         check_at_least(1, num_device_blocks=num_device_blocks, block_size=block_size)
         check_at_least(0, num_cpu_blocks=num_cpu_blocks)
@@ -82,6 +83,9 @@ class PagedKVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         # vLLM V1 indexes a block when a step that fills it is scheduled, not once computed
         self.cache_scheduled_blocks = cache_scheduled_blocks
+        # vLLM V1 allocates a prompt's blocks chunk by chunk (KVCacheManager.allocate_slots
+        # for the tokens each step schedules), not whole at admission
+        self.allocate_per_chunk = allocate_per_chunk
         self._device = BlockPool(num_device_blocks, block_size)
         self._cpu = BlockPool(num_cpu_blocks, block_size)
         self._seqs: dict[int, _SeqState] = {}
@@ -241,10 +245,13 @@ class PagedKVCacheManager:
         return len(blocks)
 
     # -- admission --------------------------------------------------------------------
-    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
+    def can_allocate(self, group: SequenceGroup, first_chunk: int | None = None) -> AllocStatus:
         """NEVER if the group's tokens need more blocks than the device holds beyond the
         watermark; OK if they fit now leaving the watermark free; LATER otherwise. The
-        sequences of a group share their full prompt blocks (:meth:`allocate`)."""
+        sequences of a group share their full prompt blocks (:meth:`allocate`). With
+        ``allocate_per_chunk`` and ``first_chunk`` (the tokens the admitting step computes),
+        a one-sequence group needs blocks now only for its cached prefix and that chunk
+        (:meth:`_by_chunk`); NEVER still judges its whole length."""
         seqs = self._live(group)
         for seq in seqs:
             if seq.seq_id in self._seqs:
@@ -253,12 +260,15 @@ class PagedKVCacheManager:
         total = sum(self._blocks_for(seq.num_tokens) for seq in seqs) - shared * (len(seqs) - 1)
         if total > self.num_device_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
-        need = total
+        by_chunk = self._by_chunk(seqs, first_chunk)
+        need = min(total, self._blocks_for(first_chunk)) if by_chunk else total
         if self.enable_prefix_caching:
             revived: set[int] = set()
             for i, seq in enumerate(seqs):
                 hits = self._prefix_hits(seq)
                 own = hits if i == 0 else hits[shared:]  # the shared ones are the first's
+                if by_chunk:  # one sequence: its chunk starts after its hits
+                    need = min(total, self._blocks_for(len(hits) * self.block_size + first_chunk))
                 need -= len(own)
                 revived.update(b for b, _ in own if self._device.is_evictable(b))
             need += len(revived)  # evictable hits are counted as free now
@@ -266,13 +276,15 @@ class PagedKVCacheManager:
             return AllocStatus.OK
         return AllocStatus.LATER
 
-    def allocate(self, group: SequenceGroup) -> int:
+    def allocate(self, group: SequenceGroup, first_chunk: int | None = None) -> int:
         """Give the live sequences blocks for ``seq.num_tokens`` slots each: the first its
         own, every other one the first's full prompt blocks (shared, as after ``fork``; a
         forked group preempted by recompute gets its sharing back) and its own beyond them;
-        prefix-cache hits shared. Returns the cached leading tokens (the minimum over
+        prefix-cache hits shared. With ``allocate_per_chunk`` and ``first_chunk``, a
+        one-sequence group gets slots for its hits and that chunk only; :meth:`grow_prefill`
+        gives the later chunks theirs. Returns the cached leading tokens (the minimum over
         sequences)."""
-        status = self.can_allocate(group)
+        status = self.can_allocate(group, first_chunk)
         if status is not AllocStatus.OK:
             raise KVCacheError(f"allocate of request {group.request_id}: can_allocate is {status}")
         seqs = group.live_seqs()
@@ -286,7 +298,10 @@ class PagedKVCacheManager:
                 self._device.incref(block)
             hits_of.append(hits)
         first = self._state_with_hits(hits_of[0])
-        self._grow(first, seqs[0].num_tokens)
+        upto = seqs[0].num_tokens
+        if self._by_chunk(seqs, first_chunk):
+            upto = min(upto, len(hits_of[0]) * self.block_size + first_chunk)
+        self._grow(first, upto)
         self._seqs[seqs[0].seq_id] = first
         states = [first]
         for seq, hits in zip(seqs[1:], hits_of[1:], strict=True):
@@ -306,6 +321,29 @@ class PagedKVCacheManager:
             self._written_by_group[seq.seq_id] = max(len(hits), shared) * self.block_size
             states.append(st)
         return min(st.n_hashed for st in states) * self.block_size
+
+    def _by_chunk(self, seqs: list[Sequence], first_chunk: int | None) -> bool:
+        """Whether admission allocates only a first chunk: per-chunk allocation, one
+        sequence (a group of several, re-admitted after recompute, is allocated whole), a
+        chunk given."""
+        if not self.allocate_per_chunk or first_chunk is None or len(seqs) != 1:
+            return False
+        check_at_least(1, first_chunk=first_chunk)
+        return True
+
+    def can_grow_prefill(self, seq: Sequence, upto: int) -> bool:
+        """Whether :meth:`grow_prefill` to ``upto`` slots finds its blocks free now."""
+        st = self._device_state(seq.seq_id)
+        return self._blocks_for(upto) - len(st.table) <= self._device.num_free()
+
+    def grow_prefill(self, seq: Sequence, upto: int) -> None:
+        """Slots up to ``upto`` for a prompt allocated chunk by chunk (the step computing
+        them is being scheduled); the caller has asked :meth:`can_grow_prefill`."""
+        st = self._device_state(seq.seq_id)
+        if upto > st.slots:
+            if not self.can_grow_prefill(seq, upto):
+                raise KVCacheError(f"grow_prefill of seq {seq.seq_id}: not enough free blocks")
+            self._grow(st, upto)
 
     def _shared_prompt_blocks(self, seqs: list[Sequence]) -> int:
         """Full prompt blocks the sequences of a group hold in common (0 for one)."""

@@ -311,13 +311,14 @@ class BaseScheduler:
         self._next_seq_id += 1
         return sid
 
-    def _next_admissible(self) -> SequenceGroup | None:
-        """The head of the waiting queue if the KV manager can allocate it now, else None
-        (FCFS: nothing behind a head that must wait is considered). Heads that can never
-        fit any more are aborted on the way."""
+    def _next_admissible(self, first_chunk: int | None = None) -> SequenceGroup | None:
+        """The head of the waiting queue if the KV manager can allocate it now (its first
+        ``first_chunk`` tokens where the manager allocates by chunk), else None (FCFS:
+        nothing behind a head that must wait is considered). Heads that can never fit any
+        more are aborted on the way."""
         while self.waiting:
             group = self.waiting[0]
-            status = self.manager.can_allocate(group)
+            status = self.manager.can_allocate(group, first_chunk)
             if status is AllocStatus.OK:
                 return group
             if status is AllocStatus.LATER:
@@ -326,9 +327,10 @@ class BaseScheduler:
             self._abort(group, "no longer fits in the KV cache")
         return None
 
-    def _admit(self, group: SequenceGroup, now: float) -> int:
-        """Allocate KV for a waiting group and mark it running. Returns cached tokens."""
-        cached = self.manager.allocate(group)
+    def _admit(self, group: SequenceGroup, now: float, first_chunk: int | None = None) -> int:
+        """Allocate KV for a waiting group (for its first ``first_chunk`` tokens where the
+        manager allocates by chunk) and mark it running. Returns cached tokens."""
+        cached = self.manager.allocate(group, first_chunk)
         for seq in group.live_seqs():
             seq.num_computed = cached
             seq.status = SequenceStatus.RUNNING

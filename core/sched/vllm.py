@@ -86,7 +86,10 @@ class VLLMScheduler(BaseScheduler):
         budget = self.config.max_num_batched_tokens if budget is None else budget
         num_seqs = -1  # counted once a head can be allocated (often it cannot)
         admitted = False
-        while (group := self._next_admissible()) is not None:
+        chunked = self.config.chunked_prefill
+        # the first chunk's tokens, where the manager allocates by chunk (>= 1: with no
+        # budget left the loop stops below, after the head's NEVER check)
+        while (group := self._next_admissible(max(budget, 1) if chunked else None)) is not None:
             if num_seqs < 0:
                 num_seqs = sum(g.request.sampling.num_seqs for g in self.running)
             seqs = group.live_seqs()
@@ -95,7 +98,6 @@ class VLLMScheduler(BaseScheduler):
             # A recomputed multi-sequence group can need more than a whole step's budget;
             # without chunking it then goes alone and whole (over budget) rather than block
             # the queue forever; with chunking it continues in later steps.
-            chunked = self.config.chunked_prefill
             if not chunked and need > budget and admitted:
                 break
             if num_seqs + width > self.config.max_num_seqs or budget <= 0:
@@ -103,7 +105,7 @@ class VLLMScheduler(BaseScheduler):
             if chunked and _lockstep_share(len(seqs), budget, self.config) == 0:
                 break
             self.waiting.popleft()
-            cached = self._admit(group, now)
+            cached = self._admit(group, now, max(budget, 1) if chunked else None)
             self.running.append(group)
             num_seqs += width
             if chunked:
@@ -156,12 +158,37 @@ class VLLMScheduler(BaseScheduler):
                     budget -= 1
             if seqs:
                 prefilling.append(seqs)
-        for seqs in prefilling:
-            if budget <= 0:
-                break
+        while prefilling and budget > 0:
+            seqs = prefilling.pop(0)
+            if not self._blocks_for_chunk(plan, seqs, budget, prefilling):
+                break  # it gave way itself: it was the last admitted
             budget = self._lockstep_chunks(plan, seqs, budget)
         if not self.swapped and not plan.preempted and budget > 0:
             self._admit_prompts(plan, now, budget)
+
+    def _blocks_for_chunk(
+        self, plan: StepPlan, seqs: list[Sequence], budget: int, later: list[list[Sequence]]
+    ) -> bool:
+        """Where the manager allocates a prompt chunk by chunk (vLLM V1), the blocks of this
+        group's next chunk. While they are short, the last admitted running group gives way,
+        as vLLM V1 preempts the last of its running requests: one still prefilling after it
+        (``later``'s last), else this one (and False). A group still prefilling was admitted
+        after every decoding one: a step admits only with budget left after the chunks of
+        those before, so a decoding group admitted later finds this one's prefill done."""
+        manager = self.manager
+        if not getattr(manager, "allocate_per_chunk", False) or len(seqs) != 1:
+            return True
+        seq = seqs[0]
+        share = _lockstep_share(1, budget, self.config)
+        end = seq.num_computed + min(seq.num_tokens - seq.num_computed, share)
+        while not manager.can_grow_prefill(seq, end):
+            victim = later.pop()[0].group if later else seq.group
+            self._preempt(victim, plan)
+            self.running.remove(victim)
+            if victim is seq.group:
+                return False
+        manager.grow_prefill(seq, end)
+        return True
 
     # -- memory -----------------------------------------------------------------------
     def _reserve_decode_slots(self, plan: StepPlan, decode_only: bool = False) -> None:
