@@ -83,7 +83,10 @@ def test_a_run_killed_midway_is_not_taken_for_a_whole_one(
     assert _write(run_dir, "none", 0) == 0
     assert is_complete(run_dir) and read_metrics(run_dir) == {"completed": ROWS}
     _assert_whole(run_dir)
-    assert len(collect_summary(tmp_path)) == 1
+    summary = collect_summary(tmp_path)
+    assert len(summary) == 1
+    # a sweep with no failure still has the error column, empty
+    assert list(summary.columns[-2:]) == ["status", "error"] and summary["error"].iloc[0] == ""
 
 
 # A simulate run whose work is stopped by ``STOP`` (a line of Python run inside it); argv:

@@ -44,7 +44,7 @@ def collect_summary(
                     override_keys.append(key)
         if (job_dir / "metrics.json").is_file():
             row.update(read_metrics(job_dir))
-            row["status"] = "ok"
+            row["status"], row["error"] = "ok", ""  # the column is there in a clean sweep too
         else:
             text = (job_dir / "error.txt").read_text(errors="replace").strip()
             lines = text.splitlines() or [""]
