@@ -683,8 +683,9 @@ class PagedKVCacheManager:
 
     def breakdown(self) -> MemoryBreakdown:
         """Token states are the filled slots less :meth:`unwritten_slots`, which are
-        ``reserved``: a prompt is allocated whole at admission, and with chunked prefill
-        its later chunks' slots hold no K/V until a step is scheduled to write them."""
+        ``reserved``: a prompt allocated whole at admission (vLLM v0's rule; also a group of
+        several sequences under V1's) holds, with chunked prefill, slots of later chunks
+        that no step has been scheduled to write yet."""
         bs, pool = self.block_size, self._device
         ahead = self.unwritten_slots() if self._prefilling else 0
         tokens = pool.num_filled - ahead
