@@ -71,8 +71,8 @@ def quiet_uncaught_interrupts() -> None:
     """An interrupt no command caught (Ctrl-C or SIGTERM while a command still imports torch,
     before its own handling starts) prints one line instead of a traceback; the exit status
     stays the signal's (Python exits by SIGINT itself; a :class:`Terminated` exits 143 at
-    once). Every other exception, and every
-    interrupt with ``HYDRA_FULL_ERROR=1``, keeps the usual traceback."""
+    once). Every other exception, and every interrupt with ``HYDRA_FULL_ERROR=1``, keeps
+    the usual traceback."""
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
