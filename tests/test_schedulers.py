@@ -195,3 +195,20 @@ def test_bad_scheduler_config_errors():
         SchedulerConfig(max_num_batched_tokens=100, max_model_len=2048)
     with pytest.raises(SchedulerConfigError, match="preemption_mode"):
         SchedulerConfig(preemption_mode="drop")
+
+
+@pytest.mark.parametrize("system", ["vllm", "vllm_v1"])
+@given(reqs=workloads(), slots=st.sampled_from([64, 96, 160]), budget=st.sampled_from([16, 24]))
+@SETTINGS
+def test_chunked_prefill_under_memory_pressure_finishes_everything(system, reqs, slots, budget):
+    """Chunked prefill on a cache of a few sequences: vLLM v0 allocates each prompt whole,
+    V1 chunk by chunk (a chunk short of blocks preempts the last admitted). Every request
+    still finishes or is rejected with a reason, first scheduled in arrival order, and every
+    block comes back."""
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget, max_model_len=MAX_LEN,
+                          chunked_prefill=True)  # fmt: skip
+    sched = build_scheduler(system, slots, config=cfg, block_size=4)
+    res = run_loop(sched, reqs)
+    _assert_all_done(res.groups, reqs)
+    _assert_fcfs(res.groups)
+    assert sched.manager.breakdown().free == slots
