@@ -9,12 +9,16 @@ import pytest
 from core.plan import StepOutcome, StepPlan
 from core.sched.base import BaseScheduler, SchedulerConfig
 from core.systems import build_scheduler
+from engine.engine import LLMEngine
+from engine.weights import init_dummy_weights
 from sim.cost.recorded import RecordedCostModel
 from sim.driver import simulate
 from tests.engine_helpers import (
+    TEST_STD,
     make_engine,
     one_torch_thread,  # noqa: F401 (autouse fixture)
     requests,
+    tiny_config,
 )
 
 LENS = [(9, 8), (5, 12), (14, 6), (7, 10), (6, 9), (11, 7), (4, 11), (8, 9), (13, 7)]
@@ -196,3 +200,45 @@ def test_both_bodies_reject_an_unreadable_prompt_and_serve_the_others() -> None:
         3: "finished",
     }
     assert f"outside the model's vocabulary [0, {vocab})" in str(e_req.loc[2, "reject_reason"])
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_v1_chunk_by_chunk_allocation_in_both_bodies(caching: bool) -> None:
+    """vllm_v1 under chunked prefill allocates a prompt's blocks chunk by chunk, and a chunk
+    short of blocks preempts the last admitted: on 12 blocks the engine preempts, the
+    simulator replaying its step times makes the same steps, and the greedy tokens equal
+    those of a cache large enough never to preempt."""
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8, max_model_len=64,
+                             chunked_prefill=True)  # fmt: skip
+
+    def engine(num_blocks: int) -> LLMEngine:
+        e = LLMEngine(
+            tiny_config(),
+            system="vllm_v1",
+            num_blocks=num_blocks,
+            block_size=4,
+            sched_config=config,
+            enable_prefix_caching=caching,
+            watermark=0.0,
+        )
+        init_dummy_weights(e.model, 0, std=TEST_STD)
+        return e
+
+    # a short request decoding, then two long prompts: their chunks run short of blocks
+    reqs = requests([(8, 20), (44, 2), (30, 4), (6, 5)], [0.0, 1e-4, 2e-4, 0.05])
+    tight = engine(12).generate(reqs, mode="online", clock="virtual")
+    roomy = engine(256).generate(reqs, mode="online", clock="virtual")
+    e_steps = tight.recorder.steps_frame()
+    assert e_steps["num_preempted"].sum() > 0
+    assert roomy.recorder.steps_frame()["num_preempted"].sum() == 0
+    assert tight.outputs == roomy.outputs
+
+    def make_scheduler() -> BaseScheduler:
+        return build_scheduler("vllm_v1", 12 * 4, config, block_size=4, watermark=0.0,
+                               enable_prefix_caching=caching)  # fmt: skip
+
+    cost = RecordedCostModel(e_steps["duration_s"])
+    sim = simulate(reqs, make_scheduler, cost).recorder
+    assert cost.steps_left == 0
+    assert e_steps.equals(sim.steps_frame())
+    assert tight.recorder.requests_frame().equals(sim.requests_frame())
