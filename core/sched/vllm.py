@@ -124,7 +124,7 @@ class VLLMScheduler(BaseScheduler):
         if share == 0:
             return budget
         for seq in seqs:
-            length = min(seq.num_tokens - seq.num_computed, share)
+            length = _chunk_length(seq, share)
             self._add_chunk(plan, seq, seq.num_computed, length)
             budget -= length
         return budget
@@ -180,7 +180,7 @@ class VLLMScheduler(BaseScheduler):
             return True
         seq = seqs[0]
         share = _lockstep_share(1, budget, self.config)
-        end = seq.num_computed + min(seq.num_tokens - seq.num_computed, share)
+        end = seq.num_computed + _chunk_length(seq, share)
         while not manager.can_grow_prefill(seq, end):
             victim = later.pop()[0].group if later else seq.group
             self._preempt(victim, plan)
@@ -274,6 +274,11 @@ def _lockstep_share(num_seqs: int, budget: int, config: SchedulerConfig) -> int:
     if share == 0 and num_seqs > config.max_num_batched_tokens:
         return 1
     return share
+
+
+def _chunk_length(seq: Sequence, share: int) -> int:
+    """The tokens of ``seq``'s prompt a step computes given ``share`` of its budget."""
+    return min(seq.num_tokens - seq.num_computed, share)
 
 
 _TOO_BIG = "outgrew the KV cache: alone on the device it needs more than all {blocks} blocks"

@@ -194,6 +194,7 @@ def check_index_writable(index: Path) -> None:
             )  # fmt: skip
 
 
+@sigterm_as_interrupt()  # a contextmanager decorates: a fresh one for every call
 def run_app(
     app: str,
     cfg: DictConfig,
@@ -203,16 +204,6 @@ def run_app(
     """Run ``run(cfg, out_dir)`` inside a Hydra job with the error handling, index row and
     results table described in the module doc. ``describe`` makes the summary log line.
     SIGTERM is handled as Ctrl-C is (:mod:`experiments.lib.signals`)."""
-    with sigterm_as_interrupt():
-        return _run_app(app, cfg, run, describe)
-
-
-def _run_app(
-    app: str,
-    cfg: DictConfig,
-    run: Callable[[DictConfig, Path], Mapping[str, Any]],
-    describe: Callable[[Mapping[str, Any]], str],
-) -> Mapping[str, Any]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 

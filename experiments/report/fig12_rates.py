@@ -152,8 +152,7 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any, threshold: float)
     returns the report section."""
     runs = pd.DataFrame(rows)
     cap = capacity(rows)
-    curves = pd.DataFrame(curve_table(rows))
-    curves.insert(0, "panel", curves.pop("setting"))
+    curves = panel_curves(rows)
     cap.to_csv(out / "fig12_capacity.csv", index=False)
     curves.to_csv(out / "fig12_curves.csv", index=False)
     for p in [p for p in PANELS if p.letter in set(runs["setting"])]:
@@ -175,6 +174,13 @@ def draw(cap: pd.DataFrame, curves: pd.DataFrame, out: Path, plt: Any, threshold
                                                 for x in letters])  # fmt: skip
     save(fig, out, "fig12_all_panels")
     plt.close(fig)
+
+
+def panel_curves(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """``fig12_curves.csv``'s table: ``rate_search.curve_table`` with ``panel`` first."""
+    curves = pd.DataFrame(curve_table(rows))
+    curves.insert(0, "panel", curves.pop("setting"))
+    return curves
 
 
 def capacity(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -457,8 +463,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     if args.write_figures:
         from experiments.report.figures import pyplot
 
-        curves = pd.DataFrame(curve_table(rows))
-        curves.insert(0, "panel", curves.pop("setting"))
+        curves = panel_curves(rows)
         curves.to_csv(args.directory / "fig12_curves.csv", index=False)
         draw(cap, curves, args.directory, pyplot(headless=True), args.threshold)
     text = section(cap, pd.DataFrame(rows), args.threshold)
