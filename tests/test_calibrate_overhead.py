@@ -151,6 +151,17 @@ def test_measured_stack_needs_its_file_and_bad_files_get_one_line(tmp_path: Path
     bad.write_text(json.dumps({"kind": "stack", "cpu": {"per_step_s": 1}}))
     with pytest.raises(ValueError, match=r"bad\.json: bad or missing field"):
         load_stack_file(bad)
+    good = json.loads(SHIPPED.read_text())
+    for change, message in (
+        ({"cpu": {**good["cpu"], "per_step_s": "NaN"}}, r"cpu\.per_step_s must be a finite"),
+        ({"cpu": {**good["cpu"], "per_seq_s": "inf"}}, r"cpu\.per_seq_s must be a finite"),
+        ({"cpu": {**good["cpu"], "per_seq_s": -1e-6}}, r"cpu\.per_seq_s must be a finite"),
+        ({"overlapped": "false"}, r"overlapped must be true or false \(got 'false'\)"),
+        ({"base": "vllm-2099"}, r"unknown base 'vllm-2099'; known bases: none, vllm-2023"),
+    ):
+        bad.write_text(json.dumps({**good, **change}))
+        with pytest.raises(ValueError, match=message):
+            load_stack_file(bad)
     gpu, model = get_gpu("a100-40gb"), get_model("opt-13b")
     system = {"name": "vllm"}
     for cost, key in (

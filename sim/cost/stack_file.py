@@ -28,6 +28,7 @@ block, per layer, for K and V.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -170,9 +171,15 @@ def load_stack_file(path: Path) -> Stack:
         raise ValueError(
             f"{path}: not a stack file (kind 'stack', from experiments.calibrate_overhead)"
         )
+    base_name = str(doc.get("base", "vllm-2023"))
+    if base_name not in STACKS:
+        raise ValueError(f"{path}: unknown base {base_name!r}; known bases: {', '.join(STACKS)}")
+    base = STACKS[base_name]
+    overlapped = doc.get("overlapped", False)
+    if not isinstance(overlapped, bool):
+        raise ValueError(f"{path}: overlapped must be true or false (got {overlapped!r})")
     try:
         cpu = doc["cpu"]
-        base = STACKS[str(doc.get("base", "vllm-2023"))]
         fit = CPUOverheadFit(
             float(cpu["per_step_s"]),
             float(cpu["per_seq_s"]),
@@ -181,11 +188,11 @@ def load_stack_file(path: Path) -> Stack:
             float(cpu["heldout_max_err"] if cpu["heldout_max_err"] is not None else "nan"),
             fit_source(doc),
         )
-        overlapped = bool(doc.get("overlapped", False))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: bad or missing field {exc}") from None
-    if fit.per_step_s < 0 or fit.per_seq_s < 0:
-        raise ValueError(f"{path}: cpu.per_step_s and cpu.per_seq_s must be >= 0")
+    for key, value in (("per_step_s", fit.per_step_s), ("per_seq_s", fit.per_seq_s)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{path}: cpu.{key} must be a finite time >= 0 (got {value})")
     return replace(
         base,
         name=MEASURED,
