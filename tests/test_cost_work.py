@@ -3,6 +3,8 @@ agree over random batch shapes, in the compute-bound and the memory-bound regime
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,6 +15,11 @@ from sim.catalog import get_model
 from sim.cost import CalibratedCostModel, Efficiency, RooflineCostModel
 from sim.cost.calibrated import TERMS
 from sim.cost.work import WorkCoefficients, count_work, shape_counts
+
+EMBEDDED_PROFILE = (
+    Path(__file__).resolve().parents[1]
+    / "sim/cost/profiles/vidur-a100-llama-2-7b/operator_profile.csv"
+)
 
 FULL = Efficiency(compute=1.0, memory=1.0)
 MODELS = ("opt-13b", "llama-3-8b", "tiny-llama")
@@ -102,3 +109,28 @@ def test_count_work_is_elementwise_over_arrays() -> None:
             map(float, count_work(k, *shape_counts(s)))
         )
     assert all(float(a[1]) == 0.0 for a in arrays)  # an empty step has no work
+
+
+def test_the_profiled_lm_head_is_priced_from_the_same_count() -> None:
+    """OPT-350M's LM head is 512 wide (its ``word_embed_proj_dim``), not 1,024 (its hidden
+    size): a profile without an LM-head operator prices the head by :func:`lm_head_work`,
+    the count the roofline takes, so the head of OPT-350M costs what the same model with a
+    512-wide hidden size's head would, and less than one 1,024 wide."""
+    from dataclasses import replace
+
+    from sim.cost import ProfiledCostModel
+    from sim.cost.profile import read_profile
+    from sim.cost.work import lm_head_work
+
+    profile = read_profile(EMBEDDED_PROFILE, tp=1)
+    opt350 = get_model("opt-350m")
+    assert opt350.embed_dim == 512 < opt350.hidden_size
+    k = WorkCoefficients.of(opt350)
+    params, act = lm_head_work(opt350, 1)
+    assert k.flops_per_logit == 2 * params == 2 * 512 * opt350.vocab_size
+    assert k.act_bytes_per_logit == 2 * act == 2 * (512 + opt350.vocab_size)
+    unprojected = replace(opt350, word_embed_proj_dim=None)
+    rows = np.array([1.0, 64.0, 1024.0])
+    narrow = ProfiledCostModel(profile, opt350, "a100-40gb")._lm_fn(rows)
+    wide = ProfiledCostModel(profile, unprojected, "a100-40gb")._lm_fn(rows)
+    assert np.all(wide > 1.5 * narrow)

@@ -66,6 +66,7 @@ from sim.cost.profile import (
     read_profile,
 )
 from sim.cost.roofline import RooflineCostModel
+from sim.cost.work import layer_work, lm_head_work
 
 DENSE_TOKENS = 8192  # token counts priced by table lookup; larger ones are computed
 _MEMO_LIMIT = 1 << 16  # prefill lengths remembered before the memo starts over
@@ -136,11 +137,9 @@ def _layer_of(spec: ModelSpec) -> LayerShape:
 
 def _layer_work(s: LayerShape, tp: int) -> tuple[float, float]:
     """(matmul weight elements, activation elements per token) of one layer per GPU."""
-    h, f, kv = s.hidden_size, s.ffn_hidden_size, s.kv_width_per_gpu(tp)
-    params = (h * s.q_size + s.q_size * h + (3 if s.gated_mlp else 2) * h * f) / tp + 2 * h * kv
-    g = 2 if s.gated_mlp else 1
-    act = 4 * h + (s.q_size + 3 * s.q_size + 2 * (g + 1) * f) / tp + 2 * kv
-    return params, act
+    return layer_work(
+        s.hidden_size, s.q_size, s.kv_width_per_gpu(tp), s.ffn_hidden_size, s.gated_mlp, tp
+    )
 
 
 class ProfiledCostModel:
@@ -212,8 +211,7 @@ class ProfiledCostModel:
         n_lin, _, t_lin = prof.ops["linear"]
         n_oth, _, t_oth = prof.ops["other"]
         self._achieved = roof(p_p, act_p, gp, n_lin) / t_lin  # fraction of the roofline
-        h, vocab = m.hidden_size, m.vocab_size
-        lm_params, lm_act = h * vocab / tp, h + vocab / tp
+        lm_params, lm_act = lm_head_work(m, tp)
         # Each curve is a set of points interpolated by ``interp_points``. Used as measured,
         # the profile's own; otherwise transferred at the profile's token counts, then made
         # non-decreasing (:func:`isotonic`): a dip between two counts is the profiled

@@ -1,14 +1,17 @@
 """The one count of a step's work: FLOPs and bytes per GPU, by part.
 
-Every cost model that prices FLOPs or bytes (the roofline, the calibrated fit's basis, the
-measured-speed and profiled models) takes its counts from :func:`count_work`, so they can
-not drift apart. Per GPU of a ``tp``-way tensor-parallel group (Megatron-style: heads, MLP
+Every cost model that prices FLOPs or bytes takes its counts from this module, so they
+can not drift apart: the roofline, the calibrated fit's basis and the measured-speed model
+from :func:`count_work`; the profiled model, which rescales a per-layer profile from the
+profiled model's shape to the target's, from its parts :func:`layer_work` and
+:func:`lm_head_work`. Per GPU of a ``tp``-way tensor-parallel group (Megatron-style: heads, MLP
 columns and the vocabulary split over ``tp``):
 
 - linear part: FLOPs ``2 × matmul params × tokens`` for the decoder layers plus
-  ``2 × hidden × vocab`` per sampled row for the LM head (one row per prefill sequence and
-  per decode sequence); bytes = the weights, read once per non-empty step, plus the
-  activations (:func:`act_elems_per_token`);
+  ``2 × embed_dim × vocab`` per sampled row for the LM head (one row per prefill sequence
+  and per decode sequence); bytes = the weights, read once per non-empty step, plus the
+  activations: each token's through the layers (:func:`layer_work`) and each sampled row's
+  through the LM head (:func:`lm_head_work`);
 - attention part: FLOPs ``4 × head_dim × heads × pairs`` per layer (QKᵀ and PV, 2 FLOPs
   per multiply-add) over ``prefill_attn_pairs + decode_ctx_tokens`` pairs; bytes = K/V
   read (``decode_ctx_tokens + prefill_kv_read_tokens`` tokens) plus K/V written (new
@@ -25,19 +28,40 @@ from core.plan import BatchShape
 from sim.capacity import check_tp, kv_width_per_gpu, replicated_kv_params
 
 
-def act_elems_per_token(model: ModelSpec, tp: int) -> float:
-    """Activation elements one token moves through HBM in one layer, counting each
-    matmul's input read and output written once (norms, residual adds and the MLP
-    activation assumed fused into neighbours, as a lower bound should).
+def layer_work(
+    hidden: int, q_size: int, kv_width: int, ffn: int, gated: bool, tp: int
+) -> tuple[float, float]:
+    """``(matmul weight elements, activation elements per token)`` of one decoder layer on
+    one of ``tp`` GPUs, whose K and V are ``kv_width`` wide each (its KV heads × head_dim,
+    replicated heads included: :func:`sim.capacity.kv_width_per_gpu`).
 
-    Unsharded (hidden-wide): QKV and fc1 inputs, O and fc2 outputs: ``4h``. Sharded over
-    tp: QKV output ``q + 2kv``, attention input q and output q, O input q (``3q``), fc1
-    output and activation input (``2 × g × ffn``, g = 2 if gated else 1), activation output
-    and fc2 input (``2 ffn``). K and V are this GPU's heads (:func:`kv_width_per_gpu`).
+    Weights: q and o projections and the MLP's 2 (3 when gated) matrices split over tp,
+    plus this GPU's K and V projections. Activations: each matmul's input read and output
+    written once (norms, residual adds and the MLP activation assumed fused into
+    neighbours, as a lower bound should). Unsharded (hidden-wide): QKV and fc1 inputs, O
+    and fc2 outputs: ``4h``. Sharded over tp: QKV output ``q + 2kv``, attention input q and
+    output q, O input q (``3q``), fc1 output and activation input (``2 × g × ffn``, g = 2 if
+    gated else 1), activation output and fc2 input (``2 ffn``).
     """
-    g = 2 if model.gated_mlp else 1
-    sharded = model.q_size + 3 * model.q_size + 2 * (g + 1) * model.ffn_hidden_size
-    return 4 * model.hidden_size + sharded / tp + 2 * kv_width_per_gpu(model, tp)
+    g = 2 if gated else 1
+    params = (2 * hidden * q_size + (g + 1) * hidden * ffn) / tp + 2 * hidden * kv_width
+    sharded = q_size + 3 * q_size + 2 * (g + 1) * ffn
+    return params, 4 * hidden + sharded / tp + 2 * kv_width
+
+
+def act_elems_per_token(model: ModelSpec, tp: int) -> float:
+    """Activation elements one token moves through HBM in one layer (:func:`layer_work`)."""
+    m = model
+    return layer_work(
+        m.hidden_size, m.q_size, kv_width_per_gpu(m, tp), m.ffn_hidden_size, m.gated_mlp, tp
+    )[1]
+
+
+def lm_head_work(model: ModelSpec, tp: int) -> tuple[float, float]:
+    """``(weight elements, activation elements per sampled row)`` of the LM head on one of
+    ``tp`` GPUs: ``embed_dim × vocab / tp`` weights; per row its ``embed_dim`` input read
+    and its ``vocab / tp`` logits written."""
+    return model.lm_head_params() / tp, model.embed_dim + model.vocab_size / tp
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +72,8 @@ class WorkCoefficients:
     flops_per_logit: float  # LM head, per sampled row
     flops_per_pair: float  # attention, per (query, key) pair, all layers
     weight_bytes: float  # matmul weights incl. LM head, read once per step
-    act_bytes_per_token: float
+    act_bytes_per_token: float  # decoder layers
+    act_bytes_per_logit: float  # LM head, per sampled row
     kv_bytes_per_token: float  # K and V, all layers, this GPU's heads
 
     @classmethod
@@ -58,12 +83,14 @@ class WorkCoefficients:
         check_tp(m, tp)
         replicated = replicated_kv_params(m, tp, biases=False)  # K/V heads on every GPU
         matmul = layers * m.layer_matmul_params() / tp + replicated
+        lm_params, lm_act = lm_head_work(m, tp)
         return cls(
             flops_per_token=2 * matmul,
-            flops_per_logit=2 * m.lm_head_params() / tp,
+            flops_per_logit=2 * lm_params,
             flops_per_pair=4 * m.head_dim * (m.num_heads // tp) * layers,
-            weight_bytes=(matmul + m.lm_head_params() / tp) * dtype_bytes,
+            weight_bytes=(matmul + lm_params) * dtype_bytes,
             act_bytes_per_token=layers * act_elems_per_token(m, tp) * dtype_bytes,
+            act_bytes_per_logit=lm_act * dtype_bytes,
             kv_bytes_per_token=kv_bytes_per_token(m, dtype_bytes, tp),
         )
 
@@ -82,9 +109,13 @@ def count_work(
     Arguments are the :class:`~core.plan.BatchShape` counts as numbers or numpy arrays
     (elementwise). An empty step (no tokens) has zero work, weights included.
     """
-    tokens = prefill_tokens + decode_seqs
-    lin_flops = tokens * k.flops_per_token + (prefill_seqs + decode_seqs) * k.flops_per_logit
-    lin_bytes = (tokens > 0) * k.weight_bytes + tokens * k.act_bytes_per_token
+    tokens, rows = prefill_tokens + decode_seqs, prefill_seqs + decode_seqs
+    lin_flops = tokens * k.flops_per_token + rows * k.flops_per_logit
+    lin_bytes = (
+        (tokens > 0) * k.weight_bytes
+        + tokens * k.act_bytes_per_token
+        + rows * k.act_bytes_per_logit
+    )
     attn_flops = (prefill_attn_pairs + decode_ctx_tokens) * k.flops_per_pair
     attn_bytes = (decode_ctx_tokens + prefill_kv_read_tokens + tokens) * k.kv_bytes_per_token
     return lin_flops, lin_bytes, attn_flops, attn_bytes
