@@ -72,6 +72,7 @@ from experiments.lib.jobs import (
     on_search_path,
 )
 from experiments.lib.results import write_json
+from experiments.lib.setup import build_setup
 from experiments.report import fig12_rates, selection, sharing
 from experiments.report.figures import pyplot
 from experiments.report.rate_search import RATE_TOL, run_search
@@ -99,6 +100,19 @@ def compose_config(overrides: list[str]) -> Any:
         cfg = compose(config_name="simulate", overrides=overrides)
     apply_exclusive(cfg, overrides)
     return cfg
+
+
+def panel_clocks(panels: list[fig12_rates.Panel], clock: list[str], main: str) -> dict[str, str]:
+    """Per Fig. 12 panel, the lines of its clock's description (``clock``: the cost
+    overrides, on the panel's model and hardware) that ``main``, the report's *Cost model*
+    text, does not hold: its model, tp, GPU and CPU fit where they differ."""
+    shown = set(main.splitlines())
+    out = {}
+    for p in panels:
+        cfg = compose_config([*clock, f"model={p.model}", f"hardware={p.hardware}", "system=vllm"])
+        text = build_setup(cfg).cost_model.describe()
+        out[p.letter] = "\n".join(line for line in text.splitlines() if line not in shown)
+    return out
 
 
 _LAUNCH: LaunchQueue | None = None  # set by --launcher: every run is a Hydra job
@@ -384,7 +398,10 @@ def main(argv: list[str] | None = None) -> Path:
     cfg = compose_config([*base, "system=vllm"])
     fig12_text = ""
     if fig12_rows:
-        fig12_text = fig12_rates.write(fig12_rows, out, pyplot(headless=True), args.threshold)
+        clocks = panel_clocks(panels, COSTS[args.cost], build_setup(cfg).cost_model.describe())
+        fig12_text = fig12_rates.write(
+            fig12_rows, out, pyplot(headless=True), args.threshold, clocks
+        )
         progress.wrote("fig12", "fig12*.csv/.png/.pdf")
     write_outputs(
         out, fig2, sens, cfg, blocks, duration=duration, wall_s=time.perf_counter() - t0,

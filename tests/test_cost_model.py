@@ -402,3 +402,16 @@ def test_calibrated_cost_model_refuses_negative_or_non_finite_coefficients(value
     coefficients = {t: 1.0 for t in TERMS} | {"constant": value}
     with pytest.raises(ValueError, match="finite and >= 0"):
         CalibratedCostModel("opt-13b", "a100-40gb", coefficients)
+
+
+def test_describe_prints_the_datasheet_numbers_and_the_tp_link_it_prices_with() -> None:
+    one = RooflineCostModel("opt-13b", "a100-40gb").describe()
+    assert "HBM 1555 GB/s" in one and "peak 312 TFLOP/s" in one and "host link 32 GB/s" in one
+    assert "SXM4 40GB): 1,555 GB/s" in one  # the hardware YAML's source beside the number
+    assert "all-reduce" not in one
+    eight = RooflineCostModel("opt-175b", "a100-80gb", tp=8).describe()
+    assert "HBM 2039 GB/s" in eight
+    assert "tp 8: a ring all-reduce" in eight and "nvlink at 300 GB/s per direction" in eight
+    assert "tp >= 2; fit on CodeLlama-34b" in RooflineCostModel(
+        "opt-66b", "a100-40gb", tp=4, stack="vllm-2023"
+    ).describe()

@@ -244,3 +244,18 @@ def test_the_figure_marks_open_rates_and_systems_that_passed_none(tmp_path: Path
     assert len(carets) == 1
     lowest = min(r["rate"] for r in rows if r["system"] == "fastertransformer")
     assert carets[0].get_xdata()[0] == pytest.approx(lowest)
+
+
+def test_each_panel_prints_the_clock_lines_the_cost_model_section_does_not() -> None:
+    from experiments.reproduce import COSTS, build_setup, compose_config, panel_clocks
+
+    main = build_setup(compose_config([*COSTS["paper-a100"], "system=vllm"])).cost_model
+    b = fig12_rates.BY_LETTER["b"]
+    clocks = panel_clocks([PANEL, b], COSTS["paper-a100"], main.describe())
+    assert clocks[PANEL.letter] == ""  # panel (a) runs the report's own clock
+    assert clocks["b"].startswith("profiled cost model: opt-66b on 4 × a100-40gb")
+    assert "tp 4: a ring all-reduce" in clocks["b"] and "1.405 ms" in clocks["b"]
+    rows = panel_rows({"vllm": 1.0, "orca_max": 0.5})
+    cap = fig12_rates.capacity(rows)
+    text = fig12_rates.section(cap, pd.DataFrame(rows), 1.0, clocks)
+    assert "Clock: the one under *Cost model*." in text

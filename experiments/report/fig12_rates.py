@@ -45,7 +45,7 @@ CSVs of a finished run in ``DIR`` (no simulation; ``--write-capacity`` also rewr
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,11 +145,14 @@ def searches(
     return out
 
 
-def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any, threshold: float) -> str:
+def write(
+    rows: Sequence[dict[str, Any]], out: Path, plt: Any, threshold: float,
+    clocks: Mapping[str, str] | None = None,
+) -> str:  # fmt: skip
     """Per panel ``fig12<letter>_<model>_<workload>.csv`` (every run) and ``.png/.pdf``;
     ``fig12_capacity.csv`` (every panel's sustainable rates), ``fig12_curves.csv`` (mean,
     min and max over seeds per rate) and ``fig12_all_panels.png/.pdf``;
-    returns the report section."""
+    returns the report section (``clocks``: :func:`section`)."""
     runs = pd.DataFrame(rows)
     cap = capacity(rows)
     curves = panel_curves(rows)
@@ -158,7 +161,7 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any, threshold: float)
     for p in [p for p in PANELS if p.letter in set(runs["setting"])]:
         runs[runs["setting"] == p.letter].to_csv(out / f"{p.name}.csv", index=False)
     draw(cap, curves, out, plt, threshold)
-    return section(cap, runs, threshold)
+    return section(cap, runs, threshold, clocks)
 
 
 def draw(cap: pd.DataFrame, curves: pd.DataFrame, out: Path, plt: Any, threshold: float) -> None:
@@ -239,10 +242,16 @@ def _paper_ratio(panel: Panel, system: str) -> str:
     return f"up to {hi:g}×" if lo is None else f"{lo:g}–{hi:g}×"
 
 
-def section(cap: pd.DataFrame, runs: pd.DataFrame, threshold: float) -> str:
+def section(
+    cap: pd.DataFrame, runs: pd.DataFrame, threshold: float,
+    clocks: Mapping[str, str] | None = None,
+) -> str:  # fmt: skip
     """The report's Fig. 12 section: per panel a table and a computed gap line. ``cap``:
     :func:`capacity` (a table without its bound columns, such as a ``fig12_capacity.csv``
-    written before they existed, raises ``ValueError``: rebuild it from the runs)."""
+    written before they existed, raises ``ValueError``: rebuild it from the runs).
+    ``clocks``: per panel letter, the lines of its cost model's description that the
+    report's *Cost model* section does not print (empty: the same clock), shown under the
+    panel's heading."""
     missing = [col for col in BOUND_COLUMNS if col not in cap.columns]
     if missing:
         raise ValueError(f"capacity table lacks {', '.join(missing)}: rebuild it with "
@@ -288,6 +297,7 @@ def section(cap: pd.DataFrame, runs: pd.DataFrame, threshold: float) -> str:
             f"### Fig. 12 {p.title}: trace {t:g} s (paper {p.full_s:g} s), paper's axis "
             f"0–{p.axis:g} req/s",
             "",
+            *_clock_lines(clocks, letter),
             "| system | sustained req/s [interval] | requests at it | mean E2E (s) | backlog "
             "| vLLM / system [interval] | paper |",
             "|---|---|---|---|---|---|---|",
@@ -304,6 +314,14 @@ def section(cap: pd.DataFrame, runs: pd.DataFrame, threshold: float) -> str:
         lines += ["", gap, ""]
     lines += _narrowing(cap)
     return "\n".join(lines) + "\n"
+
+
+def _clock_lines(clocks: Mapping[str, str] | None, letter: str) -> list[str]:
+    if clocks is None or letter not in clocks:
+        return []
+    if not clocks[letter].strip():
+        return ["Clock: the one under *Cost model*.", ""]
+    return ["Clock: as under *Cost model*, except:", "", "```", clocks[letter], "```", ""]
 
 
 def _rate_cell(r: Any) -> str:

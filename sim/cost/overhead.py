@@ -70,7 +70,7 @@ A100_CPU_OVERHEAD: dict[int, CPUOverheadFit] = {
     2: CPUOverheadFit(
         1.40507e-3, 4.3541e-5, 0.006, 0.046, 0.118,
         "vidur a100/cpu_overheads.csv: same four phases, tp >= 2; fit on CodeLlama-34b tp 2 "
-        "rows (0-12), held out internlm-20b tp 2 and Llama-2-70b tp 4 (rows 26-38, 52-64): "
+        "rows (0-12), held out internlm-20b tp 2 (rows 52-64) and Llama-2-70b tp 4 (rows 26-38): "
         "MAPE 4.6%, max 11.8% (Qwen-72B tp 4 rows 65-77 deviate by up to 34%: not used)",
     ),
 }  # fmt: skip
@@ -200,9 +200,9 @@ _KERNEL_SOURCES = {
     "for all copy-on-write pairs of all layers (grid layers x pairs)",
     "d2d_call_latency_s": "assumption: a kernel launch costs what one cudaMemcpyAsync call "
     "does (DualPath §5.2, ~5-7 us) -> 6 us per call",
-    "d2d_bytes": "each copied block read and written at the GPU's HBM bandwidth x the "
-    "efficiency factor 'memory' (H200 device-to-device copy measurement, 4.22-4.24 of 4.8 "
-    "TB/s: docs/validation/h200/*/kernels/results.json)",
+    "d2d_bytes": "each copied block read and written at the GPU's HBM bandwidth x this "
+    "cost model's efficiency factor 'memory' (its value and source in the factor table "
+    "above)",
 }
 
 STACKS: dict[str, Stack] = {

@@ -433,6 +433,7 @@ class ProfiledCostModel:
             f"  profile: {prof.source}; {how}",
             f"  linear operator, achieved fraction of roofline by tokens/step: {curve}",
             f"  attention: {attn}",
+            self.roofline.describe_hardware(),
             self.roofline.efficiency.describe(),
             describe_stack(self.stack),
         ]

@@ -176,4 +176,27 @@ class RooflineCostModel:
             f"roofline cost model: {self.model.name} on {self.tp} × {self.gpu.name} "
             f"(dtype {self.dtype_bytes} B, block {self.block_size})"
         )
-        return f"{head}\n{self.efficiency.describe()}\n{describe_stack(self.stack)}"
+        return "\n".join(
+            [head, self.describe_hardware(), self.efficiency.describe(), describe_stack(self.stack)]
+        )
+
+    def describe_hardware(self) -> str:
+        """The GPU's datasheet numbers the model prices with, each with its source, and at
+        tp > 1 how the all-reduces are priced."""
+        g, src = self.gpu, self.gpu.source
+        lines = [
+            f"  gpu {g.name}: HBM {g.mem_bandwidth / 1e9:g} GB/s "
+            f"({src.get('mem_bandwidth_gbs', 'no source given')})",
+            f"    peak {g.peak_flops / 1e12:g} TFLOP/s dense 16-bit "
+            f"({src.get('peak_tflops', 'no source given')})",
+            f"    host link {g.host_link_bandwidth / 1e9:g} GB/s per direction "
+            f"({src.get('host_link_gbs', 'no source given')})",
+        ]
+        if self.tp > 1:
+            lines.append(
+                f"  tp {self.tp}: a ring all-reduce of each token's hidden state twice per "
+                f"layer over {g.peer_link} at {g.peer_link_bandwidth / 1e9:g} GB/s per "
+                f"direction ({src.get('peer_link_gbs', 'no source given')}), plus "
+                "allreduce_latency_s (the factor table) per call"
+            )
+        return "\n".join(lines)
