@@ -426,6 +426,25 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
     return table[key]
 
 
+def _credit_overrides(gpu: GPUSpec, where: str) -> GPUSpec:
+    """``gpu`` with the source of each number that differs from the catalog entry of its
+    name, under that entry's own source, credited to ``where`` (a command-line override
+    such as ``hardware.memory_gb=32`` keeps the shipped file's source text otherwise)."""
+    shipped = gpus().get(gpu.name)
+    if shipped is None:
+        return gpu
+    source = dict(gpu.source)
+    for key, (attr, scale) in HARDWARE_KEYS.items():
+        value, was = getattr(gpu, attr), getattr(shipped, attr)
+        if math.isclose(value, was, rel_tol=1e-9) or source.get(key) != shipped.source.get(key):
+            continue
+        source[key] = (
+            f"overridden to {value / scale:g} in {where} (the catalog's {gpu.name}: "
+            f"{was / scale:g}, {shipped.source.get(key, 'no source given')})"
+        )
+    return replace(gpu, source=source)
+
+
 def resolve_gpu(cfg: Mapping[str, Any] | None, origin: str | None = None) -> GPUSpec:
     """A run's ``hardware`` group: its own numbers when it carries any (a user's YAML or
     command-line overrides such as ``hardware.mem_bandwidth_gbs=...``), else the named
@@ -442,7 +461,7 @@ def resolve_gpu(cfg: Mapping[str, Any] | None, origin: str | None = None) -> GPU
     if any(cfg.get(k) is not None for k in HARDWARE_KEYS):
         if name in (None, ""):
             raise HardwareError(f"{where}: the GPU has no name (give name: <gpu>)", "name")
-        return gpu_from_config(cfg, where)
+        return _credit_overrides(gpu_from_config(cfg, where), where)
     gpu = get_gpu(str(name))
     if "reported_memory_gib" not in cfg:
         return gpu

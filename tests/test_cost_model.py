@@ -412,6 +412,7 @@ def test_describe_prints_the_datasheet_numbers_and_the_tp_link_it_prices_with() 
     eight = RooflineCostModel("opt-175b", "a100-80gb", tp=8).describe()
     assert "HBM 2039 GB/s" in eight
     assert "tp 8: a ring all-reduce" in eight and "nvlink at 300 GB/s per direction" in eight
-    assert "tp >= 2; fit on CodeLlama-34b" in RooflineCostModel(
-        "opt-66b", "a100-40gb", tp=4, stack="vllm-2023"
-    ).describe()
+    assert (
+        "tp >= 2; fit on CodeLlama-34b"
+        in RooflineCostModel("opt-66b", "a100-40gb", tp=4, stack="vllm-2023").describe()
+    )
