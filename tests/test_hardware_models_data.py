@@ -63,6 +63,14 @@ def test_hardware_group_numbers_override_the_catalog() -> None:
     assert resolve_gpu({"name": "rtx4090"}) == get_gpu("rtx4090")
     faster = resolve_gpu({**doc, "mem_bandwidth_gbs": 2000})
     assert faster.mem_bandwidth == 2000e9
+    # the overridden number is not credited to the datasheet; the others keep their source
+    assert faster.source["mem_bandwidth_gbs"].startswith("overridden to 2000 in ")
+    assert "the catalog's rtx4090: 1008" in faster.source["mem_bandwidth_gbs"]
+    assert faster.source["peak_tflops"] == doc["source"]["peak_tflops"]
+    # a user's file of the same name with its own source for the number keeps that source
+    mine = {**doc["source"], "mem_bandwidth_gbs": "my measurement"}
+    own = resolve_gpu({**doc, "mem_bandwidth_gbs": 2000, "source": mine})
+    assert own.source["mem_bandwidth_gbs"] == "my measurement"
     with pytest.raises(KeyError, match=r"unknown GPU 'v100'.*rtx4090"):
         resolve_gpu({"name": "v100"})
 
@@ -141,3 +149,26 @@ def test_simulate_config_takes_a_user_gpu_and_a_model_shape() -> None:
 def test_model_spec_round_trips_every_shipped_model() -> None:
     for name, spec in models().items():
         assert ModelSpec.from_hf_config(spec.to_hf_config()) == spec, name
+
+
+def test_a_run_directory_names_the_model_an_hf_config_describes(tmp_path: Path) -> None:
+    """``model.hf_config=...`` on the default group (``name: opt-13b``): the run is the
+    config's model, and so is its directory's name."""
+    from omegaconf import OmegaConf
+
+    from experiments.lib.cli import run_model_label
+
+    config = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
+              "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 4,
+              "vocab_size": 32000, "max_position_embeddings": 4096,
+              "_name_or_path": "acme/tiny"}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert run_model_label("opt-13b", str(tmp_path)) == "acme--tiny"
+    assert run_model_label("meta-llama/Llama-3.1-8B") == "meta-llama--Llama-3.1-8B"
+    assert run_model_label("opt-13b", str(tmp_path / "missing")) == "opt-13b"
+    label = "${run_model:${model.name},${oc.select:model.hf_config,null}}"
+    for app in ("simulate", "serve"):
+        assert label in yaml.safe_load((CONFIGS / f"{app}.yaml").read_text())["hydra"]["run"]["dir"]
+    model = {"name": "opt-13b", "hf_config": str(tmp_path)}
+    assert OmegaConf.create({"model": model, "d": label}).d == "acme--tiny"
+    assert OmegaConf.create({"model": {"name": "opt-13b"}, "d": label}).d == "opt-13b"

@@ -19,6 +19,7 @@ one-line config errors, ``error.txt`` for failures, the runs index and the end-o
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import os
@@ -57,7 +58,24 @@ from experiments.lib.signals import (
 from experiments.lib.table import result_table
 from sim.cost.profile import ProfileError
 
-# ``${path_safe:${model.name}}`` in a run directory's name: an HF id's "/" would nest it.
+
+def run_model_label(name: Any, hf_config: Any = None) -> str:
+    """The simulated model's name for a run directory, "/" made "--" (an HF id's would nest
+    it): with ``model.hf_config`` the name :func:`sim.catalog.model_from_config` gives the
+    model (the default group's ``name`` labels another model); a config that cannot be read
+    keeps ``name`` (its error is the config check's)."""
+    label = str(name)
+    if hf_config:
+        from sim.catalog import model_from_config
+
+        with contextlib.suppress(KeyError, OSError, TypeError, ValueError):
+            label = model_from_config({"name": name, "hf_config": hf_config}).name
+    return label.replace("/", "--")
+
+
+# ``${run_model:${model.name},${oc.select:model.hf_config,null}}`` in a run directory's name
+OmegaConf.register_new_resolver("run_model", run_model_label, replace=True)
+# ``${path_safe:${model.name}}``: an HF id's "/" would nest a directory (older configs)
 OmegaConf.register_new_resolver("path_safe", lambda v: str(v).replace("/", "--"), replace=True)
 # ``${kvlab_root:}``: the repository's folder, for defaults that name files beside it (the
 # shared traces), so they resolve from any working directory.
