@@ -32,7 +32,7 @@ from experiments.lib.checks import CONFIG_DIR, check_config
 from experiments.lib.cli import apply_exclusive, main_with_checks, run_app
 from experiments.lib.jobs import exit_if_launcher_missing
 from experiments.lib.results import RowTable, finished_metrics, summary_line, write_run
-from experiments.lib.setup import as_dict, build_setup, resolve_aliases
+from experiments.lib.setup import as_dict, block_size, build_setup, resolve_aliases
 from sim.driver import no_cyclic_gc, simulate
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,8 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
 
 def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
     setup = build_setup(c)
-    log.info("%s", setup.capacity.describe())
+    bs = block_size(c["system"])
+    log.info("%s", setup.capacity.describe(bs))
     t0 = time.perf_counter()
     result = simulate(
         setup.requests,
@@ -70,7 +71,7 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
         model=setup.model.name,
         hardware=setup.gpu.name,
         tp=setup.tp,
-        kv_slots=setup.capacity.num_slots,
+        kv_slots=setup.capacity.block_slots(bs),
         kv_cache_gib=setup.capacity.kv_bytes_total / 1024**3,
         wall_s=wall,
         sim_steps_per_s=result.num_steps / wall if wall > 0 else float("nan"),

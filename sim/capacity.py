@@ -135,8 +135,14 @@ class KVCapacity:
     def weight_bytes_total(self) -> int:
         return self.weight_bytes * self.tp
 
-    def describe(self) -> str:
-        """Each term of the budget (GiB per GPU) with its source, and the slots."""
+    def block_slots(self, block_size: int) -> int:
+        """The token slots a run holds: whole blocks of ``block_size``
+        (:meth:`num_blocks`), the capacity every KV-cache manager is built with."""
+        return self.num_blocks(block_size) * block_size
+
+    def describe(self, block_size: int | None = None) -> str:
+        """Each term of the budget (GiB per GPU) with its source, and the slots (with
+        ``block_size``: also the whole blocks a run holds, :meth:`block_slots`)."""
         rows = [
             ("usable", self.usable_bytes, "+"),
             ("weights", self.weight_bytes, "-"),
@@ -151,6 +157,11 @@ class KVCapacity:
         lines.append(
             f"  -> {self.num_slots} token slots of {self.bytes_per_token_per_gpu} B per GPU"
         )
+        if block_size is not None:
+            lines.append(
+                f"  -> {self.num_blocks(block_size)} blocks of {block_size}: "
+                f"{self.block_slots(block_size)} slots in the run"
+            )
         return "\n".join(lines)
 
 

@@ -40,6 +40,17 @@ def test_simulate_writes_result_files_with_bench_keys(tmp_path):
     assert steps["duration_s"].gt(0).all()
 
 
+@pytest.mark.parametrize("system", ["vllm", "orca_pow2"])
+def test_kv_slots_is_the_capacity_every_step_accounts_for(tmp_path, system):
+    """OPT-13B on an A100-40GB: 15,459 slots of memory, 120 whole blocks of 128 in a run."""
+    metrics = run(compose_config([*SMALL, f"system={system}", "system.block_size=128"]), tmp_path)
+    steps = pd.read_csv(tmp_path / "steps.csv")
+    parts = ["kv_token_states", "kv_reserved", "kv_internal_frag", "kv_allocator_padding",
+             "kv_free"]  # fmt: skip
+    assert (steps[parts].sum(axis=1) == metrics["kv_slots"]).all()
+    assert metrics["kv_slots"] == 120 * 128
+
+
 def test_a_run_of_several_replicas_writes_whose_step_each_row_is(tmp_path):
     run(compose_config([*SMALL, "num_replicas=2"]), tmp_path)
     steps = pd.read_csv(tmp_path / "steps.csv")
