@@ -9,8 +9,9 @@ and a learned positional table of ``num_position_embeddings`` rows; ``"llama"`` 
 rotary positions and a SwiGLU MLP without biases (Llama, Mistral and Qwen3 configs; Qwen3
 adds a per-head RMSNorm on queries and keys, ``qk_norm``). Features the engine's models do
 not implement (``qk_norm``, a non-default RoPE scaling, a sliding window, attention biases)
-are recorded, not rejected: the simulator prices such models, and the engine refuses them
-with the feature named (``engine.config.check_engine_support``).
+are recorded, not rejected: the simulator prices such models (a sliding window as full
+attention over the whole context, with a warning: ``experiments.lib.setup.warn_unmodelled``),
+and the engine refuses them with the feature named (``engine.config.check_engine_support``).
 """
 
 from __future__ import annotations

@@ -425,6 +425,7 @@ def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
     tp = int(c["model"].get("tp", 1))
     system = c["system"]
     mml = served_max_model_len(system, model)
+    warn_unmodelled(model, mml)
     sched_config = scheduler_config(system, mml)
     capacity = run_capacity(capacity_args(c, model, gpu, tp, sched_config, mml))
     num_cpu_slots = pool_slots(c, capacity, model)
@@ -434,6 +435,19 @@ def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
     return RunSetup(
         model, gpu, tp, capacity, sched_config, requests, make_scheduler, mml, cost_model
     )
+
+
+def warn_unmodelled(model: ModelSpec, max_model_len: int) -> None:
+    """Log one warning line for what the model has and the simulator does not model: a
+    sliding window shorter than the served length (KV and attention are then priced over
+    the whole context, an upper bound past the window)."""
+    window = model.sliding_window
+    if window is not None and window < max_model_len:
+        log.warning(
+            "model.sliding_window: %s attends to the last %d tokens; kvlab does not model the "
+            "window: KV memory and attention are priced over the whole context (up to %d)",
+            model.name, window, max_model_len,
+        )  # fmt: skip
 
 
 def capacity_args(
