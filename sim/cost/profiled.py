@@ -36,9 +36,15 @@ Otherwise the ``linear`` and ``other`` curves are first made non-decreasing
   Decode sequences are priced at the step's mean context (BatchShape keeps sums), so a
   step of a few long contexts and one short one is priced as equal contexts, and on a
   profile where more sequences run more efficiently it can come out cheaper than the long
-  ones alone. ``attn_prefill``: prefill chunks of the length from position 0 with the
-  chunks' mean causal pairs (:func:`prefill_equivalent_length`; a chunk after a cached
-  prefix attends to it), rescaled by FLOPs per pair and peak when transferred.
+  ones alone (a cost audit: 5 × 2,900 tokens then a sixth of 200, -5.8% on the H200
+  profile). This is not mended, because it cannot be from sums: a price that never falls
+  when a sequence joins must price 6 sequences of 2,417 tokens at least as high as 5 of
+  2,900, which such a profile measured lower. What holds, with the curves transferred: a
+  longer prompt, or more context at a fixed sequence count, never costs less; used as
+  measured, the measured dips are kept (above). ``attn_prefill``: prefill chunks
+  of the length from position 0 with the chunks' mean causal pairs
+  (:func:`prefill_equivalent_length`; a chunk after a cached prefix attends to it),
+  rescaled by FLOPs per pair and peak when transferred.
 
 A profile is priced only at the dtype width it was measured in (its sidecar's ``dtype``).
 """
