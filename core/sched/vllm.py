@@ -9,7 +9,10 @@ Each ``schedule`` call, in this order:
 2. Otherwise, a decode step: every running group (oldest first) gets a slot for its next
    token. When the cache is out of blocks the *latest-arrived* running group is preempted
    (all-or-nothing) — by recomputation (its KV freed, the group goes back to the front of
-   the waiting queue) or by swapping its blocks to the CPU pool.
+   the waiting queue) or by swapping its blocks to the CPU pool. A group the CPU pool
+   cannot take is recomputed instead (vLLM v0.1 aborts the whole run: "Aborted due to the
+   lack of CPU swap space"); ``steps.csv`` shows such a preemption with no blocks swapped
+   out. A swap run with no pool at all is refused by the run's config check.
 3. If nothing was preempted in this step, swapped groups come back (oldest first) while
    their blocks fit. Swapped groups block admissions (step 1) until all are back.
 
