@@ -310,3 +310,11 @@ def test_build_validation_errors() -> None:
         build_workload({"kind": "azure", "path": None})
     with pytest.raises(RequestError, match="ratee"):
         build_workload({"kind": "synthetic", "ratee": 1.0, "num_requests": 3})
+
+
+def test_multi_turn_num_requests_keeps_the_first_requests_by_arrival() -> None:
+    cfg = {"kind": "multi_turn", "num_conversations": 20, "rate": 4.0}
+    whole = build_workload(cfg, seed=2)
+    first = build_workload({**cfg, "num_requests": 7}, seed=2)
+    by_arrival = sorted(whole, key=lambda r: (r.arrival_time, r.request_id))
+    assert first == by_arrival[:7] and len(whole) == 80

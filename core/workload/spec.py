@@ -9,7 +9,9 @@ only kinds that make token ids read.
 
 - ``synthetic``: fitted ``dataset`` lengths with an arrival process (see
   :func:`core.workload.synthetic.synthesize`).
-- ``shared_prefix`` / ``multi_turn``: the Fig. 16 / Fig. 17 generators.
+- ``shared_prefix`` / ``multi_turn``: the Fig. 16 / Fig. 17 generators; ``multi_turn``
+  is sized by ``num_conversations``, and ``num_requests`` (when set) keeps its first that
+  many requests by arrival (the engine's ``serve.yaml`` sets 32 for every kind).
 - ``native`` / ``azure`` / ``mooncake`` / ``vidur``: trace files with their own arrival times,
   sorted by them (``native``: ties by request id); ``num_requests`` keeps the first that
   many, ``duration_s`` keeps arrivals before it; ``apply_filter`` (vLLM's 2023 length
@@ -133,7 +135,7 @@ USES: dict[str, frozenset[str]] = {
     | _WINDOW
     | {"dataset", "with_token_ids", "sigma_input", "sigma_output"},
     "shared_prefix": _SAMPLING | _ARRIVALS | _WINDOW | _PREFIX,
-    "multi_turn": _SAMPLING | _ARRIVALS | _CHAT,
+    "multi_turn": _SAMPLING | _ARRIVALS | _CHAT | {"num_requests"},
     "native": _WINDOW | {"path"},
     "azure": _TIMED_FILE,
     "mooncake": _TIMED_FILE,
@@ -332,13 +334,14 @@ def build_workload(
     if kind == "multi_turn":
         if c["num_conversations"] is None:
             raise RequestError("workload kind 'multi_turn' needs 'num_conversations'")
-        return multi_turn(
+        chats = multi_turn(
             int(c["num_conversations"]), int(c["rounds"]), c["rate"], c["arrival"],
             c["burstiness"], float(c["think_time_s"]), c["dataset"],
             max_prompt_len=int(c["max_prompt_len"]), max_output_len=int(c["max_output_len"]),
             max_model_len=max_model_len, seed=seed, sampling=sampling,
             with_token_ids=bool(c["with_token_ids"]), vocab_size=int(c["vocab_size"]),
         )  # fmt: skip
+        return _window(_by_arrival(chats), c)
     path = str(c["path"])
     if kind == "vllm_log":
         logged = _window_log(read_vllm_log(path), c)
