@@ -673,8 +673,7 @@ def check_swap_has_a_pool(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     if system.get("preemption_mode") == "swap" and c.get("swap_space_gb") == 0:
         raise ConfigError(
             "swap_space_gb",
-            "system.preemption_mode=swap with no CPU swap pool: every preemption would "
-            "recompute",
+            "system.preemption_mode=swap with no CPU swap pool: every preemption would recompute",
             0,
             "a pool > 0 GiB, or system.preemption_mode=recompute",
         )
