@@ -114,6 +114,19 @@ def test_recorded_replay_reproduces_the_engine_metrics(
     assert all(r["rel_err"] == 0.0 for r in doc["comparison"])
 
 
+def test_a_beam_search_run_is_not_claimed_to_replay_exactly(tmp_path: Path, capsys) -> None:
+    """The engine ranks beams by its model's log-probabilities, the simulator by seeded
+    scores (sim.beams): a recorded replay need not match, and validation.json says why."""
+    run_dir = _serve(tmp_path, ["workload.beam_width=2"])
+    out = tmp_path / "validation.json"
+    assert validate.main([str(run_dir), "--recorded", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["exact_replay_expected"] is False
+    assert doc["not_exact_because"].startswith("12 beam-search request(s)")
+    assert "not an exact replay: 12 beam-search" in capsys.readouterr().out
+    assert "beam_search_requests" not in doc["simulator"]
+
+
 def test_recorded_replay_of_a_cut_steps_file_is_one_line(
     online_run: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
