@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from core.beam_log import BeamLog
 from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
 from core.loop import Clock, StallError, StepLoop, VirtualClock
 from core.metrics.recorder import Recorder
@@ -173,6 +174,7 @@ class LLMEngine:
             self.kv_cache, self.runner, self.sampler, self.scheduler, self.device,
             self.phase_timer, self.step_timer,
         )  # fmt: skip
+        self.beam_log = executor.beam_log
         self.loop = StepLoop(self.scheduler, executor, self.recorder, observer=self.phase_timer)
 
     @property
@@ -377,6 +379,7 @@ class _ModelExecutor:
         self.now = now
         self.mark = device_clock(device, synchronize=timer is not None, now=now)
         self.end = device_clock(device, synchronize=True, now=now)
+        self.beam_log = BeamLog()  # the beam choices, for a replay (core.beam_log)
 
     def execute(self, plan: StepPlan, shape: BatchShape, start: float) -> StepOutcome:
         mark = self.mark
@@ -399,6 +402,7 @@ class _ModelExecutor:
     def at_end(self, plan: StepPlan, outcome: StepOutcome) -> None:
         if self.timer is not None:
             self.timer.output_begins()
+        self.beam_log.record(outcome.beams)
 
 
 class WallClock:

@@ -10,9 +10,11 @@ The model's shape comes from the simulator's catalog (``model=opt-13b`` means th
 both bodies); weights are seeded dummies unless ``model.path`` names a local checkpoint.
 Writes the simulator's files (``config.yaml``, ``requests.csv``, ``steps.csv`` with
 measured ``duration_s``, ``metrics.json``) plus ``engine.json``; both JSON files record
-the device the engine ran on (CPU model or GPU name), torch's thread count and version.
-With ``time_phases`` (null: on CPU only; true on CUDA synchronizes at each phase boundary)
-``steps.csv`` also holds each step's phase seconds, :data:`engine.phases.PHASE_COLUMNS`.
+the device the engine ran on (CPU model or GPU name), torch's thread count and version;
+a run with beam search also writes ``beams.csv``, the engine's beam choices, which
+``experiments.validate --recorded`` replays (:mod:`core.beam_log`). With ``time_phases``
+(null: on CPU only; true on CUDA synchronizes at each phase boundary) ``steps.csv`` also
+holds each step's phase seconds, :data:`engine.phases.PHASE_COLUMNS`.
 ``run(cfg, out_dir)`` is the plain function tests and notebooks call (``start``, the engine's
 steps, then ``finish``: a caller may serve several runs a step each in turn). ``backend=triton``
 on ``device=cpu`` needs ``TRITON_INTERPRET=1`` (Triton's CPU interpreter; slow).
@@ -39,6 +41,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig
 
+from core.beam_log import COLUMNS
 from core.metrics.summary import summarize_recorder
 from core.model_spec import ModelSpec
 from core.request import Request
@@ -49,7 +52,7 @@ from engine.weights import CheckpointError
 from experiments.lib.checks import CONFIG_DIR, ConfigError, Facts, check_config
 from experiments.lib.cli import main_with_checks, run_app
 from experiments.lib.malloc import malloc_state, pin_malloc
-from experiments.lib.results import summary_line, write_run
+from experiments.lib.results import summary_line, write_csv, write_run
 from experiments.lib.setup import (
     as_dict,
     build_requests,
@@ -242,6 +245,9 @@ def finish(
             **where,
             "device": where["hardware"],
         }
+        if engine.beam_log.rows:  # for a step-for-step replay (experiments.validate)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_csv(out_dir / "beams.csv", pd.DataFrame(engine.beam_log.rows, columns=COLUMNS))
         write_run(out_dir, c, metrics, req_frame, steps, extra={"engine": doc})
     return metrics
 

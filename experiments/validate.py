@@ -10,9 +10,10 @@ swap slots from ``engine.json``), priced by a cost model:
 - ``--recorded``: the engine's own step times replayed in order. For a ``clock: virtual``
   run this reproduces the engine exactly (one policy, two bodies: the simulator and the
   engine run the same scheduler objects on the same step times), so every relative error
-  is 0; a wall-clock run has no such identity, and neither has a run with beam search
-  (the simulator's beams come from seeded scores, not the model: :mod:`sim.beams`;
-  ``validation.json`` then says so in ``not_exact_because``).
+  is 0 (with beam search, the engine's choices are replayed from the run's ``beams.csv``,
+  :mod:`core.beam_log`; a run without one gets the simulator's own, and
+  ``validation.json`` says in ``not_exact_because`` that the replay need not match); a
+  wall-clock run has no such identity.
 
 Prints throughput, mean TTFT / TPOT / e2e latency, normalized latency and mean batch size
 of both with relative errors ``(simulator − engine) / engine``, and writes
@@ -28,6 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from core.beam_log import BeamReplayError, RecordedBeams
 from core.metrics.summary import summarize_recorder
 from core.request import Request
 from core.seeding import with_drawn_prompt_ids
@@ -93,13 +95,15 @@ def simulate_served(
     kv: Mapping[str, Any],
     max_model_len: int,
     cost_model: CostModel,
+    recorded_beams: RecordedBeams | None = None,
 ) -> SimResult:
     """Simulate ``requests`` (as served) on the run's policy and on a KV cache of
     ``kv["num_blocks"]`` device and ``kv["num_cpu_blocks"]`` CPU blocks of
     ``kv["block_size"]`` slots (``engine.json``'s keys). With prefix caching on, a request
     without prompt token ids gets the ids the engine drew for it
     (:func:`core.seeding.with_drawn_prompt_ids`): a request preempted by recompute hits its
-    own blocks in the engine, and so in the simulation."""
+    own blocks in the engine, and so in the simulation. ``recorded_beams``: the engine's
+    beam choices, taken instead of the simulator's stand-in (:mod:`core.beam_log`)."""
     block = int(kv["block_size"])
     system = {**cfg["system"], "block_size": block}
     vocab = model_from_config(cfg["model"]).vocab_size
@@ -108,11 +112,19 @@ def simulate_served(
         requests = [with_drawn_prompt_ids(r, vocab, seed) for r in requests]
     slots, cpu_slots = int(kv["num_blocks"]) * block, int(kv["num_cpu_blocks"]) * block
     make_scheduler = scheduler_factory(system, slots, cpu_slots, max_model_len)
-    return simulate(requests, make_scheduler, cost_model, seed=seed, vocab_size=vocab)
+    return simulate(
+        requests, make_scheduler, cost_model, seed=seed, vocab_size=vocab,
+        recorded_beams=recorded_beams,
+    )  # fmt: skip
 
 
-def simulate_run(run_dir: Path, cost_model: CostModel) -> dict[str, Any]:
-    """Simulate ``run_dir``'s workload on its policy and KV cache; the summary metrics."""
+def simulate_run(
+    run_dir: Path, cost_model: CostModel, replay_beams: bool = False
+) -> dict[str, Any]:
+    """Simulate ``run_dir``'s workload on its policy and KV cache; the summary metrics.
+    ``replay_beams``: take the beam choices of the run's ``beams.csv`` when it has one
+    (``beam_search_requests`` counts the beam-search requests whose choices were the
+    simulator's own)."""
     cfg = read_run_config(run_dir)
     engine_path = Path(run_dir) / "engine.json"
     if not engine_path.is_file():
@@ -124,9 +136,17 @@ def simulate_run(run_dir: Path, cost_model: CostModel) -> dict[str, Any]:
             "run_dir", f"{engine_path}: not an engine.json with whole numbers {', '.join(need)}"
         )
     requests, mml = run_requests(cfg, run_dir)
-    rec = simulate_served(cfg, requests, kv, mml, cost_model).recorder
+    beams_path = Path(run_dir) / "beams.csv"
+    recorded = None
+    if replay_beams and beams_path.is_file():
+        try:
+            recorded = RecordedBeams.read(beams_path)
+        except ValueError as exc:
+            raise ConfigError("run_dir", str(exc)) from None
+    rec = simulate_served(cfg, requests, kv, mml, cost_model, recorded).recorder
     metrics = summarize_recorder(rec, cfg.get("slo_ms"))
-    metrics["beam_search_requests"] = sum(r.sampling.use_beam_search for r in requests)
+    beams = sum(r.sampling.use_beam_search for r in requests)
+    metrics["beam_search_requests"] = 0 if recorded is not None else beams
     return metrics
 
 
@@ -202,9 +222,11 @@ def validate(
                 "run_dir", f"{run_dir / 'metrics.json'}: {key} is {value!r}, not a number"
             )
     try:
-        simulated = simulate_run(run_dir, cost)
+        simulated = simulate_run(run_dir, cost, replay_beams=recorded)
     except RecordedStepsExhausted as exc:
         raise ConfigError("--recorded", f"{run_dir / 'steps.csv'}: {exc}") from None
+    except BeamReplayError as exc:
+        raise ConfigError("--recorded", f"{run_dir}/{exc}; the replay diverged") from None
     beams = simulated.pop("beam_search_requests")
     result: dict[str, Any] = {
         "run": run_dir.name,
@@ -217,7 +239,7 @@ def validate(
         "simulator": simulated,
         "comparison": compare(metrics, simulated),
     }
-    if beams:
+    if beams and recorded:
         result["not_exact_because"] = BEAMS_DIFFER.format(beams=beams)
     if isinstance(cost, RecordedCostModel):
         result["recorded_steps_left"] = cost.steps_left  # 0 when the replay took every step
@@ -225,9 +247,10 @@ def validate(
 
 
 BEAMS_DIFFER = (
-    "{beams} beam-search request(s): the engine keeps the beams its model's log-probabilities "
-    "rank highest, the simulator those of seeded scores (sim.beams), so their forks, "
-    "copy-on-write copies and memory differ and the replay need not match"
+    "{beams} beam-search request(s) and no beams.csv (the engine's choices, written since "
+    "2026-12-05): the engine keeps the beams its model's log-probabilities rank highest, the "
+    "simulator those of seeded scores (sim.beams), so their forks, copy-on-write copies and "
+    "memory differ and the replay need not match"
 )
 
 

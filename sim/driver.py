@@ -28,6 +28,7 @@ import numpy as np
 import simpy
 from tqdm import tqdm
 
+from core.beam_log import RecordedBeams
 from core.loop import StallError, StepLoop
 from core.metrics.recorder import Recorder
 from core.plan import BatchShape, StepOutcome, StepPlan
@@ -49,20 +50,27 @@ class SimResult:
 
 
 class CostExecutor:
-    """``core.loop``'s executor in the simulator: prices a plan with ``step_time``; with a
-    ``beams_rng``, draws beam choices (:func:`sim.beams.sim_beams`) at the step's end."""
+    """``core.loop``'s executor in the simulator: prices a plan with ``step_time``; at the
+    step's end, takes the beam choices of ``recorded_beams`` (an engine run's, replayed
+    step for step) or, with a ``beams_rng``, draws them (:func:`sim.beams.sim_beams`)."""
 
     def __init__(
-        self, step_time: Callable[[BatchShape], float], beams_rng: np.random.Generator | None
+        self,
+        step_time: Callable[[BatchShape], float],
+        beams_rng: np.random.Generator | None,
+        recorded_beams: RecordedBeams | None = None,
     ) -> None:
         self.step_time = step_time
         self.beams_rng = beams_rng
+        self.recorded_beams = recorded_beams
 
     def execute(self, plan: StepPlan, shape: BatchShape, start: float) -> StepOutcome:
         return StepOutcome(self.step_time(shape))
 
     def at_end(self, plan: StepPlan, outcome: StepOutcome) -> None:
-        if self.beams_rng is not None:
+        if self.recorded_beams is not None:
+            outcome.beams = self.recorded_beams.choices(plan)
+        elif self.beams_rng is not None:
             outcome.beams = sim_beams(plan, self.beams_rng)
 
 
@@ -89,6 +97,7 @@ def simulate(
     check_integrity_every: int = 0,
     fast_forward: bool = True,
     vocab_size: int | None = None,
+    recorded_beams: RecordedBeams | None = None,
 ) -> SimResult:
     """Run ``requests`` to completion and return the recorder with every step and request.
 
@@ -97,8 +106,10 @@ def simulate(
     that many steps (tests). ``fast_forward`` runs stretches of plain decode steps at once
     (:meth:`core.loop.StepLoop.fast_forward`; identical results, False for the step-by-step
     reference). ``vocab_size`` (the model's): a request with a prompt id outside it is
-    rejected at intake, as the engine rejects it. Python's cyclic garbage collector is
-    paused while the simulation runs (restored afterwards).
+    rejected at intake, as the engine rejects it. ``recorded_beams`` (one replica): an
+    engine run's beam choices (:mod:`core.beam_log`) instead of the stand-in's draws.
+    Python's cyclic garbage collector is paused while the simulation runs (restored
+    afterwards).
     """
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
@@ -112,7 +123,9 @@ def simulate(
     bar = tqdm(total=len(ordered), unit="req", disable=not progress, desc="simulate")
     beams = any(r.sampling.use_beam_search for r in ordered)
     beams_rng = np.random.default_rng(seed) if beams else None
-    executor = CostExecutor(cost_model.step_time, beams_rng)
+    if recorded_beams is not None and num_replicas != 1:
+        raise ValueError("recorded beam choices replay one replica's steps; num_replicas is 1")
+    executor = CostExecutor(cost_model.step_time, beams_rng, recorded_beams)
     loops = [
         StepLoop(
             make_scheduler(),

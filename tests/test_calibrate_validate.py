@@ -114,17 +114,59 @@ def test_recorded_replay_reproduces_the_engine_metrics(
     assert all(r["rel_err"] == 0.0 for r in doc["comparison"])
 
 
-def test_a_beam_search_run_is_not_claimed_to_replay_exactly(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["workload.beam_width=2"],
+        # the engine audit's runs: V1 rules on 40 blocks; v0 swapping beams under chunked
+        # prefill on 30 (both diverged when the simulator drew its own beams)
+        ["system=vllm_v1", "workload.beam_width=3", "num_gpu_blocks=40", "kv_cache_gb=null"],
+        [
+            "system.chunked_prefill=true",
+            "system.max_num_batched_tokens=256",
+            "system.max_num_seqs=8",
+            "workload.beam_width=2",
+            "num_gpu_blocks=30",
+            "kv_cache_gb=null",
+            "system.preemption_mode=swap",
+        ],
+    ],
+    ids=["vllm", "vllm_v1_40_blocks", "chunked_swap_30_blocks"],
+)
+def test_a_beam_search_run_replays_the_engines_beams(extra: list[str], tmp_path: Path) -> None:
     """The engine ranks beams by its model's log-probabilities, the simulator by seeded
-    scores (sim.beams): a recorded replay need not match, and validation.json says why."""
-    run_dir = _serve(tmp_path, ["workload.beam_width=2"])
+    scores (sim.beams): replayed, the simulator takes the engine's choices from beams.csv
+    and serves the run as the engine did. Without the file it says why it need not."""
+    run_dir = _serve(tmp_path, extra)
+    assert (run_dir / "beams.csv").is_file()
     out = tmp_path / "validation.json"
     assert validate.main([str(run_dir), "--recorded", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["exact_replay_expected"] is False
-    assert doc["not_exact_because"].startswith("12 beam-search request(s)")
-    assert "not an exact replay: 12 beam-search" in capsys.readouterr().out
-    assert "beam_search_requests" not in doc["simulator"]
+    assert doc["exact_replay_expected"] is True and doc["recorded_steps_left"] == 0
+    assert all(r["rel_err"] == 0.0 for r in doc["comparison"]), doc["comparison"]
+    engine, sim = doc["engine"], doc["simulator"]
+    for key in set(sim) - {"wall_s"}:
+        assert sim[key] == engine[key], key
+    (run_dir / "beams.csv").unlink()
+    try:  # the simulator's own beams: a replay that may diverge, or finish inexactly
+        doc = validate.validate(run_dir, recorded=True)
+    except ConfigError as exc:
+        assert "the replay diverged" in str(exc)
+    else:
+        assert doc["exact_replay_expected"] is False
+        assert doc["not_exact_because"].startswith("12 beam-search request(s) and no beams.csv")
+        assert "beam_search_requests" not in doc["simulator"]
+
+
+def test_a_beams_csv_that_does_not_fit_the_run_is_one_line(tmp_path: Path) -> None:
+    run_dir = _serve(tmp_path, ["workload.beam_width=2"])
+    rows = (run_dir / "beams.csv").read_text().splitlines()
+    (run_dir / "beams.csv").write_text("\n".join([rows[0], "0,999,0,0,5,-1.0", *rows[1:]]))
+    with pytest.raises(ConfigError, match=r"--recorded: .*step 0 chooses beams of request 999"):
+        validate.validate(run_dir, recorded=True)
+    (run_dir / "beams.csv").write_text("\n".join([rows[0], "0,1,x,0,5,-1.0"]))
+    with pytest.raises(ConfigError, match=r"run_dir: .*beams\.csv: line 2: expected 6 numbers"):
+        validate.validate(run_dir, recorded=True)
 
 
 def test_recorded_replay_of_a_cut_steps_file_is_one_line(
