@@ -29,7 +29,12 @@ from dataclasses import dataclass, field
 
 
 class RequestError(ValueError):
-    """A request (or a trace row that would make one) is malformed or cannot be served."""
+    """A request (or a trace row that would make one) is malformed or cannot be served.
+    ``key``: the workload key at fault, when one is (a config error then names it)."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class SequenceStatus(enum.Enum):

@@ -49,7 +49,7 @@ from engine.config import check_engine_support
 from engine.engine import EngineError, EngineResult, LLMEngine, run_to_end
 from engine.kv_cache import GIB, KVBudgetError, bytes_per_block, resolve_kv_budget
 from engine.weights import CheckpointError
-from experiments.lib.checks import CONFIG_DIR, ConfigError, Facts, check_config
+from experiments.lib.checks import CONFIG_DIR, ConfigError, Facts, check_config, check_swap_pool
 from experiments.lib.cli import main_with_checks, run_app
 from experiments.lib.malloc import malloc_state, pin_malloc
 from experiments.lib.results import summary_line, write_csv, write_run
@@ -129,6 +129,8 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
     try:
         budget = None if blocks is not None else kv_budget_bytes(c, model_config, dtype, mml)
         per_block = bytes_per_block(model_config, options["block_size"], dtype)
+        cpu_blocks = int(float(c.get("swap_space_gb", 0)) * GIB) // per_block
+        check_swap_pool(system, cpu_blocks, c.get("swap_space_gb"))
         engine = LLMEngine(
             model_config,
             system=system["name"],
@@ -138,7 +140,7 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
             dtype=dtype,
             device=device,
             sched_config=scheduler_config(system, mml),
-            num_cpu_blocks=int(float(c.get("swap_space_gb", 0)) * GIB) // per_block,
+            num_cpu_blocks=cpu_blocks,
             seed=int(c.get("seed", 0)),
             weights_path=c["model"].get("path"),
             time_phases=c.get("time_phases"),

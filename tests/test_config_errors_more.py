@@ -73,7 +73,10 @@ CASES = [
     ("swap_beyond_a_pool", ["swap_space_gb=1e12"], "swap_space_gb",
      "blocks (2**26) a KV block pool holds"),
     ("swap_without_a_pool", ["system.preemption_mode=swap", "swap_space_gb=0"],
-     "swap_space_gb", "no CPU swap pool: every preemption would recompute"),
+     "swap_space_gb", "no whole KV block: every preemption would recompute"),
+    # 0.01 GiB holds 13 of OPT-13B's 819,200-byte tokens: no block of 16
+    ("swap_pool_under_a_block", ["system.preemption_mode=swap", "swap_space_gb=0.01"],
+     "swap_space_gb", "no whole KV block: every preemption would recompute"),
     ("non_torch_text", ["system=vllm_v1", "system.non_torch_gb=abc"], "system.non_torch_gb",
      "not a size"),
     ("non_torch_nan", ["system=vllm_v1", "system.non_torch_gb=nan"], "system.non_torch_gb",

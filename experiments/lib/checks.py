@@ -665,24 +665,24 @@ def check_cost_group(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         check_cost_keys(str(cost.get("kind", "roofline")), cost)
 
 
-def check_swap_has_a_pool(c: Mapping[str, Any], app: str, facts: Facts) -> None:
-    """``preemption_mode=swap`` with ``swap_space_gb`` 0: every preemption would recompute
-    (a group the CPU pool cannot take is recomputed, :mod:`core.sched.vllm`), so the run
-    would be a recompute run under the name of a swap one; refused."""
-    system = c.get("system") or {}
-    if system.get("preemption_mode") == "swap" and c.get("swap_space_gb") == 0:
+def check_swap_pool(system: Mapping[str, Any], cpu_blocks: int, swap_gb: Any) -> None:
+    """``preemption_mode=swap`` with a CPU swap pool of no whole block (``swap_space_gb`` 0,
+    or less than a block's bytes): every preemption would recompute (a group the pool
+    cannot take is recomputed, :mod:`core.sched.vllm`), so the run would be a recompute
+    run under the name of a swap one; refused. Called where the pool's blocks are known."""
+    if system.get("preemption_mode") == "swap" and cpu_blocks < 1:
         raise ConfigError(
             "swap_space_gb",
-            "system.preemption_mode=swap with no CPU swap pool: every preemption would recompute",
-            0,
-            "a pool > 0 GiB, or system.preemption_mode=recompute",
+            "system.preemption_mode=swap with a CPU swap pool of no whole KV block: every "
+            "preemption would recompute",
+            swap_gb,
+            "a pool of at least one block, or system.preemption_mode=recompute",
         )
 
 
 CROSS_CHECKS: tuple[Callable[[Mapping[str, Any], str, Facts], None], ...] = (
     check_catalog,
     check_paged_only,
-    check_swap_has_a_pool,
     check_workload_size,
     check_trace_file,
     check_slo,

@@ -34,6 +34,7 @@ from experiments.lib.checks import (
     DTYPE_BYTES,
     ConfigError,
     check_cost_keys,
+    check_swap_pool,
     lookup,
     run_gpu,
 )
@@ -99,7 +100,7 @@ def config_errors(workload: Mapping[str, Any] | None = None) -> Iterator[None]:
         key = "workload.tokens_path" if tokens is not None and exc.path == str(tokens) else None
         raise ConfigError(key or "workload.path", str(exc)) from None
     except RequestError as exc:
-        raise ConfigError("workload", str(exc)) from None
+        raise ConfigError(f"workload.{exc.key}" if exc.key else "workload", str(exc)) from None
     except SystemConfigError as exc:
         raise ConfigError("system", str(exc)) from None
 
@@ -540,6 +541,7 @@ def pool_slots(c: Mapping[str, Any], capacity: KVCapacity, model: ModelSpec) -> 
         )
     swap_gb = float(c.get("swap_space_gb", 4))
     cpu_slots = int(swap_gb * GIB // per_token)
+    check_swap_pool(c["system"], cpu_slots // bs, c.get("swap_space_gb"))
     if cpu_slots // bs > MAX_BLOCKS:
         most = MAX_BLOCKS * bs * per_token / GIB
         raise ConfigError(
