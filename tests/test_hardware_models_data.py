@@ -174,21 +174,31 @@ def test_a_run_directory_names_the_model_an_hf_config_describes(tmp_path: Path) 
     assert OmegaConf.create({"model": {"name": "opt-13b"}, "d": label}).d == "opt-13b"
 
 
-def test_a_sliding_window_is_named_in_a_warning(tmp_path: Path, caplog) -> None:
+def test_a_sliding_window_is_named_in_a_warning(tmp_path: Path) -> None:
     """The simulator prices a sliding-window model as full attention; it says so."""
+    import logging
+
+    from experiments.lib import setup
     from experiments.reproduce import compose_config
 
     config = {"model_type": "mistral", "hidden_size": 512, "intermediate_size": 1024,
               "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 4,
               "vocab_size": 32000, "max_position_embeddings": 2048,
               "sliding_window": 512}  # fmt: skip
-    (tmp_path / "config.json").write_text(json.dumps(config))
     small = ["workload.duration_s=null", "workload.num_requests=2", "hardware=h100"]
-    with caplog.at_level("WARNING"):
-        build_setup(compose_config([*small, f"model.hf_config={tmp_path}"]))
-    assert "model.sliding_window" in caplog.text and "last 512 tokens" in caplog.text
-    caplog.clear()
-    (tmp_path / "config.json").write_text(json.dumps({**config, "sliding_window": None}))
-    with caplog.at_level("WARNING"):
-        build_setup(compose_config([*small, f"model.hf_config={tmp_path}"]))
-    assert "sliding_window" not in caplog.text
+
+    def warnings_of(window: int | None) -> list[str]:
+        (tmp_path / "config.json").write_text(json.dumps({**config, "sliding_window": window}))
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = records.append  # type: ignore[method-assign]
+        setup.log.addHandler(handler)  # whatever propagation another test left configured
+        try:
+            build_setup(compose_config([*small, f"model.hf_config={tmp_path}"]))
+        finally:
+            setup.log.removeHandler(handler)
+        return [r.getMessage() for r in records]
+
+    (line,) = warnings_of(512)
+    assert line.startswith("model.sliding_window:") and "last 512 tokens" in line
+    assert warnings_of(None) == []
