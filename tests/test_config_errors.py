@@ -151,7 +151,8 @@ CASES = [
     # serve's default workload size (num_requests 32) is read; the chat's 1024-token
     # history does not fit tiny-opt's 256 tokens, and the line says which key to set
     ("chat_history_beyond_the_model", serve, ["workload=multi_turn"],
-     "workload.max_prompt_len", "1024 must be >= 1 and below the model's max_model_len 256"),
+     "workload.max_prompt_len",
+     "max_prompt_len 1024 must be >= 1 and below the model's max_model_len 256"),
     ("serve_swap_pool_under_a_block", serve, ["system.preemption_mode=swap",
      "swap_space_gb=0.00001"], "swap_space_gb", "no whole KV block"),
     ("apply_filter_not_a_boolean", simulate, ["workload=azure_code", "workload.apply_filter=no"],

@@ -192,11 +192,14 @@ def test_a_sliding_window_is_named_in_a_warning(tmp_path: Path) -> None:
         records: list[logging.LogRecord] = []
         handler = logging.Handler(logging.WARNING)
         handler.emit = records.append  # type: ignore[method-assign]
-        setup.log.addHandler(handler)  # whatever propagation another test left configured
+        # whatever logging configuration another test left (a dictConfig disables loggers)
+        disabled, setup.log.disabled = setup.log.disabled, False
+        setup.log.addHandler(handler)
         try:
             build_setup(compose_config([*small, f"model.hf_config={tmp_path}"]))
         finally:
             setup.log.removeHandler(handler)
+            setup.log.disabled = disabled
         return [r.getMessage() for r in records]
 
     (line,) = warnings_of(512)

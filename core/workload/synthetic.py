@@ -173,8 +173,8 @@ def multi_turn(
         raise RequestError(f"think_time_s must be finite and >= 0, got {think_time_s}")
     if not 1 <= max_prompt_len < max_model_len:
         raise RequestError(
-            f"{max_prompt_len} must be >= 1 and below the model's max_model_len "
-            f"{max_model_len} (the chat history is truncated to it)",
+            f"max_prompt_len {max_prompt_len} must be >= 1 and below the model's "
+            f"max_model_len {max_model_len} (the chat history is truncated to it)",
             key="max_prompt_len",
         )
     if max_output_len < 1:
