@@ -174,10 +174,8 @@ def test_a_run_directory_names_the_model_an_hf_config_describes(tmp_path: Path) 
     assert OmegaConf.create({"model": {"name": "opt-13b"}, "d": label}).d == "opt-13b"
 
 
-def test_a_sliding_window_is_named_in_a_warning(tmp_path: Path) -> None:
+def test_a_sliding_window_is_named_in_a_warning(tmp_path: Path, monkeypatch) -> None:
     """The simulator prices a sliding-window model as full attention; it says so."""
-    import logging
-
     from experiments.lib import setup
     from experiments.reproduce import compose_config
 
@@ -186,21 +184,19 @@ def test_a_sliding_window_is_named_in_a_warning(tmp_path: Path) -> None:
               "vocab_size": 32000, "max_position_embeddings": 2048,
               "sliding_window": 512}  # fmt: skip
     small = ["workload.duration_s=null", "workload.num_requests=2", "hardware=h100"]
+    warned: list[str] = []
+
+    class Log:  # the module's logger, whatever level or handlers earlier tests left it
+        def warning(self, message: str, *args: object) -> None:
+            warned.append(message % args)
+
+    monkeypatch.setattr(setup, "log", Log())
 
     def warnings_of(window: int | None) -> list[str]:
+        warned.clear()
         (tmp_path / "config.json").write_text(json.dumps({**config, "sliding_window": window}))
-        records: list[logging.LogRecord] = []
-        handler = logging.Handler(logging.WARNING)
-        handler.emit = records.append  # type: ignore[method-assign]
-        # whatever logging configuration another test left (a dictConfig disables loggers)
-        disabled, setup.log.disabled = setup.log.disabled, False
-        setup.log.addHandler(handler)
-        try:
-            build_setup(compose_config([*small, f"model.hf_config={tmp_path}"]))
-        finally:
-            setup.log.removeHandler(handler)
-            setup.log.disabled = disabled
-        return [r.getMessage() for r in records]
+        build_setup(compose_config([*small, f"model.hf_config={tmp_path}"]))
+        return list(warned)
 
     (line,) = warnings_of(512)
     assert line.startswith("model.sliding_window:") and "last 512 tokens" in line
