@@ -25,7 +25,7 @@ from typing import Any
 
 from core.model_spec import ModelSpec, kv_bytes_per_token
 from core.plan import BatchShape
-from sim.capacity import check_tp, kv_width_per_gpu, replicated_kv_params
+from sim.capacity import check_tp, kv_width_per_gpu
 
 
 def layer_work(
@@ -49,12 +49,12 @@ def layer_work(
     return params, 4 * hidden + sharded / tp + 2 * kv_width
 
 
-def act_elems_per_token(model: ModelSpec, tp: int) -> float:
-    """Activation elements one token moves through HBM in one layer (:func:`layer_work`)."""
+def model_layer_work(model: ModelSpec, tp: int) -> tuple[float, float]:
+    """:func:`layer_work` of one of ``model``'s decoder layers on one of ``tp`` GPUs."""
     m = model
     return layer_work(
         m.hidden_size, m.q_size, kv_width_per_gpu(m, tp), m.ffn_hidden_size, m.gated_mlp, tp
-    )[1]
+    )
 
 
 def lm_head_work(model: ModelSpec, tp: int) -> tuple[float, float]:
@@ -81,15 +81,15 @@ class WorkCoefficients:
         """The coefficients of ``model`` on ``tp`` GPUs (validates ``tp``)."""
         m, layers = model, model.num_layers
         check_tp(m, tp)
-        replicated = replicated_kv_params(m, tp, biases=False)  # K/V heads on every GPU
-        matmul = layers * m.layer_matmul_params() / tp + replicated
+        params, act = model_layer_work(m, tp)  # replicated K/V heads included
+        matmul = layers * params
         lm_params, lm_act = lm_head_work(m, tp)
         return cls(
             flops_per_token=2 * matmul,
             flops_per_logit=2 * lm_params,
             flops_per_pair=4 * m.head_dim * (m.num_heads // tp) * layers,
             weight_bytes=(matmul + lm_params) * dtype_bytes,
-            act_bytes_per_token=layers * act_elems_per_token(m, tp) * dtype_bytes,
+            act_bytes_per_token=layers * act * dtype_bytes,
             act_bytes_per_logit=lm_act * dtype_bytes,
             kv_bytes_per_token=kv_bytes_per_token(m, dtype_bytes, tp),
         )
