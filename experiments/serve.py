@@ -52,7 +52,7 @@ from engine.weights import CheckpointError
 from experiments.lib.checks import CONFIG_DIR, ConfigError, Facts, check_config, check_swap_pool
 from experiments.lib.cli import main_with_checks, run_app
 from experiments.lib.malloc import malloc_state, pin_malloc
-from experiments.lib.results import summary_line, write_csv, write_run
+from experiments.lib.results import summary_line, swap_fallbacks, write_csv, write_run
 from experiments.lib.setup import (
     as_dict,
     build_requests,
@@ -230,6 +230,9 @@ def finish(
         system=c["system"]["name"],
         model=c["model"]["name"],
         kv_slots=kv.num_blocks * kv.block_size,
+        num_swap_fallbacks=swap_fallbacks(
+            engine.scheduler.swap_fallbacks, metrics["num_preemptions"]
+        ),
         kv_cache_gib=kv.device_bytes / GIB,
         wall_s=wall_s,
         **where,

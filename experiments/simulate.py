@@ -31,7 +31,13 @@ from core.workload.spec import arrivals_note
 from experiments.lib.checks import CONFIG_DIR, check_config
 from experiments.lib.cli import apply_exclusive, main_with_checks, run_app
 from experiments.lib.jobs import exit_if_launcher_missing
-from experiments.lib.results import RowTable, finished_metrics, summary_line, write_run
+from experiments.lib.results import (
+    RowTable,
+    finished_metrics,
+    summary_line,
+    swap_fallbacks,
+    write_run,
+)
 from experiments.lib.setup import as_dict, block_size, build_setup, resolve_aliases
 from sim.driver import no_cyclic_gc, simulate
 
@@ -76,6 +82,7 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
         wall_s=wall,
         sim_steps_per_s=result.num_steps / wall if wall > 0 else float("nan"),
         unfinished_at_last_arrival=unfinished_at_last_arrival(requests),
+        num_swap_fallbacks=swap_fallbacks(result.swap_fallbacks, metrics["num_preemptions"]),
     )
     if out_dir is not None:
         doc = _cost_doc(setup.cost_model)

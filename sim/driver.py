@@ -47,6 +47,7 @@ class SimResult:
     recorder: Recorder
     end_time_s: float
     num_steps: int
+    swap_fallbacks: int = 0  # preemptions recomputed for want of CPU swap space, all replicas
 
 
 class CostExecutor:
@@ -223,4 +224,5 @@ def simulate(
             "rejected (a scheduler lost them)"
         )
     num_steps = sum(loop.num_steps for loop in loops)
-    return SimResult(recorder=recorder, end_time_s=env.now, num_steps=num_steps)
+    fallbacks = sum(loop.scheduler.swap_fallbacks for loop in loops)
+    return SimResult(recorder, env.now, num_steps, fallbacks)

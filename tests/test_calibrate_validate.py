@@ -158,6 +158,17 @@ def test_a_beam_search_run_replays_the_engines_beams(extra: list[str], tmp_path:
         assert "beam_search_requests" not in doc["simulator"]
 
 
+def test_the_engine_counts_the_preemptions_its_full_cpu_pool_recomputed(
+    tmp_path: Path,
+) -> None:
+    """Two-sample groups always swap (vLLM v0's rule); a pool of 3 blocks (16 KiB each,
+    tiny-opt in fp32) cannot take them, so they recompute, and the run's metrics count it."""
+    pool = ["workload.n=2", "num_gpu_blocks=24", "kv_cache_gb=null", "swap_space_gb=0.00005"]
+    metrics = json.loads((_serve(tmp_path, pool) / "metrics.json").read_text())
+    assert metrics["num_preemptions"] > 0
+    assert metrics["num_swap_fallbacks"] == metrics["num_preemptions"]
+
+
 def test_a_beams_csv_that_does_not_fit_the_run_is_one_line(tmp_path: Path) -> None:
     run_dir = _serve(tmp_path, ["workload.beam_width=2"])
     rows = (run_dir / "beams.csv").read_text().splitlines()

@@ -51,6 +51,18 @@ def test_kv_slots_is_the_capacity_every_step_accounts_for(tmp_path, system):
     assert metrics["kv_slots"] == 120 * 128
 
 
+def test_a_swap_run_counts_the_preemptions_its_full_cpu_pool_recomputed(tmp_path):
+    """0.02 GiB holds one block of OPT-13B's KV: the swap run's later preemptions recompute
+    (vLLM v0.1 would abort); with vLLM's 4 GiB none do, and a recompute run has none."""
+    tight = [*SMALL, "num_gpu_blocks=300", "workload.rate=8"]
+    small_pool = run(compose_config([*tight, "system.preemption_mode=swap", "swap_space_gb=0.02"]))
+    assert 0 < small_pool["num_swap_fallbacks"] < small_pool["num_preemptions"]
+    big_pool = run(compose_config([*tight, "system.preemption_mode=swap"]))
+    assert big_pool["num_preemptions"] > 0 and big_pool["num_swap_fallbacks"] == 0
+    recompute = run(compose_config(tight))
+    assert recompute["num_preemptions"] > 0 and recompute["num_swap_fallbacks"] == 0
+
+
 def test_a_run_of_several_replicas_writes_whose_step_each_row_is(tmp_path):
     run(compose_config([*SMALL, "num_replicas=2"]), tmp_path)
     steps = pd.read_csv(tmp_path / "steps.csv")

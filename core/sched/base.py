@@ -153,6 +153,9 @@ class BaseScheduler:
         self._next_seq_id = 0
         self._pending_copies: list[tuple[int, int]] = []
         self._aborted: list[SequenceGroup] = []
+        # preemptions that would have swapped and recomputed instead: the CPU pool could not
+        # take the group (vLLM v0.1 aborts the run there; kvlab counts them, runs report them)
+        self.swap_fallbacks = 0
         # A prefix cache hashes generated tokens too (a request preempted by recompute hits
         # its own earlier blocks), so a body that samples no tokens gives each sequence
         # stand-in ids of its own (see ``stand_in_token_id``).

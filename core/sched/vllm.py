@@ -11,8 +11,9 @@ Each ``schedule`` call, in this order:
    (all-or-nothing) — by recomputation (its KV freed, the group goes back to the front of
    the waiting queue) or by swapping its blocks to the CPU pool. A group the CPU pool
    cannot take is recomputed instead (vLLM v0.1 aborts the whole run: "Aborted due to the
-   lack of CPU swap space"); ``steps.csv`` shows such a preemption with no blocks swapped
-   out. A swap run with no pool at all is refused by the run's config check.
+   lack of CPU swap space"), and counted in ``swap_fallbacks`` (a run's
+   ``num_swap_fallbacks``). A swap run with no pool at all is refused by the run's config
+   check.
 3. If nothing was preempted in this step, swapped groups come back (oldest first) while
    their blocks fit. Swapped groups block admissions (step 1) until all are back.
 
@@ -237,6 +238,7 @@ class VLLMScheduler(BaseScheduler):
             self.swapped.sort(key=_arrival)
             plan.preempted_by_swap.append(group)
             return
+        self.swap_fallbacks += want_swap
         for seq in group.live_seqs():
             self.manager.free(seq.seq_id)
             seq.num_computed = 0

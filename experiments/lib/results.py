@@ -18,6 +18,7 @@ import csv
 import errno
 import io
 import json
+import logging
 import math
 import os
 import tempfile
@@ -29,6 +30,8 @@ from typing import Any
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
 
 # The metrics a reader looks at first: summary.csv and index.csv put them after the
 # overrides, the end-of-run line and table lead with them.
@@ -263,6 +266,20 @@ REJECT_LABELS = {
     "rejected_kv_cache": "too big for the KV cache",
     "rejected_other": "for other reasons (requests.csv)",
 }
+
+
+def swap_fallbacks(count: int, preemptions: int) -> int:
+    """``count``, a run's preemptions that would have swapped and were recomputed because
+    the CPU swap pool could not take the group (``BaseScheduler.swap_fallbacks``), with a
+    warning when there are any: vLLM v0.1 aborts the run there, and a swap run's numbers
+    then mix the two modes."""
+    if count:
+        log.warning(
+            "%d of the run's %d preemptions were recomputed: the CPU swap pool (swap_space_gb) "
+            "could not take the group (vLLM v0.1 aborts the run there)",
+            count, preemptions,
+        )  # fmt: skip
+    return count
 
 
 def summary_line(metrics: Mapping[str, Any], where: str) -> str:
