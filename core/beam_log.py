@@ -45,10 +45,10 @@ class BeamLog:
     def record(self, choices: list[BeamChoice]) -> None:
         """The choices made at the end of the next step (empty: none this step)."""
         for choice in choices:
+            rid = choice.group.request.request_id
             live = [s.seq_id for s in choice.group.live_seqs()]
             scores = choice.scores or [math.nan] * len(choice.beams)
             for k, ((parent, token), score) in enumerate(zip(choice.beams, scores, strict=True)):
-                rid = choice.group.request.request_id
                 self.rows.append((self.steps, rid, k, live.index(parent), int(token), score))
         self.steps += 1
 

@@ -120,11 +120,10 @@ def simulate_served(
 
 def simulate_run(
     run_dir: Path, cost_model: CostModel, replay_beams: bool = False
-) -> dict[str, Any]:
-    """Simulate ``run_dir``'s workload on its policy and KV cache; the summary metrics.
-    ``replay_beams``: take the beam choices of the run's ``beams.csv`` when it has one
-    (``beam_search_requests`` counts the beam-search requests whose choices were the
-    simulator's own)."""
+) -> tuple[dict[str, Any], int]:
+    """Simulate ``run_dir``'s workload on its policy and KV cache: the summary metrics, and
+    how many beam-search requests had the simulator's own beam choices (0 when
+    ``replay_beams`` took the engine's from the run's ``beams.csv``)."""
     cfg = read_run_config(run_dir)
     engine_path = Path(run_dir) / "engine.json"
     if not engine_path.is_file():
@@ -144,10 +143,8 @@ def simulate_run(
         except ValueError as exc:
             raise ConfigError("run_dir", str(exc)) from None
     rec = simulate_served(cfg, requests, kv, mml, cost_model, recorded).recorder
-    metrics = summarize_recorder(rec, cfg.get("slo_ms"))
-    beams = sum(r.sampling.use_beam_search for r in requests)
-    metrics["beam_search_requests"] = 0 if recorded is not None else beams
-    return metrics
+    own_beams = 0 if recorded is not None else sum(r.sampling.use_beam_search for r in requests)
+    return summarize_recorder(rec, cfg.get("slo_ms")), own_beams
 
 
 def rel_err(sim: Any, eng: Any) -> float | None:
@@ -222,12 +219,11 @@ def validate(
                 "run_dir", f"{run_dir / 'metrics.json'}: {key} is {value!r}, not a number"
             )
     try:
-        simulated = simulate_run(run_dir, cost, replay_beams=recorded)
+        simulated, beams = simulate_run(run_dir, cost, replay_beams=recorded)
     except RecordedStepsExhausted as exc:
         raise ConfigError("--recorded", f"{run_dir / 'steps.csv'}: {exc}") from None
     except BeamReplayError as exc:
         raise ConfigError("--recorded", f"{run_dir}/{exc}; the replay diverged") from None
-    beams = simulated.pop("beam_search_requests")
     result: dict[str, Any] = {
         "run": run_dir.name,
         "cost_model": cost.describe(),
