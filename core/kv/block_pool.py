@@ -8,6 +8,12 @@ Every block is in exactly one state:
   its contents and can be revived by :meth:`BlockPool.incref`, or reclaimed (least
   recently released first) by :meth:`BlockPool.allocate` when the free list is empty.
 
+That order is vLLM's: in current V1 (``vllm/v1/core/block_pool.py``, ``free_blocks``) a
+freed block without a hash goes to the head of the one free queue, a cached one to its tail,
+and new blocks come from the head; v0's prefix-caching allocator evicted only when no free
+block was left. Earlier V1 releases appended every freed block to the tail, so under memory
+pressure they evicted cached blocks sooner and hit the cache less than kvlab does.
+
 ``fill[b]`` counts the slots of block ``b`` that have been written. The pool keeps running
 totals (used blocks, sum of fills of used blocks, sum of refs) so that memory breakdowns
 are O(1). The pool knows nothing of sequences; callers keep block tables.
