@@ -406,7 +406,7 @@ def test_a_command_refused_before_hydra_still_gets_its_index_row(tmp_path: Path)
 def test_valid_sweeps_pass_the_checks() -> None:
     """A sweep (with -m or hydra.mode=MULTIRUN) of valid values is checked as its jobs and
     passes."""
-    from experiments.lib.cli import check_overrides_compose
+    from experiments.lib.compose import check_overrides_compose
 
     for argv in (["hydra.mode=MULTIRUN", "seed=1,2"], ["-m", "seed=1,2"], ["seed=range(1,3)"]):
         check_overrides_compose("simulate", argv)  # nothing raised
@@ -414,7 +414,7 @@ def test_valid_sweeps_pass_the_checks() -> None:
 
 def test_an_added_key_under_a_known_name_is_left_to_the_config() -> None:
     from experiments.lib.checks import ConfigError
-    from experiments.lib.cli import check_added_keys
+    from experiments.lib.compose import check_added_keys
 
     check_added_keys("simulate", ["slo_ms.ttft", "model.hf_config", "hydra.job.name", "cost",
                                   "hydra/launcher", "model@x"])  # fmt: skip

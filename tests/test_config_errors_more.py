@@ -15,8 +15,14 @@ import yaml
 from core.kv.block_pool import MAX_BLOCKS, BlockPool
 from core.plan import BatchShape
 from experiments import simulate
-from experiments.lib.checks import ConfigError, check_group_overrides, parse_overrides
-from experiments.lib.cli import check_added_keys, sweep_failure_status, sweep_jobs
+from experiments.lib.checks import ConfigError
+from experiments.lib.cli import sweep_failure_status
+from experiments.lib.compose import (
+    check_added_keys,
+    check_group_overrides,
+    parse_overrides,
+    sweep_jobs,
+)
 from experiments.lib.setup import MAX_ARRIVAL_S, make_cost_model
 from sim.catalog import GPUSpec, HardwareError, get_gpu, get_model, gpu_from_config
 from tests.test_config_errors import SIM_SMALL, run_cli

@@ -87,7 +87,8 @@ from experiments.bench.speed_timeline import UnknownScatter, shrink_to_price, st
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
-from experiments.lib.cli import compose_config, plain_cli
+from experiments.lib.cli import plain_cli
+from experiments.lib.compose import compose_config
 from experiments.lib.results import read_metrics, write_json
 from experiments.serve import run as serve
 from sim.cost import CalibratedCostModel

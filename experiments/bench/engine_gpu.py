@@ -191,7 +191,7 @@ def run_specs(plan: EnginePlan, traces: dict[str, Path]) -> list[RunSpec]:
 
 def serve_one(spec: RunSpec, out: Path) -> dict[str, Any]:
     """Compose the serve config of ``spec``, run it into ``out/spec.name``; its summary row."""
-    from experiments.lib.cli import compose_config
+    from experiments.lib.compose import compose_config
     from experiments.serve import run
 
     metrics = run(compose_config("serve", spec.overrides), out / spec.name)

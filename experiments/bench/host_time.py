@@ -127,7 +127,7 @@ def measure(dry: bool, system: str, out: Path) -> list[dict[str, Any]]:
     import torch
 
     from experiments.bench.engine_gpu import probe_overrides
-    from experiments.lib.cli import compose_config
+    from experiments.lib.compose import compose_config
     from experiments.serve import run_to_end, start
 
     serving = start(compose_config("serve", probe_overrides(dry, out, system, "online")))

@@ -23,7 +23,7 @@ from engine.engine import EngineResult
 from experiments.bench import profile_gpu
 from experiments.bench.interleave import Participant, spread, take_turns
 from experiments.calibrate import dtype_bytes
-from experiments.lib.cli import compose_config
+from experiments.lib.compose import compose_config
 from experiments.lib.results import write_json
 from experiments.serve import Serving, finish, start
 from experiments.validate import as_served, simulate_served

@@ -49,7 +49,7 @@ def check(dry: bool, sleep_ms: float, sleep_steps: int, out: Path) -> dict[str, 
     import torch
 
     from experiments.bench.engine_gpu import probe_overrides
-    from experiments.lib.cli import compose_config
+    from experiments.lib.compose import compose_config
     from experiments.serve import run_to_end, start
 
     cuda = not dry

@@ -1,5 +1,6 @@
-"""What every Hydra entry point does around its run: the command-line pre-checks, the
-one-line config errors, ``error.txt`` for failures, the runs index and the end-of-run table.
+"""What every Hydra entry point does around its run: the command-line pre-checks (of
+``experiments.lib.compose``), the one-line config errors, ``error.txt`` for failures, the
+runs index and the end-of-run table.
 
 - A :class:`~experiments.lib.checks.ConfigError` prints ``error: <key>: ...`` on stderr and
   exits with status 2, no traceback, when the process is a command line
@@ -23,7 +24,6 @@ import contextlib
 import csv
 import functools
 import os
-import re
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -33,21 +33,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from core.mapping_file import yaml_error_place
 from core.workload.trace_io import TraceFormatError
 from experiments.lib.args import out_dir_problem
-from experiments.lib.checks import (
-    CONFIG_DIR,
-    GROUPS,
-    KEYED_GROUPS,
-    ConfigError,
-    check_group_overrides,
-    group_keys,
-    options,
-    parse_overrides,
-    search_dirs,
-    sweep_values,
-)
+from experiments.lib.checks import CONFIG_DIR, ConfigError
+from experiments.lib.compose import check_group_overrides, check_overrides_compose
 from experiments.lib.results import INDEX_COLUMNS, append_index, write_error
 from experiments.lib.signals import (
     TERMINATED_STATUS,
@@ -293,114 +282,6 @@ def _interrupted_status(exc: KeyboardInterrupt) -> int:
     return TERMINATED_STATUS if isinstance(exc, Terminated) else INTERRUPTED_STATUS
 
 
-# Hydra's flags that make a command a sweep; the other flags (--cfg, -cp, ...) change what
-# the command does, so a command with one is left to Hydra.
-MULTIRUN_FLAGS = frozenset({"-m", "--multirun"})
-
-
-def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
-    """Raise for overrides Hydra cannot compose into ``configs/<config_name>.yaml`` (a key
-    the config lacks, a malformed value, a key added under a name nothing reads), in one
-    line where Hydra's spans several. A sweep is checked as its jobs (:func:`sweep_jobs`).
-    Left to Hydra: its flags other than ``-m`` (any other argument starting with ``-``)
-    and a ``hydra.searchpath`` with a ``pkg://`` entry. A config file that is not YAML is
-    named with its line and column."""
-    import yaml
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    flags = {a for a in argv if a.startswith("-")}
-    if flags - MULTIRUN_FLAGS or search_dirs(argv) is None:
-        return
-    overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-        for job in sweep_jobs(parsed, search_dirs(argv) or []):
-            added = [o.key_or_group for o in parse_overrides(job) if o.is_add() or o.is_force_add()]
-            check_added_keys(config_name, added, job)
-            compose_config(config_name, job)
-    except HydraException as exc:
-        raise _compose_error(config_name, exc) from None
-    except yaml.MarkedYAMLError as exc:
-        place = yaml_error_place(exc)
-        where = f"{exc.problem_mark.name}, {place}: " if place else ""
-        raise ConfigError("config", f"{where}not YAML ({exc.problem})") from None
-
-
-def _compose_error(config_name: str, exc: Exception) -> ConfigError:
-    """Hydra's error composing a config, as one line naming the key where it names one."""
-    text = str(exc).strip()
-    unknown = re.match(r"Could not override '([^']+)'", text)
-    if unknown:
-        key = unknown.group(1)
-        expected = (
-            f"a key of configs/{config_name}.yaml or of its groups' options; +{key}=... "
-            "adds one under a name the app reads, where the config takes new keys"
-        )
-        return ConfigError(key, "no such key in this config", expected=expected)
-    lines = [text.splitlines()[0] if text else type(exc).__name__]
-    if exc.__cause__ is not None and str(exc.__cause__).strip():
-        lines.append(str(exc.__cause__).strip().splitlines()[0])
-    return ConfigError("overrides", ": ".join(lines))
-
-
-def sweep_jobs(parsed: Sequence[Any], extra_dirs: Sequence[Path]) -> list[list[str]]:
-    """Override lists that stand for a command's jobs, for checking each swept value's key
-    as a single run's: every sweep at its first value, then, for each further value of a
-    swept config group, that value with the others at their first (a group's value brings
-    its own keys; another key's values share their key). ``hydra.mode`` and sweeps of
-    ``hydra.*`` keys are left out. A command without sweeps is its one job."""
-    base: list[str] = []
-    alternatives: list[tuple[int, list[str]]] = []
-    for override in parsed:
-        if override.key_or_group == "hydra.mode" or (
-            override.is_hydra_override() and override.is_sweep_override()
-        ):
-            continue  # Hydra's own (a sweeper's search space): not a job's key
-        if not override.is_sweep_override():
-            base.append(override.input_line)
-            continue
-        group = override.key_or_group
-        values = sweep_values(override, options(group, extra_dirs) if group in GROUPS else ())
-        if not values:
-            continue  # a glob that matches nothing: check_group_overrides says so
-        key = override.get_key_element()
-        base.append(f"{key}={values[0]}")
-        if group in GROUPS:
-            alternatives.append((len(base) - 1, [f"{key}={v}" for v in values[1:]]))
-    jobs = [base]
-    for position, others in alternatives:
-        jobs += [[*base[:position], other, *base[position + 1 :]] for other in others]
-    return jobs
-
-
-def check_added_keys(config_name: str, keys: Sequence[str], overrides: Sequence[str] = ()) -> None:
-    """Raise for a key or group added with ``+`` or ``++`` that the app never reads, so a
-    mistyped ``+warmpu=true`` is not dropped in silence: a top-level name that the composed
-    ``configs/<config_name>.yaml`` does not have, or a key under ``model``, ``hardware`` or
-    ``system`` that no option of the group holds (:func:`~experiments.lib.checks.group_keys`,
-    with the user's ``hydra.searchpath`` folders) nor the config composed with the other
-    ``overrides``. Deeper keys (``+model.shape.x``), other groups' keys (their own checks)
-    and ``hydra`` keys are left alone."""
-    if not keys:
-        return
-    composed = compose_config(config_name, [o for o in overrides if not o.startswith("+")])
-    known = set(composed)
-    for key in keys:
-        top = re.split(r"[./@]", key)[0]
-        if top not in known and top != "hydra":
-            expected = f"a key of configs/{config_name}.yaml: " + ", ".join(sorted(known))
-            raise ConfigError(key, "added, but no part of this app reads it", expected=expected)
-        group, _, rest = key.partition(".")
-        if group in KEYED_GROUPS and rest and "@" not in key:
-            held = group_keys(group, search_dirs(overrides) or []) | set(composed.get(group) or {})
-            if rest.split(".")[0] not in held:
-                raise ConfigError(
-                    key, f"added, but the {group} group has no such key",
-                    expected=f"a key of {group}: " + ", ".join(sorted(held)),
-                )  # fmt: skip
-
-
 def main_with_checks(
     main: Callable[[], Any], argv: Sequence[str] | None = None, config_name: str | None = None
 ) -> None:
@@ -487,12 +368,3 @@ def _index_refused(config_name: str | None, args: Sequence[str], err: ConfigErro
         append_index(Path(index), config_name, "config error", None, args, None, err.line())
     except (ConfigError, OSError):
         pass  # the command's own error is the one to report
-
-
-def compose_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
-    """The project's ``configs/<config_name>.yaml`` composed with ``overrides``, outside a
-    Hydra app (scripts that run several configs in one process)."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))

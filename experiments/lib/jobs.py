@@ -102,7 +102,7 @@ def missing_launcher(overrides: Sequence[str]) -> str | None:
 def on_search_path(launcher: str, overrides: Sequence[str]) -> bool:
     """``hydra/launcher/<launcher>.yaml`` is in a ``hydra.searchpath`` folder of
     ``overrides`` (or the search path has entries this check cannot list)."""
-    from experiments.lib.checks import search_dirs
+    from experiments.lib.compose import search_dirs
 
     dirs = search_dirs(overrides)
     return dirs is None or any((d / "hydra" / "launcher" / f"{launcher}.yaml").is_file()
@@ -119,7 +119,7 @@ def exit_if_launcher_missing(argv: Sequence[str]) -> None:
 
 
 def _job_config(overrides: Sequence[str]) -> Any:
-    from experiments.lib.cli import compose_config
+    from experiments.lib.compose import compose_config
 
     return compose_config("simulate", overrides)
 

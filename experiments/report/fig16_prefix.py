@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from core.workload.synthetic import shared_prefix
-from experiments.lib.cli import compose_config
+from experiments.lib.compose import compose_config
 from experiments.report.bound_text import (
     BOUNDS_NOTE,
     gap_text,

@@ -31,7 +31,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from core.workload.spec import build_workload
-from experiments.lib.cli import compose_config
+from experiments.lib.compose import compose_config
 from experiments.report.bound_text import (
     BOUNDS_NOTE,
     gap_text,

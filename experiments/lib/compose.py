@@ -1,0 +1,240 @@
+"""The project's configs composed outside a Hydra app, and a command line's overrides
+checked before Hydra composes them.
+
+Hydra's own errors for an unknown group option, a key the config lacks or a malformed
+value span several lines; the checks here raise a one-line
+:class:`~experiments.lib.checks.ConfigError` instead (:func:`check_group_overrides`,
+:func:`check_overrides_compose`), every job of a ``-m`` sweep included (:func:`sweep_jobs`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from core.mapping_file import yaml_error_place
+from experiments.lib.checks import CONFIG_DIR, GROUPS, ConfigError, options
+
+
+def compose_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """The project's ``configs/<config_name>.yaml`` composed with ``overrides``, outside a
+    Hydra app (scripts that run several configs in one process)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def search_dirs(argv: Sequence[str]) -> list[Path] | None:
+    """The ``file://`` folders of a ``hydra.searchpath=[...]`` argument (Hydra's search path,
+    where a user's own ``<group>/<option>.yaml`` live); None when an entry is not a folder
+    (``pkg://``), whose options this check cannot list."""
+    dirs: list[Path] = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if key.lstrip("+") != "hydra.searchpath" or not sep:
+            continue
+        for entry in value.strip().strip("[]").split(","):
+            entry = entry.strip().strip("'\"")
+            if not entry:
+                continue
+            if not entry.startswith("file://"):
+                return None
+            dirs.append(Path(entry.removeprefix("file://")))
+    return dirs
+
+
+def override_args(argv: Sequence[str]) -> list[str]:
+    """The overrides among a command line's arguments: Hydra's flags (``-m``, ``-cn NAME``
+    ...) and their values left out."""
+    return [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))]
+
+
+def parse_overrides(argv: Sequence[str]) -> list[Any]:
+    """Hydra's parse of the overrides of ``argv`` (:func:`override_args`); raises Hydra's
+    ``OverrideParseException`` for a malformed one."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides(override_args(argv))
+
+
+def sweep_values(override: Any, group_options: Sequence[str] = ()) -> list[str]:
+    """The values of a parsed override as override text: its one value, each value of a
+    choice or range sweep, or the ``group_options`` a ``glob(...)`` matches; an interval
+    sweep (for a sweeper plugin) by its start."""
+    from hydra.core.override_parser.types import Glob, IntervalSweep
+
+    value = override.value()
+    if isinstance(value, Glob):
+        return value.filter(list(group_options))
+    if isinstance(value, IntervalSweep):
+        return [str(value.start)]
+    if override.is_sweep_override():
+        return list(override.sweep_string_iterator())
+    return [override.get_value_element_as_str()]
+
+
+def check_group_overrides(argv: Sequence[str]) -> None:
+    """Raise for a ``group=option`` argument naming no option of ``group`` in ``configs/`` or
+    a ``hydra.searchpath`` folder (before Hydra, whose own message spans several lines).
+    Each value of a sweep is checked (``system=vllm,orca_max``, ``choice(...)``); a
+    ``glob(...)`` must match an option. Overrides Hydra cannot parse are left to
+    :func:`check_overrides_compose`."""
+    from hydra.errors import HydraException
+
+    extra = search_dirs(argv)
+    if extra is None:
+        return  # a package on the search path: Hydra says what it lacks
+    try:
+        parsed = parse_overrides(argv)
+    except HydraException:
+        return
+    for override in parsed:
+        key = override.key_or_group
+        if key not in GROUPS or (override.is_delete() and override.value() is None):
+            continue
+        valid = options(key, extra)
+        expected = "one of " + ", ".join(valid)
+        choices = [v.strip("'\"") for v in sweep_values(override, valid)]
+        if not choices:
+            got = override.get_value_string()
+            raise ConfigError(key, f"the glob matches no {key}", got, expected)
+        for choice in choices:
+            if choice not in valid:
+                raise ConfigError(key, f"unknown {key}", choice, expected)
+
+
+# The groups whose keys a ``+group.key=...`` may add: only keys an option of the group holds.
+KEYED_GROUPS = ("model", "hardware", "system")
+
+
+def group_keys(group: str, extra_dirs: Sequence[Path] = ()) -> set[str]:
+    """The keys the options of ``group`` hold: the top-level keys of every
+    ``<group>/*.yaml`` in ``configs/`` and ``extra_dirs`` (its defaults list aside), and for
+    ``hardware`` every key :func:`sim.catalog.gpu_from_config` reads."""
+    import yaml
+
+    from sim.catalog import HARDWARE_FIELDS
+
+    keys = set(HARDWARE_FIELDS) if group == "hardware" else set()
+    for folder in (CONFIG_DIR, *extra_dirs):
+        for path in (Path(folder) / group).glob("*.yaml"):
+            try:
+                doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                continue  # the run that chooses it reports it
+            if isinstance(doc, dict):
+                keys |= {str(k) for k in doc if k != "defaults"}
+    return keys
+
+
+# Hydra's flags that make a command a sweep; the other flags (--cfg, -cp, ...) change what
+# the command does, so a command with one is left to Hydra.
+MULTIRUN_FLAGS = frozenset({"-m", "--multirun"})
+
+
+def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
+    """Raise for overrides Hydra cannot compose into ``configs/<config_name>.yaml`` (a key
+    the config lacks, a malformed value, a key added under a name nothing reads), in one
+    line where Hydra's spans several. A sweep is checked as its jobs (:func:`sweep_jobs`).
+    Left to Hydra: its flags other than ``-m`` (any other argument starting with ``-``)
+    and a ``hydra.searchpath`` with a ``pkg://`` entry. A config file that is not YAML is
+    named with its line and column."""
+    import yaml
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    flags = {a for a in argv if a.startswith("-")}
+    if flags - MULTIRUN_FLAGS or search_dirs(argv) is None:
+        return
+    overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        for job in sweep_jobs(parsed, search_dirs(argv) or []):
+            added = [o.key_or_group for o in parse_overrides(job) if o.is_add() or o.is_force_add()]
+            check_added_keys(config_name, added, job)
+            compose_config(config_name, job)
+    except HydraException as exc:
+        raise _compose_error(config_name, exc) from None
+    except yaml.MarkedYAMLError as exc:
+        place = yaml_error_place(exc)
+        where = f"{exc.problem_mark.name}, {place}: " if place else ""
+        raise ConfigError("config", f"{where}not YAML ({exc.problem})") from None
+
+
+def _compose_error(config_name: str, exc: Exception) -> ConfigError:
+    """Hydra's error composing a config, as one line naming the key where it names one."""
+    text = str(exc).strip()
+    unknown = re.match(r"Could not override '([^']+)'", text)
+    if unknown:
+        key = unknown.group(1)
+        expected = (
+            f"a key of configs/{config_name}.yaml or of its groups' options; +{key}=... "
+            "adds one under a name the app reads, where the config takes new keys"
+        )
+        return ConfigError(key, "no such key in this config", expected=expected)
+    lines = [text.splitlines()[0] if text else type(exc).__name__]
+    if exc.__cause__ is not None and str(exc.__cause__).strip():
+        lines.append(str(exc.__cause__).strip().splitlines()[0])
+    return ConfigError("overrides", ": ".join(lines))
+
+
+def sweep_jobs(parsed: Sequence[Any], extra_dirs: Sequence[Path]) -> list[list[str]]:
+    """Override lists that stand for a command's jobs, for checking each swept value's key
+    as a single run's: every sweep at its first value, then, for each further value of a
+    swept config group, that value with the others at their first (a group's value brings
+    its own keys; another key's values share their key). ``hydra.mode`` and sweeps of
+    ``hydra.*`` keys are left out. A command without sweeps is its one job."""
+    base: list[str] = []
+    alternatives: list[tuple[int, list[str]]] = []
+    for override in parsed:
+        if override.key_or_group == "hydra.mode" or (
+            override.is_hydra_override() and override.is_sweep_override()
+        ):
+            continue  # Hydra's own (a sweeper's search space): not a job's key
+        if not override.is_sweep_override():
+            base.append(override.input_line)
+            continue
+        group = override.key_or_group
+        values = sweep_values(override, options(group, extra_dirs) if group in GROUPS else ())
+        if not values:
+            continue  # a glob that matches nothing: check_group_overrides says so
+        key = override.get_key_element()
+        base.append(f"{key}={values[0]}")
+        if group in GROUPS:
+            alternatives.append((len(base) - 1, [f"{key}={v}" for v in values[1:]]))
+    jobs = [base]
+    for position, others in alternatives:
+        jobs += [[*base[:position], other, *base[position + 1 :]] for other in others]
+    return jobs
+
+
+def check_added_keys(config_name: str, keys: Sequence[str], overrides: Sequence[str] = ()) -> None:
+    """Raise for a key or group added with ``+`` or ``++`` that the app never reads, so a
+    mistyped ``+warmpu=true`` is not dropped in silence: a top-level name that the composed
+    ``configs/<config_name>.yaml`` does not have, or a key under ``model``, ``hardware`` or
+    ``system`` that no option of the group holds (:func:`group_keys`,
+    with the user's ``hydra.searchpath`` folders) nor the config composed with the other
+    ``overrides``. Deeper keys (``+model.shape.x``), other groups' keys (their own checks)
+    and ``hydra`` keys are left alone."""
+    if not keys:
+        return
+    composed = compose_config(config_name, [o for o in overrides if not o.startswith("+")])
+    known = set(composed)
+    for key in keys:
+        top = re.split(r"[./@]", key)[0]
+        if top not in known and top != "hydra":
+            expected = f"a key of configs/{config_name}.yaml: " + ", ".join(sorted(known))
+            raise ConfigError(key, "added, but no part of this app reads it", expected=expected)
+        group, _, rest = key.partition(".")
+        if group in KEYED_GROUPS and rest and "@" not in key:
+            held = group_keys(group, search_dirs(overrides) or []) | set(composed.get(group) or {})
+            if rest.split(".")[0] not in held:
+                raise ConfigError(
+                    key, f"added, but the {group} group has no such key",
+                    expected=f"a key of {group}: " + ", ".join(sorted(held)),
+                )  # fmt: skip
