@@ -206,9 +206,9 @@ def _panels(parser: argparse.ArgumentParser, letters: str) -> list[fig12_rates.P
     return [p for p in fig12_rates.PANELS if p.letter in letters]
 
 
-def check_arguments(args: argparse.Namespace) -> None:
-    """A ConfigError for the first number argparse accepts but a run cannot use, or an
-    unknown launcher."""
+def check_run_numbers(args: argparse.Namespace) -> None:
+    """A ConfigError for the first of ``--duration``, ``--threshold``, ``--workers`` and
+    ``--seeds`` that argparse accepts but a run cannot use (NaN, inf, zero, negative)."""
     positive = {"--duration": args.duration, "--threshold": args.threshold}
     for flag, value in positive.items():
         if value is not None and not (math.isfinite(value) and value > 0):
@@ -216,6 +216,12 @@ def check_arguments(args: argparse.Namespace) -> None:
     for flag, value in {"--workers": args.workers, "--seeds": args.seeds}.items():
         if value < 1:
             raise ConfigError(flag, "not a count >= 1", value)
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """A ConfigError for the first number a run cannot use (:func:`check_run_numbers`), or
+    an unknown launcher."""
+    check_run_numbers(args)
     known = args.launcher is None or launcher_exists(args.launcher)
     if not known and not on_search_path(args.launcher, args.launcher_override):
         raise ConfigError("--launcher", "unknown launcher", args.launcher,

@@ -94,3 +94,30 @@ def test_searches_compose_as_configs(module) -> None:
 
     for s in module.searches(30.0, 0):
         compose_config(s.overrides(s.rates[0]))
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--threshold", "nan"], "error: --threshold: not a number > 0 (got nan)"),
+        (["--duration", "-1"], "error: --duration: not a number > 0 (got -1.0)"),
+        (["--workers", "0"], "error: --workers: not a count >= 1 (got 0)"),
+        (["--seeds", "0"], "error: --seeds: not a count >= 1 (got 0)"),
+    ],
+)
+def test_bad_numbers_are_one_line_before_any_run(args, line, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as ended:
+        sharing.main([*args, "--out", str(out)])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == line + "\n"
+    assert not out.exists()  # nothing ran
+
+
+def test_an_out_that_is_a_file_is_one_line(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "taken"
+    out.write_text("")
+    with pytest.raises(SystemExit) as ended:
+        sharing.main(["--out", str(out)])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == f"error: --out: {out} is a file, not a folder\n"

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.lib.args import OneLineParser
+from experiments.lib.checks import ConfigError
+from experiments.lib.cli import check_out_dir, report_config_error
 from experiments.report import fig14_sampling, fig15_sharing, fig16_prefix, fig17_chatbot
 from experiments.report.figures import pyplot
 from experiments.report.rate_search import Runner, run_search
@@ -100,13 +102,19 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--seeds", type=int, default=3, help="seeds per Fig. 14 rate")
     p.add_argument("--cost", choices=("paper-a100", "roofline"), default="paper-a100")
     args = p.parse_args(argv)
+    from experiments.reproduce import COSTS, check_run_numbers, run_on_clock
+
+    try:
+        check_run_numbers(args)
+        check_out_dir(args.out)
+    except ConfigError as err:
+        report_config_error(err)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    from experiments.reproduce import COSTS, run_on_clock
 
     duration = args.duration or (FULL_DURATION_S if args.full else DURATION_S)
     args.out.mkdir(parents=True, exist_ok=True)
     run: Callable[..., dict[str, Any]] = partial(run_on_clock, COSTS[args.cost])
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
         jobs = submit(pool, run, duration, args.seed, args.threshold, seeds=args.seeds)
         text = write(jobs, args.out, _plt(), duration)
     (args.out / "report.md").write_text(text)
