@@ -259,3 +259,25 @@ def test_each_panel_prints_the_clock_lines_the_cost_model_section_does_not() -> 
     cap = fig12_rates.capacity(rows)
     text = fig12_rates.section(cap, pd.DataFrame(rows), 1.0, clocks)
     assert "Clock: the one under *Cost model*." in text
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "holds no Fig. 12 per-run CSV"),
+        ("", "empty: no per-run rows"),
+        ("a,b\n1,2\n", "missing column(s) setting, system, rate"),
+    ],
+)
+def test_a_folder_without_good_per_run_csvs_is_one_line(
+    tmp_path: Path, capsys, content: str | None, problem: str
+) -> None:
+    path = tmp_path / f"{PANEL.name}.csv"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as ended:
+        fig12_rates.main([str(tmp_path)])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and problem in err
+    assert str(path if content is not None else tmp_path) in err
