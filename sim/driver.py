@@ -19,6 +19,7 @@ Replicas (data parallelism) each own a scheduler; arrivals go round-robin.
 from __future__ import annotations
 
 import gc
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -40,6 +41,27 @@ from sim.cost.base import CostModel
 
 class SimulationError(RuntimeError):
     """The simulation cannot proceed (a scheduler stalled with work left)."""
+
+
+class StepPriceError(SimulationError):
+    """A step priced at a time that is not a finite number of seconds >= 0, or a clock
+    that overflowed: a cost model's constants out of range (1e308 s a step, say)."""
+
+
+def checked_price(step_time: Callable[[BatchShape], float]) -> Callable[[BatchShape], float]:
+    """``step_time``, raising :class:`StepPriceError` for a price that is NaN, infinite or
+    negative, instead of a run whose clock stops at NaN or inf and reports success."""
+
+    def price(shape: BatchShape) -> float:
+        t = step_time(shape)
+        if not 0.0 <= t < math.inf:
+            raise StepPriceError(
+                f"a step of {shape.prefill_tokens} prefill tokens and {shape.decode_seqs} "
+                f"decodes was priced at {t} s; the cost model's constants are out of range"
+            )
+        return t
+
+    return price
 
 
 @dataclass
@@ -126,7 +148,8 @@ def simulate(
     beams_rng = np.random.default_rng(seed) if beams else None
     if recorded_beams is not None and num_replicas != 1:
         raise ValueError("recorded beam choices replay one replica's steps; num_replicas is 1")
-    executor = CostExecutor(cost_model.step_time, beams_rng, recorded_beams)
+    price = checked_price(cost_model.step_time)
+    executor = CostExecutor(price, beams_rng, recorded_beams)
     loops = [
         StepLoop(
             make_scheduler(),
@@ -166,7 +189,6 @@ def simulate(
         ahead = loop.fast_forward if fast_forward and beams_rng is None else None
         if getattr(cost_model, "priced_in_order", False):
             ahead = None
-        price = cost_model.step_time
         timeout, peek = env.timeout, env.peek
         now = env.now  # this engine's clock; may run ahead of env.now, see below
         next_event = peek()  # the queue changes only while this process is suspended
@@ -218,6 +240,11 @@ def simulate(
     with no_cyclic_gc():
         env.run(until=simpy.AllOf(env, procs))
     bar.close()
+    if not math.isfinite(env.now):
+        raise StepPriceError(
+            f"the simulated clock overflowed ({env.now} s); the cost model's constants are "
+            "out of range"
+        )
     if recorder.num_requests != len(ordered):
         raise SimulationError(
             f"{len(ordered) - recorder.num_requests} requests neither finished nor were "
