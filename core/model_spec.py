@@ -225,9 +225,10 @@ class ModelSpec:
     def from_hf_config(cls, config: dict[str, Any], name: str | None = None) -> ModelSpec:
         """Build a spec from an HF ``config.json`` dict (OPT, Llama, Mistral, Qwen2/3).
 
-        Errors name the missing or unsupported key. ``name`` defaults to the config's
-        ``_name_or_path``; ``hf_id`` is ``_name_or_path`` only when it looks like an HF Hub
-        id (:func:`looks_like_hf_id`), not a local path. ``max_model_len`` is
+        Errors name the missing, malformed or unsupported key (flags are JSON/YAML booleans).
+        ``name`` defaults to the config's ``_name_or_path``; ``hf_id`` is ``_name_or_path``
+        only when it looks like an HF Hub id (:func:`looks_like_hf_id`), not a local path.
+        ``max_model_len`` is
         ``max_position_embeddings`` scaled as vLLM does (:func:`rope_max_model_len`)."""
         model_type = config.get("model_type")
         if model_type not in MODEL_TYPES:
@@ -270,29 +271,30 @@ class ModelSpec:
                 num_kv_heads=heads,
                 ffn_hidden_size=_require(config, "ffn_dim"),
                 gated_mlp=False,
-                tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+                tie_word_embeddings=_flag(config, "tie_word_embeddings", True),
                 num_position_embeddings=max_len + OPT_POSITION_OFFSET,
                 activation=str(config.get("activation_function", "relu")),
                 layer_norm_eps=float(config.get("layer_norm_eps", 1e-5)),
-                do_layer_norm_before=bool(config.get("do_layer_norm_before", True)),
+                do_layer_norm_before=_flag(config, "do_layer_norm_before", True),
                 word_embed_proj_dim=None if proj in (None, hidden) else int(proj),
             )
         _reject_unless(config, "mlp_bias", False, False)
         rope_type, rope_theta = _rope(config)
         common["max_model_len"] = rope_max_model_len(config, common["max_model_len"])
-        window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
+        use_window = _flag(config, "use_sliding_window", True)
+        window = config.get("sliding_window") if use_window else None
         return cls(
             **common,
             num_kv_heads=int(config.get("num_key_value_heads") or heads),
             ffn_hidden_size=_require(config, "intermediate_size"),
             gated_mlp=True,
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            tie_word_embeddings=_flag(config, "tie_word_embeddings", False),
             activation=str(config.get("hidden_act", "silu")),
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_type=rope_type,
             qk_norm=model_type == "qwen3",
-            attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+            attention_bias=_flag(config, "attention_bias", model_type == "qwen2"),
             sliding_window=None if window is None else int(window),
         )
 
@@ -412,6 +414,18 @@ def _require(d: dict[str, Any], key: str) -> int:
             f"{d.get('model_type')} config: {key} must be a whole number >= 1, got {value!r}"
         )
     return value
+
+
+def _flag(d: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A flag of the config: ``default`` when absent, false when null (as HF's models test
+    the attribute), else a JSON/YAML boolean; anything else (``"false"``, ``"no"``, 0)
+    raises a ValueError naming the key."""
+    value = d.get(key, default)
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(
+            f"{d.get('model_type')} config: {key} must be true or false, got {value!r}"
+        )
+    return bool(value)
 
 
 def _reject_unless(d: dict[str, Any], key: str, expected: Any, default: Any) -> None:

@@ -33,6 +33,7 @@ CALIBRATED = [
     "model=llama-3.1-8b", "hardware=rtx4090", "system=vllm_v1", "system.max_model_len=4096",
     "cost=calibrated", f"cost.path={CALIBRATION}",
 ]  # fmt: skip
+LLAMA = ["model=llama-3.1-8b", "system=vllm_v1", "system.max_model_len=4096"]
 
 
 def _azure(tmp: Path) -> str:
@@ -74,6 +75,9 @@ CASES = [
     ("bandwidth_inf", ["hardware.mem_bandwidth_gbs=inf"], "hardware.mem_bandwidth_gbs",
      "finite number > 0"),
     ("flops_negative", ["hardware.peak_tflops=-1"], "hardware.peak_tflops", "finite number > 0"),
+    # Hydra passes `=no` as text ('no'), `=false` as a boolean
+    ("shape_flag_as_text", [*LLAMA, "model.shape.tie_word_embeddings=no"], "model",
+     "llama config: tie_word_embeddings must be true or false, got 'no'"),
     ("memory_beyond_a_pool", ["hardware.memory_gb=1e250"], "hardware.memory_gb",
      "blocks (2**26) a KV block pool holds"),
     ("swap_beyond_a_pool", ["swap_space_gb=1e12"], "swap_space_gb",

@@ -118,6 +118,44 @@ def test_hf_config_path_and_shape_groups(tmp_path: Path) -> None:
         model_from_config({"hf_config": str(tmp_path)})
 
 
+# (key, bad value, the error's phrase): a config.json's malformed flags
+BAD_HF_VALUES = [
+    ("tie_word_embeddings", "false", "tie_word_embeddings must be true or false, got 'false'"),
+    ("attention_bias", 0, "attention_bias must be true or false, got 0"),
+    ("use_sliding_window", "no", "use_sliding_window must be true or false, got 'no'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("key", "bad", "phrase"), BAD_HF_VALUES,
+                         ids=[f"{k}={v!r}" for k, v, _ in BAD_HF_VALUES])  # fmt: skip
+def test_a_malformed_optional_key_of_a_config_json_is_named(
+    key: str, bad: object, phrase: str, tmp_path: Path
+) -> None:
+    """Text or a number is no boolean: each is refused naming the file and the key, never
+    read as true (``bool("false")`` was)."""
+    config = {**get_model("llama-3.1-8b").to_hf_config(), key: bad}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as err:
+        model_from_config({"hf_config": str(tmp_path)})
+    assert str(err.value) == f"{tmp_path / 'config.json'}: llama config: {phrase}"
+
+
+def test_optional_keys_take_their_defaults_only_when_absent_or_null() -> None:
+    llama = get_model("llama-3.1-8b").to_hf_config()
+    assert ModelSpec.from_hf_config({**llama, "num_key_value_heads": None}).num_kv_heads == 32
+    assert ModelSpec.from_hf_config({**llama, "head_dim": None}).head_dim == 128
+    untied = ModelSpec.from_hf_config(llama)
+    tied = ModelSpec.from_hf_config({**llama, "tie_word_embeddings": True})
+    assert untied.num_params() - tied.num_params() == 4096 * 128256
+    window = {**llama, "sliding_window": 4096}
+    assert ModelSpec.from_hf_config(window).sliding_window == 4096
+    assert ModelSpec.from_hf_config({**window, "use_sliding_window": False}).sliding_window is None
+    opt = get_model("opt-350m").to_hf_config()
+    assert not ModelSpec.from_hf_config(opt).do_layer_norm_before
+    with pytest.raises(ValueError, match=r"do_layer_norm_before must be true or false, got 'no'"):
+        ModelSpec.from_hf_config({**opt, "do_layer_norm_before": "no"})
+
+
 def test_tensor_parallel_over_pcie_is_priced_by_the_peer_link() -> None:
     shape = BatchShape(prefill_tokens=0, prefill_seqs=0, decode_seqs=64, decode_ctx_tokens=64)
     model = get_model("llama-3.1-8b")
