@@ -225,10 +225,12 @@ class ModelSpec:
     def from_hf_config(cls, config: dict[str, Any], name: str | None = None) -> ModelSpec:
         """Build a spec from an HF ``config.json`` dict (OPT, Llama, Mistral, Qwen2/3).
 
-        Errors name the missing, malformed or unsupported key (flags are JSON/YAML booleans).
-        ``name`` defaults to the config's ``_name_or_path``; ``hf_id`` is ``_name_or_path``
-        only when it looks like an HF Hub id (:func:`looks_like_hf_id`), not a local path.
-        ``max_model_len`` is
+        Errors name the missing, malformed or unsupported key: counts are whole numbers
+        >= 1 (an optional one, e.g. ``num_key_value_heads``, may be absent or null: its
+        default), flags JSON/YAML booleans, ``rms_norm_eps`` and ``rope_theta`` finite
+        numbers > 0, and ``rope_scaling`` / ``rope_parameters`` mappings. ``name`` defaults
+        to the config's ``_name_or_path``; ``hf_id`` is ``_name_or_path`` only when it looks
+        like an HF Hub id (:func:`looks_like_hf_id`), not a local path. ``max_model_len`` is
         ``max_position_embeddings`` scaled as vLLM does (:func:`rope_max_model_len`)."""
         model_type = config.get("model_type")
         if model_type not in MODEL_TYPES:
@@ -240,7 +242,7 @@ class ModelSpec:
         heads = _require(config, "num_attention_heads")
         path_or_id = str(config.get("_name_or_path") or "")
         label = name or path_or_id or f"{model_type}-custom"
-        head_dim = config.get("head_dim")
+        head_dim = _optional_count(config, "head_dim")
         if head_dim is None:
             if hidden % heads:
                 raise ValueError(
@@ -254,7 +256,7 @@ class ModelSpec:
             "num_layers": _require(config, "num_hidden_layers"),
             "hidden_size": hidden,
             "num_heads": heads,
-            "head_dim": int(head_dim),
+            "head_dim": head_dim,
             "vocab_size": _require(config, "vocab_size"),
             "max_model_len": _require(config, "max_position_embeddings"),
             "model_type": model_type,
@@ -264,7 +266,7 @@ class ModelSpec:
             _reject_unless(config, "enable_bias", True, True)
             _reject_unless(config, "layer_norm_elementwise_affine", True, True)
             _reject_unless(config, "_remove_final_layer_norm", False, False)
-            proj = config.get("word_embed_proj_dim")
+            proj = _optional_count(config, "word_embed_proj_dim")
             max_len = common["max_model_len"]
             return cls(
                 **common,
@@ -274,28 +276,28 @@ class ModelSpec:
                 tie_word_embeddings=_flag(config, "tie_word_embeddings", True),
                 num_position_embeddings=max_len + OPT_POSITION_OFFSET,
                 activation=str(config.get("activation_function", "relu")),
-                layer_norm_eps=float(config.get("layer_norm_eps", 1e-5)),
+                layer_norm_eps=_positive(config, "layer_norm_eps", 1e-5),
                 do_layer_norm_before=_flag(config, "do_layer_norm_before", True),
-                word_embed_proj_dim=None if proj in (None, hidden) else int(proj),
+                word_embed_proj_dim=None if proj in (None, hidden) else proj,
             )
         _reject_unless(config, "mlp_bias", False, False)
         rope_type, rope_theta = _rope(config)
         common["max_model_len"] = rope_max_model_len(config, common["max_model_len"])
         use_window = _flag(config, "use_sliding_window", True)
-        window = config.get("sliding_window") if use_window else None
+        kv_heads = _optional_count(config, "num_key_value_heads")
         return cls(
             **common,
-            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            num_kv_heads=heads if kv_heads is None else kv_heads,
             ffn_hidden_size=_require(config, "intermediate_size"),
             gated_mlp=True,
             tie_word_embeddings=_flag(config, "tie_word_embeddings", False),
             activation=str(config.get("hidden_act", "silu")),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=_positive(config, "rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_type=rope_type,
             qk_norm=model_type == "qwen3",
             attention_bias=_flag(config, "attention_bias", model_type == "qwen2"),
-            sliding_window=None if window is None else int(window),
+            sliding_window=_optional_count(config, "sliding_window") if use_window else None,
         )
 
     @classmethod
@@ -368,16 +370,9 @@ def rope_max_model_len(d: Mapping[str, Any], max_position_embeddings: int) -> in
     documented YaRN block: factor 4 × 32768 = 131072). The block is ``rope_parameters``
     (transformers >= 5) over ``rope_scaling``, as :func:`_rope` reads them; a malformed one
     raises ``ValueError`` naming the key."""
-    blocks: dict[str, Mapping[str, Any]] = {}
-    for name in ("rope_scaling", "rope_parameters"):
-        block = d.get(name) or {}
-        if not isinstance(block, Mapping):
-            raise ValueError(
-                f"{d.get('model_type')} config: {name} must be a mapping, got {block!r}"
-            )
-        blocks[name] = block
-    block = {**blocks["rope_scaling"], **blocks["rope_parameters"]}  # as _rope reads them
-    key = "rope_parameters" if blocks["rope_parameters"] else "rope_scaling"
+    scaling, params = _rope_blocks(d)
+    block = {**scaling, **params}  # as _rope reads them
+    key = "rope_parameters" if params else "rope_scaling"
     rope_type = block.get("rope_type", block.get("type", "default"))
     if rope_type in UNSCALED_ROPE_TYPES:
         return max_position_embeddings
@@ -416,6 +411,12 @@ def _require(d: dict[str, Any], key: str) -> int:
     return value
 
 
+def _optional_count(d: Mapping[str, Any], key: str) -> int | None:
+    """An optional count of the config: None when absent or null, else as :func:`_require`
+    (0, text or a fraction raise a ValueError naming the key)."""
+    return None if d.get(key) is None else _require(d, key)
+
+
 def _flag(d: Mapping[str, Any], key: str, default: bool) -> bool:
     """A flag of the config: ``default`` when absent, false when null (as HF's models test
     the attribute), else a JSON/YAML boolean; anything else (``"false"``, ``"no"``, 0)
@@ -428,6 +429,39 @@ def _flag(d: Mapping[str, Any], key: str, default: bool) -> bool:
     return bool(value)
 
 
+def _positive(d: Mapping[str, Any], key: str, default: float, block: str | None = None) -> float:
+    """A real number of the config (of its mapping ``block`` when given): ``default`` when
+    absent or null, else a finite number > 0 (numeric text too: YAML 1.1 reads ``1e-5`` as
+    text); anything else raises a ValueError naming the key."""
+    value = (d.get(block) or {}).get(key) if block else d.get(key)
+    if value is None:
+        return default
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number > 0):
+        label = f"{block}.{key}" if block else key
+        raise ValueError(
+            f"{d.get('model_type')} config: {label} must be a finite number > 0, got {value!r}"
+        )
+    return number
+
+
+def _rope_blocks(d: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The config's ``rope_scaling`` and ``rope_parameters`` (empty when absent or null);
+    either not a mapping raises a ValueError naming the key."""
+    blocks = []
+    for name in ("rope_scaling", "rope_parameters"):
+        block = d.get(name) or {}
+        if not isinstance(block, Mapping):
+            raise ValueError(
+                f"{d.get('model_type')} config: {name} must be a mapping, got {block!r}"
+            )
+        blocks.append(block)
+    return blocks[0], blocks[1]
+
+
 def _reject_unless(d: dict[str, Any], key: str, expected: Any, default: Any) -> None:
     value = d.get(key, default)
     if value != expected:
@@ -438,8 +472,9 @@ def _reject_unless(d: dict[str, Any], key: str, expected: Any, default: Any) -> 
 
 def _rope(d: dict[str, Any]) -> tuple[str, float]:
     """RoPE type and base. transformers >= 5 nests them in ``rope_parameters``; older files
-    use top-level ``rope_theta`` / ``rope_scaling``."""
-    params = d.get("rope_parameters") or {}
-    scaling = d.get("rope_scaling") or {}
+    use top-level ``rope_theta`` / ``rope_scaling``. Malformed ones raise a ValueError
+    naming the key (:func:`_rope_blocks`, :func:`_positive`)."""
+    scaling, params = _rope_blocks(d)
     rope_type = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-    return str(rope_type), float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
+    theta_block = "rope_parameters" if params.get("rope_theta") is not None else None
+    return str(rope_type), _positive(d, "rope_theta", 10000.0, theta_block)

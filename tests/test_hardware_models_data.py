@@ -118,11 +118,23 @@ def test_hf_config_path_and_shape_groups(tmp_path: Path) -> None:
         model_from_config({"hf_config": str(tmp_path)})
 
 
-# (key, bad value, the error's phrase): a config.json's malformed flags
+# (key, bad value, the error's phrase): a config.json's malformed optional keys
 BAD_HF_VALUES = [
     ("tie_word_embeddings", "false", "tie_word_embeddings must be true or false, got 'false'"),
     ("attention_bias", 0, "attention_bias must be true or false, got 0"),
     ("use_sliding_window", "no", "use_sliding_window must be true or false, got 'no'"),
+    ("num_key_value_heads", 0, "num_key_value_heads must be a whole number >= 1, got 0"),
+    ("num_key_value_heads", "abc", "num_key_value_heads must be a whole number >= 1, got 'abc'"),
+    ("head_dim", "abc", "head_dim must be a whole number >= 1, got 'abc'"),
+    ("head_dim", 127.5, "head_dim must be a whole number >= 1, got 127.5"),
+    ("sliding_window", "abc", "sliding_window must be a whole number >= 1, got 'abc'"),
+    ("rms_norm_eps", "abc", "rms_norm_eps must be a finite number > 0, got 'abc'"),
+    ("rope_theta", "abc", "rope_theta must be a finite number > 0, got 'abc'"),
+    ("rope_theta", True, "rope_theta must be a finite number > 0, got True"),
+    ("rope_parameters", {"rope_theta": "abc"},
+     "rope_parameters.rope_theta must be a finite number > 0, got 'abc'"),
+    ("rope_scaling", "yes", "rope_scaling must be a mapping, got 'yes'"),
+    ("rope_scaling", ["llama3"], "rope_scaling must be a mapping, got ['llama3']"),
 ]  # fmt: skip
 
 
@@ -131,8 +143,8 @@ BAD_HF_VALUES = [
 def test_a_malformed_optional_key_of_a_config_json_is_named(
     key: str, bad: object, phrase: str, tmp_path: Path
 ) -> None:
-    """Text or a number is no boolean: each is refused naming the file and the key, never
-    read as true (``bool("false")`` was)."""
+    """Text is no boolean, 0 no head count, a fraction no width: each is refused naming the
+    file and the key, never read as a default (``bool("false")`` was true)."""
     config = {**get_model("llama-3.1-8b").to_hf_config(), key: bad}
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError) as err:
@@ -154,6 +166,8 @@ def test_optional_keys_take_their_defaults_only_when_absent_or_null() -> None:
     assert not ModelSpec.from_hf_config(opt).do_layer_norm_before
     with pytest.raises(ValueError, match=r"do_layer_norm_before must be true or false, got 'no'"):
         ModelSpec.from_hf_config({**opt, "do_layer_norm_before": "no"})
+    with pytest.raises(ValueError, match=r"word_embed_proj_dim must be a whole number >= 1"):
+        ModelSpec.from_hf_config({**opt, "word_embed_proj_dim": 0})
 
 
 def test_tensor_parallel_over_pcie_is_priced_by_the_peer_link() -> None:
