@@ -55,6 +55,21 @@ OPTIONAL_HARDWARE_KEYS: dict[str, tuple[str, float]] = {
 }
 
 
+class HardwareError(ValueError):
+    """A hardware group or YAML that describes no GPU, or a :class:`GPUSpec` value out
+    of range; ``key`` is the YAML key at fault (None: the group as a whole)."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+# GPUSpec field -> the hardware YAML key it is read from.
+_YAML_KEYS: dict[str, str] = {
+    attr: key for key, (attr, _) in {**HARDWARE_KEYS, **OPTIONAL_HARDWARE_KEYS}.items()
+}
+
+
 @dataclass(frozen=True, slots=True)
 class GPUSpec:
     """Datasheet numbers of one GPU. Bandwidths in bytes/s per direction (half the
@@ -69,7 +84,8 @@ class GPUSpec:
     ``memory_bytes`` is the nominal memory (the datasheet's 'N GB' read as GiB, as the vLLM
     paper's Table 1 reads it); ``reported_memory_bytes`` is the total the CUDA driver
     reports for the device when it was measured (``None``: not measured). KV capacity
-    starts from :attr:`total_memory_bytes`."""
+    starts from :attr:`total_memory_bytes`. A value out of range raises
+    :class:`HardwareError` keyed by the YAML key it is read from."""
 
     name: str
     memory_bytes: int
@@ -92,16 +108,20 @@ class GPUSpec:
         ):
             value = getattr(self, attr)
             if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"GPU {self.name!r}: {attr} must be finite and positive")
+                raise HardwareError(
+                    f"GPU {self.name!r}: {attr} must be finite and positive", _YAML_KEYS[attr]
+                )
         reported = self.reported_memory_bytes
         if reported is not None and (type(reported) is not int or reported <= 0):
-            raise ValueError(
+            raise HardwareError(
                 f"GPU {self.name!r}: reported_memory_bytes must be a whole number > 0 or None, "
-                f"got {reported!r}"
+                f"got {reported!r}",
+                "reported_memory_gib",
             )
         if self.peer_link not in PEER_LINKS:
-            raise ValueError(
-                f"GPU {self.name!r}: peer_link must be one of {PEER_LINKS}, got {self.peer_link!r}"
+            raise HardwareError(
+                f"GPU {self.name!r}: peer_link must be one of {PEER_LINKS}, got {self.peer_link!r}",
+                "peer_link",
             )
 
     @property
@@ -120,15 +140,6 @@ class GPUSpec:
         ``memory_bytes``. A ``memory_bytes`` set below the reported total after reading
         (``dataclasses.replace``, e.g. to a run's measured total) wins."""
         return min(self.memory_bytes, self.reported_memory_bytes or self.memory_bytes)
-
-
-class HardwareError(ValueError):
-    """A hardware group or YAML that describes no GPU; ``key`` is the YAML key at fault
-    (None: the group as a whole)."""
-
-    def __init__(self, message: str, key: str | None = None) -> None:
-        super().__init__(message)
-        self.key = key
 
 
 # The keys a hardware group may hold: its numbers, the link kind, the names the device
@@ -153,6 +164,15 @@ def _hardware_number(cfg: Mapping[str, Any], key: str, origin: str, name: str) -
     return value
 
 
+def _hardware_bytes(cfg: Mapping[str, Any], key: str, origin: str, name: str) -> int:
+    """``cfg[key]`` in whole bytes (:func:`_hardware_number`); a size under one byte raises
+    :class:`HardwareError` naming ``key``."""
+    size = int(_hardware_number(cfg, key, origin, name))
+    if size < 1:
+        raise HardwareError(f"{origin}: {key} is under one byte, got {cfg[key]!r}", key)
+    return size
+
+
 def _reported_memory(
     cfg: Mapping[str, Any], origin: str, name: str, memory_bytes: int
 ) -> int | None:
@@ -161,7 +181,7 @@ def _reported_memory(
     ``memory_bytes`` (the driver reports less than the nominal memory, never more)."""
     if cfg.get("reported_memory_gib") is None:
         return None
-    reported = int(_hardware_number(cfg, "reported_memory_gib", origin, name))
+    reported = _hardware_bytes(cfg, "reported_memory_gib", origin, name)
     if reported > memory_bytes:
         raise HardwareError(
             f"{origin}: reported_memory_gib ({cfg['reported_memory_gib']}) exceeds memory_gb "
@@ -181,7 +201,7 @@ def gpu_from_config(cfg: Mapping[str, Any], origin: str = "hardware") -> GPUSpec
     values: dict[str, Any] = {
         attr: _hardware_number(cfg, key, origin, name) for key, (attr, _) in HARDWARE_KEYS.items()
     }
-    values["memory_bytes"] = int(values["memory_bytes"])
+    values["memory_bytes"] = _hardware_bytes(cfg, "memory_gb", origin, name)
     reported = _reported_memory(cfg, origin, name, values["memory_bytes"])
     if cfg.get("peer_link") is None:
         raise HardwareError(f"{origin}: GPU {name!r} lacks peer_link (nvlink or pcie)", "peer_link")
@@ -201,8 +221,8 @@ def gpu_from_config(cfg: Mapping[str, Any], origin: str = "hardware") -> GPUSpec
             name, peer_link=str(cfg["peer_link"]), device_names=tuple(device_names),
             source=source, reported_memory_bytes=reported, **values,
         )  # fmt: skip
-    except ValueError as e:
-        raise HardwareError(f"{origin}: {e}", "peer_link") from None
+    except HardwareError as e:
+        raise HardwareError(f"{origin}: {e}", e.key) from None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -75,6 +75,14 @@ CASES = [
     ("bandwidth_inf", ["hardware.mem_bandwidth_gbs=inf"], "hardware.mem_bandwidth_gbs",
      "finite number > 0"),
     ("flops_negative", ["hardware.peak_tflops=-1"], "hardware.peak_tflops", "finite number > 0"),
+    ("memory_under_a_byte", ["hardware.memory_gb=1e-12"], "hardware.memory_gb",
+     "memory_gb is under one byte, got 1e-12"),
+    ("memory_under_a_byte_beside_a_reported_total", ["hardware=h200",
+     "hardware.memory_gb=1e-12"], "hardware.memory_gb", "memory_gb is under one byte"),
+    ("reported_memory_under_a_byte", ["hardware.reported_memory_gib=1e-12"],
+     "hardware.reported_memory_gib", "reported_memory_gib is under one byte, got 1e-12"),
+    ("peer_link_unknown", ["hardware.peer_link=infiniband"], "hardware.peer_link",
+     "peer_link must be one of ('nvlink', 'pcie')"),
     # Hydra passes `=no` as text ('no'), `=false` as a boolean
     ("shape_flag_as_text", [*LLAMA, "model.shape.tie_word_embeddings=no"], "model",
      "llama config: tie_word_embeddings must be true or false, got 'no'"),
@@ -185,6 +193,22 @@ def test_hardware_numbers_must_be_finite_and_positive() -> None:
     assert gpu_from_config(doc, "my.yaml") == get_gpu("h200")
     with pytest.raises(ValueError, match="mem_bandwidth must be finite and positive"):
         GPUSpec("x", 1 << 30, float("inf"), 1e12, 1e9, 1e9)
+
+
+def test_a_gpu_value_out_of_range_names_its_yaml_key() -> None:
+    """GPUSpec's own checks name the hardware YAML key a field is read from (gpu_from_config
+    passed that key on, where it had named peer_link for every one)."""
+    for args, kwargs, key in (((0, 1e12, 1e12, 1e9, 1e9), {}, "memory_gb"),
+                              ((1, 1e12, 1e12, 1e9, float("nan")), {}, "host_link_gbs"),
+                              ((1, 1e12, 1e12, 1e9, 1e9), {"reported_memory_bytes": 0},
+                               "reported_memory_gib")):  # fmt: skip
+        with pytest.raises(HardwareError) as err:
+            GPUSpec("x", *args, **kwargs)
+        assert err.value.key == key
+    doc = yaml.safe_load((REPO / "configs" / "hardware" / "h200.yaml").read_text())
+    with pytest.raises(HardwareError, match=r"my\.yaml: GPU 'h200': peer_link must be") as err:
+        gpu_from_config({**doc, "peer_link": "infiniband"}, "my.yaml")
+    assert err.value.key == "peer_link"
 
 
 def test_a_block_pool_beyond_its_bound_is_refused_before_any_allocation() -> None:
