@@ -52,6 +52,10 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.lib.args import OneLineParser
+from experiments.lib.checks import ConfigError
+from experiments.lib.cli import plain_cli
+from experiments.lib.results import write_csv
 from experiments.report.bound_text import (
     below_grid,
     fmt,
@@ -196,13 +200,38 @@ def capacity(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return cap
 
 
+# The columns of a per-run CSV that the capacities, curves and section read.
+RUN_COLUMNS = ("setting", "system", "rate", "seed", "passes", "trace_s", "num_requests",
+               "normalized_latency", "mean_e2el_ms", "unfinished_at_last_arrival")  # fmt: skip
+
+
+def _read_panel(path: Path) -> pd.DataFrame:
+    """One panel's per-run CSV; a ConfigError naming the file when it is empty, not CSV or
+    lacks a column of :data:`RUN_COLUMNS`."""
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise ConfigError(str(path), "empty: no per-run rows") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), f"not a per-run CSV ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in RUN_COLUMNS if c not in frame.columns]
+    if missing:
+        expected = "the CSV a Fig. 12 run of experiments.reproduce writes"
+        raise ConfigError(str(path), "missing column(s) " + ", ".join(missing), expected=expected)
+    return frame
+
+
 def read_runs(directory: Path) -> list[dict[str, Any]]:
     """The rows of every panel's per-run CSV (``fig12<letter>_*.csv``) in ``directory``, as
-    the search made them: ``seed`` None where empty, ``passes`` None where not measured."""
-    frames = [pd.read_csv(directory / f"{p.name}.csv") for p in PANELS
-              if (directory / f"{p.name}.csv").exists()]  # fmt: skip
+    the search made them: ``seed`` None where empty, ``passes`` None where not measured. A
+    ConfigError names the folder when it holds none, or the file that is not one."""
+    if not directory.is_dir():
+        raise ConfigError(str(directory), "no such folder")
+    frames = [_read_panel(directory / f"{p.name}.csv") for p in PANELS
+              if (directory / f"{p.name}.csv").is_file()]  # fmt: skip
     if not frames:
-        raise FileNotFoundError(f"no fig12<panel>_*.csv in {directory}")
+        names = ", ".join(f"{p.name}.csv" for p in PANELS)
+        raise ConfigError(str(directory), "holds no Fig. 12 per-run CSV", expected=names)
     rows = pd.concat(frames, ignore_index=True).to_dict("records")
     for r in rows:
         r["setting"] = str(r["setting"])
@@ -460,14 +489,13 @@ def _narrowing(cap: pd.DataFrame) -> list[str]:
             ""]  # fmt: skip
 
 
+@plain_cli
 def main(argv: Sequence[str] | None = None) -> str:
     """Print (and return) the report's Fig. 12 section rebuilt from the per-run CSVs in a
     finished run's directory, without running a simulation; ``--write-capacity`` also
     rewrites that directory's ``fig12_capacity.csv`` with :func:`capacity`'s columns,
     ``--write-figures`` its figures (:func:`draw`) and ``fig12_curves.csv``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m experiments.report.fig12_rates")
+    parser = OneLineParser(prog="python -m experiments.report.fig12_rates")
     parser.add_argument("directory", type=Path, help="a run's output (fig12<panel>_*.csv)")
     parser.add_argument("--threshold", type=float, default=1.0,
                         help="the --threshold the runs were made with (s/token)")  # fmt: skip
@@ -477,12 +505,12 @@ def main(argv: Sequence[str] | None = None) -> str:
     rows = read_runs(args.directory)
     cap = capacity(rows)
     if args.write_capacity:
-        cap.to_csv(args.directory / "fig12_capacity.csv", index=False)
+        write_csv(args.directory / "fig12_capacity.csv", cap)
     if args.write_figures:
         from experiments.report.figures import pyplot
 
         curves = panel_curves(rows)
-        curves.to_csv(args.directory / "fig12_curves.csv", index=False)
+        write_csv(args.directory / "fig12_curves.csv", curves)
         draw(cap, curves, args.directory, pyplot(headless=True), args.threshold)
     text = section(cap, pd.DataFrame(rows), args.threshold)
     print(text, end="")
