@@ -48,7 +48,7 @@ from experiments.lib.setup import (
 )
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel, CostModel, RecordedCostModel
-from sim.cost.calibrated import check_step_numbers
+from sim.cost.calibrated import check_calibration_doc, check_step_numbers
 from sim.cost.recorded import RecordedStepsExhausted
 from sim.driver import SimResult, simulate
 
@@ -257,6 +257,23 @@ def print_comparison(rows: list[dict[str, Any]]) -> None:
         print(f"{r['metric']:<20} {_num(r['engine']):>14} {_num(r['simulator']):>14} {err:>11}")
 
 
+def read_calibration(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` with its operator profile found from here
+    (:func:`~experiments.lib.setup.with_profile_found`); a file that is not an object, or a
+    calibration document with a malformed field
+    (:func:`~sim.cost.calibrated.check_calibration_doc`), is a ConfigError on
+    ``--calibration`` naming the file and the field."""
+    doc = read_json(path, "--calibration")
+    if not isinstance(doc, dict):
+        raise ConfigError("--calibration", f"{path}: not a JSON object")
+    if doc.get("kind") == "calibrated":
+        try:
+            check_calibration_doc(doc)
+        except ValueError as exc:
+            raise ConfigError("--calibration", f"{path}: malformed: {exc}") from None
+    return with_profile_found(doc, path)
+
+
 def _num(x: Any) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
@@ -281,10 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--calibration", "no such file", str(path),
                 "a calibration.json (python -m experiments.calibrate RUN_DIR), or --recorded",
             )  # fmt: skip
-        doc = read_json(path, "--calibration")
-        if not isinstance(doc, dict):
-            raise ConfigError("--calibration", f"{path}: not a JSON object")
-        calibration = with_profile_found(doc, path)
+        calibration = read_calibration(path)
     result = validate(args.run_dir, calibration, args.recorded)
     print(result["cost_model"])
     print_comparison(result["comparison"])

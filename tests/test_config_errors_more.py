@@ -300,6 +300,27 @@ def test_a_calibrated_model_prices_transfers_at_the_runs_block_size() -> None:
     assert times[8] == pytest.approx(times[16] / 2) and times[32] == pytest.approx(2 * times[16])
 
 
+@pytest.mark.parametrize(("change", "problem"), [
+    ({"profile": 5}, "profile: expected a path or null, got 5"),
+    ({"fit_stats": {"mape": "abc"}}, "fit_stats.mape: expected a number or null, got 'abc'"),
+    ({"fit_stats": {"weighting": 1}}, "fit_stats.weighting: expected a word or null, got 1"),
+    ({"dtype_bytes": 3}, "dtype_bytes: expected one of [2, 4]"),
+    ({"dtype_bytes": 1000}, "dtype_bytes: expected one of [2, 4]"),
+])  # fmt: skip
+def test_a_malformed_calibration_file_names_its_field(
+    change: dict[str, object], problem: str, tmp_path: Path
+) -> None:
+    """A profile that is not a path was a TypeError traceback, a MAPE that is not a number
+    one of formatting; a width no dtype has (1000) priced a token at seconds."""
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({**json.loads(CALIBRATION.read_text()), **change}))
+    config = {"system": {"name": "vllm_v1"}, "cost": {"kind": "calibrated", "path": str(path)}}
+    with pytest.raises(ConfigError) as err:
+        make_cost_model(config, get_model("llama-3.1-8b"), get_gpu("rtx4090"))
+    assert err.value.key == "cost.path" and str(path) in err.value.line()
+    assert f"malformed calibration file: {problem}" in err.value.line()
+
+
 def test_arrivals_within_the_clock_still_run(tmp_path: Path) -> None:
     status, out, err = run_cli(simulate, [*SIM_SMALL, "workload.rate=1e-5"], tmp_path)
     assert status == 0, err

@@ -335,9 +335,11 @@ def with_profile_found(doc: dict[str, Any], calibration_path: Path) -> dict[str,
     on another machine, e.g. the GPU's ``/tmp/kvlab-gpu/profile`` of ``gpu_all.sh``) is
     looked for by its trailing parts in the calibration file's folder and the one above it,
     nearest first (``<call>/profile`` beside ``<call>/engine/calibration.json``); no
-    higher, where an unrelated folder of the same name could be taken for it."""
+    higher, where an unrelated folder of the same name could be taken for it. A ``profile``
+    that is not a path is left for the document's check
+    (:func:`~sim.cost.calibrated.check_calibration_doc`)."""
     name = doc.get("profile")
-    if not name:
+    if not name or not isinstance(name, str):
         return doc
     path, here = Path(name), Path(calibration_path).parent
     if path.is_absolute():

@@ -36,6 +36,7 @@ import pandas as pd
 
 from core.defaults import DEFAULT_BLOCK_SIZE
 from core.metrics.phases import PHASE_COLUMNS
+from core.model_spec import DTYPE_BYTES
 from core.plan import BatchShape
 from sim.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from sim.cost.profiled import ProfiledCostModel
@@ -75,6 +76,8 @@ COUNT_COLUMNS = (
 )
 # the terms a profile replaces (their coefficients are 0 when fitted on top of a profile)
 ROOFLINE_TERMS = ("linear_flop_time", "attn_flop_time", "byte_time")
+# the fit statistics that are words (the fit's options); every other one is a number
+WORD_STATS = ("weighting", "target")
 
 
 def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
@@ -401,7 +404,9 @@ def check_step_numbers(steps: pd.DataFrame) -> None:
 
 def check_calibration_doc(d: Mapping[str, Any]) -> None:
     """A calibration document's fields have the types :meth:`CalibratedCostModel.from_dict`
-    reads; else a ValueError naming the key."""
+    reads (``dtype_bytes`` one of the widths of :data:`core.model_spec.DTYPE_BYTES`,
+    ``profile`` a path or null, ``fit_stats`` numbers but for :data:`WORD_STATS`); else a
+    ValueError naming the key."""
     if not isinstance(d.get("coefficients"), Mapping):
         raise ValueError(f"coefficients: expected a mapping of term to value, got "
                          f"{d.get('coefficients')!r}")  # fmt: skip
@@ -412,9 +417,20 @@ def check_calibration_doc(d: Mapping[str, Any]) -> None:
         value = d.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key}: expected a whole number >= 1, got {value!r}")
+    widths = sorted(set(DTYPE_BYTES.values()))
+    if d.get("dtype_bytes", 2) not in widths:
+        raise ValueError(f"dtype_bytes: expected one of {widths} (bytes per element of "
+                         f"{', '.join(DTYPE_BYTES)}), got {d['dtype_bytes']!r}")  # fmt: skip
+    if d.get("profile") is not None and not isinstance(d["profile"], str):
+        raise ValueError(f"profile: expected a path or null, got {d['profile']!r}")
     stats = d.get("fit_stats")
     if stats is not None and not isinstance(stats, Mapping):
         raise ValueError(f"fit_stats: expected a mapping, got {stats!r}")
+    for key, value in (stats or {}).items():
+        kind = str if key in WORD_STATS else int | float
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            wanted = "a word" if key in WORD_STATS else "a number"
+            raise ValueError(f"fit_stats.{key}: expected {wanted} or null, got {value!r}")
     for term, value in d["coefficients"].items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"coefficients.{term}: expected a number, got {value!r}")
