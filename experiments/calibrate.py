@@ -27,7 +27,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from experiments.lib.args import OneLineParser
-from experiments.lib.checks import DTYPE_BYTES, ConfigError
+from experiments.lib.checks import DTYPE_BYTES, ConfigError, check_values
 from experiments.lib.cli import plain_cli
 from experiments.lib.inputs import read_json, read_run_steps, reading
 from experiments.lib.results import write_json
@@ -40,7 +40,9 @@ from sim.cost.profiled import ProfiledCostModel
 
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
-    """The resolved ``config.yaml`` of a run directory, as a plain dict."""
+    """The resolved ``config.yaml`` of an engine run directory, as a plain dict; a value
+    that breaks its key's rule (:func:`experiments.lib.checks.check_values`, as ``serve``
+    checked it) is a ConfigError on that key naming the file."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ConfigError("run_dir", "not a run directory: no config.yaml", str(run_dir))
@@ -48,6 +50,10 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
         cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     if not isinstance(cfg, dict) or not {"model", "system"} <= set(cfg):
         raise ConfigError("run_dir", "config.yaml lacks the model and system groups", str(path))
+    try:
+        check_values(cfg, "serve")
+    except ConfigError as err:
+        raise ConfigError(err.key, f"{path}: {err.problem}", err.got, err.expected) from None
     return cfg  # type: ignore[return-value]
 
 

@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from core.beam_log import BeamReplayError, RecordedBeams
+from core.kv.block_pool import MAX_BLOCKS
 from core.metrics.summary import summarize_recorder
 from core.request import Request
 from core.seeding import with_drawn_prompt_ids
 from experiments.calibrate import read_run_config, run_identity
 from experiments.lib.args import OneLineParser
-from experiments.lib.checks import ConfigError
+from experiments.lib.checks import ConfigError, power_of_two
 from experiments.lib.cli import plain_cli
 from experiments.lib.inputs import first_line, read_json, read_run_steps, reading
 from experiments.lib.results import read_metrics, write_json
@@ -118,6 +119,35 @@ def simulate_served(
     )  # fmt: skip
 
 
+# engine.json's KV-cache keys and their bounds (a pool holds at most MAX_BLOCKS blocks)
+ENGINE_KV_BOUNDS = {"block_size": (1, MAX_BLOCKS), "num_blocks": (1, MAX_BLOCKS),
+                    "num_cpu_blocks": (0, MAX_BLOCKS)}  # fmt: skip
+
+
+def read_engine_kv(run_dir: Path) -> dict[str, Any]:
+    """The run's ``engine.json``: ``block_size`` a power of two and ``num_blocks`` and
+    ``num_cpu_blocks`` whole numbers within :data:`ENGINE_KV_BOUNDS`; else a ConfigError on
+    ``run_dir`` naming the file and the key."""
+    path = Path(run_dir) / "engine.json"
+    if not path.is_file():
+        raise ConfigError("run_dir", "no engine.json (KV cache size of the run)", str(run_dir))
+    kv = read_json(path, "run_dir")
+    need = tuple(ENGINE_KV_BOUNDS)
+    if not isinstance(kv, dict) or not all(k in kv for k in need):
+        raise ConfigError(
+            "run_dir", f"{path}: not an engine.json with whole numbers {', '.join(need)}"
+        )
+    for key, (low, high) in ENGINE_KV_BOUNDS.items():
+        value = kv[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError("run_dir", f"{path}: {key}: expected a whole number in "
+                              f"[{low}, {high}], got {value!r}")  # fmt: skip
+    if not power_of_two(kv["block_size"]):
+        raise ConfigError("run_dir", f"{path}: block_size: expected a power of two, "
+                          f"got {kv['block_size']}")  # fmt: skip
+    return kv
+
+
 def simulate_run(
     run_dir: Path, cost_model: CostModel, replay_beams: bool = False
 ) -> tuple[dict[str, Any], int]:
@@ -125,15 +155,7 @@ def simulate_run(
     how many beam-search requests had the simulator's own beam choices (0 when
     ``replay_beams`` took the engine's from the run's ``beams.csv``)."""
     cfg = read_run_config(run_dir)
-    engine_path = Path(run_dir) / "engine.json"
-    if not engine_path.is_file():
-        raise ConfigError("run_dir", "no engine.json (KV cache size of the run)", str(run_dir))
-    kv = read_json(engine_path, "run_dir")
-    need = ("block_size", "num_blocks", "num_cpu_blocks")
-    if not isinstance(kv, dict) or not all(isinstance(kv.get(k), int) for k in need):
-        raise ConfigError(
-            "run_dir", f"{engine_path}: not an engine.json with whole numbers {', '.join(need)}"
-        )
+    kv = read_engine_kv(run_dir)
     requests, mml = run_requests(cfg, run_dir)
     beams_path = Path(run_dir) / "beams.csv"
     recorded = None

@@ -84,6 +84,14 @@ def _calibration(**changes: object) -> Callable[[Path], None]:
     return apply
 
 
+def _engine(**changes: object) -> Callable[[Path], None]:
+    def apply(run: Path) -> None:
+        doc = json.loads((run / "engine.json").read_text())
+        (run / "engine.json").write_text(json.dumps({**doc, **changes}))
+
+    return apply
+
+
 def _edit_config(run: Path, old: str, new: str) -> None:
     text = (run / "config.yaml").read_text()
     assert old in text
@@ -127,8 +135,19 @@ CASES = [
      "whole numbers block_size"),
     ("metrics_not_an_object", _write("metrics.json", "[]"), validate, [], "run_dir",
      "not a JSON object"),
+    ("negative_cpu_blocks", _engine(num_cpu_blocks=-1), validate, [], "run_dir",
+     "engine.json: num_cpu_blocks: expected a whole number in [0, 67108864], got -1"),
+    ("blocks_past_a_pool", _engine(num_blocks=10**12), validate, [], "run_dir",
+     "engine.json: num_blocks: expected a whole number in [1, 67108864], got 1000000000000"),
+    ("no_blocks", _engine(num_blocks=0), validate, [], "run_dir",
+     "engine.json: num_blocks: expected a whole number in [1,"),
+    ("block_size_not_a_power_of_two", _engine(block_size=12), validate, [], "run_dir",
+     "engine.json: block_size: expected a power of two, got 12"),
+    ("num_requests_text", lambda run: _edit_config(run, "num_requests: 50",
+     "num_requests: abc"), validate, [], "workload.num_requests",
+     "config.yaml: not a positive count (got 'abc'"),
     ("tp_not_a_number", lambda run: _edit_config(run, "tp: 1", "tp: abc"), calibrate, [],
-     "model.tp", "not a GPU count"),
+     "model.tp", "config.yaml: not a positive GPU count"),
     ("infinite_duration", _steps(_duration("inf")), calibrate, [], "run_dir",
      "column duration_s, row 1: inf is not a finite number"),
     ("infinite_duration_replay", _steps(_duration("inf")), validate, ["--recorded"],

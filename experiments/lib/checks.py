@@ -299,7 +299,9 @@ def lookup(c: Mapping[str, Any], key: str) -> Any:
     return node
 
 
-def _apply_rules(c: Mapping[str, Any], app: str) -> None:
+def check_values(c: Mapping[str, Any], app: str) -> None:
+    """Raise :class:`ConfigError` for the first key of ``c`` that breaks its rule in
+    :data:`RULES` for ``app`` (the per-key part of :func:`check_config`)."""
     for rule in RULES:
         if app not in rule.apps:
             continue
@@ -698,7 +700,7 @@ CROSS_CHECKS: tuple[Callable[[Mapping[str, Any], str, Facts], None], ...] = (
 def check_config(c: Mapping[str, Any], app: str, facts: Facts | None = None) -> None:
     """Raise :class:`ConfigError` for the first problem of ``c`` (a resolved config of
     ``app``: ``simulate`` or ``serve``)."""
-    _apply_rules(c, app)
+    check_values(c, app)
     for check in CROSS_CHECKS:
         check(c, app, facts or Facts())
 
