@@ -182,7 +182,7 @@ def run_calibration(
     model = resolve_model(model_arg, run)
     blocks, capacity_text = num_blocks(run, model, gpu)
     fit_ids, held_ids = split_ids(run.logged, split)
-    notes = [] if device_note is None else [device_note]
+    notes = [*run.notes, *([] if device_note is None else [device_note])]
     if all(math.isnan(r.scheduled) for r in run.logged):
         notes.append("the log has no scheduled_ts: the queue wait is unknown, so the fit uses "
                      "TPOTs only (no TTFTs of requests scheduled at once)")  # fmt: skip

@@ -123,7 +123,9 @@ def test_more_bad_runs_give_one_line_errors(tmp_path: Path, capsys: pytest.Captu
     meta.setdefault("kv_cache", {})["num_gpu_blocks"] = 0
     (run / "meta.json").write_text(json.dumps(meta))
     assert main([str(run), "--hardware", "rtx4090", *out]) == 2
-    assert "kv_cache.num_gpu_blocks must be a whole number >= 1" in capsys.readouterr().err
+    assert "kv_cache.num_gpu_blocks must be a whole number in [1, 67108864]" in (
+        capsys.readouterr().err
+    )
     run = _fake_run(tmp_path / "b", n=6)
     (run / "timeseries.csv").write_text('t,running\n1,"2\n3,4,5,6\n')
     assert main([str(run), "--hardware", "rtx4090", *out]) == 2

@@ -15,8 +15,15 @@ import yaml
 from core.workload.trace_io import TraceFormatError
 from core.workload.vllm_log import SECONDS_PER_TOKEN_BOUND, read_vllm_log
 from experiments.calibrate_vllm import main
-from experiments.lib.vllm_run import RunError, check_device, read_run, resolve_gpu
-from sim.catalog import CONFIGS
+from experiments.lib.vllm_run import (
+    BLOCK_COUNT,
+    RunError,
+    check_device,
+    num_blocks,
+    read_run,
+    resolve_gpu,
+)
+from sim.catalog import CONFIGS, get_model
 
 EPOCH = 1.7e9  # the wall clock's origin is this far from the engine's monotonic one
 RTX4090 = "NVIDIA GeForce RTX 4090"
@@ -135,7 +142,8 @@ def _set(path: str, value: Any) -> Callable[[dict], None]:
         ("hardware.device_total_memory_bytes", "lots", "a whole number >= 1"),
         ("kv_cache.gpu_memory_utilization", "x", "a number in (0, 1]"),
         ("kv_cache.gpu_memory_utilization", 2.0, "a number in (0, 1]"),
-        ("kv_cache.num_gpu_blocks", "2588", "a whole number >= 1"),
+        ("kv_cache.num_gpu_blocks", "2588", BLOCK_COUNT.what),
+        ("kv_cache.num_gpu_blocks", 1e12, BLOCK_COUNT.what),
         ("kv_cache.block_size", 0, "a power of two >= 1 (16, 32, ...)"),
         ("kv_cache.block_size", 24, "a power of two >= 1 (16, 32, ...)"),
         ("resolved_config.scheduler_config.enable_chunked_prefill", "false",
@@ -199,6 +207,44 @@ def test_the_resolved_config_is_checked_like_the_rest(tmp_path: Path) -> None:
     run = _run(tmp_path, edit=edit)
     with pytest.raises(RunError, match=rf"meta.json: {key} must be a whole number >= 1, got '2'"):
         read_run(run)
+
+
+def test_a_max_model_len_the_kv_cache_cannot_hold_names_its_key(tmp_path: Path) -> None:
+    """vLLM refuses to start with a max_model_len its cache cannot hold; a meta.json saying
+    otherwise was blamed on the simulator's system.max_model_len (or, past 2**26 blocks, on
+    the simulator's BlockPool)."""
+    run = _run(tmp_path, edit=_set("engine_kwargs.max_model_len", 10**9))
+    with pytest.raises(RunError) as info:
+        read_run(run)
+    assert str(info.value) == (
+        f"{run / 'meta.json'}: engine_kwargs.max_model_len 1000000000 is more tokens than the "
+        "KV cache holds (kv_cache.num_gpu_blocks 400 blocks × 16 = 6400): vLLM does not start so"
+    )
+    unrecorded = read_run(_run(tmp_path / "e", edit=lambda meta: (
+        meta["kv_cache"].pop("num_gpu_blocks"), _set("engine_kwargs.max_model_len", 10**6)(meta)
+    )))  # fmt: skip
+    with pytest.raises(RunError, match=r"meta.json: engine_kwargs.max_model_len 1000000 is "
+                                       r"more tokens than kvlab's estimate"):  # fmt: skip
+        num_blocks(unrecorded, get_model("llama-3.1-8b"), resolve_gpu("rtx4090"))
+
+
+def test_a_tensor_parallel_size_recorded_twice_in_disagreement_is_noted(tmp_path: Path) -> None:
+    run = read_run(_run(tmp_path, edit=_set("resolved_config.parallel_config."
+                                            "tensor_parallel_size", 2)))  # fmt: skip
+    assert run.tp == 1 and len(run.notes) == 1
+    assert run.notes[0].endswith(
+        "engine_kwargs.tensor_parallel_size 1 and resolved_config.parallel_config."
+        "tensor_parallel_size 2 disagree: the run is simulated with tp=1 "
+        "(engine_kwargs.tensor_parallel_size)"
+    )
+    few = read_run(_run(tmp_path / "d", edit=lambda meta: (
+        _set("engine_kwargs.tensor_parallel_size", 2)(meta),
+        _set("hardware.device_count", 1)(meta),
+    )))  # fmt: skip
+    assert few.tp == 2 and len(few.notes) == 1
+    assert "tensor_parallel_size 2 is more than hardware.device_count 1: the run is simulated "\
+        "with tp=2" in few.notes[0]  # fmt: skip
+    assert read_run(_run(tmp_path / "ok")).notes == []
 
 
 # --- 4. --hardware against meta.json's device ----------------------------------------------

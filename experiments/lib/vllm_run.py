@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from core.kv.block_pool import MAX_BLOCKS
 from core.mapping_file import read_mapping, yaml_error_place
 from core.model_spec import DTYPE_BYTES as MODEL_DTYPE_BYTES
 from core.model_spec import ModelSpec
@@ -65,6 +67,8 @@ class VLLMRun:
     prefix_caching_dropped: bool = False
     device_name: str | None = None  # hardware.device_name of meta.json
     meta_path: Path | None = None
+    max_model_len_key: str = "engine_kwargs.max_model_len"  # meta.json's key it was read from
+    notes: list[str] = field(default_factory=list)  # what the reader chose between
 
     @property
     def sched_config(self) -> SchedulerConfig:
@@ -119,6 +123,10 @@ class _Kind:
 
 WHOLE = _Kind(lambda v: _whole(v) and v >= 1, "a whole number >= 1", int)
 WHOLE_OR_ZERO = _Kind(lambda v: _whole(v) and v >= 0, "a whole number >= 0", int)
+BLOCK_COUNT = _Kind(
+    lambda v: _whole(v) and 1 <= v <= MAX_BLOCKS,
+    f"a whole number in [1, {MAX_BLOCKS}] (2**26, the most a block pool holds)", int,
+)  # fmt: skip
 BLOCK_SIZE = _Kind(
     lambda v: _whole(v) and v >= 1 and int(v) & (int(v) - 1) == 0,
     "a power of two >= 1 (16, 32, ...)", int,
@@ -173,7 +181,9 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
     _refuse_unmodelled(meta, meta_path, dtype)
     prefix_keys = ("kv_cache.enable_prefix_caching", f"{ek}.enable_prefix_caching",
                    f"{cc}.enable_prefix_caching")  # fmt: skip
-    max_len = setting(WHOLE, f"{ek}.max_model_len", f"{rc}.model_config.max_model_len")
+    max_len_keys = (f"{ek}.max_model_len", f"{rc}.model_config.max_model_len")
+    max_len_key = _meta_entry(meta, meta_path, *max_len_keys)[0]
+    max_len = setting(WHOLE, *max_len_keys)
     # the run as kvlab's system config group; vLLM v1 keeps no watermark
     system = {
         "name": "vllm_v1",
@@ -197,7 +207,14 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
     requests = requests_from_log(logged, ids)
     wanted = system["enable_prefix_caching"]
     system["enable_prefix_caching"] = prefix_caching_for(system, requests, warn=False)
-    blocks = setting(WHOLE, "kv_cache.num_gpu_blocks", f"{cc}.num_gpu_blocks", default=None)
+    blocks_keys = ("kv_cache.num_gpu_blocks", f"{cc}.num_gpu_blocks")
+    blocks = setting(BLOCK_COUNT, *blocks_keys, default=None)
+    if blocks is not None and blocks * system["block_size"] < max_len:
+        raise RunError(
+            f"{meta_path}: {max_len_key} {max_len} is more tokens than the KV cache holds "
+            f"({_meta_entry(meta, meta_path, *blocks_keys)[0]} {blocks} blocks × "
+            f"{system['block_size']} = {blocks * system['block_size']}): vLLM does not start so"
+        )
     memory = setting(WHOLE, "hardware.device_total_memory_bytes", default=None)
     utilization = setting(FRACTION, "kv_cache.gpu_memory_utilization",
                           f"{cc}.gpu_memory_utilization", default=0.9)  # fmt: skip
@@ -205,8 +222,8 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
                     default=False)  # fmt: skip
     graphs = setting(WHOLE_OR_ZERO, f"{rc}.compilation_config.max_cudagraph_capture_size",
                      default=CUDA_GRAPH_MAX_SIZE)  # fmt: skip
-    tp = setting(WHOLE, f"{ek}.tensor_parallel_size", f"{rc}.parallel_config.tensor_parallel_size",
-                 default=1)  # fmt: skip
+    tp_keys = (f"{ek}.tensor_parallel_size", f"{rc}.parallel_config.tensor_parallel_size")
+    tp = setting(WHOLE, *tp_keys, default=1)
     device = _meta_value(meta, meta_path, "hardware.device_name", default="")
     if not isinstance(device, str):
         raise RunError(f"{meta_path}: hardware.device_name must be a string, got {device!r}")
@@ -235,7 +252,26 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
         prefix_caching_dropped=wanted and not system["enable_prefix_caching"],
         device_name=device or None,
         meta_path=meta_path,
+        max_model_len_key=max_len_key or max_len_keys[0],
+        notes=_tp_notes(meta, meta_path, tp_keys, tp),
     )
+
+
+def _tp_notes(meta: dict[str, Any], meta_path: Path, keys: tuple[str, str], tp: int) -> list[str]:
+    """One line when meta.json's other record of the tensor-parallel size (``keys[1]``,
+    or ``hardware.device_count`` when fewer devices than ``tp``) disagrees with the ``tp``
+    read, saying which is used."""
+    used = _meta_entry(meta, meta_path, *keys, default=None)[0]
+    if used == keys[0]:
+        other = _meta_entry(meta, meta_path, keys[1], default=None)[1]
+        if other is not None and other != tp:
+            return [f"{meta_path}: {keys[0]} {tp} and {keys[1]} {other!r} disagree: "
+                    f"the run is simulated with tp={tp} ({keys[0]})"]  # fmt: skip
+    devices = _meta_entry(meta, meta_path, "hardware.device_count", default=None)[1]
+    if _whole(devices) and devices < tp:
+        return [f"{meta_path}: {used} {tp} is more than hardware.device_count {devices!r}: "
+                f"the run is simulated with tp={tp} ({used})"]  # fmt: skip
+    return []
 
 
 def _dtype(meta: dict[str, Any], meta_path: Path) -> str:
@@ -343,8 +379,10 @@ def check_device(
 
 
 def num_blocks(run: VLLMRun, model: ModelSpec, gpu: GPUSpec) -> tuple[int, str]:
-    """vLLM's block count when meta.json records it, else kvlab's estimate (vllm_v1
-    accounting on the device memory meta.json records); the capacity description."""
+    """vLLM's block count when meta.json records it (:func:`read_run` checked that it holds
+    one ``max_model_len`` sequence), else kvlab's estimate (vllm_v1 accounting on the device
+    memory meta.json records); the capacity description. An estimate that holds no
+    ``max_model_len`` sequence is a RunError naming meta.json's key."""
     if run.device_memory_bytes is not None:  # the run's own device total, as vLLM read it
         total = int(run.device_memory_bytes)
         gpu = replace(
@@ -354,14 +392,22 @@ def num_blocks(run: VLLMRun, model: ModelSpec, gpu: GPUSpec) -> tuple[int, str]:
                 "reported_memory_gib": "hardware.device_total_memory_bytes of the run's meta.json",
             },
         )  # fmt: skip
-    estimate = kv_capacity(
-        model, gpu, run.tp, run.dtype_bytes,
+    capacity = partial(
+        kv_capacity, model, gpu, run.tp, run.dtype_bytes,
         max_num_batched_tokens=run.sched_config.max_num_batched_tokens,
         max_num_seqs=run.sched_config.max_num_seqs,
-        max_model_len=run.sched_config.max_model_len,
         gpu_memory_utilization=run.gpu_memory_utilization,
         block_size=run.block_size, cuda_graph_max_size=run.cuda_graph_max_size,
     )  # fmt: skip
+    try:
+        estimate = capacity(max_model_len=run.max_model_len if run.num_gpu_blocks is None else 1)
+    except ValueError:
+        held = capacity(max_model_len=1).num_slots  # kv_capacity's own error if not the length
+        raise RunError(
+            f"{run.meta_path}: {run.max_model_len_key} {run.max_model_len} is more tokens than "
+            f"kvlab's estimate of the run's KV cache holds ({held}; meta.json records no "
+            "kv_cache.num_gpu_blocks)"
+        ) from None
     text = estimate.describe()
     if run.num_gpu_blocks is None:
         return estimate.num_blocks(run.block_size), text
