@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,12 +150,24 @@ def test_measured_stack_needs_its_file_and_bad_files_get_one_line(tmp_path: Path
     with pytest.raises(ValueError, match=r"bad\.json: not a stack file"):
         load_stack_file(bad)
     bad.write_text(json.dumps({"kind": "stack", "cpu": {"per_step_s": 1}}))
-    with pytest.raises(ValueError, match=r"bad\.json: bad or missing field"):
+    with pytest.raises(ValueError, match=r"bad\.json: cpu\.per_seq_s: missing"):
         load_stack_file(bad)
     good = json.loads(SHIPPED.read_text())
     for change, message in (
-        ({"cpu": {**good["cpu"], "per_step_s": "NaN"}}, r"cpu\.per_step_s must be a finite"),
-        ({"cpu": {**good["cpu"], "per_seq_s": "inf"}}, r"cpu\.per_seq_s must be a finite"),
+        ({"cpu": {**good["cpu"], "per_step_s": math.nan}}, r"cpu\.per_step_s must be a finite"),
+        ({"cpu": {**good["cpu"], "per_seq_s": math.inf}}, r"cpu\.per_seq_s must be a finite"),
+        (
+            {"cpu": {**good["cpu"], "per_step_s": "abc"}},
+            r"bad\.json: cpu\.per_step_s: not a number \(got 'abc'\)$",
+        ),
+        ({"cpu": 5}, r"bad\.json: cpu: not a mapping of the fit's numbers \(got 5\)$"),
+        (
+            {"cpu": {**good["cpu"], "heldout_mape": "0.07"}},
+            r"cpu\.heldout_mape: not a number \(got '0\.07'\)$",
+        ),
+        ({"cpu": {**good["cpu"], "train_max_err": None}}, r"cpu\.train_max_err: not a number"),
+        ({"fit": {**good["fit"], "phases": "schedule_s"}}, r"fit\.phases: not a list of names"),
+        ({"fit": None}, r"fit: not a mapping"),
         ({"cpu": {**good["cpu"], "per_seq_s": -1e-6}}, r"cpu\.per_seq_s must be a finite"),
         ({"overlapped": "false"}, r"overlapped must be true or false \(got 'false'\)"),
         ({"base": "vllm-2099"}, r"unknown base 'vllm-2099'; known bases: none, vllm-2023"),

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,9 @@ SPLITS = ("half", "runs")
 KVLAB_SWAP_CALLS = 3
 FILE_KIND = "stack"
 MEASURED = "measured"
+# the fit's numbers under ``cpu``; the held-out ones are null when no point was held out
+HELDOUT_NUMBERS = ("heldout_mape", "heldout_max_err")
+CPU_NUMBERS = ("per_step_s", "per_seq_s", "train_mape", "train_max_err", *HELDOUT_NUMBERS)
 
 
 class UnsupportedFit(ValueError):
@@ -158,8 +161,37 @@ def fit_source(doc: dict[str, Any]) -> str:
     )
 
 
+def fit_problem(doc: Mapping[str, Any]) -> str | None:
+    """What is wrong with a stack document's ``cpu`` and ``fit``, naming the field (e.g.
+    ``cpu.per_step_s: not a number (got 'abc')``); None when every field
+    :func:`load_stack_file` reads is there with its type: :data:`CPU_NUMBERS` numbers (the
+    held-out ones may be null), ``fit.runs`` and ``fit.phases`` lists of names,
+    ``fit.split`` a name."""
+    cpu, fit = doc.get("cpu"), doc.get("fit")
+    if not isinstance(cpu, Mapping):
+        return f"cpu: not a mapping of the fit's numbers (got {cpu!r})"
+    for key in CPU_NUMBERS:
+        value = cpu.get(key)
+        if key not in cpu:
+            return f"cpu.{key}: missing"
+        if value is None and key in HELDOUT_NUMBERS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"cpu.{key}: not a number (got {value!r})"
+    if not isinstance(fit, Mapping):
+        return f"fit: not a mapping of what the fit was made on (got {fit!r})"
+    for key in ("runs", "phases"):
+        names = fit.get(key)
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return f"fit.{key}: not a list of names (got {names!r})"
+    if not isinstance(fit.get("split"), str):
+        return f"fit.split: not a name (got {fit.get('split')!r})"
+    return None
+
+
 def load_stack_file(path: Path) -> Stack:
-    """The measured stack in ``path``; a bad file raises ``ValueError`` naming it."""
+    """The measured stack in ``path``; a bad file raises ``ValueError`` naming it and, for
+    a bad field, the field (:func:`fit_problem`)."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -178,18 +210,18 @@ def load_stack_file(path: Path) -> Stack:
     overlapped = doc.get("overlapped", False)
     if not isinstance(overlapped, bool):
         raise ValueError(f"{path}: overlapped must be true or false (got {overlapped!r})")
-    try:
-        cpu = doc["cpu"]
-        fit = CPUOverheadFit(
-            float(cpu["per_step_s"]),
-            float(cpu["per_seq_s"]),
-            float(cpu["train_mape"]),
-            float(cpu["heldout_mape"] if cpu["heldout_mape"] is not None else "nan"),
-            float(cpu["heldout_max_err"] if cpu["heldout_max_err"] is not None else "nan"),
-            fit_source(doc),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: bad or missing field {exc}") from None
+    problem = fit_problem(doc)
+    if problem is not None:
+        raise ValueError(f"{path}: {problem}")
+    cpu = doc["cpu"]
+    fit = CPUOverheadFit(
+        float(cpu["per_step_s"]),
+        float(cpu["per_seq_s"]),
+        float(cpu["train_mape"]),
+        float("nan" if cpu["heldout_mape"] is None else cpu["heldout_mape"]),
+        float("nan" if cpu["heldout_max_err"] is None else cpu["heldout_max_err"]),
+        fit_source(doc),
+    )
     for key, value in (("per_step_s", fit.per_step_s), ("per_seq_s", fit.per_seq_s)):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{path}: cpu.{key} must be a finite time >= 0 (got {value})")
