@@ -162,11 +162,13 @@ def test_the_engine_counts_the_preemptions_its_full_cpu_pool_recomputed(
     tmp_path: Path,
 ) -> None:
     """Two-sample groups always swap (vLLM v0's rule); a pool of 3 blocks (16 KiB each,
-    tiny-opt in fp32) cannot take them, so they recompute, and the run's metrics count it."""
-    pool = ["workload.n=2", "num_gpu_blocks=24", "kv_cache_gb=null", "swap_space_gb=0.00005"]
+    tiny-opt in fp32) takes only a group of at most 3 blocks, so most recompute, and the
+    run's metrics count those alone. Every request arrives during the first step (1e9 req/s),
+    so the schedule, and with it which groups fit the pool, does not hang on step times."""
+    pool = ["workload.n=2", "num_gpu_blocks=24", "kv_cache_gb=null", "swap_space_gb=0.00005",
+            "workload.rate=1e9"]  # fmt: skip
     metrics = json.loads((_serve(tmp_path, pool) / "metrics.json").read_text())
-    assert metrics["num_preemptions"] > 0
-    assert metrics["num_swap_fallbacks"] == metrics["num_preemptions"]
+    assert 0 < metrics["num_swap_fallbacks"] < metrics["num_preemptions"]
 
 
 def test_a_beams_csv_that_does_not_fit_the_run_is_one_line(tmp_path: Path) -> None:
