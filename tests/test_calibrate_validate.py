@@ -345,3 +345,23 @@ def test_a_calibration_from_another_machine_finds_its_profile_beside_it(tmp_path
     assert with_profile_found(gone, cal) == gone  # not found anywhere: left for the error
     (tmp_path / "other").mkdir()  # two levels above the call's folder: unrelated, not taken
     assert with_profile_found(gone, cal) == gone
+
+
+def test_a_calibration_whose_steps_overflow_is_one_line(
+    online_run: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A constant that passes the document's checks but overflows the clock (1e308 s a
+    step) ends validate with one line, not a traceback (sim.driver.StepPriceError)."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    assert calibrate.main([str(online_run)]) == 0
+    doc = json.loads((online_run / "calibration.json").read_text())
+    doc["coefficients"]["constant"] = 1e308
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps(doc))
+    args = [str(online_run), "--calibration", str(huge), "--out", str(tmp_path / "v.json")]
+    with pytest.raises(SystemExit) as exit_:
+        validate.main(args)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "out of range" in err and err.count("\n") == 1
+    assert not (tmp_path / "v.json").exists()

@@ -46,6 +46,7 @@ from experiments.lib.signals import (
 )
 from experiments.lib.table import result_table
 from sim.cost.profile import ProfileError
+from sim.driver import StepPriceError
 
 
 def run_model_label(name: Any, hf_config: Any = None) -> str:
@@ -105,8 +106,9 @@ def report_config_error(err: ConfigError) -> None:
     sys.exit(CONFIG_ERROR_STATUS)
 
 
-# Errors of reading an input file whose message names the file and row: one line too.
-INPUT_ERRORS = (ProfileError, TraceFormatError)
+# Errors of reading an input file whose message names the file and row, and a step the
+# cost model priced out of range: one line too.
+INPUT_ERRORS = (ProfileError, TraceFormatError, StepPriceError)
 
 
 def plain_cli(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
