@@ -362,12 +362,13 @@ def _model_files() -> dict[str, ModelSpec]:
 
 def model_from_config(cfg: Mapping[str, Any], origin: str = "model") -> ModelSpec:
     """A model from a run's ``model`` group: ``hf_config`` (path to a ``config.json`` or its
-    directory), else ``shape`` (HF config keys inline), else ``name`` looked up in the
-    catalog. With ``shape``, the group's ``name`` (default: ``origin``'s stem) and ``hf_id``
-    label the model. With ``hf_config`` they do too, unless ``name`` is a catalog model of
-    another shape: the group then is another model's (``model.hf_config=...`` on the
-    default group) and the config labels itself (its ``_name_or_path``, else its folder's
-    name; :meth:`ModelSpec.from_json`). Errors name ``origin`` and the key."""
+        directory), else ``shape`` (HF config keys inline), else ``name`` looked up in the
+        catalog. With ``shape``, the group's ``name`` (default: ``origin``'s stem) and ``hf_id``
+        label the model. With ``hf_config`` they do too, unless ``name`` is a catalog model of
+        another shape: the group then is another model's (``model.hf_config=...`` on the
+        default group) and the config labels itself (its ``_name_or_path``, else its folder's
+        name; :meth:`ModelSpec.from_json`). Errors name the key, and ``origin`` where it is a
+    file (:func:`model_key` names the group's key at fault)."""
     name = cfg.get("name")
     hf_id = cfg.get("hf_id")
     if cfg.get("hf_config"):
@@ -380,12 +381,22 @@ def model_from_config(cfg: Mapping[str, Any], origin: str = "model") -> ModelSpe
         try:
             spec = ModelSpec.from_hf_config(shape, name=name or Path(origin).stem)
         except ValueError as e:
+            if origin == "model":
+                raise  # the run's own group: the caller names model.shape
             raise ValueError(f"{origin}: {e}") from None
     elif name:
         return get_model(str(name))
     else:
         raise ValueError(f"{origin}: give model.name, model.shape or model.hf_config")
     return replace(spec, hf_id=str(hf_id)) if hf_id else spec
+
+
+def model_key(cfg: Mapping[str, Any]) -> str:
+    """The key of a run's ``model`` group that :func:`model_from_config` reads the model
+    from, for an error's key: ``model.hf_config``, ``model.shape`` or ``model``."""
+    if cfg.get("hf_config"):
+        return "model.hf_config"
+    return "model.shape" if cfg.get("shape") else "model"
 
 
 def _may_label(name: str, spec: ModelSpec) -> bool:

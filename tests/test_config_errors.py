@@ -217,7 +217,7 @@ CASES = [
                                           "workload.rate=3"], "workload.rate", "no such key"),
     ("malformed_override", simulate, ["workload.rate=[1,"], "overrides", "no viable"),
     ("serve_has_no_cost_group", serve, ["cost=roofline"], "cost", "no such key"),
-    ("hf_config_number_as_text", simulate, ["model.hf_config={text_shape}"], "model",
+    ("hf_config_number_as_text", simulate, ["model.hf_config={text_shape}"], "model.hf_config",
      "config.json: llama config: hidden_size must be a whole number >= 1, got 'big'"),
     ("blocks_beyond_the_gpu", simulate, ["num_gpu_blocks=100000000"], "num_gpu_blocks",
      "exceed a100-40gb's"),

@@ -363,7 +363,7 @@ def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     """The model and hardware resolve (a catalog name, or numbers of their own) and the
     system name exists."""
     from core.systems import SYSTEMS
-    from sim.catalog import model_from_config
+    from sim.catalog import model_from_config, model_key
 
     model = c.get("model") or {}
     try:
@@ -372,10 +372,10 @@ def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         valid = "one of " + ", ".join(options("model")) + ", or an HF id in the catalog"
         raise ConfigError("model", "unknown model", model.get("name"), valid) from None
     except (ValueError, OSError) as exc:
-        raise ConfigError("model", str(exc)) from None
+        raise ConfigError(model_key(model), str(exc)) from None
     except TypeError as exc:  # e.g. a number of the shape given as text
         raise ConfigError(
-            "model", f"a value of the model's shape has the wrong type ({exc})"
+            model_key(model), f"a value of the model's shape has the wrong type ({exc})"
         ) from None
     hardware = c.get("hardware") or {}
     if app == "simulate" or hardware.get("name") is not None:

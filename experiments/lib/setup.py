@@ -39,7 +39,7 @@ from experiments.lib.checks import (
     run_gpu,
 )
 from sim.capacity import KVCapacity, kv_capacity
-from sim.catalog import GPUSpec, ModelSpec, model_from_config
+from sim.catalog import GPUSpec, ModelSpec, model_from_config, model_key
 from sim.cost import CostModel, Efficiency, build_cost_model
 from sim.cost.calibrated import check_calibration_doc
 from sim.cost.overhead import Stack
@@ -423,7 +423,8 @@ def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
     try:
         model = model_from_config(c["model"])
     except (KeyError, ValueError) as exc:
-        raise ConfigError("model", str(exc.args[0] if exc.args else exc)) from None
+        key = model_key(c["model"])
+        raise ConfigError(key, str(exc.args[0] if exc.args else exc)) from None
     gpu = run_gpu(c["hardware"])
     tp = int(c["model"].get("tp", 1))
     system = c["system"]
