@@ -166,6 +166,10 @@ def test_measured_stack_needs_its_file_and_bad_files_get_one_line(tmp_path: Path
             r"cpu\.heldout_mape: not a number \(got '0\.07'\)$",
         ),
         ({"cpu": {**good["cpu"], "train_max_err": None}}, r"cpu\.train_max_err: not a number"),
+        (
+            {"cpu": {**good["cpu"], "heldout_mape": 0.07, "heldout_max_err": None}},
+            r"cpu\.heldout_max_err: null while cpu\.heldout_mape is 0\.07 \(both or neither\)$",
+        ),
         ({"fit": {**good["fit"], "phases": "schedule_s"}}, r"fit\.phases: not a list of names"),
         ({"fit": None}, r"fit: not a mapping"),
         ({"cpu": {**good["cpu"], "per_seq_s": -1e-6}}, r"cpu\.per_seq_s must be a finite"),

@@ -165,7 +165,7 @@ def fit_problem(doc: Mapping[str, Any]) -> str | None:
     """What is wrong with a stack document's ``cpu`` and ``fit``, naming the field (e.g.
     ``cpu.per_step_s: not a number (got 'abc')``); None when every field
     :func:`load_stack_file` reads is there with its type: :data:`CPU_NUMBERS` numbers (the
-    held-out ones may be null), ``fit.runs`` and ``fit.phases`` lists of names,
+    held-out ones may be null together), ``fit.runs`` and ``fit.phases`` lists of names,
     ``fit.split`` a name."""
     cpu, fit = doc.get("cpu"), doc.get("fit")
     if not isinstance(cpu, Mapping):
@@ -178,6 +178,10 @@ def fit_problem(doc: Mapping[str, Any]) -> str | None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"cpu.{key}: not a number (got {value!r})"
+    nulls = [key for key in HELDOUT_NUMBERS if cpu[key] is None]
+    if nulls and len(nulls) < len(HELDOUT_NUMBERS):
+        given = next(key for key in HELDOUT_NUMBERS if cpu[key] is not None)
+        return f"cpu.{nulls[0]}: null while cpu.{given} is {cpu[given]!r} (both or neither)"
     if not isinstance(fit, Mapping):
         return f"fit: not a mapping of what the fit was made on (got {fit!r})"
     for key in ("runs", "phases"):
