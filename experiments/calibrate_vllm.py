@@ -67,6 +67,7 @@ from experiments.lib.vllm_run import (
     run_simulation,
 )
 from sim.cost import RooflineCostModel
+from sim.driver import StepPriceError
 
 METRICS = (
     "mean_ttft_ms",
@@ -334,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
             args.run_dir, args.hardware, args.model, args.workload, args.split, args.out,
             allow_device_mismatch=args.allow_device_mismatch,
         )  # fmt: skip
-    except (RunError, TraceFormatError, ValueError, KeyError, FileNotFoundError) as e:
+    except (
+        RunError, TraceFormatError, StepPriceError, ValueError, KeyError, FileNotFoundError
+    ) as e:  # fmt: skip
         message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"calibrate_vllm: error: {message}", file=sys.stderr)
         return 2

@@ -139,6 +139,26 @@ def test_more_bad_runs_give_one_line_errors(tmp_path: Path, capsys: pytest.Captu
     assert "gpu.yaml, line 2, column 5: not YAML" in err and "\n" not in err
 
 
+def test_a_gpu_whose_steps_overflow_the_clock_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Datasheet numbers that pass their checks (finite, > 0) but price a step at inf end
+    the run with one line (sim.driver.StepPriceError), not a traceback."""
+    import yaml
+
+    from sim.catalog import CONFIGS
+
+    run = _fake_run(tmp_path, n=6)
+    hw = yaml.safe_load((CONFIGS / "hardware" / "rtx4090.yaml").read_text())
+    slow = {**hw, "name": "slow", "peak_tflops": 1e-307, "mem_bandwidth_gbs": 1e-307}
+    (tmp_path / "slow.yaml").write_text(yaml.safe_dump(slow))
+    args = [str(run), "--hardware", str(tmp_path / "slow.yaml"), "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("calibrate_vllm: error: ") and "out of range" in err
+    assert err.count("\n") == 1
+
+
 def test_gpu_and_model_given_by_yaml_and_config_json(tmp_path: Path) -> None:
     import yaml
 
