@@ -281,3 +281,11 @@ def test_a_folder_without_good_per_run_csvs_is_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and problem in err
     assert str(path if content is not None else tmp_path) in err
+
+
+@pytest.mark.parametrize("threshold", ["nan", "0", "-1"])
+def test_a_threshold_no_run_could_use_is_one_line(tmp_path: Path, capsys, threshold) -> None:
+    with pytest.raises(SystemExit) as ended:
+        fig12_rates.main([str(tmp_path), "--threshold", threshold])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.startswith("error: --threshold: not a number > 0 (got ")

@@ -502,6 +502,8 @@ def main(argv: Sequence[str] | None = None) -> str:
     parser.add_argument("--write-capacity", action="store_true")
     parser.add_argument("--write-figures", action="store_true")
     args = parser.parse_args(argv)
+    if not (math.isfinite(args.threshold) and args.threshold > 0):
+        raise ConfigError("--threshold", "not a number > 0", args.threshold)
     rows = read_runs(args.directory)
     cap = capacity(rows)
     if args.write_capacity:
