@@ -242,9 +242,14 @@ def test_a_tensor_parallel_size_recorded_twice_in_disagreement_is_noted(tmp_path
         _set("hardware.device_count", 1)(meta),
     )))  # fmt: skip
     assert few.tp == 2 and len(few.notes) == 1
-    assert "tensor_parallel_size 2 is more than hardware.device_count 1: the run is simulated "\
-        "with tp=2" in few.notes[0]  # fmt: skip
+    assert few.notes[0].endswith(
+        "tensor-parallel size 2 is more than hardware.device_count 1: the run is simulated "
+        "with tp=2 (engine_kwargs.tensor_parallel_size)"
+    )
     assert read_run(_run(tmp_path / "ok")).notes == []
+    with pytest.raises(RunError, match=r"hardware\.device_count must be a whole number >= 1, "
+                                       r"got 0$"):  # fmt: skip
+        read_run(_run(tmp_path / "z", edit=_set("hardware.device_count", 0)))
 
 
 # --- 4. --hardware against meta.json's device ----------------------------------------------

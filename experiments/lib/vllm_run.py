@@ -268,9 +268,14 @@ def _tp_notes(meta: dict[str, Any], meta_path: Path, keys: tuple[str, str], tp: 
             return [f"{meta_path}: {keys[0]} {tp} and {keys[1]} {other!r} disagree: "
                     f"the run is simulated with tp={tp} ({keys[0]})"]  # fmt: skip
     devices = _meta_entry(meta, meta_path, "hardware.device_count", default=None)[1]
-    if _whole(devices) and devices < tp:
-        return [f"{meta_path}: {used} {tp} is more than hardware.device_count {devices!r}: "
-                f"the run is simulated with tp={tp} ({used})"]  # fmt: skip
+    if devices is not None and not (_whole(devices) and devices >= 1):
+        raise RunError(
+            f"{meta_path}: hardware.device_count must be a whole number >= 1, got {devices!r}"
+        )
+    if devices is not None and devices < tp:
+        where = used or "the default, no tensor_parallel_size being recorded"
+        return [f"{meta_path}: tensor-parallel size {tp} is more than hardware.device_count "
+                f"{devices!r}: the run is simulated with tp={tp} ({where})"]  # fmt: skip
     return []
 
 
