@@ -119,7 +119,8 @@ def simulate_served(
     )  # fmt: skip
 
 
-# engine.json's KV-cache keys and their bounds (a pool holds at most MAX_BLOCKS blocks)
+# engine.json's KV-cache keys and their bounds: a pool holds at most MAX_BLOCKS blocks; the
+# block size has no such limit, MAX_BLOCKS only bounds it (it must be a power of two too)
 ENGINE_KV_BOUNDS = {"block_size": (1, MAX_BLOCKS), "num_blocks": (1, MAX_BLOCKS),
                     "num_cpu_blocks": (0, MAX_BLOCKS)}  # fmt: skip
 

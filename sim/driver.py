@@ -40,7 +40,8 @@ from sim.cost.base import CostModel
 
 
 class SimulationError(RuntimeError):
-    """The simulation cannot proceed (a scheduler stalled with work left)."""
+    """The simulation cannot proceed: a scheduler stalled with work left, requests were
+    lost, or a step was priced out of range (:class:`StepPriceError`)."""
 
 
 class StepPriceError(SimulationError):
@@ -132,7 +133,8 @@ def simulate(
     rejected at intake, as the engine rejects it. ``recorded_beams`` (one replica): an
     engine run's beam choices (:mod:`core.beam_log`) instead of the stand-in's draws.
     Python's cyclic garbage collector is paused while the simulation runs (restored
-    afterwards).
+    afterwards). A step priced at NaN, inf or below zero, or a clock that overflows, raises
+    :class:`StepPriceError`.
     """
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
