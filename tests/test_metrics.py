@@ -215,3 +215,24 @@ def test_several_replicas_tag_their_steps() -> None:
     assert (
         summarize(pd.DataFrame(columns=list(REQUEST_COLUMNS)), three.iloc[:0])["busy_time_s"] == 0.0
     )
+
+
+def test_throughput_duration_starts_at_the_first_arrival_even_if_it_was_rejected() -> None:
+    """Throughput duration runs from the first arrival of any request (the server was
+    loaded from then) to the last finish: here the rejected request arrives first, at 0 s,
+    the finished ones at 0.2 s and 0.4 s, the last finishes at 2 s."""
+    requests = _requests().iloc[1:].copy()  # requests 1, 2 finished, 3 rejected
+    requests.loc[requests["request_id"] == 3, "arrival_s"] = 0.0
+    m = summarize(requests, _steps())
+    assert (m["completed"], m["rejected"]) == (2, 1)
+    assert m["duration_s"] == pytest.approx(2.0)
+    assert m["request_throughput"] == pytest.approx(2 / 2.0)
+    assert m["output_throughput"] == pytest.approx((2 * 1 + 11) / 2.0)
+
+
+def test_a_latency_exactly_at_its_slo_limit_meets_it() -> None:
+    """An SLO is met at ``latency <= limit``: request 0 has TTFT exactly 100 ms and E2E
+    latency exactly 500 ms, so limits of 100 and 500 ms count it (the others miss TTFT)."""
+    m = summarize(_requests(), _steps(), slo_ms={"ttft": 100.0, "e2el": 500.0})
+    assert m["goodput"] == pytest.approx(1 / 2.0)  # one request over the 2 s duration
+    assert m["slo_attainment"] == pytest.approx(1 / 4)
