@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.model_spec import ModelSpec
 from core.plan import BatchShape
 from sim.catalog import get_model
 from sim.cost import CalibratedCostModel, Efficiency, RooflineCostModel
@@ -134,3 +135,59 @@ def test_the_profiled_lm_head_is_priced_from_the_same_count() -> None:
     narrow = ProfiledCostModel(profile, opt350, "a100-40gb")._lm_fn(rows)
     wide = ProfiledCostModel(profile, unprojected, "a100-40gb")._lm_fn(rows)
     assert np.all(wide > 1.5 * narrow)
+
+
+def _tiny_spec() -> ModelSpec:
+    """A Llama-shaped model small enough to count by hand: 2 layers, hidden 8, 2 heads and
+    2 KV heads of width 4, gated MLP 16 wide, vocabulary 32."""
+    return ModelSpec(
+        name="hand-count", family="llama", num_layers=2, hidden_size=8, num_heads=2,
+        num_kv_heads=2, head_dim=4, ffn_hidden_size=16, vocab_size=32, max_model_len=64,
+        gated_mlp=True, tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+# A 5-token prefill chunk after 3 cached tokens (pairs 5 * 3 + 5 * 6 / 2 = 30) and two
+# decode sequences over 10 context tokens in all.
+HAND_SHAPE = BatchShape(
+    prefill_tokens=5, prefill_seqs=1, prefill_attn_pairs=30, prefill_kv_read_tokens=3,
+    decode_seqs=2, decode_ctx_tokens=10,
+)  # fmt: skip
+
+
+def test_work_of_a_tiny_model_matches_a_hand_count() -> None:
+    """The module doc's count, by hand, for :func:`_tiny_spec` and ``HAND_SHAPE`` (7 new
+    tokens, 3 sampled rows, fp16):
+
+    - layer matmul weights: q, k, v, o 8 x 8 each (256) + gated MLP 3 x 8 x 16 (384) =
+      640, 2 layers 1280; LM head 8 x 32 = 256;
+    - linear FLOPs 2 x 1280 x 7 + 2 x 256 x 3 = 19456;
+    - linear bytes: weights (1280 + 256) x 2 = 3072; per token and layer 4h (32) + 4q (32)
+      + 2 x 3 x ffn (96) + 2kv (16) = 176 elements, x 2 layers x 2 B x 7 tokens = 4928; per
+      row 8 + 32 elements x 2 B x 3 rows = 240; 8240 in all;
+    - attention FLOPs 4 x head_dim 4 x heads 2 x layers 2 x (30 + 10) pairs = 2560;
+    - attention bytes: K and V of 2 layers x 2 heads x 4 x 2 B = 64 per token, read for
+      10 + 3 tokens and written for the 7 new ones: 20 x 64 = 1280.
+    """
+    k = WorkCoefficients.of(_tiny_spec())
+    assert count_work(k, *shape_counts(HAND_SHAPE)) == (19456, 8240, 2560, 1280)
+    w = RooflineCostModel(_tiny_spec(), "a100-40gb").work(HAND_SHAPE)
+    assert (w["linear_flops"], w["linear_bytes"], w["attn_flops"], w["attn_bytes"]) == (
+        19456,
+        8240,
+        2560,
+        1280,
+    )
+
+
+def test_attention_flops_are_split_over_tensor_parallel_gpus() -> None:
+    """Tensor parallelism splits the heads: at tp=2 each GPU computes 1 of the 2 heads, so
+    half the attention FLOPs (4 x 4 x 1 x 2 layers x 40 pairs = 1280) and half the K/V
+    bytes (32 a token, 20 tokens); the decoder matmuls and LM head also halve here (no
+    replicated KV head): 2 x 640 x 7 + 2 x 128 x 3 = 9728."""
+    k1 = WorkCoefficients.of(_tiny_spec(), tp=1)
+    k2 = WorkCoefficients.of(_tiny_spec(), tp=2)
+    lf1, _, af1, ab1 = count_work(k1, *shape_counts(HAND_SHAPE))
+    lf2, _, af2, ab2 = count_work(k2, *shape_counts(HAND_SHAPE))
+    assert (lf2, af2, ab2) == (9728, 1280, 640)
+    assert (lf2, af2, ab2) == (lf1 / 2, af1 / 2, ab1 / 2)
