@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.plan import BatchShape
+from sim.catalog import get_gpu, get_model
 from sim.cost import CalibratedCostModel, ProfiledCostModel, RooflineCostModel, build_cost_model
 from sim.cost.calibrated import ROOFLINE_TERMS, WEIGHTINGS
 from sim.cost.overhead import FIG18A_GATHER_TOKENS_PER_BLOCK
@@ -486,3 +487,56 @@ def test_a_transferred_prefill_attention_curve_never_dips() -> None:
         for n in range(1, 300)
     ]  # fmt: skip
     assert all(b >= a for a, b in itertools.pairwise(times))
+
+
+def test_two_equal_prompts_pay_twice_one_prompts_prefill_attention(tmp_path: Path) -> None:
+    """Prefill attention is per sequence: two 512-token prompts cost twice one, which the
+    synthetic rows price at 40 layers x (1e-6 x 512**2 + 0.01) ms."""
+    m = ProfiledCostModel(write_profile(tmp_path / "p", synthetic_rows()), "opt-13b",
+                          "a100-40gb")  # fmt: skip
+    n, pairs = 512, 512 * 513 // 2
+    one = BatchShape(prefill_tokens=n, prefill_seqs=1, prefill_attn_pairs=pairs)
+    two = BatchShape(prefill_tokens=2 * n, prefill_seqs=2, prefill_attn_pairs=2 * pairs)
+    per_prompt_ms = 40 * (1e-6 * n * n + 0.01)
+    assert m._attention_s(one) * 1e3 == pytest.approx(per_prompt_ms, rel=1e-9)
+    assert m._attention_s(two) * 1e3 == pytest.approx(2 * per_prompt_ms, rel=1e-9)
+
+
+def test_decode_attention_moved_to_a_slower_gpu_grows_by_the_bandwidth_ratio() -> None:
+    """Decode attention streams K/V: the shipped H200 profile of OPT-13B moved to an
+    A100-40GB (same model and tp, so the same K/V bytes) takes 4.8 TB/s / 1.555 TB/s (the
+    datasheets' HBM bandwidths) times as long at every batch."""
+    assert get_gpu("h200").mem_bandwidth == 4.8e12
+    assert get_gpu("a100-40gb").mem_bandwidth == 1.555e12
+    measured = ProfiledCostModel(str(H200_PROFILE), "opt-13b", "h200")
+    moved = ProfiledCostModel(str(H200_PROFILE), "opt-13b", "a100-40gb")
+    assert measured.same and not moved.same
+    for seqs, per_seq in ((1, 100), (8, 1000), (64, 300)):
+        shape = BatchShape(decode_seqs=seqs, decode_ctx_tokens=seqs * per_seq)
+        ratio = moved.decode_attention_seconds(shape) / measured.decode_attention_seconds(shape)
+        assert ratio == pytest.approx(4.8 / 1.555, rel=1e-9)
+
+
+def test_other_ops_of_a_twice_wider_model_cost_the_profiles_at_twice_the_tokens(
+    tmp_path: Path,
+) -> None:
+    """The elementwise ``other`` operator is transferred by width: at N tokens a target
+    with hidden size h_t costs the profile at N x h_t / h_p. OPT-13B (5,120) from a profile
+    of OPT-2.7B (2,560) on the same GPU: other(N) = the profile's other(2N). Two profiles
+    differing only in ``other`` (0.02 ms + 1e-5 ms a token, and a flat 0.02 ms) isolate it:
+    per layer 1e-5 x 2N ms more, over OPT-13B's 40 layers."""
+
+    def rows(per_token: float) -> list[tuple[str, int, int, float]]:
+        out = [r for r in synthetic_rows() if r[0] != "other"]
+        return out + [("other", n, 0, 0.02 + per_token * n) for n in (1, 8, 64, 512, 2048)]
+
+    sloped = write_profile(tmp_path / "a", rows(1e-5), model="opt-2.7b")
+    flat = write_profile(tmp_path / "b", rows(0.0), model="opt-2.7b")
+    a = ProfiledCostModel(sloped, "opt-13b", "a100-40gb")
+    b = ProfiledCostModel(flat, "opt-13b", "a100-40gb")
+    assert get_model("opt-2.7b").hidden_size * 2 == get_model("opt-13b").hidden_size
+    assert not a.same
+    for n in (1, 8, 100, 1000, 3000):
+        shape = BatchShape(prefill_tokens=n, prefill_seqs=1)
+        extra_ms = (a.gpu_seconds(shape) - b.gpu_seconds(shape)) * 1e3
+        assert extra_ms == pytest.approx(40 * 1e-5 * 2 * n, rel=1e-6)
