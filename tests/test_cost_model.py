@@ -416,3 +416,47 @@ def test_describe_prints_the_datasheet_numbers_and_the_tp_link_it_prices_with() 
         "tp >= 2; fit on CodeLlama-34b"
         in RooflineCostModel("opt-66b", "a100-40gb", tp=4, stack="vllm-2023").describe()
     )
+
+
+def test_calibrated_relative_fit_is_the_weighted_least_squares_solution() -> None:
+    """``weighting="relative"`` minimises the squared relative errors, sum(((A c - y) / y)**2):
+    on noisy steps of mixed sizes whose two least-squares solutions (weighted by 1 / y, and
+    unweighted) are both positive, so non-negativity binds neither, each fit is its own
+    numpy ``lstsq`` solution, and the two differ (big steps dominate the absolute fit)."""
+    rng = np.random.default_rng(3)
+    df = _synthetic_steps(rng, 300)
+    true = {"constant": 0.002, "linear_flop_time": 1.5, "attn_flop_time": 2.0,
+            "byte_time": 1.3, "per_sequence": 4e-4, "per_prefill_sequence": 1.5e-3}  # fmt: skip
+    probe = CalibratedCostModel("opt-13b", "a100-40gb", dict.fromkeys(TERMS, 0.0))
+    y = _durations(probe, df, true) * np.exp(0.1 * rng.standard_normal(len(df)))
+    df["duration_s"] = y
+    a = probe.basis_matrix(df)
+    weighted = np.linalg.lstsq(a / y[:, None], np.ones(len(y)), rcond=None)[0]
+    plain = np.linalg.lstsq(a, y, rcond=None)[0]
+    assert (weighted > 0).all() and (plain > 0).all()  # interior: NNLS finds these
+    assert np.max(np.abs(weighted / plain - 1)) > 0.5  # the data tell the weightings apart
+    rel = CalibratedCostModel.fit(df, "opt-13b", "a100-40gb", weighting="relative")
+    absolute = CalibratedCostModel.fit(df, "opt-13b", "a100-40gb")
+    for i, term in enumerate(TERMS):
+        assert rel.coefficients[term] == pytest.approx(weighted[i], rel=1e-8), term
+        assert absolute.coefficients[term] == pytest.approx(plain[i], rel=1e-8), term
+
+
+def test_calibrated_step_time_adds_swaps_and_copies_priced_by_the_roofline() -> None:
+    """Swaps and copies are not fitted: the calibrated model adds the roofline's transfer
+    time (no stack, so no per-copy latency). OPT-13B's block of 16 tokens holds K and V of
+    40 layers x 40 heads x 128 x 2 B each: 13,107,200 B. Five swapped-in blocks cross the
+    A100's 32 GB/s host link; three copied blocks are read and written at its 1.555 TB/s at
+    the default memory efficiency."""
+    coef = {"constant": 1e-3, "linear_flop_time": 1.2, "attn_flop_time": 1.5, "byte_time": 1.1}
+    model = CalibratedCostModel("opt-13b", "a100-40gb", coef)
+    block_bytes = 16 * 2 * 40 * 40 * 128 * 2
+    assert block_bytes == 13_107_200
+    base = decode(8, 256)
+    swapped = dataclasses.replace(base, swap_in_blocks=5)
+    swap_s = 5 * block_bytes / 32e9
+    assert model.step_time(swapped) - model.step_time(base) == pytest.approx(swap_s, rel=1e-9)
+    assert model.step_time(BatchShape(swap_in_blocks=5)) == pytest.approx(swap_s, rel=1e-9)
+    copied = dataclasses.replace(base, copy_blocks=3)
+    copy_s = 3 * 2 * block_bytes / (1.555e12 * Efficiency().memory)
+    assert model.step_time(copied) - model.step_time(base) == pytest.approx(copy_s, rel=1e-9)
