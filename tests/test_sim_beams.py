@@ -3,17 +3,21 @@ and free statistics it implies for the scheduler and the KV managers."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.beam_log import COLUMNS, BeamLog, RecordedBeams
 from core.kv.base import KVCacheError
-from core.plan import StepOutcome
-from core.request import Request, SamplingParams
+from core.plan import BeamChoice, StepOutcome, StepPlan
+from core.request import Request, SamplingParams, SequenceGroup
 from core.sched.base import SchedulerConfig
 from core.systems import build_scheduler
 from sim.beams import select_beams, sim_beams
+from tests.kv_helpers import spawn
 
 finite = st.floats(-20, 0, allow_nan=False, width=32)
 
@@ -120,3 +124,42 @@ def test_seeded() -> None:
         return out
 
     assert run(1) == run(1) and run(1) != run(2)
+
+
+def _three_beam_group() -> SequenceGroup:
+    """Request 5 with beam width 3, its prompt forked into three live sequences."""
+    group = SequenceGroup(Request(5, 0.0, 4, 6, SamplingParams(beam_width=3)), first_seq_id=40)
+    spawn(group.seqs[0])
+    spawn(group.seqs[0])
+    return group
+
+
+def test_the_beam_log_counts_every_step_not_only_those_that_chose() -> None:
+    """A row's step is the index of the step whose end chose it, among all the steps the
+    log was told of: after two steps without a beam choice, the third step's rows say 2."""
+    group = _three_beam_group()
+    ids = [s.seq_id for s in group.seqs]
+    log = BeamLog()
+    log.record([])
+    log.record([])
+    log.record([BeamChoice(group, [(ids[2], 7), (ids[0], 8)], [-1.0, -1.5])])
+    log.record([])
+    assert log.steps == 4
+    assert log.rows == [(2, 5, 0, 2, 7, -1.0), (2, 5, 1, 0, 8, -1.5)]
+
+
+def test_a_beams_csv_in_any_row_order_replays_the_same_choices(tmp_path: Path) -> None:
+    """Rows of one step are handed out by their beam rank, whatever their order in the
+    file: rank 0 (parent 2, token 7), rank 1 (parent 0, token 8), rank 2 (parent 2,
+    token 9), the live sequences named by index."""
+    group = _three_beam_group()
+    ids = [s.seq_id for s in group.seqs]
+    ranked = [(0, 5, 0, 2, 7, -1.0), (0, 5, 1, 0, 8, -1.5), (0, 5, 2, 2, 9, -2.0)]
+    expected = ([(ids[2], 7), (ids[0], 8), (ids[2], 9)], [-1.0, -1.5, -2.0])
+    for order in ([0, 1, 2], [2, 0, 1], [1, 2, 0]):
+        path = tmp_path / f"beams-{''.join(map(str, order))}.csv"
+        lines = [",".join(COLUMNS), *(",".join(map(str, ranked[i])) for i in order)]
+        path.write_text("\n".join(lines) + "\n")
+        (choice,) = RecordedBeams.read(path).choices(StepPlan(decode=list(group.seqs)))
+        assert choice.group is group
+        assert (choice.beams, choice.scores) == expected, order

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from core.beam_log import RecordedBeams
 from core.plan import StepOutcome, StepPlan
+from core.request import Request, SamplingParams
 from core.sched.base import BaseScheduler, SchedulerConfig
 from core.systems import build_scheduler
 from engine.engine import LLMEngine
@@ -17,6 +19,7 @@ from tests.engine_helpers import (
     TEST_STD,
     make_engine,
     one_torch_thread,  # noqa: F401 (autouse fixture)
+    prompt_ids,
     requests,
     tiny_config,
 )
@@ -242,3 +245,43 @@ def test_v1_chunk_by_chunk_allocation_in_both_bodies(caching: bool) -> None:
     assert cost.steps_left == 0
     assert e_steps.equals(sim.steps_frame())
     assert tight.recorder.requests_frame().equals(sim.requests_frame())
+
+
+def _mixed_beam_run() -> tuple[list[Request], LLMEngine, pd.DataFrame]:
+    """A plain request and a 2-beam one at t=0 (the beams finish first, then the plain one
+    decodes alone: steps with no beam choice), then a 2-beam and a plain request at 30 s.
+    Returns the requests, the engine and its steps."""
+    beam, plain = SamplingParams(beam_width=2), SamplingParams()
+    spec = [(8, 10, 0.0, plain), (6, 3, 0.0, beam), (7, 4, 30.0, beam), (5, 3, 30.0, plain)]
+    reqs = [Request(i, t, p, o, s, prompt_ids(p, 100 + i)) for i, (p, o, t, s) in enumerate(spec)]
+    engine = make_engine("vllm", num_blocks=32, max_model_len=64)
+    steps = engine.generate(reqs, mode="online", clock="virtual").recorder.steps_frame()
+    return reqs, engine, steps
+
+
+def _replay(reqs: list[Request], steps: pd.DataFrame, beams: RecordedBeams):
+    config = SchedulerConfig(max_num_batched_tokens=2560, max_model_len=64)
+
+    def make_scheduler() -> BaseScheduler:
+        return build_scheduler("vllm", 32 * 4, config, block_size=4)
+
+    cost = RecordedCostModel(steps["duration_s"])
+    sim = simulate(reqs, make_scheduler, cost, recorded_beams=beams).recorder
+    assert cost.steps_left == 0
+    return sim
+
+
+def test_a_run_of_beam_and_plain_requests_replays_the_engines_beams() -> None:
+    """Each beams.csv row names the index of the step whose end chose it, counting every
+    step, those without a beam choice too: the second beam request's choices come after
+    steps where only the plain request ran, and the replay still makes the engine's steps
+    and requests exactly."""
+    reqs, engine, e_steps = _mixed_beam_run()
+    rows = engine.beam_log.rows
+    sim = _replay(reqs, e_steps, RecordedBeams(rows))
+    assert e_steps.equals(sim.steps_frame())
+    assert engine.recorder.requests_frame().equals(sim.requests_frame())
+    assert {r[1] for r in rows} == {1, 2}
+    chose = sorted({r[0] for r in rows})
+    assert set(range(len(e_steps))) - set(chose)  # some steps chose no beams
+    assert max(chose) >= len(chose)  # and some of them came before a step that did
