@@ -10,13 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.kv.contiguous import ContiguousKVCacheManager
 from core.kv.paged import PagedKVCacheManager
 from core.loop import StepLoop
-from core.sched.base import SchedulerConfig
+from core.request import Request, SequenceGroup
+from core.sched.base import BaseScheduler, SchedulerConfig
 from core.systems import build_scheduler
 from core.workload.spec import build_workload
 from sim.cost.roofline import RooflineCostModel
@@ -97,34 +99,63 @@ def test_lockstep_blocks_refuses_what_is_not_a_plain_decode() -> None:
 
 def _simulate(
     seed: int, rate: float, slots: int, replicas: int, check_every: int, fast: bool,
-    system: str = "vllm",
+    system: str = "vllm", knobs: dict[str, Any] | None = None,
 ) -> tuple[Any, ...]:  # fmt: skip
     wl = {"kind": "synthetic", "dataset": "sharegpt", "rate": rate, "duration_s": 15.0}
     requests = build_workload(wl, max_model_len=2048, seed=seed)
     cpu = 2048 if system == "vllm" else 0
+    config = SchedulerConfig(**(knobs or {}))
 
     def make() -> Any:
-        return build_scheduler(system, slots, config=SchedulerConfig(), num_cpu_slots=cpu)
+        return build_scheduler(system, slots, config=config, num_cpu_slots=cpu)
 
     cost = RooflineCostModel("opt-13b", "a100-40gb")
+    return _run(requests, make, cost, fast, replicas, seed=seed, check_every=check_every)
+
+
+def _run(
+    requests: list[Request], make: Any, cost: Any, fast: bool, replicas: int = 1,
+    seed: int = 0, check_every: int = 0,
+) -> tuple[Any, ...]:  # fmt: skip
+    """A simulation's tables, token gaps, clock and step count, and every sequence's
+    final ``(num_computed, num_generated)`` (by request id, then sequence id)."""
+    groups: list[SequenceGroup] = []
+
+    def make_kept() -> BaseScheduler:
+        sched = make()
+        add = sched.add
+
+        def keep(request: Request, now: float) -> SequenceGroup:
+            group = add(request, now)
+            groups.append(group)
+            return group
+
+        sched.add = keep  # type: ignore[method-assign]
+        return sched
+
     result = simulate(
-        requests, make, cost, replicas, seed=seed, check_integrity_every=check_every,
+        requests, make_kept, cost, replicas, seed=seed, check_integrity_every=check_every,
         fast_forward=fast,
     )  # fmt: skip
     rec = result.recorder
+    seqs = sorted(
+        (g.request_id, s.seq_id, s.num_computed, s.num_generated) for g in groups for s in g.seqs
+    )
     return (
         rec.steps_frame(),
         rec.requests_frame(),
         list(rec.inter_token_latencies()),
         result.end_time_s,
         result.num_steps,
+        seqs,
     )
 
 
 def _assert_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
     pd.testing.assert_frame_equal(a[0], b[0], check_exact=True)
     pd.testing.assert_frame_equal(a[1], b[1], check_exact=True)
-    assert a[2:] == b[2:]
+    assert a[2:5] == b[2:5]
+    assert a[5] == b[5], "a sequence's computed or generated tokens differ"
 
 
 @settings(max_examples=16, deadline=None)
@@ -142,6 +173,75 @@ def test_fast_forward_gives_the_step_by_step_results(
     args = (seed, rate, slots, replicas, check_every)
     fast = _simulate(*args, fast=True, system=system)
     _assert_same(fast, _simulate(*args, fast=False, system=system))
+
+
+TIGHT_LIMITS = [
+    ("vllm", {"max_num_seqs": 2}),
+    ("vllm", {"max_num_seqs": 4}),
+    ("vllm", {"max_num_seqs": 4, "preemption_mode": "swap"}),
+    ("orca_oracle", {"max_num_seqs": 4, "max_num_batched_tokens": 2048}),
+    ("orca_max", {"max_num_seqs": 3, "max_num_batched_tokens": 2048}),
+    ("fastertransformer", {"max_num_seqs": 4}),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(
+    ("system", "knobs"),
+    TIGHT_LIMITS,
+    ids=[f"{s}-{'-'.join(map(str, k.values()))}" for s, k in TIGHT_LIMITS],
+)
+def test_fast_forward_gives_the_step_by_step_results_under_tight_limits(
+    system: str, knobs: dict[str, Any], seed: int
+) -> None:
+    """With a small ``max_num_seqs`` (and the smallest token budget the config allows) the
+    queue's head is often held back by a limit rather than by memory: fast-forward must
+    skip exactly the steps that admit nothing, and leave every sequence's computed and
+    generated tokens as one step at a time leaves them."""
+    args = (seed, 2.0, 8192, 1, 0)
+    fast = _simulate(*args, fast=True, system=system, knobs=knobs)
+    _assert_same(fast, _simulate(*args, fast=False, system=system, knobs=knobs))
+
+
+class _FlatCost:
+    def step_time(self, shape: object) -> float:
+        return 0.01
+
+    def describe(self) -> str:
+        return "10 ms a step"
+
+
+# A long request decodes alone; the second arrives mid-way and fits a limit exactly.
+EXACT_FITS = {
+    "vllm, width fills max_num_seqs": (
+        "vllm", {"max_num_seqs": 2}, Request(1, 0.05, 10, 5),
+    ),
+    "orca, width fills max_num_seqs": (
+        "orca_oracle", {"max_num_seqs": 2}, Request(1, 0.05, 10, 5),
+    ),
+    "orca, prompt fills the token budget left by the decode": (
+        "orca_oracle", {"max_num_seqs": 4}, Request(1, 0.05, 63, 1),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("system", "knobs", "late"), EXACT_FITS.values(), ids=list(EXACT_FITS))
+def test_fast_forward_admits_a_head_that_fits_a_limit_exactly(
+    system: str, knobs: dict[str, Any], late: Request
+) -> None:
+    """A head that exactly fills ``max_num_seqs`` or the step's token budget is admitted at
+    the first step after its arrival, with or without fast-forward (the decode run's
+    'admits nothing' check is the schedule's own limit, not one short of it)."""
+    config = SchedulerConfig(max_num_batched_tokens=64, max_model_len=64, **knobs)
+    requests = [Request(0, 0.0, 10, 50), late]
+
+    def make() -> BaseScheduler:
+        return build_scheduler(system, 4096, config=config, block_size=4)
+
+    slow = _run(requests, make, _FlatCost(), fast=False)
+    first = slow[1].set_index("request_id")["first_scheduled_s"]
+    assert first[1] == pytest.approx(0.05), "the late request waited past a step that fit it"
+    _assert_same(_run(requests, make, _FlatCost(), fast=True), slow)
 
 
 def test_fast_forward_runs_most_steps_of_a_light_load(monkeypatch: Any) -> None:
