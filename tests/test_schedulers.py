@@ -152,12 +152,19 @@ def test_parallel_samples_that_fit_the_cache_exactly_are_served() -> None:
     assert group.finish_time is not None and len(group.seqs) == 2
 
 
-@pytest.mark.parametrize("chunked", [False, True])
-def test_vllm_never_runs_more_sequences_than_max_num_seqs(chunked: bool) -> None:
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize(
+    ("system", "chunked"),
+    [("vllm", False), ("vllm", True)] + [(s, False) for s in sorted(SYSTEMS) if s != "vllm"],
+)
+def test_no_system_runs_more_sequences_than_max_num_seqs(system: str, chunked: bool, n: int):
+    """Six requests of ``n`` samples arrive at once on a roomy cache: every policy counts
+    a request as the ``n`` sequences it forks into, so no step (and no running batch after
+    a step) holds more than ``max_num_seqs=4`` sequences."""
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64,
                           chunked_prefill=chunked)  # fmt: skip
-    sched = build_scheduler("vllm", 4096, config=cfg, block_size=4)
-    reqs = [Request(i, 0.0, 8, 6, SamplingParams(n=3)) for i in range(6)]  # 3 samples each
+    sched = build_scheduler(system, 4096, config=cfg, block_size=4)
+    reqs = [Request(i, 0.0, 8, 6, SamplingParams(n=n)) for i in range(6)]
 
     def check_plan(plan) -> None:
         assert len(plan.scheduled_seqs()) <= 4
@@ -212,3 +219,124 @@ def test_chunked_prefill_under_memory_pressure_finishes_everything(system, reqs,
     _assert_all_done(res.groups, reqs)
     _assert_fcfs(res.groups)
     assert sched.manager.breakdown().free == slots
+
+
+LIMIT_SEQS = 4  # small enough that a few requests fill it
+
+
+@st.composite
+def limit_workloads(draw, widths: tuple[int, ...]):
+    """Up to 12 requests of ``widths`` samples each, bursty arrivals (several per step),
+    prompts up to nearly the whole budget."""
+    t, reqs = 0.0, []
+    for i in range(draw(st.integers(1, 12))):
+        t += draw(st.sampled_from([0.0, 0.0, 0.005, 0.02, 0.1]))
+        prompt = draw(st.integers(1, MAX_LEN - 2))
+        output = draw(st.integers(1, min(24, MAX_LEN - prompt)))
+        n = draw(st.sampled_from(widths))
+        reqs.append(Request(i, t, prompt, output, SamplingParams(n=n)))
+    return reqs
+
+
+LIMIT_CASES = [(s, "recompute", False) for s in sorted(SYSTEMS)] + [
+    ("vllm", "swap", False),
+    ("vllm", "recompute", True),
+    ("vllm", "swap", True),
+    ("vllm_v1", "swap", True),
+]
+
+
+@pytest.mark.parametrize("widths", [(1,), (2,), (1, 2)], ids=["n1", "n2", "n1-2"])
+@pytest.mark.parametrize(("system", "mode", "chunked"), LIMIT_CASES)
+@given(data=st.data(), slots=st.sampled_from([64, 96, 160, 512, 1024]))
+@SETTINGS
+def test_no_step_exceeds_max_num_seqs_or_the_token_budget(
+    system, mode, chunked, widths, data, slots
+):
+    """Every system, requests of one or two samples (alike or mixed), recompute and swap,
+    on caches from a few requests to plenty: no step computes more sequences than
+    ``max_num_seqs`` and, after a step, the running groups hold no more live sequences
+    than that (a two-sample group counts twice, before and after its fork). No step
+    computes more tokens than ``max_num_batched_tokens`` (each decode counts one), except
+    FasterTransformer's, which has no token budget, and vLLM v0.1's step of one recomputed
+    multi-sequence group bigger than the budget, which runs alone rather than never."""
+    reqs = data.draw(limit_workloads(widths))
+    cfg = SchedulerConfig(
+        max_num_seqs=LIMIT_SEQS, max_num_batched_tokens=MAX_LEN, max_model_len=MAX_LEN,
+        preemption_mode=mode, chunked_prefill=chunked,
+    )  # fmt: skip
+    sched = build_scheduler(system, slots, config=cfg, block_size=4, num_cpu_slots=128)
+
+    def check_plan(plan) -> None:
+        assert len(plan.scheduled_seqs()) <= LIMIT_SEQS, plan
+        tokens = plan.shape().num_tokens
+        if system == "fastertransformer":
+            return
+        groups = {c.seq.group.request_id for c in plan.prefill}
+        alone = len(groups) == 1 and len(plan.prefill) > 1 and not plan.decode
+        if system.startswith("vllm") and not chunked and alone:
+            return  # a recomputed group of several sequences over the budget goes alone
+        assert tokens <= MAX_LEN, f"{tokens} tokens in a step, budget {MAX_LEN}"
+
+    def check_step(plan, finished) -> None:
+        assert sum(len(g.live_seqs()) for g in sched.running) <= LIMIT_SEQS
+
+    res = run_loop(sched, reqs, on_plan=check_plan, on_step=check_step)
+    _assert_all_done(res.groups, reqs)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize(("mode", "cpu"), [("swap", 512), ("swap", 32), ("recompute", 512)])
+@given(reqs=workloads(max_requests=15), slots=st.sampled_from([48, 64, 96, 128]))
+@SETTINGS
+def test_vllm_never_swaps_in_during_a_step_that_preempts(chunked, mode, cpu, reqs, slots):
+    """vLLM v0.1's rule: swapped groups come back only in a step that preempted nothing,
+    so no step both preempts a group (swapping it out, or recomputing it: a one-sequence
+    group in recompute mode, or any group the small CPU pool cannot take) and swaps one
+    in. Requests of one to three samples (several-sequence groups are always swapped)."""
+    cfg = SchedulerConfig(
+        max_num_seqs=16, max_num_batched_tokens=MAX_LEN, max_model_len=MAX_LEN,
+        preemption_mode=mode, chunked_prefill=chunked,
+    )  # fmt: skip
+    sched = build_scheduler("vllm", slots, config=cfg, block_size=4, num_cpu_slots=cpu)
+
+    def check(plan) -> None:
+        if plan.preempted or plan.preempted_by_swap:
+            assert not plan.swap_in, "swapped in during a step that preempted"
+
+    res = run_loop(sched, reqs, on_plan=check)
+    _assert_all_done(res.groups, reqs)
+
+
+@pytest.mark.parametrize("decoders", [1, 2])
+def test_orca_counts_decodes_against_the_budget_and_admits_an_exact_fit(decoders: int) -> None:
+    """Orca counts each running decode against the step's token budget of 64 and admits a
+    prompt that fills what is left exactly: beside 1 decode a 63-token prompt joins the
+    first step after its arrival (64 tokens); beside 2 decodes it would make 65 and waits."""
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=MAX_LEN, max_model_len=MAX_LEN)
+    sched = build_scheduler("orca_oracle", 4096, config=cfg, block_size=4)
+    reqs = [Request(i, 0.0, 10, 20) for i in range(decoders)] + [Request(9, 0.05, MAX_LEN - 1, 1)]
+    res = run_loop(sched, reqs)
+    _assert_all_done(res.groups, reqs)
+    first = next(log for log in res.steps if any(g.request_id == 9 for g in log.waiting_before))
+    joined = [c.seq.group.request_id for c in first.plan.prefill] == [9]
+    assert joined == (decoders == 1)
+    if joined:
+        assert first.plan.shape().num_tokens == MAX_LEN
+    assert max(log.plan.shape().num_tokens for log in res.steps) <= MAX_LEN
+
+
+def test_two_sample_request_just_over_the_cache_is_rejected_at_intake() -> None:
+    """Blocks of 4, prompt 6, output 6, two samples: the first prompt block is shared, the
+    partial one (tokens 4-5) is each sample's own (copy-on-write), so the peak is
+    1 + 2 x 2 = 5 blocks. A 4-block cache rejects the request at intake, with a reason,
+    rather than admitting and aborting it; a 5-block cache serves it."""
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=MAX_LEN, max_model_len=MAX_LEN)
+    req = Request(0, 0.0, 6, 6, SamplingParams(n=2))
+    small = build_scheduler("vllm", 16, config=cfg, block_size=4, watermark=0.0)
+    group = small.add(req, 0.0)
+    assert group.reject_reason is not None and "KV-cache" in group.reject_reason
+    assert not small.has_unfinished()
+    exact = build_scheduler("vllm", 20, config=cfg, block_size=4, watermark=0.0)
+    res = run_loop(exact, [req])
+    assert res.groups[0].reject_reason is None and res.groups[0].finish_time is not None
