@@ -159,3 +159,48 @@ def test_stand_in_token_ids_of_different_sequences_hash_apart() -> None:
     ids = [stand_in_token_id(i) for i in range(10_000)]
     assert max(ids) < 0
     assert len({hash((0, (i, i))) for i in ids}) == len(ids)
+
+
+class FlatCost:
+    def step_time(self, shape) -> float:
+        return 0.01
+
+    def describe(self) -> str:
+        return "10 ms a step"
+
+
+def _flat_run(system: str, reqs: list[Request], fast: bool):
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    return simulate(
+        reqs, lambda: build_scheduler(system, 4096, config=cfg, block_size=4), FlatCost(),
+        fast_forward=fast,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("system", ["vllm", "orca_oracle"])
+def test_an_arrival_exactly_at_a_step_end_joins_the_next_step(system: str, fast: bool) -> None:
+    """Steps of exactly 0.01 s from 0: the second step ends at 0.02, when the second request
+    arrives. The arrival is due no later than that step's end, so the engine must let it in
+    before scheduling the step that starts at 0.02 (step 2), as one timeout per step
+    would; with or without fast-forward."""
+    reqs = [Request(0, 0.0, 8, 10), Request(1, 0.02, 8, 3)]
+    res = _flat_run(system, reqs, fast)
+    steps = res.recorder.steps_frame()
+    assert steps["start_s"].iloc[2] == 0.02
+    late = res.recorder.requests_frame().set_index("request_id").loc[1]
+    assert late["first_scheduled_s"] == 0.02
+    assert late["first_token_step"] == 2
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("system", ["vllm", "orca_oracle", "fastertransformer"])
+def test_end_time_is_the_last_steps_end(system: str, fast: bool) -> None:
+    """``SimResult.end_time_s`` is when the last step ends (its start plus its duration),
+    also when the engine ran ahead of the event clock with no event left to wait for."""
+    reqs = [Request(0, 0.0, 8, 5), Request(1, 0.0, 6, 3)]
+    res = _flat_run(system, reqs, fast)
+    steps = res.recorder.steps_frame()
+    assert res.num_steps == len(steps) == 5
+    assert res.end_time_s == steps["start_s"].iloc[-1] + steps["duration_s"].iloc[-1]
+    assert res.end_time_s == pytest.approx(0.05)
