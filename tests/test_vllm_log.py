@@ -187,3 +187,36 @@ def test_bad_bench_values_name_the_key(tmp_path: Path, doc: dict, message: str) 
     path.write_text(json.dumps(good | doc))
     with pytest.raises(TraceFormatError, match=message):
         read_bench_result(path)
+
+
+class _Said:
+    """A stand-in logger (Hydra apps run earlier in the suite disable module loggers)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def warning(self, message: str, *args: object) -> None:
+        self.lines.append(message % args if args else message)
+
+
+@pytest.mark.parametrize(
+    ("ids", "rows", "said"),
+    [
+        (["bench-2", "bench-0", "bench-1"], [2, 0, 1], None),
+        (["bench-1", "bench-1", "bench-0"], [0, 1, 2], "share a <prefix>-<row> id"),
+        (["bench-1", "chat", "bench-0"], [0, 1, 2], "not every logged request id"),
+        (["a", "b"], [0, 1], None),
+    ],
+)
+def test_token_rows_fall_back_to_the_log_order_with_a_warning(
+    ids: list[str], rows: list[int], said: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from core.workload import vllm_log
+
+    stand_in = _Said()
+    monkeypatch.setattr(vllm_log, "log", stand_in)
+    assert vllm_log._source_rows(ids) == rows
+    if said is None:
+        assert stand_in.lines == []
+    else:
+        assert len(stand_in.lines) == 1 and said in stand_in.lines[0]

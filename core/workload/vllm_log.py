@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import re
 import statistics
@@ -68,6 +69,7 @@ CLOCK_TOLERANCE_S = 5.0
 # ~1.7e8 tokens.
 SECONDS_PER_TOKEN_BOUND = 10.0
 _ROW_ID = re.compile(r"-(\d+)$")
+log = logging.getLogger(__name__)
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
 
@@ -211,6 +213,11 @@ def _source_rows(request_ids: list[Any]) -> list[int]:
         numbers = [int(m.group(1)) for m in found if m]
         if len(set(numbers)) == len(numbers):
             return numbers
+        log.warning("two logged requests share a <prefix>-<row> id: token ids are matched "
+                    "to the workload's rows in the log's order")  # fmt: skip
+    elif any(found):
+        log.warning("not every logged request id ends in -<row>: token ids are matched to "
+                    "the workload's rows in the log's order")  # fmt: skip
     return list(range(len(request_ids)))
 
 
