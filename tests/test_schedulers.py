@@ -340,3 +340,55 @@ def test_two_sample_request_just_over_the_cache_is_rejected_at_intake() -> None:
     exact = build_scheduler("vllm", 20, config=cfg, block_size=4, watermark=0.0)
     res = run_loop(exact, [req])
     assert res.groups[0].reject_reason is None and res.groups[0].finish_time is not None
+
+
+def _tiny_vllm(blocks: int, mode: str = "recompute", cpu_blocks: int = 16):
+    """vLLM on ``blocks`` blocks of 4 slots, no admission watermark."""
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=MAX_LEN, max_model_len=MAX_LEN,
+                          preemption_mode=mode)  # fmt: skip
+    return build_scheduler("vllm", 4 * blocks, config=cfg, block_size=4,
+                           num_cpu_slots=4 * cpu_blocks, watermark=0.0)  # fmt: skip
+
+
+def _ids(groups) -> list[int]:
+    return [g.request_id for g in groups]
+
+
+def test_vllm_swaps_groups_back_in_by_arrival_whatever_order_they_left() -> None:
+    """Swapped groups come back first-come-first-served, not in swap-out order. Three
+    blocks of 4; A, B, C (prompts of 4, arriving in that order) fill them in the prompt
+    step. At the first decode each needs a new block: A, served first, preempts the
+    latest, C; B then finds none and goes itself, so C is swapped out before B. Neither
+    fits back (1 block + 1 for its next token) until A finishes; then 3 blocks are free,
+    room for one of them: B, the older, returns first and C only after B finishes."""
+    sched = _tiny_vllm(3, mode="swap")
+    reqs = [Request(0, 0.0, 4, 3), Request(1, 0.0, 4, 4), Request(2, 0.0, 4, 4)]
+    res = run_loop(sched, reqs)
+    _assert_all_done(res.groups, reqs)
+    swapped_out = [log.plan.preempted_by_swap for log in res.steps if log.plan.preempted_by_swap]
+    assert [_ids(v) for v in swapped_out] == [[2, 1]]  # C left first
+    came_back = [
+        _ids(g for g in log.swapped_before if g in log.running_after_schedule)
+        for log in res.steps
+    ]  # fmt: skip
+    assert [ids for ids in came_back if ids] == [[1], [2]]
+
+
+def test_vllm_readmits_a_recomputed_group_before_later_arrivals() -> None:
+    """A group preempted by recomputation goes back to the front of the waiting queue (it
+    is older than anything waiting) and is re-admitted before later arrivals. Three
+    blocks of 4; A and B (prompts of 4) take one each in the prompt step; C (prompt 8,
+    2 blocks) arrives during it and waits. At the first decode A takes the last block, B
+    finds none and is recomputed: queued ahead of C. Both need 2 blocks (B's prompt and
+    first token, 5 tokens), so neither fits until A finishes; then B is re-admitted, and
+    C only after B finishes."""
+    sched = _tiny_vllm(3)
+    reqs = [Request(0, 0.0, 4, 4), Request(1, 0.0, 4, 4), Request(2, 0.005, 8, 4)]
+    res = run_loop(sched, reqs)
+    _assert_all_done(res.groups, reqs)
+    preempted = [(i, _ids(log.plan.preempted)) for i, log in enumerate(res.steps)]
+    [(step, victims)] = [(i, v) for i, v in preempted if v]
+    assert victims == [1]
+    assert _ids(res.steps[step + 1].waiting_before) == [1, 2]
+    admitted = [_ids(c.seq.group for c in log.plan.prefill) for log in res.steps[step + 1 :]]
+    assert [ids for ids in admitted if ids] == [[1], [2]]
