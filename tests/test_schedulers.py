@@ -392,3 +392,25 @@ def test_vllm_readmits_a_recomputed_group_before_later_arrivals() -> None:
     assert _ids(res.steps[step + 1].waiting_before) == [1, 2]
     admitted = [_ids(c.seq.group for c in log.plan.prefill) for log in res.steps[step + 1 :]]
     assert [ids for ids in admitted if ids] == [[1], [2]]
+
+
+def test_vllm_decode_run_stops_where_the_free_blocks_run_out() -> None:
+    """``decode_run`` promises decode steps only while their new blocks fit the free ones:
+    a run that takes exactly all free blocks is promised whole, one more block is not.
+    Eight blocks of 4; A (prompt 4) and B (prompt 6) hold 1 + 2 after the prompt step,
+    5 free. A opens a block at decode steps 0, 4, 8, ...; B at 2, 6, 10, ...: the fifth
+    new block comes at step 8, the sixth at step 10, so the run is 10 steps long."""
+    sched = _tiny_vllm(8)
+    reqs = [Request(0, 0.0, 4, 20), Request(1, 0.0, 6, 20)]
+    runs = []
+
+    def on_step(plan, finished) -> None:
+        if plan.prefill and not runs:  # the prompt step (B is recomputed later on)
+            assert sched.manager.num_free_blocks() == 5
+            runs.append(sched.decode_run(100))
+
+    run_loop(sched, reqs, on_step=on_step)
+    [run] = runs
+    assert run is not None
+    assert run.new_blocks == [1, 0] * 5
+    assert sum(run.new_blocks) == 5
