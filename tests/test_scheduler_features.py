@@ -204,3 +204,24 @@ def test_end_time_is_the_last_steps_end(system: str, fast: bool) -> None:
     assert res.num_steps == len(steps) == 5
     assert res.end_time_s == steps["start_s"].iloc[-1] + steps["duration_s"].iloc[-1]
     assert res.end_time_s == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(n=2), SamplingParams(beam_width=2)])
+def test_a_group_of_several_sequences_is_swapped_even_in_recompute_mode(sampling) -> None:
+    """vLLM v0.1 swaps a group of several sequences (parallel samples or beams) when it
+    preempts it, whatever the preemption mode: recomputing would lose what the sequences
+    share. Three blocks of 4, recompute mode; A (one sequence) and B (two, prompts of 4)
+    take one block each in the prompt step. At the first decode A takes the last free
+    block and B's two sequences, each opening a block, find none: B is preempted, and
+    swapped out, not recomputed (none of the run's preemptions is a recomputation)."""
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
+    sched = build_scheduler("vllm", 12, config=cfg, block_size=4, num_cpu_slots=64,
+                            watermark=0.0)  # fmt: skip
+    reqs = [Request(0, 0.0, 4, 4), Request(1, 0.0, 4, 4, sampling)]
+    res = run_loop(sched, reqs, beams_rng=np.random.default_rng(0))
+    _all_finished(res.groups)
+    assert all(g.reject_reason is None for g in res.groups)
+    swapped = [[g.request_id for g in log.plan.preempted_by_swap] for log in res.steps]
+    assert [ids for ids in swapped if ids] == [[1]]
+    assert not any(log.plan.preempted for log in res.steps), "a several-sequence group recomputed"
+    assert sched.swap_fallbacks == 0
