@@ -606,3 +606,28 @@ def test_a_recomputed_groups_own_cached_blocks_are_not_reserved() -> None:
     # written or scheduled: the 8 shared, parent 8..9, the child's cached block of 4
     assert b.token_states == 8 + 2 + 4
     m.check_integrity()
+
+
+def test_a_prefill_chunk_may_grow_into_exactly_the_last_free_blocks() -> None:
+    """Allocating a prompt chunk by chunk (vLLM V1's chunked prefill), the next chunk may
+    take every free block: ``can_grow_prefill`` says yes when the blocks it needs are
+    exactly the free ones, no when one more would be needed. Five blocks of 4: a prompt of
+    16 admitted with a first chunk of 4 holds 1 block; another group holds 1; growing to
+    the whole prompt needs the other 3."""
+    m = PagedKVCacheManager(num_device_blocks=5, block_size=4, watermark=0.0,
+                            allocate_per_chunk=True)  # fmt: skip
+    other = make_group(4)
+    m.allocate(other)
+    g = make_group(16)
+    m.allocate(g, first_chunk=4)
+    seq = g.seqs[0]
+    assert m.num_slots(seq.seq_id) == 4 and m.num_free_blocks() == 3
+    assert m.can_grow_prefill(seq, 16)  # 3 more blocks, 3 free
+    third = make_group(1)
+    m.allocate(third)
+    assert not m.can_grow_prefill(seq, 16)  # 3 more blocks, 2 free
+    assert m.can_grow_prefill(seq, 12)
+    m.free(third.seqs[0].seq_id)
+    m.grow_prefill(seq, 16)
+    assert m.num_slots(seq.seq_id) == 16 and m.num_free_blocks() == 0
+    m.check_integrity()
