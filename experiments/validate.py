@@ -43,13 +43,13 @@ from experiments.lib.results import read_metrics, write_json
 from experiments.lib.setup import (
     build_requests,
     check_calibration_fits,
+    checked_calibration,
     scheduler_factory,
     served_max_model_len,
-    with_profile_found,
 )
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel, CostModel, RecordedCostModel
-from sim.cost.calibrated import check_calibration_doc, check_step_numbers
+from sim.cost.calibrated import check_step_numbers
 from sim.cost.recorded import RecordedStepsExhausted
 from sim.driver import SimResult, simulate
 
@@ -281,20 +281,16 @@ def print_comparison(rows: list[dict[str, Any]]) -> None:
 
 
 def read_calibration(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path`` with its operator profile found from here
-    (:func:`~experiments.lib.setup.with_profile_found`); a file that is not an object, or a
-    calibration document with a malformed field
-    (:func:`~sim.cost.calibrated.check_calibration_doc`), is a ConfigError on
-    ``--calibration`` naming the file and the field."""
+    """The JSON object in ``path``; a calibration document is checked and its profile found
+    (:func:`~experiments.lib.setup.checked_calibration`), any other kind is left for
+    :func:`validate` to refuse. A file that is not an object is a ConfigError on
+    ``--calibration`` naming it."""
     doc = read_json(path, "--calibration")
     if not isinstance(doc, dict):
         raise ConfigError("--calibration", f"{path}: not a JSON object")
-    if doc.get("kind") == "calibrated":
-        try:
-            check_calibration_doc(doc)
-        except ValueError as exc:
-            raise ConfigError("--calibration", f"{path}: malformed: {exc}") from None
-    return with_profile_found(doc, path)
+    if doc.get("kind") != "calibrated":
+        return doc
+    return checked_calibration(doc, path, "--calibration")
 
 
 def _num(x: Any) -> str:

@@ -363,6 +363,18 @@ def check_calibration_fits(doc: Mapping[str, Any], key: str, model: str, gpu: st
             raise ConfigError(key, f"fitted for another {field}", doc[field], ours)
 
 
+def checked_calibration(doc: dict[str, Any], path: Path, key: str) -> dict[str, Any]:
+    """A calibration document read from ``path``, its fields checked
+    (:func:`~sim.cost.calibrated.check_calibration_doc`; else a ConfigError on ``key``
+    naming the file and the field) and its operator profile found from there
+    (:func:`with_profile_found`)."""
+    try:
+        check_calibration_doc(doc)
+    except ValueError as exc:
+        raise ConfigError(key, f"{path}: malformed calibration file: {exc}") from None
+    return with_profile_found(doc, path)
+
+
 def calibrated_from_file(
     path: Path, model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int | None = None
 ) -> CostModel:
@@ -382,12 +394,8 @@ def calibrated_from_file(
         raise ConfigError(
             "cost.path", "not a calibration file", str(path), "kind 'calibrated', coefficients"
         )
-    try:
-        check_calibration_doc(doc)
-    except ValueError as exc:
-        raise ConfigError("cost.path", f"malformed calibration file: {exc}", str(path)) from None
+    doc = checked_calibration(doc, path, "cost.path")
     check_calibration_fits(doc, "cost.path", model.name, gpu.name, tp)
-    doc = with_profile_found(doc, path)
     try:
         return build_cost_model(
             "calibrated", model, gpu, tp,
