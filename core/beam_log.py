@@ -89,6 +89,8 @@ class RecordedBeams:
         whose request or parent the plan does not hold raises :class:`BeamReplayError`."""
         recorded = self._by_step.pop(self.steps, {})
         step, self.steps = self.steps, self.steps + 1
+        if not recorded:
+            return []
         groups = {s.group.request.request_id: s.group for s in plan.scheduled_seqs()}
         out = []
         for rid, rows in recorded.items():
