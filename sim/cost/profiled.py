@@ -233,9 +233,13 @@ class ProfiledCostModel:
             lm_x = n_lin
             lm_pts = isotonic(roof(lm_params, lm_act, g, n_lin) / self._achieved)
 
+        self._linear_points = (n_lin, lin_pts)
+        self._other_points = (oth_x, oth_pts)
+
         def layer_s(n: np.ndarray) -> np.ndarray:
-            lin = interp_points(n, n_lin, lin_pts)
-            return m.num_layers * (lin + interp_points(n, oth_x, oth_pts))
+            return m.num_layers * (
+                self.layer_op_seconds("linear", n) + self.layer_op_seconds("other", n)
+            )
 
         def lm_head_s(rows: np.ndarray) -> np.ndarray:
             return interp_points(rows, lm_x, lm_pts)
@@ -267,6 +271,16 @@ class ProfiledCostModel:
         self._kernel = replace(self.stack, block_granular=self.whole_blocks)
         self._decode_memo: dict[tuple[int, int], float] = {}
         self._prefill_memo: dict[float, float] = {}
+
+    def layer_op_seconds(self, op: str, tokens: np.ndarray) -> np.ndarray:
+        """Seconds of one decoder layer's ``op`` (``linear`` or ``other``, the profile's two
+        token operators) for each of ``tokens`` rows on one GPU of the target, as priced:
+        the profile's points as measured or transferred (module doc), interpolated."""
+        points = {"linear": self._linear_points, "other": self._other_points}
+        if op not in points:
+            raise ValueError(f"op must be 'linear' or 'other', got {op!r}")
+        xs, ys = points[op]
+        return interp_points(np.asarray(tokens, dtype=float), xs, ys)
 
     def _decode_curves(
         self, prof: OperatorProfile, m: ModelSpec, g: GPUSpec, gp: GPUSpec,

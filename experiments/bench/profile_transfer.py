@@ -1,0 +1,173 @@
+"""How far does a profile carry? ``cost=profiled``'s transfer held against measured tables. ::
+
+    python -m experiments.bench.profile_transfer [--vidur DIR] [--out DIR]
+
+``cost=profiled`` prices a model, GPU or tensor-parallel degree it has no profile of by
+transferring the profile it has (:mod:`sim.cost.profiled`): the reproduction's Fig. 12 (b)
+and (c) (OPT-66B at tp 4, OPT-175B at tp 8) and every GPU but the A100 rest on it. Vidur's
+tables (``--vidur``, default ``../shared/measurements/vidur`` beside the repository)
+measured the decoder layer's matmuls (``linear``) and elementwise operators (``other``) of
+three model-GPU pairs at tp 1, 2, 4 and 8. The source is the one kvlab ships: A100
+Llama-2-7B at tp 1. Every other table and tp is held out:
+
+- A100 CodeLlama-34B at tp 1, 2, 4, 8: another layer shape (hidden 8192, 8 KV heads);
+- A100 Llama-2-7B at tp 2, 4, 8: tensor parallelism alone;
+- H100 Llama-2-7B at tp 1, 2, 4, 8: another GPU.
+
+For each, the profiled model built on the source for that model, GPU and tp prices one layer's
+``linear`` and ``other`` at every measured token count (:meth:`ProfiledCostModel.
+layer_op_seconds`), against the measured medians. Writes ``--out``'s ``transfer_points.csv``
+(every point) and ``transfer_errors.csv`` (per target, tp, op and token band: mean signed
+error, mean absolute error, largest absolute error, in %), and prints the table. Nothing is
+fitted here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from experiments.bench.tables import print_table, write_csv
+from experiments.lib.args import OneLineParser
+from experiments.lib.checks import ConfigError
+from experiments.lib.cli import plain_cli
+from sim.catalog import ModelSpec, get_model
+from sim.cost.profile import LayerShape, OperatorProfile, read_vidur_profile
+from sim.cost.profiled import ProfiledCostModel
+
+VIDUR = Path(__file__).resolve().parents[2] / "../shared/measurements/vidur"
+SOURCE = ("a100/mlp_llama-2-7b.csv", 1)
+TARGETS = (
+    ("A100 CodeLlama-34B", "a100/mlp_codellama-34b.csv", (1, 2, 4, 8)),
+    ("A100 Llama-2-7B", "a100/mlp_llama-2-7b.csv", (2, 4, 8)),
+    ("H100 Llama-2-7B", "h100/mlp_llama-2-7b.csv", (1, 2, 4, 8)),
+)
+# token-count bands: decode-sized steps, mid-sized, prefill-sized
+BANDS = ((1, 64), (65, 512), (513, 4096))
+OPS = ("linear", "other", "layer")
+
+
+def model_of(shape: LayerShape, name: str) -> ModelSpec:
+    """A Llama-family model with ``shape``'s decoder layer (the catalog's LLaMA-7B
+    otherwise: only the layer is priced here)."""
+    return replace(
+        get_model("llama-7b"),
+        name=name,
+        hidden_size=shape.hidden_size,
+        num_heads=shape.num_heads,
+        num_kv_heads=shape.kv_size // shape.head_dim,
+        head_dim=shape.head_dim,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        gated_mlp=shape.gated_mlp,
+    )
+
+
+def points(source: OperatorProfile, label: str, measured: OperatorProfile) -> list[dict]:
+    """One row per measured token count: the measured and priced seconds of each op."""
+    assert measured.layer_shape is not None
+    target = model_of(measured.layer_shape, label)
+    cost = ProfiledCostModel(source, target, measured.gpu, tp=measured.tp, stack="none")
+    n, _, lin = measured.ops["linear"]
+    n_other, _, other = measured.ops["other"]
+    assert np.array_equal(n, n_other)
+    got = {op: cost.layer_op_seconds(op, n) for op in ("linear", "other")}
+    got["layer"] = got["linear"] + got["other"]
+    want = {"linear": lin, "other": other, "layer": lin + other}
+    return [
+        {
+            "target": label,
+            "tp": measured.tp,
+            "num_tokens": int(tokens),
+            **{f"{op}_measured_ms": round(float(want[op][i]) * 1e3, 6) for op in OPS},
+            **{f"{op}_priced_ms": round(float(got[op][i]) * 1e3, 6) for op in OPS},
+        }
+        for i, tokens in enumerate(n)
+    ]
+
+
+def errors(rows: list[dict]) -> list[dict]:
+    """Per op and token band (and all of them) of one target and tp: the error's mean, mean
+    absolute and largest absolute value, in %."""
+    n = np.array([r["num_tokens"] for r in rows])
+    out = []
+    for op in OPS:
+        want = np.array([r[f"{op}_measured_ms"] for r in rows])
+        err = 100 * (np.array([r[f"{op}_priced_ms"] for r in rows]) - want) / want
+        for lo, hi in (*BANDS, (1, int(n.max()))):
+            sel = (n >= lo) & (n <= hi)
+            out.append(
+                {
+                    "target": rows[0]["target"],
+                    "tp": rows[0]["tp"],
+                    "op": op,
+                    "tokens": f"{lo}-{hi}" if (lo, hi) in BANDS else "all",
+                    "points": int(sel.sum()),
+                    "mean_error_pct": round(float(err[sel].mean()), 1),
+                    "mean_abs_error_pct": round(float(np.abs(err[sel]).mean()), 1),
+                    "max_abs_error_pct": round(float(np.abs(err[sel]).max()), 1),
+                }
+            )
+    return out
+
+
+def summary(errs: list[dict]) -> list[dict]:
+    """The printed table: per target and tp, the layer's mean absolute error and each op's
+    mean error on decode-sized and prefill-sized steps."""
+    by = {(e["target"], e["tp"], e["op"], e["tokens"]): e for e in errs}
+    small, large = (f"{lo}-{hi}" for lo, hi in (BANDS[0], BANDS[-1]))
+    return [
+        {
+            "target": t,
+            "tp": tp,
+            "layer |err| %": by[(t, tp, "layer", "all")]["mean_abs_error_pct"],
+            **{
+                f"{op} err % ({band} tok)": by[(t, tp, op, band)]["mean_error_pct"]
+                for op in OPS
+                for band in (small, large)
+            },
+        }
+        for t, tp in dict.fromkeys((e["target"], e["tp"]) for e in errs)
+    ]
+
+
+def run(vidur: Path) -> tuple[list[dict], list[dict]]:
+    """(every point, the errors) of every held-out table against the source's transfer."""
+    source = read_vidur_profile(vidur / SOURCE[0], SOURCE[1])
+    all_points: list[dict] = []
+    errs: list[dict] = []
+    for label, path, tps in TARGETS:
+        for tp in tps:
+            rows = points(source, label, read_vidur_profile(vidur / path, tp))
+            all_points += rows
+            errs += errors(rows)
+    return all_points, errs
+
+
+@plain_cli
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(
+        prog="python -m experiments.bench.profile_transfer", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--vidur", type=Path, default=VIDUR,
+                        help="Vidur's profile tables: a100/, h100/ (default: "
+                             "../shared/measurements/vidur beside the repository)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("results/profile_transfer"),
+                        help="directory for the two CSV files")  # fmt: skip
+    args = parser.parse_args(argv)
+    if not args.vidur.is_dir():
+        raise ConfigError("--vidur", "not a directory", str(args.vidur))
+    all_points, errs = run(args.vidur)  # a damaged table: one line (plain_cli)
+    print_table(
+        "A100 Llama-2-7B tp 1 transferred, priced against measured (error %)", summary(errs)
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "transfer_points.csv", all_points)
+    write_csv(args.out / "transfer_errors.csv", errs)
+    print(f"wrote {args.out / 'transfer_points.csv'}, {args.out / 'transfer_errors.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
