@@ -45,6 +45,7 @@ def derive(source: Path) -> tuple[str, dict[str, object]]:
         "tp": 1,
         "block_size": None,
         "ops": ["linear", "other"],
+        "other_residual_adds": prof.other_residual_adds,
         "date": "Vidur commit 7d47513",
         "command": "python -m experiments.lib.embed_profile",
         "source": f"{prof.source}: linear = attn_pre_proj + attn_post_proj + mlp_up_proj + "

@@ -60,6 +60,12 @@ REQUIRED_OPS = ("linear", "other")
 VIDUR_LINEAR = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 VIDUR_OTHER = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 VIDUR_GPUS = {"a100": "a100-80gb", "h100": "h100"}
+# The residual adds a profile's ``other`` times. kvlab's profiler times the whole layer but
+# its matmuls and attention: both adds (experiments/bench/profile_gpu.py, ``other``).
+# Vidur's times one: its GPTBlock wraps only the add after the MLP in the ``add`` timer
+# (microsoft/vidur, vidur/profiling/mlp/mlp_impl.py, ``_forward_with_post_attn_norm``).
+KVLAB_OTHER_RESIDUAL_ADDS = 2
+VIDUR_OTHER_RESIDUAL_ADDS = 1
 # Attention backends whose decode reads every block of a sequence whole: the torch reference
 # gathers ceil(context / block) blocks before slicing the context out
 # (kernels.reference.gather_sequence_kv). The triton kernel visits keys BLOCK_N at a time and
@@ -75,7 +81,8 @@ class ProfileError(ValueError):
 @dataclass(frozen=True)
 class LayerShape:
     """What a per-layer profile needs to know about the profiled model to be transferred:
-    hidden size, query/KV widths, MLP width and gating."""
+    hidden size, query/KV widths, MLP width and gating, and whether it has rotary
+    embeddings."""
 
     hidden_size: int
     q_size: int
@@ -84,6 +91,7 @@ class LayerShape:
     gated_mlp: bool
     head_dim: int
     num_heads: int
+    rotary: bool
 
     def kv_width_per_gpu(self, tp: int) -> int:
         """Width of each of K and V on one of ``tp`` GPUs: its KV heads (at least one,
@@ -95,6 +103,7 @@ class LayerShape:
 class OperatorProfile:
     """Per-op arrays ``(num_tokens, context_tokens, time_s)`` sorted by size, with where the
     profile was measured. ``model`` is a catalog name or None (then ``layer_shape``).
+    ``other_residual_adds`` is how many of the layer's two residual adds ``other`` timed.
     ``block_size`` is the KV block size the decode rows were measured at, or None when the
     profile does not say (the run's block size is then assumed)."""
 
@@ -106,6 +115,7 @@ class OperatorProfile:
     block_size: int | None
     source: str
     meta: dict[str, object] = field(default_factory=dict)
+    other_residual_adds: int = KVLAB_OTHER_RESIDUAL_ADDS
 
 
 def attention_backend(meta: dict[str, object]) -> str | None:
@@ -211,6 +221,8 @@ _SIDECAR_KEYS: tuple[tuple[str, bool, Callable[[object], bool], str], ...] = (
     ("dtype", False, lambda v: v is None or _is_name(v), "a dtype name, or null"),
     ("attention", False, lambda v: v is None or _is_name(v), "a backend name, or null"),
     ("ops", False, _is_ops, f"a list of op names from {', '.join(OPS)}"),
+    ("other_residual_adds", False, lambda v: v in (0, 1, 2) and type(v) is int,
+     "0, 1 or 2 (a JSON integer): the residual adds 'other' timed"),
 )  # fmt: skip
 
 
@@ -285,6 +297,7 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
         f"kvlab operator profile {shown_path(p)} ({meta.get('model')} on {meta.get('gpu')}, "
         f"{meta.get('date', 'undated')})",
         meta,
+        cast(int, meta.get("other_residual_adds", KVLAB_OTHER_RESIDUAL_ADDS)),
     )  # fmt: skip
 
 
@@ -297,10 +310,10 @@ def shown_path(path: Path) -> str:
         return str(Path(path.parent.name) / path.name)
 
 
-def _vidur_shape(path: Path, row: int, r: dict[str, str]) -> LayerShape:
+def _vidur_shape(path: Path, row: int, r: dict[str, str], rotary: bool) -> LayerShape:
     """The model shape Vidur's row ``row`` names: whole widths >= 1, ``n_embd`` a multiple
     of ``n_head`` and ``use_gated_mlp`` true or false; else a ProfileError naming the row
-    and column."""
+    and column. ``rotary``: whether the table timed rotary embeddings."""
     h, heads, kv_heads, ffn = (
         int(_size(path, row, k, r.get(k), 1))
         for k in ("n_embd", "n_head", "n_kv_head", "n_expanded_embd")
@@ -313,7 +326,7 @@ def _vidur_shape(path: Path, row: int, r: dict[str, str]) -> LayerShape:
             f"{path}: row {row}: use_gated_mlp is {r.get('use_gated_mlp')!r} (true or false)"
         )
     hd = h // heads
-    return LayerShape(h, heads * hd, kv_heads * hd, ffn, gated == "true", hd, heads)
+    return LayerShape(h, heads * hd, kv_heads * hd, ffn, gated == "true", hd, heads, rotary)
 
 
 def _vidur_time(path: Path, row: int, r: dict[str, str], op: str) -> float:
@@ -364,11 +377,14 @@ def read_vidur_profile(path: Path | str, tp: int = 1) -> OperatorProfile:
         t = np.array([x[j] for x in picked]) / 1e3
         _check(p, op, n, zeros, t, rows)
         ops[op] = (n, zeros, t)
-    shape = _vidur_shape(p, picked[0][3], picked[0][4])
+    # Vidur leaves an operator's times at 0 where the model has none
+    rotary = any(_vidur_time(p, x[3], x[4], "attn_rope") > 0 for x in picked)
+    shape = _vidur_shape(p, picked[0][3], picked[0][4], rotary)
     return OperatorProfile(
         ops, VIDUR_GPUS[gpu_dir], tp, None, shape, None,
         f"Vidur profile {gpu_dir}/{p.name} (microsoft/vidur 7d47513, MIT), tp {tp}, "
         f"{len(n)} token counts {int(n[0])}-{int(n[-1])}",
+        other_residual_adds=VIDUR_OTHER_RESIDUAL_ADDS,
     )  # fmt: skip
 
 

@@ -16,8 +16,16 @@ Otherwise the ``linear`` and ``other`` curves are first made non-decreasing
   datasheet peaks of each side's GPU with the layer's FLOPs and bytes
   (:mod:`sim.cost.work`): the profile gives the achieved fraction of the roofline at each
   token count (small batches reach neither peak), the target keeps that fraction;
-- ``other`` (elementwise, launch-bound at small N): ``profile(N × hidden_t / hidden_p)``;
-  not rescaled between GPUs;
+- ``other`` (elementwise: launch-bound at small N, bandwidth-bound at large N):
+  ``profile(N × (e_t / e_p) × (bandwidth_p / bandwidth_t))``, ``e`` the elements each
+  token's elementwise operators read and write on one GPU
+  (:func:`~sim.cost.work.elementwise_work`: norms and residual adds on the whole hidden
+  vector, rotary and the MLP activation on this GPU's share), counting the residual adds
+  the profile timed (:attr:`~sim.cost.profile.OperatorProfile.other_residual_adds`). Held
+  against Vidur's tables at tp 2-8, on another model and on the H100, this is within +1%
+  to +14% at 513-4,096 tokens, where the rule it replaced (``N × hidden_t / hidden_p``,
+  nothing split over tp or rescaled between GPUs) was +52% to +274% high
+  (``docs/validation/profile-transfer.md``);
 - ``lm_head`` (when not profiled on the target): the LM head's roofline at the linear
   operator's achieved fraction for the same row count;
 - attention, when the profile has none (Vidur's tables): the roofline's attention at the
@@ -72,7 +80,7 @@ from sim.cost.profile import (
     read_profile,
 )
 from sim.cost.roofline import RooflineCostModel
-from sim.cost.work import layer_work, lm_head_work
+from sim.cost.work import elementwise_work, layer_work, lm_head_work
 
 DENSE_TOKENS = 8192  # token counts priced by table lookup; larger ones are computed
 _MEMO_LIMIT = 1 << 16  # prefill lengths remembered before the memo starts over
@@ -137,7 +145,15 @@ def prefill_equivalent_length(shape: BatchShape) -> float:
 def _layer_of(spec: ModelSpec) -> LayerShape:
     return LayerShape(
         spec.hidden_size, spec.q_size, spec.kv_size, spec.ffn_hidden_size, spec.gated_mlp,
-        spec.head_dim, spec.num_heads,
+        spec.head_dim, spec.num_heads, rotary=spec.family == "llama",
+    )  # fmt: skip
+
+
+def _elementwise_work(s: LayerShape, tp: int, residual_adds: int) -> float:
+    """Elements per token of one layer's elementwise operators on one of ``tp`` GPUs."""
+    return elementwise_work(
+        s.hidden_size, s.q_size // tp, s.kv_width_per_gpu(tp), s.ffn_hidden_size // tp,
+        s.gated_mlp, s.rotary, residual_adds,
     )  # fmt: skip
 
 
@@ -226,7 +242,14 @@ class ProfiledCostModel:
             lin_pts, oth_x, oth_pts = t_lin, n_oth, t_oth
         else:
             lin_pts = isotonic(t_lin * roof(p_t, act_t, g, n_lin) / roof(p_p, act_p, gp, n_lin))
-            oth_x, oth_pts = n_oth / (m.hidden_size / ref.hidden_size), isotonic(t_oth)
+            # the target's N tokens move the elements the profile's N x ratio did, at the
+            # profile's bandwidth; in the launch-bound flat part N barely matters
+            adds = prof.other_residual_adds
+            ratio = _elementwise_work(_layer_of(m), tp, adds) / _elementwise_work(
+                ref, prof.tp, adds
+            )
+            oth_x = n_oth / (ratio * gp.mem_bandwidth / g.mem_bandwidth)
+            oth_pts = isotonic(t_oth)
         if self.same and "lm_head" in prof.ops:
             lm_x, _, lm_pts = prof.ops["lm_head"]
         else:  # the LM head's roofline at the linear operator's achieved fraction
@@ -434,7 +457,8 @@ class ProfiledCostModel:
         prof = self.profile
         how = "used as measured" if self.same else (
             f"transferred from {prof.model or 'the profiled layer shape'} on {prof.gpu} "
-            f"(tp {prof.tp}) by the roofline ratio at each token count"
+            f"(tp {prof.tp}): matmuls by the roofline ratio at each token count, elementwise "
+            "operators by the elements a token moves on one GPU and memory bandwidth"
         )  # fmt: skip
         n, _, _ = prof.ops["linear"]
         pts = [1, 16, 64, 256, 1024, 4096]

@@ -49,6 +49,31 @@ def layer_work(
     return params, 4 * hidden + sharded / tp + 2 * kv_width
 
 
+def elementwise_work(
+    hidden: int,
+    q_width: int,
+    kv_width: int,
+    ffn_width: int,
+    gated: bool,
+    rotary: bool,
+    residual_adds: int,
+) -> float:
+    """Elements read and written per token, on one GPU, by a decoder layer's elementwise
+    operators (a profile's ``other``). ``q_width``, ``kv_width`` and ``ffn_width`` are this
+    GPU's shares (heads and MLP columns split over tp); norms and residual adds act on the
+    whole hidden vector on every GPU (Megatron-style tensor parallelism).
+
+    Two norms read and write the hidden vector (``4h``); each of ``residual_adds`` adds
+    reads two and writes one (``3h``); rotary, when the layer has it, reads and writes q
+    and k (``2 (q + kv)``); the MLP activation reads its input and writes its output
+    (``3 ffn`` gated: gate and up in, one out; ``2 ffn`` otherwise). These operators are
+    bound by launches at few tokens and by memory bandwidth at many.
+    """
+    act = (3 if gated else 2) * ffn_width
+    rope = 2 * (q_width + kv_width) if rotary else 0
+    return 4 * hidden + 3 * residual_adds * hidden + rope + act
+
+
 def model_layer_work(model: ModelSpec, tp: int) -> tuple[float, float]:
     """:func:`layer_work` of one of ``model``'s decoder layers on one of ``tp`` GPUs."""
     m = model
