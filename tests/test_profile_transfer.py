@@ -32,6 +32,12 @@ def test_the_bench_prices_every_held_out_table_at_every_measured_count(tmp_path:
         mine = [r for r in points if (r["target"], int(r["tp"])) == (label, tps[0])]
         assert [int(r["num_tokens"]) for r in mine] == n.astype(int).tolist()
         assert [float(r["linear_measured_ms"]) for r in mine] == pytest.approx(t * 1e3)
+    matrix = _rows(tmp_path / "shard_matrix.csv")
+    assert len(matrix) == 8 * 7  # every A100 table from every other
+    assert {(r["target"], r["target_tp"]) for r in matrix} == {
+        (r["source"], r["source_tp"]) for r in matrix
+    }
+    assert all((r["target"], r["target_tp"]) != (r["source"], r["source_tp"]) for r in matrix)
     errors = _rows(tmp_path / "transfer_errors.csv")
     assert len(errors) == len(pairs) * 3 * 4  # ops x (three bands and all)
     for r in errors:

@@ -18,8 +18,12 @@ For each, the profiled model built on the source for that model, GPU and tp pric
 ``linear`` and ``other`` at every measured token count (:meth:`ProfiledCostModel.
 layer_op_seconds`), against the measured medians. Writes ``--out``'s ``transfer_points.csv``
 (every point) and ``transfer_errors.csv`` (per target, tp, op and token band: mean signed
-error, mean absolute error, largest absolute error, in %), and prints the table. Nothing is
-fitted here.
+error, mean absolute error, largest absolute error, in %) and prints the table.
+
+Which shard a profile was measured on matters too: ``shard_matrix.csv`` prices every A100
+table's matmuls from every other A100 table (Llama-2-7B and CodeLlama-34B at tp 1, 2, 4,
+8: eight shards of 25-692 M weights), with each shard's weights beside the mean error on
+1-64 and 513-4,096 tokens. Nothing is fitted here.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from experiments.lib.cli import plain_cli
 from sim.catalog import ModelSpec, get_model
 from sim.cost.profile import LayerShape, OperatorProfile, read_vidur_profile
 from sim.cost.profiled import ProfiledCostModel
+from sim.cost.work import layer_work
 
 VIDUR = Path(__file__).resolve().parents[2] / "../shared/measurements/vidur"
 SOURCE = ("a100/mlp_llama-2-7b.csv", 1)
@@ -43,6 +48,10 @@ TARGETS = (
     ("A100 CodeLlama-34B", "a100/mlp_codellama-34b.csv", (1, 2, 4, 8)),
     ("A100 Llama-2-7B", "a100/mlp_llama-2-7b.csv", (2, 4, 8)),
     ("H100 Llama-2-7B", "h100/mlp_llama-2-7b.csv", (1, 2, 4, 8)),
+)
+MATRIX_TABLES = (
+    ("A100 Llama-2-7B", "a100/mlp_llama-2-7b.csv"),
+    ("A100 CodeLlama-34B", "a100/mlp_codellama-34b.csv"),
 )
 # token-count bands: decode-sized steps, mid-sized, prefill-sized
 BANDS = ((1, 64), (65, 512), (513, 4096))
@@ -132,6 +141,46 @@ def summary(errs: list[dict]) -> list[dict]:
     ]
 
 
+def shard_weights(prof: OperatorProfile) -> float:
+    """Matmul weights of one layer on one GPU of the table's tp (:func:`layer_work`)."""
+    s = prof.layer_shape
+    assert s is not None
+    return layer_work(
+        s.hidden_size, s.q_size, s.kv_width_per_gpu(prof.tp), s.ffn_hidden_size, s.gated_mlp,
+        prof.tp,
+    )[0]  # fmt: skip
+
+
+def shard_matrix(vidur: Path) -> list[dict]:
+    """Every A100 table's ``linear`` priced from every other A100 table (two models at four
+    tp each): the mean error on 1-64 and 513-4,096 tokens against both shards' weights."""
+    tables = [
+        (label, read_vidur_profile(vidur / path, tp))
+        for label, path in MATRIX_TABLES
+        for tp in (1, 2, 4, 8)
+    ]
+    rows = []
+    for target_label, target in tables:
+        for source_label, source in tables:
+            if source is target:
+                continue
+            errs = errors(points(source, target_label, target))
+            by = {e["tokens"]: e["mean_error_pct"] for e in errs if e["op"] == "linear"}
+            rows.append(
+                {
+                    "target": target_label,
+                    "target_tp": target.tp,
+                    "target_shard_M": round(shard_weights(target) / 1e6),
+                    "source": source_label,
+                    "source_tp": source.tp,
+                    "source_shard_M": round(shard_weights(source) / 1e6),
+                    "linear_err_pct_1_64": by[f"{BANDS[0][0]}-{BANDS[0][1]}"],
+                    "linear_err_pct_513_4096": by[f"{BANDS[-1][0]}-{BANDS[-1][1]}"],
+                }
+            )
+    return rows
+
+
 def run(vidur: Path) -> tuple[list[dict], list[dict]]:
     """(every point, the errors) of every held-out table against the source's transfer."""
     source = read_vidur_profile(vidur / SOURCE[0], SOURCE[1])
@@ -159,13 +208,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.vidur.is_dir():
         raise ConfigError("--vidur", "not a directory", str(args.vidur))
     all_points, errs = run(args.vidur)  # a damaged table: one line (plain_cli)
+    matrix = shard_matrix(args.vidur)
     print_table(
         "A100 Llama-2-7B tp 1 transferred, priced against measured (error %)", summary(errs)
     )
+    print_table("A100 matmuls priced from another A100 table (linear error %)", matrix)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(args.out / "transfer_points.csv", all_points)
-    write_csv(args.out / "transfer_errors.csv", errs)
-    print(f"wrote {args.out / 'transfer_points.csv'}, {args.out / 'transfer_errors.csv'}")
+    written = {"transfer_points.csv": all_points, "transfer_errors.csv": errs,
+               "shard_matrix.csv": matrix}  # fmt: skip
+    for name, rows in written.items():
+        write_csv(args.out / name, rows)
+    print("wrote " + ", ".join(str(args.out / name) for name in written))
     return 0
 
 
