@@ -25,7 +25,8 @@ context_tokens)`` strictly increase down the file (a size given twice is refused
 sidecar's ``model`` and ``gpu`` are non-empty strings, ``tp`` a JSON integer >= 1,
 ``block_size`` a power-of-two JSON integer or null/absent (not said: the run's block size
 is assumed), ``dtype`` and ``attention`` strings or null/absent, ``ops`` a list of op
-names.
+names, ``other_residual_adds`` the residual adds the ``other`` rows timed (0, 1 or 2;
+absent: 2, what kvlab's profiler times; the profile derived from Vidur's table says 1).
 
 Vidur's format (``mlp_<model>.csv``, e.g. ``../shared/measurements/vidur/a100/``): one row
 per ``num_tokens`` and ``num_tensor_parallel_workers`` with ``time_stats.<op>.median``
