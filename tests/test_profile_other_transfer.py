@@ -78,6 +78,23 @@ def test_the_residual_adds_a_profile_timed_weigh_the_unsharded_part(tmp_path: Pa
     assert priced == pytest.approx(PER_TOKEN_MS * TOKENS * 53_376 / 78_080)
 
 
+def test_kv_heads_past_the_tp_degree_are_replicated_not_split(tmp_path: Path) -> None:
+    """Llama-3.1-8B (h = q = 4096, 8 KV heads of 128, gated MLP 14336) at tp 16: each GPU
+    keeps one whole KV head, so rotary moves 2 (4096/16 + 128), not 2 (4096/16 + 1024/16):
+    4h + 6h + 2 x 384 + 3 x 896 = 44,416 elements a token (LLaMA-7B at tp 1: 90,368)."""
+    p = bandwidth_bound_profile(tmp_path / "p")
+    priced = other_ms(p, "llama-3.1-8b", "a100-80gb", tp=16)
+    assert priced == pytest.approx(PER_TOKEN_MS * TOKENS * 44_416 / 90_368)
+
+
+def test_a_profile_taken_at_tp_2_counts_its_own_shard(tmp_path: Path) -> None:
+    """A LLaMA-7B profile measured at tp 2 (65,664 elements a token) priced at tp 1
+    (90,368): the elementwise work grows by their ratio."""
+    p = bandwidth_bound_profile(tmp_path / "p", tp=2)
+    priced = other_ms(p, "llama-7b", "a100-80gb", tp=1)
+    assert priced == pytest.approx(PER_TOKEN_MS * TOKENS * 90_368 / 65_664)
+
+
 @pytest.mark.parametrize("value", [3, -1, 1.0, "1", True, None])
 def test_a_bad_other_residual_adds_names_the_sidecar_key(tmp_path: Path, value: object) -> None:
     p = bandwidth_bound_profile(tmp_path / "p", other_residual_adds=value)

@@ -40,7 +40,6 @@ from experiments.lib.cli import plain_cli
 from sim.catalog import ModelSpec, get_model
 from sim.cost.profile import LayerShape, OperatorProfile, read_vidur_profile
 from sim.cost.profiled import ProfiledCostModel
-from sim.cost.work import layer_work
 
 VIDUR = Path(__file__).resolve().parents[2] / "../shared/measurements/vidur"
 SOURCE = ("a100/mlp_llama-2-7b.csv", 1)
@@ -142,13 +141,9 @@ def summary(errs: list[dict]) -> list[dict]:
 
 
 def shard_weights(prof: OperatorProfile) -> float:
-    """Matmul weights of one layer on one GPU of the table's tp (:func:`layer_work`)."""
-    s = prof.layer_shape
-    assert s is not None
-    return layer_work(
-        s.hidden_size, s.q_size, s.kv_width_per_gpu(prof.tp), s.ffn_hidden_size, s.gated_mlp,
-        prof.tp,
-    )[0]  # fmt: skip
+    """Matmul weights of one layer on one GPU of the table's tp."""
+    assert prof.layer_shape is not None
+    return prof.layer_shape.work_per_gpu(prof.tp)[0]
 
 
 def shard_matrix(vidur: Path) -> list[dict]:
@@ -203,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="Vidur's profile tables: a100/, h100/ (default: "
                              "../shared/measurements/vidur beside the repository)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("results/profile_transfer"),
-                        help="directory for the two CSV files")  # fmt: skip
+                        help="directory for the three CSV files")  # fmt: skip
     args = parser.parse_args(argv)
     if not args.vidur.is_dir():
         raise ConfigError("--vidur", "not a directory", str(args.vidur))

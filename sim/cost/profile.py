@@ -54,6 +54,8 @@ from typing import cast
 
 import numpy as np
 
+from sim.cost.work import elementwise_work, layer_work
+
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 FORMAT = "kvlab-operator-profile/1"
 OPS = ("linear", "other", "attn_prefill", "attn_decode", "lm_head")
@@ -98,6 +100,22 @@ class LayerShape:
         """Width of each of K and V on one of ``tp`` GPUs: its KV heads (at least one,
         replicated when ``tp`` exceeds them) × head_dim."""
         return max(1, self.kv_size // self.head_dim // tp) * self.head_dim
+
+    def work_per_gpu(self, tp: int) -> tuple[float, float]:
+        """``(matmul weight elements, activation elements per token)`` of one layer on one
+        of ``tp`` GPUs (:func:`sim.cost.work.layer_work`)."""
+        return layer_work(
+            self.hidden_size, self.q_size, self.kv_width_per_gpu(tp), self.ffn_hidden_size,
+            self.gated_mlp, tp,
+        )  # fmt: skip
+
+    def elementwise_per_gpu(self, tp: int, residual_adds: int) -> float:
+        """Elements per token that one layer's elementwise operators move on one of ``tp``
+        GPUs, counting ``residual_adds`` adds (:func:`sim.cost.work.elementwise_work`)."""
+        return elementwise_work(
+            self.hidden_size, self.q_size // tp, self.kv_width_per_gpu(tp),
+            self.ffn_hidden_size // tp, self.gated_mlp, self.rotary, residual_adds,
+        )  # fmt: skip
 
 
 @dataclass

@@ -80,7 +80,7 @@ from sim.cost.profile import (
     read_profile,
 )
 from sim.cost.roofline import RooflineCostModel
-from sim.cost.work import elementwise_work, layer_work, lm_head_work
+from sim.cost.work import lm_head_work
 
 DENSE_TOKENS = 8192  # token counts priced by table lookup; larger ones are computed
 _MEMO_LIMIT = 1 << 16  # prefill lengths remembered before the memo starts over
@@ -149,21 +149,6 @@ def _layer_of(spec: ModelSpec) -> LayerShape:
     )  # fmt: skip
 
 
-def _elementwise_work(s: LayerShape, tp: int, residual_adds: int) -> float:
-    """Elements per token of one layer's elementwise operators on one of ``tp`` GPUs."""
-    return elementwise_work(
-        s.hidden_size, s.q_size // tp, s.kv_width_per_gpu(tp), s.ffn_hidden_size // tp,
-        s.gated_mlp, s.rotary, residual_adds,
-    )  # fmt: skip
-
-
-def _layer_work(s: LayerShape, tp: int) -> tuple[float, float]:
-    """(matmul weight elements, activation elements per token) of one layer per GPU."""
-    return layer_work(
-        s.hidden_size, s.q_size, s.kv_width_per_gpu(tp), s.ffn_hidden_size, s.gated_mlp, tp
-    )
-
-
 class ProfiledCostModel:
     """Step time of ``model`` on ``tp`` × ``gpu`` from ``profile``; see the module doc."""
 
@@ -221,8 +206,8 @@ class ProfiledCostModel:
         assert ref is not None
         same_layer = prof.model == m.name or (prof.model is None and ref == _layer_of(m))
         self.same = as_measured or (same_layer and gp.name == g.name and prof.tp == tp)
-        p_t, act_t = _layer_work(_layer_of(m), tp)
-        p_p, act_p = _layer_work(ref, prof.tp)
+        p_t, act_t = _layer_of(m).work_per_gpu(tp)
+        p_p, act_p = ref.work_per_gpu(prof.tp)
 
         def roof(params: float, act: float, spec: GPUSpec, n: np.ndarray) -> np.ndarray:
             return np.maximum(
@@ -245,8 +230,8 @@ class ProfiledCostModel:
             # the target's N tokens move the elements the profile's N x ratio did, at the
             # profile's bandwidth; in the launch-bound flat part N barely matters
             adds = prof.other_residual_adds
-            ratio = _elementwise_work(_layer_of(m), tp, adds) / _elementwise_work(
-                ref, prof.tp, adds
+            ratio = _layer_of(m).elementwise_per_gpu(tp, adds) / ref.elementwise_per_gpu(
+                prof.tp, adds
             )
             oth_x = n_oth / (ratio * gp.mem_bandwidth / g.mem_bandwidth)
             oth_pts = isotonic(t_oth)
