@@ -13,7 +13,7 @@ import pytest
 from experiments.bench.profile_transfer import VIDUR, run
 from sim.catalog import get_gpu
 from sim.cost.profile import FORMAT, ProfileError, read_profile
-from sim.cost.profiled import ProfiledCostModel
+from sim.cost.profiled import ProfiledCostModel, small_shard_note
 from sim.cost.work import elementwise_work
 from tests.test_profile_table_errors import vidur_rows, write_vidur
 
@@ -121,3 +121,32 @@ def test_held_out_vidur_tables_price_large_steps_elementwise_work_within_15_perc
     assert len(large) == 11
     for e in large:
         assert abs(e["mean_error_pct"]) <= 15, e
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "sim/cost/profiles/vidur-a100-llama-2-7b"
+
+
+def test_a_shard_far_smaller_than_the_profiled_layer_is_warned_of(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Llama-3.1-8B at tp 8 keeps 27 M matmul weights a layer per GPU, 7.4x fewer than the
+    shipped Llama-2-7B layer's 202 M: its small-batch matmuls come out low."""
+    with caplog.at_level("WARNING", logger="sim.cost.profiled"):
+        cost = ProfiledCostModel(SHIPPED, "llama-3.1-8b", "a100-80gb", tp=8)
+    assert cost.transfer_note is not None and "7.4x" in cost.transfer_note
+    assert [r.getMessage() for r in caplog.records] == [f"cost=profiled: {cost.transfer_note}"]
+    assert f"note: {cost.transfer_note}" in cost.describe()
+
+
+def test_the_reproductions_shards_are_not_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="sim.cost.profiled"):
+        for model, gpu, tp in (("opt-13b", "a100-40gb", 1), ("opt-66b", "a100-40gb", 4),
+                               ("opt-175b", "a100-80gb", 8)):  # fmt: skip
+            assert ProfiledCostModel(SHIPPED, model, gpu, tp=tp).transfer_note is None
+    assert not caplog.records
+
+
+def test_the_warning_starts_past_the_measured_ratio() -> None:
+    assert small_shard_note(2.8e6, 1e6) is None
+    assert small_shard_note(2.81e6, 1e6) is not None
+    assert small_shard_note(1e6, 10e6) is None  # a larger target is not warned of

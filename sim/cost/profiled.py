@@ -60,6 +60,7 @@ A profile is priced only at the dtype width it was measured in (its sidecar's ``
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -82,7 +83,14 @@ from sim.cost.profile import (
 from sim.cost.roofline import RooflineCostModel
 from sim.cost.work import lm_head_work
 
+log = logging.getLogger(__name__)
+
 DENSE_TOKENS = 8192  # token counts priced by table lookup; larger ones are computed
+# A profile whose layer holds more than this many times the target's matmul weights per GPU
+# priced the target's matmuls at 1-64 tokens 0.6-39% low on Vidur's A100 tables (16 pairs;
+# docs/validation/profile-transfer.md, shard_matrix.csv): small matrices reach less of the
+# GPU than the profiled ones did, which the roofline ratio does not carry.
+SMALL_SHARD_RATIO = 2.8
 _MEMO_LIMIT = 1 << 16  # prefill lengths remembered before the memo starts over
 
 
@@ -140,6 +148,21 @@ def prefill_equivalent_length(shape: BatchShape) -> float:
         return shape.prefill_tokens / shape.prefill_seqs
     pairs = shape.prefill_attn_pairs / shape.prefill_seqs
     return (math.sqrt(1.0 + 8.0 * pairs) - 1.0) / 2.0
+
+
+def small_shard_note(profiled_weights: float, target_weights: float) -> str | None:
+    """A warning when the profiled layer's matmul weights per GPU exceed the target's by more
+    than :data:`SMALL_SHARD_RATIO` (a small model, or a high tp), else None."""
+    ratio = profiled_weights / target_weights
+    if ratio <= SMALL_SHARD_RATIO:
+        return None
+    return (
+        f"the profiled layer holds {profiled_weights / 1e6:.0f} M matmul weights per GPU, "
+        f"{ratio:.1f}x the target's {target_weights / 1e6:.0f} M; on Vidur's A100 tables such "
+        "transfers (ratios 2.8-28) priced matmuls at 1-64 tokens 0.6-39% low (see "
+        "docs/validation/profile-transfer.md): profile the target's own shard for decode-"
+        "sized steps"
+    )
 
 
 def _layer_of(spec: ModelSpec) -> LayerShape:
@@ -208,6 +231,9 @@ class ProfiledCostModel:
         self.same = as_measured or (same_layer and gp.name == g.name and prof.tp == tp)
         p_t, act_t = _layer_of(m).work_per_gpu(tp)
         p_p, act_p = ref.work_per_gpu(prof.tp)
+        self.transfer_note = None if self.same else small_shard_note(p_p, p_t)
+        if self.transfer_note:
+            log.warning("cost=profiled: %s", self.transfer_note)
 
         def roof(params: float, act: float, spec: GPUSpec, n: np.ndarray) -> np.ndarray:
             return np.maximum(
@@ -466,4 +492,6 @@ class ProfiledCostModel:
             self.roofline.efficiency.describe(),
             describe_stack(self.stack),
         ]
+        if self.transfer_note:
+            lines.insert(2, f"  note: {self.transfer_note}")
         return "\n".join(lines)
