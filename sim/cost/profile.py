@@ -416,3 +416,36 @@ def read_profile(path: Path | str, tp: int = 1) -> OperatorProfile:
     if p.is_dir() or p.name == "operator_profile.csv":
         return read_kvlab_profile(p)
     return read_vidur_profile(p, tp)
+
+
+def is_profile_set(path: Path | str) -> bool:
+    """Whether ``path`` is a directory of profiles rather than one kvlab profile: a
+    directory without ``operator_profile.csv``."""
+    p = Path(path)
+    return p.is_dir() and not (p / "operator_profile.csv").exists()
+
+
+def _vidur_tps(path: Path) -> list[int]:
+    """The tensor-parallel degrees Vidur's table ``path`` holds rows of, ascending."""
+    key = "num_tensor_parallel_workers"
+    return sorted({int(_size(path, i, key, r.get(key), 1)) for i, r in _rows(path)})
+
+
+def read_profile_set(path: Path | str) -> list[OperatorProfile]:
+    """Every profile in the directory ``path``: each subdirectory holding
+    ``operator_profile.csv`` (kvlab's format) and each ``mlp_*.csv`` file (Vidur's, once per
+    tensor-parallel degree it holds; Vidur's other tables beside them are not profiles), in
+    name order; a ProfileError when it holds none or one is malformed."""
+    p = Path(path)
+    found: list[OperatorProfile] = []
+    for entry in sorted(p.iterdir()):
+        if entry.is_dir() and (entry / "operator_profile.csv").exists():
+            found.append(read_kvlab_profile(entry))
+        elif entry.is_file() and entry.name.startswith("mlp_") and entry.suffix == ".csv":
+            found += [read_vidur_profile(entry, tp) for tp in _vidur_tps(entry)]
+    if not found:
+        raise ProfileError(
+            f"{p}: no profiles here (a set holds kvlab profile directories or Vidur "
+            "mlp_*.csv tables)"
+        )
+    return found

@@ -78,7 +78,10 @@ from sim.cost.profile import (
     LayerShape,
     OperatorProfile,
     attention_backend,
+    is_profile_set,
     read_profile,
+    read_profile_set,
+    shown_path,
 )
 from sim.cost.roofline import RooflineCostModel
 from sim.cost.work import lm_head_work
@@ -160,9 +163,37 @@ def small_shard_note(profiled_weights: float, target_weights: float) -> str | No
         f"the profiled layer holds {profiled_weights / 1e6:.0f} M matmul weights per GPU, "
         f"{ratio:.1f}x the target's {target_weights / 1e6:.0f} M; on Vidur's A100 tables such "
         "transfers (ratios 2.8-28) priced matmuls at 1-64 tokens 0.6-39% low (see "
-        "docs/validation/profile-transfer.md): profile the target's own shard for decode-"
-        "sized steps"
+        "docs/validation/profile-transfer.md): profile the target's own shard, or give "
+        "cost.profile a directory of profiles to choose the nearest shard from"
     )
+
+
+def profiled_layer(prof: OperatorProfile) -> LayerShape:
+    """The decoder layer ``prof`` measured: its catalog model's, or the shape it carries."""
+    shape = _layer_of(get_model(prof.model)) if prof.model else prof.layer_shape
+    assert shape is not None
+    return shape
+
+
+def nearest_shard(
+    profiles: list[OperatorProfile], target: LayerShape, tp: int, gpu: str
+) -> OperatorProfile:
+    """The profile to transfer to ``target`` at ``tp`` on ``gpu``: among those measured on
+    ``gpu`` (all, when none was), the one whose layer holds per GPU the matmul weights
+    nearest the target's, by ratio; a tie goes to the first listed. A profile carries best
+    to shards of about its own size (``docs/validation/profile-transfer.md``: within 1.4x,
+    1-64-token matmuls -8% to +9% on Vidur's A100 tables; more than 2.8x apart, up to
+    -39% / +63%)."""
+    weights = target.work_per_gpu(tp)[0]
+
+    def on_gpu(prof: OperatorProfile) -> bool:
+        try:
+            return get_gpu(prof.gpu).name == gpu
+        except KeyError:
+            return False
+
+    pool = [p for p in profiles if on_gpu(p)] or profiles
+    return min(pool, key=lambda p: abs(math.log(profiled_layer(p).work_per_gpu(p.tp)[0] / weights)))
 
 
 def _layer_of(spec: ModelSpec) -> LayerShape:
@@ -189,9 +220,16 @@ class ProfiledCostModel:
         self.model = m = get_model(model)
         self.gpu = g = get_gpu(gpu)
         self.tp = tp
-        self.profile = prof = (
-            profile if isinstance(profile, OperatorProfile) else read_profile(profile, tp)
-        )
+        self.chosen_from: str | None = None  # the set the profile was chosen from
+        if isinstance(profile, OperatorProfile):
+            prof = profile
+        elif is_profile_set(profile) and not as_measured:
+            candidates = read_profile_set(profile)
+            prof = nearest_shard(candidates, _layer_of(m), tp, g.name)
+            self.chosen_from = f"{len(candidates)} profiles in {shown_path(Path(profile))}"
+        else:
+            prof = read_profile(profile, tp)
+        self.profile = prof
         if as_measured:
             # the profile was taken on the device being modelled, whatever ``gpu`` is called
             # (a CPU has no hardware entry): its times are used as they are
@@ -225,8 +263,7 @@ class ProfiledCostModel:
                 "profile at the run's dtype, set cost.dtype_bytes to match, or price it with "
                 "cost=roofline"
             )
-        ref = _layer_of(get_model(prof.model)) if prof.model else prof.layer_shape
-        assert ref is not None
+        ref = profiled_layer(prof)
         same_layer = prof.model == m.name or (prof.model is None and ref == _layer_of(m))
         self.same = as_measured or (same_layer and gp.name == g.name and prof.tp == tp)
         p_t, act_t = _layer_of(m).work_per_gpu(tp)
@@ -482,10 +519,15 @@ class ProfiledCostModel:
                 + ("the stack's kernel)" if self.stack.block_granular else
                    f"the profile's {attention_backend(prof.meta)} backend)")
             )  # fmt: skip
+        chosen = (
+            f"; chosen by the nearest shard size from {self.chosen_from}"
+            if self.chosen_from
+            else ""
+        )
         lines = [
             f"profiled cost model: {self.model.name} on {self.tp} × {self.gpu.name} "
             f"(block {self.block_size})",
-            f"  profile: {prof.source}; {how}",
+            f"  profile: {prof.source}; {how}{chosen}",
             f"  linear operator, achieved fraction of roofline by tokens/step: {curve}",
             f"  attention: {attn}",
             self.roofline.describe_hardware(),
