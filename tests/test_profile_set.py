@@ -31,6 +31,7 @@ def test_the_shard_nearest_the_targets_is_chosen(tmp_path: Path, tp: int, chosen
     cost = ProfiledCostModel(two_shards(tmp_path / "set"), "llama-3.1-8b", "a100-80gb", tp=tp)
     assert cost.profile.tp == chosen
     assert "chosen by the nearest shard size from 2 profiles" in cost.describe()
+    assert cost.config()["chosen_from"] == f"2 profiles in {tmp_path.name}/set"
 
 
 def test_a_profile_of_the_target_itself_is_used_as_measured(tmp_path: Path) -> None:

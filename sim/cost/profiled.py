@@ -497,6 +497,7 @@ class ProfiledCostModel:
             "block_size": self.block_size,
             "stack": self.stack.name,
             "profile": self.profile.source,
+            "chosen_from": self.chosen_from,
             "transferred": not self.same,
             "dtype_bytes": rf.dtype_bytes,
         }
