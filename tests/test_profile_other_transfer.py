@@ -118,7 +118,7 @@ def test_held_out_vidur_tables_price_large_steps_elementwise_work_within_15_perc
     274% high at tp >= 2 and on the H100 (docs/validation/profile-transfer.md)."""
     _, errors = run(VIDUR)
     large = [e for e in errors if e["op"] == "other" and e["tokens"] == "513-4096"]
-    assert len(large) == 11
+    assert len(large) == 15
     for e in large:
         assert abs(e["mean_error_pct"]) <= 15, e
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.bench.profile_transfer import TARGETS, VIDUR, main
+from experiments.bench.profile_transfer import SET_TARGETS, TARGETS, VIDUR, main
 from sim.cost.profile import read_vidur_profile
 from sim.cost.profiled import ProfiledCostModel
 
@@ -26,7 +26,7 @@ def test_the_bench_prices_every_held_out_table_at_every_measured_count(tmp_path:
     assert main(["--out", str(tmp_path)]) == 0
     points = _rows(tmp_path / "transfer_points.csv")
     pairs = {(r["target"], int(r["tp"])) for r in points}
-    assert pairs == {(label, tp) for label, _, tps in TARGETS for tp in tps}
+    assert pairs == {(label, tp) for label, _, tps in TARGETS + SET_TARGETS for tp in tps}
     for label, path, tps in TARGETS:
         n, _, t = read_vidur_profile(VIDUR / path, tps[0]).ops["linear"]
         mine = [r for r in points if (r["target"], int(r["tp"])) == (label, tps[0])]
