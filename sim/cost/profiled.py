@@ -4,6 +4,10 @@ Per step: ``layers × (linear(N) + other(N)) + lm_head(rows) + attention`` where
 step's tokens and ``rows`` its sampled rows, plus all-reduces, transfers and the stack's
 CPU time (as in :class:`~sim.cost.roofline.RooflineCostModel`).
 
+The profile is one profile, or a directory of them (:func:`~sim.cost.profile.
+read_profile_set`), of which :func:`nearest_shard` takes the one to use. A transfer to a
+shard far smaller than the profiled one is warned of (:func:`small_shard_note`).
+
 When the profile was measured on the simulated model, GPU and tp (or ``as_measured``: the
 profile was taken on the device being modelled, e.g. a CPU, which has no hardware entry),
 its times are used as they are (linear interpolation between token counts, linear
