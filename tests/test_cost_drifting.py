@@ -16,25 +16,13 @@ from experiments.bench.speed_timeline import speed_timeline
 from sim.cost import CostModel, RecordedCostModel
 from sim.cost.drifting import DriftingCostModel
 from sim.driver import simulate
+from tests.cost_helpers import ConstantCost
 
 STEP = BatchShape(decode_seqs=1, decode_ctx_tokens=8)
 
 
-class _Constant:
-    """Every step takes ``seconds``."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def step_time(self, shape: BatchShape) -> float:
-        return self.seconds
-
-    def describe(self) -> str:
-        return f"{self.seconds} s a step"
-
-
 def test_each_step_takes_the_speed_of_the_stretch_it_falls_in() -> None:
-    drifting = DriftingCostModel(_Constant(0.5), [1.0, 2.0, 4.0], expected_steps=6)
+    drifting = DriftingCostModel(ConstantCost(0.5), [1.0, 2.0, 4.0], expected_steps=6)
     assert isinstance(drifting, CostModel) and drifting.priced_in_order
     # steps 0-1 in the first third, 2-3 in the second, 4-5 and any past the count in the last
     assert [drifting.step_time(STEP) for _ in range(8)] == [0.5, 0.5, 1, 1, 2, 2, 2, 2]
@@ -42,7 +30,7 @@ def test_each_step_takes_the_speed_of_the_stretch_it_falls_in() -> None:
     assert "3 stretches over 6 expected steps, 1.00-4.00" in drifting.describe()
     for speeds, expected in (([], 4), ([1.0, 0.0], 4), ([1.0], 0)):
         with pytest.raises(ValueError):
-            DriftingCostModel(_Constant(0.5), speeds, expected)
+            DriftingCostModel(ConstantCost(0.5), speeds, expected)
 
 
 def test_the_simulator_prices_every_step_once_in_order() -> None:

@@ -12,17 +12,7 @@ from core.request import Request
 from core.sched.base import BaseScheduler, SchedulerConfig
 from core.systems import build_scheduler
 from sim.driver import StepPriceError, simulate
-
-
-class ConstantCost:
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def step_time(self, shape: object) -> float:
-        return self.seconds
-
-    def describe(self) -> str:
-        return f"{self.seconds} s a step"
+from tests.cost_helpers import ConstantCost
 
 
 def _scheduler() -> BaseScheduler:
