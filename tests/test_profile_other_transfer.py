@@ -5,6 +5,7 @@ by the elements each token moves on one GPU and by memory bandwidth
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 from experiments.bench.profile_transfer import VIDUR, run
 from sim.catalog import get_gpu
-from sim.cost.profile import FORMAT, ProfileError, read_profile
+from sim.cost.profile import FORMAT, ProfileError, read_kvlab_profile, read_profile
 from sim.cost.profiled import ProfiledCostModel, small_shard_note
 from sim.cost.work import elementwise_work
 from tests.test_profile_table_errors import vidur_rows, write_vidur
@@ -126,13 +127,18 @@ def test_held_out_vidur_tables_price_large_steps_elementwise_work_within_15_perc
 SHIPPED = Path(__file__).resolve().parents[1] / "sim/cost/profiles/vidur-a100-llama-2-7b"
 
 
-def test_a_shard_far_smaller_than_the_profiled_layer_is_warned_of(
+def test_a_shard_far_smaller_than_the_profiled_layer_is_warned_of_without_a_fixed_part(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Llama-3.1-8B at tp 8 keeps 27 M matmul weights a layer per GPU, 7.4x fewer than the
-    shipped Llama-2-7B layer's 202 M: its small-batch matmuls come out low."""
+    shipped Llama-2-7B layer's 202 M: without the profile's fixed part its small-batch
+    matmuls come out low; with it (the shipped sidecar's) there is nothing to warn of."""
     with caplog.at_level("WARNING", logger="sim.cost.profiled"):
-        cost = ProfiledCostModel(SHIPPED, "llama-3.1-8b", "a100-80gb", tp=8)
+        assert ProfiledCostModel(SHIPPED, "llama-3.1-8b", "a100-80gb", tp=8).transfer_note is None
+    assert not caplog.records
+    bare = replace(read_kvlab_profile(SHIPPED), linear_fixed_s=0.0)
+    with caplog.at_level("WARNING", logger="sim.cost.profiled"):
+        cost = ProfiledCostModel(bare, "llama-3.1-8b", "a100-80gb", tp=8)
     assert cost.transfer_note is not None and "7.4x" in cost.transfer_note
     assert [r.getMessage() for r in caplog.records] == [f"cost=profiled: {cost.transfer_note}"]
     assert f"note: {cost.transfer_note}" in cost.describe()

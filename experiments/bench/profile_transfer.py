@@ -26,7 +26,14 @@ error, mean absolute error, largest absolute error, in %) and prints the table.
 Which shard a profile was measured on matters too: ``shard_matrix.csv`` prices every A100
 table's matmuls from every other A100 table (Llama-2-7B and CodeLlama-34B at tp 1, 2, 4,
 8: eight shards of 25-692 M weights), with each shard's weights beside the mean error on
-1-64 and 513-4,096 tokens. Nothing is fitted here.
+1-64 and 513-4,096 tokens.
+
+One constant is fitted: the matmuls' fixed part (:mod:`sim.cost.fixed_latency`). The source
+carries the shipped profile's, fitted on CodeLlama-34B's A100 tables, so the A100
+Llama-2-7B and H100 rows hold it out and the CodeLlama-34B rows do not; each A100 table of
+the set carries its own table's; in ``shard_matrix.csv`` each source carries the other
+model's. ``--no-fixed-part`` prices every transfer without one (the rule before
+2026-12-05's fixed part: ``docs/validation/profile-transfer/after/``).
 """
 
 from __future__ import annotations
@@ -42,11 +49,18 @@ from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import plain_cli
 from sim.catalog import ModelSpec, get_model
-from sim.cost.profile import LayerShape, OperatorProfile, read_vidur_profile
-from sim.cost.profiled import ProfiledCostModel
+from sim.cost.profile import (
+    LayerShape,
+    OperatorProfile,
+    read_profile_set,
+    read_vidur_profile,
+    read_vidur_tables,
+)
+from sim.cost.profiled import ProfiledCostModel, nearest_shard
 
 VIDUR = Path(__file__).resolve().parents[2] / "../shared/measurements/vidur"
 SOURCE = ("a100/mlp_llama-2-7b.csv", 1)
+FIXED_SOURCE = "a100/mlp_codellama-34b.csv"  # as experiments.lib.embed_profile's
 TARGETS = (
     ("A100 CodeLlama-34B", "a100/mlp_codellama-34b.csv", (1, 2, 4, 8)),
     ("A100 Llama-2-7B", "a100/mlp_llama-2-7b.csv", (2, 4, 8)),
@@ -79,12 +93,16 @@ def model_of(shape: LayerShape, name: str) -> ModelSpec:
     )
 
 
-def points(source: OperatorProfile | Path, label: str, measured: OperatorProfile) -> list[dict]:
+def points(
+    source: OperatorProfile | list[OperatorProfile], label: str, measured: OperatorProfile
+) -> list[dict]:
     """One row per measured token count: the measured and priced seconds of each op, priced
-    from ``source`` (a profile, or a directory of them:
-    :func:`sim.cost.profiled.nearest_shard`)."""
+    from ``source`` (a profile, or a set of them: :func:`sim.cost.profiled.nearest_shard`
+    picks one)."""
     assert measured.layer_shape is not None
     target = model_of(measured.layer_shape, label)
+    if isinstance(source, list):
+        source = nearest_shard(source, measured.layer_shape, measured.tp, measured.gpu)
     cost = ProfiledCostModel(source, target, measured.gpu, tp=measured.tp, stack="none")
     n, _, lin = measured.ops["linear"]
     n_other, _, other = measured.ops["other"]
@@ -155,14 +173,26 @@ def shard_weights(prof: OperatorProfile) -> float:
     return prof.layer_shape.work_per_gpu(prof.tp)[0]
 
 
-def shard_matrix(vidur: Path) -> list[dict]:
+def without_fixed_part(prof: OperatorProfile) -> OperatorProfile:
+    """``prof`` priced by the plain roofline ratio (no fixed part)."""
+    return replace(prof, linear_fixed_s=0.0, linear_fixed_source=None)
+
+
+def shard_matrix(vidur: Path, fixed_part: bool = True) -> list[dict]:
     """Every A100 table's ``linear`` priced from every other A100 table (two models at four
-    tp each): the mean error on 1-64 and 513-4,096 tokens against both shards' weights."""
-    tables = [
-        (label, read_vidur_profile(vidur / path, tp))
-        for label, path in MATRIX_TABLES
-        for tp in (1, 2, 4, 8)
-    ]
+    tp each): the mean error on 1-64 and 513-4,096 tokens against both shards' weights.
+    Each source carries the fixed part fitted on the other model's tables (or none)."""
+    by_model = {label: read_vidur_tables(vidur / path) for label, path in MATRIX_TABLES}
+    tables = []
+    for label, own in by_model.items():
+        other = next(t for lab, t in by_model.items() if lab != label)[0]
+        for prof in own:
+            held_out = replace(
+                prof,
+                linear_fixed_s=other.linear_fixed_s,
+                linear_fixed_source=other.linear_fixed_source,
+            )
+            tables.append((label, held_out if fixed_part else without_fixed_part(prof)))
     rows = []
     for target_label, target in tables:
         for source_label, source in tables:
@@ -185,9 +215,19 @@ def shard_matrix(vidur: Path) -> list[dict]:
     return rows
 
 
-def run(vidur: Path) -> tuple[list[dict], list[dict]]:
-    """(every point, the errors) of every held-out table against the source's transfer."""
-    source = read_vidur_profile(vidur / SOURCE[0], SOURCE[1])
+def run(vidur: Path, fixed_part: bool = True) -> tuple[list[dict], list[dict]]:
+    """(every point, the errors) of every held-out table against the source's transfer,
+    with the fixed parts the module doc says (or none)."""
+    fixed = read_vidur_tables(vidur / FIXED_SOURCE)[0]
+    source = replace(
+        read_vidur_profile(vidur / SOURCE[0], SOURCE[1]),
+        linear_fixed_s=fixed.linear_fixed_s,
+        linear_fixed_source=fixed.linear_fixed_source,
+    )
+    a100_set = read_profile_set(vidur / "a100")
+    if not fixed_part:
+        source = without_fixed_part(source)
+        a100_set = [without_fixed_part(p) for p in a100_set]
     all_points: list[dict] = []
     errs: list[dict] = []
     for label, path, tps in TARGETS:
@@ -197,7 +237,7 @@ def run(vidur: Path) -> tuple[list[dict], list[dict]]:
             errs += errors(rows)
     for label, path, tps in SET_TARGETS:  # from the A100 folder, by the nearest shard
         for tp in tps:
-            rows = points(vidur / "a100", label, read_vidur_profile(vidur / path, tp))
+            rows = points(a100_set, label, read_vidur_profile(vidur / path, tp))
             all_points += rows
             errs += errors(rows)
     return all_points, errs
@@ -213,13 +253,17 @@ def main(argv: list[str] | None = None) -> int:
                              "../shared/measurements/vidur beside the repository)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("results/profile_transfer"),
                         help="directory for the three CSV files")  # fmt: skip
+    parser.add_argument("--no-fixed-part", action="store_true",
+                        help="price every transfer by the plain roofline ratio, without the "
+                             "matmuls' fitted fixed part (the rule before it)")  # fmt: skip
     args = parser.parse_args(argv)
     if not args.vidur.is_dir():
         raise ConfigError("--vidur", "not a directory", str(args.vidur))
     # far shards are priced on purpose here: their warning is what the tables measure
     logging.getLogger("sim.cost.profiled").setLevel(logging.ERROR)
-    all_points, errs = run(args.vidur)  # a damaged table: one line (plain_cli)
-    matrix = shard_matrix(args.vidur)
+    fixed_part = not args.no_fixed_part
+    all_points, errs = run(args.vidur, fixed_part)  # a damaged table: one line (plain_cli)
+    matrix = shard_matrix(args.vidur, fixed_part)
     print_table(
         "priced against measured, error %: from the shipped A100 Llama-2-7B tp-1 table, or"
         " ('A100 set') from the A100 folder's table nearest each shard",

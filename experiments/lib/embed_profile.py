@@ -5,10 +5,15 @@
 MIT) with :func:`sim.cost.profile.read_vidur_profile` and writes its ``linear`` and ``other``
 operators, tp 1, in kvlab's operator-profile format to :data:`EMBEDDED`, so ``cost=profiled``
 (and ``experiments.reproduce``'s paper-era clock) runs on a machine without ``../shared``.
-The numbers are Vidur's medians summed per operator group, nothing else;
+The numbers are Vidur's medians summed per operator group;
 ``tests/test_embedded_profile.py`` checks the shipped file against a fresh derivation when
 ``../shared`` is present. Llama-2-7B's layer shape is LLaMA-7B's (hidden 4096, 32 heads,
 gated MLP 11008; Touvron et al. 2023), so the profile names the catalog's ``llama-7b``.
+
+The matmuls' fixed part (``linear_fixed_s``, :mod:`sim.cost.fixed_latency`) is fitted on
+another model's tables on the same GPU, :data:`FIXED_SOURCE` (CodeLlama-34B at tp 1, 2, 4
+and 8: shards of 87-692 M weights), so that Llama-2-7B's own tables at tp 2, 4 and 8 stay
+held out for the transfer it serves (``python -m experiments.bench.profile_transfer``).
 """
 
 from __future__ import annotations
@@ -20,16 +25,21 @@ import json
 from pathlib import Path
 
 from experiments.lib.results import write_atomic
-from sim.cost.profile import FORMAT, read_vidur_profile
+from sim.cost.profile import FORMAT, read_vidur_profile, read_vidur_tables
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = Path("../shared/measurements/vidur/a100/mlp_llama-2-7b.csv")
+FIXED_SOURCE = Path("../shared/measurements/vidur/a100/mlp_codellama-34b.csv")
 EMBEDDED = Path("sim/cost/profiles/vidur-a100-llama-2-7b")
 
 
-def derive(source: Path) -> tuple[str, dict[str, object]]:
-    """The profile CSV text and sidecar derived from Vidur's ``source`` table."""
+def derive(source: Path, fixed_source: Path) -> tuple[str, dict[str, object]]:
+    """The profile CSV text and sidecar derived from Vidur's ``source`` table at tp 1, with
+    the matmuls' fixed part fitted over ``fixed_source``'s tables (on the same GPU)."""
     prof = read_vidur_profile(source, tp=1)
+    fixed = read_vidur_tables(fixed_source)[0]
+    if fixed.gpu != prof.gpu:
+        raise ValueError(f"{fixed_source}: measured on {fixed.gpu}, the profile on {prof.gpu}")
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["op", "num_tokens", "context_tokens", "time_ms"])
@@ -46,6 +56,8 @@ def derive(source: Path) -> tuple[str, dict[str, object]]:
         "block_size": None,
         "ops": ["linear", "other"],
         "other_residual_adds": prof.other_residual_adds,
+        "linear_fixed_s": round(fixed.linear_fixed_s, 12),
+        "linear_fixed_source": f"{fixed.linear_fixed_source} (microsoft/vidur 7d47513, MIT)",
         "date": "Vidur commit 7d47513",
         "command": "python -m experiments.lib.embed_profile",
         "source": f"{prof.source}: linear = attn_pre_proj + attn_post_proj + mlp_up_proj + "
@@ -58,9 +70,9 @@ def derive(source: Path) -> tuple[str, dict[str, object]]:
 def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(
         prog="python -m experiments.lib.embed_profile",
-        description=f"Rewrite {EMBEDDED} from {SOURCE} (takes no arguments).",
+        description=f"Rewrite {EMBEDDED} from {SOURCE} and {FIXED_SOURCE} (takes no arguments).",
     ).parse_args(argv)
-    text, meta = derive(REPO / SOURCE)
+    text, meta = derive(REPO / SOURCE, REPO / FIXED_SOURCE)
     out = REPO / EMBEDDED
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "operator_profile.csv", text)

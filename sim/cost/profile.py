@@ -26,7 +26,10 @@ sidecar's ``model`` and ``gpu`` are non-empty strings, ``tp`` a JSON integer >= 
 ``block_size`` a power-of-two JSON integer or null/absent (not said: the run's block size
 is assumed), ``dtype`` and ``attention`` strings or null/absent, ``ops`` a list of op
 names, ``other_residual_adds`` the residual adds the ``other`` rows timed (0, 1 or 2;
-absent: 2, what kvlab's profiler times; the profile derived from Vidur's table says 1).
+absent: 2, what kvlab's profiler times; the profile derived from Vidur's table says 1),
+``linear_fixed_s`` the fixed part of the ``linear`` rows' time in seconds
+(:mod:`sim.cost.fixed_latency`; a number >= 0 below the smallest ``linear`` time; absent: 0)
+and ``linear_fixed_source`` where it comes from.
 
 Vidur's format (``mlp_<model>.csv``, e.g. ``../shared/measurements/vidur/a100/``): one row
 per ``num_tokens`` and ``num_tensor_parallel_workers`` with ``time_stats.<op>.median``
@@ -36,7 +39,9 @@ input_layernorm + attn_rope + post_attention_layernorm + mlp_act + add. It has n
 attention or LM-head rows; the shape comes from its ``n_head``, ``n_kv_head``, ``n_embd``,
 ``n_expanded_embd``, ``use_gated_mlp`` columns and the GPU from its directory (Vidur
 profiles ``a100`` on A100 80GB and ``h100`` on H100, per Vidur's README). Its
-``num_tokens`` are whole numbers >= 1 and its medians finite and >= 0.
+``num_tokens`` are whole numbers >= 1 and its medians finite and >= 0. The ``linear`` rows'
+fixed part is fitted across the tensor-parallel degrees the table holds (its shard sizes;
+:func:`with_fixed_latency`).
 
 Every defect found is a :class:`ProfileError` of one line naming the file and the row (the
 line a text editor shows) or the sidecar key.
@@ -46,14 +51,16 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
 import numpy as np
 
+from sim.cost.fixed_latency import fit_fixed_latency, mean_small_batch_time
 from sim.cost.work import elementwise_work, layer_work
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -124,7 +131,9 @@ class OperatorProfile:
     profile was measured. ``model`` is a catalog name or None (then ``layer_shape``).
     ``other_residual_adds`` is how many of the layer's two residual adds ``other`` timed.
     ``block_size`` is the KV block size the decode rows were measured at, or None when the
-    profile does not say (the run's block size is then assumed)."""
+    profile does not say (the run's block size is then assumed). ``linear_fixed_s`` is the
+    part of each ``linear`` time that does not scale with the matmuls' size (0: not known),
+    fitted as ``linear_fixed_source`` says."""
 
     ops: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
     gpu: str
@@ -135,6 +144,8 @@ class OperatorProfile:
     source: str
     meta: dict[str, object] = field(default_factory=dict)
     other_residual_adds: int = KVLAB_OTHER_RESIDUAL_ADDS
+    linear_fixed_s: float = 0.0
+    linear_fixed_source: str | None = None
 
 
 def attention_backend(meta: dict[str, object]) -> str | None:
@@ -231,6 +242,14 @@ def _is_ops(value: object) -> bool:
     return isinstance(value, list) and all(o in OPS for o in value)
 
 
+def _is_seconds(value: object) -> bool:
+    """A finite JSON number >= 0 (not a boolean)."""
+    if type(value) not in (int, float):
+        return False
+    number = cast(float, value)
+    return math.isfinite(number) and number >= 0
+
+
 # The sidecar's checked keys: (key, required, valid, what is expected).
 _SIDECAR_KEYS: tuple[tuple[str, bool, Callable[[object], bool], str], ...] = (
     ("model", True, _is_name, "a model name"),
@@ -242,6 +261,8 @@ _SIDECAR_KEYS: tuple[tuple[str, bool, Callable[[object], bool], str], ...] = (
     ("ops", False, _is_ops, f"a list of op names from {', '.join(OPS)}"),
     ("other_residual_adds", False, lambda v: v in (0, 1, 2) and type(v) is int,
      "0, 1 or 2 (a JSON integer): the residual adds 'other' timed"),
+    ("linear_fixed_s", False, _is_seconds, "a number of seconds >= 0"),
+    ("linear_fixed_source", False, _is_name, "a text saying where linear_fixed_s comes from"),
 )  # fmt: skip
 
 
@@ -310,6 +331,12 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
         n, c, t = (np.array([x[j] for x in items]) for j in range(3))
         _check(p, op, n, c, t / 1e3, [x[3] for x in items])
         ops[op] = (n, c, t / 1e3)
+    fixed = float(cast(float, meta.get("linear_fixed_s", 0.0)))
+    if fixed > 0 and fixed >= ops["linear"][2].min():
+        raise ProfileError(
+            f"{side}: key 'linear_fixed_s' is {fixed!r}; expected less than the smallest "
+            f"linear time ({ops['linear'][2].min()!r} s)"
+        )
     return OperatorProfile(
         ops, str(meta["gpu"]), cast(int, meta["tp"]), str(meta["model"]), None,
         cast("int | None", meta.get("block_size")),
@@ -317,6 +344,8 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
         f"{meta.get('date', 'undated')})",
         meta,
         cast(int, meta.get("other_residual_adds", KVLAB_OTHER_RESIDUAL_ADDS)),
+        fixed,
+        cast("str | None", meta.get("linear_fixed_source")),
     )  # fmt: skip
 
 
@@ -359,13 +388,51 @@ def _vidur_time(path: Path, row: int, r: dict[str, str], op: str) -> float:
 
 
 def read_vidur_profile(path: Path | str, tp: int = 1) -> OperatorProfile:
-    """Vidur's ``mlp_<model>.csv``: the rows with ``num_tensor_parallel_workers == tp``."""
+    """Vidur's ``mlp_<model>.csv``: the rows with ``num_tensor_parallel_workers == tp``,
+    with the ``linear`` rows' fixed part fitted over every degree the table holds."""
     p = Path(path)
+    _vidur_gpu(p)
+    if tp not in _vidur_tps(p):
+        raise ProfileError(f"{p}: no rows with num_tensor_parallel_workers == {tp}")
+    return next(t for t in read_vidur_tables(p) if t.tp == tp)
+
+
+def read_vidur_tables(path: Path | str) -> list[OperatorProfile]:
+    """Vidur's ``mlp_<model>.csv`` at every tensor-parallel degree it holds, ascending,
+    each with the fixed part fitted over all of them (:func:`with_fixed_latency`)."""
+    p = Path(path)
+    _vidur_gpu(p)
+    tables = [_read_vidur_tp(p, tp) for tp in _vidur_tps(p)]
+    return with_fixed_latency(tables, f"Vidur's {p.parent.name}/{p.name}")
+
+
+def with_fixed_latency(tables: list[OperatorProfile], name: str) -> list[OperatorProfile]:
+    """``tables`` (one model and GPU at several shard sizes) with ``linear_fixed_s`` set to
+    the fixed part :func:`~sim.cost.fixed_latency.fit_fixed_latency` finds across them."""
+    shards = []
+    for t in tables:
+        assert t.layer_shape is not None
+        n, _, time = t.ops["linear"]
+        shards.append((t.layer_shape.work_per_gpu(t.tp)[0], mean_small_batch_time(n, time)))
+    fit = fit_fixed_latency(shards)
+    tps = "/".join(str(t.tp) for t in tables)
+    source = f"{fit.note} of {name} (tp {tps}): {fit.seconds * 1e6:.1f} us"
+    return [replace(t, linear_fixed_s=fit.seconds, linear_fixed_source=source) for t in tables]
+
+
+def _vidur_gpu(p: Path) -> str:
+    """The catalog GPU of Vidur's table ``p``, named by its directory."""
     gpu_dir = p.parent.name
     if gpu_dir not in VIDUR_GPUS:
         raise ProfileError(
             f"{p}: GPU directory {gpu_dir!r} unknown; known: {', '.join(VIDUR_GPUS)}"
         )
+    return VIDUR_GPUS[gpu_dir]
+
+
+def _read_vidur_tp(p: Path, tp: int) -> OperatorProfile:
+    """The rows of Vidur's table ``p`` at ``tp`` (no fixed part: 0)."""
+    gpu_dir = p.parent.name
     picked: list[tuple[float, float, float, int, dict[str, str]]] = []
     for i, r in _rows(p):
         try:
@@ -400,7 +467,7 @@ def read_vidur_profile(path: Path | str, tp: int = 1) -> OperatorProfile:
     rotary = any(_vidur_time(p, x[3], x[4], "attn_rope") > 0 for x in picked)
     shape = _vidur_shape(p, picked[0][3], picked[0][4], rotary)
     return OperatorProfile(
-        ops, VIDUR_GPUS[gpu_dir], tp, None, shape, None,
+        ops, _vidur_gpu(p), tp, None, shape, None,
         f"Vidur profile {gpu_dir}/{p.name} (microsoft/vidur 7d47513, MIT), tp {tp}, "
         f"{len(n)} token counts {int(n[0])}-{int(n[-1])}",
         other_residual_adds=VIDUR_OTHER_RESIDUAL_ADDS,
@@ -442,7 +509,7 @@ def read_profile_set(path: Path | str) -> list[OperatorProfile]:
         if entry.is_dir() and (entry / "operator_profile.csv").exists():
             found.append(read_kvlab_profile(entry))
         elif entry.is_file() and entry.name.startswith("mlp_") and entry.suffix == ".csv":
-            found += [read_vidur_profile(entry, tp) for tp in _vidur_tps(entry)]
+            found += read_vidur_tables(entry)
     if not found:
         raise ProfileError(
             f"{p}: no profiles here (a set holds kvlab profile directories or Vidur "

@@ -16,10 +16,16 @@ then the device's own behaviour (a CPU's matrix-vector path at one row, say) and
 Otherwise the ``linear`` and ``other`` curves are first made non-decreasing
 (:func:`isotonic`) and each operator is *transferred*:
 
-- ``linear``: ``profile(N) × roofline_target(N) / roofline_profiled(N)``, the roofline at
-  datasheet peaks of each side's GPU with the layer's FLOPs and bytes
+- ``linear``: ``F' + (profile(N) - F) × roofline_target(N) / roofline_profiled(N)``, the
+  roofline at datasheet peaks of each side's GPU with the layer's FLOPs and bytes
   (:mod:`sim.cost.work`): the profile gives the achieved fraction of the roofline at each
-  token count (small batches reach neither peak), the target keeps that fraction;
+  token count (small batches reach neither peak), the target keeps that fraction. ``F`` is
+  the profile's fixed part (:attr:`~sim.cost.profile.OperatorProfile.linear_fixed_s`,
+  :mod:`sim.cost.fixed_latency`: launches and ramps, the same whatever the shard), ``F'``
+  it scaled by the GPUs' bandwidth ratio. With ``F`` = 0 (not known) this is the plain
+  roofline ratio, which priced shards 8x smaller than the profiled one 38-41% low at 1-64
+  tokens on Vidur's tables; with the fixed part fitted on another model's tables, -3.6% on
+  the A100 and -8.2% on the H100 (``docs/validation/profile-transfer.md``);
 - ``other`` (elementwise: launch-bound at small N, bandwidth-bound at large N):
   ``profile(N × (e_t / e_p) × (bandwidth_p / bandwidth_t))``, ``e`` the elements each
   token's elementwise operators read and write on one GPU
@@ -93,10 +99,11 @@ from sim.cost.work import lm_head_work
 log = logging.getLogger(__name__)
 
 DENSE_TOKENS = 8192  # token counts priced by table lookup; larger ones are computed
-# A profile whose layer holds more than this many times the target's matmul weights per GPU
-# priced the target's matmuls at 1-64 tokens 0.6-39% low on Vidur's A100 tables (16 pairs;
-# docs/validation/profile-transfer.md, shard_matrix.csv): small matrices reach less of the
-# GPU than the profiled ones did, which the roofline ratio does not carry.
+# A profile with no fixed part whose layer holds more than this many times the target's
+# matmul weights per GPU priced the target's matmuls at 1-64 tokens 0.6-39% low on Vidur's
+# A100 tables (16 pairs; docs/validation/profile-transfer.md, shard_matrix.csv): the fixed
+# part of a small matrix's time weighs more, which the plain roofline ratio does not carry.
+# With a fixed part fitted on the other model's tables, every pair was within -6.5..+6.7%.
 SMALL_SHARD_RATIO = 2.8
 _MEMO_LIMIT = 1 << 16  # prefill lengths remembered before the memo starts over
 
@@ -158,17 +165,20 @@ def prefill_equivalent_length(shape: BatchShape) -> float:
 
 
 def small_shard_note(profiled_weights: float, target_weights: float) -> str | None:
-    """A warning when the profiled layer's matmul weights per GPU exceed the target's by more
-    than :data:`SMALL_SHARD_RATIO` (a small model, or a high tp), else None."""
+    """A warning, for a profile with no fixed part (``linear_fixed_s`` 0), when the profiled
+    layer's matmul weights per GPU exceed the target's by more than
+    :data:`SMALL_SHARD_RATIO` (a small model, or a high tp), else None."""
     ratio = profiled_weights / target_weights
     if ratio <= SMALL_SHARD_RATIO:
         return None
     return (
         f"the profiled layer holds {profiled_weights / 1e6:.0f} M matmul weights per GPU, "
-        f"{ratio:.1f}x the target's {target_weights / 1e6:.0f} M; on Vidur's A100 tables such "
+        f"{ratio:.1f}x the target's {target_weights / 1e6:.0f} M, and the profile gives no "
+        "fixed part of its matmul time (linear_fixed_s); on Vidur's A100 tables such "
         "transfers (ratios 2.8-28) priced matmuls at 1-64 tokens 0.6-39% low (see "
-        "docs/validation/profile-transfer.md): profile the target's own shard, or give "
-        "cost.profile a directory of profiles to choose the nearest shard from"
+        "docs/validation/profile-transfer.md): give the profile a fixed part, profile the "
+        "target's own shard, or give cost.profile a directory of profiles to choose the "
+        "nearest shard from"
     )
 
 
@@ -272,7 +282,8 @@ class ProfiledCostModel:
         self.same = as_measured or (same_layer and gp.name == g.name and prof.tp == tp)
         p_t, act_t = _layer_of(m).work_per_gpu(tp)
         p_p, act_p = ref.work_per_gpu(prof.tp)
-        self.transfer_note = None if self.same else small_shard_note(p_p, p_t)
+        known_fixed = prof.linear_fixed_s > 0
+        self.transfer_note = None if self.same or known_fixed else small_shard_note(p_p, p_t)
         if self.transfer_note:
             log.warning("cost=profiled: %s", self.transfer_note)
 
@@ -293,7 +304,13 @@ class ProfiledCostModel:
         if self.same:
             lin_pts, oth_x, oth_pts = t_lin, n_oth, t_oth
         else:
-            lin_pts = isotonic(t_lin * roof(p_t, act_t, g, n_lin) / roof(p_p, act_p, gp, n_lin))
+            # the fixed part stays (scaled between GPUs as the weight stream is, so a
+            # same-shard transfer to another GPU is the plain roofline ratio); the rest
+            # keeps the profile's achieved fraction of the roofline
+            fixed = prof.linear_fixed_s
+            ratio_t = roof(p_t, act_t, g, n_lin) / roof(p_p, act_p, gp, n_lin)
+            fixed_t = fixed * gp.mem_bandwidth / g.mem_bandwidth
+            lin_pts = isotonic(fixed_t + (t_lin - fixed) * ratio_t)
             # the target's N tokens move the elements the profile's N x ratio did, at the
             # profile's bandwidth; in the launch-bound flat part N barely matters
             adds = prof.other_residual_adds
@@ -503,6 +520,7 @@ class ProfiledCostModel:
             "profile": self.profile.source,
             "chosen_from": self.chosen_from,
             "transferred": not self.same,
+            "linear_fixed_s": self.profile.linear_fixed_s,
             "dtype_bytes": rf.dtype_bytes,
         }
 
@@ -510,8 +528,11 @@ class ProfiledCostModel:
         prof = self.profile
         how = "used as measured" if self.same else (
             f"transferred from {prof.model or 'the profiled layer shape'} on {prof.gpu} "
-            f"(tp {prof.tp}): matmuls by the roofline ratio at each token count, elementwise "
-            "operators by the elements a token moves on one GPU and memory bandwidth"
+            f"(tp {prof.tp}): matmuls by the roofline ratio at each token count"
+            + (f" beyond a fixed part ({prof.linear_fixed_source or 'its sidecar'})"
+               if prof.linear_fixed_s > 0 else "")
+            + ", elementwise operators by the elements a token moves on one GPU and memory "
+            "bandwidth"
         )  # fmt: skip
         n, _, _ = prof.ops["linear"]
         pts = [1, 16, 64, 256, 1024, 4096]
