@@ -32,9 +32,9 @@ def test_shipped_profile_is_the_derivation_of_vidurs_table() -> None:
 @pytest.mark.parametrize("model,gpu", [("opt-13b", "a100-40gb"), ("llama-7b", "a100-80gb")])
 def test_shipped_profile_prices_steps_as_vidurs_table(model: str, gpu: str) -> None:
     shipped = build_cost_model("profiled", model, gpu, 1, profile=str(REPO / EMBEDDED))
-    fixed = shipped.profile.linear_fixed_s
-    assert fixed > 0
-    table = replace(read_vidur_profile(REPO / SOURCE), linear_fixed_s=fixed)
+    linear, other = shipped.profile.linear_fixed_s, shipped.profile.other_fixed_s
+    assert linear > 0 and other > 0
+    table = replace(read_vidur_profile(REPO / SOURCE), linear_fixed_s=linear, other_fixed_s=other)
     vidur = build_cost_model("profiled", model, gpu, 1, profile=table)
     rng = np.random.default_rng(0)
     for _ in range(50):

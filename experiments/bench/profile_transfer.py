@@ -175,7 +175,13 @@ def shard_weights(prof: OperatorProfile) -> float:
 
 def without_fixed_part(prof: OperatorProfile) -> OperatorProfile:
     """``prof`` priced by the plain roofline ratio (no fixed part)."""
-    return replace(prof, linear_fixed_s=0.0, linear_fixed_source=None)
+    return replace(
+        prof,
+        linear_fixed_s=0.0,
+        linear_fixed_source=None,
+        other_fixed_s=0.0,
+        other_fixed_source=None,
+    )
 
 
 def shard_matrix(vidur: Path, fixed_part: bool = True) -> list[dict]:
@@ -191,6 +197,8 @@ def shard_matrix(vidur: Path, fixed_part: bool = True) -> list[dict]:
                 prof,
                 linear_fixed_s=other.linear_fixed_s,
                 linear_fixed_source=other.linear_fixed_source,
+                other_fixed_s=other.other_fixed_s,
+                other_fixed_source=other.other_fixed_source,
             )
             tables.append((label, held_out if fixed_part else without_fixed_part(prof)))
     rows = []
@@ -223,6 +231,8 @@ def run(vidur: Path, fixed_part: bool = True) -> tuple[list[dict], list[dict]]:
         read_vidur_profile(vidur / SOURCE[0], SOURCE[1]),
         linear_fixed_s=fixed.linear_fixed_s,
         linear_fixed_source=fixed.linear_fixed_source,
+        other_fixed_s=fixed.other_fixed_s,
+        other_fixed_source=fixed.other_fixed_source,
     )
     a100_set = read_profile_set(vidur / "a100")
     if not fixed_part:

@@ -10,7 +10,8 @@ The numbers are Vidur's medians summed per operator group;
 ``../shared`` is present. Llama-2-7B's layer shape is LLaMA-7B's (hidden 4096, 32 heads,
 gated MLP 11008; Touvron et al. 2023), so the profile names the catalog's ``llama-7b``.
 
-The matmuls' fixed part (``linear_fixed_s``, :mod:`sim.cost.fixed_latency`) is fitted on
+The fixed parts of the matmuls and of the elementwise operators (``linear_fixed_s``,
+``other_fixed_s``, :mod:`sim.cost.fixed_latency`) are fitted on
 another model's tables on the same GPU, :data:`FIXED_SOURCE` (CodeLlama-34B at tp 1, 2, 4
 and 8: shards of 87-692 M weights), so that Llama-2-7B's own tables at tp 2, 4 and 8 stay
 held out for the transfer it serves (``python -m experiments.bench.profile_transfer``).
@@ -58,6 +59,8 @@ def derive(source: Path, fixed_source: Path) -> tuple[str, dict[str, object]]:
         "other_residual_adds": prof.other_residual_adds,
         "linear_fixed_s": round(fixed.linear_fixed_s, 12),
         "linear_fixed_source": f"{fixed.linear_fixed_source} (microsoft/vidur 7d47513, MIT)",
+        "other_fixed_s": round(fixed.other_fixed_s, 12),
+        "other_fixed_source": f"{fixed.other_fixed_source} (microsoft/vidur 7d47513, MIT)",
         "date": "Vidur commit 7d47513",
         "command": "python -m experiments.lib.embed_profile",
         "source": f"{prof.source}: linear = attn_pre_proj + attn_post_proj + mlp_up_proj + "

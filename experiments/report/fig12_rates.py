@@ -311,17 +311,16 @@ def section(
         "`fig12_curves.csv`, `fig12_capacity.csv`.",
         "",
         "tp > 1 (OPT-66B, OPT-175B) is priced by the same clock: the A100 operator profile "
-        "(measured at tp 1) transferred to each GPU's shard (matmuls by the roofline ratio "
-        "beyond a fixed part fitted on another model's tables, elementwise operators by the "
-        "elements a token moves on one GPU), plus a ring "
+        "(measured at tp 1) transferred to each GPU's shard (matmuls by the roofline ratio, "
+        "elementwise operators by the elements a token moves on one GPU, each beyond a fixed "
+        "part fitted on another model's tables), plus a ring "
         "all-reduce per layer from the datasheet link bandwidth (`sim/cost/profiled.py`, "
         "`sim/cost/roofline.py`). No serving step at tp > 1 was measured, so the 66B and 175B "
         "panels rest on that transfer. Held against Vidur's measured A100 layers at tp 2-8 "
         "(`docs/validation/profile-transfer.md`), it prices a layer within 5% (mean absolute "
         "error) on shards at least the profiled layer's size, as these panels' are; on "
-        "smaller shards the matmuls come out within -3.6% to +1.2% at 1-64 tokens, and the "
-        "layer 4-9% high there (its launch-bound elementwise operators). The all-reduce is "
-        "not checked.",
+        "smaller shards (Llama-2-7B at tp 2-8) the layer comes out within -4.9% to +0.7% at "
+        "1-64 tokens. The all-reduce is not checked.",
         "",
     ]
     gaps = []

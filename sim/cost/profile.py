@@ -27,9 +27,10 @@ sidecar's ``model`` and ``gpu`` are non-empty strings, ``tp`` a JSON integer >= 
 is assumed), ``dtype`` and ``attention`` strings or null/absent, ``ops`` a list of op
 names, ``other_residual_adds`` the residual adds the ``other`` rows timed (0, 1 or 2;
 absent: 2, what kvlab's profiler times; the profile derived from Vidur's table says 1),
-``linear_fixed_s`` the fixed part of the ``linear`` rows' time in seconds
-(:mod:`sim.cost.fixed_latency`; a number >= 0 below the smallest ``linear`` time; absent: 0)
-and ``linear_fixed_source`` where it comes from.
+``linear_fixed_s`` and ``other_fixed_s`` the fixed parts of the ``linear`` and ``other``
+rows' times in seconds (:mod:`sim.cost.fixed_latency`; a number >= 0 below the op's
+smallest time; absent: 0) and ``linear_fixed_source`` and ``other_fixed_source`` where they
+come from.
 
 Vidur's format (``mlp_<model>.csv``, e.g. ``../shared/measurements/vidur/a100/``): one row
 per ``num_tokens`` and ``num_tensor_parallel_workers`` with ``time_stats.<op>.median``
@@ -39,9 +40,9 @@ input_layernorm + attn_rope + post_attention_layernorm + mlp_act + add. It has n
 attention or LM-head rows; the shape comes from its ``n_head``, ``n_kv_head``, ``n_embd``,
 ``n_expanded_embd``, ``use_gated_mlp`` columns and the GPU from its directory (Vidur
 profiles ``a100`` on A100 80GB and ``h100`` on H100, per Vidur's README). Its
-``num_tokens`` are whole numbers >= 1 and its medians finite and >= 0. The ``linear`` rows'
-fixed part is fitted across the tensor-parallel degrees the table holds (its shard sizes;
-:func:`with_fixed_latency`).
+``num_tokens`` are whole numbers >= 1 and its medians finite and >= 0. The ``linear`` and
+``other`` rows' fixed parts are fitted across the tensor-parallel degrees the table holds
+(its shard sizes; :func:`with_fixed_latency`).
 
 Every defect found is a :class:`ProfileError` of one line naming the file and the row (the
 line a text editor shows) or the sidecar key.
@@ -131,9 +132,9 @@ class OperatorProfile:
     profile was measured. ``model`` is a catalog name or None (then ``layer_shape``).
     ``other_residual_adds`` is how many of the layer's two residual adds ``other`` timed.
     ``block_size`` is the KV block size the decode rows were measured at, or None when the
-    profile does not say (the run's block size is then assumed). ``linear_fixed_s`` is the
-    part of each ``linear`` time that does not scale with the matmuls' size (0: not known),
-    fitted as ``linear_fixed_source`` says."""
+    profile does not say (the run's block size is then assumed). ``linear_fixed_s`` and
+    ``other_fixed_s`` are the parts of each ``linear`` and ``other`` time that do not scale
+    with the layer's size (0: not known), fitted as the ``*_fixed_source`` texts say."""
 
     ops: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
     gpu: str
@@ -146,6 +147,8 @@ class OperatorProfile:
     other_residual_adds: int = KVLAB_OTHER_RESIDUAL_ADDS
     linear_fixed_s: float = 0.0
     linear_fixed_source: str | None = None
+    other_fixed_s: float = 0.0
+    other_fixed_source: str | None = None
 
 
 def attention_backend(meta: dict[str, object]) -> str | None:
@@ -263,6 +266,8 @@ _SIDECAR_KEYS: tuple[tuple[str, bool, Callable[[object], bool], str], ...] = (
      "0, 1 or 2 (a JSON integer): the residual adds 'other' timed"),
     ("linear_fixed_s", False, _is_seconds, "a number of seconds >= 0"),
     ("linear_fixed_source", False, _is_name, "a text saying where linear_fixed_s comes from"),
+    ("other_fixed_s", False, _is_seconds, "a number of seconds >= 0"),
+    ("other_fixed_source", False, _is_name, "a text saying where other_fixed_s comes from"),
 )  # fmt: skip
 
 
@@ -331,12 +336,14 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
         n, c, t = (np.array([x[j] for x in items]) for j in range(3))
         _check(p, op, n, c, t / 1e3, [x[3] for x in items])
         ops[op] = (n, c, t / 1e3)
-    fixed = float(cast(float, meta.get("linear_fixed_s", 0.0)))
-    if fixed > 0 and fixed >= ops["linear"][2].min():
-        raise ProfileError(
-            f"{side}: key 'linear_fixed_s' is {fixed!r}; expected less than the smallest "
-            f"linear time ({ops['linear'][2].min()!r} s)"
-        )
+    fixed = {}
+    for op in ("linear", "other"):
+        fixed[op] = float(cast(float, meta.get(f"{op}_fixed_s", 0.0)))
+        if fixed[op] > 0 and fixed[op] >= ops[op][2].min():
+            raise ProfileError(
+                f"{side}: key '{op}_fixed_s' is {fixed[op]!r}; expected less than the "
+                f"smallest {op} time ({ops[op][2].min()!r} s)"
+            )
     return OperatorProfile(
         ops, str(meta["gpu"]), cast(int, meta["tp"]), str(meta["model"]), None,
         cast("int | None", meta.get("block_size")),
@@ -344,8 +351,10 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
         f"{meta.get('date', 'undated')})",
         meta,
         cast(int, meta.get("other_residual_adds", KVLAB_OTHER_RESIDUAL_ADDS)),
-        fixed,
+        fixed["linear"],
         cast("str | None", meta.get("linear_fixed_source")),
+        fixed["other"],
+        cast("str | None", meta.get("other_fixed_source")),
     )  # fmt: skip
 
 
@@ -407,17 +416,26 @@ def read_vidur_tables(path: Path | str) -> list[OperatorProfile]:
 
 
 def with_fixed_latency(tables: list[OperatorProfile], name: str) -> list[OperatorProfile]:
-    """``tables`` (one model and GPU at several shard sizes) with ``linear_fixed_s`` set to
-    the fixed part :func:`~sim.cost.fixed_latency.fit_fixed_latency` finds across them."""
-    shards = []
-    for t in tables:
-        assert t.layer_shape is not None
-        n, _, time = t.ops["linear"]
-        shards.append((t.layer_shape.work_per_gpu(t.tp)[0], mean_small_batch_time(n, time)))
-    fit = fit_fixed_latency(shards)
+    """``tables`` (one model and GPU at several shard sizes) with ``linear_fixed_s`` and
+    ``other_fixed_s`` set to the fixed parts :func:`~sim.cost.fixed_latency.
+    fit_fixed_latency` finds across them: the matmuls' against their weights per GPU, the
+    elementwise operators' against the elements a token moves on one GPU."""
     tps = "/".join(str(t.tp) for t in tables)
-    source = f"{fit.note} of {name} (tp {tps}): {fit.seconds * 1e6:.1f} us"
-    return [replace(t, linear_fixed_s=fit.seconds, linear_fixed_source=source) for t in tables]
+    parts: dict[str, object] = {}
+    for op, size, unit in (("linear", "matmul weights per GPU", 1e6),
+                           ("other", "elementwise elements per token per GPU", 1e3)):  # fmt: skip
+        shards = []
+        for t in tables:
+            assert t.layer_shape is not None
+            shape = t.layer_shape
+            n, _, time = t.ops[op]
+            amount = (shape.work_per_gpu(t.tp)[0] if op == "linear"
+                      else shape.elementwise_per_gpu(t.tp, t.other_residual_adds))  # fmt: skip
+            shards.append((amount, mean_small_batch_time(n, time)))
+        fit = fit_fixed_latency(shards, size, unit)
+        parts[f"{op}_fixed_s"] = fit.seconds
+        parts[f"{op}_fixed_source"] = f"{fit.note} of {name} (tp {tps}): {fit.seconds * 1e6:.1f} us"
+    return [replace(t, **parts) for t in tables]  # type: ignore[arg-type]
 
 
 def _vidur_gpu(p: Path) -> str:

@@ -27,15 +27,19 @@ Otherwise the ``linear`` and ``other`` curves are first made non-decreasing
   tokens on Vidur's tables; with the fixed part fitted on another model's tables, -3.6% on
   the A100 and -8.2% on the H100 (``docs/validation/profile-transfer.md``);
 - ``other`` (elementwise: launch-bound at small N, bandwidth-bound at large N):
-  ``profile(N × (e_t / e_p) × (bandwidth_p / bandwidth_t))``, ``e`` the elements each
-  token's elementwise operators read and write on one GPU
+  ``G + (profile(N × bandwidth_p / bandwidth_t) - G) × e_t / e_p``, ``G`` the profile's
+  fixed part (:attr:`~sim.cost.profile.OperatorProfile.other_fixed_s`, the same on any
+  GPU: a flat launch-bound part), ``e`` the elements each token's elementwise operators
+  read and write on one GPU
   (:func:`~sim.cost.work.elementwise_work`: norms and residual adds on the whole hidden
   vector, rotary and the MLP activation on this GPU's share), counting the residual adds
-  the profile timed (:attr:`~sim.cost.profile.OperatorProfile.other_residual_adds`). Held
-  against Vidur's tables at tp 2-8, on another model and on the H100, this is within +1%
-  to +14% at 513-4,096 tokens, where the rule it replaced (``N × hidden_t / hidden_p``,
-  nothing split over tp or rescaled between GPUs) was +52% to +274% high
-  (``docs/validation/profile-transfer.md``);
+  the profile timed (:attr:`~sim.cost.profile.OperatorProfile.other_residual_adds`).
+  Without a fixed part, ``profile(N × (e_t / e_p) × (bandwidth_p / bandwidth_t))``: the
+  flat part is kept whole. Held against Vidur's tables at tp 2-8, on another model and on
+  the H100, that is within +1% to +14% at 513-4,096 tokens, where the rule it replaced
+  (``N × hidden_t / hidden_p``, nothing split over tp or rescaled between GPUs) was +52%
+  to +274% high; but +28% to +55% high at 1-64 tokens on Llama-2-7B's tp 2-8 shards,
+  -2.6% to -9.1% with the fixed part (``docs/validation/profile-transfer.md``);
 - ``lm_head`` (when not profiled on the target): the LM head's roofline at the linear
   operator's achieved fraction for the same row count;
 - attention, when the profile has none (Vidur's tables): the roofline's attention at the
@@ -304,21 +308,27 @@ class ProfiledCostModel:
         if self.same:
             lin_pts, oth_x, oth_pts = t_lin, n_oth, t_oth
         else:
-            # the fixed part stays (scaled between GPUs as the weight stream is, so a
-            # same-shard transfer to another GPU is the plain roofline ratio); the rest
-            # keeps the profile's achieved fraction of the roofline
+            # Each op's fixed part stays whole; the rest scales with the layer's size on one
+            # GPU. Between GPUs a fixed part moves as the op's small-batch time does without
+            # it, so a same-shard transfer to another GPU does not depend on it: the
+            # matmuls' by the bandwidth ratio (a weight stream), the elementwise operators'
+            # not at all (their launch-bound flat part stays flat; the rest moves along the
+            # token axis by bandwidth).
+            bw_ratio = gp.mem_bandwidth / g.mem_bandwidth
             fixed = prof.linear_fixed_s
             ratio_t = roof(p_t, act_t, g, n_lin) / roof(p_p, act_p, gp, n_lin)
-            fixed_t = fixed * gp.mem_bandwidth / g.mem_bandwidth
-            lin_pts = isotonic(fixed_t + (t_lin - fixed) * ratio_t)
-            # the target's N tokens move the elements the profile's N x ratio did, at the
-            # profile's bandwidth; in the launch-bound flat part N barely matters
+            lin_pts = isotonic(fixed * bw_ratio + (t_lin - fixed) * ratio_t)
             adds = prof.other_residual_adds
-            ratio = _layer_of(m).elementwise_per_gpu(tp, adds) / ref.elementwise_per_gpu(
+            e_ratio = _layer_of(m).elementwise_per_gpu(tp, adds) / ref.elementwise_per_gpu(
                 prof.tp, adds
             )
-            oth_x = n_oth / (ratio * gp.mem_bandwidth / g.mem_bandwidth)
-            oth_pts = isotonic(t_oth)
+            fixed = prof.other_fixed_s
+            if fixed > 0:
+                oth_x = n_oth / bw_ratio
+                oth_pts = isotonic(fixed + (t_oth - fixed) * e_ratio)
+            else:  # no fixed part known: along the token axis alone, the flat part kept
+                oth_x = n_oth / (e_ratio * bw_ratio)
+                oth_pts = isotonic(t_oth)
         if self.same and "lm_head" in prof.ops:
             lm_x, _, lm_pts = prof.ops["lm_head"]
         else:  # the LM head's roofline at the linear operator's achieved fraction
@@ -521,6 +531,7 @@ class ProfiledCostModel:
             "chosen_from": self.chosen_from,
             "transferred": not self.same,
             "linear_fixed_s": self.profile.linear_fixed_s,
+            "other_fixed_s": self.profile.other_fixed_s,
             "dtype_bytes": rf.dtype_bytes,
         }
 
@@ -533,6 +544,8 @@ class ProfiledCostModel:
                if prof.linear_fixed_s > 0 else "")
             + ", elementwise operators by the elements a token moves on one GPU and memory "
             "bandwidth"
+            + (f" beyond a fixed part ({prof.other_fixed_source or 'its sidecar'})"
+               if prof.other_fixed_s > 0 else "")
         )  # fmt: skip
         n, _, _ = prof.ops["linear"]
         pts = [1, 16, 64, 256, 1024, 4096]
