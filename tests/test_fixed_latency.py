@@ -15,6 +15,7 @@ from experiments.bench.profile_transfer import VIDUR, run, shard_matrix
 from sim.cost.fixed_latency import fit_fixed_latency, mean_small_batch_time
 from sim.cost.profile import FORMAT, ProfileError, read_kvlab_profile, read_vidur_tables
 from sim.cost.profiled import ProfiledCostModel, profiled_layer
+from tests.test_profile_table_errors import vidur_rows, write_vidur
 
 needs_shared = pytest.mark.skipif(not VIDUR.is_dir(), reason="../shared/measurements absent")
 SHIPPED = Path(__file__).resolve().parents[1] / "sim/cost/profiles/vidur-a100-llama-2-7b"
@@ -209,3 +210,21 @@ def test_every_a100_shard_prices_every_other_within_10_percent_with_a_held_out_f
     assert len(rows) == 56
     for r in rows:
         assert abs(r["linear_err_pct_1_64"]) < 10, r
+
+
+def test_a_fitted_fixed_part_stays_below_every_measured_time(tmp_path: Path) -> None:
+    """Tables whose small-batch means put the intercept above a single dipping point: the
+    fixed part is held to 0.9 of the smallest time, as a sidecar's must be below it."""
+    rows = []
+    for tp, per_op in (("1", {"1": "0.01", "2": "0.01"}), ("2", {"1": "0.0098", "2": "0.0072"})):
+        for row in vidur_rows(list(per_op)):
+            row["num_tensor_parallel_workers"] = tp
+            for key in row:
+                if key.startswith("time_stats."):
+                    row[key] = per_op[row["num_tokens"]]
+            rows.append(row)
+    tables = read_vidur_tables(write_vidur(tmp_path, rows))
+    smallest = min(float(t.ops["linear"][2].min()) for t in tables)
+    assert smallest == pytest.approx(4 * 0.0072e-3)
+    assert tables[0].linear_fixed_s == pytest.approx(0.9 * smallest)
+    assert f"{0.9 * smallest * 1e6:.1f} us" in str(tables[0].linear_fixed_source)
