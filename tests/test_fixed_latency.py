@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from experiments.bench.profile_transfer import VIDUR, run, shard_matrix
+from sim.catalog import get_gpu
 from sim.cost.fixed_latency import fit_fixed_latency, mean_small_batch_time
 from sim.cost.profile import FORMAT, ProfileError, read_kvlab_profile, read_vidur_tables
 from sim.cost.profiled import ProfiledCostModel, profiled_layer
@@ -96,6 +97,7 @@ def test_the_sidecar_gives_the_elementwise_fixed_part(tmp_path: Path) -> None:
      ("linear", "2e-5", "a number of seconds >= 0"),
      ("linear", 3e-4, "less than the smallest linear time"),
      ("other", float("inf"), "a number of seconds >= 0"),
+     ("other", 10**400, "a number of seconds >= 0"),
      ("other", 1e-5, "less than the smallest other time")],
 )  # fmt: skip
 def test_a_bad_fixed_part_names_the_sidecar_key(
@@ -155,7 +157,45 @@ def test_the_elementwise_rest_scales_with_the_elements_beyond_its_fixed_part(
     assert other_at(bare, "llama-7b", 8, 16) == pytest.approx(whole, rel=1e-9)
 
 
-def test_a_same_shard_transfer_to_another_gpu_does_not_depend_on_the_fixed_part() -> None:
+def sloped_profile(d: Path, **meta: object) -> Path:
+    """LLaMA-7B on an A100 80GB at tp 1 whose ``other`` is 5 us + 10 ns a token (ms below)."""
+    d.mkdir(parents=True, exist_ok=True)
+    tokens = (1, 16, 256, 1024, 4096)
+    rows = [f"linear,{n},0,{0.2 + 1e-3 * n}" for n in tokens]
+    rows += [f"other,{n},0,{0.005 + 1e-5 * n}" for n in tokens]
+    (d / "operator_profile.csv").write_text(
+        "op,num_tokens,context_tokens,time_ms\n" + "\n".join(rows) + "\n"
+    )
+    side = {"format": FORMAT, "model": "llama-7b", "gpu": "a100-80gb", "dtype": "float16",
+            "tp": 1, "ops": ["linear", "other"], **meta}  # fmt: skip
+    (d / "operator_profile.json").write_text(json.dumps(side))
+    return d
+
+
+def test_with_a_fixed_part_the_elementwise_token_axis_moves_by_bandwidth_alone(
+    tmp_path: Path,
+) -> None:
+    """``G + (t(N × bw_p / bw_t) - G) × e_t / e_p``: on the same GPU the token axis stays; on
+    the H100 it stretches by the bandwidth ratio, never by the elements ratio."""
+    fixed = 2e-6
+    prof = sloped_profile(tmp_path / "p", other_fixed_s=fixed)
+    layer = profiled_layer(read_kvlab_profile(prof))
+    e_ratio = layer.elementwise_per_gpu(8, 2) / layer.elementwise_per_gpu(1, 2)
+
+    def measured(n: float) -> float:  # the profile's own line, in s
+        return (0.005 + 1e-5 * n) * 1e-3
+
+    bw = get_gpu("a100-80gb").mem_bandwidth / get_gpu("h100").mem_bandwidth
+    for n in (16.0, 1024.0):
+        same_gpu = ProfiledCostModel(prof, "llama-7b", "a100-80gb", tp=8, stack="none")
+        got = float(same_gpu.layer_op_seconds("other", np.array([n]))[0])
+        assert got == pytest.approx(fixed + (measured(n) - fixed) * e_ratio, rel=1e-9)
+        h100 = ProfiledCostModel(prof, "llama-7b", "h100", tp=8, stack="none")
+        got = float(h100.layer_op_seconds("other", np.array([n]))[0])
+        assert got == pytest.approx(fixed + (measured(n * bw) - fixed) * e_ratio, rel=1e-9)
+
+
+def test_a_same_shard_small_batch_transfer_to_another_gpu_ignores_the_fixed_part() -> None:
     """A fixed part moves between GPUs as its op's small-batch time does without it: the
     matmuls' by the bandwidth ratio (a weight stream), the elementwise operators' not at
     all."""

@@ -249,7 +249,10 @@ def _is_seconds(value: object) -> bool:
     """A finite JSON number >= 0 (not a boolean)."""
     if type(value) not in (int, float):
         return False
-    number = cast(float, value)
+    try:
+        number = float(cast(float, value))
+    except OverflowError:  # a JSON integer past a float's range
+        return False
     return math.isfinite(number) and number >= 0
 
 
@@ -341,8 +344,8 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
         fixed[op] = float(cast(float, meta.get(f"{op}_fixed_s", 0.0)))
         if fixed[op] > 0 and fixed[op] >= ops[op][2].min():
             raise ProfileError(
-                f"{side}: key '{op}_fixed_s' is {fixed[op]!r}; expected less than the "
-                f"smallest {op} time ({ops[op][2].min()!r} s)"
+                f"{side}: key '{op}_fixed_s' is {fixed[op]:g}; expected less than the "
+                f"smallest {op} time ({float(ops[op][2].min()):g} s)"
             )
     return OperatorProfile(
         ops, str(meta["gpu"]), cast(int, meta["tp"]), str(meta["model"]), None,
@@ -419,7 +422,9 @@ def with_fixed_latency(tables: list[OperatorProfile], name: str) -> list[Operato
     """``tables`` (one model and GPU at several shard sizes) with ``linear_fixed_s`` and
     ``other_fixed_s`` set to the fixed parts :func:`~sim.cost.fixed_latency.
     fit_fixed_latency` finds across them: the matmuls' against their weights per GPU, the
-    elementwise operators' against the elements a token moves on one GPU."""
+    elementwise operators' against the elements a token moves on one GPU; each held to 0.9
+    of its op's smallest time in any table. Every table is read, so a damaged row at one
+    tp refuses the file at all of them."""
     tps = "/".join(str(t.tp) for t in tables)
     parts: dict[str, object] = {}
     for op, size, unit in (("linear", "matmul weights per GPU", 1e6),

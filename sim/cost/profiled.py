@@ -198,10 +198,11 @@ def nearest_shard(
 ) -> OperatorProfile:
     """The profile to transfer to ``target`` at ``tp`` on ``gpu``: among those measured on
     ``gpu`` (all, when none was), the one whose layer holds per GPU the matmul weights
-    nearest the target's, by ratio; a tie goes to the first listed. A profile carries best
-    to shards of about its own size (``docs/validation/profile-transfer.md``: within 1.4x,
-    1-64-token matmuls -8% to +9% on Vidur's A100 tables; more than 2.8x apart, up to
-    -39% / +63%)."""
+    nearest the target's, by ratio; a tie goes to the first listed. Without fixed parts a
+    profile carries best to shards of about its own size (``docs/validation/
+    profile-transfer.md``: within 1.4x, 1-64-token matmuls -8% to +9% on Vidur's A100
+    tables; more than 2.8x apart, up to -39% / +63%); with them, every pair there was
+    within -6.5% to +6.7%, and the nearest shard matters less."""
     weights = target.work_per_gpu(tp)[0]
 
     def on_gpu(prof: OperatorProfile) -> bool:
@@ -310,10 +311,11 @@ class ProfiledCostModel:
         else:
             # Each op's fixed part stays whole; the rest scales with the layer's size on one
             # GPU. Between GPUs a fixed part moves as the op's small-batch time does without
-            # it, so a same-shard transfer to another GPU does not depend on it: the
-            # matmuls' by the bandwidth ratio (a weight stream), the elementwise operators'
-            # not at all (their launch-bound flat part stays flat; the rest moves along the
-            # token axis by bandwidth).
+            # it, so a same-shard transfer to another GPU at small batches does not depend
+            # on it: the matmuls' by the bandwidth ratio (a weight stream; where they are
+            # compute-bound the rest moves by the peak ratio instead), the elementwise
+            # operators' not at all (their launch-bound flat part stays flat; the rest moves
+            # along the token axis by bandwidth).
             bw_ratio = gp.mem_bandwidth / g.mem_bandwidth
             fixed = prof.linear_fixed_s
             ratio_t = roof(p_t, act_t, g, n_lin) / roof(p_p, act_p, gp, n_lin)
