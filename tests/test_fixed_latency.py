@@ -61,11 +61,15 @@ def test_the_small_batch_time_is_the_mean_up_to_16_tokens() -> None:
     assert mean_small_batch_time(np.array([32.0, 64]), np.array([5.0, 9])) == 5.0
 
 
-def profile_dir(d: Path, **meta: object) -> Path:
-    """LLaMA-7B on an A100 80GB at tp 1, linear 0.2 ms + 1 us a token."""
+def profile_dir(
+    d: Path, other_ms: float = 0.01, other_ms_per_token: float = 0.0, **meta: object
+) -> Path:
+    """LLaMA-7B on an A100 80GB at tp 1: linear 0.2 ms + 1 us a token, other ``other_ms`` +
+    ``other_ms_per_token`` a token."""
     d.mkdir(parents=True, exist_ok=True)
-    rows = [f"{op},{n},0,{0.2 + 1e-3 * n if op == 'linear' else 0.01}"
-            for op in ("linear", "other") for n in (1, 16, 256, 4096)]  # fmt: skip
+    tokens = (1, 16, 256, 1024, 4096)
+    rows = [f"linear,{n},0,{0.2 + 1e-3 * n}" for n in tokens]
+    rows += [f"other,{n},0,{other_ms + other_ms_per_token * n}" for n in tokens]
     (d / "operator_profile.csv").write_text(
         "op,num_tokens,context_tokens,time_ms\n" + "\n".join(rows) + "\n"
     )
@@ -157,28 +161,13 @@ def test_the_elementwise_rest_scales_with_the_elements_beyond_its_fixed_part(
     assert other_at(bare, "llama-7b", 8, 16) == pytest.approx(whole, rel=1e-9)
 
 
-def sloped_profile(d: Path, **meta: object) -> Path:
-    """LLaMA-7B on an A100 80GB at tp 1 whose ``other`` is 5 us + 10 ns a token (ms below)."""
-    d.mkdir(parents=True, exist_ok=True)
-    tokens = (1, 16, 256, 1024, 4096)
-    rows = [f"linear,{n},0,{0.2 + 1e-3 * n}" for n in tokens]
-    rows += [f"other,{n},0,{0.005 + 1e-5 * n}" for n in tokens]
-    (d / "operator_profile.csv").write_text(
-        "op,num_tokens,context_tokens,time_ms\n" + "\n".join(rows) + "\n"
-    )
-    side = {"format": FORMAT, "model": "llama-7b", "gpu": "a100-80gb", "dtype": "float16",
-            "tp": 1, "ops": ["linear", "other"], **meta}  # fmt: skip
-    (d / "operator_profile.json").write_text(json.dumps(side))
-    return d
-
-
 def test_with_a_fixed_part_the_elementwise_token_axis_moves_by_bandwidth_alone(
     tmp_path: Path,
 ) -> None:
     """``G + (t(N × bw_p / bw_t) - G) × e_t / e_p``: on the same GPU the token axis stays; on
     the H100 it stretches by the bandwidth ratio, never by the elements ratio."""
     fixed = 2e-6
-    prof = sloped_profile(tmp_path / "p", other_fixed_s=fixed)
+    prof = profile_dir(tmp_path / "p", 0.005, 1e-5, other_fixed_s=fixed)
     layer = profiled_layer(read_kvlab_profile(prof))
     e_ratio = layer.elementwise_per_gpu(8, 2) / layer.elementwise_per_gpu(1, 2)
 
