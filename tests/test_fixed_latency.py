@@ -4,7 +4,6 @@ a smaller or larger shard (:mod:`sim.cost.profiled`)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,8 +13,9 @@ import pytest
 from experiments.bench.profile_transfer import VIDUR, run, shard_matrix
 from sim.catalog import get_gpu
 from sim.cost.fixed_latency import fit_fixed_latency, mean_small_batch_time
-from sim.cost.profile import FORMAT, ProfileError, read_kvlab_profile, read_vidur_tables
+from sim.cost.profile import ProfileError, read_kvlab_profile, read_vidur_tables
 from sim.cost.profiled import ProfiledCostModel, profiled_layer
+from tests.test_cost_profiled import write_profile
 from tests.test_profile_table_errors import vidur_rows, write_vidur
 
 needs_shared = pytest.mark.skipif(not VIDUR.is_dir(), reason="../shared/measurements absent")
@@ -66,17 +66,11 @@ def profile_dir(
 ) -> Path:
     """LLaMA-7B on an A100 80GB at tp 1: linear 0.2 ms + 1 us a token, other ``other_ms`` +
     ``other_ms_per_token`` a token."""
-    d.mkdir(parents=True, exist_ok=True)
     tokens = (1, 16, 256, 1024, 4096)
-    rows = [f"linear,{n},0,{0.2 + 1e-3 * n}" for n in tokens]
-    rows += [f"other,{n},0,{other_ms + other_ms_per_token * n}" for n in tokens]
-    (d / "operator_profile.csv").write_text(
-        "op,num_tokens,context_tokens,time_ms\n" + "\n".join(rows) + "\n"
-    )
-    side = {"format": FORMAT, "model": "llama-7b", "gpu": "a100-80gb", "dtype": "float16",
-            "tp": 1, "ops": ["linear", "other"], **meta}  # fmt: skip
-    (d / "operator_profile.json").write_text(json.dumps(side))
-    return d
+    rows = [("linear", n, 0, 0.2 + 1e-3 * n) for n in tokens]
+    rows += [("other", n, 0, other_ms + other_ms_per_token * n) for n in tokens]
+    side = {"model": "llama-7b", "gpu": "a100-80gb", "ops": ["linear", "other"], **meta}
+    return write_profile(d, rows, **side)
 
 
 def test_the_sidecar_gives_the_fixed_part_and_its_source(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ by the elements each token moves on one GPU and by memory bandwidth
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,9 +12,10 @@ import pytest
 
 from experiments.bench.profile_transfer import VIDUR, run
 from sim.catalog import get_gpu
-from sim.cost.profile import FORMAT, ProfileError, read_kvlab_profile, read_profile
+from sim.cost.profile import ProfileError, read_kvlab_profile, read_profile
 from sim.cost.profiled import ProfiledCostModel, small_shard_note
 from sim.cost.work import elementwise_work
+from tests.test_cost_profiled import write_profile
 from tests.test_profile_table_errors import vidur_rows, write_vidur
 
 needs_shared = pytest.mark.skipif(not VIDUR.is_dir(), reason="../shared/measurements absent")
@@ -25,15 +25,10 @@ PER_TOKEN_MS = 1e-4  # a made-up 'other' bound by bandwidth alone: time in propo
 
 def bandwidth_bound_profile(d: Path, **meta: object) -> Path:
     """LLaMA-7B on an A100 80GB at tp 1 whose ``other`` is PER_TOKEN_MS a token."""
-    d.mkdir(parents=True, exist_ok=True)
-    rows = [f"{op},{int(n)},0,{PER_TOKEN_MS * n if op == 'other' else 0.1 + 1e-3 * n}"
+    rows = [(op, int(n), 0, PER_TOKEN_MS * n if op == "other" else 0.1 + 1e-3 * n)
             for op in ("linear", "other") for n in TOKENS]  # fmt: skip
-    (d / "operator_profile.csv").write_text("op,num_tokens,context_tokens,time_ms\n"
-                                            + "\n".join(rows) + "\n")  # fmt: skip
-    side = {"format": FORMAT, "model": "llama-7b", "gpu": "a100-80gb", "dtype": "float16",
-            "tp": 1, "ops": ["linear", "other"], **meta}  # fmt: skip
-    (d / "operator_profile.json").write_text(json.dumps(side))
-    return d
+    side = {"model": "llama-7b", "gpu": "a100-80gb", "ops": ["linear", "other"], **meta}
+    return write_profile(d, rows, **side)
 
 
 def other_ms(profile: Path, model: str, gpu: str, tp: int = 1) -> np.ndarray:

@@ -56,7 +56,7 @@ from sim.cost.profile import (
     read_vidur_profile,
     read_vidur_tables,
 )
-from sim.cost.profiled import ProfiledCostModel, nearest_shard
+from sim.cost.profiled import ProfiledCostModel, nearest_shard, shard_weights
 
 VIDUR = Path(__file__).resolve().parents[2] / "../shared/measurements/vidur"
 SOURCE = ("a100/mlp_llama-2-7b.csv", 1)
@@ -165,12 +165,6 @@ def summary(errs: list[dict]) -> list[dict]:
         }
         for t, tp in dict.fromkeys((e["target"], e["tp"]) for e in errs)
     ]
-
-
-def shard_weights(prof: OperatorProfile) -> float:
-    """Matmul weights of one layer on one GPU of the table's tp."""
-    assert prof.layer_shape is not None
-    return prof.layer_shape.work_per_gpu(prof.tp)[0]
 
 
 def without_fixed_part(prof: OperatorProfile) -> OperatorProfile:

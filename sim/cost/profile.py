@@ -403,10 +403,10 @@ def read_vidur_profile(path: Path | str, tp: int = 1) -> OperatorProfile:
     """Vidur's ``mlp_<model>.csv``: the rows with ``num_tensor_parallel_workers == tp``,
     with the fixed parts fitted over every degree the table holds (:func:`read_vidur_tables`)."""
     p = Path(path)
-    _vidur_gpu(p)
-    if tp not in _vidur_tps(p):
-        raise ProfileError(f"{p}: no rows with num_tensor_parallel_workers == {tp}")
-    return next(t for t in read_vidur_tables(p) if t.tp == tp)
+    for table in read_vidur_tables(p):
+        if table.tp == tp:
+            return table
+    raise ProfileError(f"{p}: no rows with num_tensor_parallel_workers == {tp}")
 
 
 def read_vidur_tables(path: Path | str) -> list[OperatorProfile]:

@@ -193,6 +193,11 @@ def profiled_layer(prof: OperatorProfile) -> LayerShape:
     return shape
 
 
+def shard_weights(prof: OperatorProfile) -> float:
+    """Matmul weights of the profiled layer on one GPU of the profile's tp."""
+    return profiled_layer(prof).work_per_gpu(prof.tp)[0]
+
+
 def nearest_shard(
     profiles: list[OperatorProfile], target: LayerShape, tp: int, gpu: str
 ) -> OperatorProfile:
@@ -212,7 +217,7 @@ def nearest_shard(
             return False
 
     pool = [p for p in profiles if on_gpu(p)] or profiles
-    return min(pool, key=lambda p: abs(math.log(profiled_layer(p).work_per_gpu(p.tp)[0] / weights)))
+    return min(pool, key=lambda p: abs(math.log(shard_weights(p) / weights)))
 
 
 def _layer_of(spec: ModelSpec) -> LayerShape:
@@ -240,11 +245,12 @@ class ProfiledCostModel:
         self.gpu = g = get_gpu(gpu)
         self.tp = tp
         self.chosen_from: str | None = None  # the set the profile was chosen from
+        layer_t = _layer_of(m)
         if isinstance(profile, OperatorProfile):
             prof = profile
         elif is_profile_set(profile) and not as_measured:
             candidates = read_profile_set(profile)
-            prof = nearest_shard(candidates, _layer_of(m), tp, g.name)
+            prof = nearest_shard(candidates, layer_t, tp, g.name)
             self.chosen_from = f"{len(candidates)} profiles in {shown_path(Path(profile))}"
         else:
             prof = read_profile(profile, tp)
@@ -283,9 +289,9 @@ class ProfiledCostModel:
                 "cost=roofline"
             )
         ref = profiled_layer(prof)
-        same_layer = prof.model == m.name or (prof.model is None and ref == _layer_of(m))
+        same_layer = prof.model == m.name or (prof.model is None and ref == layer_t)
         self.same = as_measured or (same_layer and gp.name == g.name and prof.tp == tp)
-        p_t, act_t = _layer_of(m).work_per_gpu(tp)
+        p_t, act_t = layer_t.work_per_gpu(tp)
         p_p, act_p = ref.work_per_gpu(prof.tp)
         known_fixed = prof.linear_fixed_s > 0
         self.transfer_note = None if self.same or known_fixed else small_shard_note(p_p, p_t)
@@ -321,9 +327,7 @@ class ProfiledCostModel:
             ratio_t = roof(p_t, act_t, g, n_lin) / roof(p_p, act_p, gp, n_lin)
             lin_pts = isotonic(fixed * bw_ratio + (t_lin - fixed) * ratio_t)
             adds = prof.other_residual_adds
-            e_ratio = _layer_of(m).elementwise_per_gpu(tp, adds) / ref.elementwise_per_gpu(
-                prof.tp, adds
-            )
+            e_ratio = layer_t.elementwise_per_gpu(tp, adds) / ref.elementwise_per_gpu(prof.tp, adds)
             fixed = prof.other_fixed_s
             if fixed > 0:
                 oth_x = n_oth / bw_ratio
@@ -337,8 +341,7 @@ class ProfiledCostModel:
             lm_x = n_lin
             lm_pts = isotonic(roof(lm_params, lm_act, g, n_lin) / self._achieved)
 
-        self._linear_points = (n_lin, lin_pts)
-        self._other_points = (oth_x, oth_pts)
+        self._op_points = {"linear": (n_lin, lin_pts), "other": (oth_x, oth_pts)}
 
         def layer_s(n: np.ndarray) -> np.ndarray:
             return m.num_layers * (
@@ -380,10 +383,9 @@ class ProfiledCostModel:
         """Seconds of one decoder layer's ``op`` (``linear`` or ``other``, the profile's two
         token operators) for each of ``tokens`` rows on one GPU of the target, as priced:
         the profile's points as measured or transferred (module doc), interpolated."""
-        points = {"linear": self._linear_points, "other": self._other_points}
-        if op not in points:
+        if op not in self._op_points:
             raise ValueError(f"op must be 'linear' or 'other', got {op!r}")
-        xs, ys = points[op]
+        xs, ys = self._op_points[op]
         return interp_points(np.asarray(tokens, dtype=float), xs, ys)
 
     def _decode_curves(
