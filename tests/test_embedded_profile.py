@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from core.plan import BatchShape
-from experiments.lib.embed_profile import EMBEDDED, FIXED_SOURCE, REPO, SOURCE, derive
+from experiments.lib.embed_profile import (
+    ALLREDUCE_SOURCE,
+    EMBEDDED,
+    FIXED_SOURCE,
+    REPO,
+    SOURCE,
+    derive,
+)
 from sim.cost import build_cost_model
 from sim.cost.profile import ProfileError, read_kvlab_profile, read_vidur_profile
 
@@ -23,7 +30,7 @@ needs_shared = pytest.mark.skipif(
 
 @needs_shared
 def test_shipped_profile_is_the_derivation_of_vidurs_table() -> None:
-    text, meta = derive(REPO / SOURCE, REPO / FIXED_SOURCE)
+    text, meta = derive(REPO / SOURCE, REPO / FIXED_SOURCE, REPO / ALLREDUCE_SOURCE)
     assert (REPO / EMBEDDED / "operator_profile.csv").read_text() == text
     assert json.loads((REPO / EMBEDDED / "operator_profile.json").read_text()) == meta
 

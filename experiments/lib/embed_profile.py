@@ -15,6 +15,12 @@ The fixed parts of the matmuls and of the elementwise operators (``linear_fixed_
 another model's tables on the same GPU, :data:`FIXED_SOURCE` (CodeLlama-34B at tp 1, 2, 4
 and 8: shards of 87-692 M weights), so that Llama-2-7B's own tables at tp 2, 4 and 8 stay
 held out for the transfer it serves (``python -m experiments.bench.profile_transfer``).
+
+The tensor-parallel all-reduce's latency and achieved fraction of the peer link
+(``allreduce_latency_s``, ``peer_link_efficiency``, :mod:`sim.cost.allreduce`) are fitted on
+:data:`ALLREDUCE_SOURCE`, Vidur's all-reduce table on A100s, against the A100's NVLink
+(the catalog's ``a100-80gb``); ``python -m experiments.bench.allreduce_fit`` reports the fit's
+error on the sizes it holds out.
 """
 
 from __future__ import annotations
@@ -26,18 +32,27 @@ import json
 from pathlib import Path
 
 from experiments.lib.results import write_atomic
+from sim.catalog import get_gpu
+from sim.cost.allreduce import fit_allreduce, read_allreduce_table
 from sim.cost.profile import FORMAT, read_vidur_profile, read_vidur_tables
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = Path("../shared/measurements/vidur/a100/mlp_llama-2-7b.csv")
 FIXED_SOURCE = Path("../shared/measurements/vidur/a100/mlp_codellama-34b.csv")
+ALLREDUCE_SOURCE = Path("../shared/measurements/vidur/a100/all_reduce_pairwise_nvlink.csv")
+VIDUR = "microsoft/vidur 7d47513, MIT"
 EMBEDDED = Path("sim/cost/profiles/vidur-a100-llama-2-7b")
 
 
-def derive(source: Path, fixed_source: Path) -> tuple[str, dict[str, object]]:
+def derive(
+    source: Path, fixed_source: Path, allreduce_source: Path
+) -> tuple[str, dict[str, object]]:
     """The profile CSV text and sidecar derived from Vidur's ``source`` table at tp 1, with
-    the matmuls' fixed part fitted over ``fixed_source``'s tables (on the same GPU)."""
+    the matmuls' fixed part fitted over ``fixed_source``'s tables and the all-reduce's
+    constants over ``allreduce_source`` (both on the same GPU)."""
     prof = read_vidur_profile(source, tp=1)
+    link = get_gpu(prof.gpu).peer_link_bandwidth
+    allreduce = fit_allreduce(read_allreduce_table(allreduce_source), link)
     fixed = read_vidur_tables(fixed_source)[0]
     if fixed.gpu != prof.gpu:
         raise ValueError(f"{fixed_source}: measured on {fixed.gpu}, the profile on {prof.gpu}")
@@ -58,9 +73,12 @@ def derive(source: Path, fixed_source: Path) -> tuple[str, dict[str, object]]:
         "ops": ["linear", "other"],
         "other_residual_adds": prof.other_residual_adds,
         "linear_fixed_s": round(fixed.linear_fixed_s, 12),
-        "linear_fixed_source": f"{fixed.linear_fixed_source} (microsoft/vidur 7d47513, MIT)",
+        "linear_fixed_source": f"{fixed.linear_fixed_source} ({VIDUR})",
         "other_fixed_s": round(fixed.other_fixed_s, 12),
-        "other_fixed_source": f"{fixed.other_fixed_source} (microsoft/vidur 7d47513, MIT)",
+        "other_fixed_source": f"{fixed.other_fixed_source} ({VIDUR})",
+        "allreduce_latency_s": round(allreduce.latency_s, 12),
+        "peer_link_efficiency": round(allreduce.efficiency, 6),
+        "allreduce_source": f"NCCL ring all-reduce, Vidur's {allreduce.note} ({VIDUR})",
         "date": "Vidur commit 7d47513",
         "command": "python -m experiments.lib.embed_profile",
         "source": f"{prof.source}: linear = attn_pre_proj + attn_post_proj + mlp_up_proj + "
@@ -73,9 +91,10 @@ def derive(source: Path, fixed_source: Path) -> tuple[str, dict[str, object]]:
 def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(
         prog="python -m experiments.lib.embed_profile",
-        description=f"Rewrite {EMBEDDED} from {SOURCE} and {FIXED_SOURCE} (takes no arguments).",
+        description=f"Rewrite {EMBEDDED} from {SOURCE}, {FIXED_SOURCE} and {ALLREDUCE_SOURCE} "
+        "(takes no arguments).",
     ).parse_args(argv)
-    text, meta = derive(REPO / SOURCE, REPO / FIXED_SOURCE)
+    text, meta = derive(REPO / SOURCE, REPO / FIXED_SOURCE, REPO / ALLREDUCE_SOURCE)
     out = REPO / EMBEDDED
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "operator_profile.csv", text)

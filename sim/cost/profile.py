@@ -30,6 +30,9 @@ absent: 2, what kvlab's profiler times; the profile derived from Vidur's table s
 ``linear_fixed_s`` and ``other_fixed_s`` the fixed parts of the ``linear`` and ``other``
 rows' times in seconds (:mod:`sim.cost.fixed_latency`; a number >= 0 below the op's
 smallest time; absent: 0) and ``linear_fixed_source`` and ``other_fixed_source`` where they
+come from, and ``allreduce_latency_s`` (seconds >= 0; absent: 0) and
+``peer_link_efficiency`` (in (0, 1]; absent: 1) the tensor-parallel all-reduce's constants
+measured on the profile's GPU (:mod:`sim.cost.allreduce`), ``allreduce_source`` where they
 come from.
 
 Vidur's format (``mlp_<model>.csv``, e.g. ``../shared/measurements/vidur/a100/``): one row
@@ -134,7 +137,10 @@ class OperatorProfile:
     ``block_size`` is the KV block size the decode rows were measured at, or None when the
     profile does not say (the run's block size is then assumed). ``linear_fixed_s`` and
     ``other_fixed_s`` are the parts of each ``linear`` and ``other`` time that do not scale
-    with the layer's size (0: not known), fitted as the ``*_fixed_source`` texts say."""
+    with the layer's size (0: not known), fitted as the ``*_fixed_source`` texts say.
+    ``allreduce_latency_s`` and ``peer_link_efficiency`` are the all-reduce's latency and
+    achieved fraction of the peer link on the profile's GPU (0 and 1: not known), measured
+    as ``allreduce_source`` says."""
 
     ops: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
     gpu: str
@@ -149,6 +155,9 @@ class OperatorProfile:
     linear_fixed_source: str | None = None
     other_fixed_s: float = 0.0
     other_fixed_source: str | None = None
+    allreduce_latency_s: float = 0.0
+    peer_link_efficiency: float = 1.0
+    allreduce_source: str | None = None
 
 
 def attention_backend(meta: dict[str, object]) -> str | None:
@@ -256,6 +265,11 @@ def _is_seconds(value: object) -> bool:
     return math.isfinite(number) and number >= 0
 
 
+def _is_fraction(value: object) -> bool:
+    """A JSON number in (0, 1] (not a boolean)."""
+    return _is_seconds(value) and 0 < float(cast(float, value)) <= 1
+
+
 # The sidecar's checked keys: (key, required, valid, what is expected).
 _SIDECAR_KEYS: tuple[tuple[str, bool, Callable[[object], bool], str], ...] = (
     ("model", True, _is_name, "a model name"),
@@ -271,6 +285,10 @@ _SIDECAR_KEYS: tuple[tuple[str, bool, Callable[[object], bool], str], ...] = (
     ("linear_fixed_source", False, _is_name, "a text saying where linear_fixed_s comes from"),
     ("other_fixed_s", False, _is_seconds, "a number of seconds >= 0"),
     ("other_fixed_source", False, _is_name, "a text saying where other_fixed_s comes from"),
+    ("allreduce_latency_s", False, _is_seconds, "a number of seconds >= 0"),
+    ("peer_link_efficiency", False, _is_fraction, "a number in (0, 1]"),
+    ("allreduce_source", False, _is_name,
+     "a text saying where allreduce_latency_s and peer_link_efficiency come from"),
 )  # fmt: skip
 
 
@@ -358,6 +376,9 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
         cast("str | None", meta.get("linear_fixed_source")),
         fixed["other"],
         cast("str | None", meta.get("other_fixed_source")),
+        float(cast(float, meta.get("allreduce_latency_s", 0.0))),
+        float(cast(float, meta.get("peer_link_efficiency", 1.0))),
+        cast("str | None", meta.get("allreduce_source")),
     )  # fmt: skip
 
 

@@ -186,6 +186,25 @@ def small_shard_note(profiled_weights: float, target_weights: float) -> str | No
     )
 
 
+def all_reduce_factors(prof: OperatorProfile) -> tuple[dict[str, float], dict[str, str]]:
+    """The efficiency factors ``prof``'s all-reduce measurement sets, and their source
+    texts: its latency and its achieved fraction of the peer link, used as they are at every
+    tp and on every GPU (the latency whole, the fraction of the target's own peer link).
+    None when the profile has no measurement."""
+    unmeasured = prof.allreduce_latency_s == 0 and prof.peer_link_efficiency == 1
+    if unmeasured and prof.allreduce_source is None:
+        return {}, {}
+    where = (
+        f"measured on {prof.gpu}, used at every tp and on every GPU: "
+        f"{prof.allreduce_source or 'the profile sidecar (no source given)'}"
+    )
+    values = {
+        "allreduce_latency_s": prof.allreduce_latency_s,
+        "peer_link": prof.peer_link_efficiency,
+    }
+    return values, dict.fromkeys(values, where)
+
+
 def profiled_layer(prof: OperatorProfile) -> LayerShape:
     """The decoder layer ``prof`` measured: its catalog model's, or the shape it carries."""
     shape = _layer_of(get_model(prof.model)) if prof.model else prof.layer_shape
@@ -357,15 +376,18 @@ class ProfiledCostModel:
         self._lm = [0.0, *lm_head_s(dense[1:]).tolist()]
         mem = float(min(1.0, self._achieved[0]))
         comp = float(min(1.0, self._achieved[-1]))
+        all_reduce, all_reduce_sources = all_reduce_factors(prof)
         eff = Efficiency().with_values(
             {
                 "compute": f"achieved fraction of the roofline of the profile's linear "
                 f"operator at its largest token count ({int(n_lin[-1])}): {prof.source}",
                 "memory": f"achieved fraction of the roofline of the profile's linear "
                 f"operator at its smallest token count ({int(n_lin[0])}): {prof.source}",
+                **all_reduce_sources,
             },
             compute=comp,
             memory=mem,
+            **all_reduce,
         )
         self.roofline = RooflineCostModel(m, g, tp, dtype_bytes, eff, block_size, stack)
         self.stack = self.roofline.stack

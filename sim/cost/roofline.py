@@ -76,7 +76,13 @@ class RooflineCostModel:
         layers, h = m.num_layers, m.hidden_size
         self._allreduce_calls = 2 * layers if tp > 1 else 0
         self._allreduce_s_per_token = (
-            self._allreduce_calls * 2 * (tp - 1) / tp * h * dtype_bytes / g.peer_link_bandwidth
+            self._allreduce_calls
+            * 2
+            * (tp - 1)
+            / tp
+            * h
+            * dtype_bytes
+            / (g.peer_link_bandwidth * eff.peer_link)
         )
         self._allreduce_fixed_s = self._allreduce_calls * eff.allreduce_latency_s
 
@@ -196,7 +202,7 @@ class RooflineCostModel:
             lines.append(
                 f"  tp {self.tp}: a ring all-reduce of each token's hidden state twice per "
                 f"layer over {g.peer_link} at {g.peer_link_bandwidth / 1e9:g} GB/s per "
-                f"direction ({src.get('peer_link_gbs', 'no source given')}), plus "
-                "allreduce_latency_s (the factor table) per call"
+                f"direction ({src.get('peer_link_gbs', 'no source given')}) times "
+                "peer_link, plus allreduce_latency_s per call (both in the factor table)"
             )
         return "\n".join(lines)
