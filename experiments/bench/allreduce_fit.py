@@ -24,7 +24,8 @@ same efficiency: the rule ``cost=profiled`` applies to any GPU's peer link.
 Prints the fit and the error by size band. Writes to ``--out``:
 - ``fit.json``: the constants and how they were fitted;
 - ``errors.csv``: every row, measured and predicted;
-- ``bands.csv``: mean signed and absolute error per GPU count and size band, in %;
+- ``bands.csv``: mean and median signed error and mean absolute error per GPU count and
+  size band, in %;
 - ``allreduce_fit.png``/``.pdf``: time against size, measured and fitted.
 """
 
@@ -93,7 +94,7 @@ def predictions(table: AllReduceTable, fit: AllReduceFit, pcie: float) -> list[d
 
 
 def bands(rows: list[dict]) -> list[dict]:
-    """Mean signed and mean absolute error (%) per GPU count and size band."""
+    """Mean and median signed error and mean absolute error (%) per GPU count and size band."""
     out = []
     for workers in sorted({r["workers"] for r in rows}):
         for lo, hi in BANDS:
@@ -105,6 +106,7 @@ def bands(rows: list[dict]) -> list[dict]:
             out.append({
                 "workers": workers, "sizes": band_name(lo, hi), "rows": len(picked),
                 "role": " + ".join(roles), "mean_error_pct": round(float(err.mean()), 1),
+                "median_error_pct": round(float(np.median(err)), 1),
                 "mean_abs_error_pct": round(float(np.abs(err).mean()), 1),
                 "measured_median_ms": round(float(np.median([r["measured_ms"] for r in picked])),
                                             4),
@@ -113,13 +115,15 @@ def bands(rows: list[dict]) -> list[dict]:
 
 
 def held_out_summary(rows: list[dict]) -> list[dict]:
-    """Mean signed and absolute error over each held-out set."""
+    """Mean and median signed error and mean and largest absolute error over each held-out
+    set."""
     out = []
     for role in ("held out", "held out (another GPU count)"):
         err = np.array([r["error_pct"] for r in rows if r["role"] == role])
         if len(err):
             out.append({"rows": role, "count": len(err),
                         "mean_error_pct": round(float(err.mean()), 1),
+                        "median_error_pct": round(float(np.median(err)), 1),
                         "mean_abs_error_pct": round(float(np.abs(err).mean()), 1),
                         "max_abs_error_pct": round(float(np.abs(err).max()), 1)})  # fmt: skip
     return out
