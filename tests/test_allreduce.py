@@ -56,9 +56,27 @@ def test_the_fit_recovers_the_constants_of_an_exact_table(tmp_path: Path) -> Non
     assert fit.seconds(big, 2) == pytest.approx(ring_allreduce_s(big, 2, 40e-6, 150e9), rel=0.01)
 
 
-def test_the_efficiency_is_held_to_one(tmp_path: Path) -> None:
+def test_the_efficiency_is_held_to_one_and_the_note_says_so(tmp_path: Path) -> None:
     table = read_allreduce_table(write_table(tmp_path / "t.csv", 40e-6, 600e9))
-    assert fit_allreduce(table, link_bandwidth=300e9).efficiency == 1.0
+    fit = fit_allreduce(table, link_bandwidth=300e9)
+    assert fit.efficiency == 1.0 and "held to 1" in fit.note
+    assert "held to 1" not in fit_allreduce(table, link_bandwidth=900e9).note
+
+
+def test_large_sizes_no_slower_than_the_latency_are_refused(tmp_path: Path) -> None:
+    rows = [f"{i},1,1,1,0.04,0,0,2,{size},all_reduce,2,4" for i, size in enumerate(SIZES)]
+    path = tmp_path / "flat.csv"
+    path.write_text("\n".join([HEADER, *rows]) + "\n")  # 40 us at every size
+    with pytest.raises(AllReduceTableError, match="no time beyond"):
+        fit_allreduce(read_allreduce_table(path), 300e9)
+
+
+def test_each_row_s_role_follows_the_split(tmp_path: Path) -> None:
+    fit = fit_allreduce(read_allreduce_table(write_table(tmp_path / "t.csv", 4e-5, 1e11)), 3e11)
+    assert fit.role(fit.small_max, 2) == "latency"
+    assert fit.role(fit.small_max + 1, 2) == "held out"
+    assert fit.role(fit.large_min, 2) == "efficiency"
+    assert fit.role(10, 4) == "held out (another GPU count)"
 
 
 def test_one_gpu_has_no_all_reduce_and_more_gpus_move_more_bytes() -> None:
@@ -95,9 +113,12 @@ def test_a_table_without_the_fitted_gpu_count_or_a_band_is_refused(tmp_path: Pat
 
 def test_profile_sidecar_keys_are_checked(tmp_path: Path) -> None:
     for key, value, expected in (
-        ("peer_link_efficiency", 1.5, "a number in \\(0, 1\\]"),
-        ("peer_link_efficiency", 0, "a number in \\(0, 1\\]"),
-        ("allreduce_latency_s", -1e-6, "seconds >= 0"),
+        ("peer_link_efficiency", 1.5, "a number in \\[0.001, 1\\]"),
+        ("peer_link_efficiency", 0, "a number in \\[0.001, 1\\]"),
+        ("allreduce_latency_s", -1e-6, "seconds in \\[0, 1\\)"),
+        ("allreduce_latency_s", 1e308, "seconds in \\[0, 1\\)"),
+        ("peer_link_efficiency", 5e-324, "a number in \\[0.001, 1\\]"),
+        ("peer_link_efficiency", True, "a number in \\[0.001, 1\\]"),
         ("allreduce_source", "", "a text saying where"),
     ):
         d = write_profile(tmp_path / key / str(value), synthetic_rows(), **{key: value})
@@ -153,9 +174,9 @@ def test_the_shipped_profile_carries_a_measured_all_reduce() -> None:
 
 
 def test_efficiency_peer_link_is_a_fraction() -> None:
-    with pytest.raises(ValueError, match="peer_link must be in"):
-        Efficiency(peer_link=1.2)
-    assert "peer_link" in Efficiency().describe()
+    with pytest.raises(ValueError, match="peer_link_efficiency must be in"):
+        Efficiency(peer_link_efficiency=1.2)
+    assert "peer_link_efficiency" in Efficiency().describe()
 
 
 def test_the_bench_writes_its_files_and_refuses_a_damaged_table(
@@ -184,5 +205,11 @@ def test_a_latency_without_its_source_is_used_and_says_so(tmp_path: Path) -> Non
     d = write_profile(tmp_path / "p", synthetic_rows(), allreduce_latency_s=2e-5)
     model = ProfiledCostModel(d, "opt-66b", "a100-40gb", tp=4, stack="none")
     assert model.roofline.efficiency.allreduce_latency_s == 2e-5
-    assert model.roofline.efficiency.peer_link == 1.0
+    assert model.roofline.efficiency.peer_link_efficiency == 1.0
     assert "no source given" in model.describe()
+
+
+def test_a_source_without_its_constants_is_refused(tmp_path: Path) -> None:
+    d = write_profile(tmp_path / "p", synthetic_rows(), allreduce_source="a table")
+    with pytest.raises(ProfileError, match="'allreduce_source' without"):
+        read_kvlab_profile(d)

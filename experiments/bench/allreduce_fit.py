@@ -31,6 +31,8 @@ Prints the fit and the error by size band. Writes to ``--out``:
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 from pathlib import Path
 
@@ -55,16 +57,34 @@ TABLE = (
     / "../shared/measurements/vidur/a100/all_reduce_pairwise_nvlink.csv"
 )
 GPU = "a100-80gb"  # Vidur's a100 profiles are A100 80GB (Vidur's README)
-# size bands (bytes): a decode step's all-reduce (tokens × hidden × 2 B) is in the first two
-BANDS = ((0, 2**18), (2**18, 2**20), (2**20, 2**22), (2**22, 2**24), (2**24, 2**25),
-         (2**25, 2**30))  # fmt: skip
+# edges (bytes) inside the held-out sizes; a decode step's all-reduce (tokens × hidden × 2 B)
+# lies below 1 MiB up to some 40 sequences
+HELD_OUT_EDGES = (2**20, 2**22, 2**24)
 
 
-def band_name(lo: int, hi: int) -> str:
-    def size(b: int) -> str:
-        return f"{b // 2**20} MiB" if b >= 2**20 else f"{b // 1024} KiB"
+def size_text(b: float) -> str:
+    return f"{b / 2**20:g} MiB" if b >= 2**20 else f"{b / 1024:g} KiB"
 
-    return f"{size(lo)}-{size(hi)}" if lo else f"< {size(hi)}"
+
+def size_bands(fit: AllReduceFit) -> tuple[list[float], list[str]]:
+    """The band edges and names: the fit's latency band (``<= small_max``), the held-out
+    sizes cut at :data:`HELD_OUT_EDGES` (each ``low < size <= high``) and its efficiency
+    band (``>= large_min``); :func:`band_index` places a size."""
+    edges = [fit.small_max, *(e for e in HELD_OUT_EDGES if fit.small_max < e < fit.large_min),
+             fit.large_min]  # fmt: skip
+    names = [f"<= {size_text(edges[0])}",
+             *(f"{size_text(lo)}-{size_text(hi)}" for lo, hi in itertools.pairwise(edges)),
+             f">= {size_text(edges[-1])}"]  # fmt: skip
+    return edges, names
+
+
+def band_index(size: float, edges: list[float]) -> int:
+    """The band of ``size`` among :func:`size_bands`' names."""
+    if size <= edges[0]:
+        return 0
+    if size >= edges[-1]:
+        return len(edges)
+    return bisect.bisect_left(edges, size)
 
 
 def predictions(table: AllReduceTable, fit: AllReduceFit, pcie: float) -> list[dict]:
@@ -76,14 +96,8 @@ def predictions(table: AllReduceTable, fit: AllReduceFit, pcie: float) -> list[d
         link = fit.link_bandwidth if workers == fit.workers else pcie
         predicted = float(ring_allreduce_s(size, int(workers), fit.latency_s,
                                            fit.efficiency * link))  # fmt: skip
-        if workers != fit.workers:
-            role = "held out (another GPU count)"
-        elif size <= fit.small_max:
-            role = "fit: latency"
-        elif size >= fit.large_min:
-            role = "fit: efficiency"
-        else:
-            role = "held out"
+        role = fit.role(size, int(workers))
+        role = f"fit: {role}" if role in ("latency", "efficiency") else role
         rows.append({
             "workers": int(workers), "size_bytes": int(size), "role": role,
             "measured_ms": round(float(measured) * 1e3, 6),
@@ -93,18 +107,21 @@ def predictions(table: AllReduceTable, fit: AllReduceFit, pcie: float) -> list[d
     return rows
 
 
-def bands(rows: list[dict]) -> list[dict]:
-    """Mean and median signed error and mean absolute error (%) per GPU count and size band."""
+def bands(rows: list[dict], fit: AllReduceFit) -> list[dict]:
+    """Mean and median signed error and mean absolute error (%) per GPU count and size band
+    (:func:`size_bands`)."""
+    edges, names = size_bands(fit)
     out = []
     for workers in sorted({r["workers"] for r in rows}):
-        for lo, hi in BANDS:
-            picked = [r for r in rows if r["workers"] == workers and lo <= r["size_bytes"] < hi]
+        for i, name in enumerate(names):
+            picked = [r for r in rows if r["workers"] == workers
+                      and band_index(r["size_bytes"], edges) == i]  # fmt: skip
             if not picked:
                 continue
             err = np.array([r["error_pct"] for r in picked])
             roles = sorted({r["role"] for r in picked})
             out.append({
-                "workers": workers, "sizes": band_name(lo, hi), "rows": len(picked),
+                "workers": workers, "sizes": name, "rows": len(picked),
                 "role": " + ".join(roles), "mean_error_pct": round(float(err.mean()), 1),
                 "median_error_pct": round(float(np.median(err)), 1),
                 "mean_abs_error_pct": round(float(np.abs(err).mean()), 1),
@@ -179,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = predictions(table, fit, gpu.host_link_bandwidth)
     print(f"fit: latency {fit.latency_s * 1e6:.1f} us, efficiency {fit.efficiency:.3f} "
           f"({fit.note})")  # fmt: skip
-    by_band = bands(rows)
+    by_band = bands(rows, fit)
     summary = held_out_summary(rows)
     print_table("error % by GPU count and size band (predicted / measured - 1)", by_band)
     print_table("held out", summary)

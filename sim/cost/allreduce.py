@@ -6,14 +6,15 @@ achieves (Hockney's latency-bandwidth form)::
 
     t(S, n) = latency + 2 (n - 1) / n × S / (efficiency × peer link bandwidth)
 
-Two constants, each with a meaning: ``latency`` (the time of a small all-reduce: launch,
-the peers' handshake, waiting for the slowest peer) and ``efficiency`` (the fraction of the
+Two constants, each with a meaning: ``latency`` (the time of a small all-reduce on the GPU:
+the NCCL kernel's steps and the peers' handshake) and ``efficiency`` (the fraction of the
 datasheet peer link a large one reaches).
 
 :func:`fit_allreduce` fits them on Vidur's ``all_reduce_*.csv`` (microsoft/vidur; each row a
 collective's ``size`` in bytes, its ``num_workers`` and ``time_stats.all_reduce.median`` in
-ms: the median NCCL kernel time over the timed calls), on the rows of one GPU count, with a
-split by size stated in :class:`AllReduceFit`: ``latency`` is the median time of the small
+ms: the median NCCL kernel time, on the device, of calls issued back to back after a
+barrier; the host's launch time is not in it), on the rows of one GPU count, with a split
+by size stated in :class:`AllReduceFit`: ``latency`` is the median time of the small
 messages (at most ``small_max`` bytes, where the bandwidth term is under a few percent);
 ``efficiency`` is the least-squares bandwidth of the large ones (at least ``large_min``)
 once the latency is taken off; the sizes between are held out, and
@@ -32,7 +33,7 @@ import numpy as np
 from sim.cost.profile import ProfileError
 
 SMALL_MAX = 256 * 1024  # bytes: below, the bandwidth term is < 3% of a ~50 us latency
-LARGE_MIN = 32 * 1024 * 1024  # bytes: above, the latency is < 15% of the time
+LARGE_MIN = 32 * 1024 * 1024  # bytes: above, the latency is < 23% of the time (48 us of 212)
 _TIME = "time_stats.all_reduce.median"
 _COLUMNS = ("size", "num_workers", _TIME)
 
@@ -65,6 +66,16 @@ class AllReduceFit:
     large_rows: int
     held_out_rows: int
     note: str
+
+    def role(self, size: float, workers: int) -> str:
+        """What the fit did with a row of ``size`` bytes over ``workers`` GPUs: ``latency``
+        or ``efficiency`` (fitted on it), ``held out`` (a size between the two bands) or
+        ``held out (another GPU count)``."""
+        if workers != self.workers:
+            return "held out (another GPU count)"
+        if size <= self.small_max:
+            return "latency"
+        return "efficiency" if size >= self.large_min else "held out"
 
     def seconds(self, size: np.ndarray | float, workers: int) -> np.ndarray | float:
         """Predicted time of an all-reduce of ``size`` bytes over ``workers`` GPUs on a link
@@ -138,8 +149,9 @@ def fit_allreduce(
 ) -> AllReduceFit:
     """Fit ``latency`` and ``efficiency`` (of ``link_bandwidth``, bytes/s per direction) on
     ``table``'s rows over ``workers`` GPUs: the latency on sizes <= ``small_max``, the
-    efficiency on sizes >= ``large_min``. The efficiency is held to (0, 1]. An
-    :class:`AllReduceTableError` when either band has no row."""
+    efficiency on sizes >= ``large_min``. The efficiency is held to 1 (the note says so when
+    the table's link was faster than ``link_bandwidth``). An :class:`AllReduceTableError`
+    when either band has no row or the large sizes leave no time beyond the latency."""
     if not link_bandwidth > 0:
         raise ValueError(f"link_bandwidth must be > 0, got {link_bandwidth}")
     if not 0 < small_max < large_min:
@@ -155,15 +167,28 @@ def fit_allreduce(
     latency = float(np.median(table.seconds[small]))
     moved = 2 * (workers - 1) / workers * table.size[large]
     beyond = table.seconds[large] - latency
-    achieved = float(np.sum(moved * moved) / np.sum(moved * beyond))  # least squares, bytes/s
-    efficiency = min(1.0, achieved / link_bandwidth) if achieved > 0 else 1.0
+    spent = float(np.sum(moved * beyond))
+    if not spent > 0:
+        raise AllReduceTableError(
+            f"{table.path}: the {int(large.sum())} sizes >= {large_min} bytes over {workers} "
+            f"GPUs take no time beyond the small sizes' latency ({latency * 1e6:.1f} us): "
+            "no bandwidth to fit"
+        )
+    achieved = float(np.sum(moved * moved)) / spent  # least squares of beyond = moved / bw
+    efficiency = min(1.0, achieved / link_bandwidth)
+    held_to_one = (
+        " (held to 1: the table's link was faster)"
+        if efficiency < achieved / link_bandwidth
+        else ""
+    )
     held = int((mine & ~small & ~large).sum())
     note = (
         f"{table.path.parent.name}/{table.path.name}, the {workers}-GPU rows: latency = the "
         f"median of the {int(small.sum())} sizes <= {small_max // 1024} KiB, "
         f"{latency * 1e6:.1f} us; efficiency = the least-squares bandwidth of the "
         f"{int(large.sum())} sizes >= {large_min // 2**20} MiB beyond it, "
-        f"{achieved / 1e9:.0f} GB/s of {link_bandwidth / 1e9:g} = {efficiency:.3f}; "
+        f"{achieved / 1e9:.0f} GB/s of {link_bandwidth / 1e9:g} = {efficiency:.3f}"
+        f"{held_to_one}; "
         f"the {held} sizes between held out"
     )
     return AllReduceFit(

@@ -14,7 +14,7 @@ _FIELDS = (
     "memory",
     "per_step_overhead_s",
     "allreduce_latency_s",
-    "peer_link",
+    "peer_link_efficiency",
     "pcie_bandwidth",
 )
 
@@ -33,7 +33,7 @@ def _default_sources() -> dict[str, str]:
         "per_step_overhead_s": "0: roofline lower bound, no scheduling/sampling overhead; a "
         "calibrated model replaces it",
         "allreduce_latency_s": "0: not measured; bandwidth term only (lower bound)",
-        "peer_link": "1: the datasheet peer link's bandwidth (upper bound)",
+        "peer_link_efficiency": "1: the datasheet peer link's bandwidth (upper bound)",
         "pcie_bandwidth": "None: the GPU's datasheet host link per direction (PCIe Gen4 x16 "
         "32 GB/s on A100, Gen5 x16 64 GB/s on H100/H200)",
     }
@@ -47,7 +47,8 @@ class Efficiency:
     - ``memory``: fraction of ``GPUSpec.mem_bandwidth`` streaming kernels reach, in (0, 1];
     - ``per_step_overhead_s``: seconds added to every non-empty step;
     - ``allreduce_latency_s``: seconds added to every all-reduce call (tp > 1);
-    - ``peer_link``: fraction of ``GPUSpec.peer_link_bandwidth`` all-reduces reach, in (0, 1];
+    - ``peer_link_efficiency``: fraction of ``GPUSpec.peer_link_bandwidth`` all-reduces
+      reach, in (0, 1];
     - ``pcie_bandwidth``: host-link bytes/s for swaps; ``None`` uses the GPU's.
     ``source`` holds one text per field saying where its value comes from.
     """
@@ -56,12 +57,12 @@ class Efficiency:
     memory: float = 0.88
     per_step_overhead_s: float = 0.0
     allreduce_latency_s: float = 0.0
-    peer_link: float = 1.0
+    peer_link_efficiency: float = 1.0
     pcie_bandwidth: float | None = None
     source: dict[str, str] = field(default_factory=_default_sources)
 
     def __post_init__(self) -> None:
-        for name in ("compute", "memory", "peer_link"):
+        for name in ("compute", "memory", "peer_link_efficiency"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise ValueError(f"efficiency {name} must be in (0, 1], got {value}")

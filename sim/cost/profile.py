@@ -30,10 +30,10 @@ absent: 2, what kvlab's profiler times; the profile derived from Vidur's table s
 ``linear_fixed_s`` and ``other_fixed_s`` the fixed parts of the ``linear`` and ``other``
 rows' times in seconds (:mod:`sim.cost.fixed_latency`; a number >= 0 below the op's
 smallest time; absent: 0) and ``linear_fixed_source`` and ``other_fixed_source`` where they
-come from, and ``allreduce_latency_s`` (seconds >= 0; absent: 0) and
-``peer_link_efficiency`` (in (0, 1]; absent: 1) the tensor-parallel all-reduce's constants
-measured on the profile's GPU (:mod:`sim.cost.allreduce`), ``allreduce_source`` where they
-come from.
+come from, and ``allreduce_latency_s`` (seconds in [0, 1); absent: 0) and
+``peer_link_efficiency`` (in [0.001, 1]; absent: 1) the tensor-parallel all-reduce's
+constants measured on the profile's GPU (:mod:`sim.cost.allreduce`), ``allreduce_source``
+where they come from (refused without either of them).
 
 Vidur's format (``mlp_<model>.csv``, e.g. ``../shared/measurements/vidur/a100/``): one row
 per ``num_tokens`` and ``num_tensor_parallel_workers`` with ``time_stats.<op>.median``
@@ -139,8 +139,8 @@ class OperatorProfile:
     ``other_fixed_s`` are the parts of each ``linear`` and ``other`` time that do not scale
     with the layer's size (0: not known), fitted as the ``*_fixed_source`` texts say.
     ``allreduce_latency_s`` and ``peer_link_efficiency`` are the all-reduce's latency and
-    achieved fraction of the peer link on the profile's GPU (0 and 1: not known), measured
-    as ``allreduce_source`` says."""
+    achieved fraction of the peer link on the profile's GPU (0 and 1, both: not measured;
+    the bandwidth-only lower bound), measured as ``allreduce_source`` says."""
 
     ops: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
     gpu: str
@@ -265,9 +265,14 @@ def _is_seconds(value: object) -> bool:
     return math.isfinite(number) and number >= 0
 
 
-def _is_fraction(value: object) -> bool:
-    """A JSON number in (0, 1] (not a boolean)."""
-    return _is_seconds(value) and 0 < float(cast(float, value)) <= 1
+def _is_link_fraction(value: object) -> bool:
+    """A JSON number in [0.001, 1] (not a boolean): below, a link would not be one."""
+    return _is_seconds(value) and 0.001 <= float(cast(float, value)) <= 1
+
+
+def _is_call_latency(value: object) -> bool:
+    """A JSON number of seconds in [0, 1) (not a boolean): a second a call is no latency."""
+    return _is_seconds(value) and float(cast(float, value)) < 1
 
 
 # The sidecar's checked keys: (key, required, valid, what is expected).
@@ -285,8 +290,8 @@ _SIDECAR_KEYS: tuple[tuple[str, bool, Callable[[object], bool], str], ...] = (
     ("linear_fixed_source", False, _is_name, "a text saying where linear_fixed_s comes from"),
     ("other_fixed_s", False, _is_seconds, "a number of seconds >= 0"),
     ("other_fixed_source", False, _is_name, "a text saying where other_fixed_s comes from"),
-    ("allreduce_latency_s", False, _is_seconds, "a number of seconds >= 0"),
-    ("peer_link_efficiency", False, _is_fraction, "a number in (0, 1]"),
+    ("allreduce_latency_s", False, _is_call_latency, "a number of seconds in [0, 1)"),
+    ("peer_link_efficiency", False, _is_link_fraction, "a number in [0.001, 1]"),
     ("allreduce_source", False, _is_name,
      "a text saying where allreduce_latency_s and peer_link_efficiency come from"),
 )  # fmt: skip
@@ -357,6 +362,12 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
         n, c, t = (np.array([x[j] for x in items]) for j in range(3))
         _check(p, op, n, c, t / 1e3, [x[3] for x in items])
         ops[op] = (n, c, t / 1e3)
+    constants = {"allreduce_latency_s", "peer_link_efficiency"}
+    if "allreduce_source" in meta and not constants & set(meta):
+        raise ProfileError(
+            f"{side}: key 'allreduce_source' without allreduce_latency_s or "
+            "peer_link_efficiency: give the constants it is the source of, or drop it"
+        )
     fixed = {}
     for op in ("linear", "other"):
         fixed[op] = float(cast(float, meta.get(f"{op}_fixed_s", 0.0)))

@@ -190,9 +190,8 @@ def all_reduce_factors(prof: OperatorProfile) -> tuple[dict[str, float], dict[st
     """The efficiency factors ``prof``'s all-reduce measurement sets, and their source
     texts: its latency and its achieved fraction of the peer link, used as they are at every
     tp and on every GPU (the latency whole, the fraction of the target's own peer link).
-    None when the profile has no measurement."""
-    unmeasured = prof.allreduce_latency_s == 0 and prof.peer_link_efficiency == 1
-    if unmeasured and prof.allreduce_source is None:
+    Two empty dicts when the profile has no measurement."""
+    if prof.allreduce_latency_s == 0 and prof.peer_link_efficiency == 1:
         return {}, {}
     where = (
         f"measured on {prof.gpu}, used at every tp and on every GPU: "
@@ -200,7 +199,7 @@ def all_reduce_factors(prof: OperatorProfile) -> tuple[dict[str, float], dict[st
     )
     values = {
         "allreduce_latency_s": prof.allreduce_latency_s,
-        "peer_link": prof.peer_link_efficiency,
+        "peer_link_efficiency": prof.peer_link_efficiency,
     }
     return values, dict.fromkeys(values, where)
 
@@ -558,6 +557,8 @@ class ProfiledCostModel:
             "transferred": not self.same,
             "linear_fixed_s": self.profile.linear_fixed_s,
             "other_fixed_s": self.profile.other_fixed_s,
+            "allreduce_latency_s": self.roofline.efficiency.allreduce_latency_s,
+            "peer_link_efficiency": self.roofline.efficiency.peer_link_efficiency,
             "dtype_bytes": rf.dtype_bytes,
         }
 

@@ -82,7 +82,7 @@ class RooflineCostModel:
             / tp
             * h
             * dtype_bytes
-            / (g.peer_link_bandwidth * eff.peer_link)
+            / (g.peer_link_bandwidth * eff.peer_link_efficiency)
         )
         self._allreduce_fixed_s = self._allreduce_calls * eff.allreduce_latency_s
 
@@ -203,6 +203,6 @@ class RooflineCostModel:
                 f"  tp {self.tp}: a ring all-reduce of each token's hidden state twice per "
                 f"layer over {g.peer_link} at {g.peer_link_bandwidth / 1e9:g} GB/s per "
                 f"direction ({src.get('peer_link_gbs', 'no source given')}) times "
-                "peer_link, plus allreduce_latency_s per call (both in the factor table)"
+                "peer_link_efficiency, plus allreduce_latency_s per call (both in the factor table)"
             )
         return "\n".join(lines)
