@@ -12,6 +12,7 @@ from core.plan import BatchShape
 from sim.cost import RooflineCostModel, build_cost_model
 from sim.cost.overhead import (
     A100_CPU_OVERHEAD,
+    A100_CPU_OVERHEAD_RAY,
     CPU_OVERHEADS_CSV,
     FIG18A_GATHER_TOKENS_PER_BLOCK,
     STACKS,
@@ -29,10 +30,10 @@ needs_table = pytest.mark.skipif(
 
 
 @needs_table
-@pytest.mark.parametrize("group", [1, 2])
-def test_stored_cpu_fit_is_the_fit_of_the_table(group: int) -> None:
-    a, b, train, held, held_max = fit_cpu_overheads(SHARED / CPU_OVERHEADS_CSV, group)
-    stored = A100_CPU_OVERHEAD[group]
+@pytest.mark.parametrize("group,ray", [(1, False), (2, False), (2, True)])
+def test_stored_cpu_fit_is_the_fit_of_the_table(group: int, ray: bool) -> None:
+    a, b, train, held, held_max = fit_cpu_overheads(SHARED / CPU_OVERHEADS_CSV, group, ray)
+    stored = A100_CPU_OVERHEAD_RAY if ray else A100_CPU_OVERHEAD[group]
     assert stored.per_step_s == pytest.approx(a, rel=1e-3)
     assert stored.per_seq_s == pytest.approx(b, rel=1e-3)
     assert stored.train_mape == pytest.approx(train, abs=1e-3)
@@ -51,6 +52,24 @@ def test_cpu_fit_reproduces_its_table_at_the_tables_points() -> None:
         fit = A100_CPU_OVERHEAD[1 if tp == 1 else 2]
         err = abs(fit.seconds(float(row["seqs"])) - float(row["total_s"])) / float(row["total_s"])
         assert err < (0.06 if tp == 1 else 0.12), row
+        if tp > 1:  # with the driver's Ray calls: within 6% (sim.cost.overhead)
+            total = float(row["total_s"]) + float(row["ray_s"])
+            err = abs(A100_CPU_OVERHEAD_RAY.seconds(float(row["seqs"])) - total) / total
+            assert err < 0.06, row
+
+
+def test_only_the_2023_stack_adds_the_ray_term_and_only_at_tp_above_one() -> None:
+    assert get_stack("vllm-2023", 1).cpu is A100_CPU_OVERHEAD[1]
+    assert get_stack("vllm-2023", 4).cpu is A100_CPU_OVERHEAD_RAY
+    assert get_stack("vllm-v1", 4).cpu is A100_CPU_OVERHEAD[2]
+    shape = _decode(32, 512)
+    with_ray = RooflineCostModel("opt-66b", "a100-40gb", tp=4, stack="vllm-2023")
+    without = RooflineCostModel("opt-66b", "a100-40gb", tp=4,
+                                stack=dataclasses.replace(get_stack("vllm-2023", 4),
+                                                          cpu=A100_CPU_OVERHEAD[2]))  # fmt: skip
+    extra = A100_CPU_OVERHEAD_RAY.seconds(32) - A100_CPU_OVERHEAD[2].seconds(32)
+    assert 5e-3 < extra < 8e-3
+    assert with_ray.step_time(shape) - without.step_time(shape) == pytest.approx(extra)
 
 
 def test_unknown_stack_lists_the_known_ones() -> None:
