@@ -252,3 +252,15 @@ def test_measured_stack_prices_swaps_as_kvlab_engine_issues_them() -> None:
     assert v0.transfer_time(one) - plain.transfer_time(one) == pytest.approx(40 * 2 * lat)
     assert "3 calls per swap direction per chunk of 256 MiB" in describe_stack(measured)
     assert "per swap direction" not in describe_stack(v0.stack)
+
+
+def test_the_measured_stack_keeps_its_own_cpu_fit_at_any_tp() -> None:
+    """A stack file's fit is the engine's whole CPU time: the 2023 stack's Ray term is not
+    added at tp > 1, nor named among its sources."""
+    stack = load_stack_file(SHIPPED)
+    assert not stack.ray_workers and "ray_workers" not in stack.sources
+    shape = BatchShape(decode_seqs=8, decode_ctx_tokens=8 * 256)
+    model = RooflineCostModel("opt-66b", "a100-40gb", tp=4, stack=stack)
+    assert model.stack.cpu is stack.cpu
+    assert "Ray" not in describe_stack(model.stack)
+    assert model.step_time(shape) > 0

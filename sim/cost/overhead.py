@@ -15,20 +15,24 @@ runs while the GPU waits, one column each:
 are hidden whenever the GPU work takes longer than launching it (true for every step of
 the models kvlab reproduces).
 
-``ray_comm_time_mean`` is the step's wall time beyond the recorded phases (Vidur's profiler:
-``(end - start - the phases' sums) / steps``; a mean, the table has no median). The
-profiled engine drives its model workers through Ray; at tp >= 2 this is about 6 ms a step,
-flat in the batch and the model (20B-72B), so it is not the GPU's work. vLLM v0.1, the
-paper's stack, ran its workers as Ray actors exactly when tp > 1 (its ``ParallelConfig``
-sets ``worker_use_ray`` for a world size above 1), with one remote call per worker per step,
-and its one worker in the driver's process at tp 1. So a stack that says so
-(``Stack.ray_workers``: ``vllm-2023``) adds it at tp >= 2 (:data:`A100_CPU_OVERHEAD_RAY`,
-fitted with the phases as one total), and no stack adds it at tp 1.
+``ray_comm_time_mean`` is the step's wall time beyond five recorded phases, the four above
+and model execution (Vidur's profiler: ``(end - start - the five phases' sums) / steps``; a
+mean, the table has no median), so neither the forward pass nor its all-reduces are in it.
+The profiled engine drives its model workers through Ray. At tp >= 2 the column is 5.3-6.9
+ms a step, flat in the batch (8-128) and the model (20B-72B); at tp 1, 0.2-1.0 ms. vLLM
+v0.1, the paper's stack, ran its workers as Ray actors exactly when tp > 1 (its
+``ParallelConfig`` sets ``worker_use_ray`` for a world size above 1) and its one worker in
+the driver's process at tp 1. kvlab's assumption: vLLM v0.1 at tp > 1 paid what the
+profiled engine pays at tp >= 2 (both drive several workers through Ray every step; Vidur's
+own step time adds the column as well). So a stack that says so (``Stack.ray_workers``:
+``vllm-2023``) adds it at tp >= 2 (:data:`A100_CPU_OVERHEAD_RAY`, fitted with the phases as
+one total), and no stack adds it at tp 1.
 
 Each phase is ``a + b × sequences`` (least squares). Split: fitted on the Llama-2-7B rows
 of each tensor-parallel group (tp 1: rows 13–25; tp ≥ 2: CodeLlama-34B, rows 0–12); held
-out: every other model's rows of that group but Qwen-72B's (tp 4, rows 65–77), which lie
-17–34% above the line at every point and are left out of the stated errors
+out: every other model's rows of that group but Qwen-72B's (tp 4, rows 65–77), whose four
+phases lie 20–28% above the tp >= 2 line at batch 8–112 and 18–25% below it at 128 (rows
+76–77), and which are left out of the stated errors
 (:func:`fit_cpu_overheads` reports train and held-out errors without them). With them, the
 tp ≥ 2 group's held-out error is 10.1% mean, 34% at most (4.6% / 11.8% without).
 """
@@ -92,9 +96,11 @@ A100_CPU_OVERHEAD: dict[int, CPUOverheadFit] = {
 A100_CPU_OVERHEAD_RAY = CPUOverheadFit(
     7.67816e-3, 4.44565e-5, 0.004, 0.022, 0.056,
     "vidur a100/cpu_overheads.csv: the same four phases + ray_comm_time_mean (the step's "
-    "wall time beyond them: the driver's Ray calls to its workers; a mean), tp >= 2; fit on "
+    "wall time beyond them and model execution: the driver's Ray calls to its workers, "
+    "assumed as vLLM 0.1's at tp > 1; a mean), tp >= 2; fit on "
     "CodeLlama-34b tp 2 rows (0-12), held out internlm-20b tp 2 (rows 52-64) and Llama-2-70b "
-    "tp 4 (rows 26-38): MAPE 2.2%, max 5.6% (Qwen-72B tp 4 rows 65-77: up to 21%, not used)",
+    "tp 4 (rows 26-38): MAPE 2.2%, max 5.6% (Qwen-72B tp 4 rows 65-77: 4-6% but up to 21% "
+    "at batch 112-128, not used; with it 3.9%)",
 )  # fmt: skip
 
 

@@ -229,17 +229,19 @@ def load_stack_file(path: Path) -> Stack:
     for key, value in (("per_step_s", fit.per_step_s), ("per_seq_s", fit.per_seq_s)):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{path}: cpu.{key} must be a finite time >= 0 (got {value})")
+    sources = {k: v for k, v in base.sources.items() if k != "ray_workers"}
     return replace(
         base,
         name=MEASURED,
         cpu=fit,
         overlapped=overlapped,
+        ray_workers=False,  # the file's fit is the whole CPU time, at the tp it was measured
         copies_per_block_per_layer=0,
         swap_calls_per_direction=KVLAB_SWAP_CALLS,
         swap_chunk_bytes=float(SWAP_CHUNK_BYTES),
         summary=f"kvlab's engine, measured ({path.name}); other terms as {base.name}: "
         + ("CPU overlapped, step = max(GPU, CPU)" if overlapped else "step = GPU + CPU"),
-        sources={**base.sources, "cpu": fit.source, "overlap": "kvlab's engine is "
+        sources={**sources, "cpu": fit.source, "overlap": "kvlab's engine is "
                  "synchronous: schedule, prepare, forward, sample, output in turn",
                  "copies_per_block_per_layer": "0: kvlab's engine does not copy per block",
                  "swap_calls_per_direction": "kvlab engine.kv_cache: a swap is one gather, "
