@@ -75,14 +75,9 @@ class RooflineCostModel:
         self._pcie = eff.pcie_bandwidth or g.host_link_bandwidth
         layers, h = m.num_layers, m.hidden_size
         self._allreduce_calls = 2 * layers if tp > 1 else 0
+        link = g.peer_link_bandwidth * eff.peer_link_efficiency  # achieved bytes/s one way
         self._allreduce_s_per_token = (
-            self._allreduce_calls
-            * 2
-            * (tp - 1)
-            / tp
-            * h
-            * dtype_bytes
-            / (g.peer_link_bandwidth * eff.peer_link_efficiency)
+            self._allreduce_calls * 2 * (tp - 1) / tp * h * dtype_bytes / link
         )
         self._allreduce_fixed_s = self._allreduce_calls * eff.allreduce_latency_s
 
