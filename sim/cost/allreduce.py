@@ -23,14 +23,13 @@ once the latency is taken off; the sizes between are held out, and
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from sim.cost.profile import ProfileError
+from sim.cost.profile import ProfileError, csv_rows
 
 SMALL_MAX = 256 * 1024  # bytes: below, the bandwidth term is < 3% of a ~50 us latency
 LARGE_MIN = 32 * 1024 * 1024  # bytes: above, the latency is < 23% of the time (48 us of 212)
@@ -94,23 +93,15 @@ def ring_allreduce_s(
 
 
 def read_allreduce_table(path: Path | str) -> AllReduceTable:
-    """Vidur's all-reduce CSV ``path``; an :class:`AllReduceTableError` of one line naming
-    the file and row for an unreadable file, a missing column, a size or GPU count that is
+    """Vidur's all-reduce CSV ``path``; a :class:`~sim.cost.profile.ProfileError` of one line
+    naming the file (and row) for an unreadable file or one without data rows, and an
+    :class:`AllReduceTableError` for a missing column, a size or GPU count that is
     not a whole number >= 1 (>= 2 GPUs), or a time that is not finite and > 0."""
     p = Path(path)
-    try:
-        with p.open(newline="") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in _COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise AllReduceTableError(f"{p}: no column {', '.join(missing)}")
-            rows = [(reader.line_num, r) for r in reader]
-    except OSError as e:
-        raise AllReduceTableError(f"{p}: cannot read ({e.strerror})") from e
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise AllReduceTableError(f"{p}: not a CSV table ({e})") from e
-    if not rows:
-        raise AllReduceTableError(f"{p}: no data rows")
+    rows = csv_rows(p)
+    missing = [c for c in _COLUMNS if c not in rows[0][1]]
+    if missing:
+        raise AllReduceTableError(f"{p}: no column {', '.join(missing)}")
     size, workers, seconds = [], [], []
     for line, r in rows:
         size.append(_whole(p, line, r, "size", 1))

@@ -171,7 +171,7 @@ def attention_backend(meta: dict[str, object]) -> str | None:
     return found.group(1) if found else None
 
 
-def _rows(path: Path) -> list[tuple[int, dict[str, str]]]:
+def csv_rows(path: Path) -> list[tuple[int, dict[str, str]]]:
     """The data rows of the CSV file ``path``, each with the line it ends on (as a text
     editor numbers them); a ProfileError when the file cannot be read, is not CSV text or
     has no data row."""
@@ -349,7 +349,7 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
     side = p.with_suffix(".json")
     meta = _read_sidecar(side)
     by_op: dict[str, list[tuple[float, float, float, int]]] = {}
-    for i, r in _rows(p):
+    for i, r in csv_rows(p):
         op, n, c, t = _kvlab_row(p, i, r)
         by_op.setdefault(op, []).append((n, c, t, i))
     listed = cast("list[str]", meta.get("ops", OPS))  # _read_sidecar checked the types
@@ -491,7 +491,7 @@ def _read_vidur_tp(p: Path, tp: int) -> OperatorProfile:
     """The rows of Vidur's table ``p`` at ``tp`` (no fixed part: 0)."""
     gpu_dir = p.parent.name
     picked: list[tuple[float, float, float, int, dict[str, str]]] = []
-    for i, r in _rows(p):
+    for i, r in csv_rows(p):
         try:
             if int(r["num_tensor_parallel_workers"]) != tp:
                 continue
@@ -552,7 +552,7 @@ def is_profile_set(path: Path | str) -> bool:
 def _vidur_tps(path: Path) -> list[int]:
     """The tensor-parallel degrees Vidur's table ``path`` holds rows of, ascending."""
     key = "num_tensor_parallel_workers"
-    return sorted({int(_size(path, i, key, r.get(key), 1)) for i, r in _rows(path)})
+    return sorted({int(_size(path, i, key, r.get(key), 1)) for i, r in csv_rows(path)})
 
 
 def read_profile_set(path: Path | str) -> list[OperatorProfile]:
