@@ -213,3 +213,43 @@ def test_a_source_without_its_constants_is_refused(tmp_path: Path) -> None:
     d = write_profile(tmp_path / "p", synthetic_rows(), allreduce_source="a table")
     with pytest.raises(ProfileError, match="'allreduce_source' without"):
         read_kvlab_profile(d)
+
+
+def test_the_run_s_config_overrides_the_measured_all_reduce(tmp_path: Path) -> None:
+    """cost.allreduce_latency_s / cost.peer_link_efficiency: cost=profiled takes them in
+    place of its profile's, cost=roofline as its factors; a bad value is one ConfigError."""
+    from experiments.lib.checks import ConfigError
+    from experiments.lib.setup import make_cost_model
+    from sim.catalog import get_gpu
+
+    model, gpu = get_model("opt-66b"), get_gpu("a100-40gb")
+    shipped = "sim/cost/profiles/vidur-a100-llama-2-7b"
+
+    def build(kind: str, **keys: object):
+        cost = {"kind": kind, "stack": "none", **keys}
+        if kind == "profiled":
+            cost["profile"] = shipped
+        return make_cost_model({"cost": cost, "system": {"block_size": 16}}, model, gpu, 4)
+
+    measured = build("profiled")
+    bound = build("profiled", allreduce_latency_s=0.0, peer_link_efficiency=1.0)
+    eff = bound.roofline.efficiency
+    assert eff.allreduce_latency_s == 0.0 and eff.peer_link_efficiency == 1.0
+    assert eff.source["allreduce_latency_s"] == "set in the run's config (cost group)"
+    unmeasured = read_kvlab_profile(Path(__file__).resolve().parents[1] / shipped)
+    unmeasured = replace(unmeasured, allreduce_latency_s=0.0, peer_link_efficiency=1.0,
+                         allreduce_source=None)  # fmt: skip
+    plain = ProfiledCostModel(unmeasured, model, gpu, tp=4, stack="none")
+    for shape in tp_shapes():
+        assert bound.step_time(shape) == plain.step_time(shape) < measured.step_time(shape)
+    roof = build("roofline", allreduce_latency_s=1e-4)
+    base = build("roofline")
+    one = BatchShape(decode_seqs=1, decode_ctx_tokens=100)
+    extra = roof.step_time(one) - base.step_time(one)
+    assert extra == pytest.approx(2 * model.num_layers * 1e-4)
+    with pytest.raises(ConfigError) as err:
+        build("profiled", peer_link_efficiency=2.0)
+    assert "peer_link_efficiency must be in (0, 1]" in str(err.value)
+    assert err.value.key == "cost.peer_link_efficiency"
+    with pytest.raises(ValueError, match="no efficiency override 'compute'"):
+        ProfiledCostModel(unmeasured, model, gpu, tp=4, efficiency_overrides={"compute": 0.5})

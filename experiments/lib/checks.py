@@ -638,10 +638,13 @@ def check_paged_only(c: Mapping[str, Any], app: str, facts: Facts) -> None:
 # any other key given a value is refused.
 COST_KEYS: dict[str, tuple[str, ...]] = {
     "roofline": (
-        "compute_efficiency", "memory_efficiency", "per_step_overhead_s", "stack", "stack_path",
-        "dtype_bytes", "block_size",
+        "compute_efficiency", "memory_efficiency", "per_step_overhead_s", "allreduce_latency_s",
+        "peer_link_efficiency", "stack", "stack_path", "dtype_bytes", "block_size",
     ),
-    "profiled": ("profile", "stack", "stack_path", "dtype_bytes", "block_size"),
+    "profiled": (
+        "profile", "stack", "stack_path", "dtype_bytes", "block_size", "allreduce_latency_s",
+        "peer_link_efficiency",
+    ),
     "calibrated": ("path",),
 }  # fmt: skip
 

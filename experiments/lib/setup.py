@@ -261,6 +261,8 @@ _EFFICIENCY_KEYS = {
     "compute_efficiency": "compute",
     "memory_efficiency": "memory",
     "per_step_overhead_s": "per_step_overhead_s",
+    "allreduce_latency_s": "allreduce_latency_s",
+    "peer_link_efficiency": "peer_link_efficiency",
 }
 
 
@@ -278,8 +280,17 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
         for k, v in cost_cfg.items()
         if k in _EFFICIENCY_KEYS and v is not None
     }
+    for config_key, field in _EFFICIENCY_KEYS.items():
+        if field in overrides:  # each checked alone, so the error names its key
+            try:
+                Efficiency().with_values({field: "check"}, **{field: overrides[field]})
+            except ValueError as exc:
+                problem = str(exc).rsplit(", got ", 1)[0]  # the value is shown once, below
+                raise ConfigError(f"cost.{config_key}", problem, overrides[field]) from None
     extra = {k: v for k, v in cost_cfg.items() if k not in _EFFICIENCY_KEYS}
-    if overrides:
+    if overrides and kind == "profiled":  # the all-reduce's two (check_cost_keys)
+        extra["efficiency_overrides"] = overrides
+    elif overrides:
         extra["efficiency"] = Efficiency().with_values(
             {k: "set in the run's config (cost group)" for k in overrides}, **overrides
         )

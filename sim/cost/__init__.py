@@ -40,7 +40,7 @@ def build_cost_model(
       ``block_size``, ``stack`` — a preset name of :data:`STACKS` or None);
     - ``"profiled"``: ``profile=`` a profile path (kvlab's or Vidur's format) or an
       :class:`~sim.cost.profile.OperatorProfile`; optional ``stack``, ``block_size``,
-      ``dtype_bytes``;
+      ``dtype_bytes``, ``efficiency_overrides`` (the all-reduce's two factors);
     - ``"calibrated"``: ``steps=`` a steps DataFrame to fit, or ``coefficients=`` (and
       optionally ``fit_stats=``) from a previous fit; other ``kw`` as for the constructor;
     - ``"recorded"``: ``step_times=`` the measured step seconds in order.

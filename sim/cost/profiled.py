@@ -246,7 +246,9 @@ def _layer_of(spec: ModelSpec) -> LayerShape:
 
 
 class ProfiledCostModel:
-    """Step time of ``model`` on ``tp`` × ``gpu`` from ``profile``; see the module doc."""
+    """Step time of ``model`` on ``tp`` × ``gpu`` from ``profile``; see the module doc.
+    ``efficiency_overrides`` sets ``allreduce_latency_s`` and ``peer_link_efficiency`` in
+    place of the profile's all-reduce measurement (a ValueError for any other factor)."""
 
     def __init__(
         self,
@@ -258,6 +260,7 @@ class ProfiledCostModel:
         block_size: int = 16,
         stack: str | Stack | None = None,
         as_measured: bool = False,
+        efficiency_overrides: dict[str, float] | None = None,
     ) -> None:
         self.model = m = get_model(model)
         self.gpu = g = get_gpu(gpu)
@@ -376,6 +379,14 @@ class ProfiledCostModel:
         mem = float(min(1.0, self._achieved[0]))
         comp = float(min(1.0, self._achieved[-1]))
         all_reduce, all_reduce_sources = all_reduce_factors(prof)
+        for key, value in (efficiency_overrides or {}).items():
+            if key not in ("allreduce_latency_s", "peer_link_efficiency"):
+                raise ValueError(
+                    f"cost=profiled takes no efficiency override {key!r} (its operator speeds "
+                    "are the profile's); allreduce_latency_s and peer_link_efficiency only"
+                )
+            all_reduce[key] = value
+            all_reduce_sources[key] = "set in the run's config (cost group)"
         eff = Efficiency().with_values(
             {
                 "compute": f"achieved fraction of the roofline of the profile's linear "
