@@ -167,15 +167,21 @@ def summary(errs: list[dict]) -> list[dict]:
     ]
 
 
-def without_fixed_part(prof: OperatorProfile) -> OperatorProfile:
-    """``prof`` priced by the plain roofline ratio (no fixed part)."""
+def with_fixed_parts_of(prof: OperatorProfile, donor: OperatorProfile) -> OperatorProfile:
+    """``prof`` carrying ``donor``'s fixed parts (both ops) and their sources."""
     return replace(
         prof,
-        linear_fixed_s=0.0,
-        linear_fixed_source=None,
-        other_fixed_s=0.0,
-        other_fixed_source=None,
+        linear_fixed_s=donor.linear_fixed_s,
+        linear_fixed_source=donor.linear_fixed_source,
+        other_fixed_s=donor.other_fixed_s,
+        other_fixed_source=donor.other_fixed_source,
     )
+
+
+def without_fixed_part(prof: OperatorProfile) -> OperatorProfile:
+    """``prof`` priced by the plain roofline ratio (no fixed part)."""
+    return replace(prof, linear_fixed_s=0.0, linear_fixed_source=None, other_fixed_s=0.0,
+                   other_fixed_source=None)  # fmt: skip
 
 
 def shard_matrix(vidur: Path, fixed_part: bool = True) -> list[dict]:
@@ -187,13 +193,7 @@ def shard_matrix(vidur: Path, fixed_part: bool = True) -> list[dict]:
     for label, own in by_model.items():
         other = next(t for lab, t in by_model.items() if lab != label)[0]
         for prof in own:
-            held_out = replace(
-                prof,
-                linear_fixed_s=other.linear_fixed_s,
-                linear_fixed_source=other.linear_fixed_source,
-                other_fixed_s=other.other_fixed_s,
-                other_fixed_source=other.other_fixed_source,
-            )
+            held_out = with_fixed_parts_of(prof, other)
             tables.append((label, held_out if fixed_part else without_fixed_part(prof)))
     rows = []
     for target_label, target in tables:
@@ -221,13 +221,7 @@ def run(vidur: Path, fixed_part: bool = True) -> tuple[list[dict], list[dict]]:
     """(every point, the errors) of every held-out table against the source's transfer,
     with the fixed parts the module doc says (or none)."""
     fixed = read_vidur_tables(vidur / FIXED_SOURCE)[0]
-    source = replace(
-        read_vidur_profile(vidur / SOURCE[0], SOURCE[1]),
-        linear_fixed_s=fixed.linear_fixed_s,
-        linear_fixed_source=fixed.linear_fixed_source,
-        other_fixed_s=fixed.other_fixed_s,
-        other_fixed_source=fixed.other_fixed_source,
-    )
+    source = with_fixed_parts_of(read_vidur_profile(vidur / SOURCE[0], SOURCE[1]), fixed)
     a100_set = read_profile_set(vidur / "a100")
     if not fixed_part:
         source = without_fixed_part(source)

@@ -313,14 +313,18 @@ def section(
         "tp > 1 (OPT-66B, OPT-175B) is priced by the same clock: the A100 operator profile "
         "(measured at tp 1) transferred to each GPU's shard (matmuls by the roofline ratio, "
         "elementwise operators by the elements a token moves on one GPU, each beyond a fixed "
-        "part fitted on another model's tables), plus a ring "
-        "all-reduce per layer from the datasheet link bandwidth (`sim/cost/profiled.py`, "
-        "`sim/cost/roofline.py`). No serving step at tp > 1 was measured, so the 66B and 175B "
+        "part fitted on another model's tables), plus two ring all-reduces per layer at the "
+        "latency and fraction of the NVLink's bandwidth fitted on Vidur's A100 all-reduce "
+        "table and, in the paper-era stack, the driver's Ray calls to its workers from "
+        "Vidur's CPU table (`sim/cost/profiled.py`, `sim/cost/roofline.py`, "
+        "`sim/cost/overhead.py`). No serving step at tp > 1 was measured, so the 66B and 175B "
         "panels rest on that transfer. Held against Vidur's measured A100 layers at tp 2-8 "
         "(`docs/validation/profile-transfer.md`), it prices a layer within 5% (mean absolute "
         "error) on shards at least the profiled layer's size, as these panels' are; on "
         "smaller shards (Llama-2-7B at tp 2-8) the layer comes out within -4.9% to +0.7% at "
-        "1-64 tokens. The all-reduce is not checked.",
+        "1-64 tokens. The all-reduce's fit is held out on the table's own middle sizes and "
+        "4-GPU rows (`docs/validation/allreduce.md`); at tp > 1 it was not checked against "
+        "a serving run.",
         "",
     ]
     gaps = []

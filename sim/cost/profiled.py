@@ -186,22 +186,36 @@ def small_shard_note(profiled_weights: float, target_weights: float) -> str | No
     )
 
 
-def all_reduce_factors(prof: OperatorProfile) -> tuple[dict[str, float], dict[str, str]]:
-    """The efficiency factors ``prof``'s all-reduce measurement sets, and their source
-    texts: its latency and its achieved fraction of the peer link, used as they are at every
-    tp and on every GPU (the latency whole, the fraction of the target's own peer link).
-    Two empty dicts when the profile has no measurement."""
-    if prof.allreduce_latency_s == 0 and prof.peer_link_efficiency == 1:
-        return {}, {}
-    where = (
-        f"measured on {prof.gpu}, used at every tp and on every GPU: "
-        f"{prof.allreduce_source or 'the profile sidecar (no source given)'}"
-    )
-    values = {
-        "allreduce_latency_s": prof.allreduce_latency_s,
-        "peer_link_efficiency": prof.peer_link_efficiency,
-    }
-    return values, dict.fromkeys(values, where)
+ALL_REDUCE_FACTORS = ("allreduce_latency_s", "peer_link_efficiency")
+
+
+def all_reduce_factors(
+    prof: OperatorProfile, overrides: dict[str, float] | None = None
+) -> tuple[dict[str, float], dict[str, str]]:
+    """The efficiency factors of the all-reduce, and their source texts: ``prof``'s
+    measured latency and achieved fraction of the peer link, used as they are at every tp
+    and on every GPU (the latency whole, the fraction of the target's own peer link), each
+    replaced by ``overrides`` (the run's config; a ValueError for any other factor). Two
+    empty dicts when the profile has no measurement and nothing is overridden."""
+    values: dict[str, float] = {}
+    sources: dict[str, str] = {}
+    if prof.allreduce_latency_s != 0 or prof.peer_link_efficiency != 1:
+        values = {"allreduce_latency_s": prof.allreduce_latency_s,
+                  "peer_link_efficiency": prof.peer_link_efficiency}  # fmt: skip
+        where = (
+            f"measured on {prof.gpu}, used at every tp and on every GPU: "
+            f"{prof.allreduce_source or 'the profile sidecar (no source given)'}"
+        )
+        sources = dict.fromkeys(values, where)
+    for key, value in (overrides or {}).items():
+        if key not in ALL_REDUCE_FACTORS:
+            raise ValueError(
+                f"cost=profiled takes no efficiency override {key!r} (its operator speeds "
+                f"are the profile's); {' and '.join(ALL_REDUCE_FACTORS)} only"
+            )
+        values[key] = value
+        sources[key] = "set in the run's config (cost group)"
+    return values, sources
 
 
 def profiled_layer(prof: OperatorProfile) -> LayerShape:
@@ -378,15 +392,7 @@ class ProfiledCostModel:
         self._lm = [0.0, *lm_head_s(dense[1:]).tolist()]
         mem = float(min(1.0, self._achieved[0]))
         comp = float(min(1.0, self._achieved[-1]))
-        all_reduce, all_reduce_sources = all_reduce_factors(prof)
-        for key, value in (efficiency_overrides or {}).items():
-            if key not in ("allreduce_latency_s", "peer_link_efficiency"):
-                raise ValueError(
-                    f"cost=profiled takes no efficiency override {key!r} (its operator speeds "
-                    "are the profile's); allreduce_latency_s and peer_link_efficiency only"
-                )
-            all_reduce[key] = value
-            all_reduce_sources[key] = "set in the run's config (cost group)"
+        all_reduce, all_reduce_sources = all_reduce_factors(prof, efficiency_overrides)
         eff = Efficiency().with_values(
             {
                 "compute": f"achieved fraction of the roofline of the profile's linear "
