@@ -163,3 +163,24 @@ def test_a_beams_csv_in_any_row_order_replays_the_same_choices(tmp_path: Path) -
         (choice,) = RecordedBeams.read(path).choices(StepPlan(decode=list(group.seqs)))
         assert choice.group is group
         assert (choice.beams, choice.scores) == expected, order
+
+
+def test_simulated_beams_carry_stand_in_ids_and_give_no_false_prefix_hits() -> None:
+    """The simulator's beam choices name candidate indices (0 .. width-1), not token ids: with
+    prefix caching every generated token must stay its sequence's stand-in id, so another
+    request whose prompt goes on with those small ids finds only the shared prompt blocks."""
+    from core.sched.base import stand_in_token_id
+    from tests.sched_harness import run_loop
+
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
+    sched = build_scheduler("vllm", 256, cfg, block_size=4, enable_prefix_caching=True)
+    beam = Request(0, 0.0, 8, 9, SamplingParams(beam_width=2), tuple(range(8)))
+    res = run_loop(sched, [beam], beams_rng=np.random.default_rng(0))
+    for seq in res.groups[0].seqs:
+        assert seq.output_token_ids[-1] == stand_in_token_id(seq.seq_id)
+        assert all(t < 0 for t in seq.output_token_ids)
+    # the candidate indices seed 0 chose for the first beam before the fix
+    follower = Request(1, 1.0, 13, 2, SamplingParams(), (*range(8), 0, 1, 1, 1, 7))
+    starts: list[int] = []
+    run_loop(sched, [follower], on_plan=lambda p: starts.extend(c.start for c in p.prefill))
+    assert starts[0] == 8  # the prompt's two blocks, nothing generated

@@ -407,7 +407,7 @@ class BaseScheduler:
             seqs = group.seqs
             request = group.request
             if choice is not None:
-                self._apply_beams(group, choice)
+                self._apply_beams(group, choice, stand_in=outcome.token_ids is None)
             elif len(seqs) == 1 and (request.sampling.n > 1 or request.sampling.beam_width > 1):
                 self._fork_samples(group, outcome)
             if group.first_token_time is None:
@@ -459,10 +459,13 @@ class BaseScheduler:
         group.seqs.append(child)
         return child
 
-    def _apply_beams(self, group: SequenceGroup, choice: BeamChoice) -> None:
+    def _apply_beams(self, group: SequenceGroup, choice: BeamChoice, stand_in: bool) -> None:
         """Make the group hold exactly the chosen beams. Each beam is ``(parent, token)``;
         the first beam of a parent reuses it, later ones fork it; unchosen parents are
-        freed. Tokens in ``choice`` replace the token the step appended."""
+        freed. Tokens in ``choice`` replace the token the step appended; with ``stand_in``
+        (a body that samples no tokens, whose ``token`` is a candidate index, not a
+        vocabulary id) each beam's token is its own stand-in id instead, so a prefix cache
+        cannot match one beam's generated blocks to another request's prompt."""
         by_id = {s.seq_id: s for s in group.live_seqs()}
         used: set[int] = set()
         new_seqs: list[tuple[Sequence, int, float | None]] = []
@@ -489,7 +492,7 @@ class BaseScheduler:
             new_seqs.append((child, token, score))
         for seq, token, score in new_seqs:
             if seq.output_token_ids:
-                seq.output_token_ids[-1] = token
+                seq.output_token_ids[-1] = stand_in_token_id(seq.seq_id) if stand_in else token
             if score is not None:
                 seq.cum_logprob = score
 
