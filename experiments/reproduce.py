@@ -207,8 +207,9 @@ def _panels(parser: argparse.ArgumentParser, letters: str) -> list[fig12_rates.P
 
 
 def check_run_numbers(args: argparse.Namespace) -> None:
-    """A ConfigError for the first of ``--duration``, ``--threshold``, ``--workers`` and
-    ``--seeds`` that argparse accepts but a run cannot use (NaN, inf, zero, negative)."""
+    """A ConfigError for the first of ``--duration``, ``--threshold``, ``--workers``,
+    ``--seeds`` and ``--seed`` that argparse accepts but a run cannot use (NaN, inf, zero,
+    negative; a seed may be 0)."""
     positive = {"--duration": args.duration, "--threshold": args.threshold}
     for flag, value in positive.items():
         if value is not None and not (math.isfinite(value) and value > 0):
@@ -216,6 +217,8 @@ def check_run_numbers(args: argparse.Namespace) -> None:
     for flag, value in {"--workers": args.workers, "--seeds": args.seeds}.items():
         if value < 1:
             raise ConfigError(flag, "not a count >= 1", value)
+    if args.seed < 0:
+        raise ConfigError("--seed", "not a seed (an integer >= 0)", args.seed)
 
 
 def check_arguments(args: argparse.Namespace) -> None:

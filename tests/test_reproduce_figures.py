@@ -47,6 +47,7 @@ def test_an_unknown_figure_is_one_line_and_exit_2(tmp_path: Path, capsys) -> Non
         (["--threshold", "0"], "error: --threshold: not a number > 0"),
         (["--workers", "-4"], "error: --workers: not a count >= 1"),
         (["--seeds", "0"], "error: --seeds: not a count >= 1"),
+        (["--seed", "-1"], "error: --seed: not a seed (an integer >= 0)"),
         (["--launcher", "nope"], "error: --launcher: unknown launcher"),
         (
             ["--figures", "fig19", "--skip-blocks"],
