@@ -53,6 +53,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -159,6 +160,27 @@ def _keep(m: dict[str, Any]) -> dict[str, Any]:
 
 
 OVERHEADS_S = (0.0, 0.005, 0.01, 0.02, 0.05)
+
+
+def unmeasured_run(
+    fixed: Sequence[pd.DataFrame], searches: Sequence[Sequence[dict[str, Any]]]
+) -> str | None:
+    """What a report cannot be made of, or None: a fixed-rate run (``fixed``: one row per
+    run) that completed no request, or a rate search (``searches``: their rows) whose
+    traces held no request at any rate, so that it has no rate at all."""
+    for frame in fixed:
+        for row in frame.to_dict("records"):
+            if not row.get("completed"):
+                return f"run {row['label']} completed no request"
+    for rows in searches:
+        measured: dict[tuple[Any, Any], bool] = {}
+        for r in rows:
+            key = (r.get("setting"), r.get("system"))
+            measured[key] = measured.get(key, False) or r["passes"] is not None
+        for (setting, system), ok in measured.items():
+            if not ok:
+                return f"{system}'s rate search ({setting}) held no request at any rate"
+    return None
 
 
 def overhead_sensitivity(pool: ProcessPoolExecutor, base: list[str]) -> list[tuple[float, Any]]:
@@ -398,12 +420,18 @@ def main(argv: list[str] | None = None) -> Path:
         )
         blocks = pd.DataFrame([key | _keep(job.result()) for key, job in block_jobs])
         fig12_rows = [row for job in fig12_jobs for row in job.result()]
-        sharing_text = (
-            sharing.write(sharing_jobs, out, sharing._plt(), sharing_s, sharing_figs,
-                          progress.wrote)
-            if sharing_jobs else ""
-        )  # fmt: skip
+        sharing_rows = [[row for job in jobs for row in job.result()]
+                        for jobs in sharing_jobs.values()]  # fmt: skip
     log.info("all runs done (%.0f s)", progress.elapsed())
+    short = unmeasured_run([fig2, fig13_alpaca, sens, blocks], [fig12_rows, *sharing_rows])
+    if short is not None:
+        problem = f"too short for the report: {short}; no figure or report was written"
+        expected = "a trace long enough to hold requests at every figure's rate"
+        report_config_error(ConfigError("--duration", problem, duration, expected))
+    sharing_text = (
+        sharing.write(sharing_jobs, out, sharing._plt(), sharing_s, sharing_figs, progress.wrote)
+        if sharing_jobs else ""
+    )  # fmt: skip
     cfg = compose_config([*base, "system=vllm"])
     fig12_text = ""
     if fig12_rows:

@@ -81,6 +81,29 @@ def test_an_out_that_cannot_be_made_is_one_line(tmp_path: Path, capsys) -> None:
     assert ended.value.code == 2 and err.startswith("error: --out: cannot write there"), err
 
 
+def test_a_trace_too_short_for_a_request_is_one_line_and_writes_no_figure(
+    tmp_path: Path, capsys
+) -> None:
+    """A run at a fixed rate that completed no request would make a report of NaN: refused
+    after the runs, before any figure or the report is written."""
+    with pytest.raises(SystemExit) as ended:
+        reproduce.main(["--figures", "fig2", "--duration", "0.001", "--workers", "1",
+                        "--out", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: --duration: too short for the report: run fig2_"), err
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]
+
+
+def test_no_rate_search_without_a_request_at_any_rate() -> None:
+    rows = [{"setting": "a", "system": "vllm", "passes": None},
+            {"setting": "a", "system": "orca_max", "passes": False},
+            {"setting": "a", "system": "vllm", "passes": True}]  # fmt: skip
+    assert reproduce.unmeasured_run([], [rows]) is None
+    problem = reproduce.unmeasured_run([], [rows[:2]])
+    assert problem == "vllm's rate search (a) held no request at any rate"
+
+
 def test_a_selection_runs_and_writes_only_its_figures(tmp_path: Path, caplog) -> None:
     caplog.set_level(logging.INFO, logger="kvlab.reproduce")
     # a Hydra app run earlier in this process (the config-error tests) reconfigures logging

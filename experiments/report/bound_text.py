@@ -43,13 +43,15 @@ def ratio_estimate(c: pd.DataFrame, system: str) -> tuple[str, float]:
     bracketed; "≥" vLLM passed every rate tried (its rate is a lower bound); "≤" ``system``
     did; ">" ``system`` passed none (vLLM's rate over the lowest rate it tried); "<" vLLM
     passed none (the lowest rate vLLM tried over ``system``'s rate); "?" no bound (both
-    passed every rate, or neither passed one). (1.0, "=") for vLLM itself."""
+    passed every rate, neither passed one, or ``system`` has no rate at all: no trace it was
+    given held a request). (1.0, "=") for vLLM itself."""
     if system == "vllm":
         return "=", 1.0
     v, s = c.loc["vllm"], c.loc[system]
     v_rate, s_rate = float(v["max_rate"]), float(s["max_rate"])
     v_below, s_below = below_grid(v), below_grid(s)
-    if (v_below and s_below) or (passed_all(v) and passed_all(s)):
+    unmeasured = s_rate <= 0 and not s_below
+    if (v_below and s_below) or (passed_all(v) and passed_all(s)) or unmeasured:
         return "?", v_rate / s_rate if s_rate > 0 else math.nan
     if s_below:
         return ">", v_rate / s_below
