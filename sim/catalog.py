@@ -149,6 +149,16 @@ HARDWARE_FIELDS = (
 )  # fmt: skip
 
 
+def _check_known_keys(cfg: Mapping[str, Any], origin: str) -> None:
+    unknown = [str(k) for k in cfg if k not in HARDWARE_FIELDS]
+    if unknown:
+        raise HardwareError(
+            f"{origin}: unknown key {unknown[0]!r} (a hardware YAML holds "
+            f"{', '.join(HARDWARE_FIELDS)})",
+            unknown[0],
+        )
+
+
 def _hardware_number(cfg: Mapping[str, Any], key: str, origin: str, name: str) -> float:
     """``cfg[key]`` times its SI scale; raises :class:`HardwareError` naming ``key`` unless
     the value is a finite number > 0 and stays finite once scaled."""
@@ -196,8 +206,11 @@ def gpu_from_config(cfg: Mapping[str, Any], origin: str = "hardware") -> GPUSpec
     """A GPU from a hardware YAML's keys (see ``configs/hardware/*.yaml``); a missing,
     non-numeric, non-finite or non-positive number raises :class:`HardwareError` naming the
     key and ``origin`` (the file or config group). The optional ``reported_memory_gib``
-    (null or absent: not measured) must be a finite number > 0 and at most ``memory_gb``."""
+    (null or absent: not measured) must be a finite number > 0 and at most ``memory_gb``.
+    A key that is not one of :data:`HARDWARE_FIELDS` (a misspelt number would otherwise be
+    ignored) raises naming it."""
     name = str(cfg.get("name") or Path(origin).stem)
+    _check_known_keys(cfg, origin)
     values: dict[str, Any] = {
         attr: _hardware_number(cfg, key, origin, name) for key, (attr, _) in HARDWARE_KEYS.items()
     }
@@ -489,6 +502,7 @@ def resolve_gpu(cfg: Mapping[str, Any] | None, origin: str | None = None) -> GPU
     where = origin or (f"hardware/{name}.yaml or hardware.* overrides" if name else "hardware")
     if not cfg:
         raise HardwareError(f"{where}: empty (a GPU's name, and its numbers for a new GPU)")
+    _check_known_keys(cfg, where)
     if any(cfg.get(k) is not None for k in HARDWARE_KEYS):
         if name in (None, ""):
             raise HardwareError(f"{where}: the GPU has no name (give name: <gpu>)", "name")

@@ -58,6 +58,18 @@ def test_missing_hardware_number_is_named() -> None:
         gpu_from_config({**doc, "mem_bandwidth_gbs": 1, "peak_tflops": "fast"}, "my.yaml")
 
 
+def test_a_misspelt_hardware_key_is_named_not_ignored() -> None:
+    """``reported_memory_gb`` for ``reported_memory_gib`` would silently size the KV cache
+    from the nominal memory; any key a hardware YAML does not hold is refused by name."""
+    doc = yaml.safe_load((CONFIGS / "hardware" / "rtx4090.yaml").read_text())
+    doc["reported_memory_gb"] = doc.pop("reported_memory_gib")
+    with pytest.raises(ValueError, match=r"my.yaml: unknown key 'reported_memory_gb'") as err:
+        gpu_from_config(doc, "my.yaml")
+    assert err.value.key == "reported_memory_gb"
+    with pytest.raises(ValueError, match=r"unknown key 'memroy_gb'"):
+        resolve_gpu({"name": "rtx4090", "memroy_gb": 80})
+
+
 def test_hardware_group_numbers_override_the_catalog() -> None:
     doc = yaml.safe_load((CONFIGS / "hardware" / "rtx4090.yaml").read_text())
     assert resolve_gpu({"name": "rtx4090"}) == get_gpu("rtx4090")
