@@ -443,11 +443,8 @@ def main(argv: list[str] | None = None) -> Path:
     write_outputs(
         out, fig2, sens, cfg, blocks, duration=duration, wall_s=time.perf_counter() - t0,
         figures=figs, on_written=progress.wrote, fig13_alpaca=fig13_alpaca,
-        fig13_alpaca_rate=FIG13_ALPACA_RATE,
+        fig13_alpaca_rate=FIG13_ALPACA_RATE, sections=(fig12_text, sharing_text),
     )  # fmt: skip
-    if fig12_text or sharing_text:
-        with (out / "report.md").open("a") as f:
-            f.write("".join("\n" + t for t in (fig12_text, sharing_text) if t))
     log.info("wrote %s", out / "report.md")
     return out
 

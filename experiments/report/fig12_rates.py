@@ -160,10 +160,10 @@ def write(
     runs = pd.DataFrame(rows)
     cap = capacity(rows)
     curves = panel_curves(rows)
-    cap.to_csv(out / "fig12_capacity.csv", index=False)
-    curves.to_csv(out / "fig12_curves.csv", index=False)
+    write_csv(out / "fig12_capacity.csv", cap)
+    write_csv(out / "fig12_curves.csv", curves)
     for p in [p for p in PANELS if p.letter in set(runs["setting"])]:
-        runs[runs["setting"] == p.letter].to_csv(out / f"{p.name}.csv", index=False)
+        write_csv(out / f"{p.name}.csv", runs[runs["setting"] == p.letter])
     draw(cap, curves, out, plt, threshold)
     return section(cap, runs, threshold, clocks)
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.lib.results import write_csv
 from experiments.report.bound_text import (
     BOUNDS_NOTE,
     NOT_DECIDED,
@@ -93,9 +94,9 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
     """fig14_sampling.csv (every run), fig14_capacity.csv, fig14_sampling.png/.pdf; returns
     the report section."""
     runs = pd.DataFrame(rows)
-    runs.to_csv(out / "fig14_sampling.csv", index=False)
+    write_csv(out / "fig14_sampling.csv", runs)
     cap = pd.DataFrame(capacity_table(rows, "orca_oracle"))
-    cap.to_csv(out / "fig14_capacity.csv", index=False)
+    write_csv(out / "fig14_capacity.csv", cap)
     fig = draw_fig14(cap)
     save(fig, out, "fig14_sampling")
     plt.close(fig)

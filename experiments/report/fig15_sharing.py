@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.lib.results import write_csv
 from experiments.report.figures import SOURCE_COLORS, pyplot, save
 from experiments.report.rate_search import at_max_rate
 
@@ -62,7 +63,7 @@ def draw_fig15(t: pd.DataFrame) -> Any:
 def write(fig14_rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
     """fig15_sharing.csv and .png/.pdf; returns the report section."""
     t = table(fig14_rows)
-    t.to_csv(out / "fig15_sharing.csv", index=False)
+    write_csv(out / "fig15_sharing.csv", t)
     fig = draw_fig15(t)
     save(fig, out, "fig15_sharing")
     plt.close(fig)

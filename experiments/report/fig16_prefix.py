@@ -23,6 +23,7 @@ import pandas as pd
 
 from core.workload.synthetic import shared_prefix
 from experiments.lib.compose import compose_config
+from experiments.lib.results import write_csv
 from experiments.report.bound_text import (
     BOUNDS_NOTE,
     gap_text,
@@ -78,9 +79,9 @@ def draw_fig16(cap: pd.DataFrame) -> Any:
 
 def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
     """fig16_prefix.csv (every run), fig16_capacity.csv, .png/.pdf; the report section."""
-    pd.DataFrame(rows).to_csv(out / "fig16_prefix.csv", index=False)
+    write_csv(out / "fig16_prefix.csv", pd.DataFrame(rows))
     cap = pd.DataFrame(capacity_table(rows, "orca_oracle"))
-    cap.to_csv(out / "fig16_capacity.csv", index=False)
+    write_csv(out / "fig16_capacity.csv", cap)
     fig = draw_fig16(cap)
     save(fig, out, "fig16_prefix")
     plt.close(fig)

@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.workload.spec import build_workload
 from experiments.lib.compose import compose_config
+from experiments.lib.results import write_csv
 from experiments.report.bound_text import (
     BOUNDS_NOTE,
     gap_text,
@@ -145,9 +146,9 @@ def draw_fig17(runs: pd.DataFrame) -> Any:
 def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
     """fig17_chatbot.csv (every run), fig17_capacity.csv, .png/.pdf; the report section."""
     runs = pd.DataFrame(rows)
-    runs.to_csv(out / "fig17_chatbot.csv", index=False)
+    write_csv(out / "fig17_chatbot.csv", runs)
     cap = pd.DataFrame(capacity_table(rows, "vllm"))
-    cap.to_csv(out / "fig17_capacity.csv", index=False)
+    write_csv(out / "fig17_capacity.csv", cap)
     fig = draw_fig17(runs)
     save(fig, out, "fig17_chatbot")
     plt.close(fig)

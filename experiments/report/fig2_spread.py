@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.lib.args import OneLineParser
-from experiments.lib.results import write_json
+from experiments.lib.results import write_atomic, write_csv, write_json
 from experiments.report.paper import FIG2_BREAKDOWN, SYSTEM_LABELS
 
 SIGMA_INPUT = (1.0, 1.2, 1.4)
@@ -89,17 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max(1, args.workers)) as pool:
         jobs = [pool.submit(run_point, s, a, b, args.duration, args.seed) for s, a, b in grid]
         rows = pd.DataFrame([j.result() for j in jobs])
-    tmp = args.out / "fig2_spread.csv.tmp"
-    rows.to_csv(tmp, index=False)
-    tmp.replace(args.out / "fig2_spread.csv")
+    write_csv(args.out / "fig2_spread.csv", rows)
     text = (
         f"Fig. 2 shares (% of KV slots) over log-space length sigmas "
         f"{SIGMA_INPUT} (prompts) x {SIGMA_OUTPUT} (outputs), {args.duration:g}-s ShareGPT "
         f"traces at 2 req/s, seed {args.seed}, paper-era A100 clock.\n\n" + summary(rows)
     )
-    tmp = args.out / "fig2_spread.md.tmp"
-    tmp.write_text(text)
-    tmp.replace(args.out / "fig2_spread.md")
+    write_atomic(args.out / "fig2_spread.md", text)
     write_json(args.out / "fig2_spread.json", {"rows": rows.to_dict("records")})
     print(text)
     return 0

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.lib.results import write_atomic
 from experiments.report.paper import (
     FIG2_BREAKDOWN,
     FIG13_BATCH,
@@ -63,15 +64,15 @@ def pyplot(headless: bool = False) -> Any:
 
 
 def save(fig: Any, out: Path, stem: str) -> Path:
-    """Write ``<stem>.png`` (150 dpi) and ``<stem>.pdf`` (fonttype 42) into ``out``; return
-    the PNG's path."""
+    """Write ``<stem>.png`` (150 dpi) and ``<stem>.pdf`` (fonttype 42) into ``out``, each
+    atomically; return the PNG's path."""
     import matplotlib
 
     fig.tight_layout()
     png = out / f"{stem}.png"
-    fig.savefig(png, dpi=150)
+    write_atomic(png, lambda tmp: fig.savefig(tmp, dpi=150, format="png"))
     with matplotlib.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42}):
-        fig.savefig(out / f"{stem}.pdf")
+        write_atomic(out / f"{stem}.pdf", lambda tmp: fig.savefig(tmp, format="pdf"))
     return png
 
 

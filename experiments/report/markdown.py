@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from experiments.lib.results import write_atomic, write_csv
 from experiments.lib.setup import as_dict, build_setup, make_cost_model
 from experiments.report.clock import (
     draw_fig18b,
@@ -88,24 +89,26 @@ def write_outputs(
     on_written: Callable[..., None] = lambda figure, *files: None,
     fig13_alpaca: pd.DataFrame | None = None,
     fig13_alpaca_rate: float | None = None,
+    sections: Sequence[str] = (),
 ) -> None:
     """Write the CSVs, figures and ``report.md`` of the selected ``figures``
     (``experiments.report.selection``) into ``out``, calling ``on_written(figure, *files)``
     after each. ``fig2``: the Fig. 2/13 runs; ``sensitivity``: vLLM at 2 req/s on the
     roofline with added per-step overheads; ``blocks``: the Fig. 18b / Fig. 19 runs
     (``reproduce.block_study``), if any; ``fig13_alpaca``: Fig. 13 (b)'s runs (Alpaca at
-    ``fig13_alpaca_rate`` req/s)."""
+    ``fig13_alpaca_rate`` req/s); ``sections``: more markdown the report ends with (the
+    rate-search figures' text), each after a blank line."""
     out.mkdir(parents=True, exist_ok=True)
     t1 = table1()
     plt = pyplot(headless=True)
     drawn = []
     if "table1" in figures:
         t1_table = pd.DataFrame([dataclasses.asdict(r) for r in t1])
-        t1_table.to_csv(out / "table1.csv", index=False)
+        write_csv(out / "table1.csv", t1_table)
         drawn.append(("table1", table1_capacity(t1_table), "table1"))
     f2 = fig2_table(fig2) if len(fig2) else pd.DataFrame()
     if "fig2" in figures:
-        f2.to_csv(out / "fig2_breakdown.csv", index=False)
+        write_csv(out / "fig2_breakdown.csv", f2)
         drawn.append(("fig2", fig2_breakdown(f2), "fig2_breakdown"))
 
     alpaca = fig13_alpaca if fig13_alpaca is not None else pd.DataFrame()
@@ -114,10 +117,10 @@ def write_outputs(
         panels.append(fig13_table(alpaca, "alpaca", fig13_alpaca_rate))
     f13 = pd.concat(panels, ignore_index=True) if panels else pd.DataFrame()
     if "fig13" in figures:
-        f13.to_csv(out / "fig13_batch.csv", index=False)
+        write_csv(out / "fig13_batch.csv", f13)
         drawn.append(("fig13", fig13_batch(f13), "fig13_batch"))
     if "sensitivity" in figures:
-        sensitivity.to_csv(out / "vllm_overhead_sensitivity.csv", index=False)
+        write_csv(out / "vllm_overhead_sensitivity.csv", sensitivity)
         drawn.append(("sensitivity", overhead_sensitivity(sensitivity),
                       "vllm_overhead_sensitivity"))  # fmt: skip
 
@@ -144,13 +147,13 @@ def write_outputs(
 
         price = preemption_cost(cost_at, sizes)
         if "fig18b" in figures:
-            blocks[blocks["study"] == "fig18b"].to_csv(out / "fig18b_block_size.csv", index=False)
+            write_csv(out / "fig18b_block_size.csv", blocks[blocks["study"] == "fig18b"])
             _save(plt, draw_fig18b(blocks), out, "fig18b_block_size")
             extra += fig18b_section(blocks, cost_line)
             on_written("fig18b", "fig18b_block_size.csv/.png/.pdf")
         if "fig19" in figures:
-            fig19_runs(blocks).to_csv(out / "fig19_swap_recompute.csv", index=False)
-            price.to_csv(out / "fig19_preemption_cost.csv", index=False)
+            write_csv(out / "fig19_swap_recompute.csv", fig19_runs(blocks))
+            write_csv(out / "fig19_preemption_cost.csv", price)
             _save(plt, draw_fig19(blocks, price), out, "fig19_swap_recompute")
             extra += fig19_section(blocks, price, cost_line)
             on_written("fig19", "fig19_swap_recompute.csv/.png/.pdf", "fig19_preemption_cost.csv")
@@ -158,9 +161,7 @@ def write_outputs(
         f2, f13, sensitivity, t1, cost.describe(), fig2, duration, wall_s, extra, figures,
         alpaca,
     )  # fmt: skip
-    tmp = out / "report.md.tmp"
-    tmp.write_text(text)
-    tmp.replace(out / "report.md")
+    write_atomic(out / "report.md", text + "".join("\n" + t for t in sections if t))
 
 
 def _save(plt: Any, fig: Any, out: Path, stem: str) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import check_out_dir, report_config_error
+from experiments.lib.results import write_atomic
 from experiments.report import fig14_sampling, fig15_sharing, fig16_prefix, fig17_chatbot
 from experiments.report.figures import pyplot
 from experiments.report.rate_search import Runner, run_search
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> Path:
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         jobs = submit(pool, run, duration, args.seed, args.threshold, seeds=args.seeds)
         text = write(jobs, args.out, _plt(), duration)
-    (args.out / "report.md").write_text(text)
+    write_atomic(args.out / "report.md", text)
     log.info("wrote %s", args.out / "report.md")
     return args.out
 
