@@ -349,11 +349,16 @@ def sweep_failure_status(sweep_dir: Path | None) -> int:
 
 def check_output_dirs(args: Sequence[str]) -> None:
     """``hydra.run.dir`` and ``hydra.sweep.dir`` given as plain paths are folders a run can
-    be written in (Hydra's own error for a file there is a traceback)."""
+    be written in: made here, so that one the system refuses (a read-only or virtual file
+    system, a full disk) is one line too (Hydra's own error is a traceback)."""
     for arg in args:
         key, _, value = arg.lstrip("+").partition("=")
         if key in ("hydra.run.dir", "hydra.sweep.dir") and value and "$" not in value:
             check_out_dir(Path(value), key)
+            try:
+                Path(value).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(key, f"cannot make the folder ({exc.strerror})", value) from None
 
 
 def _index_refused(config_name: str | None, args: Sequence[str], err: ConfigError) -> None:
