@@ -349,3 +349,19 @@ def test_a_run_dir_that_cannot_be_made_is_refused_by_key(tmp_path: Path) -> None
     assert err.value.key == "hydra.run.dir"
     check_output_dirs([f"hydra.run.dir={tmp_path / 'a' / 'b'}"])
     assert (tmp_path / "a" / "b").is_dir()
+
+
+def test_a_failed_rerun_leaves_none_of_the_earlier_runs_tables(tmp_path: Path) -> None:
+    """Rerun into a finished run's folder with a config that is refused: the folder holds
+    this run's error, not the earlier run's requests, steps and config beside it."""
+    status, _, err = run_cli(simulate, SIM_SMALL, tmp_path)
+    assert status == 0, err
+    run = tmp_path / "run"
+    assert {"metrics.json", "requests.csv", "steps.csv", "config.yaml"} <= {
+        p.name for p in run.iterdir()
+    }
+    status, _, err = run_cli(simulate, [*SIM_SMALL, "system.block_size=3"], tmp_path)
+    assert status == 2, err
+    left = {p.name for p in run.iterdir() if p.is_file()}
+    assert "error.txt" in left and not left & {"metrics.json", "requests.csv", "steps.csv",
+                                               "config.yaml", "cost_model.json"}  # fmt: skip

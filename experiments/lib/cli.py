@@ -37,7 +37,7 @@ from core.workload.trace_io import TraceFormatError
 from experiments.lib.args import out_dir_problem
 from experiments.lib.checks import CONFIG_DIR, ConfigError
 from experiments.lib.compose import check_group_overrides, check_overrides_compose
-from experiments.lib.results import INDEX_COLUMNS, append_index, write_error
+from experiments.lib.results import INDEX_COLUMNS, append_index, clear_run, write_error
 from experiments.lib.signals import (
     TERMINATED_STATUS,
     Terminated,
@@ -230,8 +230,7 @@ def run_app(
 
     index_writable = True
     # this directory's earlier result or error, if any, is not this run's (a rerun job)
-    (out_dir / "metrics.json").unlink(missing_ok=True)
-    (out_dir / "error.txt").unlink(missing_ok=True)
+    clear_run(out_dir)
     try:
         if index is not None:
             index_writable = False

@@ -169,6 +169,21 @@ def write_run(
     return out_dir
 
 
+# every file a run of simulate or serve writes into its folder (write_run, serve's beam
+# log, write_error): what an earlier run there leaves for a rerun to clear
+RUN_FILES = (
+    "metrics.json", "error.txt", "config.yaml", "requests.csv", "steps.csv",
+    "cost_model.json", "engine.json", "beams.csv",
+)  # fmt: skip
+
+
+def clear_run(run_dir: Path) -> None:
+    """Remove an earlier run's :data:`RUN_FILES` from ``run_dir`` (``metrics.json`` first,
+    so a folder is never complete with another run's tables), leaving other files."""
+    for name in RUN_FILES:
+        (Path(run_dir) / name).unlink(missing_ok=True)
+
+
 def is_complete(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a finished run (its ``metrics.json`` exists)."""
     return (Path(run_dir) / "metrics.json").is_file()
