@@ -348,16 +348,25 @@ def sweep_failure_status(sweep_dir: Path | None) -> int:
 
 def check_output_dirs(args: Sequence[str]) -> None:
     """``hydra.run.dir`` and ``hydra.sweep.dir`` given as plain paths are folders a run can
-    be written in: made here, so that one the system refuses (a read-only or virtual file
-    system, a full disk) is one line too (Hydra's own error is a traceback)."""
+    be written in; one the system will not make (a read-only or virtual file system, where
+    ``os.access`` may still say yes) is found by making it and removing what was made, so
+    that it is one line too (Hydra's own error is a traceback)."""
     for arg in args:
         key, _, value = arg.lstrip("+").partition("=")
         if key in ("hydra.run.dir", "hydra.sweep.dir") and value and "$" not in value:
             check_out_dir(Path(value), key)
-            try:
-                Path(value).mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ConfigError(key, f"cannot make the folder ({exc.strerror})", value) from None
+            _try_making(Path(value), key)
+
+
+def _try_making(folder: Path, key: str) -> None:
+    missing = [folder, *folder.parents]
+    missing = missing[: next(i for i, p in enumerate(missing) if p.exists())]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(key, f"cannot make the folder ({exc.strerror})", str(folder)) from None
+    for made in missing:  # deepest first: Hydra makes them when the run starts
+        made.rmdir()
 
 
 def _index_refused(config_name: str | None, args: Sequence[str], err: ConfigError) -> None:
