@@ -43,6 +43,9 @@ _HF_ID = re.compile(r"[A-Za-z0-9_][\w.-]*/[A-Za-z0-9_][\w.-]*")
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 _ACTIVATIONS: dict[str, str] = {"opt": "relu", "llama": "silu"}
+# HF config keys that count routed experts (Mixtral, Qwen2-MoE, DeepSeek): a config of a
+# dense model_type holding one > 1 describes a mixture of experts
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 # HF model_type -> family; all but OPT share the Llama block layout.
 MODEL_TYPES: dict[str, Family] = {
     "opt": "opt",
@@ -231,13 +234,20 @@ class ModelSpec:
         numbers > 0, and ``rope_scaling`` / ``rope_parameters`` mappings. ``name`` defaults
         to the config's ``_name_or_path``; ``hf_id`` is ``_name_or_path`` only when it looks
         like an HF Hub id (:func:`looks_like_hf_id`), not a local path. ``max_model_len`` is
-        ``max_position_embeddings`` scaled as vLLM does (:func:`rope_max_model_len`)."""
+        ``max_position_embeddings`` scaled as vLLM does (:func:`rope_max_model_len`). A
+        config that counts more than one routed expert (:data:`MOE_KEYS`) is refused."""
         model_type = config.get("model_type")
         if model_type not in MODEL_TYPES:
             raise ValueError(
                 f"unsupported model_type {model_type!r}; supported: {', '.join(MODEL_TYPES)}"
             )
         family = MODEL_TYPES[model_type]
+        for key in MOE_KEYS:  # a mixture of experts labelled as a dense type
+            if isinstance(config.get(key), int) and config[key] > 1:
+                raise ValueError(
+                    f"{model_type} config: {key} is {config[key]}: a mixture of experts, "
+                    "which the cost model does not price (dense decoders only)"
+                )
         hidden = _require(config, "hidden_size")
         heads = _require(config, "num_attention_heads")
         path_or_id = str(config.get("_name_or_path") or "")

@@ -400,7 +400,8 @@ def model_from_config(cfg: Mapping[str, Any], origin: str = "model") -> ModelSpe
     elif name:
         return get_model(str(name))
     else:
-        raise ValueError(f"{origin}: give model.name, model.shape or model.hf_config")
+        where = "" if origin == "model" else f"{origin}: "  # the caller names the run's group
+        raise ValueError(f"{where}give model.name, model.shape or model.hf_config")
     return replace(spec, hf_id=str(hf_id)) if hf_id else spec
 
 

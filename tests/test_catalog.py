@@ -123,6 +123,16 @@ def test_from_hf_config_reads_opt_and_llama_dicts() -> None:
     assert llama.rope_theta == 500000.0
 
 
+@pytest.mark.parametrize("key", ["num_local_experts", "num_experts", "n_routed_experts"])
+def test_a_mixture_of_experts_labelled_dense_is_refused(key: str) -> None:
+    """A Mixtral-shaped config that says model_type mistral would be priced as a dense
+    model of all its experts' weights at every token."""
+    with pytest.raises(ValueError, match=f"mistral config: {key} is 8: a mixture of experts"):
+        ModelSpec.from_hf_config({"model_type": "mistral", key: 8})
+    one_expert = {**MODELS["llama-3-8b"].to_hf_config(), key: 1}
+    assert ModelSpec.from_hf_config(one_expert).num_layers == MODELS["llama-3-8b"].num_layers
+
+
 def test_from_hf_config_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
         ModelSpec.from_hf_config({"model_type": "gpt2"})

@@ -98,7 +98,11 @@ class LengthModel:
             outputs.append(o[mask])
             have += int(mask.sum())
         else:
-            raise RequestError("length model rarely passes the filter; check max_model_len")
+            raise RequestError(
+                f"the length model's requests rarely pass the filter at max_model_len "
+                f"{max_model_len} (prompts of at most {max_prompt_len} tokens): raise "
+                "system.max_model_len"
+            )
         prompt = np.concatenate(prompts)[:n] if prompts else np.zeros(0, dtype=np.int64)
         output = np.concatenate(outputs)[:n] if outputs else np.zeros(0, dtype=np.int64)
         return prompt, output

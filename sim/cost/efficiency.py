@@ -68,7 +68,7 @@ class Efficiency:
                 raise ValueError(f"efficiency {name} must be in (0, 1], got {value}")
         for name in ("per_step_overhead_s", "allreduce_latency_s"):
             if getattr(self, name) < 0:
-                raise ValueError(f"efficiency {name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.pcie_bandwidth is not None and self.pcie_bandwidth <= 0:
             raise ValueError(f"pcie_bandwidth must be positive, got {self.pcie_bandwidth}")
         missing = [f for f in _FIELDS if f not in self.source]
