@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -171,9 +172,10 @@ def run_calibration(
     files when ``out`` is given. Everything is checked before the first simulation, so a
     bad option costs no time; ``--hardware`` is checked against meta.json's device as
     :func:`~experiments.lib.vllm_run.check_device` says (its note, if any, goes in
-    ``notes``). Logged requests the simulator rejects (longer than ``max_model_len``, or
-    more KV than the cache holds: the log and its meta.json disagree) are left out of both
-    sides' metrics and named in ``notes``."""
+    ``notes``). Logged requests the simulator rejects (longer than ``max_model_len``, more
+    KV than the cache holds: the log and its meta.json disagree; or a prompt token id
+    outside the model's vocabulary, as ``experiments.simulate`` rejects it) are left out of
+    both sides' metrics and named in ``notes``."""
     check_split(split)
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise RunError(f"--out {out}: exists and is not a directory")
@@ -181,6 +183,7 @@ def run_calibration(
     run = read_run(run_dir, workload)
     device_note = check_device(run, gpu, hardware, allow_device_mismatch)
     model = resolve_model(model_arg, run)
+    run = replace(run, vocab_size=model.vocab_size)  # rejects prompt ids as simulate does
     blocks, capacity_text = num_blocks(run, model, gpu)
     fit_ids, held_ids = split_ids(run.logged, split)
     notes = [*run.notes, *([] if device_note is None else [device_note])]
@@ -259,11 +262,13 @@ def rejection_note(rejected: dict[int, str]) -> str:
     counts = rejection_counts(frame)
     kinds = ", ".join(f"{n} {REJECT_LABELS[k]}" for k, n in counts.items() if n)
     first = min(rejected)
+    question = "do meta.json's max_model_len and num_gpu_blocks match the run?"
+    if counts["rejected_other"] == len(rejected):  # e.g. prompt ids outside the vocabulary
+        question = "are --workload's token ids the model's, and the prompts the run sent?"
     return (
         f"{len(rejected)} logged request(s) rejected by the simulator though vLLM served them "
         f"({kinds}; the first, request {first} of the log counting from 0: {rejected[first]}); "
-        "left out of the measured and the simulated metrics: do meta.json's max_model_len and "
-        "num_gpu_blocks match the run?"
+        f"left out of the measured and the simulated metrics: {question}"
     )
 
 

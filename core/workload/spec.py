@@ -255,11 +255,18 @@ def _bench_arrivals(
 ) -> list[float]:
     """Arrival of each of ``rows`` (in that order): the file's ``start_times`` minus the
     earliest (of any row) unless ``rate`` is set; else drawn (gamma at the file's
-    burstiness) at ``rate`` or the file's ``request_rate``, all at t = 0 when that is inf."""
+    burstiness) at ``rate`` or the file's ``request_rate``, all at t = 0 when that is inf.
+    Neither ``rate`` nor the file's ``start_times`` and ``request_rate`` (absent, not inf)
+    is a :class:`RequestError` naming the file and key."""
     if bench.start_times is not None and c["rate"] is None:
         t0 = min(bench.start_times)
         log.info("%s: arrivals from the file's start_times", path)
         return [bench.start_times[r] - t0 for r in rows]
+    if c["rate"] is None and not bench.rate_saved:
+        raise RequestError(
+            f"{path}, key 'request_rate': absent, and the file has no start_times: the "
+            "arrivals are unknown (set workload.rate to draw them)"
+        )
     rate = c["rate"] if c["rate"] is not None else bench.request_rate
     kind = "gamma" if rate is not None else "all_at_once"
     how = f"gamma at {rate} req/s, burstiness {bench.burstiness}" if rate else "all at t=0"

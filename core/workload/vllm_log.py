@@ -29,26 +29,38 @@ is the user's choice.
 
 Malformed input raises :class:`~core.workload.trace_io.TraceFormatError` naming the file,
 the line and the key: missing fields, negative durations (a timestamp before the one it
-follows), clocks that do not align (``arrival_time − queued_ts`` more than
-``CLOCK_TOLERANCE_S`` from its median over the requests means the two clocks cannot be one
-offset apart; the line named is the one farthest from the median), and engine timestamps
-that are not on one clock: every ``scheduled_ts``, ``first_token_ts`` and ``last_token_ts``
-must lie within the run's span of ``queued_ts`` plus ``SECONDS_PER_TOKEN_BOUND`` for each
-token of the run (input and output, all requests) after it — an engine serving every token
-of the run one after another at that pace would still be done by then; the line named is
-the one that ends last, the key its first timestamp past the bound.
+follows), a ``request_id`` already on an earlier line (a duplicated line or id), clocks that
+do not align (``arrival_time − queued_ts`` more than ``CLOCK_TOLERANCE_S`` from its median
+over the requests means the two clocks cannot be one offset apart; the line named is the
+one farthest from the median), and engine timestamps that are not on one clock. The run's
+duration (meta.json's ``started_at`` to ``finished_at``, else ``timeseries.csv``'s last
+``t`` plus a tick) plus ``CLOCK_TOLERANCE_S`` bounds both how far a ``queued_ts`` may lie
+from their median and how long after the first ``queued_ts`` any timestamp may come; a run
+that records no duration is bounded by ``SECONDS_PER_TOKEN_BOUND`` for each token of the
+run (input and output, all requests) — an engine serving every token of the run one after
+another at that pace would still be done by then — around the median ``queued_ts``, and
+after the last one. The line named is the ``queued_ts`` farthest from the median, else the
+one that ends last, the key its first timestamp past the bound. A log with fewer lines
+than meta.json's ``num_requests`` gives a warning (the run may have been cut). A bench
+result's ``start_times`` must span no more than its ``duration`` (plus
+``CLOCK_TOLERANCE_S``); a logged request may not produce more than its workload row's
+``output_toks``.
 """
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import itertools
 import json
 import logging
 import math
 import re
 import statistics
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +131,10 @@ def _number(path: Path, line: int, obj: dict[str, Any], key: str) -> float:
 
 
 def read_vllm_log(run_dir: str | Path) -> list[LoggedRequest]:
-    """The requests of ``run_dir/requests.jsonl`` (or that file itself), in file order."""
+    """The requests of ``run_dir/requests.jsonl`` (or that file itself), in file order,
+    checked as the module doc says; the run's ``meta.json`` and ``timeseries.csv`` beside
+    the file give its duration (:func:`run_duration`), and a log with fewer lines than
+    meta.json's ``num_requests`` gives a warning (the run may have been cut)."""
     path = Path(run_dir)
     if path.is_dir():
         path = path / "requests.jsonl"
@@ -130,7 +145,38 @@ def read_vllm_log(run_dir: str | Path) -> list[LoggedRequest]:
     raw = list(jsonl_objects(path, path.read_text(encoding="utf-8-sig").splitlines()))
     if not raw:
         raise TraceFormatError(path, "file", "no requests")
-    rows = []
+    rows, offsets = _parse_rows(path, raw)
+    _check_unique_ids(path, rows)
+    _check_clocks(path, offsets)
+    meta = run_meta(path.parent)
+    _check_one_clock(path, rows, run_duration(path.parent, meta))
+    _check_count(path, len(rows), meta)
+    t0 = min(v["queued_ts"] for _, v, _ in rows)
+    source_rows = _source_rows([rid for _, _, rid in rows])
+    return [
+        LoggedRequest(
+            i,
+            int(v["input_toks"]),
+            int(v["output_toks"]),
+            v["queued_ts"] - t0,
+            v.get("scheduled_ts", math.nan) - t0,
+            v["first_token_ts"] - t0,
+            v["last_token_ts"] - t0,
+            source_rows[i],
+        )
+        for i, (_, v, _) in enumerate(rows)
+    ]
+
+
+_Row = tuple[int, dict[str, float], Any]  # (line, the numbers of REQUIRED and ORDER, id)
+
+
+def _parse_rows(
+    path: Path, raw: list[tuple[int, dict[str, Any]]]
+) -> tuple[list[_Row], list[tuple[int, float]]]:
+    """Each line's numbers (lengths positive integers, timestamps in ``ORDER``) and its
+    ``request_id``; the ``arrival_time − queued_ts`` of the lines that have one."""
+    rows: list[_Row] = []
     offsets = []
     for line, obj in raw:
         vals = {k: _number(path, line, obj, k) for k in REQUIRED}
@@ -150,23 +196,104 @@ def read_vllm_log(run_dir: str | Path) -> list[LoggedRequest]:
         if "arrival_time" in obj:
             offsets.append((line, _number(path, line, obj, "arrival_time") - vals["queued_ts"]))
         rows.append((line, vals, obj.get("request_id")))
-    _check_clocks(path, offsets)
-    _check_one_clock(path, rows)
-    t0 = min(v["queued_ts"] for _, v, _ in rows)
-    source_rows = _source_rows([rid for _, _, rid in rows])
-    return [
-        LoggedRequest(
-            i,
-            int(v["input_toks"]),
-            int(v["output_toks"]),
-            v["queued_ts"] - t0,
-            v.get("scheduled_ts", math.nan) - t0,
-            v["first_token_ts"] - t0,
-            v["last_token_ts"] - t0,
-            source_rows[i],
+    return rows, offsets
+
+
+def _check_unique_ids(path: Path, rows: list[_Row]) -> None:
+    """No two lines share a ``request_id`` (a duplicated line or id); the error names the
+    later line and the earlier one."""
+    seen: dict[str, int] = {}
+    for line, _, rid in rows:
+        if rid is None:
+            continue
+        key = json.dumps(rid, sort_keys=True)
+        if key in seen:
+            raise TraceFormatError(path, line, f"request_id {rid!r} already on line {seen[key]}")
+        seen[key] = line
+
+
+def run_meta(run_dir: Path) -> dict[str, Any] | None:
+    """``run_dir/meta.json`` when it is a JSON object; None when it is missing or is not
+    one (its reader, :func:`experiments.lib.vllm_run.read_run`, refuses that by name)."""
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def run_duration(run_dir: Path, meta: dict[str, Any] | None) -> tuple[float, str] | None:
+    """How long the run in ``run_dir`` lasted (seconds) and where that was read: meta.json's
+    ``started_at`` to ``finished_at`` (ISO 8601) when it has both, else ``timeseries.csv``'s
+    last ``t`` plus its longest tick (the run ended before the next sample); None when
+    neither is recorded. A value that is not a time is an error naming the file and key."""
+    if meta is not None and None not in (meta.get("started_at"), meta.get("finished_at")):
+        meta_path = run_dir / "meta.json"
+        start = _meta_time(meta_path, meta, "started_at")
+        end = _meta_time(meta_path, meta, "finished_at")
+        seconds = (end - start).total_seconds()
+        if seconds < 0:
+            raise TraceFormatError(meta_path, "key 'finished_at'", "before started_at")
+        return seconds, "meta.json's started_at to finished_at"
+    return _timeseries_duration(run_dir / "timeseries.csv")
+
+
+def _meta_time(meta_path: Path, meta: dict[str, Any], key: str) -> datetime:
+    """meta.json's ``key`` as an ISO 8601 time (UTC when it names no zone)."""
+    value = meta.get(key)
+    try:
+        when = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        when = None
+    if when is None:
+        raise TraceFormatError(meta_path, f"key {key!r}", f"{value!r} is not an ISO 8601 time")
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def _timeseries_duration(ts_path: Path) -> tuple[float, str] | None:
+    """``timeseries.csv``'s last ``t`` plus its longest tick; None without the file, a
+    ``t`` column or two samples. A ``t`` that is not a number is an error naming the line."""
+    if not ts_path.is_file():
+        return None
+    try:
+        lines = ts_path.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None  # read_run names the file
+    table = list(csv.reader(lines))
+    if not table or "t" not in [h.strip() for h in table[0]]:
+        return None
+    column = [h.strip() for h in table[0]].index("t")
+    times = []
+    for line, fields in enumerate(table[1:], start=2):
+        if not fields or column >= len(fields):
+            continue
+        try:
+            times.append(float(fields[column]))
+        except ValueError:
+            raise TraceFormatError(
+                ts_path, line, f"t is {fields[column]!r}, not a number"
+            ) from None
+    if len(times) < 2 or not all(map(math.isfinite, times)):
+        return None
+    tick = max(b - a for a, b in itertools.pairwise(times))
+    return max(times) + max(tick, 0.0), "timeseries.csv's last t plus one tick"
+
+
+def _check_count(path: Path, count: int, meta: dict[str, Any] | None) -> None:
+    """A warning when the log holds fewer requests than meta.json's ``num_requests``."""
+    wanted = None if meta is None else meta.get("num_requests")
+    if wanted is None:
+        return
+    ok = isinstance(wanted, int | float) and not isinstance(wanted, bool)
+    if not ok or not math.isfinite(wanted) or wanted != int(wanted) or wanted < 0:
+        raise TraceFormatError(
+            path.parent / "meta.json", "key 'num_requests'", f"{wanted!r} is not a whole number"
         )
-        for i, (_, v, _) in enumerate(rows)
-    ]
+    if count < wanted:
+        log.warning(
+            "%s: %d requests, but meta.json's num_requests is %d: the run may have been cut "
+            "(the log's last lines lost?)", path, count, int(wanted),
+        )  # fmt: skip
 
 
 def _check_clocks(path: Path, offsets: list[tuple[int, float]]) -> None:
@@ -184,25 +311,51 @@ def _check_clocks(path: Path, offsets: list[tuple[int, float]]) -> None:
         )  # fmt: skip
 
 
-def _check_one_clock(path: Path, rows: list[tuple[int, dict[str, float], Any]]) -> None:
-    """Every engine timestamp lies on ``queued_ts``'s clock: none is more than the span of
-    ``queued_ts`` plus ``SECONDS_PER_TOKEN_BOUND`` per token of the run after the first
-    ``queued_ts`` (timestamps before their own ``queued_ts`` are negative durations, refused
-    already). The error names the line that ends last and its first timestamp past that."""
-    queued = [v["queued_ts"] for _, v, _ in rows]
+def _check_one_clock(path: Path, rows: list[_Row], duration: tuple[float, str] | None) -> None:
+    """Every engine timestamp lies on the clock of the file's ``queued_ts``. The limit is
+    the run's ``duration`` plus ``CLOCK_TOLERANCE_S`` (the client's clock timed the run)
+    when known, else ``SECONDS_PER_TOKEN_BOUND`` per token of the run. First no
+    ``queued_ts`` is further than the limit from their median (the error names the line
+    farthest from it); then none of a line's timestamps is later than the first
+    ``queued_ts`` plus the limit (plus the span of ``queued_ts`` when the duration is
+    unknown): the error names the line that ends last and its first timestamp past that.
+    Timestamps before their own ``queued_ts`` are negative durations, refused already."""
     tokens = int(sum(v["input_toks"] + v["output_toks"] for _, v, _ in rows))
+    if duration is None:
+        limit = tokens * SECONDS_PER_TOKEN_BOUND
+        why = f"{SECONDS_PER_TOKEN_BOUND:g} s for each of the run's {tokens} tokens"
+    else:
+        limit = duration[0] + CLOCK_TOLERANCE_S
+        why = f"the run lasted {duration[0]:.4g} s, {duration[1]}, plus {CLOCK_TOLERANCE_S:g} s"
+    _check_queued(path, rows, limit, why)
+    queued = [v["queued_ts"] for _, v, _ in rows]
     start, span = min(queued), max(queued) - min(queued)
-    bound = span + tokens * SECONDS_PER_TOKEN_BOUND
+    bound = limit if duration is not None else span + limit
     line, worst, _ = max(rows, key=lambda r: r[1]["last_token_ts"])  # each row's latest
     if worst["last_token_ts"] - start <= bound:
         return
     key = next(k for k in ORDER[1:] if k in worst and worst[k] - start > bound)
+    if duration is None:
+        why = f"the span of queued_ts, {span:.4g} s, plus {why}"
     raise TraceFormatError(
         path, line, f"engine timestamps on two clocks: {key} {worst[key]:.3f} is "
         f"{worst[key] - start:.4g} s after the first queued_ts {start:.3f}, but on one clock "
-        f"the run ends within {bound:.4g} s of it (the span of queued_ts, {span:.4g} s, plus "
-        f"{SECONDS_PER_TOKEN_BOUND:g} s for each of the run's {tokens} tokens)",
+        f"the run ends within {bound:.4g} s of it ({why})",
     )  # fmt: skip
+
+
+def _check_queued(path: Path, rows: list[_Row], limit: float, why: str) -> None:
+    """No ``queued_ts`` more than ``limit`` seconds from the median of the file's (``why``
+    says where the limit comes from); the error names the line farthest from it."""
+    middle = statistics.median_low(v["queued_ts"] for _, v, _ in rows)
+    line, worst, _ = max(rows, key=lambda r: abs(r[1]["queued_ts"] - middle))
+    off = worst["queued_ts"] - middle
+    if abs(off) > limit:
+        raise TraceFormatError(
+            path, line, f"queued_ts on another clock: {worst['queued_ts']:.3f} is {off:+.4g} s "
+            f"from the file's median queued_ts {middle:.3f}, but on one clock every request "
+            f"arrives within {limit:.4g} s of it ({why})",
+        )  # fmt: skip
 
 
 def _source_rows(request_ids: list[Any]) -> list[int]:
@@ -223,31 +376,83 @@ def _source_rows(request_ids: list[Any]) -> list[int]:
 
 def read_token_ids(path: str | Path, logged: list[LoggedRequest]) -> list[tuple[int, ...]]:
     """``input_tok_ids`` of each logged request (in ``logged``'s order), from the workload
-    JSONL's row ``request.row``, checked against the logged prompt length."""
+    JSONL's row ``request.row``: whole numbers >= 0 (not booleans), as many as the logged
+    prompt length. A row's ``output_toks``, where it has one, is the most the request may
+    produce: a logged request that produced more is an error (not the workload that was
+    sent); fewer gives one warning for the file (a run sent without ``ignore_eos`` stops
+    early; this project's runs use it, so every request produces what it asked for)."""
     path = Path(path)
     if not path.is_file():
         raise TraceFormatError(path, "file", "not found")
-    rows: list[tuple[int, tuple[int, ...]]] = []  # (line, ids) per row
+    rows: list[tuple[int, tuple[int, ...], Any]] = []  # (line, ids, output_toks) per row
     for line, obj in jsonl_values(path, path.read_text(encoding="utf-8-sig").splitlines()):
         ids = obj.get("input_tok_ids") if isinstance(obj, dict) else None
-        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        if not isinstance(ids, list):
             raise TraceFormatError(path, line, "missing key 'input_tok_ids' (a list of ints)")
-        rows.append((line, tuple(ids)))
-    out = []
-    for r in logged:
-        if r.row >= len(rows):
+        bad = next((i for i, t in enumerate(ids) if not _is_token_id(t)), None)
+        if bad is not None:
             raise TraceFormatError(
-                path, "file", f"{len(rows)} requests, but the log's request {r.index} "
-                f"needs row {r.row} (rows count from 0)",
+                path, line, f"input_tok_ids[{bad}] is {ids[bad]!r}, not a token id (a whole "
+                "number >= 0)",
             )  # fmt: skip
-        line, ids = rows[r.row]
-        if len(ids) != r.prompt_len:
-            raise TraceFormatError(
-                path, line, f"{len(ids)} input_tok_ids but the log's input_toks is "
-                f"{r.prompt_len} (request {r.index} of the log, row {r.row})",
-            )  # fmt: skip
-        out.append(ids)
+        rows.append((line, tuple(ids), obj.get("output_toks")))
+    out = [_logged_ids(path, rows, r) for r in logged]
+    short = [r for r in logged if isinstance(rows[r.row][2], int) and r.output_len < rows[r.row][2]]
+    if short:
+        log.warning(
+            "%s: %d of %d logged requests produced fewer tokens than their row's output_toks "
+            "(first: request %d, line %d): the run was sent without ignore_eos, or with "
+            "another workload", path, len(short), len(logged), short[0].index,
+            rows[short[0].row][0],
+        )  # fmt: skip
     return out
+
+
+def _is_token_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and t >= 0
+
+
+def _logged_ids(
+    path: Path, rows: list[tuple[int, tuple[int, ...], Any]], r: LoggedRequest
+) -> tuple[int, ...]:
+    """Row ``r.row``'s ids, checked against ``r``'s logged lengths (errors name the
+    workload file's line and the log's request)."""
+    if r.row >= len(rows):
+        raise TraceFormatError(
+            path, "file", f"{len(rows)} requests, but the log's request {r.index} "
+            f"needs row {r.row} (rows count from 0)",
+        )  # fmt: skip
+    line, ids, output = rows[r.row]
+    if len(ids) != r.prompt_len:
+        raise TraceFormatError(
+            path, line, f"{len(ids)} input_tok_ids but the log's input_toks is "
+            f"{r.prompt_len} (request {r.index} of the log, row {r.row})",
+        )  # fmt: skip
+    if isinstance(output, int) and output < r.output_len:
+        raise TraceFormatError(
+            path, line, f"output_toks {output!r} but the log's output_toks is {r.output_len} "
+            f"(request {r.index} of the log, row {r.row}): more than it asked for, so not "
+            "the workload that was sent",
+        )  # fmt: skip
+    return ids
+
+
+def check_dataset_hash(workload: str | Path, meta: dict[str, Any], meta_path: Path) -> None:
+    """A warning when meta.json's ``dataset_hash`` (the sha256 of the workload file that
+    was sent) is not the sha256 of ``workload``: its prompts may not be the run's (the file
+    may also just be re-serialized, so it is not an error). Nothing when meta.json has no
+    ``dataset_hash``; one that is not a string is an error naming the key."""
+    recorded = meta.get("dataset_hash")
+    if recorded is None:
+        return
+    if not isinstance(recorded, str):
+        raise TraceFormatError(meta_path, "key 'dataset_hash'", f"{recorded!r} is not a string")
+    digest = hashlib.sha256(Path(workload).read_bytes()).hexdigest()
+    if digest != recorded.strip().lower().removeprefix("sha256:"):
+        log.warning(
+            "%s: sha256 %s is not %s's dataset_hash %s: the workload may not be the one the "
+            "run sent (or was re-serialized)", workload, digest, meta_path, recorded,
+        )  # fmt: skip
 
 
 def requests_from_log(
@@ -275,7 +480,8 @@ def requests_from_log(
 @dataclass(frozen=True, slots=True)
 class BenchResult:
     """What ``vllm bench serve --save-result --save-detailed`` JSON holds per request;
-    ``start_times`` (send times, seconds) and ``successes`` are None when not saved."""
+    ``start_times`` (send times, seconds) and ``successes`` are None when not saved;
+    ``request_rate`` None is inf, or absent when ``rate_saved`` is False."""
 
     input_lens: list[int]
     output_lens: list[int]
@@ -286,6 +492,7 @@ class BenchResult:
     duration: float | None
     start_times: list[float] | None = None
     successes: list[bool] | None = None
+    rate_saved: bool = True  # whether the file has a request_rate (None: it is inf)
 
 
 def read_bench_result(path: str | Path) -> BenchResult:
@@ -298,10 +505,7 @@ def read_bench_result(path: str | Path) -> BenchResult:
             raise TraceFormatError(
                 path, f"key {key!r}", "missing (was the run saved with --save-detailed?)"
             )
-    n = len(doc["input_lens"])
-    for key in ("output_lens", "ttfts"):
-        if len(doc[key]) != n:
-            raise TraceFormatError(path, f"key {key!r}", f"{len(doc[key])} entries, not {n}")
+    n = _bench_count(path, doc)
     rate = doc.get("request_rate")
     if rate in (None, "inf") or rate == math.inf:
         rate = None
@@ -314,6 +518,7 @@ def read_bench_result(path: str | Path) -> BenchResult:
         raise TraceFormatError(path, "key 'itls'", f"expected {n} lists of numbers")
     burstiness = doc.get("burstiness")
     duration = doc.get("duration")
+    duration = None if duration is None else _bench_number(path, "duration", duration)
     return BenchResult(
         _bench_ints(path, "input_lens", doc["input_lens"]),
         _bench_ints(path, "output_lens", doc["output_lens"]),
@@ -321,10 +526,29 @@ def read_bench_result(path: str | Path) -> BenchResult:
         [[_bench_number(path, f"itls[{i}]", t) for t in x] for i, x in enumerate(itls)],
         rate,
         1.0 if burstiness is None else _bench_number(path, "burstiness", burstiness, True),
-        None if duration is None else _bench_number(path, "duration", duration),
-        _start_times(path, doc.get("start_times"), n),
+        duration,
+        _start_times(path, doc.get("start_times"), n, duration),
         _successes(path, doc.get("successes"), n),
+        "request_rate" in doc,
     )
+
+
+_PER_REQUEST = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "successes")
+
+
+def _bench_count(path: Path, doc: dict[str, Any]) -> int:
+    """The number of requests: the length most of the per-request lists share (ties: the
+    first's in ``_PER_REQUEST``); a list of another length is an error naming it. An empty
+    file (no requests) is an error too."""
+    lengths = {k: len(doc[k]) for k in _PER_REQUEST if isinstance(doc.get(k), list)}
+    n = Counter(lengths.values()).most_common(1)[0][0]
+    for key, length in lengths.items():
+        if length != n:
+            others = ", ".join(k for k, m in lengths.items() if m == n)
+            raise TraceFormatError(path, f"key {key!r}", f"{length} entries, but {others} have {n}")
+    if n == 0:
+        raise TraceFormatError(path, "file", f"no requests ({', '.join(lengths)} are empty)")
+    return n
 
 
 def _bench_doc(path: Path) -> dict[str, Any]:
@@ -380,10 +604,27 @@ def _is_finite_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _start_times(path: Path, values: Any, n: int) -> list[float] | None:
-    """``start_times``: None when absent, else ``n`` finite numbers (any clock origin)."""
+def _start_times(path: Path, values: Any, n: int, duration: float | None) -> list[float] | None:
+    """``start_times``: None when absent, else ``n`` finite numbers (any clock origin, in
+    seconds) spanning no more than the run's ``duration``, when the file has one, plus
+    ``CLOCK_TOLERANCE_S`` (the duration is timed apart from the send times): every request
+    was sent while the run lasted. The error names the entry farthest from the median (one
+    on another clock or in other units)."""
     times = _per_request(path, "start_times", values, n, _is_finite_number, "finite number")
-    return None if times is None else [float(v) for v in times]
+    if times is None:
+        return None
+    times = [float(v) for v in times]
+    span = max(times) - min(times) if times else 0.0
+    if duration is not None and span > duration + CLOCK_TOLERANCE_S:
+        middle = statistics.median_low(times)
+        i = max(range(len(times)), key=lambda k: abs(times[k] - middle))
+        raise TraceFormatError(
+            path, f"key 'start_times[{i}]'", f"{times[i]!r} is {times[i] - middle:+.4g} s from "
+            f"the median start time {middle!r}: start_times span {span:.4g} s, but the run "
+            f"lasted {duration:g} s (its duration; plus {CLOCK_TOLERANCE_S:g} s): not on the "
+            "others' clock",
+        )  # fmt: skip
+    return times
 
 
 def _successes(path: Path, values: Any, n: int) -> list[bool] | None:

@@ -23,6 +23,7 @@ from core.request import Request
 from core.sched.base import SchedulerConfig
 from core.workload.vllm_log import (
     LoggedRequest,
+    check_dataset_hash,
     read_token_ids,
     read_vllm_log,
     requests_from_log,
@@ -69,6 +70,8 @@ class VLLMRun:
     meta_path: Path | None = None
     max_model_len_key: str = "engine_kwargs.max_model_len"  # meta.json's key it was read from
     notes: list[str] = field(default_factory=list)  # what the reader chose between
+    model_key: str = "model"  # meta.json's key model_name was read from
+    vocab_size: int | None = None  # the simulated model's; prompt ids outside it are rejected
 
     @property
     def sched_config(self) -> SchedulerConfig:
@@ -87,16 +90,40 @@ def _meta_entry(
 ) -> tuple[str | None, Any]:
     """The first of ``keys`` (dotted paths into meta.json) present (not null), with its
     value; ``(None, default)`` when none is, or an error naming ``keys[0]`` when there is
-    no ``default``."""
+    no ``default``. A path through a value that is not a JSON object (``kv_cache`` a list
+    or a string) is an error naming that key, not an absent setting."""
     for key in keys:
-        node: Any = meta
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
+        node = _meta_path_value(meta, path, key)
         if node is not None:
             return key, node
     if default is _REQUIRED:
         raise RunError(f"{path}: missing key {keys[0]!r}")
     return None, default
+
+
+def _meta_path_value(meta: dict[str, Any], path: Path, key: str) -> Any:
+    """The value at the dotted ``key`` of meta.json, None when a part is absent or null;
+    a RunError naming the part when one on the way is not a JSON object."""
+    node: Any = meta
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if node is None:
+            return None
+        if not isinstance(node, dict):
+            where = ".".join(parts[:i])
+            raise RunError(f"{path}: {where} must be a JSON object (read for {key}), got "
+                           f"{_json_kind(node)}")  # fmt: skip
+        node = node.get(part)
+    return node
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, for an error (short: not the value itself when it is large)."""
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, str):
+        return f"the string {value!r}" if len(value) <= 40 else "a string"
+    return repr(value) if isinstance(value, bool | int | float) else type(value).__name__
 
 
 def _meta_value(meta: dict[str, Any], path: Path, *keys: str, default: Any = None) -> Any:
@@ -136,6 +163,10 @@ FRACTION = _Kind(
     "a number in (0, 1]", float,
 )  # fmt: skip
 BOOLEAN = _Kind(lambda v: isinstance(v, bool), "true or false (a JSON boolean)", bool)
+MODEL_NAME = _Kind(
+    lambda v: isinstance(v, str) and v.strip() != "", "a model name or Hugging Face id (a string)",
+    str,
+)  # fmt: skip
 
 
 def _meta_setting(
@@ -158,7 +189,10 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
     is read from ``engine_kwargs`` or ``kv_cache``, else from vLLM's ``resolved_config``,
     else (where vLLM has one) vLLM's default, and must be of its kind (whole numbers,
     booleans, a block size that is a power of two, a memory fraction in (0, 1]): a value
-    that is not is an error naming meta.json and the key, never converted."""
+    that is not, or a key on the way that is not a JSON object, is an error naming meta.json
+    and the key, never converted. ``model`` must be a string; timeseries.csv all numbers
+    (:func:`read_timeseries`). A ``workload`` whose sha256 is not meta.json's
+    ``dataset_hash`` gives a warning (:func:`~core.workload.vllm_log.check_dataset_hash`)."""
     run_dir = Path(run_dir)
     meta_path = run_dir / "meta.json"
     if not meta_path.is_file():
@@ -169,6 +203,11 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
         raise RunError(str(e)) from None
     logged = read_vllm_log(run_dir)
     ids = None if workload is None else read_token_ids(workload, logged)
+    if workload is not None:
+        try:
+            check_dataset_hash(workload, meta, meta_path)
+        except OSError as e:
+            raise RunError(f"{workload}: not readable ({e.strerror})") from None
     ek = "engine_kwargs"
     rc = "resolved_config"
     sc = f"{rc}.scheduler_config"
@@ -227,13 +266,7 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
     device = _meta_value(meta, meta_path, "hardware.device_name", default="")
     if not isinstance(device, str):
         raise RunError(f"{meta_path}: hardware.device_name must be a string, got {device!r}")
-    ts_path = run_dir / "timeseries.csv"
-    timeseries = None
-    if ts_path.is_file():
-        try:
-            timeseries = pd.read_csv(ts_path)
-        except ValueError as e:  # pandas' EmptyDataError and ParserError
-            raise RunError(f"{ts_path}: not a CSV table ({e})") from None
+    model_keys = ("model", f"{ek}.model")
     return VLLMRun(
         name=run_dir.name,
         meta=meta,
@@ -244,17 +277,39 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
         num_gpu_blocks=blocks,
         tp=tp,
         dtype_bytes=DTYPE_BYTES[dtype],
-        model_name=str(_meta_value(meta, meta_path, "model", f"{ek}.model")),
+        model_name=setting(MODEL_NAME, *model_keys),
         device_memory_bytes=memory,
         gpu_memory_utilization=utilization,
         cuda_graph_max_size=0 if eager else graphs,
-        timeseries=timeseries,
+        timeseries=read_timeseries(run_dir / "timeseries.csv"),
         prefix_caching_dropped=wanted and not system["enable_prefix_caching"],
         device_name=device or None,
         meta_path=meta_path,
         max_model_len_key=max_len_key or max_len_keys[0],
         notes=_tp_notes(meta, meta_path, tp_keys, tp),
+        model_key=_meta_entry(meta, meta_path, *model_keys)[0] or model_keys[0],
     )
+
+
+def read_timeseries(ts_path: Path) -> pd.DataFrame | None:
+    """``timeseries.csv`` (None when there is none), every cell a number: a table pandas
+    cannot read, or a cell that is not a number, is a one-line RunError naming the file
+    (and the line and column of the cell)."""
+    if not ts_path.is_file():
+        return None
+    try:
+        frame = pd.read_csv(ts_path, skip_blank_lines=False)
+    except (ValueError, UnicodeDecodeError) as e:  # pandas' EmptyDataError and ParserError
+        raise RunError(f"{ts_path}: not a CSV table ({' '.join(str(e).split())})") from None
+    for column in frame.columns:
+        numbers = pd.to_numeric(frame[column], errors="coerce")
+        bad = numbers.isna() & frame[column].notna()
+        if bad.any():
+            row = int(bad.to_numpy().argmax())
+            raise RunError(f"{ts_path}, line {row + 2}: {column} is "
+                           f"{frame[column].iloc[row]!r}, not a number")  # fmt: skip
+        frame[column] = numbers
+    return frame
 
 
 def _tp_notes(meta: dict[str, Any], meta_path: Path, keys: tuple[str, str], tp: int) -> list[str]:
@@ -306,7 +361,7 @@ def _refuse_unmodelled(meta: dict[str, Any], meta_path: Path, dtype: str) -> Non
     for key in (f"{rc}.parallel_config.pipeline_parallel_size",
                 f"{ek}.pipeline_parallel_size", f"{ek}.data_parallel_size",
                 f"{rc}.parallel_config.data_parallel_size"):  # fmt: skip
-        value = _meta_value(meta, meta_path, key, default=1)
+        value = _meta_setting(meta, meta_path, WHOLE, key, default=1)
         if value != 1:
             raise RunError(
                 f"{meta_path}: {key} is {value!r}: kvlab models one engine with tensor "
@@ -316,10 +371,18 @@ def _refuse_unmodelled(meta: dict[str, Any], meta_path: Path, dtype: str) -> Non
 
 def resolve_model(arg: str | None, run: VLLMRun) -> ModelSpec:
     """``--model``: a catalog name or HF id, or a ``config.json`` path; default the run's
-    model id from meta.json."""
+    model id from meta.json. A name the catalog does not know is a RunError naming where
+    it came from (``--model``, or meta.json's key) and the catalog's names."""
     if arg is not None and Path(arg).exists():
         return ModelSpec.from_json(arg)
-    return get_model(arg or run.model_name)
+    try:
+        return get_model(arg or run.model_name)
+    except KeyError as e:
+        problem = e.args[0] if e.args else "unknown model"
+        if arg:
+            raise RunError(f"--model {arg}: {problem}") from None
+        where = f"{run.meta_path or 'meta.json'}: {run.model_key} {run.model_name!r}"
+        raise RunError(f"{where}: {problem} (or pass --model NAME or a config.json path)") from None
 
 
 def resolve_gpu(arg: str) -> GPUSpec:
@@ -426,10 +489,12 @@ def num_blocks(run: VLLMRun, model: ModelSpec, gpu: GPUSpec) -> tuple[int, str]:
 
 def run_simulation(run: VLLMRun, cost: CostModel, blocks: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Simulate the whole run on ``run.system`` (vllm_v1); the requests and steps frames.
-    Prefix caching is off when the log comes without prompt token ids."""
+    Prefix caching is off when the log comes without prompt token ids. A request with a
+    prompt token id outside ``run.vocab_size`` is rejected, as ``experiments.simulate``
+    rejects it (the model's vocabulary)."""
     slots = blocks * run.block_size
     make_scheduler = scheduler_factory(run.system, slots, 0, run.max_model_len, run.requests)
-    rec = simulate(run.requests, make_scheduler, cost).recorder
+    rec = simulate(run.requests, make_scheduler, cost, vocab_size=run.vocab_size).recorder
     return rec.requests_frame(), rec.steps_frame()
 
 
