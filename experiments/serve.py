@@ -114,6 +114,26 @@ def kv_budget_bytes(
     return min(wanted, max(CPU_DEFAULT_CAP_BYTES, mml * per_token))
 
 
+def check_holds_one_sequence(
+    c: Mapping[str, Any], budget: int | None, per_block: int, block_size: int, mml: int
+) -> None:
+    """A KV cache (``num_gpu_blocks``, else ``budget`` bytes) that holds fewer tokens than
+    one ``mml``-token sequence is a ConfigError naming the key that sized it, as
+    ``experiments.simulate`` refuses it: every request could be rejected. A budget below
+    one block is left to the engine's own error."""
+    blocks = c.get("num_gpu_blocks")
+    num = int(blocks) if blocks is not None else int(budget or 0) // per_block
+    if num < 1 or num * block_size >= mml:
+        return
+    key = next((k for k in ("num_gpu_blocks", "kv_cache_gb", "kv_budget_fraction")
+                if c.get(k) is not None), "system.max_model_len")  # fmt: skip
+    raise ConfigError(
+        key, f"the KV cache holds {num * block_size} tokens ({num} block(s) of {block_size}), "
+        f"fewer than one max_model_len={mml} sequence; lower system.max_model_len",
+        c.get(key) if key != "system.max_model_len" else mml,
+    )  # fmt: skip
+
+
 def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
     """The configured engine and its max_model_len."""
     spec = model_from_config(c["model"])
@@ -129,6 +149,7 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
     try:
         budget = None if blocks is not None else kv_budget_bytes(c, model_config, dtype, mml)
         per_block = bytes_per_block(model_config, options["block_size"], dtype)
+        check_holds_one_sequence(c, budget, per_block, int(options["block_size"]), mml)
         cpu_blocks = int(float(c.get("swap_space_gb", 0)) * GIB) // per_block
         check_swap_pool(system, cpu_blocks, c.get("swap_space_gb"))
         engine = LLMEngine(
