@@ -418,6 +418,24 @@ def check_workload_size(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         raise ConfigError(key, problem, got, f"at most {MAX_REQUESTS:,} requests")
 
 
+def check_sampling_width(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """A workload's ``n`` or ``beam_width`` (every request's) is at most the system's
+    ``max_num_seqs``: a wider group can never be scheduled, so every request would be
+    rejected. (A file's own wider request is rejected alone, with its reason.)"""
+    w, system = c.get("workload") or {}, c.get("system") or {}
+    limit = system.get("max_num_seqs")
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        return
+    for key in ("n", "beam_width"):
+        width = w.get(key)
+        if isinstance(width, int) and not isinstance(width, bool) and width > limit:
+            raise ConfigError(
+                f"workload.{key}", f"every request holds {width} sequences, more than "
+                f"system.max_num_seqs={limit} can schedule", width,
+                f"at most {limit}, or a larger system.max_num_seqs",
+            )  # fmt: skip
+
+
 def check_trace_file(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     """A file workload names a readable, non-empty file (or a directory, for the kinds that
     read one)."""
@@ -689,6 +707,7 @@ CROSS_CHECKS: tuple[Callable[[Mapping[str, Any], str, Facts], None], ...] = (
     check_catalog,
     check_paged_only,
     check_workload_size,
+    check_sampling_width,
     check_trace_file,
     check_slo,
     check_cost_group,
