@@ -97,7 +97,8 @@ def load_weights(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]) 
     Keys ``decoder.*`` (OPT checkpoints saved from the bare ``OPTModel``) are read as
     ``model.decoder.*``; ``*rotary_emb.inv_freq`` buffers are ignored. A tied LM head may be
     absent (it is the embedding). Raises naming the keys on a shape mismatch, on keys the
-    model lacks, or on parameters the checkpoint lacks.
+    model lacks, on parameters the checkpoint lacks, or on a tensor that holds NaN or inf
+    in the model's dtype (every token would come out the same).
     """
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
@@ -119,6 +120,11 @@ def load_weights(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]) 
                     f"model {tuple(param.shape)}"
                 )
             param.copy_(tensor.to(device=param.device, dtype=param.dtype))
+            if not bool(torch.isfinite(param).all()):
+                raise ValueError(
+                    f"{raw_name} holds non-finite values (NaN or inf) once in {param.dtype}: "
+                    "a damaged checkpoint, or values beyond the dtype's range"
+                )
             loaded.add(name)
     if unexpected:
         raise ValueError(f"checkpoint has keys the model lacks: {_names(unexpected)}")

@@ -202,6 +202,11 @@ def test_load_weights_names_bad_keys() -> None:
     wrong = state | {"model.norm.weight": torch.ones(65)}
     with pytest.raises(ValueError, match=r"shape mismatch for model\.norm\.weight"):
         load_weights(model, wrong.items())
+    damaged = state["model.layers.0.mlp.up_proj.weight"].clone()
+    damaged[0, 0] = float("nan")
+    nan = state | {"model.layers.0.mlp.up_proj.weight": damaged}
+    with pytest.raises(ValueError, match=r"up_proj\.weight holds non-finite values"):
+        load_weights(model, nan.items())
 
 
 def test_checkpoint_config_must_match_model(tmp_path: Path) -> None:
