@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import DTYPE_BYTES, ConfigError, check_values
-from experiments.lib.cli import plain_cli
+from experiments.lib.cli import check_out_file, plain_cli
 from experiments.lib.inputs import read_json, read_run_steps, reading
 from experiments.lib.results import write_json
 from experiments.lib.setup import block_size
@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.target == "host" and args.profile is None:
         parser.error("--target host fits on top of an operator profile; give --profile")
+    check_out_file(args.out or args.run_dir / "calibration.json")
     model = calibrate(args.run_dir, args.weighting, args.profile, args.target)
     print(model.describe())
     out = args.out or args.run_dir / "calibration.json"

@@ -27,7 +27,7 @@ import pandas as pd
 from experiments.bench.tables import print_table
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
-from experiments.lib.cli import plain_cli
+from experiments.lib.cli import check_out_file, plain_cli
 from experiments.lib.inputs import read_run_steps
 from experiments.lib.results import write_json
 from sim.cost.overhead import STACKS
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.min_steps < 1:
         parser.error(f"--min-steps must be >= 1, got {args.min_steps}")
+    check_out_file(args.out)
     try:
         doc = calibrate_overhead(args.run_dirs, args.split, args.min_steps, args.base)
     except ConfigError as exc:

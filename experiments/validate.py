@@ -37,7 +37,7 @@ from core.seeding import with_drawn_prompt_ids
 from experiments.calibrate import read_run_config, run_identity
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError, power_of_two
-from experiments.lib.cli import plain_cli
+from experiments.lib.cli import check_out_file, plain_cli
 from experiments.lib.inputs import first_line, read_json, read_run_steps, reading
 from experiments.lib.results import read_metrics, write_json
 from experiments.lib.setup import (
@@ -307,8 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not args.run_dir.is_dir():
         raise ConfigError("run_dir", "no such directory", str(args.run_dir))
-    if args.out is not None and args.out.is_dir():
-        raise ConfigError("--out", f"{args.out} is a folder; give the file to write")
+    check_out_file(args.out or args.run_dir / "validation.json")
     calibration = None
     if not args.recorded:
         path = args.calibration or args.run_dir / "calibration.json"

@@ -365,3 +365,16 @@ def test_a_failed_rerun_leaves_none_of_the_earlier_runs_tables(tmp_path: Path) -
     left = {p.name for p in run.iterdir() if p.is_file()}
     assert "error.txt" in left and not left & {"metrics.json", "requests.csv", "steps.csv",
                                                "config.yaml", "cost_model.json"}  # fmt: skip
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_result_file_the_system_will_not_write_is_refused_first(tmp_path: Path) -> None:
+    from experiments.lib.cli import check_out_file
+
+    with pytest.raises(ConfigError, match="cannot write there") as err:
+        check_out_file(Path("/proc/kvlab-calibration.json"))
+    assert err.value.key == "--out"
+    with pytest.raises(ConfigError, match="is a folder; give the file to write"):
+        check_out_file(tmp_path)
+    check_out_file(tmp_path / "new" / "c.json")  # a folder it can make: made, then removed
+    assert not (tmp_path / "new").exists() and list(tmp_path.iterdir()) == []

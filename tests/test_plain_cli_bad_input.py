@@ -217,11 +217,14 @@ def test_a_missing_run_or_an_unwritable_output_is_one_line(tmp_path: Path, capsy
     run = _run(tmp_path)
     blocked = tmp_path / "a-file"
     blocked.write_text("")
+    capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:  # --out inside a regular file
         calibrate.main([str(run), "--out", str(blocked / "calibration.json")])
-    err = capsys.readouterr().err.strip()
+    said = capsys.readouterr()
+    err = said.err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1
-    assert err.startswith(f"error: {blocked / 'calibration.json'}: "), err
+    assert err == f"error: --out: {blocked} is a file, not a folder", err
+    assert said.out == ""  # refused before the fit
     assert calibrate.main([str(run), "--out", str(tmp_path / "new" / "c.json")]) == 0  # made
 
 

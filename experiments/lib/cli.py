@@ -25,6 +25,7 @@ import csv
 import functools
 import os
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -144,6 +145,25 @@ def check_out_dir(path: Path, key: str = "--out") -> None:
     problem = out_dir_problem(Path(path))
     if problem is not None:
         raise ConfigError(key, problem)
+
+
+def check_out_file(path: Path, key: str = "--out") -> None:
+    """Refuse, before any work, a result file that cannot be written: a folder, a path
+    under a file, or a folder the system will not make or write in (tried with a scratch
+    file that is removed at once)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(key, f"{path} is a folder; give the file to write")
+    check_out_dir(path.parent, key)
+    if not path.parent.exists():
+        _try_making(path.parent, key)
+        return
+    try:
+        fd, scratch = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise ConfigError(key, f"cannot write there ({exc.strerror})", str(path)) from None
+    os.close(fd)
+    os.unlink(scratch)
 
 
 def exclusive_nulls(overrides: Sequence[str]) -> dict[str, None]:
