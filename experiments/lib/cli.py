@@ -386,7 +386,8 @@ def _try_making(folder: Path, key: str) -> None:
     except OSError as exc:
         raise ConfigError(key, f"cannot make the folder ({exc.strerror})", str(folder)) from None
     for made in missing:  # deepest first: Hydra makes them when the run starts
-        made.rmdir()
+        with contextlib.suppress(OSError):  # another run began writing there meanwhile
+            made.rmdir()
 
 
 def _index_refused(config_name: str | None, args: Sequence[str], err: ConfigError) -> None:
