@@ -540,3 +540,49 @@ def test_other_ops_of_a_twice_wider_model_cost_the_profiles_at_twice_the_tokens(
         shape = BatchShape(prefill_tokens=n, prefill_seqs=1)
         extra_ms = (a.gpu_seconds(shape) - b.gpu_seconds(shape)) * 1e3
         assert extra_ms == pytest.approx(40 * 1e-5 * 2 * n, rel=1e-6)
+
+
+def test_a_gpu_number_overridden_on_the_profiles_own_gpu_is_priced(tmp_path: Path) -> None:
+    """hardware.mem_bandwidth_gbs=... on the GPU the profile was taken on names another
+    device: the profile is transferred to it, not used as measured (same name, other
+    numbers)."""
+    from dataclasses import replace
+
+    d = write_profile(tmp_path / "p", synthetic_rows())
+    gpu = get_gpu("a100-40gb")
+    as_is = ProfiledCostModel(d, "opt-13b", gpu)
+    slower = ProfiledCostModel(d, "opt-13b", replace(gpu, mem_bandwidth=gpu.mem_bandwidth / 2))
+    assert as_is.same and not slower.same
+    decode = BatchShape(decode_seqs=8, decode_ctx_tokens=8 * 1024)
+    assert slower.step_time(decode) > 1.5 * as_is.step_time(decode)
+
+
+@pytest.mark.parametrize("dropped", ["attn_prefill", "attn_decode"])
+def test_an_attention_table_the_profile_lacks_is_priced_by_the_roofline(
+    tmp_path: Path, dropped: str
+) -> None:
+    rows = [r for r in synthetic_rows() if r[0] != dropped]
+    ops = sorted({r[0] for r in rows})  # the sidecar says which operators were profiled
+    m = ProfiledCostModel(write_profile(tmp_path / "p", rows, ops=ops), "opt-13b", "a100-40gb")
+    roof = m.roofline
+    prefill = BatchShape(prefill_tokens=2048, prefill_seqs=1, prefill_attn_pairs=2048 * 2049 // 2)
+    decode = BatchShape(decode_seqs=8, decode_ctx_tokens=8 * 1024)
+    shape = prefill if dropped == "attn_prefill" else decode
+    assert m._attention_s(shape) == pytest.approx(roof.gpu_parts(shape)[1], rel=1e-12)
+    assert m._attention_s(shape) > 0 and m.step_time(shape) > 0
+    expected = roof.gpu_parts(decode)[1] if dropped == "attn_decode" else None
+    if expected is not None:
+        assert m.decode_attention_seconds(decode) == pytest.approx(expected, rel=1e-12)
+
+
+def test_one_more_sequence_of_the_same_context_is_never_cheaper(tmp_path: Path) -> None:
+    """A profile that measured 2 sequences of 16 tokens faster than 1 (noise) is priced
+    non-decreasing in the count at equal per-sequence context."""
+    rows = [r for r in synthetic_rows() if r[0] != "attn_decode"]
+    rows += [("attn_decode", 1, 16, 0.0127), ("attn_decode", 1, 256, 0.05),
+             ("attn_decode", 2, 32, 0.0121), ("attn_decode", 2, 512, 0.09)]  # fmt: skip
+    m = ProfiledCostModel(write_profile(tmp_path / "p", rows), "opt-13b", "a100-40gb")
+    for per_seq in (16, 64, 200, 256):
+        one = m.decode_attention_seconds(BatchShape(decode_seqs=1, decode_ctx_tokens=per_seq))
+        two = m.decode_attention_seconds(BatchShape(decode_seqs=2, decode_ctx_tokens=2 * per_seq))
+        assert two >= one, per_seq

@@ -325,7 +325,13 @@ class ProfiledCostModel:
             )
         ref = profiled_layer(prof)
         same_layer = prof.model == m.name or (prof.model is None and ref == layer_t)
-        self.same = as_measured or (same_layer and gp.name == g.name and prof.tp == tp)
+        # the profile's device by its numbers too: a run that overrides a number of the
+        # same-named GPU (hardware.mem_bandwidth_gbs=...) prices another device
+        same_device = gp.name == g.name and (gp.mem_bandwidth, gp.peak_flops) == (
+            g.mem_bandwidth,
+            g.peak_flops,
+        )
+        self.same = as_measured or (same_layer and same_device and prof.tp == tp)
         p_t, act_t = layer_t.work_per_gpu(tp)
         p_p, act_p = ref.work_per_gpu(prof.tp)
         known_fixed = prof.linear_fixed_s > 0
@@ -432,7 +438,10 @@ class ProfiledCostModel:
     ) -> tuple[list[int], list[tuple[np.ndarray, np.ndarray]]] | None:  # fmt: skip
         """Per profiled sequence count, ascending: (per-sequence contexts, seconds of all
         layers of the target), the times made non-decreasing in context (a running
-        maximum: a later point measured faster is noise, not a cheaper context)."""
+        maximum: a later point measured faster is noise, not a cheaper context) and in the
+        count at equal per-sequence context (each curve at least the one below it at its
+        own points and the lower curve's points inside its range: one more sequence of
+        the same context is never cheaper)."""
         if "attn_decode" not in prof.ops:
             return None
         n, c, t = prof.ops["attn_decode"]
@@ -441,12 +450,20 @@ class ProfiledCostModel:
             kv_t = 2 * _layer_of(m).kv_width_per_gpu(tp)
             kv_p = 2 * ref.kv_width_per_gpu(prof.tp)
             scale *= (kv_t / kv_p) * (gp.mem_bandwidth / g.mem_bandwidth)
-        counts, curves = [], []
+        counts: list[int] = []
+        curves: list[tuple[np.ndarray, np.ndarray]] = []
         for s in np.unique(n):
             sel = n == s
             per_seq, secs = c[sel] / s, np.maximum.accumulate(t[sel]) * scale
             if len(per_seq) == 1:  # one point: proportional to context
                 per_seq, secs = np.array([0.0, per_seq[0]]), np.array([0.0, secs[0]])
+            if curves:
+                below_x, below_y = curves[-1]
+                inside = below_x[(below_x > per_seq[0]) & (below_x < per_seq[-1])]
+                grid = np.union1d(per_seq, inside)
+                secs = np.maximum(interp_points(grid, per_seq, secs),
+                                  interp_points(grid, below_x, below_y))  # fmt: skip
+                per_seq = grid
             counts.append(int(s))
             curves.append((per_seq, secs))
         return counts, curves
@@ -527,20 +544,35 @@ class ProfiledCostModel:
 
     def decode_attention_seconds(self, shape: BatchShape) -> float:
         """The part of :meth:`gpu_seconds` that is ``shape``'s decode attention: 0 without
-        decodes, or when the profile has no decode-attention rows (attention is then the
-        roofline's, not priced apart)."""
-        if not shape.decode_seqs or self._decode is None:
+        decodes, or when the profile has no attention rows at all (attention is then the
+        roofline's, not priced apart); the roofline's when it has prefill rows only."""
+        seqs, ctx = shape.decode_seqs, shape.decode_ctx_tokens
+        if not seqs or (self._decode is None and self._prefill is None):
             return 0.0
-        return self._decode_attn_s(shape.decode_seqs, shape.decode_ctx_tokens)
+        if self._decode is None:
+            return self._roofline_attention(BatchShape(decode_seqs=seqs, decode_ctx_tokens=ctx))
+        return self._decode_attn_s(seqs, ctx)
+
+    def _roofline_attention(self, shape: BatchShape) -> float:
+        return self.roofline.gpu_parts(shape)[1]
 
     def _attention_s(self, shape: BatchShape) -> float:
+        """Attention seconds: the profile's decode and prefill tables where it has them,
+        each missing one priced by the roofline (both missing: the roofline's attention of
+        the whole step)."""
         if self._decode is None and self._prefill is None:
-            return self.roofline.gpu_parts(shape)[1]
+            return self._roofline_attention(shape)
         t = 0.0
         if shape.decode_seqs:
-            t += self._decode_attn_s(shape.decode_seqs, shape.decode_ctx_tokens)
-        if shape.prefill_seqs and self._prefill is not None:
-            t += shape.prefill_seqs * self._prefill_seq_s(prefill_equivalent_length(shape))
+            t += self.decode_attention_seconds(shape)
+        if shape.prefill_seqs:
+            if self._prefill is not None:
+                t += shape.prefill_seqs * self._prefill_seq_s(prefill_equivalent_length(shape))
+            else:
+                t += self._roofline_attention(BatchShape(
+                    prefill_tokens=shape.prefill_tokens, prefill_seqs=shape.prefill_seqs,
+                    prefill_attn_pairs=shape.prefill_attn_pairs,
+                    prefill_kv_read_tokens=shape.prefill_kv_read_tokens))  # fmt: skip
         return t
 
     def gpu_seconds(self, shape: BatchShape) -> float:
@@ -595,7 +627,12 @@ class ProfiledCostModel:
         pts = [1, 16, 64, 256, 1024, 4096]
         frac = interp_points(np.array(pts, dtype=float), n, self._achieved)
         curve = ", ".join(f"{p}: {f:.2f}" for p, f in zip(pts, frac, strict=True))
-        attn = "profiled" if self._decode is not None else "roofline at the efficiencies below"
+        attn = {
+            (True, True): "profiled",
+            (True, False): "decode profiled, prefill by the roofline at the efficiencies below",
+            (False, True): "prefill profiled, decode by the roofline at the efficiencies below",
+            (False, False): "roofline at the efficiencies below",
+        }[(self._decode is not None, self._prefill is not None)]
         if self._decode is not None and self.whole_blocks:
             attn += (
                 "; decode at whole blocks (each sequence's unfilled last block read: "
