@@ -318,3 +318,13 @@ def test_multi_turn_num_requests_keeps_the_first_requests_by_arrival() -> None:
     first = build_workload({**cfg, "num_requests": 7}, seed=2)
     by_arrival = sorted(whole, key=lambda r: (r.arrival_time, r.request_id))
     assert first == by_arrival[:7] and len(whole) == 80
+
+
+def test_a_longer_model_context_does_not_lengthen_the_synthetic_datasets() -> None:
+    """vLLM's benchmark drops prompt + output > 2048 whatever the model, and the length
+    models are fitted after that filter: a 128k-context model gets the same trace as OPT,
+    a shorter context a stricter filter."""
+    long = synthesize("sharegpt", 2.0, num_requests=500, max_model_len=131072, seed=3)
+    assert long == synthesize("sharegpt", 2.0, num_requests=500, max_model_len=2048, seed=3)
+    short = synthesize("sharegpt", 2.0, num_requests=500, max_model_len=1024, seed=3)
+    assert max(r.prompt_len + r.output_len for r in short) <= 1024

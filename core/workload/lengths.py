@@ -27,8 +27,10 @@ region ``4 <= p <= 1024, 4 <= o, p + o <= 2048``; ``mu_in`` and ``mu_out`` are t
 so both filtered means equal the published ones (alternating bisection; each filtered mean is
 increasing in its own mu; a mu that puts a narrow distribution wholly outside the filter
 reads as too low or too high, and the search interval widens for wide ones, so every sigma
-in [0.05, 3] solves). The fit always uses the paper's filter (2048); synthesizing with
-another ``max_model_len`` changes only the filter, so the means then drift from the targets.
+in [0.05, 3] solves). The fit always uses the paper's filter (2048), and
+:func:`core.workload.synthetic.synthesize` filters at 2048 on any model whose context
+reaches it, as vLLM's benchmark does; sampling with a smaller ``max_model_len`` changes
+only the filter, so the means then drift from the targets.
 """
 
 from __future__ import annotations

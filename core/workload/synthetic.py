@@ -65,14 +65,19 @@ def synthesize(
 
     Exactly one of ``num_requests`` / ``duration_s`` (every arrival before that time).
     ``rate=None`` puts all requests at t = 0 and needs ``num_requests``. Lengths pass vLLM's
-    benchmark filter with ``max_model_len`` (see :mod:`core.workload.lengths`). With
-    ``with_token_ids`` each prompt gets uniform random ids in ``[0, vocab_size)``.
+    benchmark filter with a total of at most ``min(max_model_len, 2048)``: the benchmark's
+    own cap, whatever the model (vLLM's ``benchmark_serving.py`` of 2023 drops
+    ``prompt_len + output_len > 2048``; today's ``vllm bench`` datasets keep
+    ``max_total_len=2048``), so a "ShareGPT" trace has the fitted statistics on every model
+    whose context reaches it (see :mod:`core.workload.lengths`). With ``with_token_ids``
+    each prompt gets uniform random ids in ``[0, vocab_size)``.
     """
     model = fit(dataset, *sigmas)
     _check_vocab(vocab_size)
     arr_rng, len_rng, tok_rng = _streams(seed)
     times = _arrivals(arrival, rate, num_requests, duration_s, burstiness, arr_rng)
-    prompt, output = model.sample(len(times), len_rng, max_model_len=max_model_len)
+    cap = min(max_model_len, MAX_MODEL_LEN)
+    prompt, output = model.sample(len(times), len_rng, max_model_len=cap)
     params = sampling if sampling is not None else SamplingParams()
     requests = []
     lengths = zip(np.asarray(times).tolist(), prompt.tolist(), output.tolist(), strict=True)
