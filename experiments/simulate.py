@@ -94,7 +94,7 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
 
 
 def unfinished_at_last_arrival(requests: Any) -> float:
-    """The share of the trace's requests admitted but still unfinished when its last
+    """The share of the trace's requests unfinished (waiting or running) when its last
     request arrives (NaN without requests): about mean latency / trace length when the
     system keeps up, and at least the excess share (rate - capacity) / rate when it does
     not. A rejected request is not waiting for anything and is not counted."""

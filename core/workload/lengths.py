@@ -99,7 +99,7 @@ class LengthModel:
             prompts.append(p[mask])
             outputs.append(o[mask])
             have += int(mask.sum())
-        else:
+        if have < n:
             raise RequestError(
                 f"the length model's requests rarely pass the filter at max_model_len "
                 f"{max_model_len} (prompts of at most {max_prompt_len} tokens): raise "
