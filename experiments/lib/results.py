@@ -250,7 +250,9 @@ def append_index(
     writer = csv.DictWriter(buf, fieldnames=INDEX_COLUMNS, lineterminator="\n")
     with index.open("a", encoding="utf-8") as f:
         _lock(f)
-        if f.tell() == 0:
+        # the size now, under the lock: tell() is where the file ended when it was opened,
+        # before another process's first row (and header) went in
+        if os.fstat(f.fileno()).st_size == 0:
             writer.writeheader()
         writer.writerow(row)
         f.write(buf.getvalue())
