@@ -73,6 +73,18 @@ def test_a_finished_job_is_found_wherever_its_index_row_went(tmp_path: Path) -> 
     assert finished_metrics(tmp_path / "job", other) is None
 
 
+def test_a_finished_job_giving_num_requests_alone_is_found_before_launching(
+    tmp_path: Path,
+) -> None:
+    """``workload.num_requests=4`` alone nulls duration_s in the run's saved config; the
+    launcher's check before it submits must compose the same, or it resubmits the job."""
+    from experiments.lib.results import finished_metrics
+
+    job = Job("a", ("workload.num_requests=4", "model=opt-125m"))
+    launch([job], "basic", tmp_path)
+    assert finished_metrics(tmp_path / "a", jobs._job_config(job.overrides)) is not None
+
+
 def _mtimes(root: Path) -> dict[str, float]:
     return {p.parent.name: p.stat().st_mtime_ns for p in root.glob("*/metrics.json")}
 

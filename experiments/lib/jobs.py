@@ -119,9 +119,15 @@ def exit_if_launcher_missing(argv: Sequence[str]) -> None:
 
 
 def _job_config(overrides: Sequence[str]) -> Any:
+    """The job's config as its run will save it: composed, with the partner of a
+    ``workload.num_requests`` / ``workload.duration_s`` it sets nulled, as the app does
+    (:func:`experiments.lib.cli.apply_exclusive`), so a finished job is recognised."""
+    from experiments.lib.cli import apply_exclusive
     from experiments.lib.compose import compose_config
 
-    return compose_config("simulate", overrides)
+    cfg = compose_config("simulate", overrides)
+    apply_exclusive(cfg, overrides)
+    return cfg
 
 
 def launch(
