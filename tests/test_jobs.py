@@ -73,6 +73,27 @@ def test_a_finished_job_is_found_wherever_its_index_row_went(tmp_path: Path) -> 
     assert finished_metrics(tmp_path / "job", other) is None
 
 
+def test_a_finished_run_of_an_input_file_edited_since_is_not_reused(tmp_path: Path) -> None:
+    """config.yaml names the trace, not what it held: the run's inputs.json stamps it, and
+    a trace rewritten since makes the run be done again."""
+    import os
+
+    from core.request import Request, SamplingParams
+    from core.workload.trace_io import write_trace
+    from experiments.lib.results import finished_metrics
+    from experiments.reproduce import compose_config
+    from experiments.simulate import run
+
+    trace = tmp_path / "trace.csv"
+    write_trace(trace, [Request(i, 0.1 * i, 100, 50, SamplingParams()) for i in range(4)])
+    cfg = compose_config(["workload=trace", f"workload.path={trace}", "index=null"])
+    run(cfg, tmp_path / "job")
+    assert finished_metrics(tmp_path / "job", cfg) is not None
+    write_trace(trace, [Request(i, 0.1 * i, 400, 300, SamplingParams()) for i in range(4)])
+    os.utime(trace, ns=(1, 1))  # a new stamp even on a file system with coarse times
+    assert finished_metrics(tmp_path / "job", cfg) is None
+
+
 def test_a_finished_job_giving_num_requests_alone_is_found_before_launching(
     tmp_path: Path,
 ) -> None:

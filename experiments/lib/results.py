@@ -31,6 +31,8 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.lib.input_stamps import input_stamps
+
 log = logging.getLogger(__name__)
 
 # The metrics a reader looks at first: summary.csv and index.csv put them after the
@@ -155,7 +157,9 @@ def write_run(
     steps: pd.DataFrame | RowTable,
     extra: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Path:
-    """Write the run's files into ``out_dir`` (created), ``metrics.json`` last; return it."""
+    """Write the run's files into ``out_dir`` (created): ``config.yaml``, the tables, the
+    ``extra`` documents, ``inputs.json`` (the stamps of the input files ``cfg`` names) and
+    ``metrics.json`` last; return it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     conf = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
     write_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(conf, resolve=True))
@@ -165,6 +169,7 @@ def write_run(
     write_csv(out_dir / "steps.csv", steps)
     for name, doc in (extra or {}).items():
         write_json(out_dir / f"{name}.json", doc)
+    write_json(out_dir / "inputs.json", input_stamps(conf))
     write_json(out_dir / "metrics.json", metrics)
     return out_dir
 
@@ -173,7 +178,7 @@ def write_run(
 # log, write_error): what an earlier run there leaves for a rerun to clear
 RUN_FILES = (
     "metrics.json", "error.txt", "config.yaml", "requests.csv", "steps.csv",
-    "cost_model.json", "engine.json", "beams.csv",
+    "cost_model.json", "engine.json", "beams.csv", "inputs.json",
 )  # fmt: skip
 
 
@@ -190,10 +195,11 @@ def is_complete(run_dir: Path) -> bool:
 
 
 def finished_metrics(out_dir: Path, cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None:
-    """The metrics of a complete run of ``cfg`` in ``out_dir`` (its ``metrics.json`` exists
-    and its ``config.yaml`` is ``cfg`` resolved, ``index`` aside), else None: a finished job
-    is not run again, and a directory holding another config's run is not mistaken for
-    this one."""
+    """The metrics of a complete run of ``cfg`` in ``out_dir`` (its ``metrics.json`` exists,
+    its ``config.yaml`` is ``cfg`` resolved, ``index`` aside, and the input files it names
+    are as the run found them: ``inputs.json``, :mod:`experiments.lib.input_stamps`), else
+    None: a finished job is not run again, and a directory holding another config's run, or
+    a run of an input since edited, is not mistaken for this one."""
     metrics, config = out_dir / "metrics.json", out_dir / "config.yaml"
     if not (metrics.is_file() and config.is_file()):
         return None
@@ -208,7 +214,22 @@ def finished_metrics(out_dir: Path, cfg: DictConfig | Mapping[str, Any]) -> dict
             doc.pop("index", None)
     if OmegaConf.to_yaml(saved) != OmegaConf.to_yaml(ours):
         return None
+    if _saved_stamps(out_dir) != input_stamps(conf):  # an input file edited since
+        return None
     return read_metrics(out_dir)
+
+
+def _saved_stamps(out_dir: Path) -> dict[str, Any] | None:
+    """The run's ``inputs.json`` ({} when it has none and read no input file: None, so a
+    run of older code that named an input file is done again)."""
+    path = out_dir / "inputs.json"
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def read_metrics(run_dir: Path) -> dict[str, Any]:

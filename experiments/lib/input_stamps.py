@@ -1,0 +1,69 @@
+"""Stamps of the files a run reads, so that resuming a finished run notices an edited input.
+
+A run's ``config.yaml`` names its input files (a trace, a vLLM run directory, a profile, a
+calibration, a checkpoint) but not what they held. :func:`input_stamps` records, for each
+config key that names an existing file or directory, the size and modification time of
+every file under it (sizes and times, not digests: a checkpoint may be gigabytes). A run
+writes them beside its results (``inputs.json``); a finished run is reused only when they
+still match (``experiments.lib.results.finished_metrics``). A file rewritten with the same
+bytes counts as changed: the run is done again, never reused wrongly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parents[2]
+# config keys whose value may name an input file or directory
+INPUT_KEYS = (
+    "workload.path", "workload.tokens_path", "cost.path", "cost.profile", "cost.stack_path",
+    "model.hf_config", "model.path",
+)  # fmt: skip
+
+
+def _value(cfg: Mapping[str, Any], key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _located(value: str) -> Path | None:
+    """The path as the run reads it: as given (from the working directory), else from the
+    repository root (where ``cost.profile`` and the shipped files are found)."""
+    for path in (Path(value), REPO / value):
+        if path.exists():
+            return path
+    return None
+
+
+def _stamp(path: Path) -> list[list[Any]]:
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    out = []
+    for f in files:
+        st = os.stat(f)
+        out.append([str(f.relative_to(path)) if f != path else f.name, st.st_size,
+                    st.st_mtime_ns])  # fmt: skip
+    return out
+
+
+def input_stamps(cfg: Any) -> dict[str, list[list[Any]]]:
+    """Per key of :data:`INPUT_KEYS` whose value names an existing file or directory:
+    ``[[name, size, mtime_ns], ...]`` of the file, or of every file under the directory."""
+    plain = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
+    out: dict[str, list[list[Any]]] = {}
+    for key in INPUT_KEYS:
+        value = _value(plain, key)
+        if not isinstance(value, str) or not value:
+            continue
+        path = _located(value)
+        if path is not None:
+            out[key] = _stamp(path)
+    return out
