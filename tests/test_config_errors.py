@@ -121,6 +121,8 @@ CASES = [
     ("kv_budget_above_gpu", simulate, ["kv_cache_gb=500"], "kv_cache_gb", "more than the memory"),
     ("kv_budget_below_a_sequence", simulate, ["kv_cache_gb=0.01"], "kv_cache_gb",
      "fewer than one max_model_len"),
+    ("unset_environment_variable", simulate, ["seed=${{oc.env:KVLAB_TEST_UNSET_VARIABLE}}"],
+     "seed", "cannot resolve (KeyError raised while resolving interpolation"),
     ("samples_wider_than_a_batch", simulate, ["workload.n=300"], "workload.n",
      "more than system.max_num_seqs=256"),
     ("serve_beams_wider_than_a_batch", serve, ["workload.beam_width=8", "system.max_num_seqs=4"],

@@ -147,6 +147,12 @@ def check_out_dir(path: Path, key: str = "--out") -> None:
         raise ConfigError(key, problem)
 
 
+def task_overrides(hc: Any) -> list[str]:
+    """The run's command-line overrides as typed: iterating Hydra's list would resolve an
+    interpolation inside one (``seed=${oc.env:UNSET}``) and raise before the checks."""
+    return [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
+
+
 def check_out_file(path: Path, key: str = "--out") -> None:
     """Refuse, before any work, a result file that cannot be written: a folder, a path
     under a file, or a folder the system will not make or write in (tried with a scratch
@@ -238,7 +244,7 @@ def run_app(
 
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
-    overrides = list(hc.overrides.task)
+    overrides = task_overrides(hc)
     index_key = cfg.get("index", str(DEFAULT_INDEX))
     index = Path(str(index_key)) if index_key else None
     # a sweep from the command line goes on past a failed job (its summary lists it)

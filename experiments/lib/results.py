@@ -30,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from experiments.lib.input_stamps import input_stamps
 
@@ -204,7 +205,10 @@ def finished_metrics(out_dir: Path, cfg: DictConfig | Mapping[str, Any]) -> dict
     if not (metrics.is_file() and config.is_file()):
         return None
     conf = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
-    ours = OmegaConf.create(OmegaConf.to_yaml(conf, resolve=True))
+    try:
+        ours = OmegaConf.create(OmegaConf.to_yaml(conf, resolve=True))
+    except OmegaConfBaseException:  # e.g. an unset ${oc.env:...}: the run's checks say so
+        return None
     try:
         saved = OmegaConf.create(config.read_text())
     except Exception:  # a damaged config.yaml is not this run's

@@ -67,7 +67,8 @@ def as_dict(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(str(key), "missing value", "???", "a value") from None
         except InterpolationResolutionError as exc:
             key = getattr(exc, "full_key", None) or "config"
-            raise ConfigError(str(key), f"cannot resolve ({exc.msg})") from None
+            why = exc.msg.strip().splitlines()[0]  # OmegaConf adds full_key lines
+            raise ConfigError(str(key), f"cannot resolve ({why})") from None
     return dict(cfg)
 
 
