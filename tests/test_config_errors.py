@@ -406,6 +406,21 @@ def test_an_index_that_cannot_be_written_is_refused_before_the_run(tmp_path: Pat
     assert (tmp_path / "new").is_dir()
 
 
+def test_a_sweep_to_a_foreign_index_is_refused_once_before_any_job(tmp_path: Path, capsys):
+    """Checked with the command line, not as each job starts: no job folder is made."""
+    from experiments.lib.cli import main_with_checks
+
+    index = tmp_path / "other.csv"
+    index.write_text("a,b\n1,2\n")
+    argv = ["-m", "system=vllm,orca_max", "workload.num_requests=3", f"index={index}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}"]  # fmt: skip
+    with pytest.raises(SystemExit) as ended:
+        main_with_checks(lambda: pytest.fail("the sweep ran"), argv, "simulate")
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.count("\n") == 1 and "not a kvlab runs index" in err
+    assert not (tmp_path / "sweep").exists() and index.read_text() == "a,b\n1,2\n"
+
+
 def test_a_command_refused_before_hydra_still_gets_its_index_row(tmp_path: Path) -> None:
     status, _, err = run_cli(simulate, ["system=orca"], tmp_path)
     assert status == 2 and err.startswith("error: system: unknown system")

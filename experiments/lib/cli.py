@@ -331,6 +331,9 @@ def main_with_checks(
             check_output_dirs(args)
             if config_name is not None:
                 check_overrides_compose(config_name, args)
+                index = _index_of(args)
+                if index is not None:  # once, not as each job of a sweep starts
+                    check_index_writable(index)
         except ConfigError as err:
             _index_refused(config_name, args, err)
             report_config_error(err)
@@ -396,17 +399,25 @@ def _try_making(folder: Path, key: str) -> None:
             made.rmdir()
 
 
+def _index_of(args: Sequence[str]) -> Path | None:
+    """The runs index a command line writes to: its ``index=...`` (the last), else the
+    default; None for ``index=null`` or a value only Hydra can read (a sweep over
+    indexes, an interpolation)."""
+    values = [a.partition("=")[2] for a in args if a.lstrip("+").startswith("index=")]
+    index = values[-1] if values else str(DEFAULT_INDEX)
+    if index in ("null", "None", "~", "") or "," in index or "$" in index:
+        return None
+    return Path(index)
+
+
 def _index_refused(config_name: str | None, args: Sequence[str], err: ConfigError) -> None:
     """A command line refused before Hydra starts still gets its index row (no run
     directory): in ``index=...`` of the arguments, else the default index; best effort."""
-    if config_name is None:
-        return
-    values = [a.partition("=")[2] for a in args if a.lstrip("+").startswith("index=")]
-    index = values[-1] if values else str(DEFAULT_INDEX)
-    if index in ("null", "None", "~", ""):
+    index = _index_of(args) if config_name is not None else None
+    if index is None or config_name is None:
         return
     try:
-        check_index_writable(Path(index))
-        append_index(Path(index), config_name, "config error", None, args, None, err.line())
+        check_index_writable(index)
+        append_index(index, config_name, "config error", None, args, None, err.line())
     except (ConfigError, OSError):
         pass  # the command's own error is the one to report
