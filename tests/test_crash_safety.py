@@ -194,3 +194,21 @@ def test_an_interrupt_while_a_command_starts_is_one_line(
         assert done.stderr.startswith("Traceback")
     else:
         assert done.stderr == stderr
+
+
+def test_sigterm_to_the_command_outside_any_job_ends_it_as_ctrl_c_does() -> None:
+    """A launcher that runs jobs in worker processes (joblib) waits in the command's own
+    process: SIGTERM there must raise, so the launcher stops its workers, and the handler
+    before the command is back after it."""
+    from experiments.lib.cli import main_with_checks
+    from experiments.lib.signals import Terminated
+
+    def waiting_launcher() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # never reached to its end: the signal raises first
+        pytest.fail("SIGTERM did not reach the command")
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated):
+        main_with_checks(waiting_launcher, ["workload.num_requests=3", "index=null"], None)
+    assert signal.getsignal(signal.SIGTERM) is before

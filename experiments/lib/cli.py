@@ -337,7 +337,11 @@ def main_with_checks(
         except ConfigError as err:
             _index_refused(config_name, args, err)
             report_config_error(err)
-        main()
+        # SIGTERM to the command ends it as Ctrl-C does here too, not only inside a job:
+        # a launcher that runs jobs in worker processes (joblib) then stops its workers
+        # instead of leaving them to finish and overwrite a later run's files
+        with sigterm_as_interrupt():
+            main()
     finally:
         _COMMAND_LINE = False
         sys.argv = saved_argv
