@@ -208,7 +208,13 @@ def test_sigterm_to_the_command_outside_any_job_ends_it_as_ctrl_c_does() -> None
         time.sleep(5)  # never reached to its end: the signal raises first
         pytest.fail("SIGTERM did not reach the command")
 
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(Terminated):
-        main_with_checks(waiting_launcher, ["workload.num_requests=3", "index=null"], None)
-    assert signal.getsignal(signal.SIGTERM) is before
+    def unhandled(signum: int, frame: object) -> None:
+        raise AssertionError("SIGTERM reached the handler from before the command")
+
+    before = signal.signal(signal.SIGTERM, unhandled)  # not the default: it kills pytest
+    try:
+        with pytest.raises(Terminated):
+            main_with_checks(waiting_launcher, ["workload.num_requests=3", "index=null"], None)
+        assert signal.getsignal(signal.SIGTERM) is unhandled
+    finally:
+        signal.signal(signal.SIGTERM, before)
