@@ -219,11 +219,11 @@ def test_section_has_a_table_and_a_gap_line_per_panel(tmp_path) -> None:
     assert "Gap (a): vLLM sustains 2 req/s, inside the paper's axis (0–2)" in text
     # the grid's coarse steps leave both verdicts undecided (the rates passed and failed)
     assert (
-        "vLLM / Orca (Oracle) = 2.00× (paper 1.7–2.7×: inside; the search's resolution "
-        "puts the ratio in [1.33, 3.00], across the paper's bound: not decided)"
+        "vLLM / Orca (Oracle) = 2.00× (paper 1.7–2.7×: not decided: the search's resolution "
+        "puts the ratio in [1.33, 3.00], across the paper's bound)"
     ) in text
-    assert "vLLM / Orca (Max) = 4.00× (paper 2.7–8×: inside; the search's resolution" in text
-    assert "vLLM / FasterTransformer = 16.00× (paper up to 22×: inside; the search" in text
+    assert "vLLM / Orca (Max) = 4.00× (paper 2.7–8×: not decided: the search's resolution" in text
+    assert "vLLM / FasterTransformer = 16.00× (paper up to 22×: not decided: the search" in text
     assert "Gap (d): vLLM sustains 15 req/s" in text and "| not stated |" in text
     # (d): FasterTransformer (0.125 x 10) fails even the grid's lowest rate, 1.875 req/s
     assert "| FasterTransformer | < 1.88 (none of the rates tried passed) |" in text
@@ -276,8 +276,9 @@ def test_gap_line_says_undecided_when_the_resolution_straddles_the_paper_bound()
     panel = fig12_rates.BY_LETTER["a"]
     straddles = _capacity({"vllm": (2.1875, 2.25), "orca_max": (0.8125, 0.84375)})
     line = fig12_rates.gap_line(panel, straddles)
-    assert "vLLM / Orca (Max) = 2.69× (paper 2.7–8×: outside by -0.01×" in line
-    assert "[2.59, 2.77], across the paper's bound: not decided" in line
+    # the point ratio lies below 2.7, but the bracket crosses it: neither inside nor outside
+    assert "vLLM / Orca (Max) = 2.69× (paper 2.7–8×: not decided: the search's resolution" in line
+    assert "[2.59, 2.77], across the paper's bound)" in line and "outside" not in line
     clear = _capacity({"vllm": (2.0, 2.05), "orca_max": (0.5, 0.52)})
     line = fig12_rates.gap_line(panel, clear)
     assert "vLLM / Orca (Max) = 4.00× (paper 2.7–8×: inside)" in line

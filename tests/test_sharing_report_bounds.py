@@ -56,13 +56,20 @@ def test_fig16_marks_an_open_rate_and_decides_no_gap(tmp_path: Path) -> None:
         # ratio is >= 1.5 but may be anything from 12/12 up: the paper's 1.67 is not decided
         *runs("1-shot", "orca_oracle", (2, 4, 8), (12, 16)),
         *runs("1-shot", "vllm", (2, 4, 8, 12)),
-        # 5-shot: both bracketed: the exact ratio keeps its numeric gap
-        *runs("5-shot", "orca_oracle", (2,), (4, 8)),
-        *runs("5-shot", "vllm", (2, 4, 8, 12), (16, 24)),
+        # 5-shot: both bracketed finely ([12/2.1, 13/2] = [5.7, 6.5], above the paper's
+        # 3.58): the exact ratio keeps its numeric gap
+        *runs("5-shot", "orca_oracle", (2,), (2.1, 4)),
+        *runs("5-shot", "vllm", (2, 4, 8, 12), (13, 16)),
     ]
     text = fig16_prefix.write(rows, tmp_path, pyplot(headless=True))
     assert row_of(text, "1-shot") == "| 1-shot | 8.00 | ≥ 12.00 | ≥ 1.50× | 1.67× | not decided |"
     assert row_of(text, "5-shot") == "| 5-shot | 2.00 | 12.00 | 6.00× | 3.58× | +2.42× |"
+    coarse = [r for r in rows if r["setting"] != "5-shot"] + [
+        *runs("5-shot", "orca_oracle", (2,), (4, 8)),
+        *runs("5-shot", "vllm", (2, 4, 8, 12), (16, 24)),
+    ]  # [12/4, 16/2] = [3, 8] holds 3.58: the gap at the rates found, not decided
+    text = fig16_prefix.write(coarse, tmp_path, pyplot(headless=True))
+    assert row_of(text, "5-shot").endswith("| not decided (+2.42× at the rates found) |")
     assert "≥ marks a rate that is only a lower bound" in text
 
 

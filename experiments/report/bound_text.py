@@ -175,13 +175,16 @@ def ratio_cell(c: pd.DataFrame, system: str) -> str:
 
 def gap_text(c: pd.DataFrame, system: str, paper: float) -> str:
     """kvlab's vLLM ÷ ``system`` minus the paper's ``paper``: "+0.58×" where the ratio is
-    exact (:func:`ratio_estimate` "="); where it is only a bound, "≥ +x×" or "≤ -x×" when
-    every ratio the rates tried allow (:func:`ratio_bounds`) lies above or below ``paper``,
-    else :data:`NOT_DECIDED`. ``c``: as :func:`ratio_text`."""
+    exact (:func:`ratio_estimate` "=") and every ratio the rates tried allow
+    (:func:`ratio_bounds`) lies on one side of ``paper``; where it is only a bound, "≥ +x×"
+    or "≤ -x×" when they all lie above or below it; else :data:`NOT_DECIDED`. ``c``: as
+    :func:`ratio_text`."""
     kind, value = ratio_estimate(c, system)
-    if kind == "=":
-        return f"{value - paper:+.2f}×"
     bracket = ratio_bounds(c, system)
+    if kind == "=":
+        if bracket is not None and bracket[0] < paper < bracket[1]:
+            return f"{NOT_DECIDED} ({value - paper:+.2f}× at the rates found)"
+        return f"{value - paper:+.2f}×"
     if bracket is None:
         return NOT_DECIDED
     low, high = bracket

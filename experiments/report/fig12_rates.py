@@ -432,18 +432,17 @@ def _vllm_part(panel: Panel, v: Any) -> str:
 
 def _exact_verdict(c: pd.DataFrame, system: str, ratio: float, lo: float | None,
                    hi: float) -> str:  # fmt: skip
-    """Inside or outside the paper's [lo, hi] by the point ratio; "not decided" added where
-    the search's resolution (:func:`resolution_bracket`) straddles a paper bound."""
+    """Inside or outside the paper's [lo, hi] (``lo`` None, "up to": vLLM at least as fast,
+    1) by the point ratio, unless the search's resolution (:func:`resolution_bracket`)
+    straddles a bound: then "not decided", whatever side the point ratio lies on."""
     lo_ = lo or 1.0
-    off = (ratio - hi) if ratio > hi else (ratio - lo_)
-    verdict = "inside" if lo_ <= ratio <= hi else f"outside by {off:+.2f}×"
     bracket = resolution_bracket(c, system)
-    bounds = [b for b in (lo, hi) if b is not None]  # "up to 22x": no lower bound
-    if bracket and any(bracket[0] < b < bracket[1] for b in bounds):
+    if bracket and any(bracket[0] < b < bracket[1] for b in (lo_, hi)):
         low, high = (fmt(x) for x in bracket)
-        verdict += (f"; the search's resolution puts the ratio in [{low}, {high}], "
-                    "across the paper's bound: not decided")  # fmt: skip
-    return verdict
+        return (f"not decided: the search's resolution puts the ratio in [{low}, {high}], "
+                "across the paper's bound")  # fmt: skip
+    off = (ratio - hi) if ratio > hi else (ratio - lo_)
+    return "inside" if lo_ <= ratio <= hi else f"outside by {off:+.2f}×"
 
 
 def _bound_verdict(bracket: tuple[float, float] | None, lo: float, hi: float) -> str:
