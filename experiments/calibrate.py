@@ -217,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     check_out_file(args.out or args.run_dir / "calibration.json")
     model = calibrate(args.run_dir, args.weighting, args.profile, args.target)
     print(model.describe())
+    r2 = model.fit_stats.get("r2")
+    if isinstance(r2, float) and r2 < 0:
+        print(f"warning: R² = {r2:.3f} < 0: the fitted steps are priced worse than by their "
+              "mean; this run's steps are not what these terms can express (try --weighting, "
+              "--target host, or a run with more varied batches)", file=sys.stderr)  # fmt: skip
     out = args.out or args.run_dir / "calibration.json"
     doc = calibration_doc(model, args.run_dir)
     if doc.get("profile"):  # relative to the file: the folder can move to another machine

@@ -51,7 +51,12 @@ def measured_on(run_dirs: list[Path]) -> str | None:
     for run_dir in run_dirs:
         doc = Path(run_dir) / "engine.json"
         if doc.is_file():
-            engine = json.loads(doc.read_text())
+            try:
+                engine = json.loads(doc.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ConfigError(str(doc), f"not a JSON document ({exc})") from None
+            if not isinstance(engine, dict):
+                raise ConfigError(str(doc), "not a JSON object")
             name = str(engine.get("device") or "?")
             if engine.get("step_timer", "wall") != "wall":
                 name += f" ({engine['step_timer']} timer)"

@@ -68,6 +68,12 @@ def test_split_by_runs_holds_out_the_last_run_and_half_splits_by_step_index() ->
         fit_measured_overhead([("old", a.drop(columns=["schedule_s"]))])
 
 
+def test_runs_whose_cpu_phases_took_no_time_are_refused_not_divided_by() -> None:
+    zero = _steps([1, 2, 3, 4] * 6, 0.0, 0.0)
+    with pytest.raises(ValueError, match="spent no CPU time in the four phases"):
+        fit_measured_overhead([("a", zero)], "half", 3)
+
+
 @pytest.fixture(scope="module")
 def engine_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     run = [

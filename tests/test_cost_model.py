@@ -328,9 +328,12 @@ def test_calibrated_fit_relative_weighting_minimizes_relative_errors() -> None:
     assert "relative errors" in rel.describe()
     with pytest.raises(ValueError, match="weighting 'squared' is not one of absolute, relative"):
         CalibratedCostModel.fit(noisy, "opt-13b", "a100-40gb", weighting="squared")
+    one_zero = noisy.copy()
+    one_zero.loc[one_zero.index[0], "duration_s"] = 0.0
     with pytest.raises(ValueError, match="duration_s > 0"):
-        CalibratedCostModel.fit(noisy.assign(duration_s=0.0), "opt-13b", "a100-40gb",
-                                weighting="relative")  # fmt: skip
+        CalibratedCostModel.fit(one_zero, "opt-13b", "a100-40gb", weighting="relative")
+    with pytest.raises(ValueError, match="every step's duration_s is 0"):
+        CalibratedCostModel.fit(noisy.assign(duration_s=0.0), "opt-13b", "a100-40gb")
 
 
 def test_calibrated_describe_names_what_it_was_fitted_on() -> None:
@@ -460,3 +463,20 @@ def test_calibrated_step_time_adds_swaps_and_copies_priced_by_the_roofline() -> 
     copied = dataclasses.replace(base, copy_blocks=3)
     copy_s = 3 * 2 * block_bytes / (1.555e12 * Efficiency().memory)
     assert model.step_time(copied) - model.step_time(base) == pytest.approx(copy_s, rel=1e-9)
+
+
+def test_measured_transfers_are_not_fitted_twice() -> None:
+    """The simulator prices swaps and copies by themselves: a step's measured transfer_s
+    comes out of what the terms are fitted to, so the same steps with transfers added give
+    the same coefficients."""
+    rng = np.random.default_rng(5)
+    df = _synthetic_steps(rng, 120)
+    true = {"constant": 0.002, "linear_flop_time": 1.4, "attn_flop_time": 2.0, "byte_time": 1.2}
+    probe = CalibratedCostModel("opt-13b", "a100-40gb", dict.fromkeys(TERMS, 0.0))
+    clean = _durations(probe, df, true)
+    without = CalibratedCostModel.fit(df.assign(duration_s=clean), "opt-13b", "a100-40gb")
+    transfers = rng.uniform(0.0, 0.01, len(df)) * (rng.random(len(df)) < 0.3)
+    steps = df.assign(duration_s=clean + transfers, transfer_s=transfers)
+    fitted = CalibratedCostModel.fit(steps, "opt-13b", "a100-40gb")
+    for term in TERMS:
+        assert fitted.coefficients[term] == pytest.approx(without.coefficients[term], abs=1e-9)

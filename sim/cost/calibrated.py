@@ -207,8 +207,12 @@ class CalibratedCostModel:
         the step's measured time outside the model's forward and the block transfers
         (``duration_s - forward_s - transfer_s``, the engine's phase timing: input
         preparation and sampling), the framework overhead they stand for (transfers are
-        priced apart, as always). ``fit_stats`` records ``r2`` and ``mape`` (of
-        the whole step), ``n_steps``, ``weighting`` and ``target``.
+        priced apart, as always). With a ``transfer_s`` column (phase timing) the step
+        target is ``duration_s - transfer_s`` too: the simulator prices swaps and copies by
+        themselves, so they are not fitted twice. ``fit_stats`` records ``r2`` (NaN when the
+        steps' times barely differ) and ``mape`` (of the step less its measured transfers),
+        ``n_steps``, ``weighting`` and ``target``. A run whose every step took 0 s is a
+        ValueError.
         """
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting {weighting!r} is not one of {', '.join(WEIGHTINGS)}")
@@ -233,6 +237,10 @@ class CalibratedCostModel:
             a[:, [TERMS.index(t) for t in ROOFLINE_TERMS]] = 0.0
         base = probe.profile_seconds(df)
         y = df["duration_s"].to_numpy(dtype=float)
+        if not (y > 0).any():
+            raise ValueError("every step's duration_s is 0: there is no time to calibrate")
+        if "transfer_s" in df.columns:  # swaps and copies are priced apart, not fitted
+            y = y - df["transfer_s"].to_numpy(dtype=float)
         fit_to = y - base
         if target == "host":
             fit_to = host_seconds(df)
@@ -249,10 +257,11 @@ class CalibratedCostModel:
         pred = a @ coef + base
         ss_res = float(np.sum((y - pred) ** 2))
         ss_tot = float(np.sum((y - y.mean()) ** 2))
+        spread = ss_tot > 1e-12 * float(np.sum(y**2))  # steps all alike: R² undefined
         pos = y > 0
         stats: dict[str, float | str] = {
             "n_steps": float(len(df)),
-            "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
+            "r2": 1.0 - ss_res / ss_tot if spread else float("nan"),
             "mape": float(np.mean(np.abs(pred[pos] - y[pos]) / y[pos])) if pos.any() else 0.0,
             "weighting": weighting,
             "target": target,

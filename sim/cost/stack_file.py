@@ -105,6 +105,13 @@ def fit_measured_overhead(
     train_steps, held_steps = split_steps(runs, split)
     train = cpu_points(train_steps, min_steps, "train steps")
     held = cpu_points(held_steps, min_steps, "held-out steps")
+    for part, frame in (("train", train), ("held-out", held)):
+        if (frame["cpu_s"] <= 0).any():
+            seqs = int(frame.loc[frame["cpu_s"] <= 0, "seqs"].iloc[0])
+            raise UnsupportedFit(
+                f"the {part} steps of {seqs} sequence(s) spent no CPU time in the four "
+                "phases (their median is 0): the runs' phase timing is missing or broken"
+            )
     if len(train) < 2:
         raise UnsupportedFit(
             f"the train steps hold {len(train)} sequence count(s) with >= {min_steps} steps; "
