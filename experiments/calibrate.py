@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +183,27 @@ def calibration_doc(model: CalibratedCostModel, run_dir: Path) -> dict[str, Any]
     engine = read_engine_json(run_dir)
     if engine is not None:
         doc["measured_on"] = engine.get("device")
+        doc["step_timer"] = engine.get("step_timer", "wall")
     return doc
+
+
+def check_measured_alike(calibration: Mapping[str, Any], run_dir: Path, key: str) -> None:
+    """A calibration fitted on steps measured on another device, or with another step
+    timer, than the run ``run_dir`` is a ConfigError under ``key``: its constants are
+    another machine's (or clock's) times. Nothing is checked where either side does not
+    record it (a calibration from before the timer was recorded, a run without
+    ``engine.json``)."""
+    engine = read_engine_json(run_dir)
+    if engine is None:
+        return
+    ours = {"measured_on": engine.get("device"), "step_timer": engine.get("step_timer", "wall")}
+    for field, what in (("measured_on", "device"), ("step_timer", "step timer")):
+        theirs = calibration.get(field)
+        if theirs is not None and ours[field] is not None and theirs != ours[field]:
+            raise ConfigError(
+                key, f"fitted on steps of another {what} ({theirs}); this run's is "
+                f"{ours[field]}", theirs, "a calibration measured as this run was",
+            )  # fmt: skip
 
 
 @plain_cli

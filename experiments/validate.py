@@ -34,7 +34,7 @@ from core.kv.block_pool import MAX_BLOCKS
 from core.metrics.summary import summarize_recorder
 from core.request import Request
 from core.seeding import with_drawn_prompt_ids
-from experiments.calibrate import read_run_config, run_identity
+from experiments.calibrate import check_measured_alike, read_run_config, run_identity
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError, power_of_two
 from experiments.lib.cli import check_out_file, plain_cli
@@ -223,6 +223,7 @@ def validate(
                 "kind 'calibrated' (experiments.calibrate writes one)",
             )  # fmt: skip
         check_calibration_fits(calibration, "--calibration", model.name, hardware.name, tp)
+        check_measured_alike(calibration, run_dir, "--calibration")
         try:
             cost = CalibratedCostModel.from_dict(calibration, hardware)
         except (KeyError, TypeError, ValueError) as exc:

@@ -365,3 +365,19 @@ def test_a_calibration_whose_steps_overflow_is_one_line(
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "out of range" in err and err.count("\n") == 1
     assert not (tmp_path / "v.json").exists()
+
+
+def test_a_calibration_measured_on_another_device_or_timer_is_refused(tmp_path: Path) -> None:
+    """Its constants are another machine's (or another clock's) step times."""
+    import json
+
+    from experiments.calibrate import check_measured_alike
+    from experiments.lib.checks import ConfigError
+
+    (tmp_path / "engine.json").write_text(json.dumps({"device": "GPU X", "step_timer": "wall"}))
+    check_measured_alike({"measured_on": "GPU X", "step_timer": "wall"}, tmp_path, "--calibration")
+    check_measured_alike({}, tmp_path, "--calibration")  # older files record neither
+    with pytest.raises(ConfigError, match="another device \\(CPU Y\\); this run's is GPU X"):
+        check_measured_alike({"measured_on": "CPU Y"}, tmp_path, "--calibration")
+    with pytest.raises(ConfigError, match="another step timer \\(thread_cpu\\)"):
+        check_measured_alike({"measured_on": "GPU X", "step_timer": "thread_cpu"}, tmp_path, "k")
