@@ -46,7 +46,8 @@ def read_steps(run_dir: Path) -> pd.DataFrame:
 
 def measured_on(run_dirs: list[Path]) -> str | None:
     """The device the runs' ``engine.json`` names, with the step timer when it is not the
-    wall clock (all of them, joined, if they differ)."""
+    wall clock; runs measured on different devices or with different timers are a
+    ConfigError (one fit of their CPU times would describe no machine)."""
     names = []
     for run_dir in run_dirs:
         doc = Path(run_dir) / "engine.json"
@@ -62,7 +63,12 @@ def measured_on(run_dirs: list[Path]) -> str | None:
                 name += f" ({engine['step_timer']} timer)"
             if name not in names:
                 names.append(name)
-    return " / ".join(names) or None
+    if len(names) > 1:
+        raise ConfigError(
+            "run_dirs", "the runs were measured on different devices or step timers ("
+            + ", ".join(names) + "): give runs of one device and timer",
+        )  # fmt: skip
+    return names[0] if names else None
 
 
 def calibrate_overhead(
@@ -72,6 +78,7 @@ def calibrate_overhead(
     if base not in STACKS or STACKS[base].cpu is None:
         known = ", ".join(k for k, s in STACKS.items() if s.cpu is not None)
         raise ConfigError("--base", "not a stack preset with CPU costs", base, known)
+    device = measured_on(run_dirs)  # before the fit: runs of two machines are not fitted
     runs = [(Path(d).name, read_steps(d)) for d in run_dirs]
     got = " ".join(map(str, run_dirs))
     try:
@@ -81,7 +88,7 @@ def calibrate_overhead(
     except ValueError as exc:
         raise ConfigError("run_dir", str(exc), got) from None
     doc["base"] = base
-    doc["measured_on"] = measured_on(run_dirs)
+    doc["measured_on"] = device
     doc["fit"]["source"] = fit_source(doc)
     return doc
 

@@ -270,3 +270,19 @@ def test_the_measured_stack_keeps_its_own_cpu_fit_at_any_tp() -> None:
     assert model.stack.cpu is stack.cpu
     assert "Ray" not in describe_stack(model.stack)
     assert model.step_time(shape) > 0
+
+
+def test_runs_of_different_devices_or_timers_are_not_fitted_together(tmp_path: Path) -> None:
+    import json
+
+    from experiments.calibrate_overhead import measured_on
+    from experiments.lib.checks import ConfigError
+
+    for name, timer in (("a", "wall"), ("b", "thread_cpu")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "engine.json").write_text(
+            json.dumps({"device": "CPU", "step_timer": timer})
+        )
+    assert measured_on([tmp_path / "a", tmp_path / "a"]) == "CPU"
+    with pytest.raises(ConfigError, match=r"different devices or step timers \(CPU, CPU \(thread"):
+        measured_on([tmp_path / "a", tmp_path / "b"])
