@@ -12,11 +12,12 @@ bytes counts as changed: the run is done again, never reused wrongly.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
+
+from experiments.lib.checks import lookup
 
 REPO = Path(__file__).resolve().parents[2]
 # config keys whose value may name an input file or directory
@@ -24,15 +25,6 @@ INPUT_KEYS = (
     "workload.path", "workload.tokens_path", "cost.path", "cost.profile", "cost.stack_path",
     "model.hf_config", "model.path",
 )  # fmt: skip
-
-
-def _value(cfg: Mapping[str, Any], key: str) -> Any:
-    node: Any = cfg
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def _located(value: str) -> Path | None:
@@ -60,7 +52,7 @@ def input_stamps(cfg: Any) -> dict[str, list[list[Any]]]:
     plain = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
     out: dict[str, list[list[Any]]] = {}
     for key in INPUT_KEYS:
-        value = _value(plain, key)
+        value = lookup(plain, key)  # a missing key: not a str either
         if not isinstance(value, str) or not value:
             continue
         path = _located(value)
