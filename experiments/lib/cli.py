@@ -150,7 +150,9 @@ def check_out_dir(path: Path, key: str = "--out") -> None:
 def task_overrides(hc: Any) -> list[str]:
     """The run's command-line overrides as typed: iterating Hydra's list would resolve an
     interpolation inside one (``seed=${oc.env:UNSET}``) and raise before the checks."""
-    return [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
+    task = hc.overrides.task
+    listed = OmegaConf.to_container(task, resolve=False) if OmegaConf.is_config(task) else task
+    return [str(o) for o in listed]
 
 
 def check_out_file(path: Path, key: str = "--out") -> None:
