@@ -550,29 +550,28 @@ class ProfiledCostModel:
         if not seqs or (self._decode is None and self._prefill is None):
             return 0.0
         if self._decode is None:
-            return self._roofline_attention(BatchShape(decode_seqs=seqs, decode_ctx_tokens=ctx))
+            return self.roofline.gpu_parts(BatchShape(decode_seqs=seqs, decode_ctx_tokens=ctx))[1]
         return self._decode_attn_s(seqs, ctx)
-
-    def _roofline_attention(self, shape: BatchShape) -> float:
-        return self.roofline.gpu_parts(shape)[1]
 
     def _attention_s(self, shape: BatchShape) -> float:
         """Attention seconds: the profile's decode and prefill tables where it has them,
         each missing one priced by the roofline (both missing: the roofline's attention of
         the whole step)."""
         if self._decode is None and self._prefill is None:
-            return self._roofline_attention(shape)
+            return self.roofline.gpu_parts(shape)[1]
         t = 0.0
-        if shape.decode_seqs:
+        if shape.decode_seqs and self._decode is not None:  # the per-step path: memoised
+            t += self._decode_attn_s(shape.decode_seqs, shape.decode_ctx_tokens)
+        elif shape.decode_seqs:
             t += self.decode_attention_seconds(shape)
         if shape.prefill_seqs:
             if self._prefill is not None:
                 t += shape.prefill_seqs * self._prefill_seq_s(prefill_equivalent_length(shape))
             else:
-                t += self._roofline_attention(BatchShape(
+                t += self.roofline.gpu_parts(BatchShape(
                     prefill_tokens=shape.prefill_tokens, prefill_seqs=shape.prefill_seqs,
                     prefill_attn_pairs=shape.prefill_attn_pairs,
-                    prefill_kv_read_tokens=shape.prefill_kv_read_tokens))  # fmt: skip
+                    prefill_kv_read_tokens=shape.prefill_kv_read_tokens))[1]  # fmt: skip
         return t
 
     def gpu_seconds(self, shape: BatchShape) -> float:
