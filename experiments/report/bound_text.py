@@ -40,11 +40,14 @@ def passed_all(r: Any) -> bool:
 
 def ratio_estimate(c: pd.DataFrame, system: str) -> tuple[str, float]:
     """vLLM / ``system`` from their sustainable rates, as (kind, value): "=" both rates
-    bracketed; "≥" vLLM passed every rate tried (its rate is a lower bound); "≤" ``system``
-    did; ">" ``system`` passed none (vLLM's rate over the lowest rate it tried); "<" vLLM
-    passed none (the lowest rate vLLM tried over ``system``'s rate); "?" no bound (both
-    passed every rate, neither passed one, or ``system`` has no rate at all: no trace it was
-    given held a request). (1.0, "=") for vLLM itself."""
+    bracketed (the point ratio of the highest rates that passed); "≥" vLLM passed every
+    rate tried, so the ratio is at least vLLM's rate over the lowest rate ``system`` failed
+    at; "≤" ``system`` did, so it is at most the lowest rate vLLM failed at over
+    ``system``'s; ">" ``system`` passed none (vLLM's rate over the lowest rate it tried);
+    "<" vLLM passed none (the lowest rate vLLM tried over ``system``'s rate); "?" no bound
+    (both passed every rate, neither passed one, or ``system`` has no rate at all: no trace
+    it was given held a request). Every bound holds for any rates the runs allow
+    (:func:`ratio_bounds`). (1.0, "=") for vLLM itself."""
     if system == "vllm":
         return "=", 1.0
     v, s = c.loc["vllm"], c.loc[system]
@@ -57,10 +60,12 @@ def ratio_estimate(c: pd.DataFrame, system: str) -> tuple[str, float]:
         return ">", v_rate / s_below
     if v_below:
         return "<", v_below / s_rate
+    bracket = ratio_bounds(c, system)
+    assert bracket is not None  # both rows hold numeric rates here
     if passed_all(v):
-        return "≥", v_rate / s_rate
+        return "≥", bracket[0]
     if passed_all(s):
-        return "≤", v_rate / s_rate
+        return "≤", bracket[1]
     return "=", v_rate / s_rate
 
 
@@ -160,12 +165,14 @@ def ratio_text(c: pd.DataFrame, system: str) -> str:
 
 
 def ratio_cell(c: pd.DataFrame, system: str) -> str:
-    """:func:`ratio_text` followed, where the ratio is exact or a ≥ / ≤ bound, by vLLM's
-    seed interval over ``system``'s, each end marked (``ratio_lo_bound``,
-    ``ratio_hi_bound``). ``c``: as :func:`ratio_text`."""
+    """:func:`ratio_text` followed, where the ratio is exact, by vLLM's seed interval over
+    ``system``'s, each end marked (``ratio_lo_bound``, ``ratio_hi_bound``). A bound (≥, ≤,
+    >, <) stands alone: it already holds for every rate the seeds' runs allow, and the
+    seeds' point ratios beside it would read as tighter than it. ``c``: as
+    :func:`ratio_text`."""
     text = ratio_text(c, system)
     kind, _ = ratio_estimate(c, system)
-    if text == "—" or kind not in ("=", "≥", "≤"):
+    if text == "—" or kind != "=":
         return text
     r = c.loc[system]
     lo = end_text(r["ratio_lo"], r["ratio_lo_bound"])

@@ -132,13 +132,18 @@ def search_rate(
 
 
 def _rate_passes(rows: Sequence[dict[str, Any]]) -> dict[float, bool]:
-    """Per measured rate: does every run at it pass? (A rate where some seed's trace held no
-    request, ``passes`` None, is not measured.)"""
-    out: dict[float, bool] = {}
-    unmeasured = {r["rate"] for r in rows if r["passes"] is None}
+    """Per measured rate: does every run at it pass? A rate where some run failed does not;
+    one where none failed but some seed's trace held no request (``passes`` None) is not
+    measured, and left out."""
+    by_rate: dict[float, list[bool | None]] = {}
     for r in rows:
-        if r["rate"] not in unmeasured:
-            out[r["rate"]] = out.get(r["rate"], True) and bool(r["passes"])
+        by_rate.setdefault(r["rate"], []).append(r["passes"])
+    out: dict[float, bool] = {}
+    for rate, results in by_rate.items():
+        if any(p is not None and not p for p in results):
+            out[rate] = False
+        elif all(p is not None for p in results):
+            out[rate] = True
     return out
 
 
