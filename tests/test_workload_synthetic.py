@@ -4,6 +4,8 @@ and build_workload dispatch."""
 from __future__ import annotations
 
 import itertools
+import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -209,6 +211,19 @@ def test_shared_prefix_errors() -> None:
         shared_prefix(2047, rate=1.0, num_requests=3)
     with pytest.raises(RequestError, match="prefix_len"):
         shared_prefix(-1, rate=1.0, num_requests=3)
+
+
+def test_shared_prefix_says_how_many_outputs_it_cut(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="core.workload.synthetic"):
+        reqs = shared_prefix(2000, rate=1.0, num_requests=50, seed=1)
+    full = [r for r in reqs if r.total_len == 2048]  # the cut ones, and any that just fit
+    assert all(r.total_len <= 2048 for r in reqs)
+    said = re.search(r"(\d+) of 50 outputs cut to fit max_model_len 2048", caplog.text)
+    assert said and 0 < int(said.group(1)) <= len(full)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="core.workload.synthetic"):
+        shared_prefix(80, rate=1.0, num_requests=50, seed=1)
+    assert "cut" not in caplog.text
 
 
 def test_multi_turn_prompt_is_truncated_history() -> None:

@@ -8,6 +8,7 @@ order.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -16,6 +17,8 @@ from core.request import Request, RequestError, SamplingParams
 from core.workload.arrivals import make_arrivals
 from core.workload.filters import MAX_MODEL_LEN, MAX_PROMPT_LEN
 from core.workload.lengths import fit
+
+log = logging.getLogger(__name__)
 
 OPT_VOCAB_SIZE = 50272  # OPT's embedding rows (HF OPT config vocab_size)
 
@@ -116,7 +119,8 @@ def shared_prefix(
     341-token, prefix). The per-request sentence (suffix) and translation (output) lengths
     are lognormal with the given means; the defaults (30 tokens, sigma 0.5) are an assumption
     about WMT16 sentence lengths, not a number from the paper. Outputs are cut so prompt +
-    output <= ``max_model_len``. Token ids are always generated (prefix sharing needs them).
+    output <= ``max_model_len``, with a warning saying how many. Token ids are always
+    generated (prefix sharing needs them).
     """
     if prefix_len < 0:
         raise RequestError(f"prefix_len must be >= 0, got {prefix_len}")
@@ -131,8 +135,14 @@ def shared_prefix(
     n = len(times)
     suffix = _lognormal_lengths(suffix_len_mean, len_sigma, n, len_rng)
     suffix = np.minimum(suffix, max_model_len - prefix_len - 1)
-    output = _lognormal_lengths(output_len_mean, len_sigma, n, len_rng)
-    output = np.minimum(output, max_model_len - prefix_len - suffix)
+    drawn = _lognormal_lengths(output_len_mean, len_sigma, n, len_rng)
+    output = np.minimum(drawn, max_model_len - prefix_len - suffix)
+    cut = int((output < drawn).sum())
+    if cut:
+        log.warning(
+            "shared_prefix: %d of %d outputs cut to fit max_model_len %d (prefix %d tokens)",
+            cut, n, max_model_len, prefix_len,
+        )  # fmt: skip
     prefix = tok_rng.integers(0, vocab_size, prefix_len).tolist()
     params = sampling if sampling is not None else SamplingParams()
     requests = []
