@@ -2,7 +2,8 @@
 
 ``slot_mapping[i] = block * block_size + offset`` names where token ``i`` goes in
 ``k_cache`` / ``v_cache`` ``[num_blocks, block_size, KVH, D]``; ``-1`` marks a padding token
-whose row is left unwritten. One program per token copies its ``[KVH, D]`` rows.
+whose row is left unwritten. One program per token copies its ``[KVH, D]`` rows; a slot
+outside ``0 .. num_blocks * block_size - 1`` is skipped, never written.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ def _store_kv_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_ptr,
+    num_slots,
     stride_kt,
     stride_kh,
     stride_vt,
@@ -39,7 +41,7 @@ def _store_kv_kernel(
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
-    if slot < 0:
+    if (slot < 0) | (slot >= num_slots):
         return
     heads = tl.arange(0, BLOCK_H)
     dims = tl.arange(0, BLOCK_D)
@@ -88,6 +90,15 @@ def _check(
             raise ValueError(f"{name} is on {t.device} but slot_mapping on {slot_mapping.device}")
 
 
+def _check_slots(slot_mapping: torch.Tensor, num_blocks: int, block_size: int) -> None:
+    """Every slot below ``num_blocks * block_size`` (host tensors only: free there)."""
+    top = int(slot_mapping.max()) if slot_mapping.numel() else -1
+    if top >= num_blocks * block_size:
+        raise ValueError(
+            f"slot {top} is out of range for a cache of {num_blocks} blocks x {block_size} slots"
+        )
+
+
 def store_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -97,20 +108,25 @@ def store_kv(
 ) -> None:
     """``k_cache[s // bs, s % bs] = k[i]`` (same for v) for every ``s = slot_mapping[i] >= 0``.
 
-    ``k``/``v`` are ``[T, KVH, D]`` and are cast to the cache dtype. Slots must be in range and
-    distinct (two tokens writing one slot race); that is the caller's contract, not checked,
-    since checking would force a device sync.
+    ``k``/``v`` are ``[T, KVH, D]`` and are cast to the cache dtype; ``slot_mapping`` may be
+    any int32/int64 view. Slots must be distinct (two tokens writing one slot race): not
+    checked. On CPU a slot ``>= num_blocks * block_size`` raises ``ValueError``; on CUDA it is
+    not checked (a device sync) but skipped by the kernel, like any slot below 0.
     """
     _check(k, v, k_cache, v_cache, slot_mapping)
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
+    num_blocks, block_size = k_cache.shape[:2]
+    if slot_mapping.device.type == "cpu":
+        _check_slots(slot_mapping, num_blocks, block_size)
     _store_kv_kernel[(num_tokens,)](
         k,
         v,
         k_cache,
         v_cache,
-        slot_mapping,
+        slot_mapping.contiguous(),  # read as slot_ptr + token
+        num_blocks * block_size,
         k.stride(0),
         k.stride(1),
         v.stride(0),
@@ -118,7 +134,7 @@ def store_kv(
         *cache_strides(k_cache, v_cache),
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
-        BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_SIZE=block_size,
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
     )

@@ -13,7 +13,7 @@ Grid: one program per (query tile, sequence, kv head × kv split). A query tile 
 (padded to a power of two), so each K/V tile loaded serves the whole GQA group. A tile's rows
 are padded to at least 16 so ``tl.dot`` compiles on GPU for decode and MHA too. Keys are
 visited ``BLOCK_N`` tokens at a time; each key token finds its physical block through the
-block table, so any power-of-two block size (8 … 256) works with one tile shape. Softmax is
+block table, so any power-of-two block size (1 … 256) works with one tile shape. Softmax is
 online (running max and sum, base-2 exponentials) with fp32 accumulation.
 
 Split-KV (flash-decoding): with ``num_splits > 1`` each (tile, sequence, kv head) is split into
@@ -99,6 +99,7 @@ def _attn_kernel(
     q_idx = tile * BLOCK_Q + rows // GROUP_P2
     head_in_group = rows % GROUP_P2
     row_ok = (rows < BLOCK_Q * GROUP_P2) & (q_idx < q_len) & (head_in_group < GROUP)
+    row_ok = row_ok & (q_start + q_idx < num_tokens)  # unchecked on CUDA: stay inside q, out
     token = (q_start + q_idx).to(tl.int64)
     head = kvh * GROUP + head_in_group
     pos = prefix + q_idx  # absolute position of each row's query token
@@ -147,8 +148,9 @@ def _attn_kernel(
         m_i = m_new
 
     if NUM_SPLITS == 1:
+        # A row with no valid key gets NaN, as the merge gives it (padding rows are not stored).
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        o = acc / l_safe[:, None]
+        o = tl.where(l_i[:, None] == 0.0, float("nan"), acc / l_safe[:, None])
         o_off = token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=q_mask)
     else:
@@ -233,6 +235,11 @@ def _check_inputs(
         )
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"unsupported dtype {q.dtype}; use float32, float16 or bfloat16")
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        raise TypeError(
+            f"{q.dtype} on {q.device} is not supported: the Triton interpreter cannot do bf16 "
+            "arithmetic; use float32 or float16 on CPU"
+        )
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     if q.shape[2] != head_dim:
         raise ValueError(f"q head_dim {q.shape[2]} != cache head_dim {head_dim}")
@@ -368,12 +375,18 @@ def paged_attention(
     written; rows outside them (past ``query_start_loc[-1]``) are left untouched, split or
     not. ``num_splits=None`` picks splits with ``choose_num_splits`` (never splits on CPU).
 
-    Raises ``ValueError`` on a contract broken on the host. On CPU the per-sequence lengths,
-    table widths and block ids are checked too; on CUDA they are not (a device sync): the
-    kernel never reads past the table or outside the cache, and a query whose keys were all
-    outside comes out NaN, not an error.
+    ``query_start_loc`` and ``context_lens`` may be strided views (copied when they are).
+
+    Raises ``ValueError`` on a contract broken on the host (``TypeError`` for bf16 on CPU,
+    which the interpreter cannot compute). On CPU the per-sequence lengths, table widths and
+    block ids are checked too; on CUDA they are not (a device sync): the kernel never reads
+    past the table or outside the cache, nor reads or writes rows past ``q`` / ``out``. Keys
+    behind a block id outside the cache are dropped and the softmax renormalised over the
+    rest; a query whose keys are all dropped comes out NaN, split or not, not an error.
     """
     _check_inputs(q, k_cache, v_cache, query_start_loc, context_lens, block_tables)
+    # the kernels read them as ptr + seq
+    query_start_loc, context_lens = query_start_loc.contiguous(), context_lens.contiguous()
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     if out is None:

@@ -16,6 +16,7 @@ import pytest
 import torch
 import triton.backends
 
+import kernels.paged_attention as pa
 from kernels.paged_attention import choose_num_splits, paged_attention
 from kernels.reference import ref_paged_attention
 
@@ -31,18 +32,20 @@ def make_batch(
     head_dim: int,
     dtype: torch.dtype,
     seed: int,
+    pad_id: int = 0,
 ) -> dict:
     """Random varlen batch: ``lens`` is (query_len, context_len) per sequence.
 
-    Block tables are a random permutation of a pool with spare blocks, and sequence 1 (when
-    present) shares sequence 0's first block, as a shared prompt prefix would.
+    Block tables are a random permutation of a pool with spare blocks, padded with
+    ``pad_id``, and sequence 1 (when present) shares sequence 0's first block, as a shared
+    prompt prefix would.
     """
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-ctx // block_size) for _, ctx in lens]
     num_blocks = sum(blocks_per_seq) + 3
     perm = torch.randperm(num_blocks, generator=gen).tolist()
     width = max(blocks_per_seq) + 1
-    tables = torch.zeros(len(lens), width, dtype=torch.int32)
+    tables = torch.full((len(lens), width), pad_id, dtype=torch.int32)
     used = 0
     for i, nb in enumerate(blocks_per_seq):
         tables[i, :nb] = torch.tensor(perm[used : used + nb], dtype=torch.int32)
@@ -216,6 +219,80 @@ def test_broken_length_contracts_raise_instead_of_reading_out_of_bounds() -> Non
     with pytest.raises(ValueError, match="<= max_context_len 7"):
         paged_attention(**{**batch, "context_lens": torch.tensor([8], dtype=torch.int32)},
                         scale=SCALE)  # fmt: skip
+
+
+def test_gqa_group_not_a_power_of_two() -> None:
+    # 6 query heads over 2 kv heads: each tile pads the group of 3 to 4 rows per token
+    batch = make_batch(mixed_lens(8), 8, 2, 3, 16, torch.float32, seed=14)
+    run_and_check(batch, 1)
+    run_and_check(batch, 2)
+
+
+@pytest.mark.parametrize("block_size", [1, 32])
+def test_smallest_and_mid_block_sizes(block_size: int) -> None:
+    batch = make_batch([(3, 40), (1, 33)], block_size, 1, 2, 16, torch.float32, seed=15)
+    run_and_check(batch, 2)
+
+
+def test_block_table_padded_with_minus_one() -> None:
+    """The engine pads each row of ``block_tables`` past the blocks in use with -1."""
+    batch = make_batch([(2, 9), (1, 25), (1, 3)], 8, 1, 2, 16, torch.float32, 16, pad_id=-1)
+    assert (batch["block_tables"] == -1).sum() >= 4
+    run_and_check(batch, 1)
+    run_and_check(batch, 2)
+
+
+@pytest.mark.parametrize("name", ["context_lens", "query_start_loc"])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_strided_length_tensors_are_read_by_value(name: str, num_splits: int) -> None:
+    """A column of a wider int tensor holds the right values but not back to back."""
+    batch = make_batch([(1, 5), (2, 20), (1, 9)], 8, 1, 2, 16, torch.float32, seed=17)
+    lens = batch[name]
+    strided = torch.stack([lens, torch.zeros_like(lens)], 1)[:, 0]
+    assert strided.stride() == (2,)
+    run_and_check({**batch, name: strided}, num_splits)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # numpy's -inf - -inf, 0 / 0
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_invalid_block_ids_on_the_unchecked_path(
+    monkeypatch: pytest.MonkeyPatch, num_splits: int
+) -> None:
+    """As on CUDA (no host checks): a query whose keys are all behind invalid block ids comes
+    out NaN, split or not; a query with some invalid blocks attends to the remaining keys."""
+    monkeypatch.setattr(pa, "_check_lengths", lambda *args: None)
+    batch = make_batch([(1, 5), (1, 20)], 8, 1, 2, 16, torch.float32, seed=18)
+    tables = batch["block_tables"].clone()
+    tables[0, 0] = -1  # sequence 0's only block
+    tables[1, 2] = batch["k_cache"].shape[0]  # keys 16..19 of sequence 1
+    out = paged_attention(**{**batch, "block_tables": tables}, scale=SCALE,
+                          num_splits=num_splits)  # fmt: skip
+    assert out[0].isnan().all()
+    # the decode query at position 19 then sees keys 0..15: context 16's decode query does
+    seen = reference({**batch, "context_lens": torch.tensor([5, 16], dtype=torch.int32)})
+    torch.testing.assert_close(out[1], seen[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_rows_past_q_are_never_written(monkeypatch: pytest.MonkeyPatch, num_splits: int) -> None:
+    """Unchecked (CUDA) path: ``query_start_loc`` claims one row more than ``q`` holds; the
+    row after ``out`` (here the next row of a larger buffer) must stay untouched."""
+    monkeypatch.setattr(pa, "_check_lengths", lambda *args: None)
+    batch = make_batch([(3, 10)], 8, 1, 2, 16, torch.float32, seed=19)
+    q = torch.cat([batch["q"], torch.zeros(1, *batch["q"].shape[1:])])
+    buffer = torch.full_like(q, 7.0)
+    batch["query_start_loc"] = torch.tensor([0, 4], dtype=torch.int32)
+    batch["context_lens"] = torch.tensor([11], dtype=torch.int32)
+    batch["max_query_len"], batch["max_context_len"] = 4, 11
+    paged_attention(**{**batch, "q": q[:3]}, scale=SCALE, out=buffer[:3], num_splits=num_splits)
+    assert (buffer[3] == 7.0).all()
+
+
+def test_bf16_on_cpu_is_refused() -> None:
+    """The interpreter cannot do bf16 arithmetic: it would return garbage, not an error."""
+    batch = make_batch([(2, 5)], 8, 1, 2, 16, torch.bfloat16, seed=20)
+    with pytest.raises(TypeError, match="bfloat16 on cpu"):
+        paged_attention(**batch, scale=SCALE)
 
 
 def test_triton_backend_matches_torch_backend_with_padding() -> None:

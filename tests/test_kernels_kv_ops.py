@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import block_ops
+from kernels import block_ops, kv_store
 from kernels.block_ops import copy_blocks, gather_blocks, scatter_blocks
 from kernels.kv_store import store_kv
 from kernels.reference import (
@@ -68,6 +68,40 @@ def test_store_kv_rejects_bad_shapes() -> None:
         store_kv(torch.zeros(3, 1, 16), torch.zeros(3, 1, 16), cache, cache, torch.zeros(3).long())
     with pytest.raises(ValueError, match="power of two"):
         store_kv(k, k, cache[:, :6], cache[:, :6], torch.zeros(3, dtype=torch.int64))
+
+
+def test_store_kv_refuses_a_slot_past_the_cache() -> None:
+    """With every layer's caches in one tensor, slot ``num_blocks * block_size`` would land
+    in the next layer's cache."""
+    caches = torch.zeros(4, 4, 8, 2, 16)  # K0, K1, V0, V1
+    k, slots = torch.ones(1, 2, 16), torch.tensor([32])
+    with pytest.raises(ValueError, match="slot 32 is out of range for a cache of 4 blocks x 8"):
+        store_kv(k, k, caches[0], caches[2], slots)
+    assert not caches.any()
+
+
+def test_store_kv_kernel_skips_slots_outside_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on CUDA (no host check): slots past the cache or below -1 are skipped, not written
+    into the next layer's cache."""
+    monkeypatch.setattr(kv_store, "_check_slots", lambda *args: None)
+    caches = torch.zeros(4, 4, 8, 2, 16)
+    k = rand((4, 2, 16), torch.float32, seed=7)
+    slots = torch.tensor([32, 5, -7, 40])
+    store_kv(k, k, caches[0], caches[2], slots)
+    ref = torch.zeros_like(caches)
+    ref[0].reshape(32, 2, 16)[5] = ref[2].reshape(32, 2, 16)[5] = k[1]
+    assert torch.equal(caches, ref)
+
+
+def test_store_kv_reads_strided_slot_mapping() -> None:
+    k, v = rand((3, 2, 16), torch.float32, 1), rand((3, 2, 16), torch.float32, 2)
+    slots = torch.tensor([[3, 0], [17, 0], [-1, 0]])[:, 0]
+    assert slots.stride() == (2,)
+    k_cache, v_cache = torch.zeros(4, 8, 2, 16), torch.zeros(4, 8, 2, 16)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    store_kv(k, v, k_cache, v_cache, slots)
+    ref_store_kv(k, v, k_ref, v_ref, slots)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
