@@ -20,7 +20,8 @@ def collect_summary(
 ) -> pd.DataFrame:
     """One row per job under ``sweep_dir`` that finished (a ``metrics.json``) or failed
     (an ``error.txt``): the job, its overrides as columns, the headline metrics, every
-    other metric, then ``status`` (ok, config error, failed) and ``error``. ``before``
+    other metric, then ``status`` (ok, config error, failed, interrupted: stopped by Ctrl-C,
+    SIGTERM or its launcher) and ``error``. ``before``
     (:func:`job_records` when the sweep started): only the jobs Hydra started since, whose
     ``.hydra/overrides.yaml`` is new or rewritten, so that a sweep rerun into the folder of
     a wider one leaves the other jobs out. Whole-number metrics stay whole numbers beside a
@@ -49,8 +50,10 @@ def collect_summary(
             text = (job_dir / "error.txt").read_text(errors="replace").strip()
             lines = text.splitlines() or [""]
             config_error = lines[0].startswith("error: ")
-            row["status"] = "config error" if config_error else "failed"
-            row["error"] = lines[0] if config_error else lines[-1]
+            stopped = lines[0].startswith("interrupted")  # Ctrl-C, SIGTERM, a dead worker
+            row["status"] = "config error" if config_error else (
+                "interrupted" if stopped else "failed")  # fmt: skip
+            row["error"] = lines[0] if config_error or stopped else lines[-1]
         rows.append(row)
     df = pd.DataFrame(rows)
     for column in df:
@@ -87,7 +90,11 @@ class SweepSummary(Callback):
         self.before: dict[Path, tuple[int, int]] | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.before = job_records(Path(config.hydra.sweep.dir))
+        from experiments.lib.sweep_stop import STARTED
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        self.before = job_records(sweep_dir)
+        STARTED.append((sweep_dir, self.before))  # for a sweep that stops early
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

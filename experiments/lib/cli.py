@@ -15,7 +15,9 @@ runs index and the end-of-run table.
 - Every run, finished or not, appends a row to ``index`` (``outputs/index.csv``).
 - In a ``-m`` sweep from the command line a failed job does not stop the others: its line
   is printed, ``summary.csv`` lists it with its status and error, and the process exits
-  after the sweep with status 2 when every failed job failed on its config, else 1.
+  after the sweep with status 2 when every failed job failed on its config, else 1. A
+  sweep stopped early keeps its summary and marks its jobs in flight
+  (:mod:`experiments.lib.sweep_stop`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from experiments.lib.signals import (
     interrupts_deferred,
     sigterm_as_interrupt,
 )
+from experiments.lib.sweep_stop import sweep_stops_kept
 from experiments.lib.table import result_table
 from sim.cost.profile import ProfileError
 from sim.driver import StepPriceError
@@ -342,7 +345,7 @@ def main_with_checks(
         # SIGTERM to the command ends it as Ctrl-C does here too, not only inside a job:
         # a launcher that runs jobs in worker processes (joblib) then stops its workers
         # instead of leaving them to finish and overwrite a later run's files
-        with sigterm_as_interrupt():
+        with sigterm_as_interrupt(), sweep_stops_kept(args):
             main()
     finally:
         _COMMAND_LINE = False

@@ -1,0 +1,92 @@
+"""A sweep its launcher stops (a worker process killed) or an interrupt stops keeps what it
+did: finished jobs, ``error.txt`` in the jobs it had in flight, ``summary.csv``, one line
+and status 1 for a dead worker instead of the launcher's traceback; rerunning into the same
+folder runs only what is left."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from experiments.lib import sweep_stop
+from experiments.lib.callbacks import job_records
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _sweep(sweep_dir: Path, *extra: str, die_at: str | None = None):
+    env = {**os.environ, "KVLAB_TEST_DIE_AT_SEED": die_at or ""}
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.simulate", "-m", "hydra/launcher=joblib",
+         "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep_dir}", "index=none",
+         "workload.num_requests=30", "seed=0,1,2", *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_a_dead_worker_stops_the_sweep_in_one_line_and_a_rerun_resumes(tmp_path: Path) -> None:
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    sweep_dir = tmp_path / "sweep"
+    killer = "+hydra.callbacks.die._target_=tests.sweep_killer.DieAtSeed"
+    proc = _sweep(sweep_dir, killer, die_at="1")
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "a worker process died" in errors[0]
+    assert f"hydra.sweep.dir={sweep_dir}" in errors[0]
+    summary = pd.read_csv(sweep_dir / "summary.csv").set_index("job")
+    assert summary.loc[1, "status"] == "interrupted"
+    assert "worker process died" in summary.loc[1, "error"]
+    assert set(summary["status"]) <= {"ok", "interrupted"}
+    started = {int(d.name) for d in job_records(sweep_dir)}
+    assert set(summary.index) == started  # every job that started is accounted for
+
+    again = _sweep(sweep_dir)
+    assert again.returncode == 0, again.stderr
+    summary = pd.read_csv(sweep_dir / "summary.csv").set_index("job")
+    assert set(summary.index) == {0, 1, 2} and set(summary["status"]) == {"ok"}
+
+
+def _job(sweep_dir: Path, name: str, finished: bool) -> Path:
+    job = sweep_dir / name
+    (job / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create([f"seed={name}"]), job / ".hydra" / "overrides.yaml")
+    if finished:
+        (job / "metrics.json").write_text('{"completed": 3}')
+    return job
+
+
+def test_an_interrupt_marks_the_jobs_in_flight_and_writes_the_summary(tmp_path: Path) -> None:
+    old = _job(tmp_path, "9", finished=False)  # another sweep's, before this one began
+
+    def main() -> None:
+        sweep_stop.STARTED.append((tmp_path, job_records(tmp_path)))
+        _job(tmp_path, "0", finished=True)
+        _job(tmp_path, "1", finished=False)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), sweep_stop.sweep_stops_kept(["-m", "seed=0,1"]):
+        main()
+    assert (
+        "interrupted (Ctrl-C) before this job finished"
+        in (tmp_path / "1" / "error.txt").read_text()
+    )
+    assert not (old / "error.txt").exists()
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert summary[["job", "status"]].values.tolist() == [[0, "ok"], [1, "interrupted"]]
+
+
+def test_other_errors_pass_through_and_a_single_run_is_left_alone(monkeypatch) -> None:
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(ValueError), sweep_stop.sweep_stops_kept(["-m", "seed=0,1"]):
+        assert os.environ["HYDRA_FULL_ERROR"] == "1"  # Hydra hands a launcher's error on
+        raise ValueError("x")
+    assert "HYDRA_FULL_ERROR" not in os.environ
+    with sweep_stop.sweep_stops_kept(["seed=0"]):
+        assert "HYDRA_FULL_ERROR" not in os.environ
