@@ -90,3 +90,12 @@ def test_other_errors_pass_through_and_a_single_run_is_left_alone(monkeypatch) -
     assert "HYDRA_FULL_ERROR" not in os.environ
     with sweep_stop.sweep_stops_kept(["seed=0"]):
         assert "HYDRA_FULL_ERROR" not in os.environ
+
+
+def test_a_compact_hydra_error_stays_one_line(monkeypatch, capsys) -> None:
+    from hydra.errors import MissingConfigException
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as stop, sweep_stop.sweep_stops_kept(["-m", "seed=0,1"]):
+        raise MissingConfigException("no config 'x'", "x")
+    assert stop.value.code == 1 and capsys.readouterr().err == "no config 'x'\n"

@@ -44,6 +44,7 @@ from experiments.lib.results import INDEX_COLUMNS, append_index, clear_run, writ
 from experiments.lib.signals import (
     TERMINATED_STATUS,
     Terminated,
+    full_errors_asked,
     interrupts_deferred,
     sigterm_as_interrupt,
 )
@@ -99,7 +100,7 @@ _COMMAND_LINE = False
 
 
 def full_errors() -> bool:
-    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+    return full_errors_asked()
 
 
 def report_config_error(err: ConfigError) -> None:

@@ -15,6 +15,15 @@ from contextlib import contextmanager
 from types import FrameType, TracebackType
 
 TERMINATED_STATUS = 143  # a shell's status for a command ended by SIGTERM
+# what the user set HYDRA_FULL_ERROR to, while a sweep sets it for Hydra
+# (experiments.lib.sweep_stop; worker processes inherit both)
+FULL_ERROR_ASKED = "KVLAB_HYDRA_FULL_ERROR_ASKED"
+
+
+def full_errors_asked() -> bool:
+    """Whether the user set ``HYDRA_FULL_ERROR=1`` (full tracebacks, config errors raised),
+    inside a sweep too, where kvlab sets the variable for Hydra."""
+    return os.environ.get(FULL_ERROR_ASKED, os.environ.get("HYDRA_FULL_ERROR")) == "1"
 
 
 class Terminated(KeyboardInterrupt):
@@ -76,7 +85,7 @@ def quiet_uncaught_interrupts() -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        if issubclass(kind, KeyboardInterrupt) and os.environ.get("HYDRA_FULL_ERROR") != "1":
+        if issubclass(kind, KeyboardInterrupt) and not full_errors_asked():
             how = "SIGTERM" if issubclass(kind, Terminated) else "Ctrl-C"
             print(f"interrupted ({how})", file=sys.stderr)
             if issubclass(kind, Terminated):  # Python would exit 1: SIGTERM's status instead

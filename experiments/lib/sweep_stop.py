@@ -19,8 +19,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from hydra.errors import CompactHydraException
+
 from experiments.lib.results import write_csv, write_error
-from experiments.lib.signals import Terminated
+from experiments.lib.signals import FULL_ERROR_ASKED, Terminated
 
 # (sweep folder, its job records when it started) of each sweep begun in this process:
 # appended by the SweepSummary callback, read when a sweep stops early
@@ -37,13 +39,16 @@ def is_sweep(argv: Sequence[str]) -> bool:
 @contextmanager
 def sweep_stops_kept(argv: Sequence[str]) -> Iterator[None]:
     """Around a Hydra entry point's call: see the module doc. Inside a sweep Hydra re-raises
-    a launcher's exception here (``HYDRA_FULL_ERROR`` is set for the block) instead of
-    printing it; one that is not a dead worker is re-raised unchanged."""
+    a launcher's exception here instead of printing it (``HYDRA_FULL_ERROR`` is set for the
+    block; kvlab reads the user's own setting through
+    :func:`experiments.lib.signals.full_errors_asked`); one that is not a dead worker, or
+    any with the user's ``HYDRA_FULL_ERROR=1``, is re-raised unchanged."""
     if not is_sweep(argv):
         yield
         return
     STARTED.clear()
     saved = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ[FULL_ERROR_ASKED] = saved or ""
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         yield
@@ -52,6 +57,11 @@ def sweep_stops_kept(argv: Sequence[str]) -> Iterator[None]:
         _keep(f"interrupted ({how})")
         raise
     except Exception as exc:
+        if saved == "1":
+            raise
+        if isinstance(exc, CompactHydraException):  # printed as Hydra would have
+            print(str(exc), file=sys.stderr)
+            raise SystemExit(LAUNCHER_FAILURE_STATUS) from None
         if type(exc).__name__ not in _DEAD_WORKER:
             raise
         codes = re.search(r"exit codes of the workers are (\{[^}]*\})", str(exc))
@@ -62,6 +72,7 @@ def sweep_stops_kept(argv: Sequence[str]) -> Iterator[None]:
               f"kept{where}", file=sys.stderr)  # fmt: skip
         raise SystemExit(LAUNCHER_FAILURE_STATUS) from None
     finally:
+        os.environ.pop(FULL_ERROR_ASKED, None)
         if saved is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
