@@ -52,6 +52,7 @@ import argparse
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -450,4 +451,10 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    from experiments.lib.sweep_stop import LauncherStopped
+
+    try:
+        main()
+    except LauncherStopped as stopped:  # --launcher: a worker died; the finished runs stay
+        print(f"error: {stopped}", file=sys.stderr)
+        sys.exit(1)

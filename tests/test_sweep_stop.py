@@ -24,7 +24,7 @@ def _sweep(sweep_dir: Path, *extra: str, die_at: str | None = None):
     env = {**os.environ, "KVLAB_TEST_DIE_AT_SEED": die_at or ""}
     return subprocess.run(
         [sys.executable, "-m", "experiments.simulate", "-m", "hydra/launcher=joblib",
-         "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep_dir}", "index=none",
+         "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep_dir}", "index=null",
          "workload.num_requests=30", "seed=0,1,2", *extra],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -99,3 +99,27 @@ def test_a_compact_hydra_error_stays_one_line(monkeypatch, capsys) -> None:
     with pytest.raises(SystemExit) as stop, sweep_stop.sweep_stops_kept(["-m", "seed=0,1"]):
         raise MissingConfigException("no config 'x'", "x")
     assert stop.value.code == 1 and capsys.readouterr().err == "no config 'x'\n"
+
+
+LAUNCH = """
+import sys
+from pathlib import Path
+from experiments.lib.jobs import Job, launch
+from experiments.lib.sweep_stop import LauncherStopped
+die = "+hydra.callbacks.die._target_=tests.sweep_killer.DieAtSeed"
+jobs = [Job(f"s{s}", ("workload.num_requests=20", f"seed={s}", "index=null")) for s in (0, 1)]
+try:
+    launch(jobs, "joblib", Path(sys.argv[1]), ["hydra.launcher.n_jobs=2", die])
+except LauncherStopped as stopped:
+    print(stopped)
+    sys.exit(3)
+"""
+
+
+def test_launch_turns_a_dead_worker_into_launcher_stopped(tmp_path: Path) -> None:
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    env = {**os.environ, "KVLAB_TEST_DIE_AT_SEED": "1"}
+    done = subprocess.run([sys.executable, "-c", LAUNCH, str(tmp_path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert "a worker process died" in done.stdout and "run the same command again" in done.stdout

@@ -139,7 +139,8 @@ def launch(
     """Run ``jobs`` on ``launcher`` (a ``hydra/launcher`` option) into
     ``sweep_dir/<label>/``; returns their metrics in order. Finished jobs are read back,
     not run. Each job's index row goes to ``sweep_dir/index.csv`` unless the job gives
-    ``index=``. Raises RuntimeError naming the extra when the launcher is not installed."""
+    ``index=``. Raises RuntimeError naming the extra when the launcher is not installed,
+    :class:`experiments.lib.sweep_stop.LauncherStopped` when a worker process died."""
     from hydra import initialize_config_dir
     from hydra._internal.callbacks import Callbacks
     from hydra.core.global_hydra import GlobalHydra
@@ -148,6 +149,7 @@ def launch(
     from hydra.types import HydraContext, RunMode
 
     from experiments.lib.results import finished_metrics
+    from experiments.lib.sweep_stop import LauncherStopped, dead_worker
     from experiments.simulate import simulate_job
 
     problem = missing_launcher([f"hydra/launcher={launcher}", *launcher_overrides])
@@ -181,10 +183,20 @@ def launch(
             runner = Plugins.instance().instantiate_launcher(
                 hydra_context=context, task_function=simulate_job, config=cfg
             )
-            returns = runner.launch(
-                [[*jobs[i].overrides, f"hydra.sweep.subdir={jobs[i].label}"] for i in pending],
-                initial_job_idx=0,
-            )
+            try:
+                returns = runner.launch(
+                    [[*jobs[i].overrides, f"hydra.sweep.subdir={jobs[i].label}"]
+                     for i in pending],
+                    initial_job_idx=0,
+                )  # fmt: skip
+            except Exception as exc:
+                why = dead_worker(exc)
+                if why is None:
+                    raise
+                raise LauncherStopped(
+                    f"{why} and the {launcher} launcher stopped; the runs finished so far "
+                    f"are kept under {sweep_dir}: run the same command again to resume"
+                ) from exc
         for i, ret in zip(pending, returns, strict=True):
             results[i] = dict(ret.return_value)  # re-raises a failed job's exception
     return [r for r in results if r is not None]

@@ -31,6 +31,21 @@ LAUNCHER_FAILURE_STATUS = 1
 _DEAD_WORKER = ("TerminatedWorkerError", "BrokenProcessPool")
 
 
+class LauncherStopped(RuntimeError):
+    """A launcher stopped a batch of jobs because a worker process died (its message is
+    one line saying so)."""
+
+
+def dead_worker(exc: BaseException) -> str | None:
+    """Why, in words, when ``exc`` is a launcher's error for a worker process that died
+    (joblib/loky: killed, e.g. for memory, or crashed); None for any other error."""
+    if type(exc).__name__ not in _DEAD_WORKER:
+        return None
+    codes = re.search(r"exit codes of the workers are (\{[^}]*\})", str(exc))
+    return (f"a worker process died ({f'exit codes {codes.group(1)}: ' if codes else ''}"
+            "killed, e.g. for memory, or crashed)")  # fmt: skip
+
+
 def is_sweep(argv: Sequence[str]) -> bool:
     """Whether the command line asks Hydra for a multirun."""
     return any(a in ("-m", "--multirun") for a in argv)
@@ -62,11 +77,9 @@ def sweep_stops_kept(argv: Sequence[str]) -> Iterator[None]:
         if isinstance(exc, CompactHydraException):  # printed as Hydra would have
             print(str(exc), file=sys.stderr)
             raise SystemExit(LAUNCHER_FAILURE_STATUS) from None
-        if type(exc).__name__ not in _DEAD_WORKER:
+        why = dead_worker(exc)
+        if why is None:
             raise
-        codes = re.search(r"exit codes of the workers are (\{[^}]*\})", str(exc))
-        why = f"a worker process died ({f'exit codes {codes.group(1)}: ' if codes else ''}"
-        why += "killed, e.g. for memory, or crashed)"
         where = _keep(f"interrupted: the launcher stopped the sweep, as {why}")
         print(f"error: {why} and the launcher stopped the sweep; finished jobs are "
               f"kept{where}", file=sys.stderr)  # fmt: skip
