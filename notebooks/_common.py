@@ -4,8 +4,9 @@ missing or malformed, reading result tables and run metrics, and saving a figure
 Notebooks read result files only; they never run a simulation.
 
 A result file that is missing raises :class:`MissingResultsError`; one that is cut short or
-lacks what the notebook reads raises a ``ConfigError`` whose one line names the file (and
-the line, the header being line 1, and the column). Run as a script
+lacks what the notebook reads (a column, or a row the figure draws: :func:`require_rows`)
+raises a ``ConfigError`` whose one line names the file (and the line, the header being
+line 1, and the column). Run as a script
 (``python notebooks/<nb>.py``), either ends the notebook with that line on stderr and exit
 status 2, no traceback (``HYDRA_FULL_ERROR=1`` keeps the traceback); in a kernel it shows in
 its cell.
@@ -41,6 +42,7 @@ __all__ = [
     "read_metrics",
     "read_result",
     "require",
+    "require_rows",
     "results_dir",
     "save",
 ]
@@ -134,6 +136,24 @@ def read_result(
                 fail(row, column, f"empty or NaN{on}; a finite number is needed")
             fail(row, column, f"not finite{on}", value)
     return table
+
+
+def require_rows(
+    path: Path, table: pd.DataFrame, keys: pd.DataFrame | Mapping[str, Sequence[Any]], why: str
+) -> None:
+    """Raise a ``ConfigError`` naming ``path`` (the file ``table`` was read from), the first
+    key that no row of ``table`` holds, and ``why`` the notebook needs it. ``keys``: a frame
+    whose rows are the keys (its columns are columns of ``table``), or column -> values,
+    every combination of which is a key. Values compare as text."""
+    if isinstance(keys, Mapping):
+        product = pd.MultiIndex.from_product(list(keys.values()), names=list(keys))
+        keys = product.to_frame(index=False)
+    columns = list(keys.columns)
+    held = set(table[columns].astype(str).itertuples(index=False, name=None))
+    for key in keys[columns].astype(str).itertuples(index=False, name=None):
+        if key not in held:
+            named = ", ".join(f"{c} {v}" for c, v in zip(columns, key, strict=True))
+            raise ConfigError(str(path), f"no row for {named}; {why}")
 
 
 def read_metrics(

@@ -70,6 +70,7 @@ STEP_NUMBERS = (
     "start_s",
     "duration_s",
     "num_waiting",
+    "num_swapped",
     "kv_free",
     "kv_token_states",
     "kv_reserved",

@@ -24,10 +24,9 @@
 # `results/reproduce`).
 
 # %%
-import pandas as pd
-from _common import read_result, require, results_dir, save
+from _common import read_result, require, require_rows, results_dir, save
 
-from experiments.report.fig16_prefix import PAPER_RATIO, draw_fig16
+from experiments.report.fig16_prefix import PAPER_RATIO, SYSTEMS, draw_fig16, ratio_table
 
 RESULTS = results_dir()
 (cap_csv,) = require(RESULTS, "fig16_capacity.csv")
@@ -35,17 +34,22 @@ cap = read_result(
     cap_csv,
     text=("setting", "system"),
     choices={"setting": PAPER_RATIO},
-    numbers=("max_rate",),
-    maybe=("vllm_ratio",),
+    numbers=("max_rate", "rate_lo", "rate_hi"),
+    maybe=("first_failing_rate",),
+    flags=("rate_open",),
 )
-oracle = cap[cap["system"] == "orca_oracle"].set_index("setting")
-ratios = oracle[["vllm_ratio"]].copy()
-# a ratio that is only a bound (capacity_table's vllm_ratio_bound) has no gap to the paper
-bound = oracle.get("vllm_ratio_bound", pd.Series("exact", index=oracle.index))
-ratios["bound"] = bound
-ratios["paper_ratio"] = [PAPER_RATIO[s] for s in ratios.index]
-ratios["gap"] = (ratios["vllm_ratio"] - ratios["paper_ratio"]).where(bound == "exact")
-ratios.round(2)
+require_rows(cap_csv, cap, {"setting": list(PAPER_RATIO), "system": SYSTEMS},
+             "the figure has a bar for every setting and system")  # fmt: skip
+
+# %% [markdown]
+# The report's table (`experiments.report.fig16_prefix.ratio_table`): each system's
+# sustained rate, vLLM ÷ Orca (Oracle), the paper's ratio and the gap to it
+# (`bound_text.gap_text`: "not decided" where the rates tried allow a ratio on either side
+# of the paper's); a rate or ratio that is only a bound is marked as in the report.
+
+# %%
+ratios = ratio_table(cap)
+ratios
 
 # %% [markdown]
 # The report's figure (`experiments.report.fig16_prefix.draw_fig16`).

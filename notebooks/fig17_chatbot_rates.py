@@ -24,14 +24,16 @@
 # `results/reproduce`).
 
 # %%
-from _common import read_result, require, results_dir, save
+from _common import read_result, require, require_rows, results_dir, save
 
-from experiments.report.fig17_chatbot import PAPER_RATIO, draw_fig17
+from experiments.report.fig17_chatbot import PAPER_RATIO, SYSTEMS, draw_fig17
 
 RESULTS = results_dir()
 runs_csv, cap_csv = require(RESULTS, "fig17_chatbot.csv", "fig17_capacity.csv")
 runs = read_result(runs_csv, text=("system",), numbers=("rate",), passing=("normalized_latency",))
 cap = read_result(cap_csv, text=("system",), numbers=("max_rate",), maybe=("vllm_ratio",))
+for path, table in ((runs_csv, runs), (cap_csv, cap)):
+    require_rows(path, table, {"system": SYSTEMS}, "the figure has a curve for every system")
 cap = cap.set_index("system")
 cap["paper_ratio"] = [None if s == "vllm" else PAPER_RATIO for s in cap.index]
 cap.round(2)

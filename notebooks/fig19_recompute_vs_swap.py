@@ -23,7 +23,7 @@
 # experiments.reproduce`. Reads `$KVLAB_RESULTS` (default `results/reproduce`).
 
 # %%
-from _common import read_result, require, results_dir, save
+from _common import read_result, require, require_rows, results_dir, save
 
 from experiments.report.clock import draw_fig19
 
@@ -34,6 +34,8 @@ runs = read_result(
     text=("study", "workload", "preemption_mode"),
     numbers=("rate", "block_size", "normalized_latency"),
 )
+require_rows(runs_csv, runs, {"preemption_mode": ("recompute", "swap")},
+             "Fig. 19b sets swap beside recompute")  # fmt: skip
 price = read_result(price_csv, numbers=("block_size", "blocks", "swap_total_ms", "recompute_ms"))
 price["recompute_over_swap"] = price["recompute_ms"] / price["swap_total_ms"]
 price.round(3)

@@ -75,6 +75,7 @@ from experiments.report.rate_search import (
     capacity_table,
     curve_table,
 )
+from experiments.report.tables import markdown_rows
 
 SYSTEMS = ("fastertransformer", "orca_max", "orca_pow2", "orca_oracle", "vllm")
 MAX_BACKLOG = 0.1
@@ -154,11 +155,12 @@ def write(
     clocks: Mapping[str, str] | None = None,
 ) -> str:  # fmt: skip
     """Per panel ``fig12<letter>_<model>_<workload>.csv`` (every run) and ``.png/.pdf``;
-    ``fig12_capacity.csv`` (every panel's sustainable rates), ``fig12_curves.csv`` (mean,
+    ``fig12_capacity.csv`` (every panel's sustainable rates and ``threshold``, the
+    normalized-latency bound the runs were judged by), ``fig12_curves.csv`` (mean,
     min and max over seeds per rate) and ``fig12_all_panels.png/.pdf``;
     returns the report section (``clocks``: :func:`section`)."""
     runs = pd.DataFrame(rows)
-    cap = capacity(rows)
+    cap = capacity(rows, threshold)
     curves = panel_curves(rows)
     write_csv(out / "fig12_capacity.csv", cap)
     write_csv(out / "fig12_curves.csv", curves)
@@ -190,14 +192,49 @@ def panel_curves(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return curves
 
 
-def capacity(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def capacity(rows: Sequence[dict[str, Any]], threshold: float | None = None) -> pd.DataFrame:
     """``fig12_capacity.csv``'s table: ``rate_search.capacity_table`` (with its bound
-    columns) and :func:`_at_rate`'s columns per (panel, system), ``panel`` first."""
+    columns) and :func:`_at_rate`'s columns per (panel, system), ``panel`` first; last, a
+    ``threshold`` column holding ``threshold`` (s/token, the ``--threshold`` the runs were
+    judged by) on every row, unless it is None."""
     runs = pd.DataFrame(rows)
     cap = pd.DataFrame(capacity_table(rows, "vllm"))
     cap = cap.merge(_at_rate(runs, cap), on=["setting", "system"], how="left")
     cap.insert(0, "panel", cap.pop("setting"))
+    if threshold is not None:
+        cap["threshold"] = threshold
     return cap
+
+
+def recorded_threshold(cap: pd.DataFrame, path: Path) -> float:
+    """The threshold (s/token) the ``fig12_capacity.csv`` at ``path`` (read as ``cap``)
+    records: its ``threshold`` column, one number > 0 on every row. A ConfigError naming
+    ``path`` when the column is missing (a file written before it existed: the line names
+    the command that rebuilds it) or holds anything else."""
+    if "threshold" not in cap.columns:
+        fix = f"python -m experiments.report.fig12_rates {path.parent} --write-capacity"
+        raise ConfigError(str(path), "no column threshold (written before reproduce recorded "
+                          f"its --threshold): rebuild it with `{fix} --threshold T`, T the "
+                          "run's --threshold")  # fmt: skip
+    values = set(pd.to_numeric(cap["threshold"], errors="coerce"))
+    value = values.pop() if len(values) == 1 else math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(str(path), "column threshold: not one number > 0 on every row")
+    return float(value)
+
+
+def check_curves(curves: pd.DataFrame, threshold: float, path: Path) -> None:
+    """A ConfigError naming ``path`` (``fig12_curves.csv``, read as ``curves``) and its
+    first row that passes with a normalized latency (max over seeds) above ``threshold``:
+    a run that passes met the threshold, so the curves and the capacity table that records
+    ``threshold`` come from different runs."""
+    passing = curves["passes"].astype(str) == "True"
+    over = curves.index[passing & (curves["normalized_latency_max"] > threshold)]
+    for row in over[:1]:
+        raise ConfigError(str(path), f"line {row + 2} passes with normalized_latency_max "
+                          f"{curves.loc[row, 'normalized_latency_max']:g}, above the threshold "
+                          f"{threshold:g} s/token that fig12_capacity.csv records: the two "
+                          "files come from different runs")  # fmt: skip
 
 
 # The columns of a per-run CSV that the capacities, curves and section read.
@@ -337,22 +374,41 @@ def section(
             f"0–{p.axis:g} req/s",
             "",
             *_clock_lines(clocks, letter),
-            "| system | sustained req/s [interval] | requests at it | mean E2E (s) | backlog "
-            "| vLLM / system [interval] | paper |",
-            "|---|---|---|---|---|---|---|",
+            *markdown_rows(panel_table(p, c)),
         ]
-        for system in [s for s in SYSTEMS if s in c.index]:
-            r = c.loc[system]
-            lines.append(
-                f"| {SYSTEM_LABELS[system]} | {_rate_cell(r)} "
-                f"| {fmt(r['requests_at_rate'], '.0f')} | {fmt(r['mean_e2el_s_at_rate'], '.1f')} "
-                f"| {_backlog(r)} | {ratio_cell(c, system)} | {_paper_ratio(p, system)} |"
-            )
         gap = gap_line(p, c)
         gaps.append(gap)
         lines += ["", gap, ""]
     lines += _narrowing(cap)
     return "\n".join(lines) + "\n"
+
+
+TABLE_COLUMNS = ("sustained req/s [interval]", "requests at it", "mean E2E (s)", "backlog",
+                 "vLLM / system [interval]", "paper")  # fmt: skip
+
+
+def panel_table(panel: Panel, c: pd.DataFrame) -> pd.DataFrame:
+    """The report's table of one panel: per system of ``c`` (the panel's :func:`capacity`
+    rows indexed by system; in :data:`SYSTEMS`' order), indexed by its label, the text
+    cells of :data:`TABLE_COLUMNS`, rates and ratios that are only bounds marked
+    (:func:`_rate_cell`, ``bound_text.ratio_cell``)."""
+    rows = {}
+    for system in [s for s in SYSTEMS if s in c.index]:
+        r = c.loc[system]
+        rows[SYSTEM_LABELS[system]] = [
+            _rate_cell(r), fmt(r["requests_at_rate"], ".0f"), fmt(r["mean_e2el_s_at_rate"], ".1f"),
+            _backlog(r), ratio_cell(c, system), _paper_ratio(panel, system),
+        ]  # fmt: skip
+    table = pd.DataFrame.from_dict(rows, orient="index", columns=list(TABLE_COLUMNS))
+    return table.rename_axis("system")
+
+
+def capacity_view(cap: pd.DataFrame) -> pd.DataFrame:
+    """Every panel's :func:`panel_table` of ``cap`` (:func:`capacity`), in panel order,
+    indexed by (panel letter, system label)."""
+    letters = [p.letter for p in PANELS if p.letter in set(cap["panel"])]
+    return pd.concat({x: panel_table(BY_LETTER[x], cap[cap["panel"] == x].set_index("system"))
+                      for x in letters}, names=["panel"])  # fmt: skip
 
 
 def _clock_lines(clocks: Mapping[str, str] | None, letter: str) -> list[str]:
@@ -502,7 +558,8 @@ def _narrowing(cap: pd.DataFrame) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> str:
     """Print (and return) the report's Fig. 12 section rebuilt from the per-run CSVs in a
     finished run's directory, without running a simulation; ``--write-capacity`` also
-    rewrites that directory's ``fig12_capacity.csv`` with :func:`capacity`'s columns,
+    rewrites that directory's ``fig12_capacity.csv`` with :func:`capacity`'s columns (its
+    ``threshold`` column from ``--threshold``),
     ``--write-figures`` its figures (:func:`draw`) and ``fig12_curves.csv``."""
     parser = OneLineParser(prog="python -m experiments.report.fig12_rates")
     parser.add_argument("directory", type=Path, help="a run's output (fig12<panel>_*.csv)")
@@ -514,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     if not (math.isfinite(args.threshold) and args.threshold > 0):
         raise ConfigError("--threshold", "not a number > 0", args.threshold)
     rows = read_runs(args.directory)
-    cap = capacity(rows)
+    cap = capacity(rows, args.threshold)
     if args.write_capacity:
         write_csv(args.directory / "fig12_capacity.csv", cap)
     if args.write_figures:

@@ -45,6 +45,7 @@ from experiments.report.figures import (
 )
 from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
+from experiments.report.tables import markdown_rows
 
 SETTINGS = (("n", 2), ("n", 4), ("n", 6), ("beam", 2), ("beam", 4), ("beam", 6))
 SYSTEMS = ("orca_oracle", "vllm")
@@ -108,25 +109,32 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
         "over seeds of each seed's own sustained rate (`experiments.report.rate_search`). "
         "The paper prints only the beam-width-6 ratio.",
         "",
-        "| setting | Orca (Oracle) req/s [interval] | vLLM req/s [interval] "
-        "| vLLM ÷ Orca (Oracle) [interval] | paper |",
-        "|---|---|---|---|---|",
+        *markdown_rows(ratio_table(cap)),
     ]
-    for setting in cap["setting"].unique():
-        c = cap[cap["setting"] == setting].set_index("system")
-        paper = PAPER_RATIO.get(setting)
-        lines.append(
-            f"| {setting} | {rate_text(c.loc['orca_oracle'], interval=True)} "
-            f"| {rate_text(c.loc['vllm'], interval=True)} "
-            f"| {ratio_cell(c, 'orca_oracle')} "
-            f"| {f'{paper:.1f}×' if paper else '—'} |"
-        )
     c6 = cap[cap["setting"] == "beam 6"].set_index("system")
     if {"vllm", "orca_oracle"} <= set(c6.index):
         lines += ["", _gap_w6(c6)]
     if has_bounds(cap):
         lines += ["", BOUNDS_NOTE]
     return "\n".join(lines) + "\n"
+
+
+def ratio_table(cap: pd.DataFrame) -> pd.DataFrame:
+    """The report's table: per setting of ``cap`` (:func:`capacity_table` rows, both
+    :data:`SYSTEMS` for each setting), in its order, the text cells of each system's rate
+    with its seed interval, vLLM ÷ Orca (Oracle) with its interval, and the paper's ratio;
+    rates and ratios that are only bounds marked (``bound_text.rate_text``,
+    ``bound_text.ratio_cell``)."""
+    rows = {}
+    for setting in cap["setting"].unique():
+        c = cap[cap["setting"] == setting].set_index("system")
+        paper = PAPER_RATIO.get(setting)
+        rows[setting] = [rate_text(c.loc["orca_oracle"], interval=True),
+                         rate_text(c.loc["vllm"], interval=True), ratio_cell(c, "orca_oracle"),
+                         f"{paper:.1f}×" if paper else "—"]  # fmt: skip
+    columns = ["Orca (Oracle) req/s [interval]", "vLLM req/s [interval]",
+               "vLLM ÷ Orca (Oracle) [interval]", "paper"]  # fmt: skip
+    return pd.DataFrame.from_dict(rows, orient="index", columns=columns).rename_axis("setting")
 
 
 def _seeds(runs: pd.DataFrame) -> int:

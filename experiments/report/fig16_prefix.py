@@ -40,6 +40,7 @@ from experiments.report.figures import (
 )
 from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
+from experiments.report.tables import markdown_rows
 
 SETTINGS = (("1-shot", 80), ("5-shot", 341))
 SYSTEMS = ("orca_oracle", "vllm")
@@ -85,25 +86,32 @@ def write(rows: Sequence[dict[str, Any]], out: Path, plt: Any) -> str:
     fig = draw_fig16(cap)
     save(fig, out, "fig16_prefix")
     plt.close(fig)
-    names = [n for n, _ in SETTINGS]
     lines = [
         "## Fig. 16: shared prefix (LLaMA-13B, translation with a few-shot prefix)",
         "",
         setup_line(),
         "",
-        "| prefix | Orca (Oracle) req/s | vLLM req/s | vLLM ÷ Orca (Oracle) | paper | gap |",
-        "|---|---|---|---|---|---|",
+        *markdown_rows(ratio_table(cap)),
     ]
-    for name in names:
-        c = cap[cap["setting"] == name].set_index("system")
-        gap = gap_text(c, "orca_oracle", PAPER_RATIO[name])
-        lines.append(
-            f"| {name} | {rate_text(c.loc['orca_oracle'])} | {rate_text(c.loc['vllm'])} "
-            f"| {ratio_text(c, 'orca_oracle')} | {PAPER_RATIO[name]:.2f}× | {gap} |"
-        )
     if has_bounds(cap):
         lines += ["", BOUNDS_NOTE]
     return "\n".join(lines) + "\n"
+
+
+def ratio_table(cap: pd.DataFrame) -> pd.DataFrame:
+    """The report's table: per prefix setting (:data:`SETTINGS`' order; ``cap``:
+    :func:`capacity_table` rows, both :data:`SYSTEMS` for each), the text cells of each
+    system's rate, vLLM ÷ Orca (Oracle), the paper's ratio and kvlab's gap to it; rates and
+    ratios that are only bounds marked, and the gap a number only where the rates tried
+    decide it (``bound_text.rate_text``, ``ratio_text``, ``gap_text``)."""
+    rows = {}
+    for name, _ in SETTINGS:
+        c = cap[cap["setting"] == name].set_index("system")
+        rows[name] = [rate_text(c.loc["orca_oracle"]), rate_text(c.loc["vllm"]),
+                      ratio_text(c, "orca_oracle"), f"{PAPER_RATIO[name]:.2f}×",
+                      gap_text(c, "orca_oracle", PAPER_RATIO[name])]  # fmt: skip
+    columns = ["Orca (Oracle) req/s", "vLLM req/s", "vLLM ÷ Orca (Oracle)", "paper", "gap"]
+    return pd.DataFrame.from_dict(rows, orient="index", columns=columns).rename_axis("prefix")
 
 
 def setup_line() -> str:

@@ -190,8 +190,9 @@ def fig12_panels(
 ) -> Any:  # fmt: skip
     """Fig. 12, one axis per panel (``panels``: (panel key, title, end of the paper's
     x-axis)), laid out as the paper's (ShareGPT above Alpaca when all six are drawn).
-    Per system: normalized latency's mean over seeds against the rate (line), shaded between
-    the seeds' min and max, the threshold (dotted), and the sustainable rate as a dot with
+    Per system: normalized latency's mean over seeds against the rate (line; a rate that
+    passed, ``passes``, a filled dot, one that failed a hollow square), shaded between the
+    seeds' min and max, the threshold (dotted), and the sustainable rate as a dot with
     its interval over seeds as a horizontal bar on the threshold line; the paper's axis end
     is a grey vertical line. ``curves``: ``rate_search.curve_table`` with a ``panel`` column;
     ``capacity``: ``rate_search.capacity_table`` likewise."""
@@ -208,8 +209,12 @@ def fig12_panels(
             label = SYSTEM_LABELS.get(system, system)
             if system in cap.index and not cap.loc[system, "max_rate"] > 0:
                 label += " (no rate passed)"  # its points may all lie above the y-limit
+            passed = (df["passes"].astype(str) == "True").tolist()
             ax.plot(df["rate"], df["normalized_latency_mean"], marker="o", ms=2.5, lw=1,
-                    color=color, label=label)  # fmt: skip
+                    markevery=passed, color=color, label=label)  # fmt: skip
+            failed = df[[not p for p in passed]]
+            ax.plot(failed["rate"], failed["normalized_latency_mean"], ls="none", marker="s",
+                    ms=3, mfc="none", mew=0.7, color=color)  # fmt: skip
             ax.fill_between(df["rate"], df["normalized_latency_min"],
                             df["normalized_latency_max"], color=color, alpha=0.2, lw=0)  # fmt: skip
             if system in cap.index and cap.loc[system, "max_rate"] > 0:
@@ -237,7 +242,8 @@ def fig12_panels(
     title = (f"Fig. 12 (simulated): mean over seeds, shaded min–max{sep}threshold "
              f"{threshold:g} s/token; grey line: end of the paper's axis\n"
              "≥ rate, → interval's top: lower bounds (no rate tried failed)"
-             f"{sep}◂: no rate passed, below the lowest tried")  # fmt: skip
+             f"{sep}◂: no rate passed, below the lowest tried{sep}"
+             "hollow square: a rate that failed (filled dot: passed)")  # fmt: skip
     fig.suptitle(title, fontsize=9)
     return fig
 
