@@ -16,15 +16,22 @@ fastertransformer   request-level               contiguous, reserve max_model_le
 
 ``build_scheduler`` is what both the simulator and the engine call, so the two bodies
 run the very same policy objects.
+
+A policy of one's own is a plugin: a module that subclasses :class:`BaseScheduler` (a
+``schedule``; queues, admission and ``update`` are shared) and calls
+:func:`register_system` with a :class:`SystemSpec` pairing it with paged or contiguous KV.
+``system.plugin=<module>`` (:func:`load_plugin`) imports it, and ``system.name`` picks the
+registered name, in the simulator and the engine alike.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
 from core.kv.base import KVCacheManager
-from core.kv.contiguous import ContiguousKVCacheManager
+from core.kv.contiguous import POLICIES, ContiguousKVCacheManager
 from core.kv.paged import PagedKVCacheManager
 from core.sched.base import BaseScheduler, SchedulerConfig
 from core.sched.fastertransformer import FasterTransformerScheduler
@@ -62,6 +69,59 @@ SYSTEMS: dict[str, SystemSpec] = {
         "fastertransformer", FasterTransformerScheduler, "contiguous", "max"
     ),
 }
+
+
+BUILT_IN = frozenset(SYSTEMS)
+
+
+def register_system(spec: SystemSpec) -> None:
+    """Add ``spec`` to :data:`SYSTEMS` (a plugin's policy), so every name lookup finds it.
+    Registering the same spec again is a no-op. Raises :class:`SystemConfigError` for a
+    name a built-in or another spec holds, a ``kv`` other than ``paged`` / ``contiguous``,
+    a scheduler that is not a :class:`BaseScheduler` subclass, or a ``reservation`` that is
+    not one of the contiguous manager's policies (none for paged), and for paged-only
+    options on a contiguous spec."""
+    held = SYSTEMS.get(spec.name)
+    if held == spec:
+        return
+    if held is not None:
+        whose = "a built-in system" if spec.name in BUILT_IN else "another registered system"
+        raise SystemConfigError(f"system name {spec.name!r} is taken by {whose}")
+    if not (isinstance(spec.scheduler, type) and issubclass(spec.scheduler, BaseScheduler)):
+        raise SystemConfigError(
+            f"system {spec.name!r}: scheduler {spec.scheduler!r} is not a BaseScheduler subclass"
+        )
+    if spec.kv == "paged":
+        if spec.reservation is not None:
+            raise SystemConfigError(f"system {spec.name!r}: a paged system takes no reservation")
+    elif spec.kv == "contiguous":
+        if (spec.reservation or "max") not in POLICIES:
+            raise SystemConfigError(
+                f"system {spec.name!r}: reservation {spec.reservation!r} is not one of "
+                f"{', '.join(POLICIES)}"
+            )
+        if spec.cache_scheduled_blocks or spec.allocate_per_chunk:
+            raise SystemConfigError(f"system {spec.name!r}: block options need paged KV")
+    else:
+        raise SystemConfigError(
+            f"system {spec.name!r}: kv {spec.kv!r} is not 'paged' or 'contiguous'"
+        )
+    SYSTEMS[spec.name] = spec
+
+
+def load_plugin(module: str | None) -> None:
+    """Import ``module`` (a dotted name importable from ``sys.path``; None: nothing), which
+    registers its systems (:func:`register_system`) as it is imported. Raises
+    :class:`SystemConfigError` naming the module when it cannot be imported or its
+    registration fails."""
+    if not module:
+        return
+    try:
+        importlib.import_module(module)
+    except SystemConfigError as exc:
+        raise SystemConfigError(f"plugin {module!r}: {exc}") from None
+    except ImportError as exc:
+        raise SystemConfigError(f"plugin {module!r} cannot be imported: {exc}") from None
 
 
 def get_system(name: str) -> SystemSpec:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +142,11 @@ def is_bool(v: Any) -> bool:
     return isinstance(v, bool)
 
 
+def module_name(v: Any) -> bool:
+    """A dotted Python module name (``mypolicies`` or ``lab.policies.lifo``)."""
+    return isinstance(v, str) and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", v) is not None
+
+
 @dataclass(frozen=True)
 class Rule:
     """``key`` must satisfy ``ok`` in the apps named in ``apps``."""
@@ -218,6 +224,7 @@ RULES: tuple[Rule, ...] = (
     Rule("system.chunked_prefill", is_bool, "true or false", "not a boolean"),
     Rule("system.watermark", fraction_low, "a fraction in [0, 1)", "not a fraction"),
     Rule("system.enable_prefix_caching", is_bool, "true or false", "not a boolean"),
+    Rule("system.plugin", module_name, "a module name (a.b.c) or null", "not a module name"),
     Rule("system.non_torch_gb", non_negative, "a number >= 0 (GiB per GPU)", "not a size"),
     Rule(
         "system.cuda_graph_max_size",
@@ -360,9 +367,9 @@ def run_gpu(hardware: Mapping[str, Any] | None) -> Any:
 
 
 def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
-    """The model and hardware resolve (a catalog name, or numbers of their own) and the
-    system name exists."""
-    from core.systems import SYSTEMS
+    """The model and hardware resolve (a catalog name, or numbers of their own), the
+    system's plugin imports (``system.plugin``) and the system name exists."""
+    from core.systems import SYSTEMS, SystemConfigError, load_plugin
     from sim.catalog import model_from_config, model_key
 
     model = c.get("model") or {}
@@ -380,6 +387,10 @@ def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     hardware = c.get("hardware") or {}
     if app == "simulate" or hardware.get("name") is not None:
         run_gpu(hardware)
+    try:
+        load_plugin(lookup(c, "system.plugin") or None)
+    except SystemConfigError as exc:
+        raise ConfigError("system.plugin", str(exc)) from None
     system = lookup(c, "system.name")
     if system not in SYSTEMS:
         raise ConfigError("system", "unknown system", system, "one of " + ", ".join(SYSTEMS))

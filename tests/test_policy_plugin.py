@@ -1,0 +1,82 @@
+"""A policy of one's own, as a plugin (``core.systems.register_system``, ``system.plugin``):
+it runs in the simulator and the engine alike, its registration is checked, and a plugin
+that cannot be loaded is one line naming ``system.plugin``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.sched.orca import OrcaScheduler
+from core.sched.vllm import VLLMScheduler
+from core.systems import SYSTEMS, SystemConfigError, SystemSpec, register_system
+from experiments import serve, simulate
+from experiments.reproduce import compose_config
+from tests.test_config_errors import SERVE_SMALL, SIM_SMALL, run_cli
+
+PLUGIN = ["system.name=vllm_spf", "system.plugin=tests.policy_plugin"]
+
+
+def test_a_plugin_policy_runs_in_the_simulator_and_changes_the_order() -> None:
+    # everyone arrives at once into a cache that holds a fraction of them: shortest prompt
+    # first lowers the mean time to first token, as it does on any such queue
+    base = ["system=vllm", "workload.arrival=all_at_once", "workload.num_requests=200",
+            "kv_cache_gb=2"]  # fmt: skip
+    fcfs = simulate.run(compose_config(base))
+    spf = simulate.run(compose_config([*base, *PLUGIN]))
+    assert fcfs["completed"] == spf["completed"] == 200
+    assert spf["mean_ttft_ms"] < fcfs["mean_ttft_ms"]
+
+
+def test_the_same_plugin_runs_in_the_engine(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    status, out, err = run_cli(serve, [*SERVE_SMALL, *PLUGIN], tmp_path)
+    assert status == 0, err
+    assert "3/3 done" in out
+    from tests.policy_plugin import ShortestPromptFirst
+
+    assert SYSTEMS["vllm_spf"].scheduler is ShortestPromptFirst
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("system.plugin=no_such_module_here", "cannot be imported"),
+        ("system.plugin=1bad.name", "not a module name"),
+    ],
+)
+def test_a_plugin_that_cannot_load_is_one_line(tmp_path: Path, override: str, says: str) -> None:
+    status, _, err = run_cli(simulate, [*SIM_SMALL, override], tmp_path)
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: system.plugin: ") and says in lines[0]
+
+
+def test_an_unknown_system_lists_the_known_ones(tmp_path: Path) -> None:
+    status, _, err = run_cli(simulate, [*SIM_SMALL, "system.name=nope"], tmp_path)
+    assert status == 2 and "unknown system" in err and "orca_oracle" in err
+
+
+def test_registration_refuses_what_no_body_could_run() -> None:
+    with pytest.raises(SystemConfigError, match="taken by a built-in"):
+        register_system(SystemSpec("vllm", OrcaScheduler, "contiguous"))
+    with pytest.raises(SystemConfigError, match="not a BaseScheduler subclass"):
+        register_system(SystemSpec("t_odd", object, "paged"))  # type: ignore[arg-type]
+    with pytest.raises(SystemConfigError, match="not 'paged' or 'contiguous'"):
+        register_system(SystemSpec("t_odd", VLLMScheduler, "buddy"))
+    with pytest.raises(SystemConfigError, match="takes no reservation"):
+        register_system(SystemSpec("t_odd", VLLMScheduler, "paged", "pow2"))
+    with pytest.raises(SystemConfigError, match="is not one of"):
+        register_system(SystemSpec("t_odd", OrcaScheduler, "contiguous", "half"))
+    with pytest.raises(SystemConfigError, match="need paged KV"):
+        register_system(SystemSpec("t_odd", OrcaScheduler, "contiguous", allocate_per_chunk=True))
+    assert "t_odd" not in SYSTEMS
+    spec = SystemSpec("t_orca_pow2_again", OrcaScheduler, "contiguous", "pow2")
+    try:
+        register_system(spec)
+        register_system(spec)  # the same spec again: a no-op
+        with pytest.raises(SystemConfigError, match="another registered system"):
+            register_system(SystemSpec("t_orca_pow2_again", OrcaScheduler, "contiguous", "max"))
+    finally:
+        SYSTEMS.pop("t_orca_pow2_again", None)
