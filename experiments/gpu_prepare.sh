@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Step 1 of a GPU run, here where pip reaches a package index: put into .whl/ (git-ignored),
-# as wheels for the lent H200's CPython 3.12 on manylinux x86_64, exactly the packages kvlab
+# as wheels for the lent GPU machine's CPython 3.12 on manylinux x86_64 (an H100 or an H200:
+# the scripts take the GPU from the device's own name), exactly the packages kvlab
 # needs that the device image lacks (python -m experiments.lib.device_image: names and the
 # versions installed here), then print the device call (step 2: experiments/gpu_all.sh).
 #
@@ -44,8 +45,12 @@ echo "gpu_prepare: $count wheels in .whl/ ($(du -sh .whl | cut -f1)):"
 ls .whl | sed 's/^/  /'
 cat <<'CALL'
 
-Device call (the device tool's `run`):
+Device call (the device tool's `run`; one call, so make it the whole of it):
+  kind:    nvidia-h200   (named, or the first call gets an H100; gpu_all.sh runs on either)
   carry:   [".whl"]
-  command: PACK_DIR=$OUT bash experiments/gpu_all.sh /tmp/kvlab-gpu
+  command: DEADLINE_S=580 PACK_DIR=$OUT bash experiments/gpu_all.sh /tmp/kvlab-gpu
   timeout_s: 600   (gpu_all.sh is sized to finish in 9 minutes)
+If the device time left (`status`: budget_left_s, less the machine's start) is under
+timeout_s, lower timeout_s to it and DEADLINE_S to 20 s below it: the parts that cannot
+finish by then are skipped, and every part done is packed under $OUT as it ends.
 CALL

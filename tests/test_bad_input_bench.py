@@ -91,3 +91,35 @@ def test_a_library_module_run_as_a_command_says_so(module: str) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "is a library module" in lines[0] and "used by" in lines[0]
     assert f"experiments.bench.{module}" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "out", "extra"),
+    [
+        ("kernels_gpu", "{file}", ["--dry"]), ("engine_gpu", "{file}", ["--dry"]),
+        ("sync_check", "{file}", ["--dry"]), ("host_time", "{file}/x", ["--dry"]),
+        ("gpu_env", "{file}/env.json", ["--dry"]), ("cpu_cross_run", "{file}", ["--quick"]),
+        ("profile_transfer", "{file}", ["--vidur", "{dir}"]),
+    ],
+)  # fmt: skip
+def test_an_out_a_file_blocks_is_one_line_naming_out_before_any_work(
+    module: str, out: str, extra: list[str], tmp_path: Path, capsys,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """``--out`` that is a file, or lies under one (gpu_env's names a file to write)."""
+    import importlib
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    main = importlib.import_module(f"experiments.bench.{module}").main
+    argv = ["--out", out.format(file=blocker), *(a.format(dir=tmp_path) for a in extra)]
+    try:
+        status = main(argv)
+    except SystemExit as exit_:
+        status = exit_.code
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: --out: ") and "a file, not a folder" in err, err
+    assert captured.out == "" and blocker.read_text() == ""

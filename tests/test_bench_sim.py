@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from experiments.bench.sim import COLUMNS, main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_sim_times_loop_and_whole_run(tmp_path):
@@ -76,3 +82,17 @@ def test_bench_sim_refuses_bad_options_before_measuring(
     err = captured.err.strip()
     assert phrase.format(file=blocker) in err and len(err.splitlines()) == 1
     assert "wall" not in captured.out
+
+
+@pytest.mark.parametrize("modes", [["e2e"], ["loop"]])
+def test_bench_sim_refuses_a_workload_with_no_requests(modes: list[str], tmp_path) -> None:
+    """0.01 s of arrivals at 1 req/s draws no request: one line naming --duration and
+    --rate, status 2, nothing written (it was a traceback from the e2e child's empty run)."""
+    argv = ["--duration", "0.01", "--rate", "1", "--systems", "vllm", "--modes", *modes]
+    cmd = [sys.executable, "-m", "experiments.bench.sim", *argv, "--out", str(tmp_path / "o")]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "--duration" in err and "--rate" in err and "no request" in err
+    assert not (tmp_path / "o").exists() and done.stdout == ""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench.tables import write_csv
+from experiments.bench.tables import print_table, write_csv
 
 
 def test_rows_round_trip_and_no_rows_is_an_empty_file(tmp_path: Path) -> None:
@@ -39,3 +39,11 @@ def test_rows_with_different_keys_share_one_header(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     write_csv(path, [{"a": 1}, {"a": 2, "b": 3}, {"b": 4}])
     assert path.read_text().splitlines() == ["a,b", "1,", "2,3", ",4"]
+
+
+def test_a_printed_table_has_every_row_s_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    """Columns are the union of the rows' keys in first-seen order; a missing cell is blank
+    (a key the first row lacks is not dropped, nor is a row without one an error)."""
+    print_table("t", [{"a": 1}, {"a": 2.5, "b": "x"}, {"b": "y"}])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:] == ["== t ==", "  a  b", "  1   ", "2.5  x", "     y"]

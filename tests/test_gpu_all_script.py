@@ -31,11 +31,15 @@ if [ "$1 $2" = "-m pip" ]; then exec "$REAL_PYTHON" "$@"; fi
 out="" prev=""
 for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done
 [ "$2" = "${STUB_FAIL:-}" ] && { echo "stub: $2 fails"; exit 3; }
+[ "$2" = "${STUB_SLEEP:-}" ] && sleep 3
 case $2 in
 experiments.bench.gpu_env) echo '{"stub": true}' >"$out" ;;
-experiments.bench.profile_gpu) mkdir -p "$out" && touch "$out/operator_profile.csv" \
-    "$out/operator_profile.json" ;;
-experiments.bench.engine_gpu) [ -n "${STUB_NO_ONLINE:-}" ] || mkdir -p "$out/tiny-opt_vllm_online"
+experiments.bench.profile_gpu) mkdir -p "$out" && touch "$out/operator_profile.csv"
+    complete=true; [ -n "${STUB_PROFILE_CUT:-}" ] && complete=false
+    printf '{\n  "model": "tiny-opt",\n  "complete": %s\n}\n' $complete \
+        >"$out/operator_profile.json" ;;
+experiments.bench.engine_gpu) ls -a "$PACK_DIR" >"$STUB_LOG.pack"  # what the earlier parts left
+    [ -n "${STUB_NO_ONLINE:-}" ] || mkdir -p "$out/tiny-opt_vllm_online"
     mkdir -p "$out/tiny-opt_vllm_offline" && touch "$out/tiny-opt_vllm_offline/steps.csv"
     [ -d "$out/tiny-opt_vllm_online" ] && touch "$out/tiny-opt_vllm_online/steps.csv" ;;
 esac
@@ -61,6 +65,8 @@ def run_script(tmp_path: Path, wheels: bool = False, **env: str) -> tuple[int, P
     variables.pop("TRITON_INTERPRET", None)  # conftest sets it; the script must on its own
     cmd = ["bash", str(tree / "experiments" / "gpu_all.sh"), str(out)]
     done = subprocess.run(cmd, env=variables, capture_output=True, text=True, timeout=300)
+    (tmp_path / "stdout.log").write_text(done.stdout)
+    (tmp_path / "stderr.log").write_text(done.stderr)
     return done.returncode, out, pack
 
 
@@ -92,7 +98,7 @@ def test_every_part_runs_dry_in_order_within_the_device_budget(tmp_path: Path) -
     assert "tiny-opt_vllm_online --calibration" in validate  # another run than the fit's
     assert "tiny-opt_vllm_offline" in overhead and "tiny-opt_vllm_online --out" in overhead
     assert all("--dry" in c for c in calls(tmp_path)[:4] + calls(tmp_path)[7:])
-    assert "--max-seconds 150" in calls(tmp_path)[3]
+    assert "--max-seconds 175" in calls(tmp_path)[3]  # the engine's 190 s less 15 to end
     for part in PARTS:
         assert (out / f"{part}.log").is_file()
     packed = sorted(p.name for p in pack.iterdir())
@@ -110,7 +116,7 @@ def test_dry_limits_are_scaled_for_cpu(tmp_path: Path) -> None:
     rc, out, _ = run_script(tmp_path)
     assert rc == 0
     assert [int(r["limit_s"]) for r in parts(out)] == [300, 700, 600, 1900, 200, 400, 100, 400, 600]
-    assert "--max-seconds 1500" in calls(tmp_path)[3]
+    assert "--max-seconds 1750" in calls(tmp_path)[3]
 
 
 def test_dry_parts_get_the_interpreter_from_the_start_and_gpu_parts_do_not(
@@ -180,3 +186,56 @@ def test_wheels_are_installed_and_put_on_pythonpath(tmp_path: Path) -> None:
     site = Path(log[1].split()[0].removeprefix("PYTHONPATH="))
     assert (site / "simpy").is_dir() and (site / "hydra").is_dir()
     assert all(c.startswith(f"PYTHONPATH={site} ") for c in log[1:])
+
+
+def test_the_pack_is_brought_up_to_date_after_every_part(tmp_path: Path) -> None:
+    """A call killed at its limit returns what is under $OUT: before the engine part starts,
+    the pack already holds the earlier parts' files, and never a temporary one at the end."""
+    rc, _, pack = run_script(tmp_path)
+    assert rc == 0
+    before_engine = set((tmp_path / "calls.log.pack").read_text().split()) - {".", ".."}
+    assert before_engine == {"kvlab-gpu.tar.gz", "env.json", "parts.tsv",
+                             "operator_profile.csv", "operator_profile.json"}  # fmt: skip
+    assert sorted(p.name for p in pack.iterdir()) == sorted(before_engine)
+
+
+def test_a_cut_profile_is_not_given_to_calibrate(tmp_path: Path) -> None:
+    """A profile its time limit cut short (``complete`` false) lacks the decode rows the
+    calibration needs: calibrate fits without it, says so, and validate runs."""
+    rc, out, _ = run_script(tmp_path, STUB_PROFILE_CUT="1")
+    assert rc == 0
+    calibrate = calls(tmp_path)[4]
+    assert "experiments.calibrate " in calibrate and "--profile" not in calibrate
+    assert "without it" in (tmp_path / "stdout.log").read_text()
+    assert {r["part"]: r["exit"] for r in parts(out)}["validate"] == "0"
+
+
+def test_a_deadline_caps_each_limit_and_skips_the_parts_that_cannot_fit(tmp_path: Path) -> None:
+    """DEADLINE_S=27: 27 s less 15 kept to pack leave 12 s, so every part's limit is at most
+    12; the engine (its stub sleeps 3 s) leaves under the 10 s a part needs: the rest are
+    skipped, each recorded in parts.tsv, and the call fails (not all was measured)."""
+    rc, out, pack = run_script(tmp_path, DEADLINE_S="27", LIMIT_SCALE="1",
+                               STUB_SLEEP="experiments.bench.engine_gpu")  # fmt: skip
+    assert rc == 1
+    rows = parts(out)
+    assert [r["part"] for r in rows] == [*PARTS[:4], "calibrate", "overhead", "sync", "host"]
+    assert all(r["exit"] == "0" and int(r["limit_s"]) <= 12 for r in rows[:4])
+    assert all(r["exit"] == "skipped" and r["seconds"] == "0" for r in rows[4:])
+    engine = calls(tmp_path)[3]
+    assert int(engine.split("--max-seconds ")[1].split()[0]) < int(rows[3]["limit_s"])
+    assert (pack / "parts.tsv").read_text() == (out / "parts.tsv").read_text()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("LIMIT_SCALE", "0"), ("LIMIT_SCALE", "1.5"), ("LIMIT_SCALE", "x"), ("DEADLINE_S", "-5"),
+     ("DEADLINE_S", "soon")],
+)  # fmt: skip
+def test_a_bad_setting_is_one_line_before_anything_runs(
+    setting: str, value: str, tmp_path: Path
+) -> None:
+    rc, out, _ = run_script(tmp_path, **{setting: value})
+    assert rc == 2
+    err = (tmp_path / "stderr.log").read_text().strip()
+    assert len(err.splitlines()) == 1 and setting in err and repr(value) in err, err
+    assert not out.exists() and not (tmp_path / "calls.log").exists()

@@ -11,7 +11,8 @@ import pytest
 
 from experiments.bench.gpu_report import DECODE_SHAPES, PREFILL_TOKENS, main
 
-FIRST_RUN = Path(__file__).resolve().parents[1] / "docs/validation/h200/first-run"
+ROOT = Path(__file__).resolve().parents[1]
+FIRST_RUN = ROOT / "docs/validation/h200/first-run"
 HOST_TIME = FIRST_RUN.parent / "host-time" / "1-warmup-batch"
 
 
@@ -58,11 +59,23 @@ def test_every_run_of_the_profiled_model_is_read_and_cross_validated(report_dir:
     assert cross["request_throughput"].notna().all()
 
 
-def test_a_directory_without_a_profile_is_one_line(tmp_path: Path, capsys) -> None:
-    shutil.copytree(FIRST_RUN / "engine" / "opt-13b_vllm_offline", tmp_path / "engine" / "x")
-    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+def test_a_directory_with_neither_profile_nor_engine_runs_is_one_line(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(A call whose engine part wrote nothing still gets its profile's table.)"""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    (tmp_path / "call").mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "call"), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "operator_profile.json" in err
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "not a gpu_all.sh output" in err
+    shutil.copytree(FIRST_RUN / "profile", tmp_path / "call" / "profile")
+    assert main([str(tmp_path / "call"), "--out", str(tmp_path / "out")]) == 0
+    assert len(pd.read_csv(tmp_path / "out" / "operators.csv")) == len(PREFILL_TOKENS) + len(
+        DECODE_SHAPES
+    )
+    assert (tmp_path / "out" / "stalls.csv").read_text() == ""
 
 
 def _one_run_call(call: Path) -> Path:
@@ -148,3 +161,81 @@ def test_a_cut_steps_file_or_an_output_file_is_one_line(
             main([str(call), "--out", str(out)])
         err = capsys.readouterr().err.strip()
         assert exit_.value.code == 2 and len(err.splitlines()) == 1 and phrase in err, err
+
+
+FIFTH_RUN = FIRST_RUN.parent / "fifth-run"
+H100_NAME = "NVIDIA H100 80GB HBM3"  # what torch.cuda.get_device_name reports on an H100 SXM
+
+
+def _fifth_run_call(call: Path) -> Path:
+    """A gpu_all.sh output with the fifth call's profile and its OPT-13B vllm offline run."""
+    shutil.copytree(FIFTH_RUN / "profile", call / "profile")
+    (call / "engine").mkdir()
+    shutil.copy(FIFTH_RUN / "engine" / "trace_opt-13b.csv", call / "engine")
+    run = "opt-13b_vllm_offline"
+    shutil.copytree(FIFTH_RUN / "engine" / run, call / "engine" / run)
+    return call
+
+
+def _edit_sidecar(call: Path, **keys: object) -> None:
+    path = call / "profile" / "operator_profile.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **keys}, indent=2))
+
+
+def test_a_run_on_an_h100_gives_a_report(tmp_path: Path) -> None:
+    """The same files as an H100 would write them: the profile names the device as torch
+    does, the run was served with the H100's hardware entry."""
+    import yaml
+
+    call = _fifth_run_call(tmp_path / "call")
+    _edit_sidecar(call, gpu=H100_NAME)
+    config = call / "engine" / "opt-13b_vllm_offline" / "config.yaml"
+    doc = yaml.safe_load(config.read_text())
+    doc["hardware"] = yaml.safe_load((ROOT / "configs/hardware/h100.yaml").read_text())
+    config.write_text(yaml.safe_dump(doc))
+    assert main([str(call), "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["hardware"] == "h100" and report["runs"] == ["opt-13b_vllm_offline"]
+    assert len(pd.read_csv(tmp_path / "out" / "cross_run.csv")) == 1
+
+
+def test_a_cut_profile_skips_only_the_tables_that_price_with_it(tmp_path: Path, capsys) -> None:
+    """A profile its time limit cut short (``complete`` false) or a call without one: the
+    stalls, the sync check and the host time are still reported, the rest skipped, said."""
+    call = _fifth_run_call(tmp_path / "call")
+    _edit_sidecar(call, complete=False)
+    for out in ("cut", "none"):
+        if out == "none":
+            shutil.rmtree(call / "profile")
+        assert main([str(call), "--out", str(tmp_path / out)]) == 0
+        said = capsys.readouterr().out
+        assert "skipped" in said and "operator_profile" in said
+        for table in ("operators", "forward_gap", "speed", "cross_run"):
+            assert (tmp_path / out / f"{table}.csv").read_text() == "", table
+        assert len(pd.read_csv(tmp_path / out / "stalls.csv")) == 1
+
+
+def test_a_steps_file_without_a_column_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    """(A run of another model than the profile's is read for its stalls alone.)"""
+    call = _fifth_run_call(tmp_path / "call")
+    run = "opt-1.3b_vllm_offline"
+    shutil.copytree(FIFTH_RUN / "engine" / run, call / "engine" / run)
+    steps = call / "engine" / run / "steps.csv"
+    pd.read_csv(steps).drop(columns="duration_s").to_csv(steps, index=False)
+    with pytest.raises(SystemExit) as exit_:
+        main([str(call), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
+    assert str(steps) in err and "duration_s" in err
+
+
+def test_an_unknown_hardware_name_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    call = _fifth_run_call(tmp_path / "call")
+    for hardware, says in (("b300", "unknown GPU"), ("h100", "measured on h200")):
+        with pytest.raises(SystemExit) as exit_:
+            main([str(call), "--out", str(tmp_path / "out"), "--hardware", hardware])
+        err = capsys.readouterr().err.strip()
+        assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
+        assert err.startswith("error: --hardware: ") and says in err, err

@@ -100,3 +100,20 @@ def test_summarize_rewrites_the_summary_and_refuses_another_file(tmp_path: Path,
 def test_no_timed_forward_is_an_error_not_an_empty_table() -> None:
     with pytest.raises(ValueError, match="no forward calls"):
         summarize([])
+
+
+def test_each_system_s_rows_are_written_when_its_run_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run killed while the second system serves keeps the first system's rows."""
+    from experiments.bench import host_time
+
+    def measure(dry: bool, system: str, out: Path) -> list[dict]:
+        if system == host_time.SYSTEMS[1]:
+            raise KeyboardInterrupt  # stands for the time limit's kill
+        return [{"run": system, "step": 0, "issue_ms": 1.0}]
+
+    monkeypatch.setattr(host_time, "measure", measure)
+    with pytest.raises(KeyboardInterrupt):
+        host_time.measure_all(True, tmp_path)
+    assert pd.read_csv(tmp_path / "host_time.csv")["run"].tolist() == [host_time.SYSTEMS[0]]

@@ -6,7 +6,7 @@ import json
 import traceback
 from pathlib import Path
 
-from experiments.bench.sync_check import REPO, kvlab_site, main
+from experiments.bench.sync_check import REPO, check, kvlab_site, main
 
 
 def test_dry_run_serves_and_writes_its_file(tmp_path: Path) -> None:
@@ -25,3 +25,13 @@ def test_the_innermost_kvlab_frame_names_the_site() -> None:
     ]
     assert kvlab_site(stack) == "engine/runner.py:125"
     assert kvlab_site(stack[2:]) == "outside kvlab"
+
+
+def test_what_was_found_is_saved_while_serving(tmp_path: Path) -> None:
+    """A run its time limit kills keeps a sync_check.json: one is saved after the first
+    step (``complete`` false) and the result at the end says ``complete``."""
+    saved: list[dict] = []
+    doc = check(True, 100.0, 6, tmp_path, saved.append)
+    assert saved and saved[0]["steps"] == 1 and saved[0]["complete"] is False
+    assert doc["complete"] is True and doc["steps"] > saved[-1]["steps"]
+    assert set(saved[0]) == set(doc)

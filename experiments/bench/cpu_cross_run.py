@@ -87,7 +87,7 @@ from experiments.bench.speed_timeline import UnknownScatter, shrink_to_price, st
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
-from experiments.lib.cli import plain_cli
+from experiments.lib.cli import check_out_dir, plain_cli
 from experiments.lib.compose import compose_config
 from experiments.lib.results import read_metrics, write_json
 from experiments.serve import run as serve
@@ -419,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the serving rules of every run: the paper's vLLM v0.1 (default) "
                         "or today's (chunked prefill, mixed steps)")  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    check_out_dir(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     model = (QUICK if args.quick else FULL)["model"]
     profile: str | None = None if args.profile == "none" else args.profile

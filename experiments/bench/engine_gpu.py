@@ -22,13 +22,21 @@ offline requests first) ran only the six offline runs within 150 s. The trace is
 from the fitted ShareGPT model with vLLM's filter at prompt + output <= 512 (longest output
 ~450 tokens; the schedulers keep OPT's max_model_len 2048, so Orca (Max) still reserves
 2048 slots); OPT-13B serves 40 requests offline and 20 online at 4 req/s, OPT-1.3B 100
-offline and 32 online at 16 req/s; the cross-check runs OPT-1.3B on 32 requests. Estimate
-at 20 ms per step: ~65 s for OPT-13B (Orca (Max), 7 concurrent requests in the 12 GiB
-budget, ~16 s of it), ~35 s for OPT-1.3B, ~15 s for the cross-check. ``--max-seconds``
-(default 150) skips the runs that would start after that, in priority order: per model,
-OPT-13B first (the operator profile and the calibration are OPT-13B's), vllm offline (the
-calibration's fit run), vllm online (its held-out run), then Orca (Max) and Orca (Oracle)
-offline, then online; the cross-check last.
+offline and 32 online at 16 req/s; the cross-check runs OPT-1.3B on 32 requests. On the
+H200 (second to fifth calls) the whole plan took 131-158 s: every run 3-19 s, except the
+torch backend's cross-check run, 35-47 s. ``--max-seconds`` (default 150) is the time the
+runs must end by: a run is skipped (listed under ``skipped`` in the summary, with why) when
+the time already spent plus its expected length would pass it. The expected length is the
+longest run so far, and at least ``EnginePlan.torch_run_s`` (50 s on a GPU) for a torch
+backend run. Runs go in priority order: per model, OPT-13B first (the operator profile and
+the calibration are OPT-13B's), vllm offline (the calibration's fit run), vllm online (its
+held-out run), then Orca (Max) and Orca (Oracle) offline, then online; the cross-check last.
+
+Hardware: every run is served with the catalog's entry for the GPU it runs on, found from
+``torch.cuda.get_device_name`` through the hardware YAMLs' ``device_names``
+(:func:`device_hardware`; an H100 SXM and an H200 are known). A device no YAML names (said
+on stderr) and a dry run are served as ``NOMINAL_GPU``: the engine's measurements do not
+depend on it (its KV budget is given in GiB), only the labels and the simulator's prices.
 
 ``--dry`` runs the same code path on CPU (tiny-opt and tiny-llama, fp32, a 1 MiB-class
 budget, a few short requests, Triton under its interpreter) so CI can check the script; its
@@ -42,13 +50,16 @@ import gc
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from experiments.lib.args import OneLineParser
+from experiments.lib.cli import check_out_dir, plain_cli
 
 SYSTEMS = ("vllm", "orca_max", "orca_oracle")
+NOMINAL_GPU = "h200"  # the hardware of a dry run and of a device no hardware YAML names
 SUMMARY_KEYS = (
     "completed",
     "num_requests",
@@ -89,6 +100,8 @@ class EnginePlan:
     cross_check_model: str
     cross_check_requests: int
     swap_space_gb: float  # 0: every system preempts by recompute, no pinned pool to allocate
+    torch_run_s: float  # the least expected length of a torch backend run (the cross-check)
+    hardware: str  # the catalog GPU the runs are served as (main: device_hardware)
 
 
 @dataclass(frozen=True)
@@ -103,18 +116,39 @@ class RunSpec:
     overrides: tuple[str, ...]
 
 
+def device_hardware(dry: bool) -> str:
+    """The catalog name of the GPU this process serves on: ``torch.cuda.get_device_name(0)``
+    looked up in the hardware YAMLs' ``device_names`` (:func:`sim.catalog.get_gpu`).
+    ``NOMINAL_GPU`` for a dry run, and for a device the catalog does not know (one line on
+    stderr says so, and where its name goes)."""
+    if dry:
+        return NOMINAL_GPU
+    import torch
+
+    from sim.catalog import get_gpu
+
+    device = torch.cuda.get_device_name(0)
+    try:
+        return get_gpu(device).name
+    except KeyError:
+        print(f"note: no configs/hardware/*.yaml lists {device!r} in its device_names: the runs "
+              f"are served as {NOMINAL_GPU} (labels and simulator prices only)",
+              file=sys.stderr)  # fmt: skip
+        return NOMINAL_GPU
+
+
 def make_plan(dry: bool) -> EnginePlan:
     if dry:
         tiny = 1 / 1024  # 1 MiB: 1024 fp32 tiny-opt slots, 4 Orca (Max) reservations
         return EnginePlan(
             True, "cpu", "float32", "triton", 256, 1 / 32,
             (ModelPlan("tiny-opt", tiny, 2, 2, 50.0), ModelPlan("tiny-llama", tiny, 2, 2, 50.0)),
-            "tiny-opt", 2, 0.0,
+            "tiny-opt", 2, 0.0, 0.0, NOMINAL_GPU,
         )  # fmt: skip
     return EnginePlan(
         False, "cuda", "float16", "triton", 512, 1.0,
         (ModelPlan("opt-13b", 12.0, 40, 20, 4.0), ModelPlan("opt-1.3b", 12.0, 100, 32, 16.0)),
-        "opt-1.3b", 32, 0.0,
+        "opt-1.3b", 32, 0.0, 50.0, NOMINAL_GPU,
     )  # fmt: skip
 
 
@@ -144,7 +178,7 @@ def serve_overrides(
     return (
         f"device={plan.device}", f"dtype={plan.dtype}", f"swap_space_gb={plan.swap_space_gb}",
         "kv_budget_fraction=null", "clock=virtual", "progress=false", "seed=0",
-        "hardware=h200", "workload=trace", f"time_phases={str(time_phases).lower()}",
+        f"hardware={plan.hardware}", "workload=trace", f"time_phases={str(time_phases).lower()}",
         f"model={m.model}", f"system={system}", f"mode={mode}", f"backend={backend}",
         f"kv_cache_gb={m.kv_budget_gb}", f"workload.path='{trace.resolve()}'",
         f"workload.num_requests={count}",
@@ -155,9 +189,10 @@ def probe_overrides(
     dry: bool, out: Path, system: str, mode: str, count: int | None = None
 ) -> list[str]:
     """The serve overrides of a probe's run (the sync check, the host-time probe): the plan's
-    first model on its own trace (written into ``out``), no phase timing; ``count``
-    requests, default the model's count for ``mode``."""
-    plan = make_plan(dry)
+    first model on its own trace (written into ``out``), no phase timing, served as the
+    device's GPU (:func:`device_hardware`); ``count`` requests, default the model's count
+    for ``mode``."""
+    plan = replace(make_plan(dry), hardware=device_hardware(dry))
     model = plan.models[0]
     trace = write_traces(plan, out)[model.model]
     if count is None:
@@ -247,6 +282,7 @@ def metadata(plan: EnginePlan, argv: list[str]) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python -m experiments.bench.engine_gpu", *argv]),
+        "hardware": plan.hardware,
         "dry": plan.dry,
         "timings": "MEANINGLESS: dry run on CPU under the Triton interpreter"
         if plan.dry
@@ -264,48 +300,94 @@ def write_summary(out: Path, doc: dict[str, Any]) -> None:
     write_json(out / "summary.json", doc)
 
 
+def expected_seconds(spec: RunSpec, plan: EnginePlan, longest: float) -> float:
+    """How long ``spec`` is expected to run: the longest run so far (``longest``), and at
+    least ``plan.torch_run_s`` for a torch backend run (the cross-check's, 35-47 s on the
+    H200 against 3-19 s for every other run)."""
+    return max(longest, plan.torch_run_s if spec.backend == "torch" else 0.0)
+
+
+def serve_all(
+    plan: EnginePlan, specs: list[RunSpec], out: Path, max_seconds: float, doc: dict[str, Any],
+    clock: Callable[[], float] = time.perf_counter,
+    serve: Callable[[RunSpec, Path], dict[str, Any]] = serve_one, spent: float = 0.0,
+) -> None:  # fmt: skip
+    """Serve ``specs`` in order into ``out``, the summary rewritten after each. A run that
+    would end past ``max_seconds`` (counted from ``spent`` seconds before this call; the
+    time spent, read on ``clock``, plus :func:`expected_seconds`) is skipped: its name goes
+    in ``doc["skipped"]``, why in ``doc["skip_reasons"]``. A run that raises is recorded in
+    ``doc["errors"]``."""
+    t0, longest = clock() - spent, 0.0
+    for spec in specs:
+        elapsed, expected = clock() - t0, expected_seconds(spec, plan, longest)
+        if elapsed + expected > max_seconds:
+            doc["skipped"].append(spec.name)
+            doc["skip_reasons"][spec.name] = (
+                f"at {elapsed:.0f} s, expected to take {expected:.0f} s: would end past "
+                f"--max-seconds {max_seconds:g}"
+            )  # fmt: skip
+            continue
+        began = clock()
+        row = _serve_logged(spec, out, doc, serve)
+        longest = max(longest, clock() - began)
+        doc["meta"]["elapsed_s"] = clock() - t0
+        if row is not None:
+            doc["rows"].append(row)
+            print(f"{spec.name}: {row['output_throughput']:.4g} tok/s, batch "
+                  f"{row['mean_batch_size']:.3g}, run {row['wall_s']:.1f} s, "
+                  f"elapsed {clock() - t0:.0f} s", flush=True)  # fmt: skip
+        doc["ratios"] = ratios(doc["rows"])
+        write_summary(out, doc)
+
+
+def _serve_logged(
+    spec: RunSpec, out: Path, doc: dict[str, Any],
+    serve: Callable[[RunSpec, Path], dict[str, Any]],
+) -> dict[str, Any] | None:  # fmt: skip
+    """``serve(spec, out)``'s row, or None with the error in ``doc["errors"]`` (one failing
+    run must not lose the others' numbers); the GPU's cache emptied after either."""
+    try:
+        return serve(spec, out)
+    except Exception as exc:
+        doc["errors"][spec.name] = repr(exc)
+        print(f"{spec.name}: FAILED {exc!r}", flush=True)
+        return None
+    finally:
+        gc.collect()
+        _empty_cuda_cache()
+
+
+def _empty_cuda_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@plain_cli
 def main(argv: list[str] | None = None) -> int:
-    """Run every planned config; 0 when all of them ran without error."""
+    """Run every planned config; 0 when all of them ran without error or skip."""
     parser = OneLineParser(prog="python -m experiments.bench.engine_gpu", description=__doc__)
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--dry", action="store_true", help="tiny CPU run under the interpreter")
-    parser.add_argument("--max-seconds", type=float, default=150.0, help="start no run after")
+    parser.add_argument("--max-seconds", type=float, default=150.0,
+                        help="end every run by then: skip one expected to end later")  # fmt: skip
     args_list = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(args_list)
+    check_out_dir(args.out)
     if args.dry:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton
     import torch
 
     if not args.dry and not torch.cuda.is_available():
         parser.error("no CUDA device; use --dry for a CPU check of the script")
-    plan = make_plan(args.dry)
+    plan = replace(make_plan(args.dry), hardware=device_hardware(args.dry))
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     specs = run_specs(plan, write_traces(plan, args.out))
-    doc: dict[str, Any] = {"meta": metadata(plan, args_list), "rows": [], "errors": {}}
-    doc["skipped"] = []
-    for spec in specs:
-        elapsed = time.perf_counter() - t0
-        if elapsed > args.max_seconds:
-            doc["skipped"].append(spec.name)
-            continue
-        try:
-            row = serve_one(spec, args.out)
-        except Exception as exc:  # one failing run must not lose the others' numbers
-            doc["errors"][spec.name] = repr(exc)
-            print(f"{spec.name}: FAILED {exc!r}", flush=True)
-            continue
-        finally:
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        doc["rows"].append(row)
-        doc["ratios"] = ratios(doc["rows"])
-        doc["meta"]["elapsed_s"] = time.perf_counter() - t0
-        write_summary(args.out, doc)
-        print(f"{spec.name}: {row['output_throughput']:.4g} tok/s, batch "
-              f"{row['mean_batch_size']:.3g}, run {row['wall_s']:.1f} s, "
-              f"elapsed {time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+    doc: dict[str, Any] = {"meta": metadata(plan, args_list), "rows": [], "errors": {},
+                           "skipped": [], "skip_reasons": {}}  # fmt: skip
+    serve_all(plan, specs, args.out, args.max_seconds, doc, spent=time.perf_counter() - t0)
     doc["ratios"] = ratios(doc["rows"])
     doc["meta"]["elapsed_s"] = time.perf_counter() - t0
     write_summary(args.out, doc)
@@ -323,8 +405,8 @@ def _print_tables(doc: dict[str, Any], dry: bool) -> None:
     print_table("vllm over baselines" + note, doc["ratios"])
     for name, err in doc["errors"].items():
         print(f"FAILED {name}: {err}")
-    if doc["skipped"]:
-        print(f"skipped (past --max-seconds): {', '.join(doc['skipped'])}")
+    for name, why in doc["skip_reasons"].items():
+        print(f"skipped {name}: {why}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.lib.args import OneLineParser
+from experiments.lib.args import OneLineParser, out_dir_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("core", "sim", "engine", "kernels", "experiments")
@@ -103,11 +103,26 @@ def gpu_info() -> dict[str, Any]:
     return info
 
 
+def out_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be written as a file (a folder, or its folder cannot be made or
+    written in: :func:`experiments.lib.args.out_dir_problem`), or None. Checked here rather
+    than with ``experiments.lib.cli``, which imports hydra: this check must run without."""
+    if path.is_dir():
+        return f"{path} is a folder; give the file to write"
+    return out_dir_problem(path.parent)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Check the environment, write ``--out``; 0 when everything imports (and, unless
+    ``--dry``, torch sees a GPU), 1 otherwise, 2 with one line for an unwritable ``--out``."""
     parser = OneLineParser(prog="python -m experiments.bench.gpu_env", description=__doc__)
     parser.add_argument("--out", required=True, type=Path, help="JSON file to write")
     parser.add_argument("--dry", action="store_true", help="a CPU run: no GPU is fine")
     args = parser.parse_args(argv)
+    problem = out_file_problem(args.out)
+    if problem is not None:
+        print(f"error: --out: {problem}", file=sys.stderr)
+        return 2
     imports = check_imports()
     failed = {k: v for k, v in imports.items() if v != "ok"}
     gpu = gpu_info()

@@ -42,12 +42,25 @@
   :mod:`experiments.bench.host_time`): the host's time inside the forward by part, medians
   by run and step kind, with the steps whose linear calls took extra time and the stalls.
 - ``report.json``: all of the above, with the sources.
+
+The GPU the profile is priced on is the catalog's entry for the device the sidecar names
+(``gpu``, as ``torch.cuda.get_device_name`` reported it; a hardware YAML's
+``device_names``), or ``--hardware NAME``: for a device no YAML names, whose profile is then
+used as measured on that GPU, and for a dry run's output (its sidecar's ``gpu`` is the CPU;
+without ``--hardware`` it is priced as the dry engine runs were served,
+``experiments.bench.engine_gpu.NOMINAL_GPU``: its numbers mean nothing either way). The
+width of an element is the sidecar's ``dtype``'s; a profile of another width than the
+shipped one (fp16) has no ``transferred`` prices. A call without a profile, or whose profile
+its time limit cut short (``complete`` false in the sidecar), gets the tables that do not
+price with it (stalls, sync, host time); the others (``PROFILE_TABLES``) are empty, and a
+printed note says why.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +70,7 @@ from core.plan import BatchShape
 from experiments.bench.cpu_cross_run import KEYS, metric_rows, speed_drift
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.args import OneLineParser
-from experiments.lib.checks import ConfigError
+from experiments.lib.checks import DTYPE_BYTES, ConfigError
 from experiments.lib.cli import check_out_dir, plain_cli
 from experiments.lib.inputs import read_run_steps
 from experiments.lib.results import write_json
@@ -73,17 +86,66 @@ SEQ_BINS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 STALL_FACTOR = 10.0
 TABLES = ("operators", "forward_gap", "speed", "stalls", "cross_run", "sync_sites", "sync_slept",
           "host_time")  # fmt: skip
+PROFILE_TABLES = ("operators", "forward_gap", "speed", "cross_run")  # they price with it
+STEP_COLUMNS = ("duration_s", "prefill_tokens", "decode_seqs")  # what every table reads
 
 
-def operator_rows(profile_dir: Path, model: str, gpu: str, block: int) -> list[dict[str, Any]]:
-    """GPU milliseconds of each probe shape, measured / transferred / roofline (module doc)."""
+@dataclass(frozen=True)
+class Pricing:
+    """How the profile is priced: its model, the catalog GPU, the element width (bytes),
+    the block size, and whether the profile is used as measured on that GPU (its device
+    has no catalog entry) rather than carried to it from its own."""
+
+    model: str
+    gpu: str
+    width: int
+    block: int
+    as_measured: bool
+
+
+def pricing(meta: dict[str, Any], hardware: str | None) -> Pricing:
+    """The :class:`Pricing` of a profile's sidecar ``meta`` (module doc); ``hardware`` is
+    ``--hardware``: a ConfigError on it when it is not a catalog GPU, or another GPU than
+    the one the profile's device is."""
+    from experiments.bench.engine_gpu import NOMINAL_GPU
+    from sim.catalog import get_gpu
+
+    try:
+        known: str | None = get_gpu(str(meta["gpu"])).name
+    except KeyError:
+        known = None
+    if hardware is not None:
+        try:
+            gpu = get_gpu(hardware).name
+        except KeyError as exc:
+            raise ConfigError("--hardware", str(exc.args[0])) from None
+        if known not in (None, gpu):
+            raise ConfigError("--hardware", f"the profile was measured on {known}", hardware)
+    elif known is not None or meta.get("dry") is True:
+        gpu = known or NOMINAL_GPU
+    else:
+        raise ConfigError(
+            "--hardware", f"the profile's device {meta['gpu']!r} is in no hardware YAML's "
+            "device_names: name the catalog GPU to price it on",
+        )  # fmt: skip
+    width = DTYPE_BYTES.get(str(meta.get("dtype")), 2)
+    return Pricing(str(meta["model"]), gpu, width, int(meta["block_size"]), known is None)
+
+
+def operator_rows(profile_dir: Path, p: Pricing) -> list[dict[str, Any]]:
+    """GPU milliseconds of each probe shape, measured / transferred / roofline (module doc);
+    no transferred prices (None) for a profile of another width than the shipped one."""
+    from sim.cost.profile import read_profile
     from sim.cost.profiled import ProfiledCostModel
     from sim.cost.roofline import RooflineCostModel
 
-    measured = ProfiledCostModel(str(profile_dir), model, gpu, 1, 2, block, stack=None)
-    shipped = str(REPO / SHIPPED_PROFILE)
-    transferred = ProfiledCostModel(shipped, model, gpu, 1, 2, block, stack=None)
-    roofline = RooflineCostModel(model, gpu, 1, 2, block_size=block)
+    args = (p.model, p.gpu, 1, p.width, p.block)
+    measured = ProfiledCostModel(str(profile_dir), *args, stack=None, as_measured=p.as_measured)
+    shipped = REPO / SHIPPED_PROFILE
+    transferred = None
+    if DTYPE_BYTES.get(str(read_profile(shipped).meta.get("dtype"))) == p.width:
+        transferred = ProfiledCostModel(str(shipped), *args, stack=None)
+    roofline = RooflineCostModel(p.model, p.gpu, 1, p.width, block_size=p.block)
     shapes = [("prefill", n, n, BatchShape(prefill_tokens=n, prefill_seqs=1,
                                            prefill_attn_pairs=n * (n + 1) // 2))
               for n in PREFILL_TOKENS]  # fmt: skip
@@ -92,23 +154,27 @@ def operator_rows(profile_dir: Path, model: str, gpu: str, block: int) -> list[d
     rows = []
     for kind, count, context, shape in shapes:
         m = measured.gpu_seconds(shape) * 1e3
-        t = transferred.gpu_seconds(shape) * 1e3
+        t = None if transferred is None else transferred.gpu_seconds(shape) * 1e3
         r = roofline.step_time(shape) * 1e3
         rows.append({
             "step": kind, "seqs_or_tokens": count, "context": context, "measured_ms": m,
-            "transferred_ms": t, "transferred_err": t / m - 1, "roofline_ms": r,
-            "roofline_err": r / m - 1,
+            "transferred_ms": t, "transferred_err": None if t is None else t / m - 1,
+            "roofline_ms": r, "roofline_err": r / m - 1,
         })  # fmt: skip
     return rows
 
 
 def runs_with_steps(engine_dir: Path) -> dict[Path, pd.DataFrame]:
     """Every engine run under ``engine_dir`` whose ``steps.csv`` holds a step, by name, with
-    its steps (read once here for every table)."""
+    its steps (read once here for every table); a ConfigError naming the file for one
+    without a column of ``STEP_COLUMNS``."""
     found = {}
     for run in sorted(engine_dir.iterdir()):
         if (run / "steps.csv").is_file():
             steps = read_run_steps(run, "engine")
+            missing = [c for c in STEP_COLUMNS if c not in steps]
+            if missing:
+                raise ConfigError("engine", f"{run / 'steps.csv'}: no column {missing[0]}")
             if len(steps):
                 found[run] = steps
     return found
@@ -207,31 +273,68 @@ def host_time_rows(gpu_dir: Path) -> list[dict[str, Any]]:
         raise ValueError(f"{path}: not a host_time.csv ({type(exc).__name__}: {exc})") from None
 
 
-def report(gpu_dir: Path, out: Path) -> dict[str, Any]:
-    """Every table of the module doc for ``gpu_dir``, written into ``out``."""
+def _complete(sidecar: Any) -> Any:
+    """A sidecar's ``complete`` (None when it has none, or is not a JSON object: its
+    reader then says what is wrong with it)."""
+    return sidecar.get("complete") if isinstance(sidecar, dict) else None
+
+
+def profile_problem(profile_dir: Path) -> str | None:
+    """Why the call's profile cannot price the tables (none written, or its time limit cut
+    it short: ``complete`` false in its sidecar), or None: it can (module doc)."""
+    from experiments.lib.inputs import read_json
+
+    side = profile_dir / "operator_profile.json"
+    if not side.is_file() and not (profile_dir / "operator_profile.csv").is_file():
+        return f"no {profile_dir.name}/operator_profile.json (the profile part wrote none)"
+    if side.is_file() and _complete(read_json(side, "profile")) is False:
+        return f"{profile_dir.name}/operator_profile.json says complete: false (cut short)"
+    return None
+
+
+def profile_tables(
+    profile_dir: Path, steps: dict[Path, pd.DataFrame], hardware: str | None
+) -> dict[str, Any]:
+    """The profile's sidecar, pricing and runs, and the ``PROFILE_TABLES`` (module doc)."""
     from experiments.calibrate import calibrate
-    from sim.catalog import get_gpu
     from sim.cost.profile import read_kvlab_profile
 
-    profile_dir = gpu_dir / "profile"
     meta = read_kvlab_profile(profile_dir / "operator_profile.csv").meta
-    model, block = str(meta["model"]), int(meta["block_size"])
-    gpu = get_gpu(str(meta["gpu"])).name
-    steps = runs_with_steps(gpu_dir / "engine")
-    runs = model_runs(steps, model)
+    p = pricing(meta, hardware)
+    runs = model_runs(steps, p.model)
     doc: dict[str, Any] = {
-        "gpu_dir": gpu_dir.name, "profile": meta, "hardware": gpu, "runs": [r.name for r in runs],
-        "transferred_from": SHIPPED_PROFILE, "operators": operator_rows(
-            profile_dir, model, gpu, block),
+        "profile": meta, "hardware": p.gpu, "profile_as_measured": p.as_measured,
+        "runs": [r.name for r in runs], "operators": operator_rows(profile_dir, p),
+        "forward_gap": [], "speed": [],
     }  # fmt: skip
-    doc["forward_gap"], doc["speed"] = [], []
     fitted = {run: calibrate(run, weighting="relative", profile=str(profile_dir)) for run in runs}
     for run, priced in fitted.items():
         doc["forward_gap"] += forward_gap_rows(run, steps[run], priced)
         drift = speed_drift(priced, steps[run])
         doc["speed"].append({"run": run.name, **{k: v for k, v in drift.items() if k != "windows"}})
-    doc["stalls"] = [stall_row(run, frame) for run, frame in steps.items()]
     doc["cross_run"] = cross_run_rows(fitted)
+    return doc
+
+
+def report(gpu_dir: Path, out: Path, hardware: str | None = None) -> dict[str, Any]:
+    """Every table of the module doc for ``gpu_dir``, written into ``out``; ``hardware`` is
+    ``--hardware`` (:func:`pricing`). Without a usable profile (:func:`profile_problem`)
+    the ``PROFILE_TABLES`` are empty and ``skipped`` says why; without ``engine/`` there
+    are no runs. A ConfigError when there is neither: not a gpu_all.sh output."""
+    profile_dir, engine_dir = gpu_dir / "profile", gpu_dir / "engine"
+    problem = profile_problem(profile_dir)
+    if problem is not None and not engine_dir.is_dir():
+        raise ConfigError("gpu_dir", "neither a profile nor engine/: not a gpu_all.sh output",
+                          str(gpu_dir))  # fmt: skip
+    steps = runs_with_steps(engine_dir) if engine_dir.is_dir() else {}
+    doc: dict[str, Any] = {"gpu_dir": gpu_dir.name, "transferred_from": SHIPPED_PROFILE}
+    if problem is None:
+        doc.update(profile_tables(profile_dir, steps, hardware))
+    else:
+        doc.update({"profile": None, "hardware": hardware, "runs": []})
+        doc.update({name: [] for name in PROFILE_TABLES})
+    doc["skipped"] = None if problem is None else {"tables": PROFILE_TABLES, "why": problem}
+    doc["stalls"] = [stall_row(run, frame) for run, frame in steps.items()]
     doc["sync_sites"], doc["sync_slept"] = sync_tables(gpu_dir)
     doc["host_time"] = host_time_rows(gpu_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -247,16 +350,21 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__)  # fmt: skip
     parser.add_argument("gpu_dir", type=Path, help="gpu_all.sh's output directory")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--hardware", help="catalog GPU to price the profile on (module doc)")
     args = parser.parse_args(argv)
     check_out_dir(args.out)
     try:
-        doc = report(args.gpu_dir, args.out)
+        doc = report(args.gpu_dir, args.out, args.hardware)
     except ConfigError:
         raise  # one line of its own (plain_cli)
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {args.gpu_dir}: {exc}", file=sys.stderr)
         return 2
-    print_table(f"step GPU time, {doc['profile']['model']} on {doc['hardware']}", doc["operators"])
+    if doc["skipped"]:
+        print(f"note: {doc['skipped']['why']}: tables {', '.join(PROFILE_TABLES)} skipped")
+    else:
+        model = doc["profile"]["model"]
+        print_table(f"step GPU time, {model} on {doc['hardware']}", doc["operators"])
     print_table("decode forward against the profile's price", doc["forward_gap"])
     print_table("step time over the profile's price (decode-only steps)", doc["speed"])
     print_table(f"steps over {STALL_FACTOR:g}x the run's median step", doc["stalls"])

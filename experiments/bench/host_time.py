@@ -22,7 +22,9 @@ every forward call, adds up the host's time in each part:
 
 A step is ``prefill`` (prefill chunks only), ``mixed`` or ``decode``. The hooks cost host
 time too, about the same in every step of a kind, so compare kinds, not absolute times.
-Writes ``DIR/host_time.csv`` (one row per forward call) and ``DIR/host_time_summary.csv``
+Writes ``DIR/host_time.csv`` (one row per forward call; rewritten, atomically, after each
+system's run, so a run its time limit kills keeps the systems that finished) and
+``DIR/host_time_summary.csv``
 (medians by run and kind, and two counts: ``linear_extra_steps``, steps whose linear time is
 over ``EXTRA_MS`` above the run's usual share of the other parts, :func:`linear_extra_ms`;
 ``stall_steps``, steps over ``STALL_FACTOR`` times the run's median) and prints the summary.
@@ -43,6 +45,7 @@ from typing import Any
 
 from experiments.lib import inputs
 from experiments.lib.args import OneLineParser
+from experiments.lib.cli import check_out_dir, plain_cli
 
 PARTS = ("linear", "norm", "embedding", "attention", "gc")
 SYSTEMS = ("vllm", "orca_oracle")
@@ -212,7 +215,9 @@ def summarize(rows: Any) -> Any:
     return summary.reset_index()
 
 
+@plain_cli
 def main(argv: list[str] | None = None) -> int:
+    """Measure every system (or ``--summarize``); 0 when done."""
     parser = OneLineParser(prog="python -m experiments.bench.host_time",
                                      description=__doc__)  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="output directory")
@@ -222,21 +227,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.summarize:
         return rewrite_summary(args.out)
+    check_out_dir(args.out)
     if args.dry:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
     if not args.dry and not torch.cuda.is_available():
         parser.error("no CUDA device; use --dry for a CPU check of the script")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = measure_all(args.dry, args.out)
+    write_summary(args.out, summarize(rows))
+    return 0
+
+
+def measure_all(dry: bool, out: Path) -> list[dict[str, Any]]:
+    """:func:`measure` each of ``SYSTEMS`` in turn; every row so far written to
+    ``out/host_time.csv`` (atomically) after each system's run."""
     import pandas as pd
 
     from experiments.lib.results import write_csv
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows = [row for system in SYSTEMS for row in measure(args.dry, system, args.out)]
-    write_csv(args.out / "host_time.csv", pd.DataFrame(rows))
-    write_summary(args.out, summarize(rows))
-    return 0
+    rows: list[dict[str, Any]] = []
+    for system in SYSTEMS:
+        rows += measure(dry, system, out)
+        write_csv(out / "host_time.csv", pd.DataFrame(rows))
+    return rows
 
 
 def write_summary(out: Path, summary: Any) -> None:

@@ -34,6 +34,8 @@ import torch
 from experiments.bench import timing
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.args import OneLineParser
+from experiments.lib.cli import check_out_dir, plain_cli
+from experiments.lib.results import write_atomic
 
 SECTIONS = ("correctness", "fig18a", "long_context", "block_size")
 
@@ -305,13 +307,16 @@ def metadata(plan: Plan, argv: list[str]) -> dict:
     }
 
 
+@plain_cli
 def main(argv: list[str] | None = None) -> int:
-    """Run every section, write ``DIR/<section>.csv`` and ``DIR/results.json``; 0 if all ok."""
+    """Run every section, write ``DIR/<section>.csv`` and ``DIR/results.json`` (atomically,
+    after each section, so a killed run keeps the sections done); 0 if all ok."""
     parser = OneLineParser(prog="python -m experiments.bench.kernels_gpu", description=__doc__)
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--dry", action="store_true", help="tiny CPU run under the interpreter")
     args_list = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(args_list)
+    check_out_dir(args.out)
     if args.dry:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module imports triton
     elif not torch.cuda.is_available():
@@ -336,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
         results[name] = rows
         write_csv(args.out / f"{name}.csv", rows)
+        write_atomic(args.out / "results.json", json.dumps(results, indent=2))
         print_table(name + (" (dry: timings meaningless)" if plan.dry else ""), rows)
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
     all_ok = not results["errors"] and all(r["ok"] for r in results["correctness"])
     print(f"\ncopy bandwidth {copy_gbps:.4g} GB/s; wrote {args.out}; all ok: {all_ok}")
     return 0 if all_ok else 1

@@ -47,7 +47,7 @@ import numpy as np
 from experiments.bench.tables import print_table, write_csv
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
-from experiments.lib.cli import plain_cli
+from experiments.lib.cli import check_out_dir, plain_cli
 from sim.catalog import ModelSpec, get_model
 from sim.cost.profile import (
     LayerShape,
@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.vidur.is_dir():
         raise ConfigError("--vidur", "not a directory", str(args.vidur))
+    check_out_dir(args.out)  # before the tables' seconds of work
     # far shards are priced on purpose here: their warning is what the tables measure
     logging.getLogger("sim.cost.profiled").setLevel(logging.ERROR)
     fixed_part = not args.no_fixed_part

@@ -16,7 +16,10 @@ trace, offline, fp16, Triton attention) and, around each forward call:
   queues kernels returns long before the sleep ends; one that waits returns after it.
 
 Writes ``DIR/sync_check.json`` (sites with counts and one stack each; per slept step the
-sleep, issue and total milliseconds) and prints a summary. ``--dry`` runs the same code on
+sleep, issue and total milliseconds; ``complete``) and prints a summary. The file is
+rewritten (atomically) after the first step, after each slept step and every
+``SAVE_EVERY`` steps with ``complete`` false, so a run its time limit kills keeps what it
+found; at the end with ``complete`` true. ``--dry`` runs the same code on
 CPU with tiny-opt, where nothing is asynchronous: it only checks the script.
 """
 
@@ -28,12 +31,15 @@ import time
 import traceback
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from experiments.lib.args import OneLineParser
+from experiments.lib.cli import check_out_dir, plain_cli
 
 REPO = Path(__file__).resolve().parents[2]
+SAVE_EVERY = 50  # steps between the partial saves (besides the first and each slept step)
 
 
 def kvlab_site(stack: list[traceback.FrameSummary]) -> str:
@@ -45,7 +51,13 @@ def kvlab_site(stack: list[traceback.FrameSummary]) -> str:
     return "outside kvlab"
 
 
-def check(dry: bool, sleep_ms: float, sleep_steps: int, out: Path) -> dict[str, Any]:
+def check(
+    dry: bool, sleep_ms: float, sleep_steps: int, out: Path,
+    save: Callable[[dict[str, Any]], None] = lambda doc: None,
+) -> dict[str, Any]:  # fmt: skip
+    """Serve the probe workload with the forward watched (module doc); the result, with
+    ``complete`` true. ``save`` gets the result so far (``complete`` false) after the first
+    step, after each slept step and every ``SAVE_EVERY`` steps, outside the timed calls."""
     import torch
 
     from experiments.bench.engine_gpu import probe_overrides
@@ -60,6 +72,7 @@ def check(dry: bool, sleep_ms: float, sleep_steps: int, out: Path) -> dict[str, 
     sites: Counter[str] = Counter()
     stacks: dict[str, str] = {}
     slept: list[dict[str, float]] = []
+    calls = [0]
     cycles = 0
     if cuda:  # how many cycles make sleep_ms, measured once with events
         start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(True)
@@ -106,20 +119,28 @@ def check(dry: bool, sleep_ms: float, sleep_steps: int, out: Path) -> dict[str, 
             slept.append({"sleep_ms": start_ev.elapsed_time(end_ev), "issue_ms": issued * 1e3,
                           "total_ms": (time.perf_counter() - t0) * 1e3,
                           "tokens": int(batch.input_ids.numel())})  # fmt: skip
+        calls[0] += 1
+        if sleep or calls[0] % SAVE_EVERY == 1:
+            save(result(calls[0], False))
         return out
+
+    def result(steps: int, complete: bool) -> dict[str, Any]:
+        return {
+            "dry": dry, "model": serving.config["model"]["name"], "steps": steps,
+            "device": torch.cuda.get_device_name(0) if cuda else "cpu (dry: nothing to find)",
+            "sync_sites": dict(sites.most_common()), "stacks": dict(stacks),
+            "slept_steps": list(slept), "complete": complete,
+        }  # fmt: skip
 
     runner.forward = forward
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = record
-        result = run_to_end(serving.steps())
-    return {
-        "dry": dry, "model": serving.config["model"]["name"], "steps": result.num_steps,
-        "device": torch.cuda.get_device_name(0) if cuda else "cpu (dry: nothing to find)",
-        "sync_sites": dict(sites.most_common()), "stacks": stacks, "slept_steps": slept,
-    }  # fmt: skip
+        served = run_to_end(serving.steps())
+    return result(served.num_steps, True)
 
 
+@plain_cli
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m experiments.bench.sync_check",
                                      description=__doc__)  # fmt: skip
@@ -128,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sleep-ms", type=float, default=100.0)
     parser.add_argument("--sleep-steps", type=int, default=6)
     args = parser.parse_args(argv)
+    check_out_dir(args.out)
     if args.dry:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
@@ -137,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.lib.results import write_json
 
     args.out.mkdir(parents=True, exist_ok=True)
-    doc = check(args.dry, args.sleep_ms, args.sleep_steps, args.out)
-    write_json(args.out / "sync_check.json", doc)
+    path = args.out / "sync_check.json"
+    doc = check(args.dry, args.sleep_ms, args.sleep_steps, args.out,
+                lambda partial: write_json(path, partial))  # fmt: skip
+    write_json(path, doc)
     print(f"{doc['model']} on {doc['device']}: {doc['steps']} steps")
     for site, count in doc["sync_sites"].items():
         print(f"  synchronizing operation x{count} at {site}")

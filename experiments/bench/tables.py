@@ -28,13 +28,23 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     write_atomic(path, write)
 
 
+def _cell(row: dict, key: str) -> str:
+    """One printed cell: a float to 4 significant digits, a key the row lacks blank."""
+    if key not in row:
+        return ""
+    value = row[key]
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def print_table(title: str, rows: list[dict]) -> None:
+    """``rows`` as a plain-text table under ``title``: the columns are every row's keys in
+    the order they first appear (as :func:`write_csv`'s), a row without one blank there."""
     print(f"\n== {title} ==")
     if not rows:
         print("(no rows)")
         return
-    cols = list(rows[0])
-    cells = [[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
+    cols = list(dict.fromkeys(key for row in rows for key in row))
+    cells = [[_cell(r, c) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
     for row in cells:
