@@ -196,3 +196,21 @@ def test_reproduce_runs_every_simulation_as_a_resumable_job(tmp_path: Path) -> N
     finally:
         reproduce._LAUNCH = None
     assert "Fig. 2" in (tmp_path / "report.md").read_text()
+
+
+def test_a_stopped_launcher_fails_every_later_request_at_once(tmp_path: Path, monkeypatch) -> None:
+    from experiments.lib.sweep_stop import LauncherStopped
+
+    calls: list[int] = []
+
+    def dead(js, *args, **kwargs):
+        calls.append(len(js))
+        raise LauncherStopped("a worker process died")
+
+    monkeypatch.setattr(jobs, "launch", dead)
+    queue = LaunchQueue("basic", tmp_path, gather_s=0.05)
+    with pytest.raises(LauncherStopped):
+        queue.run("a", SMALL)
+    with pytest.raises(LauncherStopped):
+        queue.run("b", SMALL)  # no second launch: the reproduction ends instead
+    assert calls == [1]

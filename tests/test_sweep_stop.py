@@ -20,11 +20,12 @@ from experiments.lib.callbacks import job_records
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _sweep(sweep_dir: Path, *extra: str, die_at: str | None = None):
+def _sweep(sweep_dir: Path, *extra: str, die_at: str | None = None, index: str = "null"):
     env = {**os.environ, "KVLAB_TEST_DIE_AT_SEED": die_at or ""}
+    env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run(
         [sys.executable, "-m", "experiments.simulate", "-m", "hydra/launcher=joblib",
-         "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep_dir}", "index=null",
+         "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep_dir}", f"index={index}",
          "workload.num_requests=30", "seed=0,1,2", *extra],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -34,7 +35,8 @@ def test_a_dead_worker_stops_the_sweep_in_one_line_and_a_rerun_resumes(tmp_path:
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     sweep_dir = tmp_path / "sweep"
     killer = "+hydra.callbacks.die._target_=tests.sweep_killer.DieAtSeed"
-    proc = _sweep(sweep_dir, killer, die_at="1")
+    index = tmp_path / "index.csv"
+    proc = _sweep(sweep_dir, killer, die_at="1", index=str(index))
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
@@ -46,6 +48,10 @@ def test_a_dead_worker_stops_the_sweep_in_one_line_and_a_rerun_resumes(tmp_path:
     assert set(summary["status"]) <= {"ok", "interrupted"}
     started = {int(d.name) for d in job_records(sweep_dir)}
     assert set(summary.index) == started  # every job that started is accounted for
+    rows = pd.read_csv(index)  # and has its row in the runs index
+    stopped = summary.index[summary["status"] == "interrupted"]
+    marked = rows[rows["status"] == "interrupted"]["run_dir"].map(lambda d: int(Path(d).name))
+    assert sorted(marked) == sorted(stopped)
 
     again = _sweep(sweep_dir)
     assert again.returncode == 0, again.stderr
@@ -80,6 +86,48 @@ def test_an_interrupt_marks_the_jobs_in_flight_and_writes_the_summary(tmp_path: 
     assert not (old / "error.txt").exists()
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert summary[["job", "status"]].values.tolist() == [[0, "ok"], [1, "interrupted"]]
+
+
+def test_an_in_process_sweep_ended_by_its_jobs_interrupt_writes_the_summary(
+    tmp_path: Path,
+) -> None:
+    # Hydra's basic launcher runs jobs in this process: the job's own handler marks its
+    # folder and ends the command with 130 (Ctrl-C) or 143 (SIGTERM)
+    def main() -> None:
+        sweep_stop.STARTED.append((tmp_path, job_records(tmp_path)))
+        _job(tmp_path, "0", finished=True)
+        job = _job(tmp_path, "1", finished=False)
+        (job / "error.txt").write_text("interrupted (SIGTERM) before the run finished\n")
+        raise SystemExit(143)
+
+    with pytest.raises(SystemExit), sweep_stop.sweep_stops_kept(["-m", "seed=0,1"]):
+        main()
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert summary[["job", "status"]].values.tolist() == [[0, "ok"], [1, "interrupted"]]
+
+
+def test_a_sweep_asked_by_hydra_mode_is_one() -> None:
+    assert sweep_stop.is_sweep(["hydra.mode=MULTIRUN", "seed=0,1"])
+    assert not sweep_stop.is_sweep(["seed=0", "hydra.mode=RUN"])
+
+
+def test_a_job_error_outside_the_jobs_handler_is_reported_as_hydra_would(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    sweep_dir = tmp_path / "sweep"
+    assert _sweep(sweep_dir).returncode == 0, "the first sweep"
+    (sweep_dir / "0" / "metrics.json").write_text("{")  # read back before the job's handler
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.simulate", "-m", f"hydra.sweep.dir={sweep_dir}",
+         "index=null", "workload.num_requests=30", "seed=0,1,2"],
+        cwd=REPO, env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "JSONDecodeError" in proc.stderr
+    assert "Set the environment variable HYDRA_FULL_ERROR=1" in proc.stderr
+    assert "hydra/_internal" not in proc.stderr  # the frames above the job are trimmed
 
 
 def test_other_errors_pass_through_and_a_single_run_is_left_alone(monkeypatch) -> None:

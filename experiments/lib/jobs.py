@@ -218,13 +218,19 @@ class LaunchQueue:
         self.launcher_overrides = list(launcher_overrides)
         self.gather_s = gather_s
         self._pending: list[tuple[Job, Future]] = []
+        self._stopped: BaseException | None = None  # a launcher that stopped: no more batches
         self._lock = threading.Lock()
         self._wake = threading.Event()
         threading.Thread(target=self._loop, daemon=True, name="kvlab-launch").start()
 
     def run(self, label: str, overrides: Sequence[str]) -> dict[str, Any]:
+        """The job's metrics, once its batch is done. After a launch raised
+        :class:`experiments.lib.sweep_stop.LauncherStopped`, every later call raises it at
+        once (the caller ends; the jobs finished so far are kept)."""
         future: Future = Future()
         with self._lock:
+            if self._stopped is not None:
+                raise self._stopped
             self._pending.append((Job(label, tuple(overrides)), future))
         self._wake.set()
         return future.result()
@@ -239,10 +245,14 @@ class LaunchQueue:
             if not batch:
                 continue
             try:
+                if self._stopped is not None:
+                    raise self._stopped
                 metrics = launch(
                     [j for j, _ in batch], self.launcher, self.sweep_dir, self.launcher_overrides
                 )
             except BaseException as e:  # handed to every waiting caller
+                if type(e).__name__ == "LauncherStopped":
+                    self._stopped = e
                 for _, future in batch:
                     future.set_exception(e)
                 continue

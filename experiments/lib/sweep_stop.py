@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 import re
 import sys
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from hydra.errors import CompactHydraException
-
-from experiments.lib.results import write_csv, write_error
+from experiments.lib.results import append_index, write_csv, write_error
 from experiments.lib.signals import FULL_ERROR_ASKED, Terminated
 
 # (sweep folder, its job records when it started) of each sweep begun in this process:
@@ -47,8 +46,15 @@ def dead_worker(exc: BaseException) -> str | None:
 
 
 def is_sweep(argv: Sequence[str]) -> bool:
-    """Whether the command line asks Hydra for a multirun."""
-    return any(a in ("-m", "--multirun") for a in argv)
+    """Whether the command line asks Hydra for a multirun (``-m``, ``--multirun`` or
+    ``hydra.mode=MULTIRUN``)."""
+    return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN"
+               for a in argv)  # fmt: skip
+
+
+# the statuses a job's own handler ends the command with after an interrupt (cli.run_app):
+# in-process jobs (Hydra's basic launcher) stop the sweep so
+_INTERRUPT_EXITS = {130: "Ctrl-C", 143: "SIGTERM"}
 
 
 @contextmanager
@@ -56,8 +62,9 @@ def sweep_stops_kept(argv: Sequence[str]) -> Iterator[None]:
     """Around a Hydra entry point's call: see the module doc. Inside a sweep Hydra re-raises
     a launcher's exception here instead of printing it (``HYDRA_FULL_ERROR`` is set for the
     block; kvlab reads the user's own setting through
-    :func:`experiments.lib.signals.full_errors_asked`); one that is not a dead worker, or
-    any with the user's ``HYDRA_FULL_ERROR=1``, is re-raised unchanged."""
+    :func:`experiments.lib.signals.full_errors_asked`). Any other error is reported as
+    Hydra would have without the variable (its traceback trimmed to the job's frames), or
+    re-raised unchanged under the user's ``HYDRA_FULL_ERROR=1``."""
     if not is_sweep(argv):
         yield
         return
@@ -65,36 +72,67 @@ def sweep_stops_kept(argv: Sequence[str]) -> Iterator[None]:
     saved = os.environ.get("HYDRA_FULL_ERROR")
     os.environ[FULL_ERROR_ASKED] = saved or ""
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
-        _keep(f"interrupted ({how})")
-        raise
-    except Exception as exc:
-        if saved == "1":
-            raise
-        if isinstance(exc, CompactHydraException):  # printed as Hydra would have
-            print(str(exc), file=sys.stderr)
-            raise SystemExit(LAUNCHER_FAILURE_STATUS) from None
-        why = dead_worker(exc)
-        if why is None:
-            raise
-        where = _keep(f"interrupted: the launcher stopped the sweep, as {why}")
-        print(f"error: {why} and the launcher stopped the sweep; finished jobs are "
-              f"kept{where}", file=sys.stderr)  # fmt: skip
-        raise SystemExit(LAUNCHER_FAILURE_STATUS) from None
-    finally:
+
+    def restore() -> None:
         os.environ.pop(FULL_ERROR_ASKED, None)
         if saved is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = saved
 
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        _keep(f"interrupted ({'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'})")
+        raise
+    except SystemExit as exc:
+        if exc.code in _INTERRUPT_EXITS:  # an in-process job's handler ended the sweep
+            _keep(f"interrupted ({_INTERRUPT_EXITS[exc.code]})")
+        raise
+    except Exception as exc:
+        why = dead_worker(exc)
+        if saved == "1":
+            raise
+        if why is None:
+            restore()
+            _report_as_hydra(exc)
+            raise
+        where = _keep(f"interrupted: the launcher stopped the sweep, as {why}")
+        print(f"error: {why} and the launcher stopped the sweep; finished jobs are "
+              f"kept{where}", file=sys.stderr)  # fmt: skip
+        raise SystemExit(LAUNCHER_FAILURE_STATUS) from None
+    finally:
+        restore()
+
+
+def _report_as_hydra(exc: Exception) -> None:
+    """Report ``exc`` as Hydra does without ``HYDRA_FULL_ERROR`` (hydra/_internal/utils.py,
+    ``run_and_report``), then exit 1: a compact Hydra error as its message (and its
+    OmegaConf cause); a job's error as its traceback from inside the job on. Returns, for
+    the caller to re-raise, an error from outside any job (Hydra prints those whole)."""
+    from hydra.errors import CompactHydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(exc, CompactHydraException):
+        print(str(exc), file=sys.stderr)
+        if isinstance(exc.__cause__, OmegaConfBaseException):
+            print(str(exc.__cause__), file=sys.stderr)
+        raise SystemExit(LAUNCHER_FAILURE_STATUS) from None
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name != "run_job":
+        tb = tb.tb_next
+    if tb is None:
+        return
+    traceback.print_exception(type(exc), exc, tb.tb_next)
+    print("\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+          file=sys.stderr)  # fmt: skip
+    raise SystemExit(LAUNCHER_FAILURE_STATUS) from None
+
 
 def _keep(why: str) -> str:
-    """Mark this sweep's stopped jobs and write its summary; returns where to look, as the
-    end of a sentence ("" when no sweep started)."""
+    """Mark this sweep's stopped jobs (``error.txt`` and an ``interrupted`` row in the runs
+    index) and write its summary; returns where to look, as the end of a sentence ("" when
+    no sweep started)."""
     from experiments.lib.callbacks import collect_summary, job_records
 
     if not STARTED:
@@ -105,11 +143,33 @@ def _keep(why: str) -> str:
         started_now = before.get(job_dir) != record
         done = (job_dir / "metrics.json").is_file() or (job_dir / "error.txt").is_file()
         if started_now and not done:
-            write_error(job_dir, f"{why} before this job finished: its files are partial; "
-                                 f"{again}\n")  # fmt: skip
+            line = f"{why} before this job finished: its files are partial; {again}"
+            write_error(job_dir, line + "\n")
+            _index_row(job_dir, line)
     summary = collect_summary(sweep_dir, before)
     if summary.empty:
         return f"; rerun with hydra.sweep.dir={sweep_dir} to resume"
     write_csv(sweep_dir / "summary.csv", summary)
     return (f"; {sweep_dir / 'summary.csv'} lists them and the stopped ones; rerun the same "
             f"command with hydra.sweep.dir={sweep_dir} to run the rest")  # fmt: skip
+
+
+def _index_row(job_dir: Path, line: str) -> None:
+    """The ``interrupted`` row a job's own handler would have written (its app, overrides
+    and index from the files Hydra saved in ``job_dir/.hydra``); nothing where they cannot
+    be read or the job's index is null."""
+    from omegaconf import OmegaConf
+
+    from experiments.lib.cli import DEFAULT_INDEX
+
+    saved = job_dir / ".hydra"
+    try:
+        config = OmegaConf.load(saved / "config.yaml")
+        app = str(OmegaConf.load(saved / "hydra.yaml").hydra.job.name)
+        listed = OmegaConf.to_container(OmegaConf.load(saved / "overrides.yaml"), resolve=False)
+        index = config.get("index", str(DEFAULT_INDEX))
+        if index:
+            append_index(Path(str(index)), app, "interrupted", job_dir,
+                         [str(o) for o in listed or []], error=line)  # fmt: skip
+    except (OSError, ValueError, AttributeError, TypeError) as exc:  # the job's files, or index
+        print(f"note: no runs-index row for {job_dir}: {exc}", file=sys.stderr)
