@@ -27,6 +27,7 @@ registered name, in the simulator and the engine alike.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 
 from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
@@ -72,6 +73,9 @@ SYSTEMS: dict[str, SystemSpec] = {
 
 
 BUILT_IN = frozenset(SYSTEMS)
+# system name -> the plugin module whose import registered it (load_plugin)
+_PLUGIN_OF: dict[str, str] = {}
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def register_system(spec: SystemSpec) -> None:
@@ -80,11 +84,15 @@ def register_system(spec: SystemSpec) -> None:
     name a built-in or another spec holds, a ``kv`` other than ``paged`` / ``contiguous``,
     a scheduler that is not a :class:`BaseScheduler` subclass, or a ``reservation`` that is
     not one of the contiguous manager's policies (none for paged), and for paged-only
-    options on a contiguous spec."""
+    options on a contiguous spec, or a name that is not letters, digits, ``_.-`` (it names
+    run folders). A spec whose scheduler is the held one's, by module and name, replaces it
+    (a plugin imported again, e.g. reloaded in a notebook)."""
+    if not _NAME.fullmatch(spec.name):
+        raise SystemConfigError(f"system name {spec.name!r}: use letters, digits, '_', '.', '-'")
     held = SYSTEMS.get(spec.name)
     if held == spec:
         return
-    if held is not None:
+    if held is not None and not (spec.name not in BUILT_IN and _same_class(held, spec)):
         whose = "a built-in system" if spec.name in BUILT_IN else "another registered system"
         raise SystemConfigError(f"system name {spec.name!r} is taken by {whose}")
     if not (isinstance(spec.scheduler, type) and issubclass(spec.scheduler, BaseScheduler)):
@@ -109,19 +117,40 @@ def register_system(spec: SystemSpec) -> None:
     SYSTEMS[spec.name] = spec
 
 
+def _same_class(held: SystemSpec, spec: SystemSpec) -> bool:
+    def key(s: SystemSpec) -> tuple[str, str]:
+        return s.scheduler.__module__, s.scheduler.__qualname__
+
+    return key(held) == key(spec)
+
+
 def load_plugin(module: str | None) -> None:
     """Import ``module`` (a dotted name importable from ``sys.path``; None: nothing), which
-    registers its systems (:func:`register_system`) as it is imported. Raises
-    :class:`SystemConfigError` naming the module when it cannot be imported or its
-    registration fails."""
+    registers its systems (:func:`register_system`) as it is imported; they are then
+    :func:`plugin_of` it. Raises :class:`SystemConfigError` naming the module when it cannot
+    be imported, fails while it is (its error's type and message), or its registration
+    fails."""
     if not module:
         return
+    before = set(SYSTEMS)
     try:
         importlib.import_module(module)
     except SystemConfigError as exc:
         raise SystemConfigError(f"plugin {module!r}: {exc}") from None
     except ImportError as exc:
         raise SystemConfigError(f"plugin {module!r} cannot be imported: {exc}") from None
+    except Exception as exc:  # the plugin's own code failed as it ran
+        raise SystemConfigError(
+            f"plugin {module!r} failed while importing: {type(exc).__name__}: {exc}"
+        ) from None
+    for name in set(SYSTEMS) - before:
+        _PLUGIN_OF[name] = module
+
+
+def plugin_of(name: str) -> str | None:
+    """The plugin module whose import registered system ``name`` (:func:`load_plugin`);
+    None for a built-in system or one registered from Python directly."""
+    return _PLUGIN_OF.get(name)
 
 
 def get_system(name: str) -> SystemSpec:

@@ -77,6 +77,37 @@ def test_registration_refuses_what_no_body_could_run() -> None:
         register_system(spec)
         register_system(spec)  # the same spec again: a no-op
         with pytest.raises(SystemConfigError, match="another registered system"):
-            register_system(SystemSpec("t_orca_pow2_again", OrcaScheduler, "contiguous", "max"))
+            register_system(SystemSpec("t_orca_pow2_again", VLLMScheduler, "paged"))
     finally:
         SYSTEMS.pop("t_orca_pow2_again", None)
+
+
+def test_a_plugin_failing_as_it_imports_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "kvlab_broken_plugin.py").write_text("raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    status, _, err = run_cli(simulate, [*SIM_SMALL, "system.plugin=kvlab_broken_plugin"],
+                             tmp_path)  # fmt: skip
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1, err
+    assert "failed while importing: RuntimeError: boom" in lines[0]
+
+
+def test_a_plugin_system_needs_its_plugin_in_every_job(tmp_path: Path) -> None:
+    # a plugin another job of this process loaded does not stand in for this job's own
+    status, _, err = run_cli(simulate, [*SIM_SMALL, *PLUGIN], tmp_path)
+    assert status == 0, err
+    status, _, err = run_cli(simulate, [*SIM_SMALL, "system.name=vllm_spf"], tmp_path)
+    assert status == 2
+    assert "error: system.plugin: system 'vllm_spf' comes from a plugin" in err
+    assert "tests.policy_plugin" in err
+
+
+def test_a_plugin_imported_again_replaces_its_own_systems() -> None:
+    import importlib
+
+    import tests.policy_plugin as plugin
+
+    importlib.reload(plugin)  # a notebook's edit-and-reload
+    assert SYSTEMS["vllm_spf"].scheduler is plugin.ShortestPromptFirst
+    with pytest.raises(SystemConfigError, match="use letters, digits"):
+        register_system(SystemSpec("a b/c", VLLMScheduler, "paged"))

@@ -369,7 +369,7 @@ def run_gpu(hardware: Mapping[str, Any] | None) -> Any:
 def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     """The model and hardware resolve (a catalog name, or numbers of their own), the
     system's plugin imports (``system.plugin``) and the system name exists."""
-    from core.systems import SYSTEMS, SystemConfigError, load_plugin
+    from core.systems import SYSTEMS, SystemConfigError, load_plugin, plugin_of
     from sim.catalog import model_from_config, model_key
 
     model = c.get("model") or {}
@@ -387,13 +387,19 @@ def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     hardware = c.get("hardware") or {}
     if app == "simulate" or hardware.get("name") is not None:
         run_gpu(hardware)
+    plugin = lookup(c, "system.plugin")
+    plugin = None if plugin is _UNSET or not plugin else str(plugin)  # a config from before it
     try:
-        load_plugin(lookup(c, "system.plugin") or None)
+        load_plugin(plugin)
     except SystemConfigError as exc:
         raise ConfigError("system.plugin", str(exc)) from None
     system = lookup(c, "system.name")
     if system not in SYSTEMS:
         raise ConfigError("system", "unknown system", system, "one of " + ", ".join(SYSTEMS))
+    owner = plugin_of(system)
+    if owner is not None and owner != plugin:  # loaded by another job of this process
+        raise ConfigError("system.plugin", f"system {system!r} comes from a plugin",
+                          plugin, owner)  # fmt: skip
 
 
 def check_workload_size(c: Mapping[str, Any], app: str, facts: Facts) -> None:
