@@ -307,3 +307,12 @@ def test_a_threshold_no_run_could_use_is_one_line(tmp_path: Path, capsys, thresh
         fig12_rates.main([str(tmp_path), "--threshold", threshold])
     assert ended.value.code == 2
     assert capsys.readouterr().err.startswith("error: --threshold: not a number > 0 (got ")
+
+
+def test_the_curves_tell_a_failed_rate_from_an_unmeasured_one() -> None:
+    rows = [{"setting": "a", "system": "vllm", "seed": seed, "rate": rate, "passes": ok,
+             "normalized_latency": 0.1}
+            for rate, seed, ok in ((1.0, 0, True), (1.0, 1, None), (2.0, 0, False),
+                                   (2.0, 1, None), (3.0, 0, True), (3.0, 1, True))]  # fmt: skip
+    by_rate = {r["rate"]: (r["passes"], r["failed"]) for r in curve_table(rows)}
+    assert by_rate == {1.0: (False, False), 2.0: (False, True), 3.0: (True, False)}

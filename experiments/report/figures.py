@@ -191,7 +191,8 @@ def fig12_panels(
     """Fig. 12, one axis per panel (``panels``: (panel key, title, end of the paper's
     x-axis)), laid out as the paper's (ShareGPT above Alpaca when all six are drawn).
     Per system: normalized latency's mean over seeds against the rate (line; a rate that
-    passed, ``passes``, a filled dot, one that failed a hollow square), shaded between the
+    passed, ``passes``, a filled dot, one that failed, ``failed``, a hollow square; one
+    unmeasured on a seed, neither), shaded between the
     seeds' min and max, the threshold (dotted), and the sustainable rate as a dot with
     its interval over seeds as a horizontal bar on the threshold line; the paper's axis end
     is a grey vertical line. ``curves``: ``rate_search.curve_table`` with a ``panel`` column;
@@ -212,7 +213,9 @@ def fig12_panels(
             passed = (df["passes"].astype(str) == "True").tolist()
             ax.plot(df["rate"], df["normalized_latency_mean"], marker="o", ms=2.5, lw=1,
                     markevery=passed, color=color, label=label)  # fmt: skip
-            failed = df[[not p for p in passed]]
+            # an older fig12_curves.csv has no "failed": every rate that did not pass failed
+            fails = df["failed"] if "failed" in df else df["passes"].astype(str) != "True"
+            failed = df[(fails.astype(str) == "True").tolist()]
             ax.plot(failed["rate"], failed["normalized_latency_mean"], ls="none", marker="s",
                     ms=3, mfc="none", mew=0.7, color=color)  # fmt: skip
             ax.fill_between(df["rate"], df["normalized_latency_min"],

@@ -304,7 +304,9 @@ def _bound(num_higher: bool, den_higher: bool) -> str:
 
 def curve_table(rows: Sequence[dict[str, Any]], value: str = "normalized_latency") -> list[dict]:
     """Per (setting, system, rate): ``value``'s mean, min and max over seeds, the number of
-    seeds, and whether the rate passes on every seed; sorted by rate."""
+    seeds, whether the rate passes on every seed (``passes``) and whether one failed
+    (``failed``; neither where no seed failed but one is unmeasured: :func:`max_rate`
+    leaves such a rate out); sorted by rate."""
     by: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
     for r in rows:
         by.setdefault((r["setting"], r["system"], r["rate"]), []).append(r)
@@ -317,7 +319,8 @@ def curve_table(rows: Sequence[dict[str, Any]], value: str = "normalized_latency
             f"{value}_mean": sum(vals) / len(vals) if vals else math.nan,
             f"{value}_min": min(vals) if vals else math.nan,
             f"{value}_max": max(vals) if vals else math.nan,
-            "passes": all(r["passes"] for r in rs),
+            "passes": _rate_passes(rs).get(rate) is True,
+            "failed": _rate_passes(rs).get(rate) is False,
             "num_requests_mean": sum(r.get("num_requests") or 0 for r in rs) / len(rs),
         })  # fmt: skip
     return out
