@@ -86,7 +86,14 @@ if [ -n "$deadline" ]; then
     deadline=$((10#$deadline))
 fi
 
-OUT_DIR="${1:-${OUT:?give an output directory or set OUT}}"
+OUT_DIR="${1:-${OUT:-}}"
+[ -n "$OUT_DIR" ] || bad_setting "give an output directory (OUT_DIR) or set OUT"
+if [ -n "${PACK_DIR:-}" ]; then # the pack of OUT_DIR must not land inside it (it would nest)
+    case "$(realpath -m "$PACK_DIR")/" in "$(realpath -m "$OUT_DIR")"/*)
+        bad_setting "PACK_DIR ($PACK_DIR) is OUT_DIR or inside it: give OUT_DIR another" \
+            "folder (the device call: /tmp/kvlab-gpu)" ;;
+    esac
+fi
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd) || exit 1
 cd "$(dirname "$0")/.." || exit 1
 PYTHON="${PYTHON:-python3}"
