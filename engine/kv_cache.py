@@ -44,9 +44,11 @@ def resolve_kv_budget(
     budget_bytes: int | None = None,
     gib: float | None = None,
     fraction: float | None = None,
+    reserved_bytes: int = 0,
 ) -> int:
     """The KV budget in bytes from exactly one of ``budget_bytes``, ``gib`` or ``fraction``
-    (of the device's free memory now, ``torch.cuda.mem_get_info``; CUDA only)."""
+    (of the device's free memory now, ``torch.cuda.mem_get_info``, less ``reserved_bytes``
+    that will be allocated before the cache, e.g. the weights; CUDA only)."""
     given = [x is not None for x in (budget_bytes, gib, fraction)]
     if sum(given) != 1:
         raise KVBudgetError(
@@ -68,7 +70,12 @@ def resolve_kv_budget(
                 f"not {dev}; give the budget in bytes or GiB"
             )
         free, _total = torch.cuda.mem_get_info(dev)
-        out = int(free * fraction)
+        if free <= reserved_bytes:
+            raise KVBudgetError(
+                f"{free / GIB:.2f} GiB free on {dev} leave no room for a KV cache after the "
+                f"{reserved_bytes / GIB:.2f} GiB still to be allocated (the weights)"
+            )
+        out = int((free - reserved_bytes) * fraction)
     if out <= 0:
         raise KVBudgetError(f"KV budget must be positive, got {out} bytes")
     return out

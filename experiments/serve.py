@@ -20,10 +20,10 @@ steps, then ``finish``: a caller may serve several runs a step each in turn). ``
 on ``device=cpu`` needs ``TRITON_INTERPRET=1`` (Triton's CPU interpreter; slow).
 
 KV budget (:func:`kv_budget_bytes`): ``kv_cache_gb`` when given; else
-``kv_budget_fraction`` of free CUDA memory; else derived: on CUDA
-:data:`GPU_DEFAULT_FRACTION` of free memory, on CPU room for ``system.max_num_seqs``
-sequences of ``max_model_len`` tokens, at most :data:`CPU_DEFAULT_CAP_BYTES` (but never
-less than one ``max_model_len`` sequence).
+``kv_budget_fraction`` of the CUDA memory free once the weights are loaded (free memory now
+less the weights); else derived: on CUDA :data:`GPU_DEFAULT_FRACTION` of that, on CPU room
+for ``system.max_num_seqs`` sequences of ``max_model_len`` tokens, at most
+:data:`CPU_DEFAULT_CAP_BYTES` (but never less than one ``max_model_len`` sequence).
 """
 
 from __future__ import annotations
@@ -105,13 +105,24 @@ def kv_budget_bytes(
     device = str(c.get("device", "cpu"))
     if c.get("kv_cache_gb") is not None:
         return int(float(c["kv_cache_gb"]) * GIB)
+    weights = model_config.num_params() * torch.finfo(dtype).bits // 8  # loaded before the cache
     if c.get("kv_budget_fraction") is not None:
-        return resolve_kv_budget(device, fraction=float(c["kv_budget_fraction"]))
+        fraction = float(c["kv_budget_fraction"])
+        return resolve_kv_budget(device, fraction=fraction, reserved_bytes=weights)
     if device == "cuda":
-        return resolve_kv_budget(device, fraction=GPU_DEFAULT_FRACTION)
+        return resolve_kv_budget(device, fraction=GPU_DEFAULT_FRACTION, reserved_bytes=weights)
     per_token = bytes_per_block(model_config, 1, dtype)
     wanted = int(c["system"].get("max_num_seqs", 256)) * mml * per_token
     return min(wanted, max(CPU_DEFAULT_CAP_BYTES, mml * per_token))
+
+
+def budget_key(c: Mapping[str, Any]) -> str:
+    """The key that sized the KV budget (:func:`kv_budget_bytes`), for its errors."""
+    if c.get("num_gpu_blocks") is not None:
+        return "num_gpu_blocks"
+    if c.get("kv_cache_gb") is not None:
+        return "kv_cache_gb"
+    return "kv_budget_fraction"
 
 
 def check_holds_one_sequence(
@@ -169,7 +180,7 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
             **options,
         )
     except KVBudgetError as exc:
-        raise ConfigError("kv_cache_gb", str(exc)) from None
+        raise ConfigError(budget_key(c), str(exc)) from None
     except CheckpointError as exc:
         raise ConfigError("model.path", str(exc)) from None
     except EngineError as exc:
