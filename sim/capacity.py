@@ -230,7 +230,8 @@ def kv_capacity(
         "non_torch": "set by the run's config" if non_torch_bytes else "not modelled (0)",
         "kv_cache": "the rest",
     }
-    if num_gpu_blocks is None and weights + acts + graphs + non_torch_bytes >= usable:
+    derived = num_gpu_blocks is None and kv_cache_bytes is None  # else the given cache's
+    if derived and weights + acts + graphs + non_torch_bytes >= usable:
         raise ValueError(
             f"{model.name} does not fit on {tp} × {gpu.name}: weights {weights / GIB:.2f} GiB "
             f"+ activations {acts / GIB:.2f} GiB + CUDA graphs {graphs / GIB:.2f} GiB "
@@ -256,10 +257,12 @@ def kv_capacity(
         )
     slots = kv // per_token
     need = model.max_model_len if max_model_len is None else max_model_len
-    if slots < need:
+    whole = slots // block_size * block_size  # a sequence holds whole blocks
+    if whole < need:
         raise ValueError(
-            f"KV cache of {model.name} on {tp} × {gpu.name} holds {slots} tokens, "
-            f"fewer than one max_model_len={need} sequence; lower system.max_model_len"
+            f"KV cache of {model.name} on {tp} × {gpu.name} holds {whole} tokens "
+            f"({whole // block_size} block(s) of {block_size}), fewer than one "
+            f"max_model_len={need} sequence; lower system.max_model_len"
         )
     return KVCapacity(
         tp, total, weights, acts, kv, per_token, slots, graphs, non_torch_bytes,

@@ -71,3 +71,30 @@ def test_sampler_peak_dominates_small_token_budgets() -> None:
     small = activation_bytes(model, 1, 512, 256)
     assert small >= 256 * model.vocab_size * 20  # logits, sorted values, indices, softmax
     assert activation_bytes(model, 1, 512, 0) < small
+
+
+def test_one_sequence_is_counted_in_whole_blocks() -> None:
+    """2040 tokens need 128 blocks of 16; a cache of 2,045 slots (127 blocks and a part)
+    cannot hold one such sequence (serve's check and vLLM count whole blocks too)."""
+    from sim.capacity import kv_capacity
+    from sim.catalog import get_gpu, get_model
+
+    model, gpu = get_model("opt-125m"), get_gpu("a100-40gb")
+    per_token = 2 * 12 * 768 * 2
+    cache = 2045 * per_token  # 2,045 slots: 127 whole blocks
+    with pytest.raises(ValueError, match=r"holds 2032 tokens \(127 block\(s\) of 16\)"):
+        kv_capacity(model, gpu, kv_cache_bytes=cache, max_model_len=2040, block_size=16)
+    assert kv_capacity(model, gpu, kv_cache_bytes=cache, max_model_len=2032).num_slots == 2045
+
+
+def test_a_given_cache_is_not_held_to_the_derived_budget() -> None:
+    """kv_cache_bytes sizes the cache itself (vLLM's kv_cache_memory_bytes): only it and the
+    weights must fit, whatever gpu_memory_utilization leaves for a derived one."""
+    from sim.capacity import kv_capacity
+    from sim.catalog import get_gpu, get_model
+
+    model, gpu = get_model("opt-13b"), get_gpu("a100-40gb")
+    with pytest.raises(ValueError, match="does not fit"):
+        kv_capacity(model, gpu, gpu_memory_utilization=0.5)
+    cap = kv_capacity(model, gpu, gpu_memory_utilization=0.5, kv_cache_bytes=12 * 1024**3)
+    assert cap.num_slots == 12 * 1024**3 // (2 * 40 * 5120 * 2)
