@@ -295,3 +295,18 @@ def test_device_checks_note_what_they_cannot_check(tmp_path: Path) -> None:
     # no device recorded: nothing to check
     bare = read_run(_run(tmp_path / "b", edit=lambda m: m.pop("hardware")))
     assert check_device(bare, resolve_gpu("h200"), "h200") is None
+
+
+def test_kv_cache_memory_bytes_sizes_the_cache_without_a_block_count(tmp_path: Path) -> None:
+    """vLLM's kv_cache_memory_bytes (per GPU) takes the place of gpu_memory_utilization's
+    accounting: without a recorded block count the cache is that many bytes."""
+
+    def sized(meta: dict[str, Any]) -> None:
+        meta["kv_cache"].pop("num_gpu_blocks")
+        meta["kv_cache"]["kv_cache_memory_bytes"] = 2 * 1024**3
+
+    run = read_run(_run(tmp_path, edit=sized))
+    assert run.kv_cache_memory_bytes == 2 * 1024**3
+    blocks, text = num_blocks(run, get_model("llama-3.1-8b"), resolve_gpu("rtx4090"))
+    assert blocks == 2 * 1024**3 // (16 * 131072)  # Llama-3.1-8B bf16: 128 KiB a token
+    assert "(given)" in text

@@ -66,6 +66,8 @@ class VLLMRun:
     cuda_graph_max_size: int
     timeseries: pd.DataFrame | None
     prefix_caching_dropped: bool = False
+    # vLLM's kv_cache_memory_bytes (per GPU): sizes the cache when no block count is recorded
+    kv_cache_memory_bytes: int | None = None
     device_name: str | None = None  # hardware.device_name of meta.json
     meta_path: Path | None = None
     max_model_len_key: str = "engine_kwargs.max_model_len"  # meta.json's key it was read from
@@ -255,6 +257,8 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
             f"{system['block_size']} = {blocks * system['block_size']}): vLLM does not start so"
         )
     memory = setting(WHOLE, "hardware.device_total_memory_bytes", default=None)
+    kv_bytes = setting(WHOLE, "kv_cache.kv_cache_memory_bytes", f"{cc}.kv_cache_memory_bytes",
+                       default=None)  # fmt: skip
     utilization = setting(FRACTION, "kv_cache.gpu_memory_utilization",
                           f"{cc}.gpu_memory_utilization", default=0.9)  # fmt: skip
     eager = setting(BOOLEAN, f"{ek}.enforce_eager", f"{rc}.model_config.enforce_eager",
@@ -280,6 +284,7 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
         model_name=setting(MODEL_NAME, *model_keys),
         device_memory_bytes=memory,
         gpu_memory_utilization=utilization,
+        kv_cache_memory_bytes=kv_bytes,
         cuda_graph_max_size=0 if eager else graphs,
         timeseries=read_timeseries(run_dir / "timeseries.csv"),
         prefix_caching_dropped=wanted and not system["enable_prefix_caching"],
@@ -448,9 +453,11 @@ def check_device(
 
 def num_blocks(run: VLLMRun, model: ModelSpec, gpu: GPUSpec) -> tuple[int, str]:
     """vLLM's block count when meta.json records it (:func:`read_run` checked that it holds
-    one ``max_model_len`` sequence), else kvlab's estimate (vllm_v1 accounting on the device
-    memory meta.json records); the capacity description. An estimate that holds no
-    ``max_model_len`` sequence is a RunError naming meta.json's key."""
+    one ``max_model_len`` sequence); else the cache its ``kv_cache_memory_bytes`` sizes (per
+    GPU, as vLLM takes it, in place of ``gpu_memory_utilization``'s accounting); else
+    kvlab's estimate (vllm_v1 accounting on the device memory meta.json records); the
+    capacity description. An estimate that holds no ``max_model_len`` sequence is a
+    RunError naming meta.json's key."""
     if run.device_memory_bytes is not None:  # the run's own device total, as vLLM read it
         total = int(run.device_memory_bytes)
         gpu = replace(
@@ -466,6 +473,8 @@ def num_blocks(run: VLLMRun, model: ModelSpec, gpu: GPUSpec) -> tuple[int, str]:
         max_num_seqs=run.sched_config.max_num_seqs,
         gpu_memory_utilization=run.gpu_memory_utilization,
         block_size=run.block_size, cuda_graph_max_size=run.cuda_graph_max_size,
+        kv_cache_bytes=None if run.kv_cache_memory_bytes is None
+        else run.kv_cache_memory_bytes * run.tp,
     )  # fmt: skip
     try:
         estimate = capacity(max_model_len=run.max_model_len if run.num_gpu_blocks is None else 1)
