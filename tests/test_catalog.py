@@ -214,3 +214,13 @@ def test_capacity_errors_name_the_problem() -> None:
         kv_capacity("opt-13b", "a100-40gb", gpu_memory_utilization=1.5)
     with pytest.raises(ValueError, match="block_size"):
         kv_capacity("tiny-opt", "a100-40gb").num_blocks(0)
+
+
+def test_kv_bytes_per_token_refuses_a_tp_that_neither_splits_nor_replicates_kv_heads() -> None:
+    from core.model_spec import kv_bytes_per_token
+
+    llama = get_model("llama-3.1-8b")  # 8 KV heads
+    assert kv_bytes_per_token(llama, 2, tp=4) == 2 * 32 * 2 * 128 * 2
+    assert kv_bytes_per_token(llama, 2, tp=16) == 2 * 32 * 1 * 128 * 2  # replicated
+    with pytest.raises(ValueError, match="cannot be split or replicated over tp=3"):
+        kv_bytes_per_token(llama, 2, tp=3)
