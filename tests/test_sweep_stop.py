@@ -111,23 +111,37 @@ def test_a_sweep_asked_by_hydra_mode_is_one() -> None:
     assert not sweep_stop.is_sweep(["seed=0", "hydra.mode=RUN"])
 
 
-def test_a_job_error_outside_the_jobs_handler_is_reported_as_hydra_would(
-    tmp_path: Path,
-) -> None:
+def test_a_job_error_outside_the_jobs_handler_is_reported_as_hydra_would(capsys) -> None:
+    def run_job() -> None:  # Hydra's frame the report trims to (hydra.core.utils.run_job)
+        inside_the_job()
+
+    def inside_the_job() -> None:
+        raise RuntimeError("a job that failed outside its handler")
+
+    try:
+        run_job()
+    except RuntimeError as exc:
+        with pytest.raises(SystemExit) as stop:
+            sweep_stop._report_as_hydra(exc)
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert "in inside_the_job" in err and "in run_job" not in err
+    assert err.rstrip().endswith("Set the environment variable HYDRA_FULL_ERROR=1 for a "
+                                 "complete stack trace.")  # fmt: skip
+    outside = ValueError("not a job's")  # no run_job frame: left to the caller to raise
+    assert sweep_stop._report_as_hydra(outside) is None
+
+
+def test_a_damaged_metrics_file_is_run_again_on_resume(tmp_path: Path) -> None:
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     sweep_dir = tmp_path / "sweep"
     assert _sweep(sweep_dir).returncode == 0, "the first sweep"
-    (sweep_dir / "0" / "metrics.json").write_text("{")  # read back before the job's handler
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.simulate", "-m", f"hydra.sweep.dir={sweep_dir}",
-         "index=null", "workload.num_requests=30", "seed=0,1,2"],
-        cwd=REPO, env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 1
-    assert "JSONDecodeError" in proc.stderr
-    assert "Set the environment variable HYDRA_FULL_ERROR=1" in proc.stderr
-    assert "hydra/_internal" not in proc.stderr  # the frames above the job are trimmed
+    (sweep_dir / "0" / "metrics.json").write_text("{")  # damaged since it was written
+    again = _sweep(sweep_dir)
+    assert again.returncode == 0, again.stderr
+    assert "metrics.json: unreadable" in again.stdout + again.stderr
+    summary = pd.read_csv(sweep_dir / "summary.csv").set_index("job")
+    assert list(summary.loc[[0], "status"]) == ["ok"]
 
 
 def test_other_errors_pass_through_and_a_single_run_is_left_alone(monkeypatch) -> None:

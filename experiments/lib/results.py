@@ -199,8 +199,9 @@ def finished_metrics(out_dir: Path, cfg: DictConfig | Mapping[str, Any]) -> dict
     """The metrics of a complete run of ``cfg`` in ``out_dir`` (its ``metrics.json`` exists,
     its ``config.yaml`` is ``cfg`` resolved, ``index`` aside, and the input files it names
     are as the run found them: ``inputs.json``, :mod:`experiments.lib.input_stamps`), else
-    None: a finished job is not run again, and a directory holding another config's run, or
-    a run of an input since edited, is not mistaken for this one."""
+    None: a finished job is not run again, and a directory holding another config's run, a
+    run of an input since edited, or a ``metrics.json`` damaged since, is not mistaken for
+    this one."""
     metrics, config = out_dir / "metrics.json", out_dir / "config.yaml"
     if not (metrics.is_file() and config.is_file()):
         return None
@@ -220,7 +221,11 @@ def finished_metrics(out_dir: Path, cfg: DictConfig | Mapping[str, Any]) -> dict
         return None
     if _saved_stamps(out_dir) != input_stamps(conf):  # an input file edited since
         return None
-    return read_metrics(out_dir)
+    try:
+        return read_metrics(out_dir)
+    except (OSError, ValueError) as exc:  # damaged since it was written whole: run it again
+        log.warning("%s: unreadable (%s): the run is done again", metrics, exc)
+        return None
 
 
 def _saved_stamps(out_dir: Path) -> dict[str, Any] | None:
