@@ -351,6 +351,15 @@ class BaseScheduler:
     def _finish_plan(self, plan: StepPlan) -> StepPlan:
         plan.num_waiting = len(self.waiting)
         plan.num_swapped = len(self.swapped)
+        if plan.swap_in and plan.swap_out:
+            # executors swap out first: a CPU block read by a swap-in must not be written
+            # by a swap-out of the same step (no policy here plans both; a guard for others)
+            reused = {cpu for cpu, _ in plan.swap_in} & {cpu for _, cpu in plan.swap_out}
+            if reused:
+                raise RuntimeError(
+                    f"step {self.step_index}: CPU block(s) {sorted(reused)[:4]} are both "
+                    "swapped in and swapped out in one plan"
+                )
         return plan
 
     def _abort(self, group: SequenceGroup, reason: str) -> None:
