@@ -122,3 +122,13 @@ def test_an_out_that_is_a_file_is_one_line(tmp_path: Path, capsys) -> None:
         sharing.main(["--out", str(out)])
     assert ended.value.code == 2
     assert capsys.readouterr().err == f"error: --out: {out} is a file, not a folder\n"
+
+
+def test_fig15_range_leaves_out_runs_that_held_no_block() -> None:
+    from experiments.report.fig15_sharing import table
+
+    rows = [{"setting": "n 2", "system": "vllm", "rate": rate, "seed": 0, "passes": True,
+             "kv_sharing_saving_pct": pct}
+            for rate, pct in ((1.0, float("nan")), (2.0, 8.0), (3.0, 6.0))]  # fmt: skip
+    row = table(rows).iloc[0]
+    assert (row["min_saving_pct"], row["max_saving_pct"]) == (6.0, 8.0)

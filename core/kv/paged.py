@@ -16,7 +16,10 @@ Choices where the paper is silent:
   re-shared.
 - ``can_swap_in`` asks for the swapped blocks plus exactly the blocks the group's next
   ``append`` takes, so each sequence can append right after swap-in (vLLM v0 asks for one
-  spare block per sequence instead). Swap-in does not re-share blocks with the prefix cache.
+  spare block per sequence instead). Swap-in does not re-share blocks with the prefix cache,
+  and a block the prefix cache shares between requests is copied out once per request that
+  swaps (vLLM v0 moves it once): only runs with both prefix caching and swap preemption meet
+  it, and no reproduced figure is one.
 - Prefix caching (off by default) indexes a *full* block under the chained hash of
   (previous block's hash, its token ids) once all its tokens are computed (at the end of
   the step that computes them, :meth:`note_computed`, and on ``append``), so a later
