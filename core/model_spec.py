@@ -56,11 +56,9 @@ MODEL_TYPES: dict[str, Family] = {
 }
 
 
-def kv_bytes_per_token(spec: ModelSpec, dtype_bytes: int = 2, tp: int = 1) -> int:
-    """K and V bytes one token occupies on each of ``tp`` GPUs, over all layers:
-    ``2 × layers × kv_heads_per_gpu × head_dim × dtype_bytes``. KV heads are split over
-    ``tp`` and replicated when ``tp`` exceeds them (at least one per GPU); a ``tp`` that
-    neither divides them nor is a multiple of them is a ValueError, as vLLM refuses it."""
+def check_kv_heads_split(spec: ModelSpec, tp: int) -> None:
+    """Raise ``ValueError`` unless ``tp`` is >= 1 and divides the KV heads or is a multiple
+    of them (they are then replicated), as vLLM requires."""
     if tp < 1:
         raise ValueError(f"tensor-parallel size must be >= 1, got {tp}")
     if spec.num_kv_heads % tp and tp % spec.num_kv_heads:
@@ -68,6 +66,14 @@ def kv_bytes_per_token(spec: ModelSpec, dtype_bytes: int = 2, tp: int = 1) -> in
             f"{spec.name}: {spec.num_kv_heads} KV heads cannot be split or replicated over "
             f"tp={tp} GPUs"
         )
+
+
+def kv_bytes_per_token(spec: ModelSpec, dtype_bytes: int = 2, tp: int = 1) -> int:
+    """K and V bytes one token occupies on each of ``tp`` GPUs, over all layers:
+    ``2 × layers × kv_heads_per_gpu × head_dim × dtype_bytes``. KV heads are split over
+    ``tp`` and replicated when ``tp`` exceeds them (at least one per GPU); any other ``tp``
+    is a ValueError (:func:`check_kv_heads_split`)."""
+    check_kv_heads_split(spec, tp)
     kv_heads = max(1, spec.num_kv_heads // tp)
     return 2 * spec.num_layers * kv_heads * spec.head_dim * dtype_bytes
 

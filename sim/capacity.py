@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from core.model_spec import ModelSpec, kv_bytes_per_token
+from core.model_spec import ModelSpec, check_kv_heads_split, kv_bytes_per_token
 from sim.catalog import GIB, GPUSpec, get_gpu, get_model
 
 LOGITS_BYTES = 4  # samplers upcast logits to fp32
@@ -34,11 +34,7 @@ def check_tp(model: ModelSpec, tp: int) -> None:
         raise ValueError(
             f"{model.name}: {model.num_heads} attention heads cannot be split over tp={tp} GPUs"
         )
-    if model.num_kv_heads % tp and tp % model.num_kv_heads:
-        raise ValueError(
-            f"{model.name}: {model.num_kv_heads} KV heads cannot be split or "
-            f"replicated over tp={tp} GPUs"
-        )
+    check_kv_heads_split(model, tp)
 
 
 def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:

@@ -26,7 +26,7 @@ from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
 from core.kv.block_pool import MAX_BLOCKS
 from core.request import Request, RequestError
 from core.sched.base import BaseScheduler, SchedulerConfig, SchedulerConfigError
-from core.systems import SystemConfigError, build_scheduler, load_plugin
+from core.systems import SystemConfigError, build_scheduler
 from core.workload.spec import FILE_KINDS, build_workload
 from core.workload.trace_io import TraceFormatError
 from experiments.lib.checks import (
@@ -193,8 +193,6 @@ def scheduler_factory(
     prefix caching is on only if they carry token ids (:func:`prefix_caching_for`)."""
     config = scheduler_config(system, max_model_len)
     options = manager_options(system)
-    with config_errors():
-        load_plugin(system.get("plugin"))  # a job in a worker process imports it here
     if requests is not None:
         options["enable_prefix_caching"] = prefix_caching_for(system, requests)
     with config_errors():  # fail now, not in the first make_scheduler() call

@@ -312,6 +312,7 @@ def curve_table(rows: Sequence[dict[str, Any]], value: str = "normalized_latency
         by.setdefault((r["setting"], r["system"], r["rate"]), []).append(r)
     out = []
     for (setting, system, rate), rs in sorted(by.items(), key=lambda kv: kv[0][2]):
+        verdict = _rate_passes(rs).get(rate)  # None: unmeasured on a seed, none failed
         vals = [float(r[value]) for r in rs if r.get(value) is not None]
         vals = [v for v in vals if v == v]
         out.append({
@@ -319,8 +320,8 @@ def curve_table(rows: Sequence[dict[str, Any]], value: str = "normalized_latency
             f"{value}_mean": sum(vals) / len(vals) if vals else math.nan,
             f"{value}_min": min(vals) if vals else math.nan,
             f"{value}_max": max(vals) if vals else math.nan,
-            "passes": _rate_passes(rs).get(rate) is True,
-            "failed": _rate_passes(rs).get(rate) is False,
+            "passes": verdict is True,
+            "failed": verdict is False,
             "num_requests_mean": sum(r.get("num_requests") or 0 for r in rs) / len(rs),
         })  # fmt: skip
     return out
