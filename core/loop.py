@@ -216,11 +216,13 @@ class StepLoop:
         would, invariant checks included. Returns the clock after the last step run
         (``now`` when none ran) and, when a promised step's end was not accepted, that
         step begun, as :meth:`begin` returns it (the caller finishes it with
-        :meth:`finish`), else None. Not with an observer (it would miss the steps)."""
-        if self.observer is not None:
+        :meth:`finish`), else None. Not with an observer (it would miss the steps), nor for
+        a scheduler whose ``decode_run`` does not speak for its ``schedule`` and ``update``
+        (:meth:`BaseScheduler.decode_run_applies`)."""
+        sched = self.scheduler
+        if self.observer is not None or not sched.decode_run_applies():
             return now, None
         check = self.check_every
-        sched = self.scheduler
         run = sched.decode_run(check - self.num_steps % check if check else 1 << 62)
         if run is None:
             return now, None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from core.request import SequenceStatus
 from core.sched.orca import OrcaScheduler
 from core.sched.vllm import VLLMScheduler
 from core.systems import SYSTEMS, SystemConfigError, SystemSpec, register_system
@@ -111,3 +112,86 @@ def test_a_plugin_imported_again_replaces_its_own_systems() -> None:
     assert SYSTEMS["vllm_spf"].scheduler is plugin.ShortestPromptFirst
     with pytest.raises(SystemConfigError, match="use letters, digits"):
         register_system(SystemSpec("a b/c", VLLMScheduler, "paged"))
+
+
+class _TimeSlice(VLLMScheduler):
+    """vLLM's paged policy plus a time slice: once someone waits, a running request that has
+    made 4 tokens since it was last scheduled is preempted to the queue's back (a schedule
+    of its own, with no decode_run of its own)."""
+
+    name = "vllm_slice_test"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._slice_from: dict[int, int] = {}
+
+    def schedule(self, now: float):
+        if self.waiting:
+            for group in list(self.running):
+                since = self._slice_from.get(group.request_id, 0)
+                if group.seqs[0].num_generated - since >= 4:
+                    self.running.remove(group)
+                    group.num_preemptions += 1
+                    self._slice_from[group.request_id] = group.seqs[0].num_generated
+                    for seq in group.live_seqs():
+                        self.manager.free(seq.seq_id)
+                        seq.num_computed = 0
+                        seq.status = SequenceStatus.WAITING
+                    self.waiting.append(group)
+        return super().schedule(now)
+
+
+def test_a_plugin_that_writes_its_own_schedule_is_run_step_by_step() -> None:
+    # the simulator's fast path runs stretches of plain decodes without calling schedule or
+    # update; the promise is its parent's, so a plugin overriding either runs every step
+    from core.request import Request
+    from core.sched.base import SchedulerConfig
+    from core.systems import build_scheduler
+    from sim.driver import simulate as simulate_requests
+
+    class Flat:
+        def step_time(self, shape) -> float:
+            return 0.01
+
+        def describe(self) -> str:
+            return "10 ms a step"
+
+    calls = {"schedule": 0}
+
+    class Counting(OrcaScheduler):
+        name = "orca_counting_test"
+
+        def schedule(self, now: float):
+            calls["schedule"] += 1
+            return super().schedule(now)
+
+    assert VLLMScheduler.decode_run_applies() and OrcaScheduler.decode_run_applies()
+    assert not Counting.decode_run_applies() and not _TimeSlice.decode_run_applies()
+    register_system(SystemSpec("orca_counting_test", Counting, "contiguous", "oracle"))
+    register_system(SystemSpec("vllm_slice_test", _TimeSlice, "paged"))
+    try:
+        config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64)
+        counted = simulate_requests(
+            [Request(0, 0.0, 8, 40)],
+            lambda: build_scheduler("orca_counting_test", 256, config),
+            Flat(),
+        )
+        assert counted.num_steps == 40 and calls["schedule"] == 41  # the last finds none
+        reqs = [Request(i, 0.0, 8, 40) for i in range(3)]
+        runs = [
+            simulate_requests(
+                reqs,
+                lambda: build_scheduler("vllm_slice_test", 26 * 4, config, block_size=4,
+                                        watermark=0.0),
+                Flat(),
+                fast_forward=ff,
+            )
+            for ff in (True, False)
+        ]  # fmt: skip
+        fast, slow = (r.recorder.requests_frame() for r in runs)
+        assert runs[0].num_steps == runs[1].num_steps
+        assert fast.equals(slow)
+        assert (slow["num_preemptions"] > 0).all()
+    finally:
+        SYSTEMS.pop("orca_counting_test", None)
+        SYSTEMS.pop("vllm_slice_test", None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import cache
 from typing import Protocol
 
 from core.kv.base import AllocStatus, KVCacheManager, MemoryBreakdown
@@ -231,8 +232,17 @@ class BaseScheduler:
         """Up to ``max_steps`` coming steps that are plain decodes (:class:`DecodeRun`), so
         that a body that only prices steps can run them at once
         (:meth:`core.loop.StepLoop.fast_forward`); None when the next step is not one.
-        The default promises nothing."""
+        The default promises nothing. A body asks :meth:`decode_run_applies` first."""
         return None
+
+    @classmethod
+    def decode_run_applies(cls) -> bool:
+        """Whether this class's :meth:`decode_run` speaks for its ``schedule`` and
+        ``update``: the class that defines the ``decode_run`` in effect must define or
+        inherit the ``schedule`` and ``update`` in effect. A subclass that overrides either
+        (a policy of your own built on a shipped one) but not ``decode_run`` runs step by
+        step, since the promise was made for its parent's steps."""
+        return _decode_run_applies(cls)
 
     def advance_decode_run(
         self, run: DecodeRun, ends: list[float], schedule_next: bool = False
@@ -531,3 +541,12 @@ class BaseScheduler:
                 for s in g.live_seqs():
                     assert s.status is status, f"{s} in {where} has status {s.status}"
         self.manager.check_integrity()
+
+
+@cache
+def _decode_run_applies(cls: type) -> bool:
+    def owner(name: str) -> type:
+        return next(k for k in cls.__mro__ if name in k.__dict__)
+
+    promiser = owner("decode_run")
+    return issubclass(promiser, owner("schedule")) and issubclass(promiser, owner("update"))
