@@ -232,6 +232,11 @@ def simulate(
                 yield timeout(pending.outcome.duration_s)
                 now = env.now
                 next_event = peek()
+                if next_event == now:
+                    # an arrival due at this step's end joins the next step whichever was
+                    # scheduled first (the engine adds every arrival <= now before a step)
+                    yield timeout(0.0)
+                    next_event = peek()
             finish(pending, now)
 
     env.process(arrivals())

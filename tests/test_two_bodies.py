@@ -285,3 +285,35 @@ def test_a_run_of_beam_and_plain_requests_replays_the_engines_beams() -> None:
     chose = sorted({r[0] for r in rows})
     assert set(range(len(e_steps))) - set(chose)  # some steps chose no beams
     assert max(chose) >= len(chose)  # and some of them came before a step that did
+
+
+@pytest.mark.parametrize("earlier_arrival", [0.2, 0.3])
+def test_an_arrival_at_a_steps_end_joins_the_next_step_in_both_bodies(
+    earlier_arrival: float,
+) -> None:
+    # request 2 arrives exactly as the step ending at 0.5 s ends: the engine's loop adds
+    # every arrival <= now before a step; the simulator did too only when the arrival's
+    # timeout was queued before the step's (request 1 arriving before that step began)
+    from core.loop import StepLoop, VirtualClock
+    from core.metrics.recorder import Recorder
+    from sim.driver import CostExecutor
+
+    class Quarter:
+        def step_time(self, shape) -> float:
+            return 0.25
+
+        def describe(self) -> str:
+            return "0.25 s a step"
+
+    config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64)
+
+    def make() -> BaseScheduler:
+        return build_scheduler("vllm", 4096, config, block_size=4)
+
+    reqs = [Request(0, 0.0, 4, 10), Request(1, earlier_arrival, 4, 10), Request(2, 0.5, 4, 10)]
+    sim = simulate(reqs, make, Quarter()).recorder.requests_frame()
+    loop = StepLoop(make(), CostExecutor(Quarter().step_time, None), Recorder())
+    loop.run(reqs, VirtualClock())
+    engine_loop = loop.recorder.requests_frame()
+    assert sim["first_scheduled_s"].tolist() == engine_loop["first_scheduled_s"].tolist()
+    assert sim["first_scheduled_s"].iloc[2] == 0.5
