@@ -56,12 +56,21 @@ class SystemSpec:
     # paged, chunked prefill: a prompt's blocks come chunk by chunk, as each step schedules
     # it (vLLM V1's allocate_slots), not whole at admission (vLLM v0)
     allocate_per_chunk: bool = False
+    # paged: a preempted group of several live sequences is swapped whatever
+    # preemption_mode says (vLLM v0); False: it follows preemption_mode, as in vLLM V1,
+    # which has no swap and serves a request's n samples as requests of their own
+    swap_groups: bool = True
 
 
 SYSTEMS: dict[str, SystemSpec] = {
     "vllm": SystemSpec("vllm", VLLMScheduler, "paged"),
     "vllm_v1": SystemSpec(
-        "vllm_v1", VLLMScheduler, "paged", cache_scheduled_blocks=True, allocate_per_chunk=True
+        "vllm_v1",
+        VLLMScheduler,
+        "paged",
+        cache_scheduled_blocks=True,
+        allocate_per_chunk=True,
+        swap_groups=False,
     ),
     "orca_max": SystemSpec("orca_max", OrcaScheduler, "contiguous", "max"),
     "orca_pow2": SystemSpec("orca_pow2", OrcaScheduler, "contiguous", "pow2"),
@@ -102,6 +111,11 @@ def register_system(spec: SystemSpec) -> None:
     if spec.kv == "paged":
         if spec.reservation is not None:
             raise SystemConfigError(f"system {spec.name!r}: a paged system takes no reservation")
+        if spec.allocate_per_chunk and spec.swap_groups:
+            raise SystemConfigError(
+                f"system {spec.name!r}: allocate_per_chunk preempts by recompute (vLLM V1 has "
+                "no swap): set swap_groups=False"
+            )
     elif spec.kv == "contiguous":
         if (spec.reservation or "max") not in POLICIES:
             raise SystemConfigError(
@@ -170,9 +184,17 @@ def paged_only_problem(
 ) -> tuple[str, str] | None:
     """The first option set that ``system`` cannot take, as ``(its key, why)``, or None.
     Swap preemption, chunked prefill and prefix caching need paged KV: a contiguous system
-    reserves each request's KV at admission and never preempts. The one rule for
-    :func:`build_scheduler` and the experiments' config check."""
-    if get_system(system).kv == "paged":
+    reserves each request's KV at admission and never preempts. A system that allocates a
+    prompt chunk by chunk (``vllm_v1``) preempts by recompute, as vLLM V1, which has no
+    swap. The one rule for :func:`build_scheduler` and the experiments' config check."""
+    spec = get_system(system)
+    if spec.kv == "paged":
+        if spec.allocate_per_chunk and preemption_mode == "swap":
+            return "preemption_mode", (
+                f"preemption_mode swap: {system} allocates a prompt chunk by chunk and "
+                "preempts by recompute, as vLLM V1, which has no swap (system=vllm "
+                "system.chunked_prefill=true swaps with chunked prefill)"
+            )
         return None
     why = f"applies to paged systems only, not {system} (it reserves each request's KV at "
     why += "admission and never preempts)"
@@ -250,4 +272,6 @@ def build_scheduler(
         watermark=watermark,
         enable_prefix_caching=enable_prefix_caching,
     )
-    return spec.scheduler(manager, config)
+    scheduler = spec.scheduler(manager, config)
+    scheduler.swap_groups = spec.swap_groups
+    return scheduler

@@ -251,7 +251,7 @@ LIMIT_CASES = [(s, "recompute", False) for s in sorted(SYSTEMS)] + [
     ("vllm", "swap", False),
     ("vllm", "recompute", True),
     ("vllm", "swap", True),
-    ("vllm_v1", "swap", True),
+    ("vllm_v1", "recompute", True),
 ]
 
 

@@ -39,7 +39,7 @@ class SchedulerConfig:
     - ``max_model_len``: longest prompt + output a request may have (OPT: 2048);
     - ``preemption_mode``: ``recompute`` or ``swap`` (paged only); groups with several
       live sequences are always swapped, as in vLLM v0, and fall back to recompute when the
-      CPU pool cannot take them;
+      CPU pool cannot take them (not under ``vllm_v1``: :attr:`BaseScheduler.swap_groups`);
     - ``chunked_prefill``: paged only; mix decodes and prompt chunks under the token budget
       instead of vLLM v0.1's prompt-only / decode-only iterations.
     """
@@ -143,6 +143,10 @@ class BaseScheduler:
     # Decode steps reserve slots with one ``manager.append_all`` call when everything fits
     # (identical results); False keeps the group-by-group reference path (tests).
     batched_append = True
+    # Paged: a preempted group of several live sequences (parallel samples, beams) is
+    # swapped whatever ``preemption_mode`` says, as in vLLM v0; False: it follows
+    # ``preemption_mode`` (vLLM V1 has no swap; ``core.systems.SystemSpec.swap_groups``).
+    swap_groups = True
 
     def __init__(self, manager: KVCacheManager, config: SchedulerConfig | None = None) -> None:
         self.manager = manager
@@ -197,6 +201,12 @@ class BaseScheduler:
                 f"for prompt_len={request.prompt_len}, output_len={request.output_len}, "
                 f"{request.sampling.num_seqs} sequence(s)"
             )
+            reservation = getattr(self.manager, "reservation", None)
+            if reservation is not None:  # contiguous: the policy's reservation is the need
+                group.reject_reason += (
+                    f"; the {self.manager.policy} policy reserves {reservation(request)} "
+                    "slots per sequence"
+                )
         if group.reject_reason is not None:
             group.set_status(SequenceStatus.REJECTED)
             return group

@@ -230,7 +230,7 @@ class VLLMScheduler(BaseScheduler):
     def _preempt(self, group: SequenceGroup, plan: StepPlan) -> None:
         group.num_preemptions += 1
         multi = len(group.live_seqs()) > 1
-        want_swap = self.config.preemption_mode == "swap" or multi
+        want_swap = self.config.preemption_mode == "swap" or (multi and self.swap_groups)
         if want_swap and self.manager.can_swap_out(group):
             plan.swap_out.extend(self.manager.swap_out(group))
             group.set_status(SequenceStatus.SWAPPED)
