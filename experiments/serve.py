@@ -45,6 +45,7 @@ from core.beam_log import COLUMNS
 from core.metrics.summary import summarize_recorder
 from core.model_spec import ModelSpec
 from core.request import Request
+from core.sched.batch_defaults import DeviceFacts
 from engine.config import check_engine_support
 from engine.engine import EngineError, EngineResult, LLMEngine, run_to_end
 from engine.kv_cache import GIB, KVBudgetError, bytes_per_block, resolve_kv_budget
@@ -55,6 +56,7 @@ from experiments.lib.malloc import malloc_state, pin_malloc
 from experiments.lib.results import summary_line, swap_fallbacks, write_csv, write_run
 from experiments.lib.setup import (
     as_dict,
+    batch_limits_for,
     build_requests,
     manager_options,
     resolve_aliases,
@@ -85,6 +87,16 @@ def device_facts(device: str) -> Facts:
     return Facts(device_memory_bytes=memory, cuda_available=cuda, host_memory_bytes=host)
 
 
+def gpu_of(device: str) -> DeviceFacts | None:
+    """The CUDA device as vLLM's batch-limit rule reads it (name, total memory); None on a
+    CPU (:mod:`core.sched.batch_defaults`)."""
+    if device != "cuda" or not torch.cuda.is_available():
+        return None
+    return DeviceFacts(
+        torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory / GIB
+    )
+
+
 def device_name(device: torch.device) -> str:
     """The GPU's name, or the CPU's model (``/proc/cpuinfo``; else the platform's)."""
     if device.type == "cuda":
@@ -112,7 +124,8 @@ def kv_budget_bytes(
     if device == "cuda":
         return resolve_kv_budget(device, fraction=GPU_DEFAULT_FRACTION, reserved_bytes=weights)
     per_token = bytes_per_block(model_config, 1, dtype)
-    wanted = int(c["system"].get("max_num_seqs", 256)) * mml * per_token
+    seqs = batch_limits_for(c["system"], mml, gpu_of(device)).max_num_seqs
+    wanted = seqs * mml * per_token
     return min(wanted, max(CPU_DEFAULT_CAP_BYTES, mml * per_token))
 
 
@@ -171,7 +184,7 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
             backend=str(c.get("backend", "torch")),
             dtype=dtype,
             device=device,
-            sched_config=scheduler_config(system, mml),
+            sched_config=scheduler_config(system, mml, gpu_of(device)),
             num_cpu_blocks=cpu_blocks,
             seed=int(c.get("seed", 0)),
             weights_path=c["model"].get("path"),
@@ -261,6 +274,8 @@ def finish(
     metrics.update(
         system=c["system"]["name"],
         model=c["model"]["name"],
+        max_num_seqs=engine.scheduler.config.max_num_seqs,
+        max_num_batched_tokens=engine.scheduler.config.max_num_batched_tokens,
         kv_slots=kv.num_blocks * kv.block_size,
         num_swap_fallbacks=swap_fallbacks(
             engine.scheduler.swap_fallbacks, metrics["num_preemptions"]
@@ -274,6 +289,8 @@ def finish(
             "num_blocks": kv.num_blocks,
             "block_size": kv.block_size,
             "num_cpu_blocks": kv.num_cpu_blocks,
+            "max_num_seqs": engine.scheduler.config.max_num_seqs,
+            "max_num_batched_tokens": engine.scheduler.config.max_num_batched_tokens,
             "kv_bytes": kv.device_bytes,
             "dtype": str(kv.dtype),
             "num_steps": result.num_steps,

@@ -80,6 +80,8 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
         model=setup.model.name,
         hardware=setup.gpu.name,
         tp=setup.tp,
+        max_num_seqs=setup.sched_config.max_num_seqs,
+        max_num_batched_tokens=setup.sched_config.max_num_batched_tokens,
         kv_slots=setup.capacity.block_slots(bs),
         kv_cache_gib=setup.capacity.kv_bytes_total / 1024**3,
         wall_s=wall,

@@ -106,7 +106,10 @@ def simulate_served(
     own blocks in the engine, and so in the simulation. ``recorded_beams``: the engine's
     beam choices, taken instead of the simulator's stand-in (:mod:`core.beam_log`)."""
     block = int(kv["block_size"])
-    system = {**cfg["system"], "block_size": block}
+    # the batch limits the engine served with (engine.json; a limit the config left null
+    # was taken for the engine's device)
+    served = {k: kv[k] for k in ("max_num_seqs", "max_num_batched_tokens") if kv.get(k) is not None}
+    system = {**cfg["system"], **served, "block_size": block}
     vocab = model_from_config(cfg["model"]).vocab_size
     seed = int(cfg.get("seed", 0))
     if system.get("enable_prefix_caching"):
@@ -127,8 +130,9 @@ ENGINE_KV_BOUNDS = {"block_size": (1, MAX_BLOCKS), "num_blocks": (1, MAX_BLOCKS)
 
 def read_engine_kv(run_dir: Path) -> dict[str, Any]:
     """The run's ``engine.json``: ``block_size`` a power of two and ``num_blocks`` and
-    ``num_cpu_blocks`` whole numbers within :data:`ENGINE_KV_BOUNDS`; else a ConfigError on
-    ``run_dir`` naming the file and the key."""
+    ``num_cpu_blocks`` whole numbers within :data:`ENGINE_KV_BOUNDS`, and the batch limits
+    served, where recorded, positive; else a ConfigError on ``run_dir`` naming the file and
+    the key."""
     path = Path(run_dir) / "engine.json"
     if not path.is_file():
         raise ConfigError("run_dir", "no engine.json (KV cache size of the run)", str(run_dir))
@@ -143,6 +147,12 @@ def read_engine_kv(run_dir: Path) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ConfigError("run_dir", f"{path}: {key}: expected a whole number in "
                               f"[{low}, {high}], got {value!r}")  # fmt: skip
+    for key in ("max_num_seqs", "max_num_batched_tokens"):  # the limits served (optional)
+        value = kv.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):  # fmt: skip
+            raise ConfigError("run_dir", f"{path}: {key}: expected a positive whole number, "
+                              f"got {value!r}")  # fmt: skip
     if not power_of_two(kv["block_size"]):
         raise ConfigError("run_dir", f"{path}: block_size: expected a power of two, "
                           f"got {kv['block_size']}")  # fmt: skip

@@ -150,7 +150,9 @@ CASES = [
     ("unknown_system", simulate, ["system=orca"], "system", "unknown system"),
     ("unknown_system_name", simulate, ["system.name=vllm2"], "system", "unknown system"),
     ("model_too_big", simulate, ["model=opt-66b", "model.tp=1"], "model", "does not fit"),
-    ("token_budget_below_max_model_len", simulate, ["model=llama-3.1-8b", "hardware=h100"],
+    # a budget given below the context (null takes max(2560, max_model_len))
+    ("token_budget_below_max_model_len", simulate,
+     ["model=llama-3.1-8b", "hardware=h100", "system.max_num_batched_tokens=2560"],
      "system.max_num_batched_tokens", "below max_model_len"),
     ("max_num_seqs_zero", simulate, ["system.max_num_seqs=0"], "system.max_num_seqs",
      "not a positive count"),

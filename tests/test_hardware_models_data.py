@@ -254,6 +254,9 @@ def test_a_sliding_window_is_named_in_a_warning(tmp_path: Path, monkeypatch) -> 
         def warning(self, message: str, *args: object) -> None:
             warned.append(message % args)
 
+        def info(self, message: str, *args: object) -> None:
+            pass
+
     monkeypatch.setattr(setup, "log", Log())
 
     def warnings_of(window: int | None) -> list[str]:

@@ -28,6 +28,7 @@ from typing import Any
 
 from core.defaults import DEFAULT_BLOCK_SIZE
 from core.model_spec import DTYPE_BYTES, kv_bytes_per_token  # the one table of dtype widths
+from core.sched.batch_defaults import V0_MAX_NUM_SEQS, DeviceFacts, batch_limits
 from core.workload.spec import FILE_KINDS, KINDS
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -439,8 +440,8 @@ def check_sampling_width(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     """A workload's ``n`` or ``beam_width`` (every request's) is at most the system's
     ``max_num_seqs``: a wider group can never be scheduled, so every request would be
     rejected. (A file's own wider request is rejected alone, with its reason.)"""
-    w, system = c.get("workload") or {}, c.get("system") or {}
-    limit = system.get("max_num_seqs")
+    w = c.get("workload") or {}
+    limit = _served_max_num_seqs(c, app)
     if not isinstance(limit, int) or isinstance(limit, bool):
         return
     for key in ("n", "beam_width"):
@@ -451,6 +452,30 @@ def check_sampling_width(c: Mapping[str, Any], app: str, facts: Facts) -> None:
                 f"system.max_num_seqs={limit} can schedule", width,
                 f"at most {limit}, or a larger system.max_num_seqs",
             )  # fmt: skip
+
+
+def _served_max_num_seqs(c: Mapping[str, Any], app: str) -> Any:
+    """``system.max_num_seqs``, or where null the default the run will take
+    (:mod:`core.sched.batch_defaults`); None where that is read off a CUDA device as the
+    engine starts."""
+    system = c.get("system") or {}
+    if system.get("max_num_seqs") is not None:
+        return system["max_num_seqs"]
+    if not system.get("chunked_prefill"):
+        return V0_MAX_NUM_SEQS
+    if app == "simulate":
+        device: DeviceFacts | None = gpu_facts(run_gpu(c.get("hardware")))
+    elif str(c.get("device", "cpu")) == "cpu":
+        device = None
+    else:
+        return None
+    return batch_limits(None, None, True, 2, device).max_num_seqs
+
+
+def gpu_facts(gpu: Any) -> DeviceFacts:
+    """A catalog GPU (:class:`sim.catalog.GPUSpec`) as vLLM's batch-limit rule reads a
+    device: its name and total memory in GiB."""
+    return DeviceFacts(gpu.name, gpu.total_memory_bytes / 1024**3)
 
 
 def check_trace_file(c: Mapping[str, Any], app: str, facts: Facts) -> None:

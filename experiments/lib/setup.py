@@ -26,6 +26,7 @@ from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
 from core.kv.block_pool import MAX_BLOCKS
 from core.request import Request, RequestError
 from core.sched.base import BaseScheduler, SchedulerConfig, SchedulerConfigError
+from core.sched.batch_defaults import BatchLimits, DeviceFacts, batch_limits
 from core.systems import SystemConfigError, build_scheduler
 from core.workload.spec import FILE_KINDS, build_workload
 from core.workload.trace_io import TraceFormatError
@@ -35,6 +36,7 @@ from experiments.lib.checks import (
     ConfigError,
     check_cost_keys,
     check_swap_pool,
+    gpu_facts,
     lookup,
     run_gpu,
 )
@@ -151,13 +153,18 @@ def block_size(system: Mapping[str, Any]) -> int:
     return int(system.get("block_size") or DEFAULT_BLOCK_SIZE)
 
 
-def scheduler_config(system: Mapping[str, Any], max_model_len: int) -> SchedulerConfig:
-    """The scheduler limits of the system group; an impossible combination is a
-    ConfigError naming the system key (e.g. a token budget below ``max_model_len``)."""
+def scheduler_config(
+    system: Mapping[str, Any], max_model_len: int, device: DeviceFacts | None = None
+) -> SchedulerConfig:
+    """The scheduler limits of the system group, ``max_num_seqs`` and
+    ``max_num_batched_tokens`` left null taken by vLLM's rule for the run's scheduler kind
+    and GPU (:func:`batch_limits_for`); an impossible combination is a ConfigError naming
+    the system key (e.g. a token budget below ``max_model_len``)."""
+    limits = batch_limits_for(system, max_model_len, device)
     try:
         return SchedulerConfig(
-            max_num_seqs=int(system.get("max_num_seqs", 256)),
-            max_num_batched_tokens=int(system.get("max_num_batched_tokens", 2560)),
+            max_num_seqs=limits.max_num_seqs,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
             max_model_len=max_model_len,
             preemption_mode=str(system.get("preemption_mode", "recompute")),
             chunked_prefill=bool(system.get("chunked_prefill", False)),
@@ -168,6 +175,21 @@ def scheduler_config(system: Mapping[str, Any], max_model_len: int) -> Scheduler
         if "max_model_len=" in problem:
             problem += " (or set system.max_model_len lower)"
         raise ConfigError(f"system.{key.group(0) if key else 'name'}", problem) from None
+
+
+def batch_limits_for(
+    system: Mapping[str, Any], max_model_len: int, device: DeviceFacts | None = None
+) -> BatchLimits:
+    """``system.max_num_seqs`` and ``system.max_num_batched_tokens``, each null one by
+    vLLM's rule (:mod:`core.sched.batch_defaults`) for the system's chunked prefill, the
+    served ``max_model_len`` and the GPU (None: none, the engine on a CPU)."""
+    return batch_limits(
+        system.get("max_num_seqs"),
+        system.get("max_num_batched_tokens"),
+        bool(system.get("chunked_prefill", False)),
+        max_model_len,
+        device,
+    )
 
 
 def manager_options(system: Mapping[str, Any]) -> dict[str, Any]:
@@ -187,11 +209,13 @@ def scheduler_factory(
     num_cpu_slots: int,
     max_model_len: int,
     requests: list[Request] | None = None,
+    device: DeviceFacts | None = None,
 ) -> Callable[[], BaseScheduler]:
     """A function making a fresh scheduler (owning its manager) for the system group over
-    ``num_slots`` device and ``num_cpu_slots`` CPU token slots. Given the ``requests``,
-    prefix caching is on only if they carry token ids (:func:`prefix_caching_for`)."""
-    config = scheduler_config(system, max_model_len)
+    ``num_slots`` device and ``num_cpu_slots`` CPU token slots (batch limits left null
+    taken for ``device``: :func:`scheduler_config`). Given the ``requests``, prefix caching is
+    on only if they carry token ids (:func:`prefix_caching_for`)."""
+    config = scheduler_config(system, max_model_len, device)
     options = manager_options(system)
     if requests is not None:
         options["enable_prefix_caching"] = prefix_caching_for(system, requests)
@@ -450,11 +474,15 @@ def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
     system = c["system"]
     mml = served_max_model_len(system, model)
     warn_unmodelled(model, mml)
-    sched_config = scheduler_config(system, mml)
+    device = gpu_facts(gpu)
+    sched_config = scheduler_config(system, mml, device)
+    log.info("system: %s", batch_limits_for(system, mml, device).describe())
     capacity = run_capacity(capacity_args(c, model, gpu, tp, sched_config, mml))
     num_cpu_slots = pool_slots(c, capacity, model)
     requests = build_requests(c, mml, vocab_size=model.vocab_size)  # as the engine does
-    make_scheduler = scheduler_factory(system, capacity.num_slots, num_cpu_slots, mml, requests)
+    make_scheduler = scheduler_factory(
+        system, capacity.num_slots, num_cpu_slots, mml, requests, device
+    )
     cost_model = make_cost_model(c, model, gpu, tp)
     return RunSetup(
         model, gpu, tp, capacity, sched_config, requests, make_scheduler, mml, cost_model
