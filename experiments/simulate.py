@@ -58,6 +58,14 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
     setup = build_setup(c)
     bs = block_size(c["system"])
     log.info("%s", setup.capacity.describe(bs))
+    if _cost_doc(setup.cost_model).get("stack") == "none":
+        log.info(
+            "cost: %s with cost.stack=none prices the GPU operators alone, a lower bound: no "
+            "framework overhead, no per-block cost in paged attention (block size changes "
+            "memory only), no per-copy latency; cost.stack=vllm-2023 (the paper-era eager "
+            "stack) or vllm-v1 (CUDA graphs, async scheduling) adds them",
+            c["cost"].get("kind", "the cost model"),
+        )
     t0 = time.perf_counter()
     try:
         result = simulate(

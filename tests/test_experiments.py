@@ -197,3 +197,15 @@ def _md_table_rows(text: str, heading: str) -> list[list[str]]:
             break
         table.append([cell.strip() for cell in line.strip("|").split("|")])
     return table
+
+
+def test_the_bare_roofline_says_what_it_leaves_out(caplog) -> None:
+    # a block-size sweep on it moves memory only: the log says so, and how to add the rest
+    small = ["workload.num_requests=3"]
+    with caplog.at_level("INFO", logger="experiments.simulate"):
+        run(compose_config(small))
+    assert "no per-block cost in paged attention" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="experiments.simulate"):
+        run(compose_config([*small, "cost.stack=vllm-2023"]))
+    assert "no per-block cost" not in caplog.text
