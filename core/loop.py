@@ -246,10 +246,11 @@ class StepLoop:
         self.ended = []
         step = sched.step_index
         memories, finished = sched.advance_decode_run(run, ends, held is not None)
-        groups, waiting = len(run.groups), run.num_waiting
+        groups, waiting, held_by = len(run.groups), run.num_waiting, run.queue_held_by
         record, start = self.recorder.record_row, first
         for j, (shape, duration) in enumerate(zip(shapes, durations, strict=True)):
-            record(step + j, start, duration, shape, groups, groups, waiting, 0, 0, memories[j])
+            record(step + j, start, duration, shape, groups, groups, waiting, 0, held_by, 0,
+                   memories[j])  # fmt: skip
             start = ends[j]
         if finished:
             self._done(finished)
@@ -258,7 +259,7 @@ class StepLoop:
             sched.check_integrity()
         if held is None:
             return now, None
-        plan = StepPlan([], list(run.seqs), [], [], [], [], [], waiting, 0)
+        plan = StepPlan([], list(run.seqs), [], [], [], [], [], waiting, 0, held_by)
         shape, duration = held
         return now, PendingStep(plan, shape, memories[-1], groups, now, StepOutcome(duration))
 

@@ -99,6 +99,21 @@ def _shape_factory() -> Callable[..., BatchShape]:
 new_shape = _shape_factory()
 
 
+# What holds the queue's head (the first swapped group, else the first waiting one) after a
+# step's plan, limits first: a scheduler limit that would hold it with any amount of free
+# memory, else memory. StepPlan.queue_held_by and steps.csv's column carry the code.
+HELD_BY_MEMORY = 0  # also: nothing waits (num_waiting and num_swapped are 0)
+HELD_BY_MAX_NUM_SEQS = 1
+HELD_BY_TOKEN_BUDGET = 2  # max_num_batched_tokens
+HELD_BY_BATCH = 3  # a request-level batch in flight (FasterTransformer)
+QUEUE_HELD_BY = {
+    HELD_BY_MEMORY: "memory",
+    HELD_BY_MAX_NUM_SEQS: "max_num_seqs",
+    HELD_BY_TOKEN_BUDGET: "max_num_batched_tokens",
+    HELD_BY_BATCH: "the batch in flight",
+}
+
+
 @dataclass(slots=True)
 class StepPlan:
     """One iteration's work. Executors perform ``swap_out``, ``swap_in`` and ``copies``
@@ -113,6 +128,7 @@ class StepPlan:
     preempted_by_swap: list[SequenceGroup] = field(default_factory=list)
     num_waiting: int = 0  # groups still queued for admission after this plan
     num_swapped: int = 0
+    queue_held_by: int = HELD_BY_MEMORY  # what holds the queue's head (HELD_BY_*)
 
     def shape(self) -> BatchShape:
         p_tokens = p_pairs = p_read = 0

@@ -152,7 +152,8 @@ _KEEP = (
     "label", "num_requests", "normalized_latency", "request_throughput", "output_throughput",
     "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "mean_batch_size",
     "completed", "rejected", "num_preemptions", "kv_token_states_pct", "kv_reserved_pct",
-    "kv_internal_frag_pct", "kv_external_frag_pct", "kv_free_pct", "kv_slots", "num_steps",
+    "kv_internal_frag_pct", "kv_external_frag_pct", "kv_free_at_limit_pct", "kv_free_pct",
+    "kv_slots", "num_steps",
 )  # fmt: skip
 
 

@@ -71,6 +71,7 @@ STEP_NUMBERS = (
     "duration_s",
     "num_waiting",
     "num_swapped",
+    "queue_held_by",
     "kv_free",
     "kv_token_states",
     "kv_reserved",

@@ -10,6 +10,7 @@ import pytest
 
 from core.metrics.recorder import REQUEST_COLUMNS, STEP_COLUMNS
 from core.metrics.summary import memory_shares, summarize
+from core.plan import HELD_BY_BATCH, HELD_BY_MAX_NUM_SEQS
 from core.request import Request, SamplingParams
 from core.sched.base import SchedulerConfig
 from core.systems import build_scheduler
@@ -92,10 +93,53 @@ def test_time_weighted_kv_shares() -> None:
         "kv_reserved_pct": 0.1 * 20 / 0.4,
         "kv_internal_frag_pct": (0.1 * 5 + 0.3 * 10) / 0.4,
         "kv_external_frag_pct": 0.1 * (5 + 60) / 0.4,
+        "kv_free_at_limit_pct": 0.0,
         "kv_free_pct": 0.3 * 50 / 0.4,
     }
     assert shares == pytest.approx(expected)
     assert sum(shares.values()) == pytest.approx(100.0)
+    # the same wait on a scheduler limit (max_num_seqs): free memory, not fragmentation
+    steps = _steps()
+    steps.loc[0, "queue_held_by"] = HELD_BY_MAX_NUM_SEQS
+    held = memory_shares(steps)
+    assert held["kv_external_frag_pct"] == pytest.approx(0.1 * 5 / 0.4)
+    assert held["kv_free_at_limit_pct"] == pytest.approx(0.1 * 60 / 0.4)
+    # a table written before the column counts every wait as one on memory
+    assert memory_shares(_steps().drop(columns="queue_held_by")) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("system", "held_by"),
+    [("vllm", HELD_BY_MAX_NUM_SEQS), ("orca_oracle", HELD_BY_MAX_NUM_SEQS),
+     ("fastertransformer", HELD_BY_BATCH)],
+)  # fmt: skip
+def test_a_wait_on_a_scheduler_limit_is_not_fragmentation(system: str, held_by: int) -> None:
+    # two requests into a cache that could hold both: max_num_seqs=1 (or a request-level
+    # batch in flight) makes the second wait, with memory free that it would fit in
+    from core.request import Request
+    from core.sched.base import SchedulerConfig
+    from core.systems import build_scheduler
+    from sim.driver import simulate
+
+    class Second:
+        def step_time(self, shape) -> float:
+            return 1.0
+
+        def describe(self) -> str:
+            return "1 s a step"
+
+    seqs = 1 if system != "fastertransformer" else 256
+    config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64, max_num_seqs=seqs)
+    reqs = [Request(0, 0.0, 10, 4), Request(1, 0.5 if seqs > 1 else 0.0, 10, 4)]
+    for fast in (True, False):
+        rec = simulate(reqs, lambda: build_scheduler(system, 4096, config), Second(),
+                       fast_forward=fast).recorder  # fmt: skip
+        steps = rec.steps_frame()
+        waiting = steps[(steps["num_waiting"] > 0)]
+        assert len(waiting) and (waiting["queue_held_by"] == held_by).all()
+        shares = memory_shares(steps)
+        assert shares["kv_external_frag_pct"] < 1.0 < shares["kv_free_at_limit_pct"]
+        assert sum(shares.values()) == pytest.approx(100.0)
 
 
 @pytest.mark.parametrize(

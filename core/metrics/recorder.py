@@ -40,6 +40,7 @@ STEP_COLUMNS = (
     "running_requests",
     "num_waiting",
     "num_swapped",
+    "queue_held_by",
     "num_preempted",
     "swap_in_blocks",
     "swap_out_blocks",
@@ -110,7 +111,8 @@ class Recorder:
             groups.update(c.seq.group for c in plan.prefill)
         self.record_row(
             step, start_s, duration_s, shape, len(groups), running_requests, plan.num_waiting,
-            plan.num_swapped, len(plan.preempted) + len(plan.preempted_by_swap), memory,
+            plan.num_swapped, plan.queue_held_by,
+            len(plan.preempted) + len(plan.preempted_by_swap), memory,
         )  # fmt: skip
 
     def record_row(
@@ -123,6 +125,7 @@ class Recorder:
         running_requests: int,
         num_waiting: int,
         num_swapped: int,
+        queue_held_by: int,
         num_preempted: int,
         memory: MemoryBreakdown,
     ) -> None:
@@ -143,6 +146,7 @@ class Recorder:
                 running_requests,
                 num_waiting,
                 num_swapped,
+                queue_held_by,
                 num_preempted,
                 shape.swap_in_blocks,
                 shape.swap_out_blocks,

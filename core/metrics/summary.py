@@ -24,9 +24,13 @@ miss). kvlab adds:
 
 - ``kv_*_pct``: the time-weighted (by step duration) KV memory breakdown, in percent of
   device KV slots. ``kv_external_frag_pct`` is "external fragmentation & other": slots the
-  allocator's size classes waste plus free slots *while requests wait for admission or
-  for swap-in* (memory that exists but cannot serve them); free slots with nobody waiting
-  are ``kv_free_pct``. The five parts sum to 100;
+  allocator's size classes waste plus free slots *while requests wait on memory* for
+  admission or for swap-in (memory that exists but cannot serve them);
+  ``kv_free_at_limit_pct``: free slots while they wait on a scheduler limit instead
+  (``max_num_seqs``, the token budget, a request-level batch in flight: steps.csv's
+  ``queue_held_by``, ``core.plan.HELD_BY_*``, limits first), memory the policy's limits
+  leave idle rather than memory the allocator cannot use; free slots with nobody waiting
+  are ``kv_free_pct``. The six parts sum to 100;
 - ``kv_sharing_saving_pct``: memory saved by block sharing (Kwon et al., Fig. 15: blocks
   saved by sharing / blocks needed without sharing), time-weighted as a ratio of
   duration-weighted sums, 100 * sum(w * (logical - physical)) / sum(w * logical), so a step
@@ -45,6 +49,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core.plan import HELD_BY_MEMORY
+
 
 def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
     if values_s.size == 0:
@@ -60,19 +66,23 @@ def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
 
 def memory_shares(steps: pd.DataFrame) -> dict[str, float]:
     """Time-weighted KV breakdown in percent (see module doc)."""
-    keys = ("token_states", "reserved", "internal_frag", "external_frag", "free")
+    keys = ("token_states", "reserved", "internal_frag", "external_frag", "free_at_limit", "free")
     if steps.empty or steps["duration_s"].sum() <= 0:
         return {f"kv_{k}_pct": math.nan for k in keys}
     w = steps["duration_s"].to_numpy()
-    # a request swapped out waits for memory as much as one waiting for admission
+    # a request swapped out waits as much as one waiting for admission
     waiting = (steps["num_waiting"].to_numpy() > 0) | (steps["num_swapped"].to_numpy() > 0)
+    # tables written before the column: every wait counted as one on memory
+    held = steps["queue_held_by"].to_numpy() if "queue_held_by" in steps else 0
+    at_limit = waiting & (held != HELD_BY_MEMORY)
     free = steps["kv_free"].to_numpy(dtype=float)
     parts = {
         "token_states": steps["kv_token_states"].to_numpy(dtype=float),
         "reserved": steps["kv_reserved"].to_numpy(dtype=float),
         "internal_frag": steps["kv_internal_frag"].to_numpy(dtype=float),
         "external_frag": steps["kv_allocator_padding"].to_numpy(dtype=float)
-        + np.where(waiting, free, 0.0),
+        + np.where(waiting & ~at_limit, free, 0.0),
+        "free_at_limit": np.where(at_limit, free, 0.0),
         "free": np.where(waiting, 0.0, free),
     }
     total = sum(parts.values())

@@ -20,7 +20,7 @@ from functools import cache
 from typing import Protocol
 
 from core.kv.base import AllocStatus, KVCacheManager, MemoryBreakdown
-from core.plan import BeamChoice, StepOutcome, StepPlan
+from core.plan import HELD_BY_MEMORY, BeamChoice, StepOutcome, StepPlan
 from core.request import Request, Sequence, SequenceGroup, SequenceStatus
 
 
@@ -122,13 +122,15 @@ class DecodeRun:
     in this order), one new slot each, taking ``new_blocks[j]`` new blocks at the ``j``-th
     call, and only the ``update`` of the last of them may finish groups. ``ctx_tokens``:
     the decode context tokens of the first of those steps (each later one has
-    ``len(seqs)`` more); ``num_waiting``: the groups that wait (for admission) meanwhile."""
+    ``len(seqs)`` more); ``num_waiting``: the groups that wait (for admission) meanwhile,
+    held by ``queue_held_by`` (``core.plan.HELD_BY_*``; it cannot change in the run)."""
 
     groups: list[SequenceGroup]
     seqs: list[Sequence]
     new_blocks: list[int]
     ctx_tokens: int
     num_waiting: int = 0
+    queue_held_by: int = HELD_BY_MEMORY
 
 
 class BaseScheduler:

@@ -12,7 +12,7 @@ budget does not limit the batch (FasterTransformer has none).
 
 from __future__ import annotations
 
-from core.plan import PrefillChunk, StepPlan
+from core.plan import HELD_BY_BATCH, HELD_BY_MAX_NUM_SEQS, PrefillChunk, StepPlan
 from core.sched.base import BaseScheduler, DecodeRun
 
 
@@ -25,7 +25,10 @@ class FasterTransformerScheduler(BaseScheduler):
         sequence with its first token; no aborted group, no copy pending)."""
         if not self.running or self._pending_copies or self._aborted:
             return None
-        return self._lone_decodes(list(self.running), max_steps)
+        run = self._lone_decodes(list(self.running), max_steps)
+        if run is not None and self.waiting:
+            run.queue_held_by = HELD_BY_BATCH
+        return run
 
     def schedule(self, now: float) -> StepPlan:
         plan = self._new_plan()
@@ -39,6 +42,8 @@ class FasterTransformerScheduler(BaseScheduler):
             decode = plan.decode
             for group in running:
                 decode += group.live_seqs()
+            if self.waiting:
+                plan.queue_held_by = HELD_BY_BATCH
             return self._finish_plan(plan)
         num_seqs = 0
         while (group := self._next_admissible()) is not None:
@@ -50,4 +55,6 @@ class FasterTransformerScheduler(BaseScheduler):
             seq = group.seqs[0]
             plan.prefill.append(PrefillChunk(seq, cached, seq.num_tokens - cached))
             num_seqs += group.sampling.num_seqs
+        if self.waiting and num_seqs + self.waiting[0].sampling.num_seqs > self.config.max_num_seqs:
+            plan.queue_held_by = HELD_BY_MAX_NUM_SEQS  # else memory: the head's reservation
         return self._finish_plan(plan)

@@ -14,7 +14,13 @@ is never preempted.
 
 from __future__ import annotations
 
-from core.plan import PrefillChunk, StepPlan
+from core.plan import (
+    HELD_BY_MAX_NUM_SEQS,
+    HELD_BY_MEMORY,
+    HELD_BY_TOKEN_BUDGET,
+    PrefillChunk,
+    StepPlan,
+)
 from core.sched.base import BaseScheduler, DecodeRun
 
 
@@ -33,7 +39,13 @@ class OrcaScheduler(BaseScheduler):
             or (self.waiting and not self._admits_nothing())
         ):
             return None
-        return self._lone_decodes(list(self.running), max_steps)
+        run = self._lone_decodes(list(self.running), max_steps)
+        if run is not None:
+            num_seqs = len(run.seqs)
+            run.queue_held_by = self._queue_held_by(
+                num_seqs, self.config.max_num_batched_tokens - num_seqs
+            )
+        return run
 
     def _admits_nothing(self) -> bool:
         """Whether ``schedule`` would admit and abort nothing now, and so at every later
@@ -81,4 +93,18 @@ class OrcaScheduler(BaseScheduler):
             plan.prefill.append(PrefillChunk(group.seqs[0], cached, need - cached))
             budget -= need - cached
             num_seqs += group.sampling.num_seqs
+        plan.queue_held_by = self._queue_held_by(num_seqs, budget)
         return self._finish_plan(plan)
+
+    def _queue_held_by(self, num_seqs: int, budget: int) -> int:
+        """What holds the queue's head in a step of ``num_seqs`` sequences with ``budget``
+        tokens left (``core.plan.HELD_BY_*``), limits first, as :meth:`schedule` checks
+        them: ``max_num_seqs``, then the token budget, else memory (its reservation)."""
+        if not self.waiting:
+            return HELD_BY_MEMORY
+        head = self.waiting[0]
+        if num_seqs + head.sampling.num_seqs > self.config.max_num_seqs:
+            return HELD_BY_MAX_NUM_SEQS
+        if head.seqs[0].num_tokens > budget:
+            return HELD_BY_TOKEN_BUDGET
+        return HELD_BY_MEMORY

@@ -26,7 +26,13 @@ from __future__ import annotations
 from operator import attrgetter
 
 from core.kv.paged import PagedKVCacheManager
-from core.plan import PrefillChunk, StepPlan
+from core.plan import (
+    HELD_BY_MAX_NUM_SEQS,
+    HELD_BY_MEMORY,
+    HELD_BY_TOKEN_BUDGET,
+    PrefillChunk,
+    StepPlan,
+)
 from core.request import Sequence, SequenceGroup, SequenceStatus
 from core.sched.base import BaseScheduler, DecodeRun, SchedulerConfig
 
@@ -40,7 +46,33 @@ class VLLMScheduler(BaseScheduler):
             self._schedule_mixed(plan, now)
         elif self.swapped or not self._admit_prompts(plan, now):
             self._schedule_decodes(plan)  # prompt-only steps admit while nothing is swapped
+        used = len(plan.decode) + sum(c.length for c in plan.prefill)
+        preempted = bool(plan.preempted or plan.preempted_by_swap)
+        plan.queue_held_by = self._queue_held_by(bool(plan.prefill), used, preempted)
         return self._finish_plan(plan)
+
+    def _queue_held_by(self, prompt_step: bool, tokens_used: int, preempted: bool) -> int:
+        """What holds the queue's head after a step that used ``tokens_used`` of the token
+        budget (``core.plan.HELD_BY_*``), limits first: ``max_num_seqs`` if the running
+        sequences leave it no room; the token budget if the step's left it none (with
+        chunked prefill: no chunk for it; without: a prompt step with less left than its
+        tokens); else memory (a swap-in, an allocation, or after a preemption)."""
+        head = self.swapped[0] if self.swapped else self.waiting[0] if self.waiting else None
+        if head is None:
+            return HELD_BY_MEMORY
+        running = sum(g.request.sampling.num_seqs for g in self.running)
+        if running + head.request.sampling.num_seqs > self.config.max_num_seqs:
+            return HELD_BY_MAX_NUM_SEQS
+        if self.swapped or preempted:
+            return HELD_BY_MEMORY
+        left = self.config.max_num_batched_tokens - tokens_used
+        seqs = head.live_seqs()
+        if self.config.chunked_prefill:
+            if left <= 0 or _lockstep_share(len(seqs), left, self.config) == 0:
+                return HELD_BY_TOKEN_BUDGET
+        elif prompt_step and sum(s.num_tokens for s in seqs) > left:
+            return HELD_BY_TOKEN_BUDGET
+        return HELD_BY_MEMORY
 
     def decode_run(self, max_steps: int) -> DecodeRun | None:
         """Plain decode steps (no swapped or aborted group, no copy pending, no chunking,
@@ -68,6 +100,7 @@ class VLLMScheduler(BaseScheduler):
             if taken > free:
                 del run.new_blocks[j:]
                 break
+        run.queue_held_by = self._queue_held_by(False, len(run.seqs), False)
         return run if run.new_blocks else None
 
     def _admits_nothing(self) -> bool:

@@ -30,6 +30,7 @@ _KV = (
     ("kv_reserved_pct", "Reserved (for future tokens)"),
     ("kv_internal_frag_pct", "Internal fragmentation"),
     ("kv_external_frag_pct", "External fragmentation & other"),
+    ("kv_free_at_limit_pct", "Free (waiting on a scheduler limit)"),
     ("kv_free_pct", "Free (nobody waiting)"),
 )
 

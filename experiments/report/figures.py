@@ -21,12 +21,13 @@ from experiments.report.paper import (
     SYSTEM_LABELS,
 )
 
-KV_PARTS = ("token_states", "reserved", "internal_frag", "external_frag", "free")
+KV_PARTS = ("token_states", "reserved", "internal_frag", "external_frag", "free_at_limit", "free")
 PART_LABELS = {
     "token_states": "Token states",
     "reserved": "Reservation",
     "internal_frag": "Internal frag.",
     "external_frag": "External frag. & other",
+    "free_at_limit": "Free (waiting on a scheduler limit)",
     "free": "Free (nobody waiting)",
 }
 PART_COLORS = {
@@ -34,6 +35,7 @@ PART_COLORS = {
     "reserved": "#dd8452",
     "internal_frag": "#c44e52",
     "external_frag": "#8c8c8c",
+    "free_at_limit": "#b8d4b8",
     "free": "#e5e5e5",
 }
 SYSTEM_COLORS = {

@@ -46,7 +46,7 @@ from experiments.report.paper import (
 from experiments.report.selection import FIGURES
 from sim.capacity import PAPER_TABLE1, format_table1, table1
 
-PARTS = KV_PARTS[:4]  # the paper's four; "free" (nobody waiting) is kvlab's fifth
+PARTS = KV_PARTS[:4]  # the paper's four; kvlab adds "free_at_limit" and "free" (nobody waiting)
 
 
 def fig2_table(fig2: pd.DataFrame) -> pd.DataFrame:
@@ -54,7 +54,7 @@ def fig2_table(fig2: pd.DataFrame) -> pd.DataFrame:
     for _, r in fig2.iterrows():
         s = r["system"]
         row: dict[str, Any] = {"system": s}
-        for part in (*PARTS, "free"):
+        for part in KV_PARTS:
             row[f"kvlab_{part}_pct"] = r[f"kv_{part}_pct"]
             paper = FIG2_BREAKDOWN.get(s, {}).get(part)
             row[f"paper_{part}_pct"] = paper
@@ -237,6 +237,7 @@ def _breakdown_rows(f2: pd.DataFrame) -> list[list[str]]:
         for part in PARTS:
             likely = "≈" if (r["system"], part) in FIG2_LIKELY else ""
             cells.append(f"{_fmt(r[f'kvlab_{part}_pct'])} ({likely}{_fmt(r[f'paper_{part}_pct'])})")
+        cells.append(_fmt(r["kvlab_free_at_limit_pct"]))
         cells.append(_fmt(r["kvlab_free_pct"]))
         rows.append(cells)
     return rows
@@ -258,7 +259,10 @@ TABLE1_UNITS = (
     'The paper\'s memory figures ("12 GB / 21 GB / 264 GB" of KV) are read as GiB: with '
     "GiB its 15.7K / 9.7K / 60.1K slots follow from 800 KiB a token (`sim/capacity.py`)."
 )
-BREAKDOWN_HEADER = ["system", *(f"{PART_LABELS[p]} kvlab (paper)" for p in PARTS), "free kvlab"]
+BREAKDOWN_HEADER = [
+    "system", *(f"{PART_LABELS[p]} kvlab (paper)" for p in PARTS),
+    "free, waiting on a limit, kvlab", "free kvlab",
+]  # fmt: skip
 BATCH_HEADER = ["system", "kvlab", "paper", "kvlab / paper"]
 
 
