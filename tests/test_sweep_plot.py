@@ -1,0 +1,55 @@
+"""A sweep's summary.csv as a table and figure (experiments.report.sweep_plot)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.report import sweep_plot
+
+
+def _summary(folder: Path) -> Path:
+    rows = [
+        # two seeds at each point are averaged; a failed run is left out
+        {"system": "vllm", "system.block_size": 8, "seed": 0, "request_throughput": 1.0,
+         "status": "ok"},
+        {"system": "vllm", "system.block_size": 8, "seed": 1, "request_throughput": 3.0,
+         "status": "ok"},
+        {"system": "vllm", "system.block_size": 16, "seed": 0, "request_throughput": 5.0,
+         "status": "ok"},
+        {"system": "vllm", "system.block_size": 16, "seed": 1, "request_throughput": None,
+         "status": "failed"},
+        {"system": "orca_max", "system.block_size": 8, "seed": 0, "request_throughput": 0.5,
+         "status": "ok"},
+    ]  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(folder / "summary.csv", index=False)
+    return folder
+
+
+def test_points_average_their_runs_and_leave_failed_ones_out(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    sweep = _summary(tmp_path / "sweep")
+    argv = [str(sweep), "--x", "system.block_size", "--y", "request_throughput",
+            "--hue", "system"]  # fmt: skip
+    assert sweep_plot.main(argv) == 0
+    table = pd.read_csv(sweep / "sweep_request_throughput.csv")
+    vllm = table[table["system"] == "vllm"].set_index("system.block_size")
+    assert vllm.loc[8, ["mean", "min", "max", "runs"]].tolist() == [2.0, 1.0, 3.0, 2]
+    assert vllm.loc[16, "runs"] == 1
+    assert (sweep / "sweep_request_throughput.png").is_file()
+    assert "1 run(s) not finished" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["--x", "nope", "--y", "request_throughput"], "no column 'nope'; it has system"),
+     (["--x", "system.block_size", "--y", "status"], "holds no number")],
+)  # fmt: skip
+def test_a_column_it_cannot_plot_is_one_line(tmp_path: Path, capsys, args, says) -> None:
+    sweep = _summary(tmp_path / "sweep")
+    assert sweep_plot.main([str(sweep), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and says in err and "\n" not in err
