@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -378,3 +379,39 @@ def test_a_result_file_the_system_will_not_write_is_refused_first(tmp_path: Path
         check_out_file(tmp_path)
     check_out_file(tmp_path / "new" / "c.json")  # a folder it can make: made, then removed
     assert not (tmp_path / "new").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_hydra_flag_after_the_overrides_is_taken(tmp_path: Path) -> None:
+    # kvlab adds overrides of its own to the command line: appended after a flag they made a
+    # second run of overrides, which Hydra's parser refused ("unrecognized arguments")
+    import subprocess
+    import sys
+
+    from experiments.lib.cli import with_overrides
+
+    extra = ["+a=1"]
+    assert with_overrides(["p", "x=1", "--cfg", "job"], extra) == ["p", "x=1", "+a=1", "--cfg",
+                                                                     "job"]  # fmt: skip
+    assert with_overrides(["p", "--cfg", "job"], extra) == ["p", "--cfg", "job", "+a=1"]
+    assert with_overrides(["p", "-m", "x=1,2"], extra) == ["p", "-m", "x=1,2", "+a=1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.simulate", "workload.rate=3", "--cfg", "job"],
+        capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "rate: 3" in done.stdout
+
+
+def test_m_after_an_override_sweeps_and_a_sweep_without_m_is_one_line(tmp_path: Path) -> None:
+    from tests.test_config_errors import run_cli
+
+    sweep = [f"hydra.sweep.dir={tmp_path / 'sweep'}", "workload.num_requests=2"]
+    status, _, err = run_cli(simulate, [*sweep, "-m", "system=vllm,orca_max"], tmp_path)
+    assert status == 0, err
+    assert len(pd.read_csv(tmp_path / "sweep" / "summary.csv")) == 2
+    status, _, err = run_cli(simulate, ["system=vllm,orca_max"], tmp_path)
+    assert status == 2
+    assert err.strip() == (
+        "error: system: several values without -m: add -m to run one job per value, or "
+        "write [a,b] for a list, 'a,b' for a string (got 'vllm,orca_max')"
+    )

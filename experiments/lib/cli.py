@@ -315,6 +315,26 @@ def _interrupted_status(exc: KeyboardInterrupt) -> int:
     return TERMINATED_STATUS if isinstance(exc, Terminated) else INTERRUPTED_STATUS
 
 
+def multirun_first(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``-m`` / ``--multirun`` moved first: Hydra takes the flag anywhere but
+    refuses the overrides after it as a second run (``x=1 -m y=1,2``)."""
+    flags = [a for a in argv[1:] if a in ("-m", "--multirun")]
+    return [*argv[:1], *flags[:1], *(a for a in argv[1:] if a not in ("-m", "--multirun"))]
+
+
+def with_overrides(argv: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """``argv`` (``-m`` first: :func:`multirun_first`) with ``extra`` overrides placed right
+    after its last override, so that they join its run of overrides: Hydra's parser takes
+    one run of positional overrides, and after a flag (``... --cfg job``) a second run is
+    refused as unrecognized arguments."""
+    argv = multirun_first(argv)
+    last = max(
+        (i for i, a in enumerate(argv[1:], 1) if "=" in a and not a.startswith("-")),
+        default=len(argv) - 1,
+    )
+    return [*argv[: last + 1], *extra, *argv[last + 1 :]]
+
+
 def main_with_checks(
     main: Callable[[], Any], argv: Sequence[str] | None = None, config_name: str | None = None
 ) -> None:
@@ -330,7 +350,9 @@ def main_with_checks(
     saved_argv = sys.argv
     # every launcher sets hydra.job.env_set in the job's process (Ray and Slurm workers
     # included), so a job knows it belongs to a command-line sweep
-    sys.argv = [*sys.argv, f"+hydra.job.env_set.{COMMAND_LINE_ENV}=1", SWEEP_DIR_CALLBACK]
+    sys.argv = with_overrides(
+        sys.argv, [f"+hydra.job.env_set.{COMMAND_LINE_ENV}=1", SWEEP_DIR_CALLBACK]
+    )
     try:
         try:
             check_group_overrides(args)

@@ -154,6 +154,14 @@ def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
     overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
+        sweep = next((o for o in parsed if o.is_sweep_override()), None)
+        if sweep is not None and not flags & MULTIRUN_FLAGS:
+            raise ConfigError(
+                sweep.key_or_group,
+                "several values without -m: add -m to run one job per value, or write "
+                "[a,b] for a list, 'a,b' for a string",
+                (sweep.input_line or "").partition("=")[2],
+            )
         for job in sweep_jobs(parsed, search_dirs(argv) or []):
             added = [o.key_or_group for o in parse_overrides(job) if o.is_add() or o.is_force_add()]
             check_added_keys(config_name, added, job)
