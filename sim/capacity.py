@@ -228,11 +228,18 @@ def kv_capacity(
     }
     derived = num_gpu_blocks is None and kv_cache_bytes is None  # else the given cache's
     if derived and weights + acts + graphs + non_torch_bytes >= usable:
+        hint = ""
+        if weights + graphs + non_torch_bytes < usable:  # the profile run's peak is too much
+            hint = (
+                f"; the weights fit: the activations are a profile run of "
+                f"{max_num_batched_tokens} tokens (system.max_num_batched_tokens; without "
+                "chunked prefill its default is max_model_len: set system.max_model_len lower)"
+            )
         raise ValueError(
             f"{model.name} does not fit on {tp} × {gpu.name}: weights {weights / GIB:.2f} GiB "
             f"+ activations {acts / GIB:.2f} GiB + CUDA graphs {graphs / GIB:.2f} GiB "
             f"+ non-torch {non_torch_bytes / GIB:.2f} GiB per GPU exceed {usable / GIB:.2f} "
-            f"GiB ({gpu_memory_utilization:.0%} of the {total / GIB:.2f} GiB {kind})"
+            f"GiB ({gpu_memory_utilization:.0%} of the {total / GIB:.2f} GiB {kind}){hint}"
         )
     if num_gpu_blocks is not None:
         for key, value in (("num_gpu_blocks", num_gpu_blocks), ("block_size", block_size)):

@@ -147,6 +147,22 @@ CASES = [
     ("slo_unknown_key", simulate, ["slo_ms={{ttfb: 200}}"], "slo_ms.ttfb", "unknown SLO"),
     ("unknown_model", simulate, ["model=opt-7b"], "model", "unknown model"),
     ("unknown_hardware", simulate, ["hardware=a100"], "hardware", "unknown hardware"),
+    # null where the key has no null meaning, text where a number or a name belongs: these
+    # had ended in a TypeError or ValueError traceback (a config audit)
+    ("seed_null", simulate, ["seed=null"], "seed", "null is not a value here"),
+    ("tp_null", simulate, ["model.tp=null"], "model.tp", "null is not a value here"),
+    ("swap_null", simulate, ["swap_space_gb=null"], "swap_space_gb", "null is not a value"),
+    ("allreduce_text", simulate, ["cost.allreduce_latency_s=abc"], "cost.allreduce_latency_s",
+     "not a time"),
+    ("calibration_path_number", simulate, ["cost=calibrated", "cost.path=123"], "cost.path",
+     "not a path"),
+    ("dataset_number", simulate, ["workload.dataset=0"], "workload.dataset", "not a name"),
+    # the weights fit; a 131,072-token profile run (the budget's default, max_model_len) not
+    ("profile_run_too_large", simulate, ["model=llama-3.1-8b", "hardware=rtx4090"], "model",
+     "set system.max_model_len lower"),
+    # model.name and system.name switch what they name; hardware.name would only relabel
+    ("gpu_relabelled", simulate, ["hardware.name=h100"], "hardware.name",
+     "choose the GPU with hardware=h100"),
     ("unknown_system", simulate, ["system=orca"], "system", "unknown system"),
     ("unknown_system_name", simulate, ["system.name=vllm2"], "system", "unknown system"),
     ("model_too_big", simulate, ["model=opt-66b", "model.tp=1"], "model", "does not fit"),

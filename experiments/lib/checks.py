@@ -139,6 +139,10 @@ def one_of(*values: Any) -> Callable[[Any], bool]:
     return lambda v: v in values
 
 
+def is_text(v: Any) -> bool:
+    return isinstance(v, str) and v != ""
+
+
 def is_bool(v: Any) -> bool:
     return isinstance(v, bool)
 
@@ -158,6 +162,7 @@ class Rule:
     problem: str = "invalid value"
     apps: frozenset[str] = field(default_factory=lambda: frozenset({"simulate", "serve"}))
     required: bool = False
+    nullable: bool = True  # False: a key that has no "null: default" meaning
 
 
 # The most requests a synthetic workload may draw: every request is held in memory (about
@@ -171,7 +176,7 @@ _POS_INT = "an integer > 0"
 _FRACTION_OR_NULL = "a fraction in (0, 1] or null"
 
 RULES: tuple[Rule, ...] = (
-    Rule("seed", non_negative_int, "an integer >= 0", "not a seed"),
+    Rule("seed", non_negative_int, "an integer >= 0", "not a seed", nullable=False),
     Rule(
         "workload.kind", one_of(*KINDS), f"one of {', '.join(KINDS)}", "unknown kind", required=True
     ),
@@ -233,16 +238,23 @@ RULES: tuple[Rule, ...] = (
         "an integer >= 0 (tokens; 0: no CUDA graphs)",
         "not a capture size",
     ),
-    Rule("model.tp", positive_int, f"{_POS_INT} (GPUs)", "not a positive GPU count"),
+    Rule(
+        "model.tp", positive_int, f"{_POS_INT} (GPUs)", "not a positive GPU count", nullable=False
+    ),
     Rule("kv_cache_gb", positive, f"{_POS} (GiB) or null (derived)", "KV budget must be positive"),
     Rule(
         "kv_budget_gb", positive, f"{_POS} (GiB) or null", "KV budget must be positive", apps=SERVE
     ),
     Rule(
-        "gpu_memory_utilization", fraction_open, "a fraction in (0, 1]", "not a fraction", apps=SIM
+        "gpu_memory_utilization",
+        fraction_open,
+        "a fraction in (0, 1]",
+        "not a fraction",
+        apps=SIM,
+        nullable=False,
     ),
-    Rule("swap_space_gb", non_negative, "a number >= 0 (GiB)", "not a size"),
-    Rule("num_replicas", positive_int, _POS_INT, "not a positive count", apps=SIM),
+    Rule("swap_space_gb", non_negative, "a number >= 0 (GiB)", "not a size", nullable=False),
+    Rule("num_replicas", positive_int, _POS_INT, "not a positive count", apps=SIM, nullable=False),
     Rule(
         "kv_budget_fraction",
         fraction_open,
@@ -294,6 +306,10 @@ RULES: tuple[Rule, ...] = (
     Rule("cost.compute_efficiency", fraction_open, _FRACTION_OR_NULL, "not a fraction"),
     Rule("cost.memory_efficiency", fraction_open, _FRACTION_OR_NULL, "not a fraction"),
     Rule("cost.per_step_overhead_s", non_negative, "a number >= 0 (s) or null", "not a time"),
+    Rule("cost.allreduce_latency_s", non_negative, "a number >= 0 (s) or null", "not a time"),
+    Rule("cost.peer_link_efficiency", fraction_open, _FRACTION_OR_NULL, "not a fraction"),
+    Rule("cost.path", is_text, "a file path or null", "not a path"),
+    Rule("workload.dataset", is_text, "a dataset name (sharegpt, alpaca)", "not a name"),
 )
 
 
@@ -314,6 +330,8 @@ def check_values(c: Mapping[str, Any], app: str) -> None:
         if app not in rule.apps:
             continue
         value = lookup(c, rule.key)
+        if value is None and not rule.nullable:
+            raise ConfigError(rule.key, "null is not a value here", None, rule.expected)
         if value is _UNSET or value is None:
             if rule.required:
                 raise ConfigError(
@@ -351,12 +369,42 @@ def hardware_origin() -> str | None:
     return f"hardware={choice}"
 
 
+def _relabelled_gpu(hardware: Mapping[str, Any] | None) -> str | None:
+    """Why ``hardware.name`` may not be taken (a Hydra run whose ``hardware`` group is one
+    shipped GPU's file, renamed on the command line to another shipped GPU: the first's
+    numbers would run under the second's label), or None. ``model.name`` and
+    ``system.name`` switch what they name; a GPU is switched by the group, ``hardware=``."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from sim.catalog import get_gpu
+
+    name = (hardware or {}).get("name")
+    if not name or not HydraConfig.initialized():
+        return None
+    choice = (HydraConfig.get().runtime.get("choices") or {}).get("hardware")
+    if not choice or choice == name:
+        return None
+    try:
+        named, chosen = get_gpu(str(name)), get_gpu(str(choice))
+    except KeyError:  # a GPU of the user's own, by its file or by its name
+        return None
+    if named.name == chosen.name:
+        return None
+    return (
+        f"names a shipped GPU, but the hardware group holds hardware/{choice}.yaml's numbers, "
+        f"which would run under {name}'s label; choose the GPU with hardware={name}"
+    )
+
+
 def run_gpu(hardware: Mapping[str, Any] | None) -> Any:
     """The run's GPU (:func:`sim.catalog.resolve_gpu`, errors naming the file Hydra chose,
     :func:`hardware_origin`); a group that describes no GPU is a ConfigError naming the key
     at fault."""
     from sim.catalog import HardwareError, resolve_gpu
 
+    relabelled = _relabelled_gpu(hardware)
+    if relabelled is not None:
+        raise ConfigError("hardware.name", relabelled, (hardware or {}).get("name"))
     try:
         return resolve_gpu(hardware, hardware_origin())
     except KeyError:
