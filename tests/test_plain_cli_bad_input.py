@@ -249,3 +249,32 @@ def test_validate_refuses_an_output_folder_before_simulating(
     out, err = capsys.readouterr()
     assert exit_.value.code == 2 and "engine" not in out
     assert err.strip() == f"error: --out: {tmp_path} is a folder; give the file to write"
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "says"),
+    [
+        ("experiments.report.fig2_spread", ["--duration", "0"], "--duration must be > 0"),
+        ("experiments.report.fig2_spread", ["--workers", "0"], "--workers >= 1"),
+        ("experiments.report.fig2_spread", ["--out", "{file}"], "is a file, not a folder"),
+        ("experiments.bench.cpu_cache_state", ["--out", "{file}"], "is a file, not a folder"),
+        ("experiments.bench.cpu_decode_grid", ["--out", "{file}"], "is a file, not a folder"),
+    ],
+)
+def test_a_study_refuses_bad_arguments_before_any_work(
+    tmp_path: Path, capsys, module: str, args: list[str], says: str
+) -> None:
+    # these had printed worker tracebacks, or measured for minutes before failing to write
+    import importlib
+
+    pytest.importorskip("torch")
+    file = tmp_path / "a_file"
+    file.write_text("")
+    argv = [a.format(file=file) for a in args]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module(module).main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err and not (tmp_path / "out").exists()

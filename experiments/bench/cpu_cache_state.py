@@ -25,7 +25,7 @@ import torch
 
 from experiments.bench.profile_gpu import Profiler, cpu_flush_bytes, make_plan
 from experiments.bench.tables import print_table
-from experiments.lib.args import OneLineParser
+from experiments.lib.args import OneLineParser, out_dir_problem
 from experiments.lib.results import write_json
 
 STATES = ("warm", "write", "read")
@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    problem = out_dir_problem(args.out)
+    if problem is not None:  # before the measuring, not after it
+        parser.error(f"--out {args.out}: {problem}")
     rows = measure(args.model, args.repeats)
     print_table(f"{args.model}, one layer, ms (median of {args.repeats}, thread CPU time)", rows)
     doc = {

@@ -49,7 +49,7 @@ from experiments.bench.cpu_malloc import spread_contexts as malloc_spread
 from experiments.bench.cpu_malloc import whole_forward_ms
 from experiments.bench.sim import machine_info
 from experiments.bench.tables import print_table, write_csv
-from experiments.lib.args import OneLineParser
+from experiments.lib.args import OneLineParser, out_dir_problem
 from experiments.lib.cli import plain_cli
 from experiments.lib.malloc import pin_malloc
 from experiments.lib.results import write_json
@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     every = None if args.knots == "powers" else int(args.knots)
     if sum(is_knot(c, every) for c in set(args.contexts)) < 2:
         parser.error(f"--contexts {args.contexts} hold fewer than two knots (--knots)")
+    problem = out_dir_problem(args.out)
+    if problem is not None:  # before minutes of measuring, not after them
+        parser.error(f"--out {args.out}: {problem}")
     import torch
 
     from experiments.serve import device_name

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.lib.args import OneLineParser
+from experiments.lib.args import OneLineParser, out_dir_problem
 from experiments.lib.results import write_atomic, write_csv, write_json
 from experiments.report.paper import FIG2_BREAKDOWN, SYSTEM_LABELS
 
@@ -84,9 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.duration > 0 or args.seed < 0 or args.workers < 1:
+        p.error("--duration must be > 0, --seed >= 0 and --workers >= 1")
+    problem = out_dir_problem(args.out)
+    if problem is not None:
+        p.error(f"--out {args.out}: {problem}")
     args.out.mkdir(parents=True, exist_ok=True)
     grid = [(s, a, b) for a in SIGMA_INPUT for b in SIGMA_OUTPUT for s in SYSTEMS]
-    with ProcessPoolExecutor(max(1, args.workers)) as pool:
+    with ProcessPoolExecutor(args.workers) as pool:
         jobs = [pool.submit(run_point, s, a, b, args.duration, args.seed) for s, a, b in grid]
         rows = pd.DataFrame([j.result() for j in jobs])
     write_csv(args.out / "fig2_spread.csv", rows)
