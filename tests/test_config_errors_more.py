@@ -415,3 +415,22 @@ def test_m_after_an_override_sweeps_and_a_sweep_without_m_is_one_line(tmp_path: 
         "error: system: several values without -m: add -m to run one job per value, or "
         "write [a,b] for a list, 'a,b' for a string (got 'vllm,orca_max')"
     )
+
+
+def test_a_relative_input_path_is_found_from_any_working_directory(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # the working directory's first, else the repository's (shipped files): cost.profile
+    # already was; cost.stack_path was read from the working directory only
+    from experiments.reproduce import compose_config
+
+    monkeypatch.chdir(tmp_path)
+    shipped = "sim/cost/stacks/kvlab-cpu-tiny-opt.json"
+    over = ["workload.num_requests=2", "cost.stack=measured", f"cost.stack_path={shipped}"]
+    assert simulate.run(compose_config(over))["completed"] == 2
+    mine = tmp_path / "sim/cost/stacks"
+    mine.mkdir(parents=True)
+    (mine / "kvlab-cpu-tiny-opt.json").write_text("{}")  # the working directory's wins
+    with pytest.raises(ConfigError) as exc:
+        simulate.run(compose_config(over))
+    assert exc.value.key == "cost.stack_path"

@@ -27,9 +27,11 @@ INPUT_KEYS = (
 )  # fmt: skip
 
 
-def _located(value: str) -> Path | None:
+def located_input(value: str) -> Path | None:
     """The path as the run reads it: as given (from the working directory), else from the
-    repository root (where ``cost.profile`` and the shipped files are found)."""
+    repository root (where the shipped profiles and stack files are); None if neither
+    exists. One rule for every input key (``cost.profile``, ``cost.stack_path``,
+    ``cost.path``: :mod:`experiments.lib.setup`)."""
     for path in (Path(value), REPO / value):
         if path.exists():
             return path
@@ -55,7 +57,7 @@ def input_stamps(cfg: Any) -> dict[str, list[list[Any]]]:
         value = lookup(plain, key)  # a missing key: not a str either
         if not isinstance(value, str) or not value:
             continue
-        path = _located(value)
+        path = located_input(value)
         if path is not None:
             out[key] = _stamp(path)
     return out

@@ -40,6 +40,7 @@ from experiments.lib.checks import (
     lookup,
     run_gpu,
 )
+from experiments.lib.input_stamps import located_input
 from sim.capacity import KVCapacity, kv_capacity
 from sim.catalog import GPUSpec, ModelSpec, model_from_config, model_key
 from sim.cost import CostModel, Efficiency, build_cost_model
@@ -322,17 +323,17 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
     if kind in ("roofline", "profiled"):
         extra.setdefault("block_size", block_size(c["system"]))
     if kind == "profiled" and extra.get("profile") is not None:
-        path = Path(str(extra["profile"]))  # relative: from the repository root
-        extra["profile"] = path if path.is_absolute() else REPO_ROOT / path
+        path = Path(str(extra["profile"]))  # relative: the working directory's, else the repo's
+        found = located_input(str(path))
+        extra["profile"] = found or (path if path.is_absolute() else REPO_ROOT / path)
     if kind == "calibrated" and extra.get("path") in (None, "???", ""):
         raise ConfigError(
             "cost.path", "cost=calibrated needs a calibration file", extra.get("path"),
             "cost.path=<calibration.json from experiments.calibrate or calibrate_vllm>",
         )  # fmt: skip
     if kind == "calibrated":
-        return calibrated_from_file(
-            Path(extra["path"]), model, gpu, tp, block_size=block_size(c["system"])
-        )
+        path = located_input(str(extra["path"])) or Path(str(extra["path"]))
+        return calibrated_from_file(path, model, gpu, tp, block_size=block_size(c["system"]))
     stack_path = extra.pop("stack_path", None)
     if stack_path is not None or extra.get("stack") == MEASURED:
         extra["stack"] = measured_stack(extra.get("stack"), stack_path)
@@ -349,7 +350,7 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
 
 def measured_stack(name: Any, path: Any) -> Stack:
     """``cost.stack=measured`` read from ``cost.stack_path`` (a relative path from the
-    working directory, as ``cost.path``)."""
+    working directory, else from the repository root: :func:`located_input`)."""
     if name != MEASURED:
         raise ConfigError("cost.stack_path", "is read only with cost.stack=measured", path, "null")
     if path is None:
@@ -358,7 +359,7 @@ def measured_stack(name: Any, path: Any) -> Stack:
             "a file written by experiments.calibrate_overhead",
         )  # fmt: skip
     try:
-        return load_stack_file(Path(str(path)))
+        return load_stack_file(located_input(str(path)) or Path(str(path)))
     except ValueError as exc:
         raise ConfigError("cost.stack_path", str(exc)) from None
 
