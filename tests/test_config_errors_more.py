@@ -434,3 +434,17 @@ def test_a_relative_input_path_is_found_from_any_working_directory(
     with pytest.raises(ConfigError) as exc:
         simulate.run(compose_config(over))
     assert exc.value.key == "cost.stack_path"
+
+
+@pytest.mark.parametrize("flag", [["--cfg", "job"], ["--help"]])
+def test_showing_the_config_with_a_bad_key_is_one_line_and_no_index_row(
+    tmp_path: Path, flag: list[str]
+) -> None:
+    # it had been Hydra's traceback (--help) or its multi-line error (--cfg), and each added
+    # a "config error" row to the runs index for a command that runs nothing
+    from tests.test_config_errors import run_cli
+
+    status, _, err = run_cli(simulate, [*flag, "foo=1"], tmp_path)
+    assert status == 2
+    assert err.strip().startswith("error: foo: no such key") and "\n" not in err.strip()
+    assert not (tmp_path / "index.csv").exists()

@@ -442,11 +442,21 @@ def _index_of(args: Sequence[str]) -> Path | None:
     return Path(index)
 
 
+# Hydra's flags that show the config, its sources or the help instead of running
+INSPECTION_FLAGS = frozenset({
+    "-c", "--cfg", "-i", "--info", "-h", "--help", "-hh", "--hydra-help", "--resolve",
+})  # fmt: skip
+
+
 def _index_refused(config_name: str | None, args: Sequence[str], err: ConfigError) -> None:
     """A command line refused before Hydra starts still gets its index row (no run
-    directory): in ``index=...`` of the arguments, else the default index; best effort."""
+    directory): in ``index=...`` of the arguments, else the default index; best effort. A
+    command that only shows the config or help (``--cfg``, ``--help``, ``--info`` ...) would
+    run nothing, and gets none."""
     index = _index_of(args) if config_name is not None else None
     if index is None or config_name is None:
+        return
+    if any(a.split("=")[0] in INSPECTION_FLAGS for a in args):
         return
     try:
         check_index_writable(index)

@@ -137,21 +137,30 @@ def group_keys(group: str, extra_dirs: Sequence[Path] = ()) -> set[str]:
 MULTIRUN_FLAGS = frozenset({"-m", "--multirun"})
 
 
+# Hydra's flags that change where the config comes from (or replay another run's): with
+# them the overrides are left to Hydra; the others (-m, --cfg job, --help, --info ...)
+# leave the config as composed here
+SOURCE_FLAGS = frozenset({
+    "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
+    "--experimental-rerun", "-sc", "--shell-completion",
+})  # fmt: skip
+
+
 def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
     """Raise for overrides Hydra cannot compose into ``configs/<config_name>.yaml`` (a key
     the config lacks, a malformed value, a key added under a name nothing reads), in one
     line where Hydra's spans several. A sweep is checked as its jobs (:func:`sweep_jobs`).
-    Left to Hydra: its flags other than ``-m`` (any other argument starting with ``-``)
-    and a ``hydra.searchpath`` with a ``pkg://`` entry. A config file that is not YAML is
+    Left to Hydra: the overrides of a command with a flag of :data:`SOURCE_FLAGS`, and a
+    ``hydra.searchpath`` with a ``pkg://`` entry. A config file that is not YAML is
     named with its line and column."""
     import yaml
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     flags = {a for a in argv if a.startswith("-")}
-    if flags - MULTIRUN_FLAGS or search_dirs(argv) is None:
+    if any(f.split("=")[0] in SOURCE_FLAGS for f in flags) or search_dirs(argv) is None:
         return
-    overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
+    overrides = override_args(argv)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
         sweep = next((o for o in parsed if o.is_sweep_override()), None)
