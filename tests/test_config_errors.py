@@ -150,6 +150,8 @@ CASES = [
     # null where the key has no null meaning, text where a number or a name belongs: these
     # had ended in a TypeError or ValueError traceback (a config audit)
     ("seed_null", simulate, ["seed=null"], "seed", "null is not a value here"),
+    ("no_conversations", simulate, ["workload=multi_turn", "workload.num_conversations=0"],
+     "workload.num_conversations", "not a count"),
     ("tp_null", simulate, ["model.tp=null"], "model.tp", "null is not a value here"),
     ("swap_null", simulate, ["swap_space_gb=null"], "swap_space_gb", "null is not a value"),
     ("allreduce_text", simulate, ["cost.allreduce_latency_s=abc"], "cost.allreduce_latency_s",

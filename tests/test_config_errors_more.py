@@ -448,3 +448,19 @@ def test_showing_the_config_with_a_bad_key_is_one_line_and_no_index_row(
     assert status == 2
     assert err.strip().startswith("error: foo: no such key") and "\n" not in err.strip()
     assert not (tmp_path / "index.csv").exists()
+
+
+def test_prefix_caching_off_says_how_many_requests_lack_token_ids(monkeypatch) -> None:
+    from core.request import Request
+    from experiments.lib import setup
+
+    said: list[str] = []
+
+    class Log:
+        def warning(self, message: str, *args: object) -> None:
+            said.append(message % args)
+
+    monkeypatch.setattr(setup, "log", Log())
+    reqs = [Request(0, 0.0, 3, 2, prompt_token_ids=[1, 2, 3]), Request(1, 0.0, 3, 2)]
+    assert setup.prefix_caching_for({"enable_prefix_caching": True}, reqs) is False
+    assert "1 of 2 without prompt token ids" in said[0]

@@ -194,7 +194,7 @@ RULES: tuple[Rule, ...] = (
     Rule("workload.prefix_len", non_negative_int, "an integer >= 0 (tokens)", "not a length"),
     Rule("workload.suffix_len_mean", at_least_one, "a number >= 1 (tokens)", "not a mean length"),
     Rule("workload.output_len_mean", at_least_one, "a number >= 1 (tokens)", "not a mean length"),
-    Rule("workload.num_conversations", non_negative_int, "an integer >= 0 or null", "not a count"),
+    Rule("workload.num_conversations", positive_int, f"{_POS_INT} or null", "not a count"),
     Rule("workload.rounds", positive_int, _POS_INT, "not a round count"),
     Rule("workload.think_time_s", non_negative, "a number >= 0 (seconds)", "not a time"),
     Rule("workload.max_prompt_len", positive_int, f"{_POS_INT} (tokens)", "not a length"),

@@ -139,13 +139,15 @@ def prefix_caching_for(
     ``system=vllm_v1`` on a synthetic workload without ``with_token_ids``, or a vLLM log
     without ``tokens_path``)."""
     wanted = bool(system.get("enable_prefix_caching", False))
-    if wanted and any(r.prompt_token_ids is None for r in requests):
+    missing = sum(r.prompt_token_ids is None for r in requests)
+    if wanted and missing:
         if not warn:
             return False
+        which = "no" if missing == len(requests) else f"{missing} of {len(requests)} without"
         log.warning(
-            "system.enable_prefix_caching is on but the workload has no prompt token ids: "
-            "prefix caching is off for this run"
-        )
+            "system.enable_prefix_caching is on but the workload has %s prompt token ids: "
+            "prefix caching is off for this run", which,
+        )  # fmt: skip
         return False
     return wanted
 
