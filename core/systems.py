@@ -60,6 +60,10 @@ class SystemSpec:
     # preemption_mode says (vLLM v0); False: it follows preemption_mode, as in vLLM V1,
     # which has no swap and serves a request's n samples as requests of their own
     swap_groups: bool = True
+    # the serving stack around the policy (sim.cost.overhead's presets) that cost=profiled
+    # prices it in unless cost.stack is given: the paper's 2023 eager stack; vLLM V1's CUDA
+    # graphs and async scheduling for vllm_v1
+    stack: str = "vllm-2023"
 
 
 SYSTEMS: dict[str, SystemSpec] = {
@@ -71,6 +75,7 @@ SYSTEMS: dict[str, SystemSpec] = {
         cache_scheduled_blocks=True,
         allocate_per_chunk=True,
         swap_groups=False,
+        stack="vllm-v1",
     ),
     "orca_max": SystemSpec("orca_max", OrcaScheduler, "contiguous", "max"),
     "orca_pow2": SystemSpec("orca_pow2", OrcaScheduler, "contiguous", "pow2"),

@@ -209,3 +209,17 @@ def test_the_bare_roofline_says_what_it_leaves_out(caplog) -> None:
     with caplog.at_level("INFO", logger="experiments.simulate"):
         run(compose_config([*small, "cost.stack=vllm-2023"]))
     assert "no per-block cost" not in caplog.text
+
+
+def test_cost_profiled_prices_each_system_in_its_own_stack() -> None:
+    # today's vLLM runs with CUDA graphs and async scheduling, the paper's systems on the
+    # 2023 eager stack; a given cost.stack wins
+    from experiments.lib.setup import build_setup
+
+    def stack(*over: str) -> str:
+        setup = build_setup(compose_config(["cost=profiled", "workload.num_requests=2", *over]))
+        return setup.cost_model.config()["stack"]
+
+    assert stack("system=vllm") == stack("system=orca_max") == "vllm-2023"
+    assert stack("system=vllm_v1") == "vllm-v1"
+    assert stack("system=vllm_v1", "cost.stack=vllm-2023") == "vllm-2023"

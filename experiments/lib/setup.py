@@ -27,7 +27,7 @@ from core.kv.block_pool import MAX_BLOCKS
 from core.request import Request, RequestError
 from core.sched.base import BaseScheduler, SchedulerConfig, SchedulerConfigError
 from core.sched.batch_defaults import BatchLimits, DeviceFacts, batch_limits
-from core.systems import SystemConfigError, build_scheduler
+from core.systems import SystemConfigError, build_scheduler, get_system
 from core.workload.spec import FILE_KINDS, build_workload
 from core.workload.trace_io import TraceFormatError
 from experiments.lib.checks import (
@@ -324,6 +324,8 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
         )
     if kind in ("roofline", "profiled"):
         extra.setdefault("block_size", block_size(c["system"]))
+    if kind == "profiled" and extra.get("stack") is None:  # the system's own stack
+        extra["stack"] = get_system(str(c["system"]["name"])).stack
     if kind == "profiled" and extra.get("profile") is not None:
         path = Path(str(extra["profile"]))  # relative: the working directory's, else the repo's
         found = located_input(str(path))
