@@ -64,6 +64,9 @@ class SystemSpec:
     # prices it in unless cost.stack is given: the paper's 2023 eager stack; vLLM V1's CUDA
     # graphs and async scheduling for vllm_v1
     stack: str = "vllm-2023"
+    # whose defaults null batch limits take (core.sched.batch_defaults): vLLM v0's, or
+    # vllm serve's (V1) for the run's GPU
+    batch_defaults: str = "v0"
 
 
 SYSTEMS: dict[str, SystemSpec] = {
@@ -76,6 +79,7 @@ SYSTEMS: dict[str, SystemSpec] = {
         allocate_per_chunk=True,
         swap_groups=False,
         stack="vllm-v1",
+        batch_defaults="v1",
     ),
     "orca_max": SystemSpec("orca_max", OrcaScheduler, "contiguous", "max"),
     "orca_pow2": SystemSpec("orca_pow2", OrcaScheduler, "contiguous", "pow2"),

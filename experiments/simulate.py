@@ -57,6 +57,7 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
 def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
     setup = build_setup(c)
     bs = block_size(c["system"])
+    log.info("system: %s", setup.batch_limits.describe())
     log.info("%s", setup.capacity.describe(bs))
     if _cost_doc(setup.cost_model).get("stack") == "none":
         log.info(

@@ -232,8 +232,7 @@ def kv_capacity(
         if weights + graphs + non_torch_bytes < usable:  # the profile run's peak is too much
             hint = (
                 f"; the weights fit: the activations are a profile run of "
-                f"{max_num_batched_tokens} tokens (system.max_num_batched_tokens; without "
-                "chunked prefill its default is max_model_len: set system.max_model_len lower)"
+                f"{max_num_batched_tokens} tokens (max_num_batched_tokens)"
             )
         raise ValueError(
             f"{model.name} does not fit on {tp} × {gpu.name}: weights {weights / GIB:.2f} GiB "

@@ -160,8 +160,12 @@ CASES = [
      "not a path"),
     ("dataset_number", simulate, ["workload.dataset=0"], "workload.dataset", "not a name"),
     # the weights fit; a 131,072-token profile run (the budget's default, max_model_len) not
-    ("profile_run_too_large", simulate, ["model=llama-3.1-8b", "hardware=rtx4090"], "model",
-     "set system.max_model_len lower"),
+    ("profile_run_too_large", simulate, ["model=llama-3.1-8b", "hardware=rtx4090"],
+     "system.max_model_len", "set system.max_model_len (or system.max_num_batched_tokens) lower"),
+    ("profile_run_given_too_large", simulate,
+     ["model=llama-3.1-8b", "hardware=rtx4090", "system=vllm_v1",
+      "system.max_num_batched_tokens=131072"],
+     "system.max_num_batched_tokens", "the weights fit"),
     # model.name and system.name switch what they name; hardware.name would only relabel
     ("gpu_relabelled", simulate, ["hardware.name=h100"], "hardware.name",
      "choose the GPU with hardware=h100"),
@@ -453,7 +457,8 @@ def test_valid_sweeps_pass_the_checks() -> None:
     passes."""
     from experiments.lib.compose import check_overrides_compose
 
-    for argv in (["hydra.mode=MULTIRUN", "seed=1,2"], ["-m", "seed=1,2"], ["seed=range(1,3)"]):
+    for argv in (["hydra.mode=MULTIRUN", "seed=1,2"], ["-m", "seed=1,2"],
+                 ["-m", "seed=range(1,3)"]):  # fmt: skip
         check_overrides_compose("simulate", argv)  # nothing raised
 
 

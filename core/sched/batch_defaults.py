@@ -1,12 +1,13 @@
 """The batch limits vLLM picks when a run gives none: ``max_num_seqs`` and
-``max_num_batched_tokens`` by the scheduler's kind, the served context and the GPU.
+``max_num_batched_tokens`` by the system's vLLM version (``core.systems.SystemSpec``'s
+``batch_defaults``), the served context and the GPU.
 
-- **Prompt-only steps** (vLLM v0, no chunked prefill): 256 sequences, and
+- **vLLM v0** (``v0``: the paper's systems, chunked prefill on or off): 256 sequences, and
   ``max(2560, max_model_len)`` tokens. 2560 is vLLM v0.1's default (``EngineArgs``, the
   paper's version); from v0.2 vLLM raises its default to ``max_model_len`` where that is
   larger (``SchedulerConfig``: ``max(max_model_len, 2048)``), since a prompt-only step must
   hold the longest prompt (v0.1 instead dropped any prompt longer than the budget).
-- **Chunked prefill** (vLLM V1): ``vllm serve``'s defaults (``EngineArgs.get_batch_defaults``,
+- **vLLM V1** (``v1``: ``vllm_v1``): ``vllm serve``'s defaults (``EngineArgs.get_batch_defaults``,
   usage context ``OPENAI_API_SERVER``): 1024 sequences and 8192 tokens on a GPU with at
   least 70 GiB of memory whose name does not say A100 ("setting large
   max_num_batched_tokens for A100 reduces throughput", vLLM PR #17885), else 256 and 2048
@@ -23,6 +24,7 @@ V0_MAX_NUM_BATCHED_TOKENS = 2560
 V1_LARGE_GPU_GIB = 70.0
 V1_LARGE = (1024, 8192)  # (max_num_seqs, max_num_batched_tokens)
 V1_OTHER = (256, 2048)
+VERSIONS = ("v0", "v1")
 
 
 class DeviceFacts(NamedTuple):
@@ -51,13 +53,16 @@ class BatchLimits:
 def batch_limits(
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
-    chunked_prefill: bool,
+    version: str,
     max_model_len: int,
     device: DeviceFacts | None = None,
 ) -> BatchLimits:
     """The limits a run serves with: each given one as given, each None by vLLM's rule
-    (module doc) for ``chunked_prefill``, ``max_model_len`` and the GPU (None: none)."""
-    if chunked_prefill:
+    (module doc) for ``version`` (``v0`` or ``v1``), ``max_model_len`` and the GPU (None:
+    none)."""
+    if version not in VERSIONS:
+        raise ValueError(f"batch defaults {version!r}: expected one of {', '.join(VERSIONS)}")
+    if version == "v1":
         large = (
             device is not None
             and device.memory_gib >= V1_LARGE_GPU_GIB

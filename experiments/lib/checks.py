@@ -28,7 +28,7 @@ from typing import Any
 
 from core.defaults import DEFAULT_BLOCK_SIZE
 from core.model_spec import DTYPE_BYTES, kv_bytes_per_token  # the one table of dtype widths
-from core.sched.batch_defaults import V0_MAX_NUM_SEQS, DeviceFacts, batch_limits
+from core.sched.batch_defaults import BatchLimits, DeviceFacts, batch_limits
 from core.workload.spec import FILE_KINDS, KINDS
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -504,20 +504,36 @@ def check_sampling_width(c: Mapping[str, Any], app: str, facts: Facts) -> None:
 
 def _served_max_num_seqs(c: Mapping[str, Any], app: str) -> Any:
     """``system.max_num_seqs``, or where null the default the run will take
-    (:mod:`core.sched.batch_defaults`); None where that is read off a CUDA device as the
-    engine starts."""
+    (:func:`batch_limits_for`); None where that is read off a CUDA device as the engine
+    starts."""
     system = c.get("system") or {}
     if system.get("max_num_seqs") is not None:
         return system["max_num_seqs"]
-    if not system.get("chunked_prefill"):
-        return V0_MAX_NUM_SEQS
     if app == "simulate":
         device: DeviceFacts | None = gpu_facts(run_gpu(c.get("hardware")))
     elif str(c.get("device", "cpu")) == "cpu":
         device = None
     else:
         return None
-    return batch_limits(None, None, True, 2, device).max_num_seqs
+    return batch_limits_for(system, 2, device).max_num_seqs
+
+
+def batch_limits_for(
+    system: Mapping[str, Any], max_model_len: int, device: DeviceFacts | None = None
+) -> BatchLimits:
+    """``system.max_num_seqs`` and ``system.max_num_batched_tokens``, each null one by
+    vLLM's rule (:mod:`core.sched.batch_defaults`) for the system's vLLM version
+    (``SystemSpec.batch_defaults``), the served ``max_model_len`` and the GPU (None: none,
+    the engine on a CPU)."""
+    from core.systems import get_system
+
+    return batch_limits(
+        system.get("max_num_seqs"),
+        system.get("max_num_batched_tokens"),
+        get_system(str(system.get("name"))).batch_defaults,
+        max_model_len,
+        device,
+    )
 
 
 def gpu_facts(gpu: Any) -> DeviceFacts:
@@ -727,8 +743,10 @@ def check_engine_device(c: Mapping[str, Any], app: str, facts: Facts) -> None:
 
 
 def check_paged_only(c: Mapping[str, Any], app: str, facts: Facts) -> None:
-    """Swap preemption, chunked prefill and prefix caching on a system that is not paged,
-    refused before anything is built, by core's rule (``core.systems.paged_only_problem``)."""
+    """Swap preemption, chunked prefill and prefix caching on a system that is not paged, and
+    swap preemption on one that allocates prompts chunk by chunk (``vllm_v1``: vLLM V1 has
+    no swap), refused before anything is built, by core's rule
+    (``core.systems.paged_only_problem``)."""
     from core.systems import paged_only_problem
 
     system = c.get("system") or {}

@@ -26,7 +26,7 @@ from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
 from core.kv.block_pool import MAX_BLOCKS
 from core.request import Request, RequestError
 from core.sched.base import BaseScheduler, SchedulerConfig, SchedulerConfigError
-from core.sched.batch_defaults import BatchLimits, DeviceFacts, batch_limits
+from core.sched.batch_defaults import BatchLimits, DeviceFacts
 from core.systems import SystemConfigError, build_scheduler, get_system
 from core.workload.spec import FILE_KINDS, build_workload
 from core.workload.trace_io import TraceFormatError
@@ -34,6 +34,7 @@ from experiments.lib.checks import (
     COST_KEYS,
     DTYPE_BYTES,
     ConfigError,
+    batch_limits_for,
     check_cost_keys,
     check_swap_pool,
     gpu_facts,
@@ -178,21 +179,6 @@ def scheduler_config(
         if "max_model_len=" in problem:
             problem += " (or set system.max_model_len lower)"
         raise ConfigError(f"system.{key.group(0) if key else 'name'}", problem) from None
-
-
-def batch_limits_for(
-    system: Mapping[str, Any], max_model_len: int, device: DeviceFacts | None = None
-) -> BatchLimits:
-    """``system.max_num_seqs`` and ``system.max_num_batched_tokens``, each null one by
-    vLLM's rule (:mod:`core.sched.batch_defaults`) for the system's chunked prefill, the
-    served ``max_model_len`` and the GPU (None: none, the engine on a CPU)."""
-    return batch_limits(
-        system.get("max_num_seqs"),
-        system.get("max_num_batched_tokens"),
-        bool(system.get("chunked_prefill", False)),
-        max_model_len,
-        device,
-    )
 
 
 def manager_options(system: Mapping[str, Any]) -> dict[str, Any]:
@@ -463,6 +449,7 @@ class RunSetup:
     make_scheduler: Callable[[], BaseScheduler]
     max_model_len: int
     cost_model: CostModel
+    batch_limits: BatchLimits
 
 
 def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
@@ -481,8 +468,8 @@ def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
     warn_unmodelled(model, mml)
     device = gpu_facts(gpu)
     sched_config = scheduler_config(system, mml, device)
-    log.info("system: %s", batch_limits_for(system, mml, device).describe())
-    capacity = run_capacity(capacity_args(c, model, gpu, tp, sched_config, mml))
+    limits = batch_limits_for(system, mml, device)
+    capacity = run_capacity(capacity_args(c, model, gpu, tp, sched_config, mml), limits)
     num_cpu_slots = pool_slots(c, capacity, model)
     requests = build_requests(c, mml, vocab_size=model.vocab_size)  # as the engine does
     make_scheduler = scheduler_factory(
@@ -490,8 +477,9 @@ def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
     )
     cost_model = make_cost_model(c, model, gpu, tp)
     return RunSetup(
-        model, gpu, tp, capacity, sched_config, requests, make_scheduler, mml, cost_model
-    )
+        model, gpu, tp, capacity, sched_config, requests, make_scheduler, mml, cost_model,
+        limits,
+    )  # fmt: skip
 
 
 def warn_unmodelled(model: ModelSpec, max_model_len: int) -> None:
@@ -536,13 +524,24 @@ def capacity_args(
     }
 
 
-def run_capacity(args: Mapping[str, Any]) -> KVCapacity:
+def run_capacity(args: Mapping[str, Any], limits: BatchLimits | None = None) -> KVCapacity:
     """:func:`sim.capacity.kv_capacity` of ``args``; an impossible cache is a ConfigError
-    naming the key at fault (:func:`capacity_error_key`)."""
+    naming the key at fault (:func:`capacity_error_key`). Where the weights fit but the
+    profile run's activations do not, ``limits`` (how the token budget was set) names the
+    key to lower: the budget when given, else ``system.max_model_len`` when vLLM v0's
+    default took the budget from it."""
     try:
         return kv_capacity(**args)
     except ValueError as exc:
-        raise ConfigError(capacity_error_key(str(exc), args), str(exc)) from None
+        text = str(exc)
+        if "the weights fit" not in text or limits is None:
+            raise ConfigError(capacity_error_key(text, args), text) from None
+        if limits.tokens_source.startswith("max_model_len"):
+            raise ConfigError(
+                "system.max_model_len", f"{text}; the budget defaults to max_model_len: set "
+                "system.max_model_len (or system.max_num_batched_tokens) lower",
+            ) from None  # fmt: skip
+        raise ConfigError("system.max_num_batched_tokens", f"{text}; set it lower") from None
 
 
 # Memory a run's system group reserves beside the weights: key -> kv_capacity argument.
