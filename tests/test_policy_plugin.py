@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from core.kv.base import AllocStatus
 from core.request import SequenceStatus
 from core.sched.orca import OrcaScheduler
 from core.sched.vllm import VLLMScheduler
@@ -141,6 +142,24 @@ class _TimeSlice(VLLMScheduler):
         return super().schedule(now)
 
 
+class _SkipAhead(VLLMScheduler):
+    """vLLM's paged policy whose admission lets a later request that fits pass a head that
+    must wait for memory (a helper of ``schedule`` overridden, not ``schedule`` itself)."""
+
+    name = "vllm_skip_test"
+
+    def _next_admissible(self, first_chunk: int | None = None):
+        head = super()._next_admissible(first_chunk)
+        if head is not None or len(self.waiting) < 2:
+            return head
+        for i, group in enumerate(self.waiting):
+            if self.manager.can_allocate(group, first_chunk) is AllocStatus.OK:
+                del self.waiting[i]
+                self.waiting.appendleft(group)
+                return group
+        return None
+
+
 def test_a_plugin_that_writes_its_own_schedule_is_run_step_by_step() -> None:
     # the simulator's fast path runs stretches of plain decodes without calling schedule or
     # update; the promise is its parent's, so a plugin overriding either runs every step
@@ -167,6 +186,10 @@ def test_a_plugin_that_writes_its_own_schedule_is_run_step_by_step() -> None:
 
     assert VLLMScheduler.decode_run_applies() and OrcaScheduler.decode_run_applies()
     assert not Counting.decode_run_applies() and not _TimeSlice.decode_run_applies()
+    assert not _SkipAhead.decode_run_applies()  # a helper of schedule's, overridden
+    from tests.policy_plugin import ShortestPromptFirst
+
+    assert ShortestPromptFirst.decode_run_applies()  # it orders the queue in add only
     register_system(SystemSpec("orca_counting_test", Counting, "contiguous", "oracle"))
     register_system(SystemSpec("vllm_slice_test", _TimeSlice, "paged"))
     try:
@@ -192,6 +215,22 @@ def test_a_plugin_that_writes_its_own_schedule_is_run_step_by_step() -> None:
         assert runs[0].num_steps == runs[1].num_steps
         assert fast.equals(slow)
         assert (slow["num_preemptions"] > 0).all()
+        # a helper overridden (admission skips a head that must wait): every step too
+        register_system(SystemSpec("vllm_skip_test", _SkipAhead, "paged"))
+        reqs = [Request(0, 0.0, 20, 30), Request(1, 0.001, 48, 10), Request(2, 0.002, 4, 10)]
+        fast, slow = (
+            simulate_requests(
+                reqs,
+                lambda: build_scheduler("vllm_skip_test", 16 * 4, config, block_size=4,
+                                        watermark=0.0),
+                Flat(),
+                fast_forward=ff,
+            ).recorder.requests_frame()
+            for ff in (True, False)
+        )  # fmt: skip
+        assert fast.equals(slow)
+        assert slow.set_index("request_id").loc[2, "first_scheduled_s"] < 0.1  # it skipped
     finally:
         SYSTEMS.pop("orca_counting_test", None)
         SYSTEMS.pop("vllm_slice_test", None)
+        SYSTEMS.pop("vllm_skip_test", None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from functools import cache
+from types import FunctionType
 from typing import Protocol
 
 from core.kv.base import AllocStatus, KVCacheManager, MemoryBreakdown
@@ -249,11 +250,12 @@ class BaseScheduler:
 
     @classmethod
     def decode_run_applies(cls) -> bool:
-        """Whether this class's :meth:`decode_run` speaks for its ``schedule`` and
-        ``update``: the class that defines the ``decode_run`` in effect must define or
-        inherit the ``schedule`` and ``update`` in effect. A subclass that overrides either
-        (a policy of your own built on a shipped one) but not ``decode_run`` runs step by
-        step, since the promise was made for its parent's steps."""
+        """Whether this class's :meth:`decode_run` speaks for the steps it schedules: no
+        class between it and the class that defines the ``decode_run`` in effect defines a
+        method other than ``__init__`` and ``add`` (which set up and queue, between runs).
+        A subclass that overrides ``schedule``, ``update`` or a helper they call (a policy
+        of your own built on a shipped one) but not ``decode_run`` runs step by step, since
+        the promise was made for its parent's steps."""
         return _decode_run_applies(cls)
 
     def advance_decode_run(
@@ -555,10 +557,19 @@ class BaseScheduler:
         self.manager.check_integrity()
 
 
+# what a subclass may define and keep its parent's decode_run promise: dunders (__init__
+# sets up), add (queues between runs: a run stops at an arrival), data attributes
+_KEEPS_THE_PROMISE = frozenset({"add"})
+_BEHAVIOUR = (FunctionType, classmethod, staticmethod, property)
+
+
+def _changes_steps(name: str, value: object) -> bool:
+    dunder = name.startswith("__") and name.endswith("__")
+    return isinstance(value, _BEHAVIOUR) and not dunder and name not in _KEEPS_THE_PROMISE
+
+
 @cache
 def _decode_run_applies(cls: type) -> bool:
-    def owner(name: str) -> type:
-        return next(k for k in cls.__mro__ if name in k.__dict__)
-
-    promiser = owner("decode_run")
-    return issubclass(promiser, owner("schedule")) and issubclass(promiser, owner("update"))
+    promiser = next(k for k in cls.__mro__ if "decode_run" in k.__dict__)
+    below = cls.__mro__[: cls.__mro__.index(promiser)]
+    return not any(_changes_steps(n, v) for k in below for n, v in vars(k).items())
