@@ -38,6 +38,7 @@ from core.model_spec import ModelSpec
 from core.plan import BatchShape, StepOutcome, StepPlan
 from core.request import Request, SequenceGroup
 from core.sched.base import BaseScheduler, SchedulerConfig
+from core.sched.batch_defaults import batch_limits
 from core.seeding import with_drawn_prompt_ids
 from core.systems import build_scheduler
 from engine.config import check_engine_support
@@ -49,6 +50,11 @@ from engine.sampler import Sampler
 from engine.weights import init_dummy_weights, load_checkpoint
 
 MODES = ("offline", "online")
+# warm_up warms GEMMs up to this many tokens a step: a kernel's first use costs the host
+# about 5 ms (H200, docs/validation/h200.md), which a GEMM of more tokens than this on a
+# 7B-class layer already takes (so its first step is not much distorted), and a long-context
+# model's default budget (max_model_len, up to 131,072) would make thousands of large calls
+WARM_GEMM_MAX_TOKENS = 8192
 CLOCKS = ("virtual", "wall")
 
 
@@ -115,8 +121,11 @@ class LLMEngine:
             num_blocks = PagedKVCache.num_blocks_for_budget(model_config, budget, block_size, dtype)
         max_len = model_config.max_model_len
         if sched_config is None:
+            v0 = batch_limits(None, None, "v0", max_len)  # vLLM v0's defaults, as `vllm`
             sched_config = SchedulerConfig(
-                max_model_len=max_len, max_num_batched_tokens=max(2560, max_len)
+                max_num_seqs=v0.max_num_seqs,
+                max_num_batched_tokens=v0.max_num_batched_tokens,
+                max_model_len=max_len,
             )
         if sched_config.max_model_len > max_len:
             raise EngineError(
@@ -240,9 +249,10 @@ class LLMEngine:
         attention kernel is compiled per query-tile size, which the step's longest prompt
         chunk sets (``kernels.paged_attention.attention_constexprs``); uncompiled, a short
         prompt's first step stalled for 0.4 s on the H200 (``docs/validation/h200.md``).
-        Then, on CUDA, :meth:`warm_gemms` and a synchronize, so the run's first step does
-        not wait for the warm-up's queued kernels. Not covered: the split-KV attention
-        variants of long-context decodes with few sequences (``choose_num_splits``).
+        Then, on CUDA, :meth:`warm_gemms` (up to :data:`WARM_GEMM_MAX_TOKENS` tokens) and a
+        synchronize, so the run's first step does not wait for the warm-up's queued kernels.
+        Not covered: the split-KV attention variants of long-context decodes with few
+        sequences (``choose_num_splits``).
         Nothing carries over: the next :meth:`generate` or :meth:`serving` resets the
         scheduler, recorder and clock, prompt ids are seeded per request, and each sampler
         draw has its own generator, so a warmed engine serves a run as a fresh one does.
@@ -260,7 +270,7 @@ class LLMEngine:
             steps += self.generate([Request(0, 0.0, length, 1)], mode="offline").num_steps
             length *= 2
         if self.device.type == "cuda":  # the cost warm_gemms removes was measured there
-            self.warm_gemms(cfg.max_num_batched_tokens, cfg.max_num_seqs)
+            self.warm_gemms(min(cfg.max_num_batched_tokens, WARM_GEMM_MAX_TOKENS), cfg.max_num_seqs)
             torch.cuda.synchronize(self.device)  # else the run's first step waits for them
         return steps
 
