@@ -381,7 +381,7 @@ def test_a_result_file_the_system_will_not_write_is_refused_first(tmp_path: Path
     assert not (tmp_path / "new").exists() and list(tmp_path.iterdir()) == []
 
 
-def test_a_hydra_flag_after_the_overrides_is_taken(tmp_path: Path) -> None:
+def test_a_hydra_flag_after_the_overrides_is_taken() -> None:
     # kvlab adds overrides of its own to the command line: appended after a flag they made a
     # second run of overrides, which Hydra's parser refused ("unrecognized arguments")
     import subprocess
@@ -394,6 +394,9 @@ def test_a_hydra_flag_after_the_overrides_is_taken(tmp_path: Path) -> None:
                                                                      "job"]  # fmt: skip
     assert with_overrides(["p", "--cfg", "job"], extra) == ["p", "--cfg", "job", "+a=1"]
     assert with_overrides(["p", "-m", "x=1,2"], extra) == ["p", "-m", "x=1,2", "+a=1"]
+    assert with_overrides(["p", "~seed", "--cfg", "job"], extra) == ["p", "~seed", "+a=1",
+                                                                     "--cfg", "job"]  # fmt: skip
+    assert with_overrides(["p", "x=1", "-m", "y=1,2"], extra)[:2] == ["p", "-m"]
     done = subprocess.run(
         [sys.executable, "-m", "experiments.simulate", "workload.rate=3", "--cfg", "job"],
         capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=120,

@@ -46,6 +46,7 @@ def test_points_average_their_runs_and_leave_failed_ones_out(tmp_path: Path, cap
 @pytest.mark.parametrize(
     ("args", "says"),
     [(["--x", "nope", "--y", "request_throughput"], "no column 'nope'; it has system"),
+     (["--x", "system", "--hue", "system", "--y", "request_throughput"], "the x axis already"),
      (["--x", "system.block_size", "--y", "status"], "holds no number")],
 )  # fmt: skip
 def test_a_column_it_cannot_plot_is_one_line(tmp_path: Path, capsys, args, says) -> None:

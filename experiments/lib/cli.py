@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from core.workload.trace_io import TraceFormatError
 from experiments.lib.args import out_dir_problem
 from experiments.lib.checks import CONFIG_DIR, ConfigError
-from experiments.lib.compose import check_group_overrides, check_overrides_compose
+from experiments.lib.compose import check_group_overrides, check_overrides_compose, override_args
 from experiments.lib.results import INDEX_COLUMNS, append_index, clear_run, write_error
 from experiments.lib.signals import (
     TERMINATED_STATUS,
@@ -328,10 +328,7 @@ def with_overrides(argv: Sequence[str], extra: Sequence[str]) -> list[str]:
     one run of positional overrides, and after a flag (``... --cfg job``) a second run is
     refused as unrecognized arguments."""
     argv = multirun_first(argv)
-    last = max(
-        (i for i, a in enumerate(argv[1:], 1) if "=" in a and not a.startswith("-")),
-        default=len(argv) - 1,
-    )
+    last = max((i for i, a in enumerate(argv[1:], 1) if override_args([a])), default=len(argv) - 1)
     return [*argv[: last + 1], *extra, *argv[last + 1 :]]
 
 

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from core.mapping_file import yaml_error_place
 from experiments.lib.checks import CONFIG_DIR, GROUPS, ConfigError, options
+from experiments.lib.sweep_stop import is_sweep
 
 
 def compose_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
@@ -164,7 +165,7 @@ def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
         sweep = next((o for o in parsed if o.is_sweep_override()), None)
-        if sweep is not None and not flags & MULTIRUN_FLAGS:
+        if sweep is not None and not is_sweep(argv):
             raise ConfigError(
                 sweep.key_or_group,
                 "several values without -m: add -m to run one job per value, or write "

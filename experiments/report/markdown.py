@@ -394,7 +394,9 @@ def _report(
             "for tokens the request will still generate; internal fragmentation = slots reserved "
             "beyond the true output (contiguous) or the unfilled tail of each last block (paged); "
             "external fragmentation & other = buddy-allocator rounding plus free slots while "
-            "requests wait for admission or swap-in; free = free slots with nobody waiting. "
+            "requests wait on memory for admission or swap-in; free, waiting on a limit = free "
+            "slots while the queue's head waits on max_num_seqs, the token budget or a batch "
+            "in flight instead; free = free slots with nobody waiting. "
             "≈: a paper value read off the figure's bar (the text does not print it).",
             "",
             "Largest differences from the paper: " + "; ".join(_largest_gaps(f2)) + ".",

@@ -40,6 +40,8 @@ def read_summary(path: Path) -> tuple[pd.DataFrame, Path]:
 
 def aggregate(frame: pd.DataFrame, x: str, y: str, hue: str | None, file: Path) -> pd.DataFrame:
     """Mean, min, max and count of ``y`` per (``x``, ``hue``) over the finished rows."""
+    if hue == x:
+        raise SweepPlotError(f"--hue {hue} is the x axis already: name another key or none")
     for key in (x, y, hue):
         if key is not None and key not in frame:
             raise SweepPlotError(
