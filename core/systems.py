@@ -35,6 +35,7 @@ from core.kv.base import KVCacheManager
 from core.kv.contiguous import POLICIES, ContiguousKVCacheManager
 from core.kv.paged import PagedKVCacheManager
 from core.sched.base import BaseScheduler, SchedulerConfig
+from core.sched.batch_defaults import VERSIONS as BATCH_DEFAULT_VERSIONS
 from core.sched.fastertransformer import FasterTransformerScheduler
 from core.sched.orca import OrcaScheduler
 from core.sched.vllm import VLLMScheduler
@@ -113,6 +114,11 @@ def register_system(spec: SystemSpec) -> None:
     if held is not None and not (spec.name not in BUILT_IN and _same_class(held, spec)):
         whose = "a built-in system" if spec.name in BUILT_IN else "another registered system"
         raise SystemConfigError(f"system name {spec.name!r} is taken by {whose}")
+    if spec.batch_defaults not in BATCH_DEFAULT_VERSIONS:
+        raise SystemConfigError(
+            f"system {spec.name!r}: batch_defaults {spec.batch_defaults!r} is not one of "
+            f"{', '.join(BATCH_DEFAULT_VERSIONS)}"
+        )
     if not (isinstance(spec.scheduler, type) and issubclass(spec.scheduler, BaseScheduler)):
         raise SystemConfigError(
             f"system {spec.name!r}: scheduler {spec.scheduler!r} is not a BaseScheduler subclass"

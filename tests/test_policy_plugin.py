@@ -73,6 +73,8 @@ def test_registration_refuses_what_no_body_could_run() -> None:
         register_system(SystemSpec("t_odd", OrcaScheduler, "contiguous", "half"))
     with pytest.raises(SystemConfigError, match="need paged KV"):
         register_system(SystemSpec("t_odd", OrcaScheduler, "contiguous", allocate_per_chunk=True))
+    with pytest.raises(SystemConfigError, match="batch_defaults 'v2' is not one of v0, v1"):
+        register_system(SystemSpec("t_odd", VLLMScheduler, "paged", batch_defaults="v2"))
     assert "t_odd" not in SYSTEMS
     spec = SystemSpec("t_orca_pow2_again", OrcaScheduler, "contiguous", "pow2")
     try:
