@@ -369,42 +369,12 @@ def hardware_origin() -> str | None:
     return f"hardware={choice}"
 
 
-def _relabelled_gpu(hardware: Mapping[str, Any] | None) -> str | None:
-    """Why ``hardware.name`` may not be taken (a Hydra run whose ``hardware`` group is one
-    shipped GPU's file, renamed on the command line to another shipped GPU: the first's
-    numbers would run under the second's label), or None. ``model.name`` and
-    ``system.name`` switch what they name; a GPU is switched by the group, ``hardware=``."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from sim.catalog import get_gpu
-
-    name = (hardware or {}).get("name")
-    if not name or not HydraConfig.initialized():
-        return None
-    choice = (HydraConfig.get().runtime.get("choices") or {}).get("hardware")
-    if not choice or choice == name:
-        return None
-    try:
-        named, chosen = get_gpu(str(name)), get_gpu(str(choice))
-    except KeyError:  # a GPU of the user's own, by its file or by its name
-        return None
-    if named.name == chosen.name:
-        return None
-    return (
-        f"names a shipped GPU, but the hardware group holds hardware/{choice}.yaml's numbers, "
-        f"which would run under {name}'s label; choose the GPU with hardware={name}"
-    )
-
-
 def run_gpu(hardware: Mapping[str, Any] | None) -> Any:
     """The run's GPU (:func:`sim.catalog.resolve_gpu`, errors naming the file Hydra chose,
     :func:`hardware_origin`); a group that describes no GPU is a ConfigError naming the key
     at fault."""
     from sim.catalog import HardwareError, resolve_gpu
 
-    relabelled = _relabelled_gpu(hardware)
-    if relabelled is not None:
-        raise ConfigError("hardware.name", relabelled, (hardware or {}).get("name"))
     try:
         return resolve_gpu(hardware, hardware_origin())
     except KeyError:
@@ -530,7 +500,8 @@ def batch_limits_for(
     return batch_limits(
         system.get("max_num_seqs"),
         system.get("max_num_batched_tokens"),
-        get_system(str(system.get("name"))).batch_defaults,
+        # a partial system group without a name (a caller's own) takes vLLM v0's
+        get_system(str(system["name"])).batch_defaults if system.get("name") else "v0",
         max_model_len,
         device,
     )

@@ -39,7 +39,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from core.workload.trace_io import TraceFormatError
 from experiments.lib.args import out_dir_problem
 from experiments.lib.checks import CONFIG_DIR, ConfigError
-from experiments.lib.compose import check_group_overrides, check_overrides_compose, override_args
+from experiments.lib.compose import (
+    check_group_overrides,
+    check_hardware_name,
+    check_overrides_compose,
+    override_args,
+)
 from experiments.lib.results import INDEX_COLUMNS, append_index, clear_run, write_error
 from experiments.lib.signals import (
     TERMINATED_STATUS,
@@ -355,6 +360,7 @@ def main_with_checks(
             check_group_overrides(args)
             check_output_dirs(args)
             if config_name is not None:
+                check_hardware_name(config_name, args)
                 check_overrides_compose(config_name, args)
                 index = _index_of(args)
                 if index is not None:  # once, not as each job of a sweep starts

@@ -109,6 +109,53 @@ def check_group_overrides(argv: Sequence[str]) -> None:
                 raise ConfigError(key, f"unknown {key}", choice, expected)
 
 
+def check_hardware_name(config_name: str, argv: Sequence[str]) -> None:
+    """Raise when ``hardware.name=`` names a shipped GPU other than the one the hardware
+    group chooses (``hardware=``, else the app's default): the chosen file's numbers would
+    run under the other GPU's label. ``model.name`` and ``system.name`` switch what they
+    name; a GPU is switched with ``hardware=``. Overrides Hydra cannot parse are left to
+    :func:`check_overrides_compose`."""
+    from hydra.errors import HydraException
+
+    from sim.catalog import get_gpu
+
+    try:
+        parsed = parse_overrides(argv)
+    except HydraException:
+        return
+    names = [v for o in parsed if o.key_or_group == "hardware.name" for v in sweep_values(o)]
+    chosen = [v for o in parsed if o.key_or_group == "hardware" for v in sweep_values(o)]
+    chosen = chosen or [default_option(config_name, "hardware")]
+    for name in (n.strip("'\"") for n in names):
+        try:
+            named = get_gpu(name).name
+        except KeyError:  # a GPU of the user's own
+            continue
+        for choice in chosen:
+            try:
+                if get_gpu(choice).name == named:
+                    continue
+            except KeyError:
+                pass
+            raise ConfigError(
+                "hardware.name",
+                f"names a shipped GPU, but the hardware group holds hardware={choice}'s numbers, "
+                f"which would run under {name}'s label; choose the GPU with hardware={name}",
+                name,
+            )
+
+
+def default_option(config_name: str, group: str) -> str:
+    """The option of ``group`` that ``configs/<config_name>.yaml``'s defaults list names."""
+    import yaml
+
+    doc = yaml.safe_load((CONFIG_DIR / f"{config_name}.yaml").read_text()) or {}
+    for entry in doc.get("defaults") or ():
+        if isinstance(entry, dict) and group in entry:
+            return str(entry[group])
+    return ""
+
+
 # The groups whose keys a ``+group.key=...`` may add: only keys an option of the group holds.
 KEYED_GROUPS = ("model", "hardware", "system")
 
