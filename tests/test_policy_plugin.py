@@ -202,34 +202,24 @@ def test_a_plugin_that_writes_its_own_schedule_is_run_step_by_step() -> None:
             Flat(),
         )
         assert counted.num_steps == 40 and calls["schedule"] == 41  # the last finds none
-        reqs = [Request(i, 0.0, 8, 40) for i in range(3)]
-        runs = [
-            simulate_requests(
-                reqs,
-                lambda: build_scheduler("vllm_slice_test", 26 * 4, config, block_size=4,
-                                        watermark=0.0),
-                Flat(),
-                fast_forward=ff,
-            )
-            for ff in (True, False)
-        ]  # fmt: skip
-        fast, slow = (r.recorder.requests_frame() for r in runs)
-        assert runs[0].num_steps == runs[1].num_steps
+
+        def fast_and_slow(system: str, blocks: int, reqs: list[Request]) -> list:
+            def make():
+                return build_scheduler(system, blocks * 4, config, block_size=4, watermark=0.0)
+
+            runs = [simulate_requests(reqs, make, Flat(), fast_forward=ff) for ff in (True, False)]
+            assert runs[0].num_steps == runs[1].num_steps
+            return [r.recorder.requests_frame() for r in runs]
+
+        fast, slow = fast_and_slow(
+            "vllm_slice_test", 26, [Request(i, 0.0, 8, 40) for i in range(3)]
+        )
         assert fast.equals(slow)
         assert (slow["num_preemptions"] > 0).all()
         # a helper overridden (admission skips a head that must wait): every step too
         register_system(SystemSpec("vllm_skip_test", _SkipAhead, "paged"))
         reqs = [Request(0, 0.0, 20, 30), Request(1, 0.001, 48, 10), Request(2, 0.002, 4, 10)]
-        fast, slow = (
-            simulate_requests(
-                reqs,
-                lambda: build_scheduler("vllm_skip_test", 16 * 4, config, block_size=4,
-                                        watermark=0.0),
-                Flat(),
-                fast_forward=ff,
-            ).recorder.requests_frame()
-            for ff in (True, False)
-        )  # fmt: skip
+        fast, slow = fast_and_slow("vllm_skip_test", 16, reqs)
         assert fast.equals(slow)
         assert slow.set_index("request_id").loc[2, "first_scheduled_s"] < 0.1  # it skipped
     finally:

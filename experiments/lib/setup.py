@@ -161,9 +161,9 @@ def scheduler_config(
     system: Mapping[str, Any], max_model_len: int, device: DeviceFacts | None = None
 ) -> SchedulerConfig:
     """The scheduler limits of the system group, ``max_num_seqs`` and
-    ``max_num_batched_tokens`` left null taken by vLLM's rule for the run's scheduler kind
-    and GPU (:func:`batch_limits_for`); an impossible combination is a ConfigError naming
-    the system key (e.g. a token budget below ``max_model_len``)."""
+    ``max_num_batched_tokens`` left null taken by vLLM's rule for the system's vLLM version
+    and the GPU (:func:`batch_limits_for`); an impossible combination is a ConfigError
+    naming the system key (e.g. a token budget below ``max_model_len``)."""
     limits = batch_limits_for(system, max_model_len, device)
     try:
         return SchedulerConfig(
