@@ -11,7 +11,7 @@ miss). kvlab adds:
 - ``normalized_latency``: the vLLM paper's metric (§6.1), mean over finished requests of
   end-to-end latency / output length, in s/token;
 - two batch metrics that must not be mixed up (for vLLM's 2023 scheduler they part as
-  prompts arrive more often: 1.09x at ShareGPT 2 req/s, 2.3x at Alpaca 30 req/s in the
+  prompts arrive more often: 1.10x at ShareGPT 2 req/s, 2.4x at Alpaca 30 req/s in the
   10-minute reproduction):
 
   - ``mean_batch_size``: requests *holding KV* in the running batch, time-weighted mean
