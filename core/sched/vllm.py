@@ -46,9 +46,10 @@ class VLLMScheduler(BaseScheduler):
             self._schedule_mixed(plan, now)
         elif self.swapped or not self._admit_prompts(plan, now):
             self._schedule_decodes(plan)  # prompt-only steps admit while nothing is swapped
-        used = len(plan.decode) + sum(c.length for c in plan.prefill)
-        preempted = bool(plan.preempted or plan.preempted_by_swap)
-        plan.queue_held_by = self._queue_held_by(bool(plan.prefill), used, preempted)
+        if self.waiting or self.swapped:  # else nothing waits: HELD_BY_MEMORY, the default
+            used = len(plan.decode) + sum(c.length for c in plan.prefill)
+            preempted = bool(plan.preempted or plan.preempted_by_swap)
+            plan.queue_held_by = self._queue_held_by(bool(plan.prefill), used, preempted)
         return self._finish_plan(plan)
 
     def _queue_held_by(self, prompt_step: bool, tokens_used: int, preempted: bool) -> int:
