@@ -467,3 +467,25 @@ def test_prefix_caching_off_says_how_many_requests_lack_token_ids(monkeypatch) -
     reqs = [Request(0, 0.0, 3, 2, prompt_token_ids=[1, 2, 3]), Request(1, 0.0, 3, 2)]
     assert setup.prefix_caching_for({"enable_prefix_caching": True}, reqs) is False
     assert "1 of 2 without prompt token ids" in said[0]
+
+
+def test_the_config_shown_nulls_the_partner_key_as_the_run_does(tmp_path: Path) -> None:
+    # --cfg job showed duration_s: 600 beside num_requests: 50, a window the run never uses
+    from tests.test_config_errors import run_cli
+
+    status, out, err = run_cli(simulate, ["--cfg", "job", "workload.num_requests=50"], tmp_path)
+    assert status == 0, err
+    assert "duration_s: null" in out and "num_requests: 50" in out
+    status, out, err = run_cli(simulate, ["--cfg", "job", "workload.duration_s=30"], tmp_path)
+    assert status == 0, err
+    assert "duration_s: 30" in out and "num_requests: null" in out
+
+
+def test_showing_the_config_of_a_sweep_is_one_line(tmp_path: Path) -> None:
+    # Hydra refused -m with --cfg by a traceback
+    from tests.test_config_errors import run_cli
+
+    status, _, err = run_cli(simulate, ["-m", "system=vllm,orca_max", "--cfg", "job"], tmp_path)
+    assert status == 2
+    assert err.strip().startswith("error: --cfg: shows one job's config and does not go with -m")
+    assert not (tmp_path / "index.csv").exists()

@@ -352,11 +352,13 @@ def main_with_checks(
     saved_argv = sys.argv
     # every launcher sets hydra.job.env_set in the job's process (Ray and Slurm workers
     # included), so a job knows it belongs to a command-line sweep
-    sys.argv = with_overrides(
-        sys.argv, [f"+hydra.job.env_set.{COMMAND_LINE_ENV}=1", SWEEP_DIR_CALLBACK]
-    )
+    extra = [f"+hydra.job.env_set.{COMMAND_LINE_ENV}=1", SWEEP_DIR_CALLBACK]
+    if _inspects(args):  # the config shown is the one a run would use
+        extra += [f"{key}=null" for key in exclusive_nulls(override_args(args))]
+    sys.argv = with_overrides(sys.argv, extra)
     try:
         try:
+            check_inspection(args)
             check_group_overrides(args)
             check_output_dirs(args)
             if config_name is not None:
@@ -451,6 +453,21 @@ INSPECTION_FLAGS = frozenset({
 })  # fmt: skip
 
 
+def _inspects(args: Sequence[str]) -> bool:
+    return any(a.split("=")[0] in INSPECTION_FLAGS for a in args)
+
+
+def check_inspection(args: Sequence[str]) -> None:
+    """``--cfg`` / ``--info`` show one job's config, so they do not go with ``-m`` (Hydra's
+    own refusal is a traceback)."""
+    shows = [a for a in args if a.split("=")[0] in ("-c", "--cfg", "-i", "--info")]
+    if shows and any(a in ("-m", "--multirun") for a in args):
+        raise ConfigError(
+            shows[0], "shows one job's config and does not go with -m",
+            " ".join(args), "the command without -m, one value per swept key",
+        )  # fmt: skip
+
+
 def _index_refused(config_name: str | None, args: Sequence[str], err: ConfigError) -> None:
     """A command line refused before Hydra starts still gets its index row (no run
     directory): in ``index=...`` of the arguments, else the default index; best effort. A
@@ -459,7 +476,7 @@ def _index_refused(config_name: str | None, args: Sequence[str], err: ConfigErro
     index = _index_of(args) if config_name is not None else None
     if index is None or config_name is None:
         return
-    if any(a.split("=")[0] in INSPECTION_FLAGS for a in args):
+    if _inspects(args):
         return
     try:
         check_index_writable(index)
