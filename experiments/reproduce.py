@@ -52,6 +52,7 @@ import argparse
 import logging
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -446,6 +447,8 @@ def main(argv: list[str] | None = None) -> Path:
         out, fig2, sens, cfg, blocks, duration=duration, wall_s=time.perf_counter() - t0,
         figures=figs, on_written=progress.wrote, fig13_alpaca=fig13_alpaca,
         fig13_alpaca_rate=FIG13_ALPACA_RATE, sections=(fig12_text, sharing_text),
+        command=shlex.join(["python", "-m", "experiments.reproduce",
+                            *(sys.argv[1:] if argv is None else argv)]),
     )  # fmt: skip
     log.info("wrote %s", out / "report.md")
     return out
