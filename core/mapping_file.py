@@ -15,11 +15,16 @@ def read_mapping(
     fmt: str,
     expected: str,
 ) -> dict[str, Any]:
-    """``parse`` of the file's text, which must be a dict. ``ValueError("<path>: not <fmt>
-    (<error>)")`` when ``parse`` raises one of ``errors``; ``ValueError("<path>: expected
-    <expected>")`` when the document is not a mapping."""
+    """``parse`` of the file's UTF-8 text (a byte-order mark dropped), which must be a dict.
+    ``ValueError("<path>: not <fmt> (<error>)")`` when ``parse`` raises one of ``errors``
+    or the bytes are not UTF-8; ``ValueError("<path>: expected <expected>")`` when the
+    document is not a mapping."""
     try:
-        doc = parse(path.read_text())
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not {fmt} (not UTF-8 text: {e.reason})") from None
+    try:
+        doc = parse(text)
     except errors as e:
         raise ValueError(f"{path}: not {fmt} ({e})") from None
     if not isinstance(doc, dict):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from core.request import Request, SamplingParams
 from core.workload.filters import MAX_MODEL_LEN, MAX_PROMPT_LEN
-from core.workload.trace_io import PathLike, TraceFormatError, _read_text, _to_requests
+from core.workload.trace_io import PathLike, TraceFormatError, _to_requests, read_text_lines
 
 Tokenizer = Callable[[str], list[int]]
 
@@ -32,7 +32,7 @@ def whitespace_tokenize(text: str, vocab_size: int = 50272) -> list[int]:
 
 def _load_json_list(path: PathLike) -> list[object]:
     try:
-        data = json.loads("\n".join(_read_text(path)))
+        data = json.loads("\n".join(read_text_lines(path)))
     except json.JSONDecodeError as exc:
         raise TraceFormatError(path, exc.lineno, f"invalid JSON: {exc.msg}") from None
     if not isinstance(data, list):

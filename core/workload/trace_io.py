@@ -99,7 +99,7 @@ def _float(path: PathLike, line: int, name: str, text: str) -> float:
     return value
 
 
-def _read_text(path: PathLike) -> list[str]:
+def read_text_lines(path: PathLike) -> list[str]:
     """The lines of a UTF-8 text file (a leading byte-order mark is not part of them)."""
     try:
         return Path(path).read_text(encoding="utf-8-sig").splitlines()  # a BOM is dropped
@@ -225,7 +225,7 @@ def _native_row(path: PathLike, line: int, row: dict[str, str]) -> Request:
 def read_trace(path: PathLike) -> list[Request]:
     """Read a native trace written by :func:`write_trace`, in file order (rows out of
     arrival order are accepted; ``build_workload`` sorts them by arrival)."""
-    lines = _read_text(path)
+    lines = read_text_lines(path)
     if not lines or lines[0].strip() != NATIVE_MAGIC:
         raise TraceFormatError(path, 1, f"first line must be {NATIVE_MAGIC!r}")
     header = [h.strip() for h in next(csv.reader([lines[1]]))] if len(lines) > 1 else []
@@ -362,7 +362,7 @@ def read_azure_trace(
     date-times, naive (2023 release, taken as UTC) or with a UTC offset (2024 release,
     ``+00:00``), see :func:`_timestamp_ns`; arrivals are seconds after the earliest one.
     """
-    lines = _read_text(path)
+    lines = read_text_lines(path)
     cols = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
     parsed = [
         (
@@ -391,7 +391,7 @@ def read_vidur_trace(
 ) -> list[Request]:
     """Vidur request trace CSV (``arrived_at`` seconds, ``num_prefill_tokens``,
     ``num_decode_tokens``; other columns ignored). Integral floats (``12.0``) are accepted."""
-    lines = _read_text(path)
+    lines = read_text_lines(path)
     cols = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
     rows = [
         (
@@ -419,7 +419,7 @@ def read_mooncake_trace(
     """Mooncake JSONL: one object per line with ``timestamp`` (ms), ``input_length``,
     ``output_length``; other keys (e.g. ``hash_ids``) are ignored."""
     rows: list[tuple[int, float, int, int]] = []
-    for line, obj in jsonl_objects(path, _read_text(path)):
+    for line, obj in jsonl_objects(path, read_text_lines(path)):
         missing = [k for k in ("timestamp", "input_length", "output_length") if k not in obj]
         if missing:
             raise TraceFormatError(path, line, f"missing key(s) {', '.join(missing)}")

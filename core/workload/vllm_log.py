@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from core.request import Request, SamplingParams
-from core.workload.trace_io import TraceFormatError, jsonl_objects, jsonl_values
+from core.workload.trace_io import TraceFormatError, jsonl_objects, jsonl_values, read_text_lines
 
 REQUIRED = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts")
 ORDER = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
@@ -142,7 +142,7 @@ def read_vllm_log(run_dir: str | Path) -> list[LoggedRequest]:
         raise TraceFormatError(
             path, "file", "not found (a vLLM run directory holds requests.jsonl)"
         )
-    raw = list(jsonl_objects(path, path.read_text(encoding="utf-8-sig").splitlines()))
+    raw = list(jsonl_objects(path, read_text_lines(path)))
     if not raw:
         raise TraceFormatError(path, "file", "no requests")
     rows, offsets = _parse_rows(path, raw)
@@ -385,7 +385,7 @@ def read_token_ids(path: str | Path, logged: list[LoggedRequest]) -> list[tuple[
     if not path.is_file():
         raise TraceFormatError(path, "file", "not found")
     rows: list[tuple[int, tuple[int, ...], Any]] = []  # (line, ids, output_toks) per row
-    for line, obj in jsonl_values(path, path.read_text(encoding="utf-8-sig").splitlines()):
+    for line, obj in jsonl_values(path, read_text_lines(path)):
         ids = obj.get("input_tok_ids") if isinstance(obj, dict) else None
         if not isinstance(ids, list):
             raise TraceFormatError(path, line, "missing key 'input_tok_ids' (a list of ints)")

@@ -1,0 +1,42 @@
+"""An input file that is not UTF-8 text is refused by a message naming the file, not by a
+UnicodeDecodeError (a traceback from the command line, or a message that names no file)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from core.mapping_file import read_mapping
+from core.workload.trace_io import TraceFormatError
+from core.workload.vllm_log import LoggedRequest, read_token_ids, read_vllm_log
+
+ROW = {"request_id": "r0", "input_toks": 3, "output_toks": 2, "queued_ts": 1.0,
+       "first_token_ts": 1.5, "last_token_ts": 2.0}  # fmt: skip
+
+
+def test_a_vllm_log_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    log = tmp_path / "requests.jsonl"
+    log.write_bytes(json.dumps(ROW).encode() + b"\n\xff\n")
+    with pytest.raises(TraceFormatError, match=r"requests\.jsonl, file: not UTF-8 text"):
+        read_vllm_log(tmp_path)
+
+
+def test_a_token_id_file_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    ids = tmp_path / "workload.jsonl"
+    ids.write_bytes(b'{"input_tok_ids": [1, 2, 3]}\n\xfe\n')
+    logged = [LoggedRequest(0, 3, 2, 0.0, 0.0, 0.5, 1.0, 0)]
+    with pytest.raises(TraceFormatError, match=r"workload\.jsonl, file: not UTF-8 text"):
+        read_token_ids(ids, logged)
+
+
+def test_a_mapping_file_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    meta = tmp_path / "meta.json"
+    meta.write_bytes(b'{"model": "x"}\xff')
+    with pytest.raises(ValueError, match=r"meta\.json: not JSON \(not UTF-8 text"):
+        read_mapping(meta, json.loads, json.JSONDecodeError, "JSON", "a JSON object")
+    meta.write_bytes(b'\xef\xbb\xbf{"model": "x"}')  # a byte-order mark, as the trace readers
+    assert read_mapping(meta, json.loads, json.JSONDecodeError, "JSON", "a JSON object") == {
+        "model": "x"
+    }
