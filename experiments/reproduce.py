@@ -66,7 +66,7 @@ from hydra import compose, initialize_config_dir
 
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
-from experiments.lib.cli import apply_exclusive, report_config_error
+from experiments.lib.cli import report_config_error, settle_run_config
 from experiments.lib.jobs import (
     LaunchQueue,
     exit_if_launcher_missing,
@@ -101,7 +101,7 @@ def compose_config(overrides: list[str]) -> Any:
     ``workload.num_requests`` nulls ``workload.duration_s`` and vice versa)."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="simulate", overrides=overrides)
-    apply_exclusive(cfg, overrides)
+    settle_run_config(cfg, overrides)
     return cfg
 
 

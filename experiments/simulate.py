@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from core.metrics.summary import summarize_recorder
 from core.workload.spec import arrivals_note
 from experiments.lib.checks import CONFIG_DIR, ConfigError, check_config
-from experiments.lib.cli import apply_exclusive, main_with_checks, run_app, task_overrides
+from experiments.lib.cli import main_with_checks, run_app, settle_run_config, task_overrides
 from experiments.lib.jobs import exit_if_launcher_missing
 from experiments.lib.results import (
     RowTable,
@@ -133,7 +133,7 @@ def simulate_job(cfg: DictConfig) -> Mapping[str, Any]:
 
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
-    apply_exclusive(cfg, task_overrides(hc))
+    settle_run_config(cfg, task_overrides(hc))
     metrics = finished_metrics(out_dir, cfg)
     if metrics is not None:
         log.info("%s: finished before, not run again", out_dir)

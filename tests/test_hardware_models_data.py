@@ -238,6 +238,30 @@ def test_a_run_directory_names_the_model_an_hf_config_describes(tmp_path: Path) 
     assert OmegaConf.create({"model": {"name": "opt-13b"}, "d": label}).d == "opt-13b"
 
 
+def test_a_run_saves_the_name_it_gives_an_hf_config_model(tmp_path: Path) -> None:
+    """config.yaml said ``name: opt-13b`` (the default group's) for a run of another model;
+    it names the model the run is, and the run is still recognised as finished."""
+    from experiments import simulate
+    from tests.test_config_errors import run_cli
+
+    config = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
+              "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 4,
+              "vocab_size": 32000, "max_position_embeddings": 4096,
+              "_name_or_path": "acme/tiny"}  # fmt: skip
+    (tmp_path / "acme").mkdir()
+    (tmp_path / "acme" / "config.json").write_text(json.dumps(config))
+    args = [f"model.hf_config={tmp_path / 'acme'}", "workload.num_requests=2"]
+    status, _, err = run_cli(simulate, args, tmp_path)
+    assert status == 0, err
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert saved["model"]["name"] == metrics["model"] == "acme/tiny"
+    (tmp_path / "run" / "requests.csv").write_text("not run again")
+    status, _, err = run_cli(simulate, args, tmp_path)
+    assert status == 0, err
+    assert (tmp_path / "run" / "requests.csv").read_text() == "not run again"
+
+
 def test_a_sliding_window_is_named_in_a_warning(tmp_path: Path, monkeypatch) -> None:
     """The simulator prices a sliding-window model as full attention; it says so."""
     from experiments.lib import setup

@@ -199,14 +199,24 @@ def exclusive_nulls(overrides: Sequence[str]) -> dict[str, None]:
     return out
 
 
-def apply_exclusive(cfg: DictConfig, overrides: Sequence[str]) -> None:
-    """Apply :func:`exclusive_nulls` to ``cfg`` in place."""
+def settle_run_config(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """Make ``cfg``, in place, the config the run uses and saves as ``config.yaml``: the
+    :func:`exclusive_nulls` applied, and with ``model.hf_config`` ``model.name`` the name
+    the run gives the model (:func:`sim.catalog.model_from_config`: the default group's
+    name labels another model). A model config that cannot be read is left as it is (its
+    error is the config check's)."""
     with open_dict(cfg):
         for key, value in exclusive_nulls(overrides).items():
             parent, _, leaf = key.rpartition(".")
             node = OmegaConf.select(cfg, parent) if parent else cfg
             if node is not None and leaf in node:
                 node[leaf] = value
+    model = cfg.get("model")
+    if isinstance(model, DictConfig) and model.get("hf_config"):
+        from sim.catalog import model_from_config
+
+        with contextlib.suppress(KeyError, OSError, TypeError, ValueError):
+            model.name = model_from_config(OmegaConf.to_container(model, resolve=True)).name
 
 
 def on_command_line() -> bool:
@@ -273,7 +283,7 @@ def run_app(
             index_writable = False
             check_index_writable(index)
             index_writable = True
-        apply_exclusive(cfg, overrides)
+        settle_run_config(cfg, overrides)
         metrics = run(cfg, out_dir)
     except ConfigError as err:
         write_error(out_dir, err.line())

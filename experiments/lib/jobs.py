@@ -121,12 +121,12 @@ def exit_if_launcher_missing(argv: Sequence[str]) -> None:
 def _job_config(overrides: Sequence[str]) -> Any:
     """The job's config as its run will save it: composed, with the partner of a
     ``workload.num_requests`` / ``workload.duration_s`` it sets nulled, as the app does
-    (:func:`experiments.lib.cli.apply_exclusive`), so a finished job is recognised."""
-    from experiments.lib.cli import apply_exclusive
+    (:func:`experiments.lib.cli.settle_run_config`), so a finished job is recognised."""
+    from experiments.lib.cli import settle_run_config
     from experiments.lib.compose import compose_config
 
     cfg = compose_config("simulate", overrides)
-    apply_exclusive(cfg, overrides)
+    settle_run_config(cfg, overrides)
     return cfg
 
 
