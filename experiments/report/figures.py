@@ -253,6 +253,50 @@ def fig12_panels(
     return fig
 
 
+def capacity_curves(
+    curves: pd.DataFrame, capacity: pd.DataFrame, threshold: float, systems: list[str],
+    setting: str = "",
+) -> Any:  # fmt: skip
+    """``experiments.capacity``'s figure: per system (``systems``' order; a system without
+    a colour of its own takes the next of matplotlib's cycle), normalized latency's mean
+    over seeds against the rate, shaded between the seeds' min and max (a filled dot: a
+    rate that passed; a hollow square: one that failed), the threshold (dotted), and the
+    sustainable rate as a dot on it with its interval over seeds; ``setting`` heads the
+    title. ``curves``:
+    ``rate_search.curve_table``; ``capacity``: ``experiments.capacity.capacity_frame``."""
+    fig, ax = pyplot().subplots(figsize=(5.6, 3.6))
+    cap = capacity.set_index("system")
+    spare = iter(f"C{i}" for i in range(10))
+    for system in systems:
+        df = curves[curves["system"] == system].sort_values("rate")
+        color = SYSTEM_COLORS.get(system) or next(spare)
+        passed = (df["passes"].astype(str) == "True").tolist()
+        ax.plot(df["rate"], df["normalized_latency_mean"], marker="o", ms=2.5, lw=1,
+                markevery=passed, color=color, label=SYSTEM_LABELS.get(system, system))  # fmt: skip
+        failed = df[(df["failed"].astype(str) == "True").tolist()]
+        ax.plot(failed["rate"], failed["normalized_latency_mean"], ls="none", marker="s", ms=3,
+                mfc="none", mew=0.7, color=color)  # fmt: skip
+        ax.fill_between(df["rate"], df["normalized_latency_min"], df["normalized_latency_max"],
+                        color=color, alpha=0.2, lw=0)  # fmt: skip
+        r = cap.loc[system]
+        if r["max_rate"] > 0:
+            ax.errorbar([r["max_rate"]], [threshold], fmt="o", ms=5, mfc="none", color=color,
+                        xerr=[[r["max_rate"] - r["rate_lo"]], [r["rate_hi"] - r["max_rate"]]],
+                        capsize=3, lw=1)  # fmt: skip
+            _mark_threshold_bounds(ax, r, threshold, color)
+    ax.axhline(threshold, color="k", lw=0.6, ls=":")
+    ax.set_ylim(0, 2 * threshold)
+    ax.set_xlim(0, 1.1 * float(curves["rate"].max()))
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("normalized latency (s/token)")
+    ax.legend(fontsize=7)
+    ax.set_title(f"{setting + chr(10) if setting else ''}sustainable rate: ≤ {threshold:g} "
+                 "s/token and kept up with arrivals, on every seed\nmean over seeds, shaded "
+                 "min–max; hollow square: a rate that failed; ≥: a lower bound",
+                 fontsize=8)  # fmt: skip
+    return fig
+
+
 def _mark_threshold_bounds(ax: Any, row: Any, threshold: float, color: str) -> None:
     """Fig. 12's bound marks on a system's rate dot (the threshold line): "≥" above it when
     the rate is only a lower bound (``rate_open``), "→" past the interval's right end when

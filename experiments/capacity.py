@@ -1,0 +1,300 @@
+"""``python -m experiments.capacity``: the highest request rate each system sustains for one
+model, GPU and traffic, the question of the paper's Fig. 12 asked of any configuration::
+
+    python -m experiments.capacity model=qwen3-8b hardware=l40s cost=profiled \\
+        --systems vllm,orca_max --seeds 2 --out results/capacity
+
+The positional arguments are ``experiments.simulate`` overrides (every run composes the
+same configs); ``system``, ``seed`` and ``workload.rate`` are the search's own. The workload
+must draw its arrivals at ``workload.rate`` (``sharegpt``, ``alpaca``, ``shared_prefix``,
+``multi_turn``, ``vllm_bench``); a trace file's arrivals are replayed, not searched.
+
+Each system is searched as the report's Fig. 12 panels are
+(:mod:`experiments.report.rate_search`): a rate passes when, on every seed, the normalized
+latency (s/token) is at or under ``--threshold``, every request completes, and at most 10%
+of the trace (of 100 requests on a shorter one) is unfinished when its last request
+arrives. The ``--rates`` grid is walked up until a rate fails, grown 1.5x past its top while
+it passes (up to 64x the top), and the rate is then bisected until bracketed within
+``--rate-tol``. A system that passed every rate tried has only a lower bound
+(``rate_open``), one that passed none only an upper bound (its rate is 0).
+
+Writes into ``--out``: ``capacity.csv`` (per system: the sustainable rate, its interval over
+seeds, the lowest failing rate, its rate over the first system's, and the metrics of its
+runs at that rate, averaged over seeds), ``runs.csv`` (every run), ``curves.csv``
+(normalized latency per rate, mean/min/max over seeds), ``capacity.png/.pdf``, and
+``runs/<label>/metrics.json``; every file whole or not at all. It prints the table.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from core.workload.spec import USES
+from experiments.lib.args import OneLineParser, out_dir_problem
+from experiments.lib.checks import ConfigError
+from experiments.lib.cli import report_config_error
+from experiments.lib.compose import (
+    check_group_overrides,
+    check_overrides_compose,
+    override_args,
+)
+from experiments.lib.results import write_csv
+from experiments.report.rate_search import (
+    RATE_TOL,
+    Search,
+    at_max_rate,
+    capacity_table,
+    curve_table,
+    run_search,
+)
+
+log = logging.getLogger("kvlab.capacity")
+
+DEFAULT_SYSTEMS = "vllm,orca_oracle,orca_pow2,orca_max"
+DEFAULT_RATES = "0.25,0.5,1,2,4"
+GROW_TO = 64.0  # a rate passing at the grid's top grows 1.5x up to this multiple of it
+MAX_BACKLOG = 0.1  # as Fig. 12's searches (experiments.report.fig12_rates.MAX_BACKLOG)
+SEARCH_KEYS = ("system", "seed", "workload.rate")
+# the metrics of capacity.csv's runs at the sustainable rate (means over seeds)
+AT_RATE = (
+    "request_throughput", "output_throughput", "normalized_latency", "mean_ttft_ms",
+    "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "mean_batch_size", "num_preemptions",
+    "kv_token_states_pct", "num_requests",
+)  # fmt: skip
+
+
+def _numbers(flag: str, text: str) -> tuple[float, ...]:
+    """A comma-separated list of rates > 0, ascending."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(flag, "not a comma-separated list of numbers", text) from None
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise ConfigError(flag, "rates must be numbers > 0", text)
+    if list(values) != sorted(set(values)):
+        raise ConfigError(flag, "rates must ascend without repeats", text)
+    return values
+
+
+def check_overrides(overrides: Sequence[str], systems: Sequence[str]) -> None:
+    """A ConfigError for an argument that is not an override, for a key the search sets
+    itself, for an unknown option of a group (``systems`` included) or for overrides that
+    do not compose (:func:`check_overrides_compose`)."""
+    for arg in overrides:
+        if arg not in override_args([arg]):
+            raise ConfigError(arg, "not an override (key=value) or a known flag")
+        key = arg.lstrip("+~").partition("=")[0]
+        if key in SEARCH_KEYS:
+            raise ConfigError(key, "set by the search (--systems, --seed/--seeds, --rates)", arg)
+    check_group_overrides([*overrides, *(f"system={s}" for s in systems)])
+    check_overrides_compose("simulate", list(overrides))
+
+
+def check_configs(overrides: Sequence[str], systems: Sequence[str], rate: float) -> str:
+    """Every system's first run builds (its config errors, one line, before any run), and
+    the workload draws arrivals at ``workload.rate``; returns the setting in words (model,
+    GPU, workload, clock)."""
+    from experiments.lib.checks import check_config
+    from experiments.lib.setup import as_dict, build_setup, resolve_aliases
+    from experiments.reproduce import compose_config
+
+    for system in systems:
+        kind = str(compose_config([*overrides, f"system={system}"]).workload.kind)
+        if "rate" not in USES.get(kind, ()):
+            raise ConfigError(
+                "workload", f"kind {kind!r} replays its file's arrivals: there is no rate to "
+                "search", kind,
+                "a workload that draws arrivals at workload.rate (sharegpt, alpaca, ...)",
+            )  # fmt: skip
+        cfg = compose_config([*overrides, f"system={system}", f"workload.rate={rate}"])
+        c = resolve_aliases(as_dict(cfg))
+        check_config(c, "simulate")
+        setup = build_setup(c)
+    stack = getattr(getattr(setup.cost_model, "stack", None), "name", "none")
+    return (f"{setup.model.name} on {setup.tp} x {setup.gpu.name}, "
+            f"{cfg.workload.get('dataset') or cfg.workload.kind}, "
+            f"cost={cfg.cost.get('kind', '?')} (stack {stack})")  # fmt: skip
+
+
+def searches(
+    overrides: Sequence[str], systems: Sequence[str], rates: tuple[float, ...],
+    seeds: tuple[int, ...], bisect_evals: int, rate_tol: float,
+) -> list[Search]:  # fmt: skip
+    """One search per system, in ``systems``' order."""
+    return [
+        Search("capacity", "search", system, (*overrides, f"system={system}"), rates, seeds=seeds,
+               bisect_evals=bisect_evals, grow_to=GROW_TO, max_backlog=MAX_BACKLOG,
+               stop_after=1, rate_tol=rate_tol)
+        for system in systems
+    ]  # fmt: skip
+
+
+def capacity_frame(rows: Sequence[dict[str, Any]], systems: Sequence[str]) -> pd.DataFrame:
+    """``capacity.csv``: per system (``systems``' order) the search's columns
+    (:func:`capacity_table`; its vLLM-ratio columns left out), ``over_<first>``: its rate
+    over the first system's (a bound where either is), and the mean of :data:`AT_RATE`
+    over the seeds at its sustainable rate."""
+    table = pd.DataFrame(capacity_table(rows, systems[0])).set_index("system")
+    table = table.drop(columns=[c for c in table.columns if c.startswith(("vllm_", "ratio_"))])
+    table = table.loc[list(systems)].reset_index().drop(columns=["setting"])
+    first = table.iloc[0]
+    open_ = first["rate_open"] or first["max_rate"] == 0
+    table[f"over_{systems[0]}"] = [
+        (r / first["max_rate"] if first["max_rate"] > 0 else math.nan) for r in table["max_rate"]
+    ]
+    table[f"over_{systems[0]}_bound"] = [
+        "exact" if not (open_ or o or r == 0) else "bound"
+        for o, r in zip(table["rate_open"], table["max_rate"], strict=True)
+    ]
+    for key in AT_RATE:
+        table[f"{key}_at_rate"] = [
+            (at_max_rate([r for r in rows if r["system"] == s]) or {}).get(key, math.nan)
+            for s in table["system"]
+        ]
+    return table
+
+
+def print_table(cap: pd.DataFrame, threshold: float) -> str:
+    """The table the command prints."""
+    ref = next(c for c in cap.columns if c.startswith("over_") and not c.endswith("_bound"))
+    lines = [f"sustainable rate at normalized latency <= {threshold:g} s/token:",
+             f"{'system':<20}{'req/s':>9}{'seed range':>17}{ref:>20}{'tok/s out':>11}"
+             f"{'TTFT ms':>9}{'TPOT ms':>9}{'batch':>7}"]  # fmt: skip
+    for _, r in cap.iterrows():
+        rate = f"{'>=' if r['rate_open'] else ''}{r['max_rate']:.3g}"
+        if r["max_rate"] == 0 and r["first_failing_rate"] == r["first_failing_rate"]:
+            rate = f"<{r['first_failing_rate']:.3g}"
+        ratio, first = r[ref], cap.iloc[0]
+        ratio_text = "—" if ratio != ratio else f"{ratio:.2f}x"
+        if r["max_rate"] == 0 and first["max_rate"] > 0 and rate.startswith("<"):
+            ratio_text = f"<{r['first_failing_rate'] / first['max_rate']:.2f}x"
+        elif r[f"{ref}_bound"] == "bound" and ratio == ratio:
+            ratio_text += " (bound)"
+        spread = "—" if r["max_rate"] == 0 else f"{r.rate_lo:.3g}–{r.rate_hi:.3g}"
+        lines.append(
+            f"{r['system']:<20}{rate:>9}{spread:>17}"
+            f"{ratio_text:>20}{r['output_throughput_at_rate']:>11.0f}"
+            f"{r['mean_ttft_ms_at_rate']:>9.0f}{r['mean_tpot_ms_at_rate']:>9.1f}"
+            f"{r['mean_batch_size_at_rate']:>7.1f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    p = OneLineParser(prog="python -m experiments.capacity", description=__doc__.split("\n\n")[0])
+    p.add_argument("overrides", nargs="*", help="experiments.simulate overrides (key=value)")
+    p.add_argument("--systems", default=DEFAULT_SYSTEMS, help="systems to search, the first "
+                   f"the reference of the ratio column (default {DEFAULT_SYSTEMS})")  # fmt: skip
+    p.add_argument("--threshold", type=float, default=1.0,
+                   help="normalized latency (s/token) a sustained rate stays under")  # fmt: skip
+    p.add_argument(
+        "--rates",
+        default=DEFAULT_RATES,
+        help=f"the ascending grid walked first, req/s (default {DEFAULT_RATES})",
+    )
+    p.add_argument("--seeds", type=int, default=2, help="seeds per rate (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="the first seed")
+    p.add_argument(
+        "--rate-tol",
+        type=float,
+        default=RATE_TOL,
+        help=f"bisect until bracketed within this share (default {RATE_TOL})",
+    )
+    p.add_argument("--bisect-evals", type=int, default=4, help="bisection steps at most")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--out", type=Path, default=Path("results/capacity"))
+    args = p.parse_args(argv)
+    systems = [s for s in args.systems.split(",") if s]
+    try:
+        rates = _numbers("--rates", args.rates)
+        for flag, value in (("--threshold", args.threshold), ("--rate-tol", args.rate_tol)):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(flag, "not a number > 0", value)
+        if args.rate_tol >= 1:
+            raise ConfigError("--rate-tol", "must be below 1", args.rate_tol)
+        for flag, value in (("--seeds", args.seeds), ("--workers", args.workers),
+                            ("--bisect-evals", args.bisect_evals)):  # fmt: skip
+            if value < 1:
+                raise ConfigError(flag, "not a count >= 1", value)
+        if args.seed < 0:
+            raise ConfigError("--seed", "not a seed (an integer >= 0)", args.seed)
+        if not systems or len(set(systems)) != len(systems):
+            raise ConfigError("--systems", "name each system once", args.systems)
+        problem = out_dir_problem(args.out)
+        if problem:
+            raise ConfigError("--out", problem, str(args.out))
+        check_overrides(args.overrides, systems)
+        setting = check_configs(args.overrides, systems, rates[0])
+    except ConfigError as err:
+        report_config_error(err)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    for quiet in ("experiments.simulate", "experiments.lib.setup", "matplotlib", "fontTools"):
+        logging.getLogger(quiet).setLevel(logging.WARNING)
+    seeds = tuple(range(args.seed, args.seed + args.seeds))
+    runs_dir = args.out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    from experiments.reproduce import run_recorded
+
+    t0 = time.perf_counter()
+    todo = searches(args.overrides, systems, rates, seeds, args.bisect_evals, args.rate_tol)
+    rows: list[dict[str, Any]] = []
+    log.info("%s", setting)
+    log.info("searching %d system(s) on %d seed(s) each: %s", len(todo), len(seeds),
+             ", ".join(systems))  # fmt: skip
+    with ProcessPoolExecutor(min(args.workers, len(todo))) as pool:
+        jobs = [pool.submit(run_search, partial(run_recorded, runs_dir, []), s, args.threshold)
+                for s in todo]  # fmt: skip
+        for search, job in zip(todo, jobs, strict=True):
+            try:
+                found = job.result()
+            except ConfigError as err:  # a rate's run cannot run (a step priced out of range)
+                report_config_error(err)
+            rows += found
+            best = capacity_table(found, search.system)[0]
+            note = " (a lower bound: every rate tried passed)" if best["rate_open"] else ""
+            if best["max_rate"] == 0:
+                note = f" (no rate passed, down to {rates[0]:g}: lower --rates to bracket it)"
+            log.info("%s: %.3g req/s%s after %d runs (%.0f s)", search.system, best["max_rate"],
+                     note, len(found), time.perf_counter() - t0)  # fmt: skip
+    return write_outputs(rows, systems, args.threshold, args.out, setting)
+
+
+def write_outputs(
+    rows: Sequence[dict[str, Any]], systems: Sequence[str], threshold: float, out: Path,
+    setting: str = "",
+) -> Path:  # fmt: skip
+    """Write ``runs.csv``, ``curves.csv``, ``capacity.csv`` and ``capacity.png/.pdf`` into
+    ``out`` and print the table (``setting``: its heading and the figure's); return
+    ``out``."""
+    from experiments.report.figures import capacity_curves, pyplot, save
+
+    runs = pd.DataFrame(rows).drop(columns=["setting"])
+    curves = pd.DataFrame(curve_table(rows)).drop(columns=["setting"])
+    cap = capacity_frame(rows, systems)
+    cap["threshold"] = threshold
+    write_csv(out / "runs.csv", runs)
+    write_csv(out / "curves.csv", curves)
+    write_csv(out / "capacity.csv", cap)
+    plt = pyplot(headless=True)
+    fig = capacity_curves(curves, cap, threshold, list(systems), setting)
+    save(fig, out, "capacity")
+    plt.close(fig)
+    print(setting)
+    print(print_table(cap, threshold))
+    print(f"-> {out}/capacity.csv, curves.csv, runs.csv, capacity.png")
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

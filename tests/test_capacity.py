@@ -1,0 +1,82 @@
+"""``python -m experiments.capacity``: each system's sustainable rate for any setting."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments import capacity
+
+SMALL = ["workload.duration_s=60", "--systems", "vllm,orca_max", "--seeds", "2",
+         "--rates", "0.25,0.5,1", "--workers", "1", "--bisect-evals", "2"]  # fmt: skip
+
+
+def test_a_search_writes_each_systems_rate_and_the_runs_behind_it(tmp_path: Path, capsys) -> None:
+    out = capacity.main([*SMALL, "--out", str(tmp_path / "a")])
+    cap = pd.read_csv(out / "capacity.csv")
+    runs = pd.read_csv(out / "runs.csv")
+    assert list(cap["system"]) == ["vllm", "orca_max"]  # --systems' order
+    assert {"capacity.png", "capacity.pdf", "curves.csv"} <= {p.name for p in out.iterdir()}
+    for _, row in cap.iterrows():
+        mine = runs[runs["system"] == row["system"]]
+        at = mine[mine["rate"] == row["max_rate"]]
+        assert len(at) == 2 and at["passes"].all()  # the rate passed on every seed
+        if not row["rate_open"]:
+            failing = mine[mine["rate"] == row["first_failing_rate"]]
+            assert row["first_failing_rate"] > row["max_rate"] and not failing["passes"].all()
+        assert row["output_throughput_at_rate"] == pytest.approx(at["output_throughput"].mean())
+        assert row["normalized_latency_at_rate"] <= row["threshold"] == 1.0
+    assert cap.loc[0, "over_vllm"] == 1.0
+    ratio = cap.loc[1, "max_rate"] / cap.loc[0, "max_rate"]
+    assert cap.loc[1, "over_vllm"] == pytest.approx(ratio)
+    printed = capsys.readouterr().out
+    assert "opt-13b on 1 x a100-40gb, sharegpt, cost=roofline (stack none)" in printed
+    assert "vllm" in printed and "orca_max" in printed
+    # seeded: the same command gives the same table
+    again = capacity.main([*SMALL, "--out", str(tmp_path / "b")])
+    pd.testing.assert_frame_equal(pd.read_csv(again / "capacity.csv"), cap)
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--systems", "vllm,my_sys"], "error: system: unknown system (got 'my_sys'"),
+        (["workload=azure_conv"], "error: workload: kind 'azure' replays its file's arrivals"),
+        (["workload.rate=3"], "error: workload.rate: set by the search"),
+        (["--rates", "2,1"], "error: --rates: rates must ascend without repeats"),
+        (["--rates", "1,x"], "error: --rates: not a comma-separated list of numbers"),
+        (["system.block_size=0"], "error: system.block_size: not a positive power of two"),
+        (["--systems", "vllm,vllm"], "error: --systems: name each system once"),
+        (["--seeds", "0"], "error: --seeds: not a count >= 1"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_run(
+    args: list[str], line: str, tmp_path: Path, capsys
+) -> None:
+    with pytest.raises(SystemExit) as ended:
+        capacity.main([*args, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.count("\n") == 1 and err.startswith(line), err
+    assert not (tmp_path / "out").exists()
+
+
+def _rows(system: str, passes: dict[float, bool]) -> list[dict]:
+    return [{"setting": "search", "system": system, "rate": r, "seed": 0, "passes": ok,
+             "output_throughput": 10 * r} for r, ok in passes.items()]  # fmt: skip
+
+
+def test_a_ratio_to_an_open_or_zero_rate_is_a_bound() -> None:
+    open_ref = _rows("vllm", {1.0: True, 2.0: True}) + _rows("orca_max", {1.0: True, 2.0: False})
+    cap = capacity.capacity_frame(open_ref, ["vllm", "orca_max"]).set_index("system")
+    assert cap.loc["vllm", "rate_open"] and cap.loc["orca_max", "over_vllm"] == 0.5
+    assert set(cap["over_vllm_bound"]) == {"bound"}  # the reference's rate is only a floor
+    exact = _rows("vllm", {1.0: True, 2.0: False}) + _rows("orca_max", {1.0: False})
+    cap = capacity.capacity_frame(exact, ["vllm", "orca_max"]).set_index("system")
+    assert cap.loc["vllm", "over_vllm_bound"] == "exact"
+    assert (
+        cap.loc["orca_max", "max_rate"] == 0 and cap.loc["orca_max", "over_vllm_bound"] == "bound"
+    )
+    assert math.isnan(cap.loc["orca_max", "output_throughput_at_rate"])  # no rate passed
