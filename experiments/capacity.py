@@ -5,9 +5,13 @@ model, GPU and traffic, the question of the paper's Fig. 12 asked of any configu
         --systems vllm,orca_max --seeds 2 --out results/capacity
 
 The positional arguments are ``experiments.simulate`` overrides (every run composes the
-same configs); ``system``, ``seed`` and ``workload.rate`` are the search's own. The workload
-must draw its arrivals at ``workload.rate`` (``sharegpt``, ``alpaca``, ``shared_prefix``,
-``multi_turn``, ``vllm_bench``); a trace file's arrivals are replayed, not searched.
+same configs); ``system``, ``seed``, ``workload.rate`` and ``workload.time_scale`` are the
+search's own. A workload that draws arrivals (``sharegpt``, ``alpaca``, ``shared_prefix``,
+``multi_turn``, ``vllm_bench``) is searched by ``workload.rate``; a trace file (``azure_conv``,
+``azure_code``, Mooncake, Vidur) by ``workload.time_scale``: rate r replays it at time_scale
+trace_rate / r, trace_rate its mean rate at time_scale 1 over its window (``num_requests``
+requests over their span, or those in ``duration_s`` over it), on one seed (a trace is the
+same on every seed). A vLLM log's arrivals are not rescaled and are refused.
 
 Each system is searched as the report's Fig. 12 panels are
 (:mod:`experiments.report.rate_search`): a rate passes when, on every seed, the normalized
@@ -32,8 +36,9 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -65,7 +70,7 @@ DEFAULT_SYSTEMS = "vllm,orca_oracle,orca_pow2,orca_max"
 DEFAULT_RATES = "0.25,0.5,1,2,4"
 GROW_TO = 64.0  # a rate passing at the grid's top grows 1.5x up to this multiple of it
 MAX_BACKLOG = 0.1  # as Fig. 12's searches (experiments.report.fig12_rates.MAX_BACKLOG)
-SEARCH_KEYS = ("system", "seed", "workload.rate")
+SEARCH_KEYS = ("system", "seed", "workload.rate", "workload.time_scale")
 # the metrics of capacity.csv's runs at the sustainable rate (means over seeds)
 AT_RATE = (
     "request_throughput", "output_throughput", "normalized_latency", "mean_ttft_ms",
@@ -101,41 +106,105 @@ def check_overrides(overrides: Sequence[str], systems: Sequence[str]) -> None:
     check_overrides_compose("simulate", list(overrides))
 
 
-def check_configs(overrides: Sequence[str], systems: Sequence[str], rate: float) -> str:
+@dataclass(frozen=True)
+class Plan:
+    """What the search varies: ``workload.rate``, or for a trace file ``workload.time_scale``
+    (``trace_rate``: the trace's mean rate at time_scale 1 over its window, so rate r
+    replays it at time_scale trace_rate / r; ``ceiling``: the whole trace's requests over
+    a ``duration_s`` window, the highest rate that window can hold); ``setting``: the
+    setting in words."""
+
+    setting: str
+    trace_rate: float | None = None
+    ceiling: float = math.inf  # above it the window holds the whole trace: its rate is lower
+
+    def rate_overrides(self) -> Callable[[float], list[str]] | None:
+        return None if self.trace_rate is None else partial(_time_scale, self.trace_rate)
+
+
+def _time_scale(trace_rate: float, rate: float) -> list[str]:
+    return [f"++workload.time_scale={trace_rate / rate!r}"]  # ++: a group may not name it
+
+
+def trace_rate(requests: Sequence[Any], duration_s: float | None, counted: bool) -> float:
+    """A windowed trace's mean arrival rate at time_scale 1 (its requests start at 0): their
+    number over ``duration_s``, or over the span to the last arrival where there is no
+    duration or ``counted`` (``workload.num_requests`` cut the window first)."""
+    times = [r.arrival_time for r in requests]
+    span = duration_s if duration_s is not None and not counted else max(times, default=0.0)
+    if not times or span <= 0:
+        raise ConfigError("workload", "the trace's window holds no span of arrivals to scale")
+    return len(times) / span
+
+
+def check_configs(overrides: Sequence[str], systems: Sequence[str], rate: float) -> Plan:
     """Every system's first run builds (its config errors, one line, before any run), and
-    the workload draws arrivals at ``workload.rate``; returns the setting in words (model,
-    GPU, workload, clock)."""
+    the workload draws arrivals at ``workload.rate`` or replays a trace whose
+    ``workload.time_scale`` can set its rate."""
     from experiments.lib.checks import check_config
     from experiments.lib.setup import as_dict, build_setup, resolve_aliases
     from experiments.reproduce import compose_config
 
+    plan = None
     for system in systems:
-        kind = str(compose_config([*overrides, f"system={system}"]).workload.kind)
-        if "rate" not in USES.get(kind, ()):
+        cfg = compose_config([*overrides, f"system={system}"])
+        kind = str(cfg.workload.kind)
+        if "rate" in USES.get(kind, ()):
+            cfg = compose_config([*overrides, f"system={system}", f"workload.rate={rate}"])
+        elif "time_scale" not in USES.get(kind, ()):
             raise ConfigError(
-                "workload", f"kind {kind!r} replays its file's arrivals: there is no rate to "
-                "search", kind,
-                "a workload that draws arrivals at workload.rate (sharegpt, alpaca, ...)",
+                "workload", f"kind {kind!r} replays logged arrivals that no key rescales: "
+                "there is no rate to search", kind,
+                "a workload that draws arrivals at workload.rate (sharegpt, alpaca, ...) or "
+                "a trace file (azure, mooncake, vidur)",
             )  # fmt: skip
-        cfg = compose_config([*overrides, f"system={system}", f"workload.rate={rate}"])
         c = resolve_aliases(as_dict(cfg))
         check_config(c, "simulate")
         setup = build_setup(c)
+        if plan is None:
+            plan = _plan(cfg, c, setup)
+    assert plan is not None
+    return plan
+
+
+def _plan(cfg: Any, c: Mapping[str, Any], setup: Any) -> Plan:
+    w = cfg.workload
     stack = getattr(getattr(setup.cost_model, "stack", None), "name", "none")
-    return (f"{setup.model.name} on {setup.tp} x {setup.gpu.name}, "
-            f"{cfg.workload.get('dataset') or cfg.workload.kind}, "
-            f"cost={cfg.cost.get('kind', '?')} (stack {stack})")  # fmt: skip
+    setting = (
+        f"{setup.model.name} on {setup.tp} x {setup.gpu.name}, "
+        f"{w.get('dataset') or w.kind}, cost={cfg.cost.get('kind', '?')} (stack {stack})"
+    )
+    if "rate" in USES[str(w.kind)]:
+        return Plan(setting)
+    if float(w.get("time_scale") or 1.0) != 1.0:
+        raise ConfigError("workload.time_scale", "set by the search (--rates)", w.time_scale)
+    window, count = w.get("duration_s"), w.get("num_requests")
+    counted = count is not None and len(setup.requests) == int(count)
+    base = trace_rate(setup.requests, window, counted)
+    ceiling = math.inf
+    if window is not None and not counted:
+        from experiments.lib.setup import build_requests
+
+        whole = {**c, "workload": {**c["workload"], "duration_s": None}}
+        ceiling = len(build_requests(whole, setup.max_model_len)) / float(window)
+    where = "its first" if window is not None or count is not None else "all"
+    return Plan(
+        f"{setting}; the trace ({where} {len(setup.requests)} requests) runs at "
+        f"{base:.3g} req/s: rate r replays it at time_scale {base:.3g}/r",
+        base,
+        ceiling,
+    )
 
 
 def searches(
     overrides: Sequence[str], systems: Sequence[str], rates: tuple[float, ...],
-    seeds: tuple[int, ...], bisect_evals: int, rate_tol: float,
+    seeds: tuple[int, ...], bisect_evals: int, rate_tol: float, plan: Plan,
 ) -> list[Search]:  # fmt: skip
     """One search per system, in ``systems``' order."""
     return [
-        Search("capacity", "search", system, (*overrides, f"system={system}"), rates, seeds=seeds,
-               bisect_evals=bisect_evals, grow_to=GROW_TO, max_backlog=MAX_BACKLOG,
-               stop_after=1, rate_tol=rate_tol)
+        Search("capacity", "search", system, (*overrides, f"system={system}"), rates,
+               rate_overrides=plan.rate_overrides(), seeds=seeds, bisect_evals=bisect_evals,
+               grow_to=GROW_TO, max_backlog=MAX_BACKLOG, stop_after=1, rate_tol=rate_tol)
         for system in systems
     ]  # fmt: skip
 
@@ -235,21 +304,24 @@ def main(argv: list[str] | None = None) -> Path:
         if problem:
             raise ConfigError("--out", problem, str(args.out))
         check_overrides(args.overrides, systems)
-        setting = check_configs(args.overrides, systems, rates[0])
+        plan = check_configs(args.overrides, systems, rates[0])
     except ConfigError as err:
         report_config_error(err)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for quiet in ("experiments.simulate", "experiments.lib.setup", "matplotlib", "fontTools"):
         logging.getLogger(quiet).setLevel(logging.WARNING)
     seeds = tuple(range(args.seed, args.seed + args.seeds))
+    if plan.trace_rate is not None and len(seeds) > 1:
+        log.info("a trace replays the same requests on every seed: one seed (%d)", args.seed)
+        seeds = seeds[:1]
     runs_dir = args.out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     from experiments.reproduce import run_recorded
 
     t0 = time.perf_counter()
-    todo = searches(args.overrides, systems, rates, seeds, args.bisect_evals, args.rate_tol)
+    todo = searches(args.overrides, systems, rates, seeds, args.bisect_evals, args.rate_tol, plan)
     rows: list[dict[str, Any]] = []
-    log.info("%s", setting)
+    log.info("%s", plan.setting)
     log.info("searching %d system(s) on %d seed(s) each: %s", len(todo), len(seeds),
              ", ".join(systems))  # fmt: skip
     with ProcessPoolExecutor(min(args.workers, len(todo))) as pool:
@@ -267,7 +339,12 @@ def main(argv: list[str] | None = None) -> Path:
                 note = f" (no rate passed, down to {rates[0]:g}: lower --rates to bracket it)"
             log.info("%s: %.3g req/s%s after %d runs (%.0f s)", search.system, best["max_rate"],
                      note, len(found), time.perf_counter() - t0)  # fmt: skip
-    return write_outputs(rows, systems, args.threshold, args.out, setting)
+    over = sorted({r["rate"] for r in rows if r["rate"] > plan.ceiling})
+    if over:
+        log.warning("rates above %.3g req/s (%s) replay the whole trace within the window: "
+                    "their real rate is lower than named; shorten workload.duration_s",
+                    plan.ceiling, ", ".join(f"{r:.3g}" for r in over))  # fmt: skip
+    return write_outputs(rows, systems, args.threshold, args.out, plan.setting)
 
 
 def write_outputs(

@@ -44,8 +44,15 @@ def test_a_search_writes_each_systems_rate_and_the_runs_behind_it(tmp_path: Path
     ("args", "line"),
     [
         (["--systems", "vllm,my_sys"], "error: system: unknown system (got 'my_sys'"),
-        (["workload=azure_conv"], "error: workload: kind 'azure' replays its file's arrivals"),
+        (
+            ["workload=vllm_log", "workload.path=run"],
+            "error: workload: kind 'vllm_log' replays logged arrivals that no key rescales",
+        ),
         (["workload.rate=3"], "error: workload.rate: set by the search"),
+        (
+            ["workload=azure_conv", "workload.time_scale=0.5"],
+            "error: workload.time_scale: set by the search",
+        ),
         (["--rates", "2,1"], "error: --rates: rates must ascend without repeats"),
         (["--rates", "1,x"], "error: --rates: not a comma-separated list of numbers"),
         (["system.block_size=0"], "error: system.block_size: not a positive power of two"),
@@ -80,3 +87,33 @@ def test_a_ratio_to_an_open_or_zero_rate_is_a_bound() -> None:
         cap.loc["orca_max", "max_rate"] == 0 and cap.loc["orca_max", "over_vllm_bound"] == "bound"
     )
     assert math.isnan(cap.loc["orca_max", "output_throughput_at_rate"])  # no rate passed
+
+
+def test_a_trace_file_is_searched_by_its_time_scale(tmp_path: Path, capsys) -> None:
+    # a trace replays its own arrivals: rate r is the trace at time_scale trace_rate / r
+    trace = tmp_path / "trace.csv"
+    rows = [f"{i * 0.5},{100 + 7 * i},{20 + i % 5}" for i in range(200)]  # 2 req/s
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows))
+    args = ["workload=trace", "workload.kind=vidur", f"workload.path={trace}",
+            "workload.num_requests=120", "--systems", "vllm",
+            "--rates", "1,4", "--bisect-evals", "1", "--seeds", "2", "--workers", "1"]  # fmt: skip
+    out = capacity.main([*args, "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    # 120 requests span 59.5 s at time_scale 1
+    assert f"runs at {120 / 59.5:.3g} req/s: rate r replays it at time_scale" in printed
+    runs = pd.read_csv(out / "runs.csv")
+    assert set(runs["seed"]) == {0}  # one seed: a trace is the same on every seed
+    at_4 = runs[runs["rate"] == 4.0].iloc[0]
+    assert at_4["num_requests"] == 120  # the whole count, replayed faster
+    span = pd.read_json(out / "runs" / at_4["label"] / "metrics.json", typ="series")
+    assert span["num_requests"] == 120
+
+
+def test_trace_rate_counts_the_window_that_cut_the_trace() -> None:
+    from core.request import Request
+
+    reqs = [Request(i, float(i), 10, 10) for i in range(10)]  # 1 req/s, last at 9 s
+    assert capacity.trace_rate(reqs, None, counted=False) == pytest.approx(10 / 9)
+    assert capacity.trace_rate(reqs, 20.0, counted=False) == pytest.approx(0.5)
+    assert capacity.trace_rate(reqs, 20.0, counted=True) == pytest.approx(10 / 9)
+    assert capacity.Plan("x", 2.0).rate_overrides()(4.0) == ["++workload.time_scale=0.5"]
