@@ -82,3 +82,48 @@ def test_the_contiguous_integrity_check_finds_a_wrong_holder_count() -> None:
     m._groups[g.request.request_id].num_held += 1
     with pytest.raises(KVCacheError, match="do not add up"):
         m.check_integrity()
+
+
+def test_orca_promises_decodes_while_the_head_exceeds_the_token_budget() -> None:
+    # two decoding requests leave 64 - 2 = 62 tokens: a 63-token prompt waits on the budget,
+    # so every step until request 0's last token is a plain decode (the fast path's promise)
+    from core.plan import HELD_BY_TOKEN_BUDGET, StepOutcome
+    from core.request import Request
+    from core.systems import build_scheduler
+
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
+    s = build_scheduler("orca_oracle", 1024, config=cfg)
+    s.add(Request(0, 0.0, 10, 20), 0.0)
+    s.add(Request(1, 0.0, 10, 30), 0.0)
+    s.update(s.schedule(0.0), StepOutcome(1.0), 1.0)
+    s.add(Request(2, 1.0, 63, 1), 1.0)  # 64 tokens in all: max_model_len
+    run = s.decode_run(100)
+    assert run is not None and [g.request.request_id for g in run.groups] == [0, 1]
+    assert len(run.new_blocks) == 19 and run.num_waiting == 1
+    assert run.queue_held_by == HELD_BY_TOKEN_BUDGET
+
+
+def test_a_running_prefill_gets_the_last_token_of_the_budget() -> None:
+    # chunked prefill: a group preempted by recompute returns as two sequences using 14 of
+    # the 15 tokens; request 2, prefilling, takes the one token left at each step rather
+    # than wait for a step with more (vLLM gives running chunks the budget before admission)
+    from core.plan import StepOutcome
+    from core.request import Request, SamplingParams
+    from core.systems import build_scheduler
+
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=15, max_model_len=64,
+                          chunked_prefill=True)  # fmt: skip
+    s = build_scheduler("vllm", 64, config=cfg, block_size=4, watermark=0.0)
+    reqs = [Request(0, 0, 8, 20), Request(1, 0, 8, 24, SamplingParams(n=2)), Request(2, 10, 20, 2)]
+    chunks: dict[int, list[tuple[int, int]]] = {}
+    for now in range(24):
+        for r in reqs:
+            if r.arrival_time == now:
+                s.add(r, float(now))
+        plan = s.schedule(float(now))
+        got = [(c.start, c.length) for c in plan.prefill if c.seq.group.request.request_id == 2]
+        if got:
+            chunks[now] = got
+        s.update(plan, StepOutcome(1.0), float(now + 1))
+        s.check_integrity()
+    assert chunks == {20: [(0, 1)], 21: [(1, 1)], 22: [(2, 1)], 23: [(3, 9)]}
