@@ -541,7 +541,8 @@ class BaseScheduler:
 
     # -- invariants -------------------------------------------------------------------
     def check_integrity(self) -> None:
-        """Raise AssertionError if queues and sequence states disagree."""
+        """Raise AssertionError if queues and sequence states disagree, or a running
+        sequence holds fewer KV slots than the tokens it has computed."""
         seen: set[int] = set()
         for where, groups, status in (
             ("waiting", self.waiting, SequenceStatus.WAITING),
@@ -554,6 +555,11 @@ class BaseScheduler:
                 assert not g.is_finished, f"finished request {g.request_id} still in {where}"
                 for s in g.live_seqs():
                     assert s.status is status, f"{s} in {where} has status {s.status}"
+                    if status is SequenceStatus.RUNNING:
+                        slots = self.manager.num_slots(s.seq_id)
+                        assert slots >= s.num_computed, (
+                            f"{s} computed {s.num_computed} tokens into {slots} slots"
+                        )
         self.manager.check_integrity()
 
 
