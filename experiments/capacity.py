@@ -284,20 +284,16 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--out", type=Path, default=Path("results/capacity"))
     args = p.parse_args(argv)
+    from experiments.reproduce import check_run_numbers
+
     systems = [s for s in args.systems.split(",") if s]
     try:
         rates = _numbers("--rates", args.rates)
-        for flag, value in (("--threshold", args.threshold), ("--rate-tol", args.rate_tol)):
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError(flag, "not a number > 0", value)
-        if args.rate_tol >= 1:
-            raise ConfigError("--rate-tol", "must be below 1", args.rate_tol)
-        for flag, value in (("--seeds", args.seeds), ("--workers", args.workers),
-                            ("--bisect-evals", args.bisect_evals)):  # fmt: skip
-            if value < 1:
-                raise ConfigError(flag, "not a count >= 1", value)
-        if args.seed < 0:
-            raise ConfigError("--seed", "not a seed (an integer >= 0)", args.seed)
+        check_run_numbers(args)  # --threshold, --workers, --seeds, --seed
+        if not (math.isfinite(args.rate_tol) and 0 < args.rate_tol < 1):
+            raise ConfigError("--rate-tol", "not a number in (0, 1)", args.rate_tol)
+        if args.bisect_evals < 1:
+            raise ConfigError("--bisect-evals", "not a count >= 1", args.bisect_evals)
         if not systems or len(set(systems)) != len(systems):
             raise ConfigError("--systems", "name each system once", args.systems)
         problem = out_dir_problem(args.out)

@@ -232,10 +232,10 @@ def _panels(parser: argparse.ArgumentParser, letters: str) -> list[fig12_rates.P
 
 
 def check_run_numbers(args: argparse.Namespace) -> None:
-    """A ConfigError for the first of ``--duration``, ``--threshold``, ``--workers``,
-    ``--seeds`` and ``--seed`` that argparse accepts but a run cannot use (NaN, inf, zero,
-    negative; a seed may be 0)."""
-    positive = {"--duration": args.duration, "--threshold": args.threshold}
+    """A ConfigError for the first of ``--duration`` (where the command has it),
+    ``--threshold``, ``--workers``, ``--seeds`` and ``--seed`` that argparse accepts but a
+    run cannot use (NaN, inf, zero, negative; a seed may be 0)."""
+    positive = {"--duration": getattr(args, "duration", None), "--threshold": args.threshold}
     for flag, value in positive.items():
         if value is not None and not (math.isfinite(value) and value > 0):
             raise ConfigError(flag, "not a number > 0", value)

@@ -55,13 +55,9 @@ class OrcaScheduler(BaseScheduler):
         settled = self._head_settled()
         if settled is not None:
             return settled
-        head = self.waiting[0]
         num_seqs = sum(len(g.live_seqs()) for g in self.running)
         budget = self.config.max_num_batched_tokens - num_seqs
-        return (
-            head.seqs[0].num_tokens > budget
-            or num_seqs + head.sampling.num_seqs > self.config.max_num_seqs
-        )
+        return self._queue_held_by(num_seqs, budget) != HELD_BY_MEMORY
 
     def schedule(self, now: float) -> StepPlan:
         plan = self._new_plan()
