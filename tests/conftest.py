@@ -8,6 +8,13 @@ import pytest
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` run first, so that the workers of ``-n auto`` start on the
+    long files together and share the short ones after (last, a long file would run alone
+    at the end). The order within each part is kept."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _loggers_as_they_were() -> Iterator[None]:
     """A Hydra app run in this process configures logging with

@@ -19,6 +19,7 @@ from experiments.bench.cpu_cross_run import (
 from sim.cost.calibrated import ROOFLINE_TERMS
 
 
+@pytest.mark.slow
 def test_calibrate_on_one_run_validate_on_others(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -141,6 +142,7 @@ def test_a_missing_profile_is_one_line_before_anything_is_served(tmp_path: Path,
     assert not list(tmp_path.glob("run_*"))
 
 
+@pytest.mark.slow
 def test_profile_each_prices_every_run_on_its_own_profile(tmp_path: Path) -> None:
     """--profile each: a profile beside every run, the calibration names its own run's,
     and the validation of another run uses that run's."""
