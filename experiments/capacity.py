@@ -37,7 +37,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -54,6 +53,7 @@ from experiments.lib.compose import (
     check_overrides_compose,
     override_args,
 )
+from experiments.lib.pool import worker_pool
 from experiments.lib.results import write_csv
 from experiments.report.rate_search import (
     RATE_TOL,
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> Path:
     log.info("%s", plan.setting)
     log.info("searching %d system(s) on %d seed(s) each: %s", len(todo), len(seeds),
              ", ".join(systems))  # fmt: skip
-    with ProcessPoolExecutor(min(args.workers, len(todo))) as pool:
+    with worker_pool(min(args.workers, len(todo))) as pool:
         jobs = [pool.submit(run_search, partial(run_recorded, runs_dir, []), s, args.threshold)
                 for s in todo]  # fmt: skip
         for search, job in zip(todo, jobs, strict=True):

@@ -74,6 +74,7 @@ from experiments.lib.jobs import (
     launcher_exists,
     on_search_path,
 )
+from experiments.lib.pool import worker_pool
 from experiments.lib.results import write_json
 from experiments.lib.setup import build_setup
 from experiments.report import fig12_rates, selection, sharing
@@ -365,7 +366,7 @@ def main(argv: list[str] | None = None) -> Path:
     global _LAUNCH
     if args.launcher:
         _LAUNCH = LaunchQueue(args.launcher, runs_dir, args.launcher_override)
-    executor = ThreadPoolExecutor(64) if _LAUNCH else ProcessPoolExecutor(max(1, args.workers))
+    executor = ThreadPoolExecutor(64) if _LAUNCH else worker_pool(max(1, args.workers))
     with executor as pool:
         fig2_jobs = {
             s: pool.submit(run_one, f"fig2_{s}", [*base, f"system={s}", "workload.rate=2.0"],

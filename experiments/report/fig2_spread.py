@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 
 from experiments.lib.args import OneLineParser, out_dir_problem
+from experiments.lib.pool import worker_pool
 from experiments.lib.results import write_atomic, write_csv, write_json
 from experiments.report.paper import FIG2_BREAKDOWN, SYSTEM_LABELS
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--out {args.out}: {problem}")
     args.out.mkdir(parents=True, exist_ok=True)
     grid = [(s, a, b) for a in SIGMA_INPUT for b in SIGMA_OUTPUT for s in SYSTEMS]
-    with ProcessPoolExecutor(args.workers) as pool:
+    with worker_pool(args.workers) as pool:
         jobs = [pool.submit(run_point, s, a, b, args.duration, args.seed) for s, a, b in grid]
         rows = pd.DataFrame([j.result() for j in jobs])
     write_csv(args.out / "fig2_spread.csv", rows)

@@ -66,15 +66,18 @@ class Progress:
         return time.perf_counter() - self.started
 
     def runs(self, figure: str, futures: Sequence[Future]) -> None:
-        """Log "``figure``: N jobs done" once every one of ``futures`` is done."""
+        """Log "``figure``: N jobs done" once every one of ``futures`` is done, unless one
+        was cancelled or failed (a command stopped: its own line says so)."""
         left = [len(futures)]
+        spoiled = [False]
         lock = threading.Lock()
 
-        def done(_: Future) -> None:
+        def done(future: Future) -> None:
             with lock:
                 left[0] -= 1
                 last = left[0] == 0
-            if last:
+                spoiled[0] |= future.cancelled() or future.exception() is not None
+            if last and not spoiled[0]:
                 self.log.info("%s: %d jobs done (%.0f s)", figure, len(futures), self.elapsed())
 
         for f in futures:

@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import check_out_dir, report_config_error
+from experiments.lib.pool import worker_pool
 from experiments.lib.results import write_atomic
 from experiments.report import fig14_sampling, fig15_sharing, fig16_prefix, fig17_chatbot
 from experiments.report.figures import pyplot
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> Path:
     duration = args.duration or (FULL_DURATION_S if args.full else DURATION_S)
     args.out.mkdir(parents=True, exist_ok=True)
     run: Callable[..., dict[str, Any]] = partial(run_on_clock, COSTS[args.cost])
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+    with worker_pool(args.workers) as pool:
         jobs = submit(pool, run, duration, args.seed, args.threshold, seeds=args.seeds)
         text = write(jobs, args.out, _plt(), duration)
     write_atomic(args.out / "report.md", text)
