@@ -31,12 +31,14 @@ def worker_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
     try:
         yield pool
     except BaseException:
+        # the executor's private parts: its workers, and the thread that fails the jobs of
+        # workers that die (and reaps them) before it ends
         processes = list((getattr(pool, "_processes", None) or {}).values())
+        manager = getattr(pool, "_executor_manager_thread", None)
         pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.kill()
-        for process in processes:
-            process.join()
-        pool.shutdown(wait=True)  # its manager thread fails the jobs it had handed out
+        if manager is not None:
+            manager.join()
         raise
     pool.shutdown(wait=True)
