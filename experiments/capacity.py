@@ -10,8 +10,9 @@ search's own. A workload that draws arrivals (``sharegpt``, ``alpaca``, ``shared
 ``multi_turn``, ``vllm_bench``) is searched by ``workload.rate``; a trace file (``azure_conv``,
 ``azure_code``, Mooncake, Vidur) by ``workload.time_scale``: rate r replays it at time_scale
 trace_rate / r, trace_rate its mean rate at time_scale 1 over its window (``num_requests``
-requests over their span, or those in ``duration_s`` over it), on one seed (a trace is the
-same on every seed). A vLLM log's arrivals are not rescaled and are refused.
+requests over their span, or those in ``duration_s`` over it), with ``duration_s`` scaled
+alike, so that every rate replays the same requests, on one seed (a trace is the same on
+every seed). A vLLM log's arrivals are not rescaled and are refused.
 
 Each system is searched as the report's Fig. 12 panels are
 (:mod:`experiments.report.rate_search`): a rate passes when, on every seed, the normalized
@@ -102,7 +103,11 @@ def check_overrides(overrides: Sequence[str], systems: Sequence[str]) -> None:
         key = arg.lstrip("+~").partition("=")[0]
         if key in SEARCH_KEYS:
             raise ConfigError(key, "set by the search (--systems, --seed/--seeds, --rates)", arg)
-    check_group_overrides([*overrides, *(f"system={s}" for s in systems)])
+    check_group_overrides(list(overrides))
+    try:
+        check_group_overrides([f"system={s}" for s in systems])
+    except ConfigError as err:  # the flag that named it, not the group
+        raise ConfigError("--systems", err.problem, err.got, err.expected) from None
     check_overrides_compose("simulate", list(overrides))
 
 
@@ -110,20 +115,25 @@ def check_overrides(overrides: Sequence[str], systems: Sequence[str]) -> None:
 class Plan:
     """What the search varies: ``workload.rate``, or for a trace file ``workload.time_scale``
     (``trace_rate``: the trace's mean rate at time_scale 1 over its window, so rate r
-    replays it at time_scale trace_rate / r; ``ceiling``: the whole trace's requests over
-    a ``duration_s`` window, the highest rate that window can hold); ``setting``: the
+    replays it at time_scale trace_rate / r; ``window``: the ``duration_s`` that cuts the
+    trace, if any, scaled alike: the trace is cut after it is scaled, and an unscaled window
+    would hold other requests at each rate, at another rate than named); ``setting``: the
     setting in words."""
 
     setting: str
     trace_rate: float | None = None
-    ceiling: float = math.inf  # above it the window holds the whole trace: its rate is lower
+    window: float | None = None
 
     def rate_overrides(self) -> Callable[[float], list[str]] | None:
-        return None if self.trace_rate is None else partial(_time_scale, self.trace_rate)
+        if self.trace_rate is None:
+            return None
+        return partial(_time_scale, self.trace_rate, self.window)
 
 
-def _time_scale(trace_rate: float, rate: float) -> list[str]:
-    return [f"++workload.time_scale={trace_rate / rate!r}"]  # ++: a group may not name it
+def _time_scale(trace_rate: float, window: float | None, rate: float) -> list[str]:
+    scale = trace_rate / rate
+    cut = [] if window is None else [f"workload.duration_s={window * scale!r}"]
+    return [f"++workload.time_scale={scale!r}", *cut]  # ++: a group may not name it
 
 
 def trace_rate(requests: Sequence[Any], duration_s: float | None, counted: bool) -> float:
@@ -181,18 +191,12 @@ def _plan(cfg: Any, c: Mapping[str, Any], setup: Any) -> Plan:
     window, count = w.get("duration_s"), w.get("num_requests")
     counted = count is not None and len(setup.requests) == int(count)
     base = trace_rate(setup.requests, window, counted)
-    ceiling = math.inf
-    if window is not None and not counted:
-        from experiments.lib.setup import build_requests
-
-        whole = {**c, "workload": {**c["workload"], "duration_s": None}}
-        ceiling = len(build_requests(whole, setup.max_model_len)) / float(window)
     where = "its first" if window is not None or count is not None else "all"
     return Plan(
         f"{setting}; the trace ({where} {len(setup.requests)} requests) runs at "
         f"{base:.3g} req/s: rate r replays it at time_scale {base:.3g}/r",
         base,
-        ceiling,
+        None if window is None else float(window),
     )
 
 
@@ -286,7 +290,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = p.parse_args(argv)
     from experiments.reproduce import check_run_numbers
 
-    systems = [s for s in args.systems.split(",") if s]
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     try:
         rates = _numbers("--rates", args.rates)
         check_run_numbers(args)  # --threshold, --workers, --seeds, --seed
@@ -312,7 +316,7 @@ def main(argv: list[str] | None = None) -> Path:
         seeds = seeds[:1]
     runs_dir = args.out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    from experiments.reproduce import run_recorded
+    from experiments.reproduce import run_recorded, unmeasured_run
 
     t0 = time.perf_counter()
     todo = searches(args.overrides, systems, rates, seeds, args.bisect_evals, args.rate_tol, plan)
@@ -328,18 +332,27 @@ def main(argv: list[str] | None = None) -> Path:
                 found = job.result()
             except ConfigError as err:  # a rate's run cannot run (a step priced out of range)
                 report_config_error(err)
+            if unmeasured_run([], [found]):
+                report_config_error(ConfigError(
+                    "--rates", f"{search.system}'s traces held no request at any rate tried",
+                    args.rates, "rates (or a workload.duration_s) that bring requests",
+                ))  # fmt: skip
             rows += found
+            rejected = max((r.get("rejected") or 0 for r in found), default=0)
+            if rejected:
+                log.warning(
+                    "%s: up to %d request(s) of a run were rejected at admission (never "
+                    "servable here: runs/<label>/metrics.json says why) and fail their rate "
+                    "at any load; leave them out of the trace (workload.apply_filter=true on "
+                    "an Azure trace) or raise the limit that rejects them",
+                    search.system, rejected,
+                )  # fmt: skip
             best = capacity_table(found, search.system)[0]
             note = " (a lower bound: every rate tried passed)" if best["rate_open"] else ""
             if best["max_rate"] == 0:
                 note = f" (no rate passed, down to {rates[0]:g}: lower --rates to bracket it)"
             log.info("%s: %.3g req/s%s after %d runs (%.0f s)", search.system, best["max_rate"],
                      note, len(found), time.perf_counter() - t0)  # fmt: skip
-    over = sorted({r["rate"] for r in rows if r["rate"] > plan.ceiling})
-    if over:
-        log.warning("rates above %.3g req/s (%s) replay the whole trace within the window: "
-                    "their real rate is lower than named; shorten workload.duration_s",
-                    plan.ceiling, ", ".join(f"{r:.3g}" for r in over))  # fmt: skip
     return write_outputs(rows, systems, args.threshold, args.out, plan.setting)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def test_a_search_writes_each_systems_rate_and_the_runs_behind_it(tmp_path: Path
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["--systems", "vllm,my_sys"], "error: system: unknown system (got 'my_sys'"),
+        (["--systems", "vllm,my_sys"], "error: --systems: unknown system (got 'my_sys'"),
+        (["--systems", "vllm, vllm"], "error: --systems: name each system once"),
         (
             ["workload=vllm_log", "workload.path=run"],
             "error: workload: kind 'vllm_log' replays logged arrivals that no key rescales",
@@ -117,3 +119,49 @@ def test_trace_rate_counts_the_window_that_cut_the_trace() -> None:
     assert capacity.trace_rate(reqs, 20.0, counted=False) == pytest.approx(0.5)
     assert capacity.trace_rate(reqs, 20.0, counted=True) == pytest.approx(10 / 9)
     assert capacity.Plan("x", 2.0).rate_overrides()(4.0) == ["++workload.time_scale=0.5"]
+    # a duration window is scaled with the trace: the same requests at every rate
+    assert capacity.Plan("x", 2.0, 30.0).rate_overrides()(4.0) == [
+        "++workload.time_scale=0.5",
+        "workload.duration_s=15.0",
+    ]
+
+
+def test_a_duration_window_replays_the_same_requests_at_every_rate(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    rows = [f"{i * 0.5},{100 + 7 * i},{20 + i % 5}" for i in range(200)]  # 2 req/s
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows))
+    args = ["workload=trace", "workload.kind=vidur", f"workload.path={trace}",
+            "workload.duration_s=30", "--systems", "vllm", "--rates", "1,4",
+            "--bisect-evals", "1", "--workers", "1"]  # fmt: skip
+    out = capacity.main([*args, "--out", str(tmp_path / "out")])
+    runs = pd.read_csv(out / "runs.csv")
+    assert len(set(runs["rate"])) >= 2
+    assert set(runs["num_requests"]) == {60}  # the 60 arrivals of the first 30 s, each rate
+
+
+def test_traces_without_a_request_at_any_rate_are_one_line_before_any_file(
+    tmp_path: Path, capsys
+) -> None:
+    args = ["workload.duration_s=60", "--rates", "0.001,0.002", "--systems", "vllm",
+            "--seeds", "1", "--workers", "1"]  # fmt: skip
+    with pytest.raises(SystemExit) as ended:
+        capacity.main([*args, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ended.value.code == 2
+    assert err.startswith("error: --rates: vllm's traces held no request at any rate tried")
+    assert not (tmp_path / "out" / "capacity.csv").exists()
+
+
+def test_rejected_requests_are_named_in_the_log(tmp_path: Path, caplog) -> None:
+    trace = tmp_path / "trace.csv"
+    rows = [f"{i * 0.5},{100 + 7 * i},{20 + i % 5}" for i in range(40)]
+    rows[3] = "1.5,5000,20"  # over OPT-13B's 2,048-token max_model_len
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows))
+    args = ["workload=trace", "workload.kind=vidur", f"workload.path={trace}",
+            "++workload.apply_filter=false", "--systems", "vllm", "--rates", "1,2",
+            "--bisect-evals", "1",
+            "--workers", "1"]  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        capacity.main([*args, "--out", str(tmp_path / "out")])
+    said = [r.getMessage() for r in caplog.records if "rejected at admission" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("vllm: up to 1 request(s)")
