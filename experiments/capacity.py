@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -200,6 +201,17 @@ def _plan(cfg: Any, c: Mapping[str, Any], setup: Any) -> Plan:
     )
 
 
+def clear_earlier_runs(runs_dir: Path) -> int:
+    """Remove the runs an earlier search left in ``runs_dir`` (``capacity_*`` folders that
+    hold only their ``metrics.json``), so that the folder holds this search's runs alone;
+    how many were removed."""
+    stale = [d for d in runs_dir.glob("capacity_*")
+             if d.is_dir() and {f.name for f in d.iterdir()} <= {"metrics.json"}]  # fmt: skip
+    for run in stale:
+        shutil.rmtree(run)
+    return len(stale)
+
+
 def searches(
     overrides: Sequence[str], systems: Sequence[str], rates: tuple[float, ...],
     seeds: tuple[int, ...], bisect_evals: int, rate_tol: float, plan: Plan,
@@ -316,6 +328,9 @@ def main(argv: list[str] | None = None) -> Path:
         seeds = seeds[:1]
     runs_dir = args.out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
+    stale = clear_earlier_runs(runs_dir)
+    if stale:
+        log.info("removed the %d runs of an earlier search from %s", stale, runs_dir)
     from experiments.reproduce import run_recorded, unmeasured_run
 
     t0 = time.perf_counter()

@@ -165,3 +165,23 @@ def test_rejected_requests_are_named_in_the_log(tmp_path: Path, caplog) -> None:
         capacity.main([*args, "--out", str(tmp_path / "out")])
     said = [r.getMessage() for r in caplog.records if "rejected at admission" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("vllm: up to 1 request(s)")
+
+
+def test_a_second_search_into_the_same_out_keeps_only_its_own_runs(tmp_path: Path) -> None:
+    runs = tmp_path / "out" / "runs"
+    old = runs / "capacity_search_orca_max_rate1_seed0"
+    old.mkdir(parents=True)
+    (old / "metrics.json").write_text("{}")
+    mine = runs / "capacity_notes"  # not a run: kept
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    trace = tmp_path / "trace.csv"
+    rows = [f"{i * 0.5},{100 + 7 * i},{20 + i % 5}" for i in range(40)]
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows))
+    args = ["workload=trace", "workload.kind=vidur", f"workload.path={trace}",
+            "--systems", "vllm", "--rates", "1,2", "--bisect-evals", "1",
+            "--workers", "1"]  # fmt: skip
+    out = capacity.main([*args, "--out", str(tmp_path / "out")])
+    assert not old.exists() and (mine / "notes.txt").is_file()
+    labels = set(pd.read_csv(out / "runs.csv")["label"])
+    assert {d.name for d in runs.iterdir()} == labels | {"capacity_notes"}
