@@ -267,6 +267,8 @@ def print_table(cap: pd.DataFrame, threshold: float) -> str:
         elif r[f"{ref}_bound"] == "bound" and ratio == ratio:
             ratio_text += " (bound)"
         spread = "—" if r["max_rate"] == 0 else f"{r.rate_lo:.3g}–{r.rate_hi:.3g}"
+        if r["rate_open"] and r["max_rate"] > 0:
+            spread = f">={spread}"  # each seed's rate is a floor too
         lines.append(
             f"{r['system']:<20}{rate:>9}{spread:>17}"
             f"{ratio_text:>20}{r['output_throughput_at_rate']:>11.0f}"

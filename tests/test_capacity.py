@@ -89,6 +89,11 @@ def test_a_ratio_to_an_open_or_zero_rate_is_a_bound() -> None:
         cap.loc["orca_max", "max_rate"] == 0 and cap.loc["orca_max", "over_vllm_bound"] == "bound"
     )
     assert math.isnan(cap.loc["orca_max", "output_throughput_at_rate"])  # no rate passed
+    # the printed table marks an open rate's seed range as a floor too
+    open_table = capacity.capacity_frame(open_ref, ["vllm", "orca_max"])
+    line = next(x for x in capacity.print_table(open_table, 1.0).splitlines()
+                if x.startswith("vllm"))  # fmt: skip
+    assert ">=2" in line and ">=2–2" in line
 
 
 def test_a_trace_file_is_searched_by_its_time_scale(tmp_path: Path, capsys) -> None:
