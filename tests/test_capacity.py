@@ -145,7 +145,7 @@ def test_a_duration_window_replays_the_same_requests_at_every_rate(tmp_path: Pat
 
 
 def test_traces_without_a_request_at_any_rate_are_one_line_before_any_file(
-    tmp_path: Path, capsys
+    tmp_path: Path, capsys, caplog
 ) -> None:
     args = ["workload.duration_s=60", "--rates", "0.001,0.002", "--systems", "vllm",
             "--seeds", "1", "--workers", "1"]  # fmt: skip
@@ -155,6 +155,9 @@ def test_traces_without_a_request_at_any_rate_are_one_line_before_any_file(
     assert ended.value.code == 2
     assert err.startswith("error: --rates: vllm's traces held no request at any rate tried")
     assert not (tmp_path / "out" / "capacity.csv").exists()
+    # the empty window is named by its keys, not by the workload's whole dict
+    said = {r.getMessage() for r in caplog.records if "holds no request" in r.getMessage()}
+    assert said == {"the workload holds no request (workload.rate=0.001, workload.duration_s=60)"}
 
 
 def test_rejected_requests_are_named_in_the_log(tmp_path: Path, caplog) -> None:

@@ -238,7 +238,9 @@ def build_requests(
             "workload.path", "no requests (empty, or every request filtered out)", workload["path"]
         )
     if not requests:
-        log.warning("the workload holds no request (%s)", workload)
+        window = {k: workload.get(k) for k in ("rate", "duration_s", "num_requests")}
+        said = ", ".join(f"workload.{k}={v}" for k, v in window.items() if v is not None)
+        log.warning("the workload holds no request (%s)", said or workload.get("kind"))
     check_arrivals_resolvable(workload, requests)
     return requests
 
