@@ -165,6 +165,7 @@ profile_complete() { # the profile part wrote a whole profile ("complete": true)
 wheels=(.whl/*.whl)
 if [ -e "${wheels[0]}" ]; then
     site=$(mktemp -d "${TMPDIR:-/tmp}/kvlab-site.XXXXXX")
+    trap 'rm -rf "$site"' EXIT # the wheels' install is this run's alone
     echo "== installing ${#wheels[@]} wheels from .whl/ into $site"
     if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --target "$site" "${wheels[@]}"; then
