@@ -28,6 +28,8 @@ DEVICE_BUDGET_S = 9 * 60
 STUB = r"""#!/usr/bin/env bash
 echo "PYTHONPATH=${PYTHONPATH:-} $* TRITON_INTERPRET=${TRITON_INTERPRET:-}" >>"$STUB_LOG"
 if [ "$1 $2" = "-m pip" ]; then exec "$REAL_PYTHON" "$@"; fi
+site=${PYTHONPATH%%:*}  # what the wheels' install holds while the script runs
+[ -n "$site" ] && [ ! -e "$STUB_LOG.site" ] && ls "$site" >"$STUB_LOG.site"
 out="" prev=""
 for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done
 [ "$2" = "${STUB_FAIL:-}" ] && { echo "stub: $2 fails"; exit 3; }
@@ -184,8 +186,10 @@ def test_wheels_are_installed_and_put_on_pythonpath(tmp_path: Path) -> None:
     log = calls(tmp_path)
     assert " -m pip install " in log[0] and "--no-index --no-deps" in log[0]
     site = Path(log[1].split()[0].removeprefix("PYTHONPATH="))
-    assert (site / "simpy").is_dir() and (site / "hydra").is_dir()
+    held = (tmp_path / "calls.log.site").read_text().split()
+    assert "simpy" in held and "hydra" in held
     assert all(c.startswith(f"PYTHONPATH={site} ") for c in log[1:])
+    assert not site.exists()  # removed when the script ended
 
 
 def test_the_pack_is_brought_up_to_date_after_every_part(tmp_path: Path) -> None:
