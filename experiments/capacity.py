@@ -38,7 +38,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -173,12 +173,12 @@ def check_configs(overrides: Sequence[str], systems: Sequence[str], rate: float)
         check_config(c, "simulate")
         setup = build_setup(c)
         if plan is None:
-            plan = _plan(cfg, c, setup)
+            plan = _plan(cfg, setup)
     assert plan is not None
     return plan
 
 
-def _plan(cfg: Any, c: Mapping[str, Any], setup: Any) -> Plan:
+def _plan(cfg: Any, setup: Any) -> Plan:
     w = cfg.workload
     stack = getattr(getattr(setup.cost_model, "stack", None), "name", "none")
     setting = (
