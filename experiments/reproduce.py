@@ -56,7 +56,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -74,7 +74,7 @@ from experiments.lib.jobs import (
     launcher_exists,
     on_search_path,
 )
-from experiments.lib.pool import worker_pool
+from experiments.lib.pool import launch_threads, worker_pool
 from experiments.lib.results import write_json
 from experiments.lib.setup import build_setup
 from experiments.report import fig12_rates, selection, sharing
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> Path:
     global _LAUNCH
     if args.launcher:
         _LAUNCH = LaunchQueue(args.launcher, runs_dir, args.launcher_override)
-    executor = ThreadPoolExecutor(64) if _LAUNCH else worker_pool(max(1, args.workers))
+    executor = launch_threads(_LAUNCH) if _LAUNCH else worker_pool(max(1, args.workers))
     with executor as pool:
         fig2_jobs = {
             s: pool.submit(run_one, f"fig2_{s}", [*base, f"system={s}", "workload.rate=2.0"],

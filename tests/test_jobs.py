@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,40 @@ def test_a_stopped_launcher_fails_every_later_request_at_once(tmp_path: Path, mo
     with pytest.raises(LauncherStopped):
         queue.run("b", SMALL)  # no second launch: the reproduction ends instead
     assert calls == [1]
+
+
+def test_an_abandoned_queue_fails_its_jobs_in_flight_and_later_at_once(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`reproduce --launcher` stopped (Ctrl-C, SIGTERM) must not wait for the launch in
+    flight: its callers fail now, and the launch ending later settles nothing twice."""
+    started, release = threading.Event(), threading.Event()
+
+    def blocked(js, *args, **kwargs):
+        started.set()
+        release.wait(60)
+        return [{"done": True} for _ in js]
+
+    monkeypatch.setattr(jobs, "launch", blocked)
+    queue = LaunchQueue("basic", tmp_path, gather_s=0.01)
+    outcome: list[BaseException] = []
+
+    def caller() -> None:
+        try:
+            queue.run("a", SMALL)
+        except KeyboardInterrupt as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    assert started.wait(30)
+    queue.abandon(KeyboardInterrupt())
+    thread.join(5)
+    assert not thread.is_alive() and len(outcome) == 1
+    with pytest.raises(KeyboardInterrupt):
+        queue.run("b", SMALL)
+    errors: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    release.set()  # the launch returns into futures already failed
+    time.sleep(0.3)
+    assert errors == []

@@ -9,12 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
 from experiments.lib.pool import worker_pool
+from experiments.lib.signals import TERMINATED_STATUS, Terminated
 from experiments.report.selection import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,8 +31,21 @@ def _succeeded(job: Future) -> bool:
     return job.done() and not job.cancelled() and job.exception() is None
 
 
-def _ctrl_c_disposition() -> bool:
-    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+def _group_ends(group: int, within_s: float = 10.0) -> bool:
+    """No process of the command's group is left within ``within_s``: a helper process
+    (e.g. a resource tracker) exits once the main one has gone."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _signals_ignored() -> bool:
+    return all(signal.getsignal(sig) is signal.SIG_IGN for sig in (signal.SIGINT, signal.SIGTERM))
 
 
 def test_an_interrupt_in_the_block_cancels_the_queue_and_kills_the_workers() -> None:
@@ -49,9 +64,19 @@ def test_a_config_error_leaves_the_block_at_once_too() -> None:
     assert all(job.done() for job in jobs) and not any(_succeeded(job) for job in jobs)
 
 
-def test_workers_leave_ctrl_c_to_the_main_process_and_a_normal_block_waits() -> None:
+def test_a_sigterm_in_the_block_is_an_interrupt_and_the_handler_is_restored_after() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated), worker_pool(1) as pool:
+        job = pool.submit(_sleep, 30.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises at once; this only keeps the test from passing late
+    assert job.done() and not _succeeded(job)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_workers_leave_signals_to_the_main_process_and_a_normal_block_waits() -> None:
     with worker_pool(2) as pool:
-        ignored = [pool.submit(_ctrl_c_disposition) for _ in range(4)]
+        ignored = [pool.submit(_signals_ignored) for _ in range(4)]
         slept = pool.submit(_sleep, 0.2)
     assert all(job.result() for job in ignored)
     assert slept.done() and slept.result() == 0.2
@@ -85,9 +110,20 @@ def test_a_figure_is_said_done_only_when_every_run_finished(
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_reproduce_in_one_line(tmp_path: Path) -> None:
-    """Uninterrupted, this selection runs for minutes on one worker; a Ctrl-C a few seconds
-    in ends it with one line (the 60 s bound only keeps a broken pool from hanging CI)."""
+@pytest.mark.parametrize(
+    ("how", "send", "statuses"),
+    [
+        ("Ctrl-C", lambda pid: os.killpg(pid, signal.SIGINT), (-signal.SIGINT, 130)),
+        # `kill PID`: the main process alone gets it, and must stop its workers itself
+        ("SIGTERM", lambda pid: os.kill(pid, signal.SIGTERM), (TERMINATED_STATUS,)),
+    ],
+)
+def test_an_interrupt_stops_reproduce_in_one_line(
+    tmp_path: Path, how: str, send: Callable[[int], None], statuses: tuple[int, ...]
+) -> None:
+    """Uninterrupted, this selection runs for minutes on one worker; an interrupt a few
+    seconds in ends it with one line and no process left (the 60 s bound only keeps a broken
+    pool from hanging CI)."""
     cmd = [sys.executable, "-m", "experiments.reproduce", "--figures", "fig18b",
            "--workers", "1", "--duration", "3600", "--out", str(tmp_path / "out")]  # fmt: skip
     proc = subprocess.Popen(
@@ -100,14 +136,74 @@ def test_ctrl_c_stops_reproduce_in_one_line(tmp_path: Path) -> None:
         if "figures:" in line:
             break
     time.sleep(3)
-    os.killpg(proc.pid, signal.SIGINT)
+    send(proc.pid)
     try:
         _, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        pytest.fail("reproduce ran on for a minute after Ctrl-C")
-    assert proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT)
-    assert err.strip().splitlines()[-1] == "interrupted (Ctrl-C)"
+        pytest.fail(f"reproduce ran on for a minute after {how}")
+    assert proc.returncode in statuses
+    assert err.strip().splitlines()[-1] == f"interrupted ({how})"
     assert "Traceback" not in err and "jobs done" not in err
     assert not (tmp_path / "out" / "report.md").exists()
+    assert _group_ends(proc.pid)
+
+
+_CHILDREN = """
+import subprocess, sys
+from experiments.lib.pool import _descendants, _running, stop_child_processes
+# a child that ignores SIGTERM (SIGKILL must follow) and a grandchild under a shell
+stubborn = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+shell = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
+import time; time.sleep(0.5)
+found = _descendants(__import__("os").getpid())
+assert stubborn.pid in found and shell.pid in found and len(found) == 3, found
+stop_child_processes(grace_s=0.5)
+time.sleep(0.2)
+print(sorted(p for p in found if _running(p)))
+"""
+
+
+def test_stop_child_processes_ends_children_and_grandchildren() -> None:
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("reads /proc")
+    # in a process of its own: the test's process may have children of other tests
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILDREN], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_sigterm_stops_reproduce_on_a_launcher_and_its_workers(tmp_path: Path) -> None:
+    """`kill PID` reaches `reproduce --launcher joblib`'s main process alone: it stops the
+    launcher's workers itself, marks the runs in flight interrupted and prints one line."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "experiments.reproduce", "--figures", "fig18b",
+           "--launcher", "joblib", "--duration", "3600", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "figures:" in line:
+            break
+    time.sleep(8)  # the joblib workers start and take their first runs
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("reproduce --launcher ran on for a minute after SIGTERM")
+    assert proc.returncode == TERMINATED_STATUS
+    assert err.strip().splitlines()[-1] == "interrupted (SIGTERM)"
+    assert "Traceback" not in err
+    assert not (out / "report.md").exists()
+    assert "interrupted" in (out / "runs" / "index.csv").read_text()
+    assert _group_ends(proc.pid)

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,6 +218,7 @@ class LaunchQueue:
         self.launcher_overrides = list(launcher_overrides)
         self.gather_s = gather_s
         self._pending: list[tuple[Job, Future]] = []
+        self._in_flight: list[tuple[Job, Future]] = []
         self._stopped: BaseException | None = None  # a launcher that stopped: no more batches
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -241,6 +242,7 @@ class LaunchQueue:
             time.sleep(self.gather_s)  # let the other threads' requests arrive
             with self._lock:
                 batch, self._pending = self._pending, []
+                self._in_flight = batch
                 self._wake.clear()
             if not batch:
                 continue
@@ -253,8 +255,28 @@ class LaunchQueue:
             except BaseException as e:  # handed to every waiting caller
                 if type(e).__name__ == "LauncherStopped":
                     self._stopped = e
-                for _, future in batch:
-                    future.set_exception(e)
+                _settle(batch, [e] * len(batch))
                 continue
-            for (_, future), m in zip(batch, metrics, strict=True):
-                future.set_result(m)
+            _settle(batch, metrics)
+
+    def abandon(self, why: BaseException) -> None:
+        """Fail every job waiting or in flight with ``why`` now, so that their callers
+        return, and take no more. The launch in flight is left to the daemon thread: the
+        caller stops its processes (:func:`experiments.lib.pool.launch_threads`)."""
+        with self._lock:
+            self._stopped = why
+            dropped, self._pending = [*self._in_flight, *self._pending], []
+        _settle(dropped, [why] * len(dropped))
+
+
+def _settle(batch: Sequence[tuple[Job, Future]], outcomes: Sequence[Any]) -> None:
+    """Each job's future gets its outcome (an exception is raised by its caller), unless
+    :meth:`LaunchQueue.abandon` settled it first."""
+    for (_, future), outcome in zip(batch, outcomes, strict=True):
+        try:
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        except InvalidStateError:  # abandoned: the caller has gone on
+            pass
