@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -62,27 +62,29 @@ def worker_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
 @contextmanager
 def launch_threads(queue: LaunchQueue, threads: int = 64) -> Iterator[ThreadPoolExecutor]:
     """Threads that hand jobs to ``queue`` (``reproduce --launcher``). When the block ends
-    on an exception (Ctrl-C, SIGTERM, an error), this process's child processes, a local
-    launcher's workers, get a SIGTERM (each job in flight marks its run ``interrupted``) and
-    a SIGKILL if still there 3 s later; the queue's jobs fail at once, and the exception goes
-    on. Jobs a remote launcher (Slurm) already submitted are its own."""
+    on an exception (Ctrl-C, SIGTERM, an error), the processes started during the block and
+    their children (a local launcher's workers) get a SIGTERM, on which each job in flight
+    marks its run ``interrupted``, and a SIGKILL if still there 3 s later; the queue's jobs
+    fail at once, and the exception goes on. Jobs a remote launcher (Slurm) already
+    submitted are its own."""
     pool = ThreadPoolExecutor(threads)
+    before = set(_descendants(os.getpid()))
     try:
         with sigterm_as_interrupt():
             yield pool
     except BaseException as exc:
         pool.shutdown(wait=False, cancel_futures=True)
-        stop_child_processes()
+        stop_child_processes(spared=before)
         queue.abandon(exc)
         pool.shutdown(wait=True)
         raise
     pool.shutdown(wait=True)
 
 
-def stop_child_processes(grace_s: float = 3.0) -> None:
-    """SIGTERM to every descendant process of this one, then SIGKILL to those still running
-    ``grace_s`` later. Linux only (reads ``/proc``); elsewhere it does nothing."""
-    targets = _descendants(os.getpid())
+def stop_child_processes(grace_s: float = 3.0, spared: Collection[int] = ()) -> None:
+    """SIGTERM to every descendant process of this one but ``spared``, then SIGKILL to those
+    still running ``grace_s`` later. Linux only (reads ``/proc``); elsewhere it does nothing."""
+    targets = [pid for pid in _descendants(os.getpid()) if pid not in spared]
     for pid in targets:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -95,7 +97,7 @@ def stop_child_processes(grace_s: float = 3.0) -> None:
 
 def _descendants(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
+    for entry in Path("/proc").glob("[0-9]*"):  # none where there is no /proc
         stat = _stat(int(entry.name))
         if stat is not None:
             children.setdefault(int(stat[1]), []).append(int(entry.name))
