@@ -53,7 +53,7 @@ import pandas as pd
 from core.metrics.summary import rejection_counts
 from core.workload.trace_io import TraceFormatError
 from core.workload.vllm_log import LoggedRequest
-from experiments.lib.args import OneLineParser
+from experiments.lib.args import OneLineParser, out_dir_problem
 from experiments.lib.results import REJECT_LABELS, write_json
 from experiments.lib.vllm_fit import BOUNDS, calibrate
 from experiments.lib.vllm_run import (
@@ -177,8 +177,9 @@ def run_calibration(
     outside the model's vocabulary, as ``experiments.simulate`` rejects it) are left out of
     both sides' metrics and named in ``notes``."""
     check_split(split)
-    if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise RunError(f"--out {out}: exists and is not a directory")
+    problem = None if out is None else out_dir_problem(Path(out))
+    if problem is not None:
+        raise RunError(f"--out: {problem}")
     gpu = resolve_gpu(hardware)
     run = read_run(run_dir, workload)
     device_note = check_device(run, gpu, hardware, allow_device_mismatch)
@@ -230,7 +231,10 @@ def run_calibration(
         result["simulate_command"] = simulate_command(
             run, run_dir, hardware, model_arg, blocks, workload, out / "calibration.json"
         )
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunError(f"--out: cannot make {out} ({e.strerror})") from None
         write_json(out / "errors.json", result)
         doc = cal_model.to_dict()
         doc.update(

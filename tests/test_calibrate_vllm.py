@@ -269,7 +269,17 @@ def test_small_logs_and_bad_out_fail_before_any_work(
     assert "the log holds 1 request" in capsys.readouterr().err
     (tmp_path / "afile").write_text("")
     assert main([str(run), "--hardware", "rtx4090", "--out", str(tmp_path / "afile")]) == 2
-    assert "exists and is not a directory" in capsys.readouterr().err
+    assert "--out: " in capsys.readouterr().err
+    # under a file: refused before the simulation, not by mkdir after it
+    under = str(tmp_path / "afile" / "sub")
+    assert main([str(run), "--hardware", "rtx4090", "--out", under]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"calibrate_vllm: error: --out: {under} lies under {tmp_path / 'afile'}, a " + (
+        "file, not a folder"
+    )
+    missing = str(tmp_path / "nowhere" / "config.json")
+    assert main([str(run), "--hardware", "rtx4090", "--model", missing, "--out", "o"]) == 2
+    assert f"--model {missing}: no such file" in capsys.readouterr().err
     assert main([str(run), "--hardware", str(tmp_path / "no.yaml"), "--out", "o"]) == 2
     assert "no.yaml: no such file" in capsys.readouterr().err
 
@@ -302,3 +312,21 @@ def test_part_metrics_count_every_sample_as_summarize_does() -> None:
     })  # fmt: skip
     assert part_metrics(frame, {0, 1})["output_throughput"] == 50 / 2.0
     assert part_metrics(frame.drop(columns="num_seqs"), {0, 1})["output_throughput"] == 10.0
+
+
+def test_the_readers_warnings_are_notes_in_errors_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A log shorter than meta.json's num_requests (a run cut short) is said once, as a
+    note on stderr and in errors.json's notes, not only as a bare line on stderr."""
+    run = _fake_run(tmp_path, n=16)
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "num_requests": 20}))
+    out = tmp_path / "out"
+    assert main([str(run), "--hardware", "rtx4090", "--out", str(out)]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "num_requests" in line]
+    assert len(said) == 1 and said[0].startswith("calibrate_vllm: note: ")
+    assert "16 requests, but meta.json's num_requests is 20" in said[0]
+    notes = json.loads((out / "errors.json").read_text())["notes"]
+    assert [n for n in notes if "num_requests" in n] == [said[0].removeprefix(
+        "calibrate_vllm: note: ")]  # fmt: skip

@@ -246,6 +246,15 @@ def test_a_tensor_parallel_size_recorded_twice_in_disagreement_is_noted(tmp_path
         "tensor-parallel size 2 is more than hardware.device_count 1: the run is simulated "
         "with tp=2 (engine_kwargs.tensor_parallel_size)"
     )
+    both = read_run(_run(tmp_path / "b", edit=lambda meta: (
+        _set("engine_kwargs.tensor_parallel_size", 2)(meta),
+        _set("resolved_config.parallel_config.tensor_parallel_size", 1)(meta),
+        _set("hardware.device_count", 1)(meta),
+    )))  # fmt: skip
+    assert [n.split(": ", 1)[1].split(" ", 1)[0] for n in both.notes] == [
+        "engine_kwargs.tensor_parallel_size",
+        "tensor-parallel",
+    ]  # the record in disagreement, then the devices too few: neither hides the other
     assert read_run(_run(tmp_path / "ok")).notes == []
     with pytest.raises(RunError, match=r"hardware\.device_count must be a whole number >= 1, "
                                        r"got 0$"):  # fmt: skip

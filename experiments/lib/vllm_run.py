@@ -6,8 +6,10 @@ simulator cannot price is refused by name (:class:`RunError`); nothing is guesse
 from __future__ import annotations
 
 import json
+import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -21,6 +23,7 @@ from core.model_spec import DTYPE_BYTES as MODEL_DTYPE_BYTES
 from core.model_spec import ModelSpec
 from core.request import Request
 from core.sched.base import SchedulerConfig
+from core.workload import vllm_log as vllm_log_module
 from core.workload.vllm_log import (
     LoggedRequest,
     check_dataset_hash,
@@ -194,8 +197,41 @@ def read_run(run_dir: Path, workload: Path | None = None) -> VLLMRun:
     that is not, or a key on the way that is not a JSON object, is an error naming meta.json
     and the key, never converted. ``model`` must be a string; timeseries.csv all numbers
     (:func:`read_timeseries`). A ``workload`` whose sha256 is not meta.json's
-    ``dataset_hash`` gives a warning (:func:`~core.workload.vllm_log.check_dataset_hash`)."""
-    run_dir = Path(run_dir)
+    ``dataset_hash`` gives a warning (:func:`~core.workload.vllm_log.check_dataset_hash`).
+    The readers' warnings (a log shorter than meta.json's ``num_requests``, that hash,
+    outputs shorter than their row's) are the run's ``notes``, not printed here."""
+    with _reader_warnings() as warned:
+        run = _read_run(Path(run_dir), workload)
+    return replace(run, notes=[*warned, *run.notes])
+
+
+@contextmanager
+def _reader_warnings() -> Iterator[list[str]]:
+    """The warnings :mod:`core.workload.vllm_log` logs in the block, kept in a list instead
+    of printed (also when a Hydra app run earlier in the process disabled the logger)."""
+    reader_log = logging.getLogger(vllm_log_module.__name__)
+    kept: list[str] = []
+    handler = _KeepMessages(kept)
+    reader_log.addHandler(handler)
+    propagate, reader_log.propagate = reader_log.propagate, False
+    disabled, reader_log.disabled = reader_log.disabled, False
+    try:
+        yield kept
+    finally:
+        reader_log.removeHandler(handler)
+        reader_log.propagate, reader_log.disabled = propagate, disabled
+
+
+class _KeepMessages(logging.Handler):
+    def __init__(self, kept: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.kept = kept
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.kept.append(record.getMessage())
+
+
+def _read_run(run_dir: Path, workload: Path | None) -> VLLMRun:
     meta_path = run_dir / "meta.json"
     if not meta_path.is_file():
         raise RunError(f"{meta_path}: not found (a vLLM run directory holds meta.json)")
@@ -318,15 +354,16 @@ def read_timeseries(ts_path: Path) -> pd.DataFrame | None:
 
 
 def _tp_notes(meta: dict[str, Any], meta_path: Path, keys: tuple[str, str], tp: int) -> list[str]:
-    """One line when meta.json's other record of the tensor-parallel size (``keys[1]``,
-    or ``hardware.device_count`` when fewer devices than ``tp``) disagrees with the ``tp``
-    read, saying which is used."""
+    """A line for each of meta.json's other records of the tensor-parallel size that
+    disagrees with the ``tp`` read (``keys[1]``; ``hardware.device_count`` when fewer
+    devices than ``tp``), saying which is used."""
+    notes = []
     used = _meta_entry(meta, meta_path, *keys, default=None)[0]
     if used == keys[0]:
         other = _meta_entry(meta, meta_path, keys[1], default=None)[1]
         if other is not None and other != tp:
-            return [f"{meta_path}: {keys[0]} {tp} and {keys[1]} {other!r} disagree: "
-                    f"the run is simulated with tp={tp} ({keys[0]})"]  # fmt: skip
+            notes.append(f"{meta_path}: {keys[0]} {tp} and {keys[1]} {other!r} disagree: "
+                         f"the run is simulated with tp={tp} ({keys[0]})")  # fmt: skip
     devices = _meta_entry(meta, meta_path, "hardware.device_count", default=None)[1]
     if devices is not None and not (_whole(devices) and devices >= 1):
         raise RunError(
@@ -334,9 +371,10 @@ def _tp_notes(meta: dict[str, Any], meta_path: Path, keys: tuple[str, str], tp: 
         )
     if devices is not None and devices < tp:
         where = used or "the default, no tensor_parallel_size being recorded"
-        return [f"{meta_path}: tensor-parallel size {tp} is more than hardware.device_count "
-                f"{devices!r}: the run is simulated with tp={tp} ({where})"]  # fmt: skip
-    return []
+        notes.append(f"{meta_path}: tensor-parallel size {tp} is more than "
+                     f"hardware.device_count {devices!r}: the run is simulated with tp={tp} "
+                     f"({where})")  # fmt: skip
+    return notes
 
 
 def _dtype(meta: dict[str, Any], meta_path: Path) -> str:
@@ -377,9 +415,12 @@ def _refuse_unmodelled(meta: dict[str, Any], meta_path: Path, dtype: str) -> Non
 def resolve_model(arg: str | None, run: VLLMRun) -> ModelSpec:
     """``--model``: a catalog name or HF id, or a ``config.json`` path; default the run's
     model id from meta.json. A name the catalog does not know is a RunError naming where
-    it came from (``--model``, or meta.json's key) and the catalog's names."""
+    it came from (``--model``, or meta.json's key) and the catalog's names; a ``.json``
+    path that is not there, a RunError saying so."""
     if arg is not None and Path(arg).exists():
         return ModelSpec.from_json(arg)
+    if arg is not None and Path(arg).suffix == ".json":
+        raise RunError(f"--model {arg}: no such file (a config.json, or a model name or HF id)")
     try:
         return get_model(arg or run.model_name)
     except KeyError as e:
