@@ -319,7 +319,11 @@ def main(cfg: DictConfig) -> None:
         "serve",
         cfg,
         run,
-        lambda m: summary_line(m, f"on {m['hardware']} ({m['device']}, {m['threads']} threads)"),
+        lambda m: summary_line(
+            m,
+            f"on {m['hardware']} ({m['device']}, {m['threads']} "
+            f"thread{'' if m['threads'] == 1 else 's'})",
+        ),
     )
 
 
