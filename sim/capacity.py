@@ -227,13 +227,28 @@ def kv_capacity(
         "kv_cache": "the rest",
     }
     derived = num_gpu_blocks is None and kv_cache_bytes is None  # else the given cache's
+    need = model.max_model_len if max_model_len is None else max_model_len
+    # the derived cache's way out: enough of the GPU for the reserved memory and one sequence
+    one_sequence = -(-need // max(block_size, 1)) * max(block_size, 1) * per_token
+    more_memory = (
+        f"raise gpu_memory_utilization to {_utilization_for(reserved + one_sequence, total)}"
+        if derived and reserved + one_sequence <= total
+        else ""
+    )
     if derived and weights + acts + graphs + non_torch_bytes >= usable:
         hint = ""
         if weights + graphs + non_torch_bytes < usable:  # the profile run's peak is too much
+            forward = activation_bytes(model, tp, max_num_batched_tokens, 0, dtype_bytes)
             hint = (
                 f"; the weights fit: the activations are a profile run of "
                 f"{max_num_batched_tokens} tokens (max_num_batched_tokens)"
+                if acts <= forward
+                else f"; the weights fit: the activations are the profile run's sampler on "
+                f"{min(max_num_batched_tokens, max_num_seqs)} rows (max_num_seqs) × "
+                f"{model.vocab_size} logits"
             )
+        if more_memory:
+            hint += f"; or {more_memory}"
         raise ValueError(
             f"{model.name} does not fit on {tp} × {gpu.name}: weights {weights / GIB:.2f} GiB "
             f"+ activations {acts / GIB:.2f} GiB + CUDA graphs {graphs / GIB:.2f} GiB "
@@ -258,18 +273,29 @@ def kv_capacity(
             f"{kind}"
         )
     slots = kv // per_token
-    need = model.max_model_len if max_model_len is None else max_model_len
     whole = slots // block_size * block_size  # a sequence holds whole blocks
     if whole < need:
+        fixes = [
+            *(["lower system.max_model_len"] if whole else []),
+            *([more_memory] if more_memory else []),
+            *([] if derived else ["give a larger cache"]),
+        ]
+        fix = " or ".join(fixes) or "the GPU is too small for it"
         raise ValueError(
             f"KV cache of {model.name} on {tp} × {gpu.name} holds {whole} tokens "
             f"({whole // block_size} block(s) of {block_size}), fewer than one "
-            f"max_model_len={need} sequence; lower system.max_model_len"
+            f"max_model_len={need} sequence; {fix}"
         )
     return KVCapacity(
         tp, total, weights, acts, kv, per_token, slots, graphs, non_torch_bytes,
         usable, source,
     )  # fmt: skip
+
+
+def _utilization_for(needed: int, total: int) -> str:
+    """A ``gpu_memory_utilization`` (2 decimals, rounded up) whose share of ``total`` bytes
+    holds ``needed`` bytes."""
+    return f"{min(1.0, math.floor(needed / total * 100 + 1) / 100):.2f}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -411,7 +411,8 @@ def test_serve_cli_prints_table_with_device(tmp_path: Path) -> None:
     status, out, err = run_cli(serve, [*SERVE_SMALL, "threads=1"], tmp_path)
     assert status == 0, err
     assert "Successful requests:" in out and "3/3 done" in out
-    assert f"{torch.get_num_threads()} threads" in out
+    threads = torch.get_num_threads()
+    assert f"{threads} thread{'' if threads == 1 else 's'})" in out
 
 
 def test_an_index_that_cannot_be_written_is_refused_before_the_run(tmp_path: Path) -> None:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import re
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from experiments.lib.checks import ConfigError
 from experiments.lib.setup import build_setup, served_max_model_len
 from sim.capacity import activation_bytes, kv_capacity
 from sim.catalog import GIB, get_model
@@ -98,3 +103,65 @@ def test_a_given_cache_is_not_held_to_the_derived_budget() -> None:
         kv_capacity(model, gpu, gpu_memory_utilization=0.5)
     cap = kv_capacity(model, gpu, gpu_memory_utilization=0.5, kv_cache_bytes=12 * 1024**3)
     assert cap.num_slots == 12 * 1024**3 // (2 * 40 * 5120 * 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    model=st.sampled_from(["opt-13b", "llama-3.1-8b", "qwen3-8b", "opt-6.7b"]),
+    gpu=st.sampled_from(["a100-40gb", "rtx4090", "l40s"]),
+    utilization=st.floats(0.3, 0.95),
+    max_model_len=st.sampled_from([None, 2048, 8192]),
+    max_num_seqs=st.sampled_from([8, 256, 1024]),
+)
+def test_a_raised_utilization_the_error_names_is_enough(
+    model: str, gpu: str, utilization: float, max_model_len: int | None, max_num_seqs: int
+) -> None:
+    """Where a derived cache is too small, the gpu_memory_utilization the error offers
+    gives one that holds a max_model_len sequence; none is offered when even all of the
+    GPU would not, and the sampler is named when its rows make the activations' peak."""
+    args = {"max_num_batched_tokens": 2048 if max_model_len is None else max_model_len,
+            "max_num_seqs": max_num_seqs, "max_model_len": max_model_len}  # fmt: skip
+    try:
+        kv_capacity(model, gpu, gpu_memory_utilization=utilization, **args)
+        return
+    except ValueError as exc:
+        text = str(exc)
+    offered = re.search(r"raise gpu_memory_utilization to (\d\.\d\d)", text)
+    at_full = None
+    try:
+        kv_capacity(model, gpu, gpu_memory_utilization=1.0, **args)
+    except ValueError as exc:
+        at_full = exc
+    assert (offered is None) == (at_full is not None), text
+    if offered is not None:
+        assert kv_capacity(model, gpu, gpu_memory_utilization=float(offered[1]), **args)
+    if "(max_num_seqs)" in text:
+        assert activation_bytes(get_model(model), 1, args["max_num_batched_tokens"], 0) < (
+            activation_bytes(get_model(model), 1, args["max_num_batched_tokens"], max_num_seqs)
+        )
+
+
+def test_the_sampler_and_an_empty_cache_get_advice_that_helps() -> None:
+    """OPT-13B on an A100-40GB at 60 %: the weights fit, the sampler's 256 rows make the
+    activations' peak (lowering the token budget would not help) and 65 % of the GPU is
+    enough; a given cache too small for one block is told to grow, not to shorten the
+    context."""
+    with pytest.raises(ConfigError) as info:
+        build_setup(_opt13b(gpu_memory_utilization=0.6))
+    assert info.value.key == "system.max_num_seqs"
+    assert "sampler on 256 rows (max_num_seqs)" in str(info.value)
+    assert str(info.value).endswith("set it lower; or raise gpu_memory_utilization to 0.65")
+    assert build_setup(_opt13b(gpu_memory_utilization=0.65)).capacity.num_slots >= 2048
+    with pytest.raises(ConfigError) as info:
+        build_setup(_opt13b(kv_cache_gb=0.01))
+    assert info.value.key == "kv_cache_gb" and str(info.value).endswith("give a larger cache")
+
+
+def _opt13b(**top: object) -> dict:
+    return {
+        "model": {"name": "opt-13b", "tp": 1},
+        "hardware": {"name": "a100-40gb"},
+        "system": {"name": "vllm"},
+        "workload": {"kind": "synthetic", "rate": 1.0, "num_requests": 2},
+        **top,
+    }

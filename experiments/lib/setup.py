@@ -530,20 +530,28 @@ def run_capacity(args: Mapping[str, Any], limits: BatchLimits | None = None) -> 
     """:func:`sim.capacity.kv_capacity` of ``args``; an impossible cache is a ConfigError
     naming the key at fault (:func:`capacity_error_key`). Where the weights fit but the
     profile run's activations do not, ``limits`` (how the token budget was set) names the
-    key to lower: the budget when given, else ``system.max_model_len`` when vLLM v0's
-    default took the budget from it."""
+    key to lower: ``system.max_num_seqs`` when the sampler's rows make the peak, else the
+    budget when given, else ``system.max_model_len`` when vLLM v0's default took the budget
+    from it."""
     try:
         return kv_capacity(**args)
     except ValueError as exc:
         text = str(exc)
         if "the weights fit" not in text or limits is None:
             raise ConfigError(capacity_error_key(text, args), text) from None
+        # the key's advice before kv_capacity's other way out (more of the GPU)
+        problem, other, more_memory = text.partition("; or raise gpu_memory_utilization")
+        tail = other + more_memory
+        if "(max_num_seqs)" in problem:
+            raise ConfigError("system.max_num_seqs", f"{problem}; set it lower{tail}") from None
         if limits.tokens_source.startswith("max_model_len"):
             raise ConfigError(
-                "system.max_model_len", f"{text}; the budget defaults to max_model_len: set "
-                "system.max_model_len (or system.max_num_batched_tokens) lower",
+                "system.max_model_len", f"{problem}; the budget defaults to max_model_len: set "
+                f"system.max_model_len (or system.max_num_batched_tokens) lower{tail}",
             ) from None  # fmt: skip
-        raise ConfigError("system.max_num_batched_tokens", f"{text}; set it lower") from None
+        raise ConfigError(
+            "system.max_num_batched_tokens", f"{problem}; set it lower{tail}"
+        ) from None
 
 
 # Memory a run's system group reserves beside the weights: key -> kv_capacity argument.
@@ -570,8 +578,10 @@ def capacity_error_key(text: str, args: Mapping[str, Any]) -> str:
     for key, arg in _RESERVED:
         if args[arg] and _fits({**args, arg: 0}):
             return key
-    if about_cache and "max_model_len" in text:
+    if about_cache and "lower system.max_model_len" in text:
         return "system.max_model_len"
+    if about_cache and "raise gpu_memory_utilization" in text:
+        return "gpu_memory_utilization"
     return "kv_cache_gb" if about_cache else "model"
 
 
