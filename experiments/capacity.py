@@ -72,7 +72,13 @@ DEFAULT_SYSTEMS = "vllm,orca_oracle,orca_pow2,orca_max"
 DEFAULT_RATES = "0.25,0.5,1,2,4"
 GROW_TO = 64.0  # a rate passing at the grid's top grows 1.5x up to this multiple of it
 MAX_BACKLOG = 0.1  # as Fig. 12's searches (experiments.report.fig12_rates.MAX_BACKLOG)
-SEARCH_KEYS = ("system", "seed", "workload.rate", "workload.time_scale")
+# the keys each search sets itself, and the flag that sets them
+SEARCH_KEYS = {
+    "system": "--systems names the systems",
+    "seed": "--seed/--seeds the seeds",
+    "workload.rate": "--rates the rates",
+    "workload.time_scale": "--rates the rates",
+}
 # the metrics of capacity.csv's runs at the sustainable rate (means over seeds)
 AT_RATE = (
     "request_throughput", "output_throughput", "normalized_latency", "mean_ttft_ms",
@@ -101,9 +107,12 @@ def check_overrides(overrides: Sequence[str], systems: Sequence[str]) -> None:
     for arg in overrides:
         if arg not in override_args([arg]):
             raise ConfigError(arg, "not an override (key=value) or a known flag")
-        key = arg.lstrip("+~").partition("=")[0]
-        if key in SEARCH_KEYS:
-            raise ConfigError(key, "set by the search (--systems, --seed/--seeds, --rates)", arg)
+    keys = [arg.lstrip("+~").partition("=")[0] for arg in overrides]
+    searched = list(dict.fromkeys(k for k in keys if k in SEARCH_KEYS))
+    if searched:  # all at once: `simulate`'s overrides pasted here often hold two
+        flags = "; ".join(dict.fromkeys(SEARCH_KEYS[k] for k in searched))
+        them = "it" if len(searched) == 1 else "them"
+        raise ConfigError(", ".join(searched), f"set by the search: leave {them} out ({flags})")
     check_group_overrides(list(overrides))
     try:
         check_group_overrides([f"system={s}" for s in systems])
@@ -188,7 +197,10 @@ def _plan(cfg: Any, setup: Any) -> Plan:
     if "rate" in USES[str(w.kind)]:
         return Plan(setting)
     if float(w.get("time_scale") or 1.0) != 1.0:
-        raise ConfigError("workload.time_scale", "set by the search (--rates)", w.time_scale)
+        raise ConfigError(
+            "workload.time_scale", "set by the search: leave it out (--rates the rates)",
+            w.time_scale,
+        )  # fmt: skip
     window, count = w.get("duration_s"), w.get("num_requests")
     counted = count is not None and len(setup.requests) == int(count)
     base = trace_rate(setup.requests, window, counted)

@@ -50,7 +50,12 @@ def test_a_search_writes_each_systems_rate_and_the_runs_behind_it(tmp_path: Path
             ["workload=vllm_log", "workload.path=run"],
             "error: workload: kind 'vllm_log' replays logged arrivals that no key rescales",
         ),
-        (["workload.rate=3"], "error: workload.rate: set by the search"),
+        (["workload.rate=3"], "error: workload.rate: set by the search: leave it out"),
+        (  # the README's example's overrides, pasted as they are
+            ["workload=azure_conv", "workload.time_scale=0.25", "system=vllm,orca_pow2"],
+            "error: workload.time_scale, system: set by the search: leave them out (--rates "
+            "the rates; --systems names the systems)",
+        ),
         (
             ["workload=azure_conv", "workload.time_scale=0.5"],
             "error: workload.time_scale: set by the search",
