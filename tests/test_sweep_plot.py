@@ -54,3 +54,38 @@ def test_a_column_it_cannot_plot_is_one_line(tmp_path: Path, capsys, args, says)
     assert sweep_plot.main([str(sweep), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and says in err and "\n" not in err
+
+
+def test_axes_carry_units_categories_no_line_and_block_sizes_a_log2_scale(
+    tmp_path: Path, monkeypatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    from experiments.report import figures
+
+    kept = {}
+
+    def keep(fig, out: Path, name: str) -> Path:
+        kept[name] = fig
+        return out / f"{name}.png"
+
+    monkeypatch.setattr(figures, "save", keep)
+    frame = pd.DataFrame(
+        {"system": ["vllm", "orca_max"] * 3, "system.block_size": [8, 8, 16, 16, 32, 32],
+         "normalized_latency": [0.1, 0.2, 0.1, 0.3, 0.2, 0.4], "mean_ttft_ms": [5.0] * 6,
+         "status": ["ok"] * 6}
+    )  # fmt: skip
+    file = tmp_path / "summary.csv"
+    by_system = {"mean_ttft_ms": sweep_plot.aggregate(frame, "system", "mean_ttft_ms", None, file)}
+    sweep_plot.plot(by_system, "system", None, tmp_path)
+    ax = kept["sweep_mean_ttft_ms"].axes[0]
+    assert ax.get_ylabel() == "mean_ttft_ms (ms)" and ax.get_xlabel() == "system"
+    assert all(line.get_linestyle() == "None" for line in ax.get_lines())
+    by_block = {
+        "normalized_latency": sweep_plot.aggregate(
+            frame, "system.block_size", "normalized_latency", "system", file
+        )
+    }
+    sweep_plot.plot(by_block, "system.block_size", "system", tmp_path)
+    ax = kept["sweep_normalized_latency"].axes[0]
+    assert ax.get_ylabel() == "normalized_latency (s/token)" and ax.get_xscale() == "log"
+    assert any(line.get_linestyle() == "-" for line in ax.get_lines())

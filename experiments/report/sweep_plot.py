@@ -62,6 +62,30 @@ def aggregate(frame: pd.DataFrame, x: str, y: str, hue: str | None, file: Path) 
     return table
 
 
+# units of summary.csv's metrics that their names do not carry as a suffix
+_UNITS = {"request_throughput": "req/s", "output_throughput": "tokens/s",
+          "normalized_latency": "s/token"}  # fmt: skip
+_SUFFIX_UNITS = {"_ms": "ms", "_pct": "%", "_s": "s", "_gb": "GB", "_gib": "GiB"}
+
+
+def axis_label(name: str) -> str:
+    """``name`` with its unit, read from :data:`_UNITS` or the name's suffix (``_ms``,
+    ``_pct``, ...); ``name`` alone when neither gives one."""
+    unit = _UNITS.get(name) or next(
+        (u for suffix, u in _SUFFIX_UNITS.items() if name.endswith(suffix)), None
+    )
+    return name if unit is None else f"{name} ({unit})"
+
+
+def _powers_of_two(values: pd.Series) -> bool:
+    """Three or more distinct positive powers of two (block sizes): a log2 axis spreads
+    them evenly."""
+    if not pd.api.types.is_integer_dtype(values):
+        return False
+    distinct = set(values.dropna().astype(int))
+    return len(distinct) >= 3 and all(v > 0 and v & (v - 1) == 0 for v in distinct)
+
+
 def plot(tables: dict[str, pd.DataFrame], x: str, hue: str | None, out: Path) -> list[Path]:
     """One figure per metric: lines of mean against ``x``, one per ``hue`` value, with the
     range over the runs at each point as an error bar; returns the PNGs written."""
@@ -74,12 +98,16 @@ def plot(tables: dict[str, pd.DataFrame], x: str, hue: str | None, out: Path) ->
         groups = [(None, table)] if hue is None else list(table.groupby(hue, dropna=False))
         for label, part in groups:
             part = part.sort_values(x)
-            xs = part[x] if pd.api.types.is_numeric_dtype(part[x]) else part[x].astype(str)
+            numeric = pd.api.types.is_numeric_dtype(part[x])
+            xs = part[x] if numeric else part[x].astype(str)
             err = [part["mean"] - part["min"], part["max"] - part["mean"]]
             ax.errorbar(xs, part["mean"], yerr=err, marker="o", capsize=3,
+                        linestyle="-" if numeric else "none",  # no line between categories
                         label=None if label is None else str(label))  # fmt: skip
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
+        if _powers_of_two(table[x]):
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(axis_label(x))
+        ax.set_ylabel(axis_label(y))
         if hue is not None:
             ax.legend(title=hue, fontsize=7)
         written.append(save(fig, out, f"sweep_{y}"))
