@@ -131,7 +131,11 @@ CASES = [
     ("sweep_beside_an_added_key", ["-m", "+foo=1", "seed=0,1"], "foo",
      "no part of this app reads it"),
     ("sweep_of_a_system_key_one_system_lacks", ["-m", "system=vllm_v1,vllm",
-     "system.non_torch_gb=1"], "system.non_torch_gb", "no such key"),
+     "system.non_torch_gb=1"], "system.non_torch_gb",
+     "no such key in this config under system=vllm (a job of the sweep; other swept values "
+     "have it): sweep such values separately"),
+    ("sweep_of_a_key_no_system_has", ["-m", "system=vllm_v1,vllm", "system.non_torch_g=1"],
+     "system.non_torch_g", "no such key in this config (expected"),
     ("glob_matching_nothing", ["-m", "system=glob(zz*)"], "system", "the glob matches no"),
     ("choice_with_an_unknown_system", ["-m", "system=choice(vllm,orca)"], "system",
      "unknown system"),

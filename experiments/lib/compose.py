@@ -219,16 +219,37 @@ def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
                 "[a,b] for a list, 'a,b' for a string",
                 (sweep.input_line or "").partition("=")[2],
             )
-        for job in sweep_jobs(parsed, search_dirs(argv) or []):
+        jobs = sweep_jobs(parsed, search_dirs(argv) or [])
+        failed: list[tuple[list[str], HydraException]] = []
+        for job in jobs:
             added = [o.key_or_group for o in parse_overrides(job) if o.is_add() or o.is_force_add()]
             check_added_keys(config_name, added, job)
-            compose_config(config_name, job)
+            try:
+                compose_config(config_name, job)
+            except HydraException as exc:
+                failed.append((job, exc))
+        if failed and len(failed) < len(jobs):  # a key only some swept values have
+            job, exc = failed[0]
+            swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
+            raise _in_job(_compose_error(config_name, exc), job, swept)
+        if failed:
+            raise failed[0][1]
     except HydraException as exc:
         raise _compose_error(config_name, exc) from None
     except yaml.MarkedYAMLError as exc:
         place = yaml_error_place(exc)
         where = f"{exc.problem_mark.name}, {place}: " if place else ""
         raise ConfigError("config", f"{where}not YAML ({exc.problem})") from None
+
+
+def _in_job(error: ConfigError, job: Sequence[str], swept: set[str]) -> ConfigError:
+    """``error``, met in some of a sweep's jobs only, naming the first one's swept values."""
+    values = [o for o in job if o.partition("=")[0] in swept]
+    where = (
+        f"under {' '.join(values)} (a job of the sweep; other swept values have it): sweep "
+        "such values separately"
+    )
+    return ConfigError(error.key, f"{error.problem} {where}", error.got, error.expected)
 
 
 def _compose_error(config_name: str, exc: Exception) -> ConfigError:
