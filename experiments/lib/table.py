@@ -43,6 +43,11 @@ def _value(x: Any) -> str:
     return str(x)
 
 
+def _percent(x: Any) -> Any:
+    """A share in %, to two decimals like its neighbours (0.06, not 0.05778)."""
+    return f"{x:.2f}" if isinstance(x, float) and math.isfinite(x) else x
+
+
 def _row(label: str, value: Any) -> str:
     return f"{label + ':':<46}{_value(value):>{WIDTH - 46}}"
 
@@ -82,6 +87,6 @@ def result_table(metrics: Mapping[str, Any], title: str = "Serving Result") -> s
     lines.append(_row("Steps", m.get("num_steps")))
     lines.append(_row("Preemptions", m.get("num_preemptions")))
     lines.append(_rule("KV cache, time-weighted % of slots"))
-    lines += [_row(label, m.get(key)) for key, label in _KV]
+    lines += [_row(label, _percent(m.get(key))) for key, label in _KV]
     lines.append("=" * WIDTH)
     return "\n".join(lines)
