@@ -55,6 +55,7 @@ from core.workload.trace_io import TraceFormatError
 from core.workload.vllm_log import LoggedRequest
 from experiments.lib.args import OneLineParser, out_dir_problem
 from experiments.lib.results import REJECT_LABELS, write_json
+from experiments.lib.signals import interrupts_deferred
 from experiments.lib.vllm_fit import BOUNDS, calibrate
 from experiments.lib.vllm_run import (
     RunError,
@@ -235,7 +236,6 @@ def run_calibration(
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise RunError(f"--out: cannot make {out} ({e.strerror})") from None
-        write_json(out / "errors.json", result)
         doc = cal_model.to_dict()
         doc.update(
             source_run=run.name,
@@ -244,7 +244,9 @@ def run_calibration(
             hf_config=model.to_hf_config(),
             bounds={"constant": BOUNDS[0], "compute_scale": BOUNDS[1], "memory_scale": BOUNDS[2]},
         )
-        write_json(out / "calibration.json", doc)
+        with interrupts_deferred():  # one fit's two files: an interrupt waits for both
+            write_json(out / "errors.json", result)
+            write_json(out / "calibration.json", doc)
         if plot:
             _plot(
                 out / "calibrate_vllm.png", meas,
