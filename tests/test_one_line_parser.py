@@ -45,3 +45,18 @@ def test_help_is_unchanged(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: tool") and "requests per second" in out
+
+
+def test_help_prints_the_docstring_as_terminal_text(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = """``python -m tool RUN``: does a thing.
+
+- ``--fast``: see :func:`~core.thing.run` and :mod:`core.other`;
+- default: the rest.
+"""
+    parser = OneLineParser(prog="tool", description=doc)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "python -m tool RUN: does a thing." in out
+    assert "\n- --fast: see core.thing.run and core.other;\n- default: the rest." in out
+    assert "``" not in out and ":func:" not in out

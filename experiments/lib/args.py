@@ -4,18 +4,33 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class OneLineParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose usage errors (a bad or missing argument, and every
     ``parser.error``) print one line, ``PROG: error: MESSAGE (PROG --help lists the
     arguments)``, and exit 2, as the Hydra apps' config errors do; argparse prints the usage
-    block first. ``--help`` is unchanged."""
+    block first. ``--help`` prints the description (the tool's docstring) as terminal text:
+    its line breaks and lists kept, its reST markup dropped (:func:`plain_text`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("description"):
+            kwargs["description"] = plain_text(kwargs["description"])
+            kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the arguments)\n")
+
+
+def plain_text(doc: str) -> str:
+    """A docstring's reST as terminal text: ````code```` and ``:role:`target``` lose their
+    markup (``~`` too)."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
+    return text.replace("``", "").strip()
 
 
 def out_dir_problem(out: Path) -> str | None:
