@@ -17,12 +17,15 @@ def read_mapping(
 ) -> dict[str, Any]:
     """``parse`` of the file's UTF-8 text (a byte-order mark dropped), which must be a dict.
     ``ValueError("<path>: not <fmt> (<error>)")`` when ``parse`` raises one of ``errors``
-    or the bytes are not UTF-8; ``ValueError("<path>: expected <expected>")`` when the
+    or the bytes are not UTF-8; ``ValueError("<path>: empty (expected <expected>)")`` for a
+    file of nothing but white space; ``ValueError("<path>: expected <expected>")`` when the
     document is not a mapping."""
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not {fmt} (not UTF-8 text: {e.reason})") from None
+    if not text.strip():
+        raise ValueError(f"{path}: empty (expected {expected})")
     try:
         doc = parse(text)
     except errors as e:

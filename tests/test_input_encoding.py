@@ -40,3 +40,12 @@ def test_a_mapping_file_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
     assert read_mapping(meta, json.loads, json.JSONDecodeError, "JSON", "a JSON object") == {
         "model": "x"
     }
+
+
+@pytest.mark.parametrize("text", ["", "  \n\n"])
+def test_an_empty_mapping_file_is_called_empty(tmp_path: Path, text: str) -> None:
+    meta = tmp_path / "meta.json"
+    meta.write_text(text)
+    with pytest.raises(ValueError) as info:
+        read_mapping(meta, json.loads, json.JSONDecodeError, "JSON", "a JSON object")
+    assert str(info.value) == f"{meta}: empty (expected a JSON object)"
