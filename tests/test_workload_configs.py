@@ -3,6 +3,7 @@ error naming the key (not silently ignored)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,11 @@ SMALL = {
     "trace": None,  # needs a trace file; built in test_native_trace_config
     "vllm_log": None,  # needs a vLLM run directory (tests/test_vllm_log.py)
     "vllm_bench": None,  # needs a bench result JSON (tests/test_vllm_log.py)
+    # need their files: test_file_configs_read_their_format
+    "mooncake": None,
+    "vidur": None,
+    "sharegpt_json": None,
+    "alpaca_json": None,
 }
 
 
@@ -35,6 +41,48 @@ def test_workload_config_builds(name: str) -> None:
     assert requests
     if cfg.get("apply_filter") is not False:  # unfiltered traces leave that to the scheduler
         assert all(r.prompt_len + r.output_len <= 2048 for r in requests)
+
+
+_FILES = {
+    "mooncake": ("t.jsonl", "".join(
+        json.dumps({"timestamp": 500 * i, "input_length": 20 + i, "output_length": 5,
+                    "hash_ids": [i]}) + "\n" for i in range(6))),
+    "vidur": ("t.csv", "arrived_at,num_prefill_tokens,num_decode_tokens,extra\n" + "".join(
+        f"{0.5 * i},{20 + i},5,x\n" for i in range(6))),
+    "sharegpt_json": ("s.json", json.dumps([
+        {"conversations": [{"from": "human", "value": "tell me " * (5 + i)},
+                           {"from": "gpt", "value": "sure " * 6}]} for i in range(6)])),
+    "alpaca_json": ("a.json", json.dumps([
+        {"instruction": "say " * (5 + i), "input": "", "output": "ok " * 6}
+        for i in range(6)])),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(_FILES))
+def test_file_configs_read_their_format(name: str, tmp_path: Path) -> None:
+    """Each file kind's config, given a file of its format, builds its six requests: the
+    traces with the file's arrivals (0.5 s apart), the datasets drawn at the config's rate."""
+    file, text = _FILES[name]
+    (tmp_path / file).write_text(text)
+    cfg = as_dict(
+        compose_config(
+            [
+                f"workload={name}",
+                f"workload.path={tmp_path / file}",
+                "workload.duration_s=null",
+                "workload.num_requests=6",
+            ]
+        )
+    )
+    requests = build_workload(cfg["workload"], max_model_len=2048, seed=0)  # fmt: skip
+    assert len(requests) == 6
+    arrivals = sorted(r.arrival_time for r in requests)
+    if name in ("mooncake", "vidur"):
+        assert arrivals == [0.5 * i for i in range(6)]
+        assert sorted(r.prompt_len for r in requests) == [20 + i for i in range(6)]
+    else:
+        assert arrivals[0] > 0 and arrivals == sorted(set(arrivals))  # drawn at rate 1
+        assert {r.output_len for r in requests} == {6}
 
 
 def test_native_trace_config(tmp_path: Path) -> None:
