@@ -248,7 +248,7 @@ def kv_capacity(
                 f"{model.vocab_size} logits"
             )
         if more_memory:
-            hint += f"; or {more_memory}"
+            hint += f"; or {more_memory}" if hint else f"; {more_memory}"
         raise ValueError(
             f"{model.name} does not fit on {tp} × {gpu.name}: weights {weights / GIB:.2f} GiB "
             f"+ activations {acts / GIB:.2f} GiB + CUDA graphs {graphs / GIB:.2f} GiB "

@@ -165,3 +165,11 @@ def _opt13b(**top: object) -> dict:
         "workload": {"kind": "synthetic", "rate": 1.0, "num_requests": 2},
         **top,
     }
+
+
+def test_weights_over_a_low_utilization_name_the_utilization() -> None:
+    with pytest.raises(ConfigError) as info:
+        build_setup(_opt13b(gpu_memory_utilization=0.5))
+    assert info.value.key == "gpu_memory_utilization"
+    assert str(info.value).endswith("(50% of the 40.00 GiB nominal memory); raise "
+                                    "gpu_memory_utilization to 0.65")  # fmt: skip

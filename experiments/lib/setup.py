@@ -566,8 +566,9 @@ def capacity_error_key(text: str, args: Mapping[str, Any]) -> str:
     the given KV budget (``num_gpu_blocks`` or ``kv_cache_gb``) for a cache that cannot be;
     the tensor-parallel size for a split that cannot be; else a memory reservation of the
     system group without which the run would fit; else ``system.max_model_len`` (a derived
-    cache smaller than one such sequence), ``kv_cache_gb`` (a derived cache too small) or
-    ``model`` (weights too large)."""
+    cache smaller than one such sequence), ``gpu_memory_utilization`` (where more of the GPU
+    would do), ``kv_cache_gb`` (a derived cache too small) or ``model`` (weights too
+    large)."""
     about_cache = "KV cache" in text or "block" in text
     if about_cache and args["num_gpu_blocks"] is not None:
         return "num_gpu_blocks"
@@ -580,7 +581,7 @@ def capacity_error_key(text: str, args: Mapping[str, Any]) -> str:
             return key
     if about_cache and "lower system.max_model_len" in text:
         return "system.max_model_len"
-    if about_cache and "raise gpu_memory_utilization" in text:
+    if "raise gpu_memory_utilization" in text:
         return "gpu_memory_utilization"
     return "kv_cache_gb" if about_cache else "model"
 
