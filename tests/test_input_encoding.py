@@ -16,18 +16,18 @@ ROW = {"request_id": "r0", "input_toks": 3, "output_toks": 2, "queued_ts": 1.0,
        "first_token_ts": 1.5, "last_token_ts": 2.0}  # fmt: skip
 
 
-def test_a_vllm_log_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+def test_a_vllm_log_that_is_not_utf8_names_the_file_and_line(tmp_path: Path) -> None:
     log = tmp_path / "requests.jsonl"
     log.write_bytes(json.dumps(ROW).encode() + b"\n\xff\n")
-    with pytest.raises(TraceFormatError, match=r"requests\.jsonl, file: not UTF-8 text"):
+    with pytest.raises(TraceFormatError, match=r"requests\.jsonl, line 2: not UTF-8 text"):
         read_vllm_log(tmp_path)
 
 
-def test_a_token_id_file_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+def test_a_token_id_file_that_is_not_utf8_names_the_file_and_line(tmp_path: Path) -> None:
     ids = tmp_path / "workload.jsonl"
     ids.write_bytes(b'{"input_tok_ids": [1, 2, 3]}\n\xfe\n')
     logged = [LoggedRequest(0, 3, 2, 0.0, 0.0, 0.5, 1.0, 0)]
-    with pytest.raises(TraceFormatError, match=r"workload\.jsonl, file: not UTF-8 text"):
+    with pytest.raises(TraceFormatError, match=r"workload\.jsonl, line 2: not UTF-8 text"):
         read_token_ids(ids, logged)
 
 
@@ -49,3 +49,10 @@ def test_an_empty_mapping_file_is_called_empty(tmp_path: Path, text: str) -> Non
     with pytest.raises(ValueError) as info:
         read_mapping(meta, json.loads, json.JSONDecodeError, "JSON", "a JSON object")
     assert str(info.value) == f"{meta}: empty (expected a JSON object)"
+
+
+def test_a_bad_byte_after_a_byte_order_mark_names_its_line(tmp_path: Path) -> None:
+    log = tmp_path / "requests.jsonl"
+    log.write_bytes(b"\xef\xbb\xbf" + json.dumps(ROW).encode() + b"\n" + b"{}\n" * 3 + b"\xff\n")
+    with pytest.raises(TraceFormatError, match=r"requests\.jsonl, line 5: not UTF-8 text"):
+        read_vllm_log(tmp_path)

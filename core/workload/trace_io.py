@@ -100,13 +100,18 @@ def _float(path: PathLike, line: int, name: str, text: str) -> float:
 
 
 def read_text_lines(path: PathLike) -> list[str]:
-    """The lines of a UTF-8 text file (a leading byte-order mark is not part of them)."""
+    """The lines of a UTF-8 text file (a leading byte-order mark is not part of them); a
+    byte that is not UTF-8 is a :class:`TraceFormatError` naming its line."""
     try:
-        return Path(path).read_text(encoding="utf-8-sig").splitlines()  # a BOM is dropped
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise TraceFormatError(path, "file", "no such file") from None
+    try:
+        return data.decode("utf-8-sig").splitlines()  # a BOM is dropped
     except UnicodeDecodeError as exc:
-        raise TraceFormatError(path, "file", f"not UTF-8 text ({exc.reason})") from None
+        start = exc.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)
+        line = data.count(b"\n", 0, start) + 1
+        raise TraceFormatError(path, line, f"not UTF-8 text ({exc.reason})") from None
 
 
 def jsonl_values(path: PathLike, lines: Iterable[str]) -> Iterator[tuple[int, Any]]:
