@@ -27,8 +27,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def plain_text(doc: str) -> str:
-    """A docstring's reST as terminal text: ````code```` and ``:role:`target``` lose their
-    markup (``~`` too)."""
+    """A docstring's reST as terminal text: double backquotes dropped, and a cross-reference
+    (:role: and backquotes, a leading ~) reduced to its target."""
     text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
     return text.replace("``", "").strip()
 
