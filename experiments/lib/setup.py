@@ -541,17 +541,18 @@ def run_capacity(args: Mapping[str, Any], limits: BatchLimits | None = None) -> 
             raise ConfigError(capacity_error_key(text, args), text) from None
         # the key's advice before kv_capacity's other way out (more of the GPU)
         problem, other, more_memory = text.partition("; or raise gpu_memory_utilization")
-        tail = other + more_memory
+        key, advice = "system.max_num_batched_tokens", "set it lower"
         if "(max_num_seqs)" in problem:
-            raise ConfigError("system.max_num_seqs", f"{problem}; set it lower{tail}") from None
-        if limits.tokens_source.startswith("max_model_len"):
-            raise ConfigError(
-                "system.max_model_len", f"{problem}; the budget defaults to max_model_len: set "
-                f"system.max_model_len (or system.max_num_batched_tokens) lower{tail}",
-            ) from None  # fmt: skip
-        raise ConfigError(
-            "system.max_num_batched_tokens", f"{problem}; set it lower{tail}"
-        ) from None
+            key = "system.max_num_seqs"
+        elif limits.tokens_source.startswith("max_model_len"):
+            key, advice = (
+                "system.max_model_len",
+                (
+                    "the budget defaults to max_model_len: set system.max_model_len (or "
+                    "system.max_num_batched_tokens) lower"
+                ),
+            )
+        raise ConfigError(key, f"{problem}; {advice}{other}{more_memory}") from None
 
 
 # Memory a run's system group reserves beside the weights: key -> kv_capacity argument.
