@@ -15,7 +15,7 @@ import yaml
 
 from core.kv.block_pool import MAX_BLOCKS, BlockPool
 from core.plan import BatchShape
-from experiments import simulate
+from experiments import serve, simulate
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import sweep_failure_status
 from experiments.lib.compose import (
@@ -493,3 +493,15 @@ def test_showing_the_config_of_a_sweep_is_one_line(tmp_path: Path) -> None:
     assert status == 2
     assert err.strip().startswith("error: --cfg: shows one job's config and does not go with -m")
     assert not (tmp_path / "index.csv").exists()
+
+
+@pytest.mark.parametrize("app", [simulate, serve])
+def test_help_offers_only_runnable_systems(tmp_path: Path, app) -> None:
+    # it listed `_base`, the shared defaults, as a system that then failed as unknown
+    from core.systems import BUILT_IN
+    from tests.test_config_errors import run_cli
+
+    status, out, _ = run_cli(app, ["--help"], tmp_path)
+    assert status == 0
+    (line,) = [s for s in out.splitlines() if s.startswith("system: ")]
+    assert set(line.removeprefix("system: ").split(", ")) == set(BUILT_IN)
