@@ -48,15 +48,17 @@ def _azure(tmp: Path) -> str:
 
 def _user_hardware(tmp: Path) -> str:
     """A search-path folder with user hardware YAMLs: a copy of h200 without memory_gb,
-    one without a name, an empty one; returns the ``hydra.searchpath`` argument."""
+    one without a name, an empty one, one that still calls itself h200; returns the
+    ``hydra.searchpath`` argument."""
     hw = yaml.safe_load((REPO / "configs" / "hardware" / "h200.yaml").read_text())
     folder = tmp / "conf" / "hardware"
     folder.mkdir(parents=True)
-    (folder / "nomem.yaml").write_text(yaml.safe_dump({k: v for k, v in hw.items()
-                                                       if k != "memory_gb"}))  # fmt: skip
+    nomem = {k: v for k, v in hw.items() if k != "memory_gb"} | {"name": "nomem"}
+    (folder / "nomem.yaml").write_text(yaml.safe_dump(nomem))
     (folder / "noname.yaml").write_text(yaml.safe_dump({k: v for k, v in hw.items()
                                                         if k != "name"}))  # fmt: skip
     (folder / "empty.yaml").write_text("")
+    (folder / "copied.yaml").write_text(yaml.safe_dump({**hw, "mem_bandwidth_gbs": 900}))
     return f"hydra.searchpath=[file://{tmp / 'conf'}]"
 
 
@@ -144,9 +146,12 @@ CASES = [
     ("time_scale_too_high_for_the_clock", ["workload=azure_conv", "workload.path={azure}",
      "workload.time_scale=1e300"], "workload.time_scale", "past 4.5e+09 s (2**52 us)"),
     ("user_hardware_without_memory", ["{search}", "hardware=nomem"], "hardware.memory_gb",
-     "conf/hardware/nomem.yaml or hardware.* overrides: GPU 'h200' lacks memory_gb"),
+     "conf/hardware/nomem.yaml or hardware.* overrides: GPU 'nomem' lacks memory_gb"),
     ("user_hardware_without_a_name", ["{search}", "hardware=noname"], "hardware.name",
      "conf/hardware/noname.yaml or hardware.* overrides: the GPU has no name"),
+    # a copied YAML whose name was left: its run was labelled h200 with other numbers
+    ("user_hardware_named_as_a_shipped_gpu", ["{search}", "hardware=copied"], "hardware.name",
+     "conf/hardware/copied.yaml names a shipped GPU, so hardware=copied"),
     ("user_hardware_empty", ["{search}", "hardware=empty"], "hardware",
      "conf/hardware/empty.yaml or hardware.* overrides: empty"),
     ("seed_negative", ["seed=-1"], "seed", "not a seed"),

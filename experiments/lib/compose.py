@@ -110,11 +110,12 @@ def check_group_overrides(argv: Sequence[str]) -> None:
 
 
 def check_hardware_name(config_name: str, argv: Sequence[str]) -> None:
-    """Raise when ``hardware.name=`` names a shipped GPU other than the one the hardware
-    group chooses (``hardware=``, else the app's default): the chosen file's numbers would
-    run under the other GPU's label. ``model.name`` and ``system.name`` switch what they
-    name; a GPU is switched with ``hardware=``. Overrides Hydra cannot parse are left to
-    :func:`check_overrides_compose`."""
+    """Raise when ``hardware.name=``, or the ``name`` of a user's hardware YAML that the
+    hardware group chooses (``hardware=``, else the app's default), names a shipped GPU
+    other than the chosen one: the chosen file's numbers would run under the other GPU's
+    label (a copied YAML whose name was left). ``model.name`` and ``system.name`` switch
+    what they name; a GPU is switched with ``hardware=``. Overrides Hydra cannot parse are
+    left to :func:`check_overrides_compose`."""
     from hydra.errors import HydraException
 
     from sim.catalog import get_gpu
@@ -143,6 +144,42 @@ def check_hardware_name(config_name: str, argv: Sequence[str]) -> None:
                 f"which would run under {name}'s label; choose the GPU with hardware={name}",
                 name,
             )
+    if not names:
+        for choice in chosen:
+            _check_user_gpu_name(choice.strip("'\""), search_dirs(argv) or [])
+
+
+def _check_user_gpu_name(choice: str, extra_dirs: Sequence[Path]) -> None:
+    """Raise when ``hardware=<choice>``, a user's YAML in one of ``extra_dirs`` (none
+    shipped by that name), carries the ``name`` of a shipped GPU. A file that cannot be
+    read is left to the run, whose error names it."""
+    import yaml
+
+    from sim.catalog import get_gpu
+
+    if (CONFIG_DIR / "hardware" / f"{choice}.yaml").is_file():
+        return
+    for folder in extra_dirs:
+        path = Path(folder) / "hardware" / f"{choice}.yaml"
+        if not path.is_file():
+            continue
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return
+        name = doc.get("name") if isinstance(doc, dict) else None
+        try:
+            named = get_gpu(str(name)).name if name else None
+        except KeyError:  # a GPU of the user's own
+            return
+        if named is not None and named != choice:
+            raise ConfigError(
+                "hardware.name",
+                f"{path} names a shipped GPU, so hardware={choice}'s numbers would run under "
+                f"{named}'s label; a GPU of your own names itself (name: {choice})",
+                name,
+            )
+        return
 
 
 def default_option(config_name: str, group: str) -> str:
