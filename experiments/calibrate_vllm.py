@@ -54,7 +54,7 @@ from core.metrics.summary import rejection_counts
 from core.workload.trace_io import TraceFormatError
 from core.workload.vllm_log import LoggedRequest
 from experiments.lib.args import OneLineParser, out_dir_problem
-from experiments.lib.results import REJECT_LABELS, write_json
+from experiments.lib.results import REJECT_LABELS, write_atomic, write_json
 from experiments.lib.signals import interrupts_deferred
 from experiments.lib.vllm_fit import BOUNDS, calibrate
 from experiments.lib.vllm_run import (
@@ -68,6 +68,7 @@ from experiments.lib.vllm_run import (
     resolve_model,
     run_simulation,
 )
+from sim.catalog import gpus
 from sim.cost import RooflineCostModel
 from sim.driver import StepPriceError
 
@@ -229,9 +230,12 @@ def run_calibration(
     }
     if out is not None:
         out = Path(out)
+        user_yaml = Path(hardware).suffix in (".yaml", ".yml") and gpu.name not in gpus()
+        hardware_copy = out / "hardware" / f"{gpu.name}.yaml" if user_yaml else None
         result["simulate_command"] = simulate_command(
-            run, run_dir, hardware, model_arg, blocks, workload, out / "calibration.json"
-        )
+            run, run_dir, gpu.name, model_arg, blocks, workload, out / "calibration.json",
+            hardware_copy,
+        )  # fmt: skip
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -244,7 +248,9 @@ def run_calibration(
             hf_config=model.to_hf_config(),
             bounds={"constant": BOUNDS[0], "compute_scale": BOUNDS[1], "memory_scale": BOUNDS[2]},
         )
-        with interrupts_deferred():  # one fit's two files: an interrupt waits for both
+        with interrupts_deferred():  # one fit's files: an interrupt waits for them all
+            if hardware_copy is not None:
+                write_atomic(hardware_copy, Path(hardware).read_text(encoding="utf-8"))
             write_json(out / "errors.json", result)
             write_json(out / "calibration.json", doc)
         if plot:
@@ -280,22 +286,21 @@ def rejection_note(rejected: dict[int, str]) -> str:
 
 def simulate_command(
     run: VLLMRun, run_dir: Path, hardware: str, model_arg: str | None, blocks: int,
-    workload: Path | None, calibration: Path,
+    workload: Path | None, calibration: Path, hardware_copy: Path | None = None,
 ) -> str:  # fmt: skip
     """The ``experiments.simulate`` call that replays the run as this tool simulated it:
-    the engine settings of meta.json, the KV blocks, the token ids and the calibration."""
+    the engine settings of meta.json, the KV blocks, the token ids and the calibration.
+    ``hardware_copy``: where a ``--hardware`` YAML is copied as ``<dir>/hardware/<gpu>.yaml``
+    (on Hydra's search path in the call), None for a shipped GPU's name."""
     sys_ = run.system
     args = ["python -m experiments.simulate system=vllm_v1"]
     if model_arg is not None and Path(model_arg).exists():
         args.append(f"model.hf_config={model_arg}")
     else:
         args.append(f"model.name={model_arg or run.model_name}")
-    tail = ""
-    if Path(hardware).suffix in (".yaml", ".yml"):
-        yaml_path = Path(hardware)
-        args.append(f"hydra.searchpath=[file://{yaml_path.parent.parent}]")
-        args.append(f"hardware={yaml_path.stem}")
-        tail = "  # with the hardware YAML in a folder named hardware/"
+    if hardware_copy is not None:
+        args.append(f"hydra.searchpath=[file://{hardware_copy.parent.parent}]")
+        args.append(f"hardware={hardware_copy.stem}")
     else:
         args.append(f"hardware={hardware}")
     args += [
@@ -312,7 +317,7 @@ def simulate_command(
     if workload is not None:
         args.append(f"workload.tokens_path={workload}")
     args.append(f"cost=calibrated cost.path={calibration}")
-    return " ".join(args) + tail
+    return " ".join(args)
 
 
 def format_errors(result: dict[str, Any]) -> str:

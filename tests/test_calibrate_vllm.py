@@ -175,21 +175,41 @@ def test_gpu_and_model_given_by_yaml_and_config_json(tmp_path: Path) -> None:
     assert main([*args, "--split", "0.5", "--out", str(out)]) == 0
     assert json.loads((out / "calibration.json").read_text())["gpu"] == "my-gpu"
     assert (out / "calibrate_vllm.png").is_file()
-    # simulate takes that calibration with the same GPU YAML (on Hydra's search path) and
-    # the same config.json
+    # simulate takes that calibration with the same GPU YAML (copied beside it, on Hydra's
+    # search path in the printed command, wherever the user's YAML lies) and config.json
+    import shlex
+
     from experiments.reproduce import compose_config
     from experiments.simulate import run as simulate_run
 
-    (tmp_path / "conf" / "hardware").mkdir(parents=True)
-    (tmp_path / "my-gpu.yaml").rename(tmp_path / "conf" / "hardware" / "my-gpu.yaml")
-    cfg = compose_config([
-        f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "hardware=my-gpu",
-        f"model.hf_config={model_dir}", "cost=calibrated",
-        f"cost.path={out / 'calibration.json'}", "workload.num_requests=6", "workload.rate=2",
-        "system.max_model_len=2048",
-    ])  # fmt: skip
-    metrics = simulate_run(cfg, None)
-    assert metrics["completed"] == 6
+    (tmp_path / "my-gpu.yaml").unlink()
+    assert (out / "hardware" / "my-gpu.yaml").is_file()
+    command = json.loads((out / "errors.json").read_text())["simulate_command"]
+    args = shlex.split(command)[3:]
+    assert f"hydra.searchpath=[file://{out}]" in args and "hardware=my-gpu" in args
+    assert simulate_run(compose_config(args), None)["completed"] == 12
+
+
+def test_a_hardware_yaml_with_a_shipped_name_and_other_numbers_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # its results were labelled, and its replay ran, as the shipped GPU
+    import yaml
+
+    from sim.catalog import CONFIGS
+
+    run = _fake_run(tmp_path, n=6)
+    hw = yaml.safe_load((CONFIGS / "hardware" / "rtx4090.yaml").read_text())
+    (tmp_path / "copy.yaml").write_text(yaml.safe_dump(hw))  # the same numbers: fine
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump({**hw, "mem_bandwidth_gbs": 900}))
+    out = ["--out", str(tmp_path / "o")]
+    assert main([str(run), "--hardware", str(tmp_path / "copy.yaml"), *out]) == 0
+    command = json.loads((tmp_path / "o" / "errors.json").read_text())["simulate_command"]
+    assert "hardware=rtx4090" in command and not (tmp_path / "o" / "hardware").exists()
+    capsys.readouterr()
+    assert main([str(run), "--hardware", str(tmp_path / "edited.yaml"), *out]) == 2
+    err = capsys.readouterr().err
+    assert "names the shipped GPU 'rtx4090' with other numbers" in err and err.count("\n") == 1
 
 
 def _edit_meta(run: Path, edit) -> None:

@@ -432,7 +432,10 @@ def resolve_model(arg: str | None, run: VLLMRun) -> ModelSpec:
 
 
 def resolve_gpu(arg: str) -> GPUSpec:
-    """``--hardware``: a catalog name or a hardware YAML path."""
+    """``--hardware``: a catalog name or a hardware YAML path. A YAML that carries a shipped
+    GPU's name with other numbers is a :class:`RunError`: its results would be labelled,
+    and its replay would run, as the shipped GPU (the rule ``experiments.simulate`` keeps
+    for a user's hardware YAML)."""
     path = Path(arg)
     if path.suffix in (".yaml", ".yml") and not path.is_file():
         raise RunError(f"--hardware {arg}: no such file (a hardware YAML, or one of the "
@@ -447,7 +450,12 @@ def resolve_gpu(arg: str) -> GPUSpec:
             raise ValueError(f"{path}{where}: not YAML ({getattr(e, 'problem', e)})") from None
         if not isinstance(doc, dict):
             raise ValueError(f"{path}: not a mapping of the GPU's numbers")
-        return gpu_from_config(doc, str(path))
+        gpu = gpu_from_config(doc, str(path))
+        shipped = gpus().get(gpu.name)
+        if shipped is not None and gpu != shipped:
+            raise RunError(f"--hardware {arg}: names the shipped GPU {gpu.name!r} with other "
+                           f"numbers; give your GPU a name of its own in the YAML")  # fmt: skip
+        return gpu
     return get_gpu(arg)
 
 
