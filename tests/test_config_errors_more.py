@@ -510,3 +510,22 @@ def test_help_offers_only_runnable_systems(tmp_path: Path, app) -> None:
     assert status == 0
     (line,) = [s for s in out.splitlines() if s.startswith("system: ")]
     assert set(line.removeprefix("system: ").split(", ")) == set(BUILT_IN)
+
+
+def test_a_users_yaml_named_as_a_shipped_option_is_refused_unless_identical(
+    tmp_path: Path,
+) -> None:
+    # Hydra reads configs/ first: the user's edited h200.yaml was ignored without a word
+    from tests.test_config_errors import SIM_SMALL, run_cli
+
+    shipped = REPO / "configs" / "hardware" / "h200.yaml"
+    (tmp_path / "conf" / "hardware").mkdir(parents=True)
+    mine = tmp_path / "conf" / "hardware" / "h200.yaml"
+    mine.write_text(shipped.read_text().replace("mem_bandwidth_gbs: 4800", "mem_bandwidth_gbs: 1"))
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    status, _, err = run_cli(simulate, [*SIM_SMALL, search, "hardware=h200"], tmp_path / "a")
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: hardware: ") and "which Hydra reads instead" in err
+    mine.write_bytes(shipped.read_bytes())  # a copy of the shipped file changes nothing
+    status, _, err = run_cli(simulate, [*SIM_SMALL, search, "hardware=h200"], tmp_path / "b")
+    assert status == 0, err

@@ -43,6 +43,7 @@ from experiments.lib.compose import (
     check_group_overrides,
     check_hardware_name,
     check_overrides_compose,
+    check_shadowed_choices,
     override_args,
 )
 from experiments.lib.results import INDEX_COLUMNS, append_index, clear_run, write_error
@@ -373,6 +374,7 @@ def main_with_checks(
             check_output_dirs(args)
             if config_name is not None:
                 check_hardware_name(config_name, args)
+                check_shadowed_choices(config_name, args)
                 check_overrides_compose(config_name, args)
                 index = _index_of(args)
                 if index is not None:  # once, not as each job of a sweep starts

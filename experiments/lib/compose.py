@@ -182,6 +182,39 @@ def _check_user_gpu_name(choice: str, extra_dirs: Sequence[Path]) -> None:
         return
 
 
+def check_shadowed_choices(config_name: str, argv: Sequence[str]) -> None:
+    """Raise when a chosen option (``group=``, else the app's default) is a user's YAML on
+    ``hydra.searchpath`` with the name of a shipped option and other contents: Hydra reads
+    the shipped ``configs/<group>/<option>.yaml`` first, so the user's file would be ignored
+    without a word. Overrides Hydra cannot parse are left to :func:`check_overrides_compose`."""
+    from hydra.errors import HydraException
+
+    extra = search_dirs(argv)
+    if not extra:
+        return
+    try:
+        parsed = parse_overrides(argv)
+    except HydraException:
+        return
+    for group in GROUPS:
+        valid = options(group, extra)
+        chosen = [v for o in parsed if o.key_or_group == group for v in sweep_values(o, valid)]
+        for choice in chosen or [default_option(config_name, group)]:
+            choice = choice.strip("'\"")
+            shipped = CONFIG_DIR / group / f"{choice}.yaml"
+            if not shipped.is_file():
+                continue
+            for folder in extra:
+                mine = Path(folder) / group / f"{choice}.yaml"
+                if mine.is_file() and mine.read_bytes() != shipped.read_bytes():
+                    raise ConfigError(
+                        group,
+                        f"{mine} has the name of the shipped configs/{group}/{choice}.yaml, "
+                        f"which Hydra reads instead; give your file a name of its own",
+                        choice,
+                    )
+
+
 def default_option(config_name: str, group: str) -> str:
     """The option of ``group`` that ``configs/<config_name>.yaml``'s defaults list names."""
     import yaml
