@@ -213,14 +213,21 @@ def _plan(cfg: Any, setup: Any) -> Plan:
     )
 
 
+# what write_outputs writes into --out, from the runs in runs/
+OUTPUT_FILES = ("runs.csv", "curves.csv", "capacity.csv", "capacity.png", "capacity.pdf")
+
+
 def clear_earlier_runs(runs_dir: Path) -> int:
     """Remove the runs an earlier search left in ``runs_dir`` (``capacity_*`` folders that
-    hold only their ``metrics.json``), so that the folder holds this search's runs alone;
-    how many were removed."""
+    hold only their ``metrics.json``), so that the folder holds this search's runs alone,
+    and the :data:`OUTPUT_FILES` made from them beside ``runs_dir`` (a search stopped
+    midway left them describing runs that were gone); how many runs were removed."""
     stale = [d for d in runs_dir.glob("capacity_*")
              if d.is_dir() and {f.name for f in d.iterdir()} <= {"metrics.json"}]  # fmt: skip
     for run in stale:
         shutil.rmtree(run)
+    for name in OUTPUT_FILES:
+        (runs_dir.parent / name).unlink(missing_ok=True)
     return len(stale)
 
 

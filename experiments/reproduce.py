@@ -352,6 +352,10 @@ def main(argv: list[str] | None = None) -> Path:
         runs_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         report_config_error(ConfigError("--out", f"cannot write there ({exc.strerror})", str(out)))
+    if (out / "report.md").is_file():  # it describes runs this command rewrites
+        (out / "report.md").unlink()
+        log.info("removed the earlier %s: this command writes its own when its runs are done",
+                 out / "report.md")  # fmt: skip
     scenario = ["model=opt-13b", "hardware=a100-40gb", "workload=sharegpt",
                 f"workload.duration_s={duration}"]  # fmt: skip
     common = [*scenario, f"seed={args.seed}"]

@@ -302,6 +302,8 @@ def finish(
         if engine.beam_log.rows:  # for a step-for-step replay (experiments.validate)
             out_dir.mkdir(parents=True, exist_ok=True)
             write_csv(out_dir / "beams.csv", pd.DataFrame(engine.beam_log.rows, columns=COLUMNS))
+        else:  # an earlier beam run's choices in this folder are not this run's
+            (out_dir / "beams.csv").unlink(missing_ok=True)
         write_run(out_dir, c, metrics, req_frame, steps, extra={"engine": doc})
     return metrics
 

@@ -198,3 +198,15 @@ def test_a_second_search_into_the_same_out_keeps_only_its_own_runs(tmp_path: Pat
     assert not old.exists() and (mine / "notes.txt").is_file()
     labels = set(pd.read_csv(out / "runs.csv")["label"])
     assert {d.name for d in runs.iterdir()} == labels | {"capacity_notes"}
+
+
+def test_a_new_search_removes_the_outputs_of_the_runs_it_removes(tmp_path: Path) -> None:
+    # stopped midway, a second search left the first one's capacity.csv, runs.csv, curves.csv
+    # and figure beside runs/ that no longer held the runs they were made from
+    runs = tmp_path / "runs"
+    (runs / "capacity_search_vllm_rate1_seed0").mkdir(parents=True)
+    (runs / "capacity_search_vllm_rate1_seed0" / "metrics.json").write_text("{}")
+    for name in [*capacity.OUTPUT_FILES, "notes.md"]:
+        (tmp_path / name).write_text("earlier")
+    assert capacity.clear_earlier_runs(runs) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md", "runs"]

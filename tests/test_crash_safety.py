@@ -89,6 +89,21 @@ def test_a_run_killed_midway_is_not_taken_for_a_whole_one(
     assert list(summary.columns[-2:]) == ["status", "error"] and summary["error"].iloc[0] == ""
 
 
+@pytest.mark.parametrize(("where", "at"), [("fsync", 1), ("replace", 2), ("replace", 4)])
+def test_a_rewrite_killed_midway_leaves_no_complete_run_of_mixed_files(
+    tmp_path: Path, where: str, at: int
+) -> None:
+    # reproduce writes each run into the same runs/<label>/ again: killed after the new
+    # config.yaml, the old metrics.json made the folder pass for a finished run of the new
+    # config, beside the old tables; and a killed write's temporary file stayed
+    run_dir = tmp_path / "0"
+    assert _write(run_dir, "none", 0) == 0 and is_complete(run_dir)
+    assert _write(run_dir, where, at) == -9
+    assert not is_complete(run_dir)
+    assert _write(run_dir, "none", 0) == 0 and is_complete(run_dir)
+    assert not list(run_dir.glob(".*.tmp"))
+
+
 # A simulate run whose work is stopped by ``STOP`` (a line of Python run inside it); argv:
 # run dir, index path.
 STOPPED = """

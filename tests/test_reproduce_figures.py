@@ -85,7 +85,9 @@ def test_a_trace_too_short_for_a_request_is_one_line_and_writes_no_figure(
     tmp_path: Path, capsys
 ) -> None:
     """A run at a fixed rate that completed no request would make a report of NaN: refused
-    after the runs, before any figure or the report is written."""
+    after the runs, before any figure or the report is written; an earlier report in
+    ``--out``, made from the runs this one rewrote, is not left behind as if it were its."""
+    (tmp_path / "report.md").write_text("an earlier report")
     with pytest.raises(SystemExit) as ended:
         reproduce.main(["--figures", "fig2", "--duration", "0.001", "--workers", "1",
                         "--out", str(tmp_path)])  # fmt: skip

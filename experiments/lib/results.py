@@ -160,8 +160,12 @@ def write_run(
 ) -> Path:
     """Write the run's files into ``out_dir`` (created): ``config.yaml``, the tables, the
     ``extra`` documents, ``inputs.json`` (the stamps of the input files ``cfg`` names) and
-    ``metrics.json`` last; return it."""
+    ``metrics.json`` last; return it. An earlier run's ``metrics.json`` there goes first,
+    so a write stopped midway never leaves a folder complete with two runs' files, and so
+    do the temporary files of a write that was killed."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "metrics.json").unlink(missing_ok=True)
+    remove_stale_temps(out_dir)
     conf = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
     write_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(conf, resolve=True))
     # step indices stay whole numbers in the file where a rejected request leaves them empty
@@ -185,9 +189,19 @@ RUN_FILES = (
 
 def clear_run(run_dir: Path) -> None:
     """Remove an earlier run's :data:`RUN_FILES` from ``run_dir`` (``metrics.json`` first,
-    so a folder is never complete with another run's tables), leaving other files."""
+    so a folder is never complete with another run's tables) and the temporary files of
+    its killed writes, leaving other files."""
     for name in RUN_FILES:
         (Path(run_dir) / name).unlink(missing_ok=True)
+    remove_stale_temps(Path(run_dir))
+
+
+def remove_stale_temps(run_dir: Path) -> None:
+    """Remove the temporary files a killed :func:`write_atomic` of a :data:`RUN_FILES` file
+    left in ``run_dir`` (one run writes a folder at a time, so none is in use)."""
+    for name in RUN_FILES:
+        for temp in run_dir.glob(f".{name}.*.tmp"):
+            temp.unlink(missing_ok=True)
 
 
 def is_complete(run_dir: Path) -> bool:
