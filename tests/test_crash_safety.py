@@ -233,3 +233,16 @@ def test_sigterm_to_the_command_outside_any_job_ends_it_as_ctrl_c_does() -> None
         assert signal.getsignal(signal.SIGTERM) is unhandled
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_a_signal_once_the_runs_files_are_whole_leaves_a_complete_run(tmp_path: Path) -> None:
+    # it came between the last file and the index row: error.txt called the whole run
+    # partial, beside its metrics.json, and the index said interrupted
+    stop = "(out_dir / 'metrics.json').write_text('{\"completed\": 5}'); raise KeyboardInterrupt"
+    proc, run_dir, index = _stopped_run(tmp_path, stop)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"interrupted after the run finished: {run_dir} is complete"
+    )
+    assert is_complete(run_dir) and not (run_dir / "error.txt").exists()
+    assert pd.read_csv(index)["status"].tolist() == ["ok"]

@@ -3,6 +3,7 @@ line, atomic complete runs and resume, on Hydra's in-process launcher and on a l
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import threading
 import time
@@ -252,3 +253,48 @@ def test_an_abandoned_queue_fails_its_jobs_in_flight_and_later_at_once(
     release.set()  # the launch returns into futures already failed
     time.sleep(0.3)
     assert errors == []
+
+
+def test_an_interrupt_marks_the_launchs_jobs_that_started_and_did_not_mark_themselves(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A joblib launcher kills its other workers as soon as one job's interrupt comes
+    back: the queue marks their runs (error.txt, an index row) as their handlers would."""
+    from experiments.lib.signals import Terminated
+
+    started, release = threading.Event(), threading.Event()
+    index = tmp_path / "index.csv"
+
+    def blocked(js, *args, **kwargs):
+        for job in js[:2]:  # "a" and "b" started, "c" still queued
+            saved = tmp_path / job.label / ".hydra"
+            saved.mkdir(parents=True)
+            (saved / "config.yaml").write_text(f"index: {index}\n")
+            (saved / "hydra.yaml").write_text("hydra:\n  job:\n    name: simulate\n")
+            (saved / "overrides.yaml").write_text("- seed=0\n")
+        (tmp_path / "b" / "metrics.json").write_text("{}")  # "b" finished
+        started.set()
+        release.wait(60)
+        return [{} for _ in js]
+
+    monkeypatch.setattr(jobs, "launch", blocked)
+    queue = LaunchQueue("basic", tmp_path, gather_s=0.2)
+    callers = [threading.Thread(target=lambda x=x: _ignore_stop(queue, x)) for x in "abc"]
+    for thread in callers:
+        thread.start()
+    assert started.wait(30)
+    queue.abandon(Terminated("SIGTERM"))
+    release.set()
+    assert "interrupted (SIGTERM)" in (tmp_path / "a" / "error.txt").read_text()
+    assert not (tmp_path / "b" / "error.txt").exists() and not (tmp_path / "c").exists()
+    rows = index.read_text().splitlines()
+    assert len(rows) == 2 and rows[1].split(",")[1:4] == [
+        "simulate",
+        "interrupted",
+        str(tmp_path / "a"),
+    ]
+
+
+def _ignore_stop(queue: LaunchQueue, label: str) -> None:
+    with contextlib.suppress(KeyboardInterrupt):
+        queue.run(label, SMALL)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import functools
+import json
 import os
 import sys
 import tempfile
@@ -52,6 +53,7 @@ from experiments.lib.signals import (
     Terminated,
     full_errors_asked,
     interrupts_deferred,
+    quiet_resource_trackers,
     sigterm_as_interrupt,
 )
 from experiments.lib.sweep_stop import sweep_stops_kept
@@ -277,6 +279,7 @@ def run_app(
             append_index(index, app, status, out_dir, overrides, metrics, error)
 
     index_writable = True
+    interrupted: KeyboardInterrupt | None = None
     # this directory's earlier result or error, if any, is not this run's (a rerun job)
     clear_run(out_dir)
     try:
@@ -296,15 +299,18 @@ def run_app(
             report_config_error(err)
         raise
     except KeyboardInterrupt as exc:
-        how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
-        line = f"interrupted ({how}) before the run finished: the files here are partial"
-        write_error(out_dir, line)
-        record("interrupted", error=line)
-        if not _COMMAND_LINE or full_errors():
-            raise
-        print(f"interrupted: {out_dir} holds a partial run (no metrics.json); run the same "
-              "command again to redo it", file=sys.stderr)  # fmt: skip
-        sys.exit(_interrupted_status(exc))
+        whole = _whole_run(out_dir)
+        if whole is None:
+            how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+            line = f"interrupted ({how}) before the run finished: the files here are partial"
+            write_error(out_dir, line)
+            record("interrupted", error=line)
+            if not _COMMAND_LINE or full_errors():
+                raise
+            print(f"interrupted: {out_dir} holds a partial run (no metrics.json); run the same "
+                  "command again to redo it", file=sys.stderr)  # fmt: skip
+            sys.exit(_interrupted_status(exc))
+        metrics, interrupted = whole, exc  # it came once the run's files were whole
     except Exception as exc:
         write_error(out_dir, traceback.format_exc())
         line = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -318,13 +324,24 @@ def run_app(
         with interrupts_deferred():  # the run is whole: its row is written whole
             record("ok", metrics)
     except KeyboardInterrupt as exc:
+        interrupted = exc
+    if interrupted is not None:
         if not _COMMAND_LINE or full_errors():
-            raise
+            raise interrupted
         print(f"interrupted after the run finished: {out_dir} is complete", file=sys.stderr)
-        sys.exit(_interrupted_status(exc))
+        sys.exit(_interrupted_status(interrupted))
     print(result_table(metrics, f"{app}: {metrics.get('system')} {metrics.get('model')}"))
     print(f"{describe(metrics)} -> {out_dir}")
     return metrics
+
+
+def _whole_run(out_dir: Path) -> dict[str, Any] | None:
+    """The metrics of the run in ``out_dir`` when its files are whole (``metrics.json``,
+    written last, reads), else None."""
+    try:
+        return json.loads((out_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _interrupted_status(exc: KeyboardInterrupt) -> int:
@@ -358,6 +375,7 @@ def main_with_checks(
     failed on its config, else 1 (:func:`sweep_failure_status`)."""
     global _COMMAND_LINE
     _COMMAND_LINE = True
+    quiet_resource_trackers()  # a launcher's workers stopped by a signal: one line, not three
     SWEEP_DIRS.clear()  # one left by an earlier sweep in this process is not this one's
     args = sys.argv[1:] if argv is None else list(argv)
     saved_argv = sys.argv

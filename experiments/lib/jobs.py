@@ -174,7 +174,7 @@ def launch(
             cfg = hydra.compose_config(
                 "simulate",
                 [f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep_dir}",
-                 *launcher_overrides],
+                 "hydra.job.name=simulate", *launcher_overrides],
                 run_mode=RunMode.MULTIRUN,
                 with_log_configuration=False,
             )  # fmt: skip
@@ -262,10 +262,20 @@ class LaunchQueue:
     def abandon(self, why: BaseException) -> None:
         """Fail every job waiting or in flight with ``why`` now, so that their callers
         return, and take no more. The launch in flight is left to the daemon thread: the
-        caller stops its processes (:func:`experiments.lib.pool.launch_threads`)."""
+        caller stops its processes first (:func:`experiments.lib.pool.launch_threads`).
+        On an interrupt, each job of the launch in flight that started and did not mark
+        itself is marked ``interrupted`` here (a joblib launcher kills the other workers as
+        soon as one job's interrupt comes back, before they can mark theirs)."""
+        from experiments.lib.sweep_stop import interrupted_why, mark_stopped
+
         with self._lock:
             self._stopped = why
-            dropped, self._pending = [*self._in_flight, *self._pending], []
+            in_flight = list(self._in_flight)
+            dropped, self._pending = [*in_flight, *self._pending], []
+        if isinstance(why, KeyboardInterrupt):
+            line = (f"{interrupted_why(why)} before the run finished: the files here are "
+                    "partial; run the same command again to redo it")  # fmt: skip
+            mark_stopped([self.sweep_dir / job.label for job, _ in in_flight], line)
         _settle(dropped, [why] * len(dropped))
 
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.lib.signals import sigterm_as_interrupt
+from experiments.lib.signals import quiet_resource_trackers, sigterm_as_interrupt
 
 if TYPE_CHECKING:
     from experiments.lib.jobs import LaunchQueue
@@ -67,6 +67,7 @@ def launch_threads(queue: LaunchQueue, threads: int = 64) -> Iterator[ThreadPool
     marks its run ``interrupted``, and a SIGKILL if still there 3 s later; the queue's jobs
     fail at once, and the exception goes on. Jobs a remote launcher (Slurm) already
     submitted are its own."""
+    quiet_resource_trackers()
     pool = ThreadPoolExecutor(threads)
     before = set(_descendants(os.getpid()))
     try:
@@ -82,9 +83,13 @@ def launch_threads(queue: LaunchQueue, threads: int = 64) -> Iterator[ThreadPool
 
 
 def stop_child_processes(grace_s: float = 3.0, spared: Collection[int] = ()) -> None:
-    """SIGTERM to every descendant process of this one but ``spared``, then SIGKILL to those
-    still running ``grace_s`` later. Linux only (reads ``/proc``); elsewhere it does nothing."""
-    targets = [pid for pid in _descendants(os.getpid()) if pid not in spared]
+    """SIGTERM to every descendant process of this one but ``spared`` and resource trackers,
+    then SIGKILL to those still running ``grace_s`` later. Linux only (reads ``/proc``);
+    elsewhere it does nothing. A resource tracker (multiprocessing's, joblib's) frees its
+    pool's semaphores when this process exits; killed, it printed tracebacks and a warning
+    of leaked ones."""
+    targets = [pid for pid in _descendants(os.getpid())
+               if pid not in spared and not _is_resource_tracker(pid)]  # fmt: skip
     for pid in targets:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -93,6 +98,14 @@ def stop_child_processes(grace_s: float = 3.0, spared: Collection[int] = ()) -> 
     for pid in targets:
         if _running(pid):
             _signal(pid, signal.SIGKILL)
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"resource_tracker" in command
 
 
 def _descendants(root: int) -> list[int]:

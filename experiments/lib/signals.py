@@ -96,3 +96,21 @@ def quiet_uncaught_interrupts() -> None:
         previous(kind, exc, tb)
 
     sys.excepthook = hook
+
+
+# the resource trackers of multiprocessing and of joblib's loky backend warn, as the command
+# exits, of the semaphores that workers stopped by a signal left, and then free them
+TRACKER_WARNINGS = (
+    "ignore::UserWarning:multiprocessing.resource_tracker",
+    "ignore::UserWarning:joblib.externals.loky.backend.resource_tracker",
+)
+
+
+def quiet_resource_trackers() -> None:
+    """Silence :data:`TRACKER_WARNINGS` in the resource-tracker processes started from now
+    on (through ``PYTHONWARNINGS``, which they inherit; the user's own filters are kept),
+    so that an interrupted sweep ends with its one line."""
+    filters = [f for f in os.environ.get("PYTHONWARNINGS", "").split(",") if f]
+    os.environ["PYTHONWARNINGS"] = ",".join(
+        [*filters, *(w for w in TRACKER_WARNINGS if w not in filters)]
+    )

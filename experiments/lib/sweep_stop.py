@@ -83,7 +83,7 @@ def sweep_stops_kept(argv: Sequence[str]) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt as exc:
-        _keep(f"interrupted ({'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'})")
+        _keep(interrupted_why(exc))
         raise
     except SystemExit as exc:
         if exc.code in _INTERRUPT_EXITS:  # an in-process job's handler ended the sweep
@@ -139,19 +139,32 @@ def _keep(why: str) -> str:
         return ""
     sweep_dir, before = STARTED[-1]
     again = f"rerun the same command with hydra.sweep.dir={sweep_dir} to run it again"
-    for job_dir, record in job_records(sweep_dir).items():
-        started_now = before.get(job_dir) != record
-        done = (job_dir / "metrics.json").is_file() or (job_dir / "error.txt").is_file()
-        if started_now and not done:
-            line = f"{why} before this job finished: its files are partial; {again}"
-            write_error(job_dir, line + "\n")
-            _index_row(job_dir, line)
+    started = [d for d, record in job_records(sweep_dir).items() if before.get(d) != record]
+    mark_stopped(started, f"{why} before this job finished: its files are partial; {again}")
     summary = collect_summary(sweep_dir, before)
     if summary.empty:
         return f"; rerun with hydra.sweep.dir={sweep_dir} to resume"
     write_csv(sweep_dir / "summary.csv", summary)
     return (f"; {sweep_dir / 'summary.csv'} lists them and the stopped ones; rerun the same "
             f"command with hydra.sweep.dir={sweep_dir} to run the rest")  # fmt: skip
+
+
+def interrupted_why(exc: BaseException) -> str:
+    """``interrupted (SIGTERM)`` or ``interrupted (Ctrl-C)``, as ``exc`` says."""
+    return f"interrupted ({'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'})"
+
+
+def mark_stopped(job_dirs: Sequence[Path], line: str) -> None:
+    """Mark each of ``job_dirs`` that a job started (Hydra saved its ``.hydra``) and that
+    neither finished nor failed (no ``metrics.json``, no ``error.txt``) as its own handler
+    would have: ``line`` in ``error.txt`` and an ``interrupted`` row in its runs index.
+    For a launcher's jobs stopped from outside: call it once their processes are gone."""
+    for job_dir in job_dirs:
+        started = (job_dir / ".hydra").is_dir()
+        done = (job_dir / "metrics.json").is_file() or (job_dir / "error.txt").is_file()
+        if started and not done:
+            write_error(job_dir, line + "\n")
+            _index_row(job_dir, line)
 
 
 def _index_row(job_dir: Path, line: str) -> None:
