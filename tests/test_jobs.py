@@ -96,6 +96,42 @@ def test_a_finished_run_of_an_input_file_edited_since_is_not_reused(tmp_path: Pa
     assert finished_metrics(tmp_path / "job", cfg) is None
 
 
+def test_a_finished_run_made_by_other_code_is_not_reused(tmp_path: Path, monkeypatch) -> None:
+    # only the config and the input files were compared: a run made before an edit of the
+    # cost model was reused by a resumed sweep or reproduce --launcher
+    from experiments.lib import input_stamps
+    from experiments.lib.results import finished_metrics
+    from experiments.reproduce import compose_config
+    from experiments.simulate import run
+
+    cfg = compose_config(["workload.num_requests=3", "workload.duration_s=null", "index=null"])
+    run(cfg, tmp_path / "job")
+    assert finished_metrics(tmp_path / "job", cfg) is not None
+    monkeypatch.setattr(input_stamps, "code_digest", lambda: "another version")
+    assert finished_metrics(tmp_path / "job", cfg) is None
+
+
+def test_the_code_digest_follows_every_source_of_a_run(tmp_path: Path, monkeypatch) -> None:
+    from experiments.lib import input_stamps
+
+    for entry in input_stamps.CODE:
+        (tmp_path / entry).parent.mkdir(parents=True, exist_ok=True)
+        if entry.endswith(".py"):
+            (tmp_path / entry).write_text("x = 1\n")
+        else:
+            (tmp_path / entry).mkdir(exist_ok=True)
+            (tmp_path / entry / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(input_stamps, "REPO", tmp_path)
+    digests = {input_stamps.code_digest.__wrapped__()}
+    for entry in input_stamps.CODE:
+        source = tmp_path / entry if entry.endswith(".py") else tmp_path / entry / "a.py"
+        source.write_text(source.read_text() + "# edited\n")
+        digests.add(input_stamps.code_digest.__wrapped__())
+    (tmp_path / "experiments" / "report.py").write_text("# not a run's source\n")
+    digests.add(input_stamps.code_digest.__wrapped__())
+    assert len(digests) == len(input_stamps.CODE) + 1
+
+
 def test_a_finished_job_giving_num_requests_alone_is_found_before_launching(
     tmp_path: Path,
 ) -> None:

@@ -6,12 +6,16 @@ config key that names an existing file or directory, the size and modification t
 every file under it (sizes and times, not digests: a checkpoint may be gigabytes). A run
 writes them beside its results (``inputs.json``); a finished run is reused only when they
 still match (``experiments.lib.results.finished_metrics``). A file rewritten with the same
-bytes counts as changed: the run is done again, never reused wrongly.
+bytes counts as changed: the run is done again, never reused wrongly. The code that makes
+a run's results is stamped too (:func:`code_digest`), so a run made by other code is done
+again rather than reused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +52,32 @@ def _stamp(path: Path) -> list[list[Any]]:
     return out
 
 
+# the sources a run's results depend on, under the repository: the policies, the simulator,
+# the engine and its kernels, and the apps with their library (the report writers are not)
+CODE = ("core", "sim", "engine", "kernels", "experiments/lib", "experiments/simulate.py",
+        "experiments/serve.py")  # fmt: skip
+
+
+@cache
+def code_digest() -> str:
+    """sha256 over the path and bytes of every ``.py`` file of :data:`CODE`, in path order:
+    it changes with any edit of the code that makes a run's results (a comment's too: a run
+    is then done again, never reused wrongly)."""
+    digest = hashlib.sha256()
+    for entry in CODE:
+        path = REPO / entry
+        files = [path] if path.is_file() else sorted(path.rglob("*.py"))
+        for f in files:
+            digest.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def input_stamps(cfg: Any) -> dict[str, list[list[Any]]]:
     """Per key of :data:`INPUT_KEYS` whose value names an existing file or directory:
-    ``[[name, size, mtime_ns], ...]`` of the file, or of every file under the directory."""
+    ``[[name, size, mtime_ns], ...]`` of the file, or of every file under the directory;
+    and under ``code``, ``[["sha256", digest]]`` of the code (:func:`code_digest`)."""
     plain = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
-    out: dict[str, list[list[Any]]] = {}
+    out: dict[str, list[list[Any]]] = {"code": [["sha256", code_digest()]]}
     for key in INPUT_KEYS:
         value = lookup(plain, key)  # a missing key: not a str either
         if not isinstance(value, str) or not value:
