@@ -74,6 +74,61 @@ def test_a_sigterm_in_the_block_is_an_interrupt_and_the_handler_is_restored_afte
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+SIGNALLED_TWICE = """
+import os, signal, time
+from concurrent.futures import ProcessPoolExecutor
+from experiments.lib.pool import worker_pool
+from experiments.lib.signals import Terminated
+
+real_shutdown = ProcessPoolExecutor.shutdown
+
+def shutdown_signalled_again(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)  # the second signal is taken, or dropped, right here
+    return real_shutdown(self, *args, **kwargs)
+
+ProcessPoolExecutor.shutdown = shutdown_signalled_again
+try:
+    with worker_pool(2) as pool:
+        jobs = [pool.submit(time.sleep, 30.0) for _ in range(4)]
+        processes = list(pool._processes.values())
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+except Terminated:
+    pass
+print(all(job.done() for job in jobs), len(processes), sum(p.is_alive() for p in processes))
+"""
+
+
+def test_a_second_signal_during_the_cleanup_leaves_no_worker_running() -> None:
+    # `timeout` signals the main process, then its whole group: a second SIGTERM cut the
+    # cleanup short, and the workers (which ignore SIGTERM) ran on without a parent
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGNALLED_TWICE], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the pool's cleanup hung after a second SIGTERM")
+    assert proc.returncode == 0, err
+    assert out.split() == ["True", "2", "0"]
+    assert _group_ends(proc.pid)
+
+
+def test_a_sigterm_anywhere_in_a_command_ends_it_in_one_line() -> None:
+    # outside the blocks that turn SIGTERM into an interrupt (before a command's pool, after
+    # it), SIGTERM ended `python -m experiments.<tool>` without a word
+    code = ("import sys; sys.argv = ['-m']; import experiments, os, signal, time; "
+            "os.kill(os.getpid(), signal.SIGTERM); time.sleep(10)")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == TERMINATED_STATUS
+    assert proc.stderr.strip() == "interrupted (SIGTERM)"
+
+
 def test_workers_leave_signals_to_the_main_process_and_a_normal_block_waits() -> None:
     with worker_pool(2) as pool:
         ignored = [pool.submit(_signals_ignored) for _ in range(4)]

@@ -19,7 +19,11 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.lib.signals import quiet_resource_trackers, sigterm_as_interrupt
+from experiments.lib.signals import (
+    interrupts_ignored,
+    quiet_resource_trackers,
+    sigterm_as_interrupt,
+)
 
 if TYPE_CHECKING:
     from experiments.lib.jobs import LaunchQueue
@@ -38,7 +42,8 @@ def worker_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
     :class:`~experiments.lib.signals.Terminated` there as Ctrl-C raises ``KeyboardInterrupt``
     (uncaught, either prints one line: :mod:`experiments.lib.signals`). When the block
     ends on an exception (a ``KeyboardInterrupt``, a ``SystemExit``, an error), the jobs not
-    started are cancelled, the workers killed and the exception goes on at once; a run a worker
+    started are cancelled, the workers killed (a second signal meanwhile is dropped, so none
+    is left running) and the exception goes on at once; a run a worker
     had half done leaves what its own writes leave (each file whole or absent). When the block
     ends normally, the pool waits for its jobs, as a plain pool does."""
     pool = ProcessPoolExecutor(workers, initializer=_workers_leave_signals_to_the_main_process)
@@ -46,15 +51,16 @@ def worker_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
         with sigterm_as_interrupt():
             yield pool
     except BaseException:
-        # the executor's private parts: its workers, and the thread that fails the jobs of
-        # workers that die (and reaps them) before it ends
-        processes = list((getattr(pool, "_processes", None) or {}).values())
-        manager = getattr(pool, "_executor_manager_thread", None)
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.kill()
-        if manager is not None:
-            manager.join()
+        with interrupts_ignored():
+            # the executor's private parts: its workers, and the thread that fails the jobs
+            # of workers that die (and reaps them) before it ends
+            processes = list((getattr(pool, "_processes", None) or {}).values())
+            manager = getattr(pool, "_executor_manager_thread", None)
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                process.kill()
+            if manager is not None:
+                manager.join()
         raise
     pool.shutdown(wait=True)
 
@@ -74,9 +80,10 @@ def launch_threads(queue: LaunchQueue, threads: int = 64) -> Iterator[ThreadPool
         with sigterm_as_interrupt():
             yield pool
     except BaseException as exc:
-        pool.shutdown(wait=False, cancel_futures=True)
-        stop_child_processes(spared=before)
-        queue.abandon(exc)
+        with interrupts_ignored():
+            pool.shutdown(wait=False, cancel_futures=True)
+            stop_child_processes(spared=before)
+            queue.abandon(exc)
         pool.shutdown(wait=True)
         raise
     pool.shutdown(wait=True)

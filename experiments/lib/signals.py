@@ -76,12 +76,33 @@ def interrupts_deferred() -> Iterator[None]:
         raise Terminated("SIGTERM") if held[0] == signal.SIGTERM else KeyboardInterrupt
 
 
+@contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM dropped while the block runs (in the main thread; elsewhere
+    nothing changes): for the cleanup of a command already stopping, which a second signal
+    of the same stop (``timeout`` signals the main process and then its whole group) would
+    cut short, leaving workers behind."""
+    if not _in_main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def quiet_uncaught_interrupts() -> None:
     """An interrupt no command caught (Ctrl-C or SIGTERM while a command still imports torch,
     before its own handling starts) prints one line instead of a traceback; the exit status
     stays the signal's (Python exits by SIGINT itself; a :class:`Terminated` exits 143 at
     once). Every other exception, and every interrupt with ``HYDRA_FULL_ERROR=1``, keeps
-    the usual traceback."""
+    the usual traceback. SIGTERM raises :class:`Terminated` from now on in the main thread
+    (it had ended the command without a word wherever no block of
+    :func:`sigterm_as_interrupt` was open)."""
+    if _in_main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
