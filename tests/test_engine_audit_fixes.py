@@ -26,13 +26,13 @@ from tests.engine_helpers import make_engine, one_torch_thread  # noqa: F401
 )
 def test_engine_refuses_a_spec_its_models_do_not_implement(feature: dict) -> None:
     spec = dataclasses.replace(get_model("tiny-llama"), **feature)
-    config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64)
+    config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64, max_num_seqs=64)
     with pytest.raises(EngineError, match=next(iter(feature))):
         LLMEngine(spec, num_blocks=32, block_size=4, sched_config=config)
 
 
 def test_engine_serves_a_supported_llama_spec() -> None:
-    config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64)
+    config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64, max_num_seqs=64)
     engine = LLMEngine(get_model("tiny-llama"), num_blocks=32, block_size=4, sched_config=config)
     out = engine.generate([Request(0, 0.0, 4, 2, SamplingParams(), (1, 2, 3, 4))]).outputs[0]
     assert [len(t) for t in out.token_ids] == [2] and out.reject_reason is None

@@ -129,7 +129,8 @@ def test_a_wait_on_a_scheduler_limit_is_not_fragmentation(system: str, held_by: 
             return "1 s a step"
 
     seqs = 1 if system != "fastertransformer" else 256
-    config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64, max_num_seqs=seqs)
+    budget = max(64, seqs)  # a step's decodes fit the token budget
+    config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=budget, max_num_seqs=seqs)
     reqs = [Request(0, 0.0, 10, 4), Request(1, 0.5 if seqs > 1 else 0.0, 10, 4)]
     for fast in (True, False):
         rec = simulate(reqs, lambda: build_scheduler(system, 4096, config), Second(),

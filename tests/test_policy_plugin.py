@@ -195,7 +195,7 @@ def test_a_plugin_that_writes_its_own_schedule_is_run_step_by_step() -> None:
     register_system(SystemSpec("orca_counting_test", Counting, "contiguous", "oracle"))
     register_system(SystemSpec("vllm_slice_test", _TimeSlice, "paged"))
     try:
-        config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64)
+        config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64, max_num_seqs=64)
         counted = simulate_requests(
             [Request(0, 0.0, 8, 40)],
             lambda: build_scheduler("orca_counting_test", 256, config),

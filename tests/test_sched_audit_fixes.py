@@ -101,7 +101,7 @@ def test_vllm_v1_refuses_swap_preemption() -> None:
 
 
 def test_a_contiguous_rejection_names_the_policys_reservation() -> None:
-    config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64)
+    config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64, max_num_seqs=64)
     sched = build_scheduler("orca_max", 32, config, block_size=8)
     group = sched.add(Request(0, 0.0, 4, 4), 0.0)
     assert group.reject_reason is not None

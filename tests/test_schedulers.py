@@ -423,3 +423,16 @@ def test_vllm_decode_run_stops_where_the_free_blocks_run_out() -> None:
     assert run is not None
     assert run.new_blocks == [1, 0] * 5
     assert sum(run.new_blocks) == 5
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_token_budget_below_max_num_seqs_is_refused_in_every_mode(chunked: bool) -> None:
+    # without chunked prefill it was taken, and a step of eight decodes ran on a budget of
+    # five (vLLM refuses the pair in every mode)
+    from core.sched.base import SchedulerConfigError
+
+    with pytest.raises(SchedulerConfigError, match="below max_num_seqs=8"):
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=5, max_model_len=5,
+                        chunked_prefill=chunked)  # fmt: skip
+    SchedulerConfig(max_num_seqs=5, max_num_batched_tokens=5, max_model_len=5,
+                    chunked_prefill=chunked)  # fmt: skip

@@ -305,7 +305,7 @@ def test_an_arrival_at_a_steps_end_joins_the_next_step_in_both_bodies(
         def describe(self) -> str:
             return "0.25 s a step"
 
-    config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64)
+    config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=64, max_num_seqs=64)
 
     def make() -> BaseScheduler:
         return build_scheduler("vllm", 4096, config, block_size=4)

@@ -66,13 +66,13 @@ class SchedulerConfig:
                 f"max_model_len={self.max_model_len}: a long prompt (or a recomputed "
                 "sequence) could never be scheduled; raise it or enable chunked_prefill"
             )
-        if self.chunked_prefill and self.max_num_batched_tokens < self.max_num_seqs:
-            # every running sequence's decode token counts against the budget (vLLM's own
-            # SchedulerConfig refuses this pair in every mode)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # a step's decodes are scheduled whatever the budget, one token per running
+            # sequence (vLLM's own SchedulerConfig refuses this pair in every mode)
             raise SchedulerConfigError(
                 f"max_num_batched_tokens={self.max_num_batched_tokens} is below "
-                f"max_num_seqs={self.max_num_seqs}: with chunked_prefill a step's decodes "
-                "alone could exceed the token budget"
+                f"max_num_seqs={self.max_num_seqs}: a step's decodes alone could exceed the "
+                "token budget"
             )
         if self.preemption_mode not in ("recompute", "swap"):
             raise SchedulerConfigError(
