@@ -631,3 +631,33 @@ def test_a_prefill_chunk_may_grow_into_exactly_the_last_free_blocks() -> None:
     m.grow_prefill(seq, 16)
     assert m.num_slots(seq.seq_id) == 16 and m.num_free_blocks() == 0
     m.check_integrity()
+
+
+@pytest.mark.parametrize("hits_first", [True, False])
+def test_a_readmitted_groups_own_cache_hits_count_as_token_states_whichever_comes_first(
+    hits_first: bool,
+) -> None:
+    # the first sequence's own hits beyond the group's minimum were counted as reserved,
+    # the same hits of a later sequence as token states: the breakdown hung on the order
+    from core.request import Request, SamplingParams, Sequence
+
+    m = PagedKVCacheManager(16, 4, watermark=0.0, enable_prefix_caching=True)
+    earlier = SequenceGroup(Request(0, 0.0, 9, 1, SamplingParams(), tuple(range(1, 10))), 100)
+    m.allocate(earlier)
+    seq = earlier.seqs[0]
+    seq.num_computed = 9
+    m.note_computed(seq)
+    m.free(seq.seq_id)  # its blocks of tokens 1..8 stay cached
+    group = SequenceGroup(Request(1, 0.0, 4, 8, SamplingParams(n=2), (1, 2, 3, 4)), 0)
+    group.seqs.append(Sequence(1, group))
+    outputs = [[5, 6, 7, 8, 9], [15, 16, 17, 18, 19]]  # the first hits two blocks, the other one
+    for s, out in zip(group.seqs, outputs if hits_first else outputs[::-1], strict=True):
+        s.num_generated, s.output_token_ids = 5, list(out)
+    computed = m.allocate(group)
+    assert computed == 4
+    for s in group.seqs:
+        s.num_computed = computed
+        m.note_scheduled(s, computed + 2)
+    shares = m.breakdown()
+    assert (shares.token_states, shares.reserved) == (10, 4)
+    m.check_integrity()

@@ -95,7 +95,9 @@ class PagedKVCacheManager:
         # seq id -> slots written or being written by a scheduled step, for the sequences
         # whose allocated prompt has not all been scheduled yet (chunked prefill)
         self._prefilling: dict[int, int] = {}
-        # seq id -> leading slots another sequence of its group writes (shared prompt blocks)
+        # seq id -> leading slots that hold K/V at a group's admission although the step
+        # starts below them: another sequence's shared prompt blocks, or its own cache hits
+        # beyond the group's minimum
         self._written_by_group: dict[int, int] = {}
 
     # -- helpers ----------------------------------------------------------------------
@@ -306,6 +308,8 @@ class PagedKVCacheManager:
             upto = min(upto, len(hits_of[0]) * self.block_size + first_chunk)
         self._grow(first, upto)
         self._seqs[seqs[0].seq_id] = first
+        if len(seqs) > 1 and hits_of[0]:  # its own hits hold K/V beyond the group's minimum
+            self._written_by_group[seqs[0].seq_id] = len(hits_of[0]) * self.block_size
         states = [first]
         for seq, hits in zip(seqs[1:], hits_of[1:], strict=True):
             table = first.table[:shared]
