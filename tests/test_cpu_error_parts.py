@@ -164,3 +164,16 @@ def test_a_folder_without_runs_is_named_as_such(tmp_path: Path, capsys, monkeypa
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2
     assert err.startswith("error: SITTING_DIR: holds no run_* folder")
+
+
+def test_profiles_of_another_model_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a --profile-from measured on another model than the sitting's ended in a traceback
+    sitting = make_sitting(tmp_path / "sit", {"s": 1.0, "a": 1.1}, host_scale=1.0)
+    other = write_profile(tmp_path / "other", synthetic_rows(), gpu="cpu", model="tiny-opt")
+    with pytest.raises(SystemExit) as exit_:
+        main([str(sitting), "--profile-from", str(other)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "measured on tiny-opt" in err[0], err

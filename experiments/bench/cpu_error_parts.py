@@ -210,8 +210,13 @@ def main(argv: list[str] | None = None) -> int:
                         "[_timed][_pooled].csv, by --timed and --profile-from)")  # fmt: skip
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        profile = pooled_profile(args.profile_from, Path(tmp)) if args.profile_from else None
-        rows = error_parts(args.sitting, args.fit_on, profile, args.timed)
+        try:
+            profile = pooled_profile(args.profile_from, Path(tmp)) if args.profile_from else None
+            rows = error_parts(args.sitting, args.fit_on, profile, args.timed)
+        except ConfigError:
+            raise  # its own one line
+        except ValueError as exc:  # e.g. a --profile-from of another model than the sitting's
+            parser.error(str(exc).splitlines()[0])
     on = f"pooled from {len(args.profile_from)} profiles" if args.profile_from else "its profile"
     speed = "at the sitting's speed" if args.timed else "as is"
     print_table(f"{args.sitting}: model fitted on {args.fit_on}, on {on}, {speed}", rows)
