@@ -48,6 +48,7 @@ import pandas as pd
 
 from core.workload.spec import USES
 from experiments.lib.args import OneLineParser, out_dir_problem
+from experiments.lib.batch_log import batch_logging
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import report_config_error
 from experiments.lib.compose import (
@@ -340,9 +341,7 @@ def main(argv: list[str] | None = None) -> Path:
         plan = check_configs(args.overrides, systems, rates[0])
     except ConfigError as err:
         report_config_error(err)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    for quiet in ("experiments.simulate", "experiments.lib.setup", "matplotlib", "fontTools"):
-        logging.getLogger(quiet).setLevel(logging.WARNING)
+    batch_logging()
     seeds = tuple(range(args.seed, args.seed + args.seeds))
     if plan.trace_rate is not None and len(seeds) > 1:
         log.info("a trace replays the same requests on every seed: one seed (%d)", args.seed)

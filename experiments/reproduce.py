@@ -65,6 +65,7 @@ import pandas as pd
 from hydra import compose, initialize_config_dir
 
 from experiments.lib.args import OneLineParser
+from experiments.lib.batch_log import batch_logging
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import report_config_error, settle_run_config
 from experiments.lib.jobs import (
@@ -339,11 +340,7 @@ def main(argv: list[str] | None = None) -> Path:
     if args.launcher:
         exit_if_launcher_missing([f"hydra/launcher={args.launcher}", *args.launcher_override])
         check_launcher_overrides(args.launcher, args.launcher_override)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    logging.getLogger("fontTools").setLevel(logging.WARNING)
-    # Hundreds of runs: their per-run capacity breakdown is Table 1's, printed once in the report.
-    logging.getLogger("experiments.simulate").setLevel(logging.WARNING)
-    logging.getLogger("matplotlib.category").setLevel(logging.WARNING)
+    batch_logging()
 
     duration = args.duration or (3600.0 if args.full else 600.0)
     out: Path = args.out

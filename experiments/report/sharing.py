@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.lib.args import OneLineParser
+from experiments.lib.batch_log import batch_logging
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import check_out_dir, report_config_error
 from experiments.lib.pool import worker_pool
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> Path:
         check_out_dir(args.out)
     except ConfigError as err:
         report_config_error(err)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    batch_logging()
 
     duration = args.duration or (FULL_DURATION_S if args.full else DURATION_S)
     args.out.mkdir(parents=True, exist_ok=True)
