@@ -43,9 +43,9 @@ def worker_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
     (uncaught, either prints one line: :mod:`experiments.lib.signals`). When the block
     ends on an exception (a ``KeyboardInterrupt``, a ``SystemExit``, an error), the jobs not
     started are cancelled, the workers killed (a second signal meanwhile is dropped, so none
-    is left running) and the exception goes on at once; a run a worker
-    had half done leaves what its own writes leave (each file whole or absent). When the block
-    ends normally, the pool waits for its jobs, as a plain pool does."""
+    is left running) and the exception goes on at once; a run a worker had half done leaves
+    what its own writes leave (each file whole or absent). When the block ends normally, the
+    pool waits for its jobs, as a plain pool does."""
     pool = ProcessPoolExecutor(workers, initializer=_workers_leave_signals_to_the_main_process)
     try:
         with sigterm_as_interrupt():
