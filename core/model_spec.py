@@ -46,6 +46,12 @@ _ACTIVATIONS: dict[str, str] = {"opt": "relu", "llama": "silu"}
 # HF config keys that count routed experts (Mixtral, Qwen2-MoE, DeepSeek): a config of a
 # dense model_type holding one > 1 describes a mixture of experts
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+# a quantized checkpoint's config.json (transformers; compressed-tensors' older name)
+QUANTIZATION_KEYS = ("quantization_config", "compression_config")
+# transformers' Qwen3Config default head_dim (not hidden_size / num_attention_heads)
+QWEN3_HEAD_DIM = 128
+# transformers' Qwen2Config/Qwen3Config default max_window_layers (5.24)
+QWEN_FULL_LAYERS = 28
 # HF model_type -> family; all but OPT share the Llama block layout.
 MODEL_TYPES: dict[str, Family] = {
     "opt": "opt",
@@ -255,16 +261,27 @@ class ModelSpec:
             )
         family = MODEL_TYPES[model_type]
         for key in MOE_KEYS:  # a mixture of experts labelled as a dense type
-            if isinstance(config.get(key), int) and config[key] > 1:
+            if _number_over_one(config.get(key)):
                 raise ValueError(
-                    f"{model_type} config: {key} is {config[key]}: a mixture of experts, "
+                    f"{model_type} config: {key} is {config[key]!r}: a mixture of experts, "
                     "which the cost model does not price (dense decoders only)"
+                )
+        for key in QUANTIZATION_KEYS:
+            if config.get(key):
+                quant = config[key]
+                how = quant.get("quant_method", "") if isinstance(quant, dict) else ""
+                raise ValueError(
+                    f"{model_type} config: {key} is set{f' ({how})' if how else ''}: quantized "
+                    "weights, which the cost model does not price (16-bit weights only: "
+                    "give the unquantized model's config)"
                 )
         hidden = _require(config, "hidden_size")
         heads = _require(config, "num_attention_heads")
         path_or_id = str(config.get("_name_or_path") or "")
         label = name or path_or_id or f"{model_type}-custom"
         head_dim = _optional_count(config, "head_dim")
+        if head_dim is None and model_type == "qwen3":
+            head_dim = QWEN3_HEAD_DIM
         if head_dim is None:
             if hidden % heads:
                 raise ValueError(
@@ -306,6 +323,11 @@ class ModelSpec:
         rope_type, rope_theta = _rope(config)
         common["max_model_len"] = rope_max_model_len(config, common["max_model_len"])
         use_window = _flag(config, "use_sliding_window", True)
+        if model_type in ("qwen2", "qwen3") and use_window:
+            # Qwen's first max_window_layers layers attend in full (transformers'
+            # Qwen2Config/Qwen3Config layer_types): none slides when they are all of them
+            full = _optional_count(config, "max_window_layers")
+            use_window = (QWEN_FULL_LAYERS if full is None else full) < common["num_layers"]
         kv_heads = _optional_count(config, "num_key_value_heads")
         return cls(
             **common,
@@ -500,3 +522,13 @@ def _rope(d: dict[str, Any]) -> tuple[str, float]:
     rope_type = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
     theta_block = "rope_parameters" if params.get("rope_theta") is not None else None
     return str(rope_type), _positive(d, "rope_theta", 10000.0, theta_block)
+
+
+def _number_over_one(value: Any) -> bool:
+    """A count above one, however written: an int, a float or a numeric string."""
+    if isinstance(value, bool) or value is None:
+        return False
+    try:
+        return float(value) > 1
+    except (TypeError, ValueError):
+        return False

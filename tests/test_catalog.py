@@ -133,6 +133,47 @@ def test_a_mixture_of_experts_labelled_dense_is_refused(key: str) -> None:
     assert ModelSpec.from_hf_config(one_expert).num_layers == MODELS["llama-3-8b"].num_layers
 
 
+@pytest.mark.parametrize("count", [8.0, "8"])
+def test_an_expert_count_written_as_a_float_or_text_is_refused_too(count: object) -> None:
+    # only ints were counted: num_local_experts 8.0 ran as a dense model of all the experts
+    with pytest.raises(ValueError, match="a mixture of experts"):
+        ModelSpec.from_hf_config({"model_type": "mistral", "num_local_experts": count})
+
+
+@pytest.mark.parametrize("key", ["quantization_config", "compression_config"])
+def test_a_quantized_checkpoint_is_refused_not_priced_at_16_bits(key: str) -> None:
+    # quantization_config was ignored: an AWQ 4-bit Qwen2.5-32B was priced at 61 GiB of
+    # weights, its KV cache a fifth of the real one
+    config = {**MODELS["llama-3-8b"].to_hf_config(), key: {"quant_method": "awq", "bits": 4}}
+    with pytest.raises(ValueError, match=f"llama config: {key} is set \\(awq\\): quantized"):
+        ModelSpec.from_hf_config(config)
+    assert ModelSpec.from_hf_config({**config, key: None}) == MODELS["llama-3-8b"]
+
+
+def test_a_qwen3_config_without_head_dim_takes_transformers_default() -> None:
+    # it took hidden_size / heads (64 for Qwen3-0.6B's shape), halving the KV per token
+    shape = {"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16,
+             "num_key_value_heads": 8, "num_hidden_layers": 28, "intermediate_size": 3072,
+             "vocab_size": 151936, "max_position_embeddings": 40960}  # fmt: skip
+    assert ModelSpec.from_hf_config(shape).head_dim == 128
+    assert ModelSpec.from_hf_config({**shape, "head_dim": 64}).head_dim == 64
+
+
+@pytest.mark.parametrize(("full_layers", "window"), [(28, None), (None, None), (20, 4096)])
+def test_a_qwen_window_slides_only_past_its_full_attention_layers(
+    full_layers: int | None, window: int | None
+) -> None:
+    # transformers' Qwen2 attends in full in its first max_window_layers layers (default
+    # 28): with all 28 of them, no layer slides, and the window was reported anyway
+    shape = {"model_type": "qwen2", "hidden_size": 3584, "num_attention_heads": 28,
+             "num_key_value_heads": 4, "num_hidden_layers": 28, "intermediate_size": 18944,
+             "vocab_size": 152064, "max_position_embeddings": 32768,
+             "use_sliding_window": True, "sliding_window": 4096}  # fmt: skip
+    if full_layers is not None:
+        shape["max_window_layers"] = full_layers
+    assert ModelSpec.from_hf_config(shape).sliding_window == window
+
+
 def test_from_hf_config_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
         ModelSpec.from_hf_config({"model_type": "gpt2"})
