@@ -34,6 +34,9 @@ OPT_POSITION_OFFSET = 2
 # RoPE types whose max_position_embeddings already is the extended context: vLLM's
 # ``_get_and_verify_max_len`` (vllm/config/model.py) scales every other type's by its factor.
 UNSCALED_ROPE_TYPES = ("su", "longrope", "llama3")
+# the RoPE types of transformers' ROPE_INIT_FUNCTIONS (modeling_rope_utils) that a dense
+# decoder here may carry; another is refused rather than scaled by a guess
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", *UNSCALED_ROPE_TYPES)
 
 # An HF Hub repository id, ``org/name`` (huggingface_hub's validate_repo_id: letters, digits,
 # '-', '_' and '.'; not starting with '.' or '-').
@@ -418,6 +421,11 @@ def rope_max_model_len(d: Mapping[str, Any], max_position_embeddings: int) -> in
     block = {**scaling, **params}  # as _rope reads them
     key = "rope_parameters" if params else "rope_scaling"
     rope_type = block.get("rope_type", block.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(
+            f"{d.get('model_type')} config: {key} has rope type {rope_type!r}; known: "
+            f"{', '.join(ROPE_TYPES)}"
+        )
     if rope_type in UNSCALED_ROPE_TYPES:
         return max_position_embeddings
     factor = block.get("factor", 1.0)

@@ -174,6 +174,16 @@ def test_a_qwen_window_slides_only_past_its_full_attention_layers(
     assert ModelSpec.from_hf_config(shape).sliding_window == window
 
 
+def test_an_unknown_rope_type_is_refused_not_scaled_by_its_factor() -> None:
+    # {"type": "foobar", "factor": 2} doubled the context as if it were linear scaling
+    config = {**MODELS["llama-3-8b"].to_hf_config(), "rope_scaling": {"type": "foobar",
+                                                                      "factor": 2.0}}  # fmt: skip
+    with pytest.raises(ValueError, match="rope_scaling has rope type 'foobar'; known: default"):
+        ModelSpec.from_hf_config(config)
+    config["rope_scaling"]["type"] = "linear"
+    assert ModelSpec.from_hf_config(config).max_model_len == 2 * 8192
+
+
 def test_from_hf_config_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
         ModelSpec.from_hf_config({"model_type": "gpt2"})
