@@ -269,6 +269,32 @@ def test_a_profile_is_priced_only_at_the_dtype_width_it_was_measured_in(tmp_path
         ProfiledCostModel(path, "opt-13b", "a100-40gb", dtype_bytes=4)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "float8_e4m3fn"])
+def test_a_profile_of_a_dtype_kvlab_does_not_know_is_refused(tmp_path: Path, dtype: str) -> None:
+    # an unknown name fell back to the run's own width: an fp32 profile priced fp16 runs
+    path = write_profile(tmp_path / "p", synthetic_rows(), dtype=dtype)
+    with pytest.raises(ValueError, match=f"measured in dtype '{dtype}', none kvlab prices"):
+        ProfiledCostModel(path, "opt-13b", "a100-40gb", dtype_bytes=2)
+
+
+@needs_vidur
+def test_a_vidur_csv_prices_16_bit_runs_only() -> None:
+    # read raw, Vidur's fp16 tables priced fp32 (or any) runs unchanged
+    ProfiledCostModel(VIDUR_A100, "llama-7b", "a100-80gb", 1, dtype_bytes=2)
+    with pytest.raises(ValueError, match="measured in float16"):
+        ProfiledCostModel(VIDUR_A100, "llama-7b", "a100-80gb", 1, dtype_bytes=4)
+
+
+def test_a_calibration_without_its_model_or_gpu_is_a_value_error_naming_it() -> None:
+    terms = dict.fromkeys(("constant", *ROOFLINE_TERMS), 1e-6)
+    doc = CalibratedCostModel("opt-125m", "h200", terms).to_dict()
+    for key in ("model", "gpu"):
+        with pytest.raises(ValueError, match=f"^{key}: "):
+            CalibratedCostModel.from_dict({k: v for k, v in doc.items() if k != key})
+    no_gpu = {k: v for k, v in doc.items() if k != "gpu"}
+    assert CalibratedCostModel.from_dict(no_gpu, get_gpu("h200")).roofline.gpu.name == "h200"
+
+
 _SHAPES = st.builds(
     lambda p, ps, d, dc: BatchShape(
         prefill_tokens=p * ps,

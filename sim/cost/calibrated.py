@@ -339,6 +339,8 @@ class CalibratedCostModel:
         ``gpu``: the spec to price on, for a GPU the catalog does not hold (a user's own,
         named as the document names it)."""
         check_calibration_doc(d)
+        if gpu is None and "gpu" not in d:
+            raise ValueError("gpu: missing (the GPU the model was fitted for)")
         return cls(
             d["model"],
             d["gpu"] if gpu is None else gpu,
@@ -419,9 +421,10 @@ def check_calibration_doc(d: Mapping[str, Any]) -> None:
     if not isinstance(d.get("coefficients"), Mapping):
         raise ValueError(f"coefficients: expected a mapping of term to value, got "
                          f"{d.get('coefficients')!r}")  # fmt: skip
-    for key in ("model", "gpu"):
-        if key in d and not isinstance(d[key], str):
-            raise ValueError(f"{key}: expected a name, got {d[key]!r}")
+    if not isinstance(d.get("model"), str):
+        raise ValueError(f"model: expected the model's name, got {d.get('model')!r}")
+    if "gpu" in d and not isinstance(d["gpu"], str):
+        raise ValueError(f"gpu: expected a name, got {d['gpu']!r}")
     for key, default in (("tp", 1), ("dtype_bytes", 2), ("block_size", DEFAULT_BLOCK_SIZE)):
         value = d.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

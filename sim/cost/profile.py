@@ -80,6 +80,10 @@ VIDUR_GPUS = {"a100": "a100-80gb", "h100": "h100"}
 # (microsoft/vidur, vidur/profiling/mlp/mlp_impl.py, ``_forward_with_post_attn_norm``).
 KVLAB_OTHER_RESIDUAL_ADDS = 2
 VIDUR_OTHER_RESIDUAL_ADDS = 1
+# The dtype of Vidur's operator tables: fp16, the dtype kvlab's embedded copy of the same
+# tables records (experiments/lib/embed_profile.py) and Vidur's all-reduce table states
+# (docs/validation/allreduce.md); a Vidur CSV read as such prices fp16/bf16 runs only.
+VIDUR_DTYPE = "float16"
 # Attention backends whose decode reads every block of a sequence whole: the torch reference
 # gathers ceil(context / block) blocks before slicing the context out
 # (kernels.reference.gather_sequence_kv). The triton kernel visits keys BLOCK_N at a time and
@@ -527,6 +531,7 @@ def _read_vidur_tp(p: Path, tp: int) -> OperatorProfile:
         ops, _vidur_gpu(p), tp, None, shape, None,
         f"Vidur profile {gpu_dir}/{p.name} (microsoft/vidur 7d47513, MIT), tp {tp}, "
         f"{len(n)} token counts {int(n[0])}-{int(n[-1])}",
+        meta={"dtype": VIDUR_DTYPE},
         other_residual_adds=VIDUR_OTHER_RESIDUAL_ADDS,
     )  # fmt: skip
 

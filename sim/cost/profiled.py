@@ -315,10 +315,15 @@ class ProfiledCostModel:
                     f"{prof.source}: measured on {prof.gpu!r}, which has no hardware entry to "
                     f"price from ({exc.args[0]})"
                 ) from None
-        measured_in = str(prof.meta.get("dtype"))
-        if DTYPE_BYTES.get(measured_in, dtype_bytes) != dtype_bytes:
+        measured_in = prof.meta.get("dtype")  # None: not recorded, nothing to check
+        if measured_in is not None and str(measured_in) not in DTYPE_BYTES:
             raise ValueError(
-                f"{prof.source}: measured in {measured_in} ({DTYPE_BYTES[measured_in]} bytes "
+                f"{prof.source}: measured in dtype {measured_in!r}, none kvlab prices "
+                f"({', '.join(DTYPE_BYTES)})"
+            )
+        if measured_in is not None and DTYPE_BYTES[str(measured_in)] != dtype_bytes:
+            raise ValueError(
+                f"{prof.source}: measured in {measured_in} ({DTYPE_BYTES[str(measured_in)]} bytes "
                 f"an element); the run prices {dtype_bytes}-byte elements (cost.dtype_bytes): "
                 "profile at the run's dtype, set cost.dtype_bytes to match, or price it with "
                 "cost=roofline"
