@@ -44,6 +44,17 @@ def _group_ends(group: int, within_s: float = 10.0) -> bool:
     return False
 
 
+def _finished_within_a_minute(proc: subprocess.Popen, why: str) -> tuple[str, str]:
+    """``proc``'s (stdout, stderr) once it ends; its group killed and the test failed with
+    ``why`` if it runs on for a minute."""
+    try:
+        return proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(why)
+
+
 def _signals_ignored() -> bool:
     return all(signal.getsignal(sig) is signal.SIG_IGN for sig in (signal.SIGINT, signal.SIGTERM))
 
@@ -107,12 +118,7 @@ def test_a_second_signal_during_the_cleanup_leaves_no_worker_running() -> None:
         [sys.executable, "-c", SIGNALLED_TWICE], cwd=ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("the pool's cleanup hung after a second SIGTERM")
+    out, err = _finished_within_a_minute(proc, "the pool's cleanup hung after a second SIGTERM")
     assert proc.returncode == 0, err
     assert out.split() == ["True", "2", "0"]
     assert _group_ends(proc.pid)
@@ -252,12 +258,7 @@ def test_sigterm_stops_reproduce_on_a_launcher_and_its_workers(tmp_path: Path) -
             break
     time.sleep(8)  # the joblib workers start and take their first runs
     os.kill(proc.pid, signal.SIGTERM)
-    try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("reproduce --launcher ran on for a minute after SIGTERM")
+    _, err = _finished_within_a_minute(proc, "reproduce --launcher ran on after SIGTERM")
     assert proc.returncode == TERMINATED_STATUS
     assert err.strip().splitlines()[-1] == "interrupted (SIGTERM)"
     assert "Traceback" not in err
