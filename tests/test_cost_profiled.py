@@ -612,3 +612,14 @@ def test_one_more_sequence_of_the_same_context_is_never_cheaper(tmp_path: Path) 
         one = m.decode_attention_seconds(BatchShape(decode_seqs=1, decode_ctx_tokens=per_seq))
         two = m.decode_attention_seconds(BatchShape(decode_seqs=2, decode_ctx_tokens=2 * per_seq))
         assert two >= one, per_seq
+
+
+def test_a_calibrated_models_description_names_its_unfitted_transfer_constants() -> None:
+    # swaps and block copies are priced by a roofline whose link and memory efficiency
+    # were printed nowhere
+    terms = dict.fromkeys(("constant", *ROOFLINE_TERMS), 1e-6)
+    text = CalibratedCostModel("opt-125m", "h200", terms).describe()
+    gpu = get_gpu("h200")
+    assert f"swaps over the host link at {gpu.host_link_bandwidth / 1e9:g} GB/s" in text
+    assert gpu.source["host_link_gbs"] in text and gpu.source["mem_bandwidth_gbs"] in text
+    assert "copies at 0.88 of HBM 4800 GB/s (kvlab's device-to-device copy benchmark" in text

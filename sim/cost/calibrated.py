@@ -353,7 +353,8 @@ class CalibratedCostModel:
         )
 
     def describe(self) -> str:
-        """Coefficients with their reading, what they were fitted on, and the fit error
+        """Coefficients with their reading, what they were fitted on, the constants that
+        price swaps and block copies (not fitted) with their sources, and the fit error
         (only the statistics the fit recorded)."""
         rf, c, s = self.roofline, self.coefficients, self.fit_stats
         # experiments.calibrate records n_steps (engine steps); calibrate_vllm, n_signals
@@ -381,6 +382,21 @@ class CalibratedCostModel:
             ("per_prefill_sequence", "extra per prefill sequence"),
         ):
             lines.append(f"  {term:<28} {c[term] * 1e3:10.4f} ms ({reading})")
+        eff, g = rf.efficiency, rf.gpu
+        src = {
+            k: g.source.get(k, "no source given") for k in ("host_link_gbs", "mem_bandwidth_gbs")
+        }
+        link = (
+            f"{eff.pcie_bandwidth / 1e9:g} GB/s per direction ({eff.source['pcie_bandwidth']})"
+            if eff.pcie_bandwidth
+            else f"{g.host_link_bandwidth / 1e9:g} GB/s per direction ({src['host_link_gbs']})"
+        )
+        lines += [
+            "  swaps and device block copies, not fitted, are priced by the roofline:",
+            f"    swaps over the host link at {link}",
+            f"    copies at {eff.memory:g} of HBM {g.mem_bandwidth / 1e9:g} GB/s "
+            f"({eff.source['memory']}; {src['mem_bandwidth_gbs']})",
+        ]
         s = {k: v for k, v in s.items() if v is not None}
         stats = [
             text
