@@ -95,6 +95,20 @@ def activation_bytes(
     return max(forward, sampler + t * model.hidden_size * dtype_bytes)
 
 
+class DoesNotFit(ValueError):
+    """The weights and the memory reserved beside them exceed the usable memory.
+    ``problem``: what exceeds what (and, where the weights fit, which part of the profile
+    run makes the peak); ``peak``: ``"forward"`` (its ``max_num_batched_tokens`` tokens) or
+    ``"sampler"`` (its ``max_num_seqs`` rows) when the weights fit, else None;
+    ``more_memory``: the ``gpu_memory_utilization`` that would do, as advice, or ''. The
+    message is the problem with that advice."""
+
+    def __init__(self, problem: str, peak: str | None, more_memory: str) -> None:
+        joint = "; or " if peak is not None else "; "
+        super().__init__(problem + (joint + more_memory if more_memory else ""))
+        self.problem, self.peak, self.more_memory = problem, peak, more_memory
+
+
 @dataclass(frozen=True, slots=True)
 class KVCapacity:
     """KV-cache budget, following vLLM's accounting (``Worker.determine_available_memory``):
@@ -236,25 +250,25 @@ def kv_capacity(
         else ""
     )
     if derived and weights + acts + graphs + non_torch_bytes >= usable:
-        hint = ""
+        peak, why = None, ""
         if weights + graphs + non_torch_bytes < usable:  # the profile run's peak is too much
             forward = activation_bytes(model, tp, max_num_batched_tokens, 0, dtype_bytes)
-            hint = (
+            peak = "forward" if acts <= forward else "sampler"
+            why = (
                 f"; the weights fit: the activations are a profile run of "
                 f"{max_num_batched_tokens} tokens (max_num_batched_tokens)"
-                if acts <= forward
+                if peak == "forward"
                 else f"; the weights fit: the activations are the profile run's sampler on "
                 f"{min(max_num_batched_tokens, max_num_seqs)} rows (max_num_seqs) × "
                 f"{model.vocab_size} logits"
             )
-        if more_memory:
-            hint += f"; or {more_memory}" if hint else f"; {more_memory}"
-        raise ValueError(
+        raise DoesNotFit(
             f"{model.name} does not fit on {tp} × {gpu.name}: weights {weights / GIB:.2f} GiB "
             f"+ activations {acts / GIB:.2f} GiB + CUDA graphs {graphs / GIB:.2f} GiB "
             f"+ non-torch {non_torch_bytes / GIB:.2f} GiB per GPU exceed {usable / GIB:.2f} "
-            f"GiB ({gpu_memory_utilization:.0%} of the {total / GIB:.2f} GiB {kind}){hint}"
-        )
+            f"GiB ({gpu_memory_utilization:.0%} of the {total / GIB:.2f} GiB {kind}){why}",
+            peak, more_memory,
+        )  # fmt: skip
     if num_gpu_blocks is not None:
         for key, value in (("num_gpu_blocks", num_gpu_blocks), ("block_size", block_size)):
             if value < 1:

@@ -42,7 +42,7 @@ from experiments.lib.checks import (
     run_gpu,
 )
 from experiments.lib.input_stamps import located_input
-from sim.capacity import KVCapacity, kv_capacity
+from sim.capacity import DoesNotFit, KVCapacity, kv_capacity
 from sim.catalog import GPUSpec, ModelSpec, model_from_config, model_key
 from sim.cost import CostModel, Efficiency, build_cost_model
 from sim.cost.calibrated import check_calibration_doc
@@ -537,12 +537,10 @@ def run_capacity(args: Mapping[str, Any], limits: BatchLimits | None = None) -> 
         return kv_capacity(**args)
     except ValueError as exc:
         text = str(exc)
-        if "the weights fit" not in text or limits is None:
+        if not isinstance(exc, DoesNotFit) or exc.peak is None or limits is None:
             raise ConfigError(capacity_error_key(text, args), text) from None
-        # the key's advice before kv_capacity's other way out (more of the GPU)
-        problem, other, more_memory = text.partition("; or raise gpu_memory_utilization")
         key, advice = "system.max_num_batched_tokens", "set it lower"
-        if "(max_num_seqs)" in problem:
+        if exc.peak == "sampler":
             key = "system.max_num_seqs"
         elif limits.tokens_source.startswith("max_model_len"):
             key, advice = (
@@ -552,7 +550,9 @@ def run_capacity(args: Mapping[str, Any], limits: BatchLimits | None = None) -> 
                     "system.max_num_batched_tokens) lower"
                 ),
             )
-        raise ConfigError(key, f"{problem}; {advice}{other}{more_memory}") from None
+        # the key's advice before kv_capacity's other way out (more of the GPU)
+        more = f"; or {exc.more_memory}" if exc.more_memory else ""
+        raise ConfigError(key, f"{exc.problem}; {advice}{more}") from None
 
 
 # Memory a run's system group reserves beside the weights: key -> kv_capacity argument.
