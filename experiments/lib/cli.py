@@ -52,6 +52,7 @@ from experiments.lib.signals import (
     TERMINATED_STATUS,
     Terminated,
     full_errors_asked,
+    interrupted_why,
     interrupts_deferred,
     quiet_resource_trackers,
     sigterm_as_interrupt,
@@ -301,8 +302,7 @@ def run_app(
     except KeyboardInterrupt as exc:
         whole = _whole_run(out_dir)
         if whole is None:
-            how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
-            line = f"interrupted ({how}) before the run finished: the files here are partial"
+            line = f"{interrupted_why(exc)} before the run finished: the files here are partial"
             write_error(out_dir, line)
             record("interrupted", error=line)
             if not _COMMAND_LINE or full_errors():

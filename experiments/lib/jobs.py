@@ -266,7 +266,8 @@ class LaunchQueue:
         On an interrupt, each job of the launch in flight that started and did not mark
         itself is marked ``interrupted`` here (a joblib launcher kills the other workers as
         soon as one job's interrupt comes back, before they can mark theirs)."""
-        from experiments.lib.sweep_stop import interrupted_why, mark_stopped
+        from experiments.lib.signals import interrupted_why
+        from experiments.lib.sweep_stop import mark_stopped
 
         with self._lock:
             self._stopped = why

@@ -30,6 +30,12 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived: handled wherever Ctrl-C's ``KeyboardInterrupt`` is."""
 
 
+def interrupted_why(exc: BaseException | type[BaseException]) -> str:
+    """``interrupted (SIGTERM)`` or ``interrupted (Ctrl-C)``, as ``exc`` (or its class) says."""
+    kind = exc if isinstance(exc, type) else type(exc)
+    return f"interrupted ({'SIGTERM' if issubclass(kind, Terminated) else 'Ctrl-C'})"
+
+
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -107,8 +113,7 @@ def quiet_uncaught_interrupts() -> None:
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         if issubclass(kind, KeyboardInterrupt) and not full_errors_asked():
-            how = "SIGTERM" if issubclass(kind, Terminated) else "Ctrl-C"
-            print(f"interrupted ({how})", file=sys.stderr)
+            print(interrupted_why(kind), file=sys.stderr)
             if issubclass(kind, Terminated):  # Python would exit 1: SIGTERM's status instead
                 sys.stdout.flush()
                 sys.stderr.flush()

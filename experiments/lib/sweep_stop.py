@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from experiments.lib.results import append_index, write_csv, write_error
-from experiments.lib.signals import FULL_ERROR_ASKED, Terminated
+from experiments.lib.signals import FULL_ERROR_ASKED, interrupted_why
 
 # (sweep folder, its job records when it started) of each sweep begun in this process:
 # appended by the SweepSummary callback, read when a sweep stops early
@@ -147,11 +147,6 @@ def _keep(why: str) -> str:
     write_csv(sweep_dir / "summary.csv", summary)
     return (f"; {sweep_dir / 'summary.csv'} lists them and the stopped ones; rerun the same "
             f"command with hydra.sweep.dir={sweep_dir} to run the rest")  # fmt: skip
-
-
-def interrupted_why(exc: BaseException) -> str:
-    """``interrupted (SIGTERM)`` or ``interrupted (Ctrl-C)``, as ``exc`` says."""
-    return f"interrupted ({'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'})"
 
 
 def mark_stopped(job_dirs: Sequence[Path], line: str) -> None:
