@@ -276,3 +276,22 @@ def test_empty_vidur_table_is_refused(tmp_path: Path, text: str) -> None:
     p.parent.mkdir()
     p.write_text(text)
     refused(p, r"mlp_test\.csv: no data rows")
+
+
+@pytest.mark.parametrize("op", ["linear", "other", "attn_prefill", "lm_head"])
+def test_kvlab_op_priced_along_tokens_at_one_count_is_refused(tmp_path: Path, op: str) -> None:
+    """One token count gives no slope: every batch was priced as that count."""
+    rows = [r for r in kvlab_rows() if r[0] != op or r[1] == "8"]
+    line = next(i for i, r in enumerate(rows) if r[0] == op) + 2
+    refused(write_kvlab(tmp_path, rows), rf"row {line}: op {op} has one token count \(8\)")
+
+
+def test_kvlab_decode_attention_at_one_point_stays_accepted(tmp_path: Path) -> None:
+    """Decode attention at one (sequences, context) point is priced in proportion to the
+    context, as documented, so it is not refused."""
+    rows = [r for r in kvlab_rows() if r[0] != "attn_decode"] + [("attn_decode", "1", "16", "0.02")]
+    assert read_profile(write_kvlab(tmp_path, rows)).ops["attn_decode"][0].tolist() == [1.0]
+
+
+def test_vidur_table_at_one_token_count_is_refused(tmp_path: Path) -> None:
+    refused(write_vidur(tmp_path, vidur_rows(["4", "4"])), r"row 2: op linear has one token count")

@@ -21,10 +21,12 @@ Every op is required unless the sidecar lists the ones it holds (``"ops"``, whic
 include ``linear`` and ``other``); the cost model prices missing attention or LM-head rows
 by the roofline, as for Vidur's tables. Sizes are whole numbers (``num_tokens`` >= 1,
 ``context_tokens`` >= 0), times finite and > 0, and each op's ``(num_tokens,
-context_tokens)`` strictly increase down the file (a size given twice is refused). The
-sidecar's ``model`` and ``gpu`` are non-empty strings, ``tp`` a JSON integer >= 1,
-``block_size`` a power-of-two JSON integer or null/absent (not said: the run's block size
-is assumed), ``dtype`` and ``attention`` strings or null/absent, ``ops`` a list of op
+context_tokens)`` strictly increase down the file (a size given twice is refused); the ops
+priced along token counts (``linear``, ``other``, ``attn_prefill``, ``lm_head``; in either
+format) hold at least two counts, while one ``attn_decode`` point is priced in proportion
+to its context. The sidecar's ``model`` and ``gpu`` are non-empty strings, ``tp`` a JSON
+integer >= 1, ``block_size`` a power-of-two JSON integer or null/absent (not said: the
+run's block size is assumed), ``dtype`` and ``attention`` strings or null/absent, ``ops`` a list of op
 names, ``other_residual_adds`` the residual adds the ``other`` rows timed (0, 1 or 2;
 absent: 2, what kvlab's profiler times; the profile derived from Vidur's table says 1),
 ``linear_fixed_s`` and ``other_fixed_s`` the fixed parts of the ``linear`` and ``other``
@@ -71,6 +73,7 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 FORMAT = "kvlab-operator-profile/1"
 OPS = ("linear", "other", "attn_prefill", "attn_decode", "lm_head")
 REQUIRED_OPS = ("linear", "other")
+TOKEN_AXIS_OPS = ("linear", "other", "attn_prefill", "lm_head")  # priced along token counts
 VIDUR_LINEAR = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 VIDUR_OTHER = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 VIDUR_GPUS = {"a100": "a100-80gb", "h100": "h100"}
@@ -236,6 +239,16 @@ def _check(
             )
 
 
+def _check_slope(path: Path, op: str, n: np.ndarray, rows: list[int]) -> None:
+    """An op priced along token counts holds at least two of them: one point gives no slope,
+    and every batch would be priced as that one count (flat in tokens)."""
+    if op in TOKEN_AXIS_OPS and len(np.unique(n)) < 2:
+        raise ProfileError(
+            f"{path}: row {rows[0]}: op {op} has one token count ({int(n[0])}); at least two "
+            "are needed to price other counts"
+        )
+
+
 def _is_count(value: object) -> bool:
     """A JSON integer >= 1 (not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
@@ -365,6 +378,7 @@ def read_kvlab_profile(path: Path | str) -> OperatorProfile:
     for op, items in by_op.items():
         n, c, t = (np.array([x[j] for x in items]) for j in range(3))
         _check(p, op, n, c, t / 1e3, [x[3] for x in items])
+        _check_slope(p, op, n, [x[3] for x in items])
         ops[op] = (n, c, t / 1e3)
     constants = {"allreduce_latency_s", "peer_link_efficiency"}
     if "allreduce_source" in meta and not constants & set(meta):
@@ -523,6 +537,7 @@ def _read_vidur_tp(p: Path, tp: int) -> OperatorProfile:
     for j, op in ((1, "linear"), (2, "other")):
         t = np.array([x[j] for x in picked]) / 1e3
         _check(p, op, n, zeros, t, rows)
+        _check_slope(p, op, n, rows)
         ops[op] = (n, zeros, t)
     # Vidur leaves an operator's times at 0 where the model has none
     rotary = any(_vidur_time(p, x[3], x[4], "attn_rope") > 0 for x in picked)
