@@ -26,13 +26,13 @@ priced along token counts (``linear``, ``other``, ``attn_prefill``, ``lm_head``;
 format) hold at least two counts, while one ``attn_decode`` point is priced in proportion
 to its context. The sidecar's ``model`` and ``gpu`` are non-empty strings, ``tp`` a JSON
 integer >= 1, ``block_size`` a power-of-two JSON integer or null/absent (not said: the
-run's block size is assumed), ``dtype`` and ``attention`` strings or null/absent, ``ops`` a list of op
-names, ``other_residual_adds`` the residual adds the ``other`` rows timed (0, 1 or 2;
-absent: 2, what kvlab's profiler times; the profile derived from Vidur's table says 1),
-``linear_fixed_s`` and ``other_fixed_s`` the fixed parts of the ``linear`` and ``other``
-rows' times in seconds (:mod:`sim.cost.fixed_latency`; a number >= 0 below the op's
-smallest time; absent: 0) and ``linear_fixed_source`` and ``other_fixed_source`` where they
-come from, and ``allreduce_latency_s`` (seconds in [0, 1); absent: 0) and
+run's block size is assumed), ``dtype`` and ``attention`` strings or null/absent, ``ops``
+a list of op names, ``other_residual_adds`` the residual adds the ``other`` rows timed (0,
+1 or 2; absent: 2, what kvlab's profiler times; the profile derived from Vidur's table
+says 1), ``linear_fixed_s`` and ``other_fixed_s`` the fixed parts of the ``linear`` and
+``other`` rows' times in seconds (:mod:`sim.cost.fixed_latency`; a number >= 0 below the
+op's smallest time; absent: 0) and ``linear_fixed_source`` and ``other_fixed_source``
+where they come from, and ``allreduce_latency_s`` (seconds in [0, 1); absent: 0) and
 ``peer_link_efficiency`` (in [0.001, 1]; absent: 1) the tensor-parallel all-reduce's
 constants measured on the profile's GPU (:mod:`sim.cost.allreduce`), ``allreduce_source``
 where they come from (refused without either of them).
