@@ -111,6 +111,28 @@ def test_a_finished_run_made_by_other_code_is_not_reused(tmp_path: Path, monkeyp
     assert finished_metrics(tmp_path / "job", cfg) is None
 
 
+def test_a_finished_run_of_an_edited_plugin_is_not_reused(tmp_path: Path, monkeypatch) -> None:
+    # the plugin's module is outside the stamped code: a resumed sweep reused results made
+    # by the policy before its edit
+    import sys
+
+    from experiments.lib.results import finished_metrics
+    from experiments.reproduce import compose_config
+    from experiments.simulate import run
+
+    source = Path(__file__).with_name("policy_plugin.py").read_text()
+    (tmp_path / "edited_policy.py").write_text(source.replace("vllm_spf", "vllm_spf_edit"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "edited_policy", raising=False)
+    cfg = compose_config(["workload.num_requests=3", "workload.duration_s=null", "index=null",
+                          "system.plugin=edited_policy", "system.name=vllm_spf_edit"])  # fmt: skip
+    run(cfg, tmp_path / "job")
+    assert finished_metrics(tmp_path / "job", cfg) is not None
+    plugin = tmp_path / "edited_policy.py"
+    plugin.write_text(plugin.read_text() + "# edited\n")
+    assert finished_metrics(tmp_path / "job", cfg) is None
+
+
 def test_the_code_digest_follows_every_source_of_a_run(tmp_path: Path, monkeypatch) -> None:
     from experiments.lib import input_stamps
 

@@ -14,6 +14,7 @@ again rather than reused.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 from functools import cache
 from pathlib import Path
@@ -72,12 +73,41 @@ def code_digest() -> str:
     return digest.hexdigest()
 
 
+def plugin_digest(module: str) -> str | None:
+    """sha256 over the path and bytes of the ``.py`` files of the policy plugin ``module``
+    (``system.plugin``): its file, or every file of its package; None when it cannot be
+    found (the run then fails to load it). Found as Python would import it, from the working
+    directory and ``sys.path``; a parent package is imported to find a submodule."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    origin = Path(spec.origin)
+    package = spec.submodule_search_locations is not None
+    root = origin.parent if package else origin
+    files = sorted(root.rglob("*.py")) if package else [origin]
+    digest = hashlib.sha256()
+    for f in files:
+        name = str(f.relative_to(root)) if package else f.name
+        digest.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def input_stamps(cfg: Any) -> dict[str, list[list[Any]]]:
     """Per key of :data:`INPUT_KEYS` whose value names an existing file or directory:
     ``[[name, size, mtime_ns], ...]`` of the file, or of every file under the directory;
-    and under ``code``, ``[["sha256", digest]]`` of the code (:func:`code_digest`)."""
+    under ``code``, ``[["sha256", digest]]`` of the code (:func:`code_digest`); and under
+    ``system.plugin``, when one is named and found, ``[["sha256", digest]]`` of its source
+    (:func:`plugin_digest`), so an edited policy is simulated again."""
     plain = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
     out: dict[str, list[list[Any]]] = {"code": [["sha256", code_digest()]]}
+    plugin = lookup(plain, "system.plugin")
+    if isinstance(plugin, str) and plugin:
+        found = plugin_digest(plugin)
+        if found is not None:
+            out["system.plugin"] = [["sha256", found]]
     for key in INPUT_KEYS:
         value = lookup(plain, key)  # a missing key: not a str either
         if not isinstance(value, str) or not value:
