@@ -226,3 +226,26 @@ def test_a_plugin_that_writes_its_own_schedule_is_run_step_by_step() -> None:
         SYSTEMS.pop("orca_counting_test", None)
         SYSTEMS.pop("vllm_slice_test", None)
         SYSTEMS.pop("vllm_skip_test", None)
+
+
+def test_a_mixin_listed_after_a_shipped_scheduler_turns_the_fast_path_off() -> None:
+    # the promise's class was found first in the MRO and only the classes before it were
+    # read: a mixin after it that changes update kept the fast path, which skipped its update
+    from core.sched.base import BaseScheduler
+
+    class EndsAt64(BaseScheduler):
+        def update(self, plan, outcome, now):
+            return super().update(plan, outcome, now)
+
+    class MixinLast(VLLMScheduler, EndsAt64):
+        pass
+
+    class MixinFirst(EndsAt64, VLLMScheduler):
+        pass
+
+    class SetUpOnly(VLLMScheduler, EndsAt64):
+        update = VLLMScheduler.update  # the promiser's own, in effect: the promise holds
+
+    assert not MixinLast.decode_run_applies()
+    assert not MixinFirst.decode_run_applies()
+    assert SetUpOnly.decode_run_applies()

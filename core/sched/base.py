@@ -14,6 +14,7 @@ Timestamps are the driver's clock; ``update`` is called with the step's end time
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from dataclasses import dataclass
 from functools import cache
@@ -250,12 +251,13 @@ class BaseScheduler:
 
     @classmethod
     def decode_run_applies(cls) -> bool:
-        """Whether this class's :meth:`decode_run` speaks for the steps it schedules: no
-        class between it and the class that defines the ``decode_run`` in effect defines a
-        method other than ``__init__`` and ``add`` (which set up and queue, between runs).
-        A subclass that overrides ``schedule``, ``update`` or a helper they call (a policy
-        of your own built on a shipped one) but not ``decode_run`` runs step by step, since
-        the promise was made for its parent's steps."""
+        """Whether this class's :meth:`decode_run` speaks for the steps it schedules: every
+        method in effect other than ``__init__`` and ``add`` (which set up and queue,
+        between runs) is the one in effect in the class that defines the ``decode_run``
+        (none comes from a subclass of it, or from a mixin listed after it). A subclass
+        that overrides ``schedule``, ``update`` or a helper they call (a policy of your own
+        built on a shipped one) but not ``decode_run`` runs step by step, since the promise
+        was made for its parent's steps."""
         return _decode_run_applies(cls)
 
     def advance_decode_run(
@@ -576,6 +578,14 @@ def _changes_steps(name: str, value: object) -> bool:
 
 @cache
 def _decode_run_applies(cls: type) -> bool:
+    """No behaviour of ``cls`` resolves otherwise than in the class whose ``decode_run`` is
+    in effect: a class below it, or a mixin after it in the MRO (``class P(VLLMScheduler,
+    Mixin)``: the mixin's ``update`` is P's, yet not the promiser's), may only set up."""
     promiser = next(k for k in cls.__mro__ if "decode_run" in k.__dict__)
-    below = cls.__mro__[: cls.__mro__.index(promiser)]
-    return not any(_changes_steps(n, v) for k in below for n, v in vars(k).items())
+    promised = set(promiser.__mro__)
+    return not any(
+        _changes_steps(n, v) and inspect.getattr_static(promiser, n, None) is not v
+        and inspect.getattr_static(cls, n) is v
+        for k in cls.__mro__ if k not in promised
+        for n, v in vars(k).items()
+    )  # fmt: skip
