@@ -101,7 +101,9 @@ def register_system(spec: SystemSpec) -> None:
     """Add ``spec`` to :data:`SYSTEMS` (a plugin's policy), so every name lookup finds it.
     Registering the same spec again is a no-op. Raises :class:`SystemConfigError` for a
     name a built-in or another spec holds, a ``kv`` other than ``paged`` / ``contiguous``,
-    a scheduler that is not a :class:`BaseScheduler` subclass, or a ``reservation`` that is
+    a scheduler that is not a :class:`BaseScheduler` subclass, that defines no ``schedule``
+    or whose ``kv_kinds`` exclude ``kv`` (a vLLM-style scheduler over contiguous KV, an
+    Orca-style one over paged blocks), or a ``reservation`` that is
     not one of the contiguous manager's policies (none for paged), and for paged-only
     options on a contiguous spec, or a name that is not letters, digits, ``_.-`` (it names
     run folders). A spec whose scheduler is the held one's, by module and name, replaces it
@@ -122,6 +124,15 @@ def register_system(spec: SystemSpec) -> None:
     if not (isinstance(spec.scheduler, type) and issubclass(spec.scheduler, BaseScheduler)):
         raise SystemConfigError(
             f"system {spec.name!r}: scheduler {spec.scheduler!r} is not a BaseScheduler subclass"
+        )
+    if spec.scheduler.schedule is BaseScheduler.schedule:
+        raise SystemConfigError(
+            f"system {spec.name!r}: scheduler {spec.scheduler.__name__} defines no schedule"
+        )
+    if spec.kv not in spec.scheduler.kv_kinds and spec.kv in ("paged", "contiguous"):
+        raise SystemConfigError(
+            f"system {spec.name!r}: scheduler {spec.scheduler.__name__} runs over "
+            f"{' or '.join(spec.scheduler.kv_kinds)} KV (its kv_kinds), not {spec.kv}"
         )
     if spec.kv == "paged":
         if spec.reservation is not None:

@@ -10,6 +10,8 @@ import pytest
 
 from core.kv.base import AllocStatus
 from core.request import SequenceStatus
+from core.sched.base import BaseScheduler
+from core.sched.fastertransformer import FasterTransformerScheduler
 from core.sched.orca import OrcaScheduler
 from core.sched.vllm import VLLMScheduler
 from core.systems import SYSTEMS, SystemConfigError, SystemSpec, register_system
@@ -60,6 +62,10 @@ def test_an_unknown_system_lists_the_known_ones(tmp_path: Path) -> None:
     assert status == 2 and "unknown system" in err and "orca_oracle" in err
 
 
+class _NoSchedule(BaseScheduler):
+    name = "no_schedule"
+
+
 def test_registration_refuses_what_no_body_could_run() -> None:
     with pytest.raises(SystemConfigError, match="taken by a built-in"):
         register_system(SystemSpec("vllm", OrcaScheduler, "contiguous"))
@@ -75,6 +81,16 @@ def test_registration_refuses_what_no_body_could_run() -> None:
         register_system(SystemSpec("t_odd", OrcaScheduler, "contiguous", allocate_per_chunk=True))
     with pytest.raises(SystemConfigError, match="batch_defaults 'v2' is not one of v0, v1"):
         register_system(SystemSpec("t_odd", VLLMScheduler, "paged", batch_defaults="v2"))
+    # pairings that ran and then crashed (AttributeError at once, or a pool exhausted under
+    # memory pressure), and a scheduler with no schedule (NotImplementedError at step 1)
+    with pytest.raises(SystemConfigError, match=r"runs over paged KV .*not contiguous"):
+        register_system(SystemSpec("t_odd", VLLMScheduler, "contiguous", "max"))
+    with pytest.raises(SystemConfigError, match="OrcaScheduler runs over contiguous KV"):
+        register_system(SystemSpec("t_odd", OrcaScheduler, "paged"))
+    with pytest.raises(SystemConfigError, match="FasterTransformerScheduler runs over contig"):
+        register_system(SystemSpec("t_odd", FasterTransformerScheduler, "paged"))
+    with pytest.raises(SystemConfigError, match="_NoSchedule defines no schedule"):
+        register_system(SystemSpec("t_odd", _NoSchedule, "paged"))
     assert "t_odd" not in SYSTEMS
     spec = SystemSpec("t_orca_pow2_again", OrcaScheduler, "contiguous", "pow2")
     try:

@@ -144,6 +144,8 @@ class BaseScheduler:
     """
 
     name = "base"
+    # the KV-cache managers (core.systems.SystemSpec.kv) whose contract schedule relies on
+    kv_kinds: tuple[str, ...] = ("paged", "contiguous")
     # Decode steps reserve slots with one ``manager.append_all`` call when everything fits
     # (identical results); False keeps the group-by-group reference path (tests).
     batched_append = True

@@ -18,6 +18,7 @@ from core.sched.base import BaseScheduler, DecodeRun
 
 class FasterTransformerScheduler(BaseScheduler):
     name = "fastertransformer"
+    kv_kinds = ("contiguous",)  # a request's whole reservation is taken at admission
 
     def decode_run(self, max_steps: int) -> DecodeRun | None:
         """A batch in flight only decodes (nothing joins it), so every step up to the one

@@ -26,6 +26,7 @@ from core.sched.base import BaseScheduler, DecodeRun
 
 class OrcaScheduler(BaseScheduler):
     name = "orca"
+    kv_kinds = ("contiguous",)  # a request's whole reservation is taken at admission
 
     def decode_run(self, max_steps: int) -> DecodeRun | None:
         """Plain decode steps of the running groups, in their order (no aborted group, no

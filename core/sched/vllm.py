@@ -39,6 +39,7 @@ from core.sched.base import BaseScheduler, DecodeRun, SchedulerConfig
 
 class VLLMScheduler(BaseScheduler):
     name = "vllm"
+    kv_kinds = ("paged",)  # it grows blocks step by step and notes each scheduled chunk
 
     def schedule(self, now: float) -> StepPlan:
         plan = self._new_plan()
