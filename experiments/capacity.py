@@ -80,6 +80,8 @@ SEARCH_KEYS = {
     "workload.rate": "--rates the rates",
     "workload.time_scale": "--rates the rates",
 }
+# keys that would run another system than the one a row names
+PLUGIN_KEYS = ("system.name", "system.plugin")
 # the metrics of capacity.csv's runs at the sustainable rate (means over seeds)
 AT_RATE = (
     "request_throughput", "output_throughput", "normalized_latency", "mean_ttft_ms",
@@ -109,6 +111,13 @@ def check_overrides(overrides: Sequence[str], systems: Sequence[str]) -> None:
         if arg not in override_args([arg]):
             raise ConfigError(arg, "not an override (key=value) or a known flag")
     keys = [arg.lstrip("+~").partition("=")[0] for arg in overrides]
+    plugin_keys = [k for k in keys if k in PLUGIN_KEYS]
+    if plugin_keys:  # each row would be labelled with the --systems name, not the plugin's
+        raise ConfigError(
+            plugin_keys[0],
+            "capacity searches the shipped systems named by --systems; for a policy plugin, "
+            "sweep experiments.simulate over workload.rate (README, A policy of your own)",
+        )
     searched = list(dict.fromkeys(k for k in keys if k in SEARCH_KEYS))
     if searched:  # all at once: `simulate`'s overrides pasted here often hold two
         flags = "; ".join(dict.fromkeys(SEARCH_KEYS[k] for k in searched))

@@ -51,6 +51,10 @@ def test_a_search_writes_each_systems_rate_and_the_runs_behind_it(tmp_path: Path
             "error: workload: kind 'vllm_log' replays logged arrivals that no key rescales",
         ),
         (["workload.rate=3"], "error: workload.rate: set by the search: leave it out"),
+        (  # each row was labelled vllm while the plugin's policy ran
+            ["system.plugin=tests.policy_plugin", "system.name=vllm_spf"],
+            "error: system.plugin: capacity searches the shipped systems named by --systems",
+        ),
         (  # the README's example's overrides, pasted as they are
             ["workload=azure_conv", "workload.time_scale=0.25", "system=vllm,orca_pow2"],
             "error: workload.time_scale, system: set by the search: leave them out (--rates "
