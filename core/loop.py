@@ -31,10 +31,32 @@ from core.metrics.recorder import Recorder, ReplicaRecorder
 from core.plan import BatchShape, StepOutcome, StepPlan, new_shape
 from core.request import Request, SequenceGroup
 from core.sched.base import BaseScheduler
+from core.sched.fastertransformer import FasterTransformerScheduler
+from core.sched.orca import OrcaScheduler
+from core.sched.vllm import VLLMScheduler
 
 
-class StallError(RuntimeError):
+class PolicyError(RuntimeError):
+    """The scheduler broke the step loop's contract: a policy plugin's bug, or kvlab's."""
+
+
+class StallError(PolicyError):
     """The scheduler has unfinished work but scheduled nothing."""
+
+
+class IntegrityError(PolicyError):
+    """The scheduler's or its KV-cache manager's invariants failed
+    (:meth:`~core.sched.base.BaseScheduler.check_integrity`, run every ``check_every``
+    steps)."""
+
+
+class PlanError(PolicyError):
+    """The scheduler returned a plan no body can run right
+    (:meth:`~core.sched.base.BaseScheduler.plan_problem`)."""
+
+
+# the shipped policies: their plans are held to plan_problem by the tests, not at run time
+SHIPPED_SCHEDULERS = (VLLMScheduler, OrcaScheduler, FasterTransformerScheduler)
 
 
 class Executor(Protocol):
@@ -119,7 +141,10 @@ class PendingStep:
 class StepLoop:
     """One scheduler, one executor, one recorder. ``on_done(k)`` is told whenever ``k``
     requests are done (rejected, aborted or finished; progress bars). ``check_every > 0``
-    runs the scheduler's and manager's invariant checks every that many steps."""
+    runs the scheduler's and manager's invariant checks every that many steps.
+    ``check_plans`` holds every plan to :meth:`BaseScheduler.plan_problem` (a
+    :class:`PlanError` names the first problem); None: for a scheduler that is not one of
+    the shipped ones (a policy plugin's), whose plans nothing else checks."""
 
     scheduler: BaseScheduler
     executor: Executor
@@ -127,8 +152,13 @@ class StepLoop:
     on_done: Callable[[int], object] | None = None
     check_every: int = 0
     observer: LoopObserver | None = None
+    check_plans: bool | None = None
     num_steps: int = field(default=0, init=False)
     ended: list[SequenceGroup] = field(default_factory=list, init=False)  # since begin()
+
+    def __post_init__(self) -> None:
+        if self.check_plans is None:
+            self.check_plans = type(self.scheduler) not in SHIPPED_SCHEDULERS
 
     def _done(self, groups: list[SequenceGroup]) -> None:
         record = self.recorder.record_request
@@ -166,14 +196,18 @@ class StepLoop:
             if aborted:
                 self._done(aborted)
             if not plan.is_empty:
+                if self.check_plans:
+                    self._check_plan(plan)
                 break
             if plan.preempted or aborted:  # memory was freed: what waits may fit now
                 continue
             if sched.has_unfinished():
+                manager = sched.manager
                 raise StallError(
                     f"scheduler {sched.name} has {len(sched.waiting)} waiting, "
                     f"{len(sched.running)} running and {len(sched.swapped)} swapped "
-                    "requests but scheduled nothing"
+                    f"requests but scheduled nothing ({manager.num_free_blocks()} of "
+                    f"{manager.num_device_blocks} KV blocks free)"
                 )
             return None
         shape = plan.shape()
@@ -181,6 +215,21 @@ class StepLoop:
         running = len(sched.running)
         outcome = self.executor.execute(plan, shape, now)
         return PendingStep(plan, shape, memory, running, now, outcome)
+
+    def _check_integrity(self) -> None:
+        try:
+            self.scheduler.check_integrity()
+        except AssertionError as e:
+            raise IntegrityError(
+                f"scheduler {self.scheduler.name} after step {self.num_steps}: {e}"
+            ) from e
+
+    def _check_plan(self, plan: StepPlan) -> None:
+        problem = self.scheduler.plan_problem(plan)
+        if problem is not None:
+            raise PlanError(
+                f"scheduler {self.scheduler.name} planned a step no body can run: {problem}"
+            )
 
     def finish(self, pending: PendingStep, end: float) -> list[SequenceGroup]:
         """Step 4 at the step's ``end``; returns the groups that finished."""
@@ -197,7 +246,7 @@ class StepLoop:
             self._done(finished)
         self.num_steps += 1
         if self.check_every and self.num_steps % self.check_every == 0:
-            sched.check_integrity()
+            self._check_integrity()
         if self.observer is not None:
             self.observer.after_step(plan, finished)
         return finished
@@ -256,7 +305,7 @@ class StepLoop:
             self._done(finished)
         self.num_steps += len(ends)
         if ends and check and self.num_steps % check == 0:
-            sched.check_integrity()
+            self._check_integrity()
         if held is None:
             return now, None
         plan = StepPlan([], list(run.seqs), [], [], [], [], [], waiting, 0, held_by)

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from core.beam_log import BeamLog
 from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
-from core.loop import Clock, StallError, StepLoop, VirtualClock
+from core.loop import Clock, PolicyError, StepLoop, VirtualClock
 from core.metrics.recorder import Recorder
 from core.model_spec import ModelSpec
 from core.plan import BatchShape, StepOutcome, StepPlan
@@ -62,7 +62,9 @@ T = TypeVar("T")
 
 
 class EngineError(RuntimeError):
-    """The engine cannot proceed (bad setup, or a scheduler stalled with work left)."""
+    """The engine cannot proceed: a bad setup, or a scheduler that broke the step loop's
+    contract (stalled with work left, or planned a step no body can run; its cause is the
+    :class:`~core.loop.PolicyError`)."""
 
 
 @dataclass
@@ -93,7 +95,9 @@ class LLMEngine:
     ``core.systems.build_scheduler``. ``time_phases`` times each step's phases
     (:mod:`engine.phases`; None: on CPU only, where it costs nothing). ``step_timer``
     (``wall`` or, on CPU with one torch thread, ``thread_cpu``) is what step and phase
-    seconds are read from (:data:`engine.phases.STEP_TIMERS`)."""
+    seconds are read from (:data:`engine.phases.STEP_TIMERS`). ``check_integrity_every >
+    0`` runs the scheduler's and KV manager's invariant checks every that many steps
+    (:class:`core.loop.StepLoop`)."""
 
     def __init__(
         self,
@@ -113,6 +117,7 @@ class LLMEngine:
         enable_prefix_caching: bool = False,
         time_phases: bool | None = None,
         step_timer_name: str = "wall",
+        check_integrity_every: int = 0,
     ) -> None:
         if (kv_budget_bytes is None) == (num_blocks is None):
             raise EngineError("give exactly one of kv_budget_bytes and num_blocks")
@@ -144,6 +149,7 @@ class LLMEngine:
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         self.step_timer_name = step_timer_name
+        self.check_integrity_every = check_integrity_every
         self.time_phases = (
             phase_timing_default(self.device) if time_phases is None else bool(time_phases)
         )
@@ -184,7 +190,10 @@ class LLMEngine:
             self.phase_timer, self.step_timer,
         )  # fmt: skip
         self.beam_log = executor.beam_log
-        self.loop = StepLoop(self.scheduler, executor, self.recorder, observer=self.phase_timer)
+        self.loop = StepLoop(
+            self.scheduler, executor, self.recorder, check_every=self.check_integrity_every,
+            observer=self.phase_timer,
+        )  # fmt: skip
 
     @property
     def now(self) -> float:
@@ -223,8 +232,8 @@ class LLMEngine:
         in it (finished or aborted). Nothing runs when the engine is idle."""
         try:
             self.loop.step(self.clock)
-        except StallError as e:
-            raise EngineError(str(e)) from None
+        except PolicyError as e:
+            raise EngineError(str(e)) from e
         return list(self.loop.ended)
 
     # -- whole runs -------------------------------------------------------------------
@@ -335,8 +344,8 @@ class LLMEngine:
         try:
             for _ in self.loop.serve(reqs, self.clock, add=self.add_request):
                 yield
-        except StallError as e:
-            raise EngineError(str(e)) from None
+        except PolicyError as e:
+            raise EngineError(str(e)) from e
         finally:
             bar.close()
         end = self.now

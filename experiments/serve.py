@@ -50,7 +50,14 @@ from engine.config import check_engine_support
 from engine.engine import EngineError, EngineResult, LLMEngine, run_to_end
 from engine.kv_cache import GIB, KVBudgetError, bytes_per_block, resolve_kv_budget
 from engine.weights import CheckpointError
-from experiments.lib.checks import CONFIG_DIR, ConfigError, Facts, check_config, check_swap_pool
+from experiments.lib.checks import (
+    CONFIG_DIR,
+    ConfigError,
+    Facts,
+    check_config,
+    check_swap_pool,
+    plugin_failure,
+)
 from experiments.lib.cli import main_with_checks, run_app
 from experiments.lib.malloc import malloc_state, pin_malloc
 from experiments.lib.results import summary_line, swap_fallbacks, write_csv, write_run
@@ -190,6 +197,7 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
             weights_path=c["model"].get("path"),
             time_phases=c.get("time_phases"),
             step_timer_name=str(c.get("step_timer") or "wall"),
+            check_integrity_every=int(c.get("check_integrity_every") or 0),
             **options,
         )
     except KVBudgetError as exc:
@@ -247,7 +255,13 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
     cannot run raises ``ConfigError`` before the model is built."""
     serving = start(cfg)
     t0 = time.perf_counter()
-    result = run_to_end(serving.steps())
+    try:
+        result = run_to_end(serving.steps())
+    except EngineError as err:
+        line = plugin_failure(err, serving.config)
+        if line is None:
+            raise
+        raise line from None
     return finish(serving, result, time.perf_counter() - t0, out_dir)
 
 

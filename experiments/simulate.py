@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 
 from core.metrics.summary import summarize_recorder
 from core.workload.spec import arrivals_note
-from experiments.lib.checks import CONFIG_DIR, ConfigError, check_config
+from experiments.lib.checks import CONFIG_DIR, ConfigError, check_config, plugin_failure
 from experiments.lib.cli import main_with_checks, run_app, settle_run_config, task_overrides
 from experiments.lib.jobs import exit_if_launcher_missing
 from experiments.lib.results import (
@@ -39,7 +39,7 @@ from experiments.lib.results import (
     write_run,
 )
 from experiments.lib.setup import as_dict, block_size, build_setup, resolve_aliases
-from sim.driver import StepPriceError, no_cyclic_gc, simulate
+from sim.driver import SimulationError, StepPriceError, no_cyclic_gc, simulate
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,16 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
             num_replicas=int(c.get("num_replicas", 1)),
             seed=int(c.get("seed", 0)),
             progress=bool(c.get("progress", False)),
+            check_integrity_every=int(c.get("check_integrity_every") or 0),
             vocab_size=setup.model.vocab_size,
         )
     except StepPriceError as err:
         raise ConfigError("cost", str(err)) from None
+    except SimulationError as err:
+        line = plugin_failure(err, c)
+        if line is None:
+            raise
+        raise line from None
     wall = time.perf_counter() - t0
     rec = result.recorder
     requests, steps = rec.requests_frame(), RowTable(*rec.step_table())

@@ -30,7 +30,7 @@ import simpy
 from tqdm import tqdm
 
 from core.beam_log import RecordedBeams
-from core.loop import StallError, StepLoop
+from core.loop import PolicyError, StepLoop
 from core.metrics.recorder import Recorder
 from core.plan import BatchShape, StepOutcome, StepPlan
 from core.request import Request
@@ -40,8 +40,10 @@ from sim.cost.base import CostModel
 
 
 class SimulationError(RuntimeError):
-    """The simulation cannot proceed: a scheduler stalled with work left, requests were
-    lost, or a step was priced out of range (:class:`StepPriceError`)."""
+    """The simulation cannot proceed: a scheduler broke the step loop's contract (stalled
+    with work left, or planned a step no body can run; its cause is the
+    :class:`~core.loop.PolicyError`), requests were lost, or a step was priced out of range
+    (:class:`StepPriceError`)."""
 
 
 class StepPriceError(SimulationError):
@@ -182,6 +184,13 @@ def simulate(
                 event.succeed()
 
     def engine(r: int):
+        """Replica ``r``'s steps; a scheduler's broken contract is a SimulationError."""
+        try:
+            yield from replica_steps(r)
+        except PolicyError as e:  # from a step, a run of steps or an invariant check
+            raise SimulationError(f"replica {r}: {e}") from e
+
+    def replica_steps(r: int):
         """Replica ``r``'s steps on the SimPy clock (the step itself is ``core.loop``'s)."""
         loop = loops[r]
         begin, finish = loop.begin, loop.finish
@@ -204,10 +213,7 @@ def simulate(
             if ahead is not None:
                 now, pending = ahead(now, price, no_event_before)
             if pending is None:
-                try:
-                    pending = begin(now)
-                except StallError as e:
-                    raise SimulationError(f"replica {r}: {e}") from None
+                pending = begin(now)
             if pending is None:
                 if state["arrivals_done"]:
                     if env.now != now:

@@ -63,6 +63,9 @@ class _Watch(LoopObserver):
         running, waiting, swapped = self.before
         self.out.steps.append(StepLog(plan, running, list(sched.running), waiting, swapped))
         if self.check:
+            if not plan.is_empty:
+                problem = sched.plan_problem(plan)
+                assert problem is None, problem
             sched.check_integrity()
             mem = sched.manager.breakdown()
             cap = sched.manager.num_device_blocks * sched.manager.block_size

@@ -21,7 +21,7 @@ from functools import cache
 from types import FunctionType
 from typing import Protocol
 
-from core.kv.base import AllocStatus, KVCacheManager, MemoryBreakdown
+from core.kv.base import AllocStatus, KVCacheError, KVCacheManager, MemoryBreakdown
 from core.plan import HELD_BY_MEMORY, BeamChoice, StepOutcome, StepPlan
 from core.request import Request, Sequence, SequenceGroup, SequenceStatus
 
@@ -146,6 +146,8 @@ class BaseScheduler:
     name = "base"
     # the KV-cache managers (core.systems.SystemSpec.kv) whose contract schedule relies on
     kv_kinds: tuple[str, ...] = ("paged", "contiguous")
+    # whether a step's tokens stay within max_num_batched_tokens (plan_problem checks it)
+    token_budget = True
     # Decode steps reserve slots with one ``manager.append_all`` call when everything fits
     # (identical results); False keeps the group-by-group reference path (tests).
     batched_append = True
@@ -544,6 +546,47 @@ class BaseScheduler:
         self.running = [g for g in self.running if g.finish_time is None]
 
     # -- invariants -------------------------------------------------------------------
+    def plan_problem(self, plan: StepPlan) -> str | None:
+        """What makes ``plan`` (just returned by :meth:`schedule`) a step no body can run
+        right, or None: a sequence scheduled twice or not RUNNING; a prefill chunk that is
+        empty, does not start at the sequence's computed tokens or runs past its tokens; a
+        decode of a sequence that still needs prefill; fewer KV slots than the tokens the
+        step writes; more sequences than ``max_num_seqs``; or, under a :attr:`token_budget`,
+        more tokens than ``max_num_batched_tokens`` in a step that does not prefill exactly
+        one group (a group that can never fit the budget, e.g. a recomputed wide one, may go
+        over it alone, as vLLM's scheduler lets it). O(sequences in the plan)."""
+        seen: set[int] = set()
+        manager, config = self.manager, self.config
+        work = [(c.seq, c.start, c.length) for c in plan.prefill]
+        work += [(s, s.num_computed, 1) for s in plan.decode]
+        for i, (seq, start, length) in enumerate(work):
+            prefill = i < len(plan.prefill)
+            if seq.seq_id in seen:
+                return f"{seq} is scheduled twice"
+            seen.add(seq.seq_id)
+            if seq.status is not SequenceStatus.RUNNING:
+                return f"{seq} is scheduled with status {seq.status.name}, not RUNNING"
+            if prefill and not (length >= 1 and start == seq.num_computed):
+                return (f"{seq}: prefill chunk [{start}, {start + length}) does not start at "
+                        f"its {seq.num_computed} computed tokens or is empty")  # fmt: skip
+            if prefill and start + length > seq.num_tokens:
+                return f"{seq}: prefill chunk ends past its {seq.num_tokens} tokens"
+            if not prefill and seq.needs_prefill:
+                return f"{seq} is decoded before its prefill ({seq.num_computed} computed)"
+            try:
+                slots = manager.num_slots(seq.seq_id)
+            except KVCacheError:
+                return f"{seq} is scheduled but holds no KV"
+            if slots < start + length:
+                return f"{seq} writes token {start + length} into {slots} KV slots"
+        if len(work) > config.max_num_seqs:
+            return f"{len(work)} sequences, over max_num_seqs {config.max_num_seqs}"
+        tokens = sum(w[2] for w in work)
+        groups = {id(c.seq.group) for c in plan.prefill}
+        if self.token_budget and tokens > config.max_num_batched_tokens and len(groups) != 1:
+            return f"{tokens} tokens, over max_num_batched_tokens {config.max_num_batched_tokens}"
+        return None
+
     def check_integrity(self) -> None:
         """Raise AssertionError if queues and sequence states disagree, or a running
         sequence holds fewer KV slots than the tokens it has computed."""

@@ -19,6 +19,7 @@ from core.sched.base import BaseScheduler, DecodeRun
 class FasterTransformerScheduler(BaseScheduler):
     name = "fastertransformer"
     kv_kinds = ("contiguous",)  # a request's whole reservation is taken at admission
+    token_budget = False  # a batch of whole prompts, bounded by max_num_seqs alone
 
     def decode_run(self, max_steps: int) -> DecodeRun | None:
         """A batch in flight only decodes (nothing joins it), so every step up to the one

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from core.defaults import DEFAULT_BLOCK_SIZE
+from core.loop import PolicyError
 from core.model_spec import DTYPE_BYTES, kv_bytes_per_token  # the one table of dtype widths
 from core.sched.batch_defaults import BatchLimits, DeviceFacts, batch_limits
 from core.workload.spec import FILE_KINDS, KINDS
@@ -302,6 +303,13 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("warmup", is_bool, "true, false or null (on CUDA only)", "not a boolean", apps=SERVE),
     Rule("progress", is_bool, "true or false", "not a boolean"),
+    Rule(
+        "check_integrity_every",
+        non_negative_int,
+        "an integer >= 0 (steps; 0: never)",
+        "not a step count",
+        nullable=False,
+    ),
     Rule("num_gpu_blocks", positive_int, f"{_POS_INT} (KV blocks) or null", "not a block count"),
     Rule("cost.compute_efficiency", fraction_open, _FRACTION_OR_NULL, "not a fraction"),
     Rule("cost.memory_efficiency", fraction_open, _FRACTION_OR_NULL, "not a fraction"),
@@ -413,12 +421,31 @@ def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     except SystemConfigError as exc:
         raise ConfigError("system.plugin", str(exc)) from None
     system = lookup(c, "system.name")
+    registered = [name for name in SYSTEMS if plugin and plugin_of(name) == plugin]
     if system not in SYSTEMS:
-        raise ConfigError("system", "unknown system", system, "one of " + ", ".join(SYSTEMS))
+        problem = "unknown system"
+        if plugin:
+            problem += f" (plugin {plugin!r} registered {', '.join(registered) or 'none'})"
+        raise ConfigError("system", problem, system, "one of " + ", ".join(SYSTEMS))
+    if registered and system not in registered:  # the plugin's policy would not run
+        raise ConfigError("system.name", f"plugin {plugin!r} registers {', '.join(registered)}; "
+                          f"{system!r} is not one of them", system)  # fmt: skip
     owner = plugin_of(system)
     if owner is not None and owner != plugin:  # loaded by another job of this process
         raise ConfigError("system.plugin", f"system {system!r} comes from a plugin",
                           plugin, owner)  # fmt: skip
+
+
+def plugin_failure(exc: Exception, c: Mapping[str, Any]) -> ConfigError | None:
+    """``exc`` (a :class:`~sim.driver.SimulationError` or
+    :class:`~engine.engine.EngineError`) as one line naming ``system.plugin`` when a policy
+    plugin's scheduler broke the step loop's contract (its cause a
+    :class:`~core.loop.PolicyError`); None otherwise (a shipped scheduler's stall is kvlab's
+    bug: its traceback is kept)."""
+    plugin = lookup(c, "system.plugin")
+    if not (isinstance(exc.__cause__, PolicyError) and isinstance(plugin, str) and plugin):
+        return None
+    return ConfigError("system.plugin", f"the policy of plugin {plugin!r} failed: {exc}")
 
 
 def check_workload_size(c: Mapping[str, Any], app: str, facts: Facts) -> None:

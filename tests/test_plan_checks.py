@@ -1,0 +1,188 @@
+"""A scheduler's plan is held to ``BaseScheduler.plan_problem`` when it is a plugin's: a step
+no body can run right (a sequence twice, one not running or holding no KV, a decode before
+its prefill, too many sequences or tokens) stops the run with one line naming
+``system.plugin``, in the simulator and the engine; and the plugin checks around it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.loop import PlanError, StepLoop
+from core.metrics.recorder import Recorder
+from core.plan import PrefillChunk, StepPlan
+from core.request import Request, SequenceStatus
+from core.sched.base import SchedulerConfig
+from core.sched.vllm import VLLMScheduler
+from core.systems import build_scheduler
+from experiments import serve, simulate
+from sim.driver import CostExecutor
+from tests.test_config_errors import SERVE_SMALL, SIM_SMALL, run_cli
+
+CONFIG = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=32)
+
+
+def running_vllm(prompts: list[int]) -> tuple[VLLMScheduler, StepPlan]:
+    """A vLLM scheduler whose first plan admitted requests of ``prompts`` tokens."""
+    sched = build_scheduler("vllm", 256, CONFIG, block_size=4)
+    assert isinstance(sched, VLLMScheduler)
+    for i, n in enumerate(prompts):
+        sched.add(Request(i, 0.0, n, 4), 0.0)
+    return sched, sched.schedule(0.0)
+
+
+def test_a_shipped_schedulers_plan_has_no_problem() -> None:
+    sched, plan = running_vllm([8, 8])
+    assert plan.prefill and sched.plan_problem(plan) is None
+
+
+def test_each_impossible_plan_is_named() -> None:
+    sched, plan = running_vllm([8, 8])
+    first, second = plan.prefill
+    twice = StepPlan(prefill=[first, first])
+    assert "scheduled twice" in str(sched.plan_problem(twice))
+    late = StepPlan(prefill=[PrefillChunk(first.seq, 2, 6)])
+    assert "does not start at its 0 computed" in str(sched.plan_problem(late))
+    empty = StepPlan(prefill=[PrefillChunk(first.seq, 0, 0)])
+    assert "is empty" in str(sched.plan_problem(empty))
+    past = StepPlan(prefill=[PrefillChunk(first.seq, 0, 9)])
+    assert "ends past its 8 tokens" in str(sched.plan_problem(past))
+    early = StepPlan(decode=[first.seq])
+    assert "decoded before its prefill" in str(sched.plan_problem(early))
+    second.seq.status = SequenceStatus.WAITING
+    assert "with status WAITING" in str(sched.plan_problem(StepPlan(prefill=[second])))
+
+
+def test_a_sequence_without_kv_or_short_of_slots_is_named() -> None:
+    sched, plan = running_vllm([8])
+    (chunk,) = plan.prefill
+    sched.manager.free(chunk.seq.seq_id)
+    assert "holds no KV" in str(sched.plan_problem(plan))
+    sched, plan = running_vllm([8])
+    (chunk,) = plan.prefill
+    chunk.seq.num_computed = chunk.seq.num_tokens  # as if prefilled; its token 9 has no slot
+    chunk.seq.num_generated = 1
+    decode = StepPlan(decode=[chunk.seq])
+    slots = sched.manager.num_slots(chunk.seq.seq_id)
+    assert slots == 8 and "writes token 9 into 8 KV slots" in str(sched.plan_problem(decode))
+
+
+def test_limits_are_checked_with_one_group_over_the_budget_allowed() -> None:
+    sched, plan = running_vllm([8, 8, 8, 8])
+    assert len(plan.prefill) == 4 and sched.plan_problem(plan) is None
+    sched.config = SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=32, max_model_len=32)
+    assert "4 sequences, over max_num_seqs 3" in str(sched.plan_problem(plan))
+    sched.config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=16)
+    assert "32 tokens, over max_num_batched_tokens 16" in str(sched.plan_problem(plan))
+    # one group that can never fit the budget (vLLM's recompute of a wide group) goes alone
+    assert sched.plan_problem(StepPlan(prefill=plan.prefill[:1])) is None
+
+
+class _DecodesTwice(VLLMScheduler):
+    name = "t_decodes_twice"
+
+    def schedule(self, now: float) -> StepPlan:
+        plan = super().schedule(now)
+        plan.decode += plan.decode
+        return plan
+
+
+def test_the_loop_checks_a_plugins_plans_and_not_the_shipped_ones() -> None:
+    plugin = _DecodesTwice(build_scheduler("vllm", 64, CONFIG, block_size=4).manager, CONFIG)
+    loop = StepLoop(plugin, CostExecutor(lambda shape: 0.01, None), Recorder())
+    assert loop.check_plans
+    shipped = build_scheduler("vllm", 64, CONFIG, block_size=4)
+    assert not StepLoop(shipped, CostExecutor(lambda shape: 0.01, None), Recorder()).check_plans
+    loop.add(Request(0, 0.0, 4, 3), 0.0)
+    pending = loop.begin(0.0)  # the prefill: one chunk, nothing to list twice
+    assert pending is not None
+    loop.finish(pending, pending.end)
+    with pytest.raises(PlanError, match=r"t_decodes_twice planned a step no body can run: .*twice"):
+        loop.begin(pending.end)  # its first decode, listed twice
+
+
+PLUGIN_SOURCE = """
+from core.sched.vllm import VLLMScheduler
+from core.systems import SystemSpec, register_system
+
+
+class DecodesTwice(VLLMScheduler):
+    name = "t_twice_cli"
+
+    def schedule(self, now):
+        plan = super().schedule(now)
+        plan.decode += plan.decode
+        return plan
+
+
+register_system(SystemSpec("t_twice_cli", DecodesTwice, "paged"))
+"""
+
+
+@pytest.mark.parametrize("app", ["simulate", "serve"])
+def test_an_impossible_plan_stops_the_run_in_one_line(tmp_path: Path, monkeypatch, app) -> None:
+    # it ran to the end: decodes listed twice halved the latency (simulator) or the steps
+    # (engine), exit status 0, no word
+    if app == "serve":
+        pytest.importorskip("torch")
+    (tmp_path / "t_twice_plugin.py").write_text(PLUGIN_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module, small = (simulate, SIM_SMALL) if app == "simulate" else (serve, SERVE_SMALL)
+    args = [*small, "system.plugin=t_twice_plugin", "system.name=t_twice_cli"]
+    status, _, err = run_cli(module, args, tmp_path)
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: system.plugin: the policy of plugin 't_twice_plugin'")
+    assert "is scheduled twice" in lines[0]
+
+
+def test_a_plugin_that_registers_nothing_says_so(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "t_registers_none.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = [*SIM_SMALL, "system.plugin=t_registers_none", "system.name=forgot"]
+    status, _, err = run_cli(simulate, args, tmp_path)
+    assert status == 2 and "plugin 't_registers_none' registered none" in err
+
+
+def test_a_plugin_without_its_system_name_is_refused(tmp_path: Path) -> None:
+    # the plugin loaded and the built-in vllm ran in its place, without a word
+    status, _, err = run_cli(simulate, [*SIM_SMALL, "system.plugin=tests.policy_plugin"], tmp_path)
+    assert status == 2
+    assert "error: system.name: plugin 'tests.policy_plugin' registers vllm_spf" in err
+
+
+TWO_QUEUES_SOURCE = """
+from core.sched.vllm import VLLMScheduler
+from core.systems import SystemSpec, register_system
+
+
+class TwoQueues(VLLMScheduler):
+    name = "t_two_queues"
+
+    def update(self, plan, outcome, now):
+        finished = super().update(plan, outcome, now)
+        if self.running and not self.waiting:
+            self.waiting.append(self.running[0])  # also left in running
+        return finished
+
+
+register_system(SystemSpec("t_two_queues", TwoQueues, "paged"))
+"""
+
+
+@pytest.mark.parametrize("app", ["simulate", "serve"])
+def test_integrity_checks_from_the_command_line(tmp_path: Path, monkeypatch, app) -> None:
+    # the invariant checks ran only through the Python API
+    if app == "serve":
+        pytest.importorskip("torch")
+    (tmp_path / "t_two_queues_plugin.py").write_text(TWO_QUEUES_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module, small = (simulate, SIM_SMALL) if app == "simulate" else (serve, SERVE_SMALL)
+    args = [*small, "system.plugin=t_two_queues_plugin", "system.name=t_two_queues",
+            "check_integrity_every=1"]  # fmt: skip
+    status, _, err = run_cli(module, args, tmp_path)
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1, err
+    assert "scheduler t_two_queues after step 1: Sequence(id=0" in lines[0]
+    assert "in waiting has status SequenceStatus.RUNNING" in lines[0]
