@@ -115,6 +115,9 @@ def register_system(spec: SystemSpec) -> None:
         return
     if held is not None and not (spec.name not in BUILT_IN and _same_class(held, spec)):
         whose = "a built-in system" if spec.name in BUILT_IN else "another registered system"
+        owner = _PLUGIN_OF.get(spec.name)
+        if owner is not None:
+            whose += f" (from plugin {owner!r})"
         raise SystemConfigError(f"system name {spec.name!r} is taken by {whose}")
     if spec.batch_defaults not in BATCH_DEFAULT_VERSIONS:
         raise SystemConfigError(

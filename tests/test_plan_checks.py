@@ -186,3 +186,19 @@ def test_integrity_checks_from_the_command_line(tmp_path: Path, monkeypatch, app
     assert status == 2 and len(lines) == 1, err
     assert "scheduler t_two_queues after step 1: Sequence(id=0" in lines[0]
     assert "in waiting has status SequenceStatus.RUNNING" in lines[0]
+
+
+def test_a_name_taken_by_another_plugin_names_that_plugin(tmp_path: Path, monkeypatch) -> None:
+    # two versions of a policy under one name, swept in one process: the second job's line
+    # did not say which plugin held the name
+    for module in ("t_dup_a", "t_dup_b"):
+        (tmp_path / f"{module}.py").write_text(PLUGIN_SOURCE.replace("t_twice_cli", "t_dup"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    status, _, err = run_cli(simulate, [*SIM_SMALL, "system.plugin=t_dup_a",
+                                        "system.name=t_dup", "check_integrity_every=1",
+                                        "workload.num_requests=1"], tmp_path)  # fmt: skip
+    assert status == 2 and "is scheduled twice" in err  # its own policy's fault, once loaded
+    status, _, err = run_cli(simulate, [*SIM_SMALL, "system.plugin=t_dup_b",
+                                        "system.name=t_dup"], tmp_path)  # fmt: skip
+    assert status == 2
+    assert "is taken by another registered system (from plugin 't_dup_a')" in err
