@@ -202,3 +202,25 @@ def test_a_name_taken_by_another_plugin_names_that_plugin(tmp_path: Path, monkey
                                         "system.name=t_dup"], tmp_path)  # fmt: skip
     assert status == 2
     assert "is taken by another registered system (from plugin 't_dup_a')" in err
+
+
+def test_a_policy_that_never_frees_is_named_as_a_leak() -> None:
+    # it ended as a stall ("scheduled nothing") that did not point at the leak
+    from core.loop import IntegrityError
+
+    class NeverFrees(VLLMScheduler):
+        name = "t_never_frees"
+
+        def _finish(self, group, now, step):
+            free, self.manager.free = self.manager.free, lambda seq_id: None
+            try:
+                super()._finish(group, now, step)
+            finally:
+                self.manager.free = free
+
+    sched = NeverFrees(build_scheduler("vllm", 64, CONFIG, block_size=4).manager, CONFIG)
+    loop = StepLoop(sched, CostExecutor(lambda shape: 0.01, None), Recorder(), check_every=1)
+    loop.add(Request(0, 0.0, 4, 2), 0.0)
+    with pytest.raises(IntegrityError, match=r"KV held by sequences not running or swapped: \[0\]"):
+        while (pending := loop.begin(0.0)) is not None:
+            loop.finish(pending, pending.end)

@@ -224,6 +224,11 @@ class KVCacheManager(Protocol):
 
     def num_free_blocks(self) -> int: ...
 
+    def held_seq_ids(self) -> set[int]:
+        """The sequences holding KV now, on the device or swapped to the CPU (not blocks
+        kept for a prefix cache). O(sequences); for checks."""
+        ...
+
     def check_integrity(self) -> None:
         """Recompute every counter from scratch and raise KVCacheError on a mismatch
         (overlaps, ref counts, free lists, breakdown). For tests; may be slow."""

@@ -348,6 +348,9 @@ class ContiguousKVCacheManager:
             logical_blocks=blocks,
         )
 
+    def held_seq_ids(self) -> set[int]:
+        return set(self._seqs)
+
     def check_integrity(self) -> None:
         """Check the buddy, that each group's regions are allocated at their size, that no
         two sequences share a region, stored lengths fit their reservations, and that the

@@ -716,6 +716,9 @@ class PagedKVCacheManager:
             if not seqs[sid].on_cpu
         )
 
+    def held_seq_ids(self) -> set[int]:
+        return set(self._seqs)
+
     def check_integrity(self) -> None:
         """Recount ref counts from every block table (device and CPU) and check each
         table's length and fills against the sequence's slots, then the pools."""

@@ -588,8 +588,9 @@ class BaseScheduler:
         return None
 
     def check_integrity(self) -> None:
-        """Raise AssertionError if queues and sequence states disagree, or a running
-        sequence holds fewer KV slots than the tokens it has computed."""
+        """Raise AssertionError if queues and sequence states disagree, a running sequence
+        holds fewer KV slots than the tokens it has computed, or the manager holds KV for
+        other sequences than the running and swapped ones (a leak: memory never freed)."""
         seen: set[int] = set()
         for where, groups, status in (
             ("waiting", self.waiting, SequenceStatus.WAITING),
@@ -607,6 +608,12 @@ class BaseScheduler:
                         assert slots >= s.num_computed, (
                             f"{s} computed {s.num_computed} tokens into {slots} slots"
                         )
+        live = {s.seq_id for g in (*self.running, *self.swapped) for s in g.live_seqs()}
+        held = self.manager.held_seq_ids()
+        assert held == live, (
+            f"KV held by sequences not running or swapped: {sorted(held - live)[:5]}; "
+            f"running or swapped without KV: {sorted(live - held)[:5]}"
+        )
         self.manager.check_integrity()
 
 
