@@ -5,7 +5,8 @@ A step at time ``now``:
 1. ``plan = scheduler.schedule(now)``; groups the scheduler aborted are recorded; a plan
    that runs nothing but preempted something is rescheduled at once (everything running
    was preempted; the freed memory re-admits work); an empty plan with work left is a
-   stall (:class:`StallError`); an empty plan with nothing left means *idle*;
+   stall (:class:`StallError`); an empty plan with nothing left means *idle*; a policy
+   plugin's plan is checked (:class:`PlanError`);
 2. the memory breakdown and running count are taken (they describe the step);
 3. the body's :class:`Executor` runs or prices the plan and returns its outcome (the step's
    duration and, in the engine, the sampled tokens);
