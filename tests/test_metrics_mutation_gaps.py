@@ -128,3 +128,12 @@ def test_on_done_counts_every_request_once() -> None:
     reqs = [Request(0, 0.0, 4, 3), Request(1, 0.0, 4, 3, wide), Request(2, 0.0, 40, 3)]
     loop.run(reqs, VirtualClock())  # request 2 is longer than max_model_len: rejected
     assert sum(done) == 3 and max(done) >= 1
+
+
+def test_an_itl_slo_without_token_times_is_refused() -> None:
+    # no gaps recorded: every request met any ITL limit
+    rec = Recorder(keep_token_times=False)
+    rec.record_request(finished(0, [0.0, 0.5, 1.0]))
+    with pytest.raises(ValueError, match="itl SLO needs token times"):
+        summarize_recorder(rec, {"itl": 100})
+    assert summarize_recorder(rec, {"ttft": 100})["slo_attainment"] == 1.0

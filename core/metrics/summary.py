@@ -199,7 +199,10 @@ def rejection_counts(requests: pd.DataFrame) -> dict[str, int]:
 
 def summarize_recorder(recorder: Any, slo_ms: Mapping[str, float] | None = None) -> dict[str, Any]:
     """:func:`summarize` of a :class:`core.metrics.recorder.Recorder`'s tables plus
-    :func:`rejection_counts`: what both bodies' apps report."""
+    :func:`rejection_counts`: what both bodies' apps report. An ``itl`` SLO needs the
+    recorder's token times (a ValueError without them: every request would meet it)."""
+    if slo_ms and "itl" in slo_ms and not getattr(recorder, "keep_token_times", True):
+        raise ValueError("an itl SLO needs token times: record with keep_token_times=True")
     requests = recorder.requests_frame()
     out: dict[str, Any] = summarize(
         requests,
