@@ -35,12 +35,13 @@ def find_max_rate(
     attainment). Stops when the bracket is within ``rel_tol`` of its upper end or after
     ``max_evals`` evaluations. A NaN value (nothing finished) counts as failing.
     ``bracket_known`` skips evaluating the ends: the caller already knows ``lo`` passes
-    and ``hi`` fails.
+    and ``hi`` fails (then one evaluation, the midpoint, is a search; else two, the ends).
     """
     if not 0 < lo < hi:
         raise ValueError(f"need 0 < lo < hi, got lo={lo}, hi={hi}")
-    if rel_tol <= 0 or max_evals < 2:
-        raise ValueError("rel_tol must be > 0 and max_evals >= 2")
+    least = 1 if bracket_known else 2
+    if rel_tol <= 0 or max_evals < least:
+        raise ValueError(f"rel_tol must be > 0 and max_evals >= {least}")
     evals: list[tuple[float, float]] = []
 
     def passes(rate: float) -> bool:

@@ -50,6 +50,14 @@ KEEP = (
 )  # fmt: skip
 
 
+def rate_label(rate: float) -> str:
+    """``rate`` in a run's label: four significant digits where they name it exactly (1,
+    0.5, 3.25), else every digit (a bisected 1.000488…), so two rates never share a run
+    folder."""
+    short = f"{rate:.4g}"
+    return short if float(short) == rate else repr(float(rate))
+
+
 def passes(metrics: dict[str, Any], threshold: float, max_backlog: float | None = None) -> bool:
     """One run passes: normalized latency <= ``threshold``, every request completed and, with
     ``max_backlog``, the system kept up with the arrivals: the requests unfinished when the
@@ -98,7 +106,7 @@ def search_rate(
         ok: bool | None = True
         for seed in seeds:
             suffix = "" if seed is None else f"_seed{seed}"
-            run_label = f"{label}_rate{rate:.4g}{suffix}"
+            run_label = f"{label}_rate{rate_label(rate)}{suffix}"
             m = run(run_label, overrides_at(rate, seed))
             measured = m.get("num_requests") != 0
             ok_run = passes(m, threshold, max_backlog) if measured else None
@@ -127,7 +135,7 @@ def search_rate(
     if lo > 0 and above and bisect_evals > 0:
         # find_max_rate wants a value and a threshold: 0 passes, 1 fails (at threshold 0.5).
         find_max_rate(lambda r: 0.0 if evaluate(r) else 1.0, 0.5, lo, min(above),
-                      rel_tol=rate_tol, max_evals=max(2, bisect_evals),
+                      rel_tol=rate_tol, max_evals=bisect_evals,
                       bracket_known=True)  # fmt: skip
     return rows
 
