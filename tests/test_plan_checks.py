@@ -120,19 +120,27 @@ register_system(SystemSpec("t_twice_cli", DecodesTwice, "paged"))
 """
 
 
+def run_plugin(app: str, source: str, module: str, system: str, tmp_path: Path, monkeypatch,
+               *extra: str) -> list[str]:  # fmt: skip
+    """The stderr lines of ``app`` run on a small workload with the plugin ``module`` of
+    ``source`` (written to ``tmp_path``) and its ``system``; it must exit with status 2."""
+    if app == "serve":
+        pytest.importorskip("torch")
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cli, small = (simulate, SIM_SMALL) if app == "simulate" else (serve, SERVE_SMALL)
+    args = [*small, f"system.plugin={module}", f"system.name={system}", *extra]
+    status, _, err = run_cli(cli, args, tmp_path)
+    assert status == 2, err
+    return err.strip().splitlines()
+
+
 @pytest.mark.parametrize("app", ["simulate", "serve"])
 def test_an_impossible_plan_stops_the_run_in_one_line(tmp_path: Path, monkeypatch, app) -> None:
     # it ran to the end: decodes listed twice halved the latency (simulator) or the steps
     # (engine), exit status 0, no word
-    if app == "serve":
-        pytest.importorskip("torch")
-    (tmp_path / "t_twice_plugin.py").write_text(PLUGIN_SOURCE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module, small = (simulate, SIM_SMALL) if app == "simulate" else (serve, SERVE_SMALL)
-    args = [*small, "system.plugin=t_twice_plugin", "system.name=t_twice_cli"]
-    status, _, err = run_cli(module, args, tmp_path)
-    lines = err.strip().splitlines()
-    assert status == 2 and len(lines) == 1, err
+    lines = run_plugin(app, PLUGIN_SOURCE, "t_twice_plugin", "t_twice_cli", tmp_path, monkeypatch)
+    assert len(lines) == 1, lines
     assert lines[0].startswith("error: system.plugin: the policy of plugin 't_twice_plugin'")
     assert "is scheduled twice" in lines[0]
 
@@ -174,16 +182,9 @@ register_system(SystemSpec("t_two_queues", TwoQueues, "paged"))
 @pytest.mark.parametrize("app", ["simulate", "serve"])
 def test_integrity_checks_from_the_command_line(tmp_path: Path, monkeypatch, app) -> None:
     # the invariant checks ran only through the Python API
-    if app == "serve":
-        pytest.importorskip("torch")
-    (tmp_path / "t_two_queues_plugin.py").write_text(TWO_QUEUES_SOURCE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module, small = (simulate, SIM_SMALL) if app == "simulate" else (serve, SERVE_SMALL)
-    args = [*small, "system.plugin=t_two_queues_plugin", "system.name=t_two_queues",
-            "check_integrity_every=1"]  # fmt: skip
-    status, _, err = run_cli(module, args, tmp_path)
-    lines = err.strip().splitlines()
-    assert status == 2 and len(lines) == 1, err
+    lines = run_plugin(app, TWO_QUEUES_SOURCE, "t_two_queues_plugin", "t_two_queues", tmp_path,
+                       monkeypatch, "check_integrity_every=1")  # fmt: skip
+    assert len(lines) == 1, lines
     assert "scheduler t_two_queues after step 1: Sequence(id=0" in lines[0]
     assert "in waiting has status SequenceStatus.RUNNING" in lines[0]
 
