@@ -55,7 +55,8 @@ class SamplingParams:
     """How a request samples. ``n`` parallel samples or beam search of ``beam_width``.
 
     ``temperature`` below :data:`GREEDY_BELOW` (0 included) means greedy. ``seed`` makes
-    random sampling reproducible.
+    random sampling reproducible. Beam search takes none of temperature, top-p or top-k
+    (refused, as vLLM refuses them).
     """
 
     n: int = 1
@@ -78,6 +79,13 @@ class SamplingParams:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise RequestError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.beam_width > 1 and not (self.greedy and self.top_p == 1 and self.top_k == -1):
+            # vLLM refuses them too (SamplingParams._verify_beam_search); ignored, they would
+            # read as if they shaped the beams
+            raise RequestError(
+                "beam search scores every token by its log-probability: temperature must be 0, "
+                f"top_p 1 and top_k -1, got {self.temperature}, {self.top_p}, {self.top_k}"
+            )
 
     @property
     def greedy(self) -> bool:

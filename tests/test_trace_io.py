@@ -34,13 +34,15 @@ AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 def _sampling(draw: st.DrawFn) -> SamplingParams:
     width = draw(st.integers(1, 8))
     n = 1 if width > 1 else draw(st.integers(1, 8))
+    seed = draw(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)))
+    if width > 1:  # beam search takes no temperature, top-p or top-k
+        return SamplingParams(beam_width=width, seed=seed)
     return SamplingParams(
         n=n,
-        beam_width=width,
         temperature=draw(st.floats(0.0, 10.0)),
         top_p=draw(st.floats(1e-9, 1.0, exclude_min=False).filter(lambda x: x > 0)),
         top_k=draw(st.one_of(st.just(-1), st.integers(1, 1000))),
-        seed=draw(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1))),
+        seed=seed,
     )
 
 
@@ -114,6 +116,10 @@ GOOD_ROW = "0,0.5,2,3,1,1,0.0,1.0,-1,,"
         ("0,0.5,0,3,1,1,0.0,1.0,-1,,", "prompt_len must be >= 1"),
         ("0,0.5,2,3,1,1,0.0,1.0,-1,,1 2 3", "3 prompt token ids"),
         ("0,0.5,2,3,2,2,0.0,1.0,-1,,", "not both"),
+        # vLLM refuses them with beam search; kvlab ignored them
+        ("0,0.5,2,3,1,4,0.8,1.0,-1,,", "beam search .*temperature must be 0"),
+        ("0,0.5,2,3,1,4,0.0,0.9,-1,,", "top_p 1 and top_k -1, got 0.0, 0.9, -1"),
+        ("0,0.5,2,3,1,4,0.0,1.0,5,,", "top_p 1 and top_k -1, got 0.0, 1.0, 5"),
         ("0,0.5,2,3,1,1,0.0,1.0,-1,x,", "seed is not an integer"),
         ("0,0.5,2,3,1,1", "expected 11 fields"),
     ],
