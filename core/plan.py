@@ -106,11 +106,13 @@ HELD_BY_MEMORY = 0  # also: nothing waits (num_waiting and num_swapped are 0)
 HELD_BY_MAX_NUM_SEQS = 1
 HELD_BY_TOKEN_BUDGET = 2  # max_num_batched_tokens
 HELD_BY_BATCH = 3  # a request-level batch in flight (FasterTransformer)
+HELD_BY_POLICY = 4  # a limit of a policy plugin's own (e.g. admissions per step)
 QUEUE_HELD_BY = {
     HELD_BY_MEMORY: "memory",
     HELD_BY_MAX_NUM_SEQS: "max_num_seqs",
     HELD_BY_TOKEN_BUDGET: "max_num_batched_tokens",
     HELD_BY_BATCH: "the batch in flight",
+    HELD_BY_POLICY: "the policy's own limit",
 }
 
 

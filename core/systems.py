@@ -303,4 +303,5 @@ def build_scheduler(
     )
     scheduler = spec.scheduler(manager, config)
     scheduler.swap_groups = spec.swap_groups
+    scheduler.name = spec.name  # what its messages call it (a subclass may inherit "vllm")
     return scheduler

@@ -133,6 +133,27 @@ def test_a_finished_run_of_an_edited_plugin_is_not_reused(tmp_path: Path, monkey
     assert finished_metrics(tmp_path / "job", cfg) is None
 
 
+def test_a_plugin_in_a_package_is_stamped_with_the_whole_package(tmp_path: Path) -> None:
+    # only the module's own file was hashed: an edited helper it imports reused old runs
+    from experiments.lib.input_stamps import plugin_digest
+
+    pkg = tmp_path / "kvlab_stamp_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "policy.py").write_text("from kvlab_stamp_pkg.util import CAP\n")
+    (pkg / "util.py").write_text("CAP = 2\n")
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        before = plugin_digest("kvlab_stamp_pkg.policy")
+        (pkg / "util.py").write_text("CAP = 1\n")
+        assert before is not None and plugin_digest("kvlab_stamp_pkg.policy") != before
+        assert plugin_digest("kvlab_no_such_plugin.policy") is None
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
 def test_the_code_digest_follows_every_source_of_a_run(tmp_path: Path, monkeypatch) -> None:
     from experiments.lib import input_stamps
 

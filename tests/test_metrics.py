@@ -10,7 +10,7 @@ import pytest
 
 from core.metrics.recorder import REQUEST_COLUMNS, STEP_COLUMNS
 from core.metrics.summary import memory_shares, summarize
-from core.plan import HELD_BY_BATCH, HELD_BY_MAX_NUM_SEQS
+from core.plan import HELD_BY_BATCH, HELD_BY_MAX_NUM_SEQS, HELD_BY_POLICY
 from core.request import Request, SamplingParams
 from core.sched.base import SchedulerConfig
 from core.systems import build_scheduler
@@ -104,6 +104,8 @@ def test_time_weighted_kv_shares() -> None:
     held = memory_shares(steps)
     assert held["kv_external_frag_pct"] == pytest.approx(0.1 * 5 / 0.4)
     assert held["kv_free_at_limit_pct"] == pytest.approx(0.1 * 60 / 0.4)
+    steps.loc[0, "queue_held_by"] = HELD_BY_POLICY  # a plugin's own limit counts as one
+    assert memory_shares(steps) == pytest.approx(held)
     # a table written before the column counts every wait as one on memory
     assert memory_shares(_steps().drop(columns="queue_held_by")) == pytest.approx(expected)
 

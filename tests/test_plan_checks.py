@@ -225,3 +225,9 @@ def test_a_policy_that_never_frees_is_named_as_a_leak() -> None:
     with pytest.raises(IntegrityError, match=r"KV held by sequences not running or swapped: \[0\]"):
         while (pending := loop.begin(0.0)) is not None:
             loop.finish(pending, pending.end)
+
+
+def test_a_scheduler_is_called_by_its_registered_name() -> None:
+    # a subclass that set no name of its own said "scheduler vllm" in its errors
+    assert build_scheduler("vllm_v1", 64, CONFIG, block_size=4).name == "vllm_v1"
+    assert build_scheduler("orca_pow2", 64, CONFIG, block_size=4).name == "orca_pow2"

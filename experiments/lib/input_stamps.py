@@ -75,11 +75,12 @@ def code_digest() -> str:
 
 def plugin_digest(module: str) -> str | None:
     """sha256 over the path and bytes of the ``.py`` files of the policy plugin ``module``
-    (``system.plugin``): its file, or every file of its package; None when it cannot be
-    found (the run then fails to load it). Found as Python would import it, from the working
-    directory and ``sys.path``; a parent package is imported to find a submodule."""
+    (``system.plugin``): its file when it is a top-level module, else every file of its
+    top-level package (``pkg.mod``: all of ``pkg/``, so a helper module it imports counts);
+    None when it cannot be found (the run then fails to load it). Found as Python would
+    import it, from the working directory and ``sys.path``."""
     try:
-        spec = importlib.util.find_spec(module)
+        spec = importlib.util.find_spec(module.partition(".")[0])
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
