@@ -32,9 +32,7 @@ from core.metrics.recorder import Recorder, ReplicaRecorder
 from core.plan import BatchShape, StepOutcome, StepPlan, new_shape
 from core.request import Request, SequenceGroup
 from core.sched.base import BaseScheduler
-from core.sched.fastertransformer import FasterTransformerScheduler
-from core.sched.orca import OrcaScheduler
-from core.sched.vllm import VLLMScheduler
+from core.systems import SHIPPED_SCHEDULERS
 
 
 class PolicyError(RuntimeError):
@@ -54,10 +52,6 @@ class IntegrityError(PolicyError):
 class PlanError(PolicyError):
     """The scheduler returned a plan no body can run right
     (:meth:`~core.sched.base.BaseScheduler.plan_problem`)."""
-
-
-# the shipped policies: their plans are held to plan_problem by the tests, not at run time
-SHIPPED_SCHEDULERS = (VLLMScheduler, OrcaScheduler, FasterTransformerScheduler)
 
 
 class Executor(Protocol):

@@ -92,6 +92,9 @@ SYSTEMS: dict[str, SystemSpec] = {
 
 
 BUILT_IN = frozenset(SYSTEMS)
+# the shipped policies' classes: the tests hold their plans to plan_problem (core.loop checks
+# only a plugin's at run time)
+SHIPPED_SCHEDULERS = frozenset(spec.scheduler for spec in SYSTEMS.values())
 # system name -> the plugin module whose import registered it (load_plugin)
 _PLUGIN_OF: dict[str, str] = {}
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")

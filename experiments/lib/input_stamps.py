@@ -59,18 +59,23 @@ CODE = ("core", "sim", "engine", "kernels", "experiments/lib", "experiments/simu
         "experiments/serve.py")  # fmt: skip
 
 
-@cache
-def code_digest() -> str:
-    """sha256 over the path and bytes of every ``.py`` file of :data:`CODE`, in path order:
-    it changes with any edit of the code that makes a run's results (a comment's too: a run
-    is then done again, never reused wrongly)."""
+def sources_digest(paths: list[Path], base: Path) -> str:
+    """sha256 over the path (relative to ``base``) and bytes of each file of ``paths`` and
+    every ``.py`` file under each directory of them, in path order."""
     digest = hashlib.sha256()
-    for entry in CODE:
-        path = REPO / entry
+    for path in paths:
         files = [path] if path.is_file() else sorted(path.rglob("*.py"))
         for f in files:
-            digest.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes() + b"\0")
+            digest.update(str(f.relative_to(base)).encode() + b"\0" + f.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+@cache
+def code_digest() -> str:
+    """:func:`sources_digest` of :data:`CODE`: it changes with any edit of the code that
+    makes a run's results (a comment's too: a run is then done again, never reused
+    wrongly)."""
+    return sources_digest([REPO / entry for entry in CODE], REPO)
 
 
 def plugin_digest(module: str) -> str | None:
@@ -86,14 +91,8 @@ def plugin_digest(module: str) -> str | None:
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return None
     origin = Path(spec.origin)
-    package = spec.submodule_search_locations is not None
-    root = origin.parent if package else origin
-    files = sorted(root.rglob("*.py")) if package else [origin]
-    digest = hashlib.sha256()
-    for f in files:
-        name = str(f.relative_to(root)) if package else f.name
-        digest.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return digest.hexdigest()
+    root = origin.parent if spec.submodule_search_locations is not None else origin
+    return sources_digest([root], root.parent)
 
 
 def input_stamps(cfg: Any) -> dict[str, list[list[Any]]]:
