@@ -17,8 +17,8 @@ Writes into ``--out`` (default ``results/reproduce``):
 - ``fig19_swap_recompute.csv`` (end to end, swap vs recompute by block size) and
   ``fig19_preemption_cost.csv`` (the cost model's price of one preemption), with a figure;
 - ``report.md``: kvlab's numbers next to the paper's, with the cost model's constants;
-- ``vllm_overhead_sensitivity.csv/.png/.pdf``: the appendix (vLLM against a per-step
-  overhead);
+- ``vllm_overhead_sensitivity.csv/.png/.pdf``: the appendix (vLLM against a time added to
+  every step, on the report's clock and on the bare roofline);
 - ``fig14_*``, ``fig15_sharing``, ``fig16_*``, ``fig17_*`` (CSV, PNG, PDF): the sharing
   figures (``experiments.report.sharing``), on 30-second traces by default;
 - ``runs/<label>/``: every run's ``metrics.json`` (Fig. 2/13 runs: all result files).
@@ -164,7 +164,8 @@ def _keep(m: dict[str, Any]) -> dict[str, Any]:
     return {k: m.get(k) for k in _KEEP}
 
 
-OVERHEADS_S = (0.0, 0.005, 0.01, 0.02, 0.05)
+OVERHEADS_S = (0.0, 0.005, 0.01, 0.02, 0.05)  # added to the bare roofline's steps
+CLOCK_OVERHEADS_S = (0.0, 0.001, 0.002, 0.005, 0.01)  # added to the report's clock's steps
 
 
 def unmeasured_run(
@@ -188,14 +189,25 @@ def unmeasured_run(
     return None
 
 
-def overhead_sensitivity(pool: ProcessPoolExecutor, base: list[str]) -> list[tuple[float, Any]]:
-    """vLLM at 2 req/s on the bare roofline plus a fixed per-step overhead: how strongly
-    step time moves vLLM's batch (an appendix; the default clock models the overhead)."""
+def overhead_sensitivity(
+    pool: ProcessPoolExecutor, base: list[str], clock: str = "roofline"
+) -> list[tuple[dict[str, Any], Any]]:
+    """vLLM at 2 req/s with a fixed time added to every step: how strongly step time moves
+    vLLM's batch and KV shares (an appendix; nothing in it is measured or fitted). On the
+    report's ``clock`` (a key of :data:`COSTS`) with :data:`CLOCK_OVERHEADS_S`, what
+    unmodelled time per step would change, and on the bare roofline with
+    :data:`OVERHEADS_S`; once if ``clock`` is the roofline. Each job's key: ``clock``,
+    ``report_clock`` (the report's own) and ``per_step_overhead_ms``."""
+    series = [(clock, CLOCK_OVERHEADS_S)] if clock != "roofline" else []
+    series.append(("roofline", OVERHEADS_S))
     return [
-        (o, pool.submit(run_one, f"sens_overhead{o * 1e3:g}ms",
-                        [*base, "cost=roofline", "system=vllm", "workload.rate=2.0",
-                         f"cost.per_step_overhead_s={o}"], None))
-        for o in OVERHEADS_S
+        ({"clock": name, "report_clock": name == clock, "per_step_overhead_ms": o * 1e3},
+         pool.submit(run_one, f"sens_{'' if name == 'roofline' else name + '_'}"
+                              f"overhead{o * 1e3:g}ms",
+                     [*base, *COSTS[name], "system=vllm", "workload.rate=2.0",
+                      f"cost.per_step_overhead_s={o}"], None))
+        for name, overheads in series
+        for o in overheads
     ]  # fmt: skip
 
 
@@ -374,7 +386,7 @@ def main(argv: list[str] | None = None) -> Path:
                            runs_dir / f"fig2_{s}")
             for s in FIG2_SYSTEMS if {"fig2", "fig13"} & set(figs)
         }  # fmt: skip
-        sens_jobs = overhead_sensitivity(pool, common) if "sensitivity" in figs else []
+        sens_jobs = overhead_sensitivity(pool, common, args.cost) if "sensitivity" in figs else []
         block_figs = tuple(f for f in ("fig18b", "fig19") if f in figs)
         block_jobs = block_study(pool, base, block_figs) if block_figs else []
         progress.runs("fig2", list(fig2_jobs.values()) if "fig2" in figs else [])
@@ -420,9 +432,7 @@ def main(argv: list[str] | None = None) -> Path:
         fig13_alpaca = pd.DataFrame(
             [_keep(job.result()) | {"system": s} for s, job in fig13_jobs.items()]
         )
-        sens = pd.DataFrame(
-            [{"per_step_overhead_ms": o * 1e3, **_keep(job.result())} for o, job in sens_jobs]
-        )
+        sens = pd.DataFrame([key | _keep(job.result()) for key, job in sens_jobs])
         blocks = pd.DataFrame([key | _keep(job.result()) for key, job in block_jobs])
         fig12_rows = [row for job in fig12_jobs for row in job.result()]
         sharing_rows = [[row for job in jobs for row in job.result()]

@@ -767,7 +767,7 @@ COST_KEYS: dict[str, tuple[str, ...]] = {
     ),
     "profiled": (
         "profile", "stack", "stack_path", "dtype_bytes", "block_size", "allreduce_latency_s",
-        "peer_link_efficiency",
+        "peer_link_efficiency", "per_step_overhead_s",
     ),
     "calibrated": ("path",),
 }  # fmt: skip

@@ -304,7 +304,7 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
                 problem = str(exc).rsplit(", got ", 1)[0]  # the value is shown once, below
                 raise ConfigError(f"cost.{config_key}", problem, overrides[field]) from None
     extra = {k: v for k, v in cost_cfg.items() if k not in _EFFICIENCY_KEYS}
-    if overrides and kind == "profiled":  # the all-reduce's two (check_cost_keys)
+    if overrides and kind == "profiled":  # the all-reduce's two, the added time
         extra["efficiency_overrides"] = overrides
     elif overrides:
         extra["efficiency"] = Efficiency().with_values(

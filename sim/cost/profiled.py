@@ -187,6 +187,9 @@ def small_shard_note(profiled_weights: float, target_weights: float) -> str | No
 
 
 ALL_REDUCE_FACTORS = ("allreduce_latency_s", "peer_link_efficiency")
+# A fixed time added to every non-empty step (a sensitivity knob, not measured: the
+# reproduction's appendix asks what unmodelled time per step would do)
+ADDED_TIME_FACTORS = ("per_step_overhead_s",)
 
 
 def all_reduce_factors(
@@ -211,7 +214,8 @@ def all_reduce_factors(
         if key not in ALL_REDUCE_FACTORS:
             raise ValueError(
                 f"cost=profiled takes no efficiency override {key!r} (its operator speeds "
-                f"are the profile's); {' and '.join(ALL_REDUCE_FACTORS)} only"
+                f"are the profile's); {', '.join((*ALL_REDUCE_FACTORS, *ADDED_TIME_FACTORS))} "
+                "only"
             )
         values[key] = value
         sources[key] = "set in the run's config (cost group)"
@@ -262,7 +266,8 @@ def _layer_of(spec: ModelSpec) -> LayerShape:
 class ProfiledCostModel:
     """Step time of ``model`` on ``tp`` × ``gpu`` from ``profile``; see the module doc.
     ``efficiency_overrides`` sets ``allreduce_latency_s`` and ``peer_link_efficiency`` in
-    place of the profile's all-reduce measurement (a ValueError for any other factor)."""
+    place of the profile's all-reduce measurement, and ``per_step_overhead_s``, seconds added
+    to every non-empty step (a ValueError for any other factor)."""
 
     def __init__(
         self,
@@ -403,7 +408,9 @@ class ProfiledCostModel:
         self._lm = [0.0, *lm_head_s(dense[1:]).tolist()]
         mem = float(min(1.0, self._achieved[0]))
         comp = float(min(1.0, self._achieved[-1]))
-        all_reduce, all_reduce_sources = all_reduce_factors(prof, efficiency_overrides)
+        overrides = dict(efficiency_overrides or {})
+        added = {k: overrides.pop(k) for k in ADDED_TIME_FACTORS if k in overrides}
+        all_reduce, all_reduce_sources = all_reduce_factors(prof, overrides)
         eff = Efficiency().with_values(
             {
                 "compute": f"achieved fraction of the roofline of the profile's linear "
@@ -411,11 +418,14 @@ class ProfiledCostModel:
                 "memory": f"achieved fraction of the roofline of the profile's linear "
                 f"operator at its smallest token count ({int(n_lin[0])}): {prof.source}",
                 **all_reduce_sources,
+                **dict.fromkeys(added, "set in the run's config (cost group): added to every "
+                                "step beyond the profile's operators and the stack's CPU time"),
             },
             compute=comp,
             memory=mem,
             **all_reduce,
-        )
+            **added,
+        )  # fmt: skip
         self.roofline = RooflineCostModel(m, g, tp, dtype_bytes, eff, block_size, stack)
         self.stack = self.roofline.stack
         self.block_size = block_size
