@@ -362,10 +362,23 @@ def narrowing_cap(d: tuple[tuple[float, float | None], ...], f: tuple) -> pd.Dat
 
 
 def test_alpaca_narrowing_needs_a_smaller_ratio_and_two_exact_ones() -> None:
-    """The §6.2 statement: the gap narrows on (f) only when its ratio is below (d)'s (equal
-    ones do not narrow), and it is not decided when either ratio is only a bound."""
+    """The §6.2 statement: the gap narrows on (f) only when every ratio its runs allow is
+    below every ratio (d)'s allow (equal point ratios with overlapping ranges are not
+    decided, ranges wholly above do not narrow), and it is not decided when either ratio
+    is only a bound."""
     equal = narrowing_cap(((20.0, 21.0), (10.0, 11.0)), ((8.0, 9.0), (4.0, 5.0)))
-    assert "kvlab's gap does not narrow" in fig12_rates._narrowing(equal)[0]
+    assert (
+        "kvlab's gap is not decided: the searches' resolution puts (f) in [1.60, 2.25] and "
+        "(d) in [1.82, 2.10], which overlap" in fig12_rates._narrowing(equal)[0]
+    )
+    wider = narrowing_cap(((20.0, 21.0), (10.0, 11.0)), ((40.0, 41.0), (4.0, 4.1)))
+    assert "kvlab's gap does not narrow" in fig12_rates._narrowing(wider)[0]
+    narrower = narrowing_cap(((20.0, 21.0), (10.0, 11.0)), ((8.0, 8.5), (9.0, 9.5)))
+    text = fig12_rates._narrowing(narrower)[0]
+    assert "kvlab's gap narrows, and inverts" in text
+    close_to_one = narrowing_cap(((20.0, 21.0), (10.0, 11.0)), ((8.0, 9.0), (8.5, 9.0)))
+    text = fig12_rates._narrowing(close_to_one)[0]
+    assert "kvlab's gap narrows (the paper" in text  # (f) in [0.89, 1.06]: may not invert
     one_bound = narrowing_cap(((20.0, 21.0), (10.0, 11.0)), ((8.0, None), (8.0, 9.0)))
     text = fig12_rates._narrowing(one_bound)[0]
     assert "is ≥ 0.89× vs 2.00×" in text

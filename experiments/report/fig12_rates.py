@@ -534,19 +534,29 @@ def resolution_bracket(c: pd.DataFrame, system: str) -> tuple[float, float] | No
 
 def _narrowing(cap: pd.DataFrame) -> list[str]:
     """The paper's one Alpaca statement: the gap narrows on OPT-175B (§6.2). Not decided
-    where either ratio is only a bound (:func:`ratio_estimate`)."""
-    est = {}
+    where either ratio is only a bound (:func:`ratio_estimate`), or where the searches'
+    resolution (:func:`resolution_bracket`) leaves the two ratios' ranges overlapping, as
+    the gap lines decide against the paper's ranges; "inverts" likewise only where every
+    ratio (f)'s runs allow is below 1."""
+    est, brackets = {}, {}
     for letter in ("d", "f"):
         c = cap[cap["panel"] == letter].set_index("system")
         if not {"vllm", "orca_oracle"} <= set(c.index):
             return []
         est[letter] = ratio_estimate(c, "orca_oracle")
+        brackets[letter] = resolution_bracket(c, "orca_oracle")
     (kind_d, d), (kind_f, f) = est["d"], est["f"]
+    bd, bf = brackets["d"], brackets["f"]
     if kind_d != "=" or kind_f != "=":
         verdict = "is not decided (a rate in it is only a bound)"
+    elif bd and bf and bf[1] >= bd[0] and bf[0] <= bd[1]:
+        verdict = (
+            f"is not decided: the searches' resolution puts (f) in [{fmt(bf[0])}, "
+            f"{fmt(bf[1])}] and (d) in [{fmt(bd[0])}, {fmt(bd[1])}], which overlap"
+        )
     else:
         verdict = "narrows" if f < d else "does not narrow"
-        if f < 1:
+        if (bf[1] if bf else f) < 1:
             verdict += ", and inverts: Orca (Oracle) sustains more than vLLM on (f)"
     shown = {k: ("" if kind == "=" else f"{kind} ") + fmt(x) for k, (kind, x) in est.items()}
     return [f"Alpaca, OPT-175B (f) against OPT-13B (d): vLLM / Orca (Oracle) is {shown['f']}× "
