@@ -80,10 +80,12 @@ def test_every_figure_has_a_notebook():
 
 
 def test_paper_figures_share_the_reports_code_and_colours():
-    from core.systems import SYSTEMS
+    from core.systems import BUILT_IN
     from experiments.report.figures import SYSTEM_COLORS
 
-    assert set(SYSTEMS) <= set(SYSTEM_COLORS)  # every system has its colour
+    # every shipped system has its colour (a plugin's, which another test in this process
+    # may have registered, has none: the report draws shipped systems only)
+    assert set(SYSTEM_COLORS) >= BUILT_IN
     for path in NOTEBOOKS:
         text = path.read_text()
         assert SHARED_FIGURES[path.stem][1] in text, path.name
