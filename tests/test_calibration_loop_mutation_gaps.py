@@ -191,6 +191,30 @@ def test_the_simulation_takes_the_batch_limit_the_engine_served_with(tmp_path: P
     assert simulated["completed"] == 50
 
 
+def test_the_simulation_takes_the_seed_the_run_was_served_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's seed reaches the simulator (beam search's stand-in and the prompt ids drawn
+    for prefix caching depend on it), not a fixed one."""
+    seen: dict[str, Any] = {}
+
+    class Simulated(Exception):
+        pass
+
+    def simulate(*args: Any, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        raise Simulated
+
+    monkeypatch.setattr(validate, "simulate", simulate)
+    run = _run(tmp_path)
+    calibration = calibrate.calibrate(run)
+    for seed in (0, 7):
+        _edit_config(run, seed=seed)
+        with pytest.raises(Simulated):
+            validate.simulate_run(run, calibration)
+        assert seen["seed"] == seed
+
+
 def test_engine_batch_limits_of_zero_are_refused(tmp_path: Path) -> None:
     """A served batch limit in engine.json must be a positive whole number."""
     run = _run(tmp_path)
