@@ -97,10 +97,13 @@ def test_a_moved_run_still_validates_by_recorded_replay(dry_out: Path, tmp_path:
     assert all(r["rel_err"] == 0.0 for r in doc["comparison"])
 
 
-def test_gpu_report_reads_a_dry_call(dry_out: Path, tmp_path: Path) -> None:
+def test_gpu_report_reads_a_dry_call(
+    dry_out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A DRY=1 gpu_all.sh output (here: a dry profile and one dry engine run) gets a report:
     the CPU in the sidecar is priced as the nominal GPU the dry runs were served as, at the
-    profile's fp32 width, without transferred prices (the shipped profile is fp16)."""
+    profile's fp32 width, without transferred prices (the shipped profile is fp16); its
+    printed heading says the numbers are a dry run's."""
     from experiments.bench import gpu_report, profile_gpu
     from experiments.bench.engine_gpu import NOMINAL_GPU
 
@@ -109,7 +112,9 @@ def test_gpu_report_reads_a_dry_call(dry_out: Path, tmp_path: Path) -> None:
     (call / "engine").mkdir()
     shutil.copytree(dry_out / "tiny-opt_vllm_offline", call / "engine" / "tiny-opt_vllm_offline")
     shutil.copy(dry_out / "trace_tiny-opt.csv", call / "engine")
+    capsys.readouterr()
     assert gpu_report.main([str(call), "--out", str(tmp_path / "out")]) == 0
+    assert f"tiny-opt on {NOMINAL_GPU} (dry run on CPU: meaningless)" in capsys.readouterr().out
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
     assert doc["hardware"] == NOMINAL_GPU and doc["profile_as_measured"] is True
     assert doc["runs"] == ["tiny-opt_vllm_offline"] and len(doc["cross_run"]) == 1

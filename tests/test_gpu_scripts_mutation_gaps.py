@@ -206,10 +206,14 @@ def test_the_gpu_s_cache_is_emptied_after_each_run_even_a_failed_one(
 
 
 def _serve_fake(
-    monkeypatch: pytest.MonkeyPatch, lengths: list[float], max_seconds: float, spent: float = 0.0
+    monkeypatch: pytest.MonkeyPatch,
+    lengths: list[float],
+    max_seconds: float,
+    spent: float = 0.0,
+    missing: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """``serve_all`` over the GPU plan's first runs, the i-th taking ``lengths[i]`` seconds
-    of a fake clock (no summary written)."""
+    of a fake clock, each row without the ``missing`` metrics (no summary written)."""
     plan = engine_gpu.make_plan(dry=False)
     specs = engine_gpu.run_specs(plan, {m.model: Path("t.csv") for m in plan.models})
     specs = specs[: len(lengths)]
@@ -220,7 +224,8 @@ def _serve_fake(
         now[0] += took[spec.name]
         return {"run": spec.name, "model": spec.model, "system": spec.system,
                 "mode": spec.mode, "backend": spec.backend,
-                **dict.fromkeys(engine_gpu.SUMMARY_KEYS, 1.0)}  # fmt: skip
+                **dict.fromkeys(engine_gpu.SUMMARY_KEYS, 1.0),
+                **dict.fromkeys(missing)}  # fmt: skip
 
     doc: dict[str, Any] = {"meta": {}, "rows": [], "errors": {}, "skipped": [],
                            "skip_reasons": {}}  # fmt: skip
@@ -237,6 +242,17 @@ def test_the_expected_length_is_the_longest_run_so_far_not_the_last(
     would end past a 60 s cap, so it is skipped."""
     doc = _serve_fake(monkeypatch, [30.0, 5.0, 1.0], 60.0)
     assert len(doc["rows"]) == 2 and len(doc["skipped"]) == 1
+
+
+def test_a_run_without_a_metric_does_not_stop_the_runs_after_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A row lacking its throughput and batch (None) is kept and its progress line says
+    n/a; the next run is still served."""
+    doc = _serve_fake(monkeypatch, [1.0, 1.0], 600.0,
+                      missing=("output_throughput", "mean_batch_size"))  # fmt: skip
+    assert len(doc["rows"]) == 2 and not doc["errors"]
+    assert "n/a tok/s, batch n/a" in capsys.readouterr().out
 
 
 def test_the_time_spent_before_the_runs_counts_toward_the_cap(

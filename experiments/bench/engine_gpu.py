@@ -333,11 +333,17 @@ def serve_all(
         doc["meta"]["elapsed_s"] = clock() - t0
         if row is not None:
             doc["rows"].append(row)
-            print(f"{spec.name}: {row['output_throughput']:.4g} tok/s, batch "
-                  f"{row['mean_batch_size']:.3g}, run {row['wall_s']:.1f} s, "
+            print(f"{spec.name}: {_shown(row.get('output_throughput'), '.4g')} tok/s, batch "
+                  f"{_shown(row.get('mean_batch_size'), '.3g')}, run {row['wall_s']:.1f} s, "
                   f"elapsed {clock() - t0:.0f} s", flush=True)  # fmt: skip
         doc["ratios"] = ratios(doc["rows"])
         write_summary(out, doc)
+
+
+def _shown(value: Any, spec: str) -> str:
+    """``value`` formatted by ``spec``; "n/a" for a metric the run did not report (a progress
+    line must not stop the runs after it)."""
+    return "n/a" if value is None else format(value, spec)
 
 
 def _serve_logged(

@@ -364,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {doc['skipped']['why']}: tables {', '.join(PROFILE_TABLES)} skipped")
     else:
         model = doc["profile"]["model"]
-        print_table(f"step GPU time, {model} on {doc['hardware']}", doc["operators"])
+        dry = " (dry run on CPU: meaningless)" if doc["profile"].get("dry") is True else ""
+        print_table(f"step GPU time, {model} on {doc['hardware']}{dry}", doc["operators"])
     print_table("decode forward against the profile's price", doc["forward_gap"])
     print_table("step time over the profile's price (decode-only steps)", doc["speed"])
     print_table(f"steps over {STALL_FACTOR:g}x the run's median step", doc["stalls"])
