@@ -70,6 +70,15 @@ def test_gpu_catalog_uses_datasheet_numbers() -> None:
     assert get_gpu("h200").mem_bandwidth == 4800e9
 
 
+def test_a_lent_h100_is_named_by_its_form_factor() -> None:
+    """The two H100s torch can report are different GPUs: the SXM module and the PCIe card
+    (HBM2e at 2 TB/s, 756 dense TFLOPS, peers over PCIe) each resolve to their own YAML."""
+    assert get_gpu("NVIDIA H100 80GB HBM3").name == "h100"
+    card = get_gpu("NVIDIA H100 PCIe")
+    assert card.name == "h100-pcie" and card.peer_link == "pcie"
+    assert (card.mem_bandwidth, card.peak_flops) == (2000e9, 756e12)
+
+
 def test_invalid_shapes_are_rejected() -> None:
     base = MODELS["tiny-llama"]
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
