@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 from functools import cache
 from pathlib import Path
@@ -95,12 +96,31 @@ def plugin_digest(module: str) -> str | None:
     return sources_digest([root], root.parent)
 
 
+def calibration_profile(path: Path) -> Path | None:
+    """The operator profile the calibration file ``path`` builds on (its ``profile``,
+    found as the run finds it: :func:`experiments.lib.setup.with_profile_found`, then
+    :func:`located_input`); None when it names none, or the file is not a readable JSON
+    document."""
+    from experiments.lib.setup import with_profile_found
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    name = with_profile_found(doc, path).get("profile")
+    return located_input(name) if isinstance(name, str) and name else None
+
+
 def input_stamps(cfg: Any) -> dict[str, list[list[Any]]]:
     """Per key of :data:`INPUT_KEYS` whose value names an existing file or directory:
     ``[[name, size, mtime_ns], ...]`` of the file, or of every file under the directory;
     under ``code``, ``[["sha256", digest]]`` of the code (:func:`code_digest`); and under
     ``system.plugin``, when one is named and found, ``[["sha256", digest]]`` of its source
-    (:func:`plugin_digest`), so an edited policy is simulated again."""
+    (:func:`plugin_digest`), so an edited policy is simulated again; under
+    ``cost.path.profile``, the operator profile a calibration file (``cost.path``) builds on
+    (:func:`calibration_profile`), which the run reads too."""
     plain = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
     out: dict[str, list[list[Any]]] = {"code": [["sha256", code_digest()]]}
     plugin = lookup(plain, "system.plugin")
@@ -115,4 +135,7 @@ def input_stamps(cfg: Any) -> dict[str, list[list[Any]]]:
         path = located_input(value)
         if path is not None:
             out[key] = _stamp(path)
+            profile = calibration_profile(path) if key == "cost.path" and path.is_file() else None
+            if profile is not None:
+                out["cost.path.profile"] = _stamp(profile)
     return out
