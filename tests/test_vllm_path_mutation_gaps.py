@@ -56,6 +56,7 @@ from sim.catalog import (
     resolve_gpu,
 )
 from tests.test_calibrate_vllm import _fake_run
+from tests.test_vllm_log import _row as _log_row
 
 # --- sim/capacity.py --------------------------------------------------------------------
 
@@ -325,17 +326,8 @@ def test_numbers_without_a_name_are_refused() -> None:
 
 
 def _row(i: int, q: float, **over: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "request_id": f"bench-{i}",
-        "input_toks": 4,
-        "output_toks": 3,
-        "arrival_time": 1000.0 + q,
-        "queued_ts": q,
-        "scheduled_ts": q + 0.01,
-        "first_token_ts": q + 0.1,
-        "last_token_ts": q + 0.3,
-    }
-    return {k: v for k, v in (row | over).items() if v is not None}
+    """test_vllm_log's request line, a key given None left out."""
+    return {k: v for k, v in _log_row(i, q, **over).items() if v is not None}
 
 
 def _write(run: Path, rows: list[dict[str, Any]], meta: dict[str, Any] | None = None) -> Path:
