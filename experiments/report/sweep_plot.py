@@ -7,7 +7,7 @@ experiments.report.sweep_plot SWEEP_DIR_OR_SUMMARY --x KEY --y METRIC [--y METRI
 ``normalized_latency``, ``kv_token_states_pct``). Rows that did not finish (``status`` other
 than ``ok``) are left out and counted. Several rows at one (x, hue) point, such as seeds or a
 key neither names, are averaged; the figure draws their range as an error bar. Writes
-``DIR/sweep_<y>.csv`` (x, hue, mean, min, max, runs), ``.png`` and ``.pdf`` per metric
+``DIR/sweep_<y>.csv`` (hue, x, mean, min, max, runs), ``.png`` and ``.pdf`` per metric
 (``DIR`` defaults to the sweep's folder) and prints the table.
 """
 
