@@ -130,10 +130,12 @@ def kv_budget_bytes(
         return resolve_kv_budget(device, fraction=fraction, reserved_bytes=weights)
     if device == "cuda":
         return resolve_kv_budget(device, fraction=GPU_DEFAULT_FRACTION, reserved_bytes=weights)
-    per_token = bytes_per_block(model_config, 1, dtype)
+    # a sequence takes whole blocks: fewer bytes, floored to blocks, would not hold one
+    # max_model_len sequence (which check_holds_one_sequence refuses)
+    block = int(manager_options(c["system"])["block_size"])
+    per_seq = -(-mml // block) * block * bytes_per_block(model_config, 1, dtype)
     seqs = batch_limits_for(c["system"], mml, gpu_of(device)).max_num_seqs
-    wanted = seqs * mml * per_token
-    return min(wanted, max(CPU_DEFAULT_CAP_BYTES, mml * per_token))
+    return min(seqs * per_seq, max(CPU_DEFAULT_CAP_BYTES, per_seq))
 
 
 def budget_key(c: Mapping[str, Any]) -> str:
