@@ -399,7 +399,7 @@ def test_a_known_device_is_priced_as_itself_not_as_measured() -> None:
         p = pricing(_meta(H100_NAME), hardware)
         assert (p.gpu, p.as_measured, p.width) == ("h100", False, 2)
     assert pricing(_meta("NVIDIA H200", "float32"), None).width == 4
-    unknown = pricing(_meta("NVIDIA H100 PCIe"), "h100")
+    unknown = pricing(_meta("NVIDIA H100 NVL"), "h100")
     assert (unknown.gpu, unknown.as_measured) == ("h100", True)
 
 
