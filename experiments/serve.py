@@ -133,7 +133,7 @@ def kv_budget_bytes(
     # a sequence takes whole blocks: fewer bytes, floored to blocks, would not hold one
     # max_model_len sequence (which check_holds_one_sequence refuses)
     block = int(manager_options(c["system"])["block_size"])
-    per_seq = -(-mml // block) * block * bytes_per_block(model_config, 1, dtype)
+    per_seq = -(-mml // block) * bytes_per_block(model_config, block, dtype)
     seqs = batch_limits_for(c["system"], mml, gpu_of(device)).max_num_seqs
     return min(seqs * per_seq, max(CPU_DEFAULT_CAP_BYTES, per_seq))
 

@@ -27,7 +27,7 @@
 # %%
 from _common import read_result, require, results_dir, save
 
-from experiments.report.figures import overhead_sensitivity
+from experiments.report.figures import overhead_sensitivity, with_clock_columns
 
 RESULTS = results_dir()
 (sens_csv,) = require(RESULTS, "vllm_overhead_sensitivity.csv")
@@ -40,9 +40,7 @@ SHOWN = (
     "kv_free_pct",
     "num_preemptions",
 )
-sens = read_result(sens_csv, numbers=SHOWN[1:])
-if "clock" not in sens.columns:  # a CSV from before the column: the bare roofline alone
-    sens = sens.assign(clock="roofline", report_clock=True)
+sens = with_clock_columns(read_result(sens_csv, numbers=SHOWN[1:]))
 sens = sens.sort_values(["report_clock", "per_step_overhead_ms"], ascending=[False, True])
 sens[list(SHOWN)]
 

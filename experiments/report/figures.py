@@ -338,13 +338,21 @@ SENSITIVITY_PANELS = (
 )  # fmt: skip
 
 
+def with_clock_columns(sens: pd.DataFrame) -> pd.DataFrame:
+    """``sens`` (``vllm_overhead_sensitivity.csv``) with its ``clock`` and ``report_clock``
+    columns: a CSV from before them holds the bare roofline's runs alone."""
+    if "clock" in sens.columns:
+        return sens
+    return sens.assign(clock="roofline", report_clock=True)
+
+
 def overhead_sensitivity(sens: pd.DataFrame) -> Any:
     """The appendix study: vLLM at 2 req/s against a fixed time added to every step, a line
     per clock (the report's, solid; the bare roofline, dotted; a CSV without the ``clock``
     column holds the roofline only), with the paper's Fig. 13 batch and Fig. 2 token-state
     share as lines. ``sens``: ``vllm_overhead_sensitivity.csv``."""
-    sens = sens.sort_values("per_step_overhead_ms")
-    clocks = sens["clock"] if "clock" in sens.columns else pd.Series("roofline", sens.index)
+    sens = with_clock_columns(sens).sort_values("per_step_overhead_ms")
+    clocks = sens["clock"]
     fig, axes = pyplot().subplots(1, len(SENSITIVITY_PANELS), figsize=(10, 3))
     for ax, (column, ylabel, paper, paper_label) in zip(axes, SENSITIVITY_PANELS, strict=True):
         for clock in dict.fromkeys(clocks):
