@@ -136,6 +136,17 @@ def test_at_max_rate_averages_the_seeds_runs() -> None:
     assert best is not None and best["kv_sharing_saving_pct"] == 15.0 and best["seeds"] == 2
 
 
+def test_at_max_rate_leaves_out_a_seed_that_could_not_measure() -> None:
+    # a seed whose run held no block has no saving (NaN); the others still give the mean
+    rows = [{"rate": 2.0, "seed": s, "passes": True, "kv_sharing_saving_pct": v}
+            for s, v in ((0, 10.0), (1, math.nan), (2, 20.0), (3, None))]  # fmt: skip
+    best = at_max_rate(rows)
+    assert best is not None and best["kv_sharing_saving_pct"] == 15.0 and best["seeds"] == 4
+    only_nan = [r | {"kv_sharing_saving_pct": math.nan} for r in rows]
+    best = at_max_rate(only_nan)
+    assert best is not None and best["kv_sharing_saving_pct"] is None
+
+
 def test_a_run_passes_only_when_it_keeps_up() -> None:
     ok = {"normalized_latency": 0.5, "num_requests": 500, "completed": 500,
           "unfinished_at_last_arrival": 0.05}  # fmt: skip

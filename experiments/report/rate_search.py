@@ -186,8 +186,10 @@ def seed_open(rows: Sequence[dict[str, Any]]) -> dict[Any, bool]:
 
 
 def at_max_rate(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The runs at the sustainable rate as one row: numbers averaged over seeds, ``seeds``
-    the number of runs (None when no rate passes)."""
+    """The runs at the sustainable rate as one row: numbers averaged over seeds, leaving out a
+    seed's None or NaN (a quantity its run could not measure, e.g. a saving with no block
+    held; as :func:`curve_table` does), ``seeds`` the number of runs (None when no rate
+    passes)."""
     best = max_rate(rows)
     at = [r for r in rows if r["rate"] == best and r["passes"]]
     if not at:
@@ -195,7 +197,7 @@ def at_max_rate(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     out = dict(at[0])
     for key, value in at[0].items():
         if isinstance(value, int | float) and not isinstance(value, bool) and key != "seed":
-            vals = [r[key] for r in at if r.get(key) is not None]
+            vals = [r[key] for r in at if r.get(key) is not None and r[key] == r[key]]
             out[key] = sum(vals) / len(vals) if vals else None
     out["seeds"] = len(at)
     return out
