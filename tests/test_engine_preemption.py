@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from core.request import Request, SamplingParams
 from tests.engine_helpers import (
     make_engine,
     one_torch_thread,  # noqa: F401 (autouse fixture)
+    prompt_ids,
     requests,
 )
 
@@ -30,3 +32,22 @@ def test_preempted_runs_match_an_unpreempted_run(mode: str, backend: str) -> Non
     assert (steps["swap_in_blocks"].sum() > 0) == (mode == "swap")
     assert tight.outputs == roomy.outputs
     assert (tight.recorder.requests_frame()["status"] == "finished").all()
+
+
+def test_swapped_parallel_samples_match_an_unpreempted_run() -> None:
+    """Swap-preempted parallel-sampling groups come back with the tokens an unpreempted run
+    draws, including a step that swaps a group in and copies its shared last block (the
+    engine must swap in before it copies)."""
+    lens = [(6, 12), (10, 13), (5, 11), (7, 9)]
+    reqs = [
+        Request(i, 0.0, p, o, SamplingParams(temperature=0.9, n=2, seed=7 + 10 * i),
+                prompt_ids(p, 100 + i))
+        for i, (p, o) in enumerate(lens)
+    ]  # fmt: skip
+    roomy = make_engine(num_blocks=256).generate(reqs)
+    tight = make_engine(num_blocks=10, num_cpu_blocks=64, preemption_mode="swap").generate(reqs)
+    steps = tight.recorder.steps_frame()
+    assert ((steps["swap_in_blocks"] > 0) & (steps["copy_blocks"] > 0)).any()
+    assert (tight.recorder.requests_frame()["status"] == "finished").all()
+    assert all(len(out.token_ids) == 2 for out in roomy.outputs.values())
+    assert tight.outputs == roomy.outputs
