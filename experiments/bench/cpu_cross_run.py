@@ -27,7 +27,7 @@ rows are printed for reference. Each model also prices every run's measured step
 (the engine's own batches, no queue): the step model's error before queueing amplifies it.
 Writes ``DIR/cross_run.json`` and ``DIR/cross_run.csv`` and prints the tables; with a
 profile, also each run's speed against it (``drift``: :func:`speed_drift`).
-``--quick`` uses tiny-opt and a handful of requests (seconds) so a test can run it.
+``--quick`` uses tiny-opt and a handful of requests (a smoke test; minutes on a busy CPU).
 Runs A2 and B2 serve A and B again with the same config and seed: the engine's own
 run-to-run difference (the ``repeatability`` table), the floor under any model's error on
 another run; S's model is validated on them too.
@@ -403,7 +403,7 @@ def repeatability(runs: dict[str, Path]) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m experiments.bench.cpu_cross_run")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quick", action="store_true", help="tiny-opt, seconds")
+    parser.add_argument("--quick", action="store_true", help="tiny-opt, a smoke test")
     parser.add_argument("--reuse-runs", action="store_true",
                         help="keep DIR/run_*, DIR/operator_profile and DIR/pilot_profile "
                         "where present")  # fmt: skip
