@@ -488,6 +488,7 @@ def test_the_config_shown_nulls_the_partner_key_as_the_run_does(tmp_path: Path) 
     status, out, err = run_cli(simulate, ["--cfg", "job", "workload.duration_s=30"], tmp_path)
     assert status == 0, err
     assert "duration_s: 30" in out and "num_requests: null" in out
+    assert not (tmp_path / "index.csv").exists()  # showing the config writes no index
 
 
 def test_showing_the_config_of_a_sweep_is_one_line(tmp_path: Path) -> None:

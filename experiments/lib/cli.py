@@ -395,7 +395,9 @@ def main_with_checks(
                 check_shadowed_choices(config_name, args)
                 check_overrides_compose(config_name, args)
                 index = _index_of(args)
-                if index is not None:  # once, not as each job of a sweep starts
+                # once, not as each job of a sweep starts; a command that only shows the
+                # config or help writes no row, so it neither needs nor makes the index
+                if index is not None and not _inspects(args):
                     check_index_writable(index)
         except ConfigError as err:
             _index_refused(config_name, args, err)
