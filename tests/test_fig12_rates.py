@@ -136,6 +136,18 @@ def test_at_max_rate_averages_the_seeds_runs() -> None:
     assert best is not None and best["kv_sharing_saving_pct"] == 15.0 and best["seeds"] == 2
 
 
+def test_the_curve_table_does_not_depend_on_the_order_of_its_runs() -> None:
+    # reproduce hands the runs over in submission order, `fig12_rates DIR` in panel order:
+    # both must write the same fig12_curves.csv
+    rows = [{"setting": p, "system": s, "rate": r, "seed": 0, "passes": True,
+             "normalized_latency": r / 10, "num_requests": 10}
+            for p in ("b", "a") for s in ("vllm", "orca_max") for r in (2.0, 1.0)]  # fmt: skip
+    table = curve_table(rows)
+    assert curve_table(rows[::-1]) == table
+    keys = [(c["rate"], c["setting"], c["system"]) for c in table]
+    assert keys == sorted(keys)
+
+
 def test_at_max_rate_leaves_out_a_seed_that_could_not_measure() -> None:
     # a seed whose run held no block has no saving (NaN); the others still give the mean
     rows = [{"rate": 2.0, "seed": s, "passes": True, "kv_sharing_saving_pct": v}

@@ -317,12 +317,13 @@ def curve_table(rows: Sequence[dict[str, Any]], value: str = "normalized_latency
     """Per (setting, system, rate): ``value``'s mean, min and max over seeds, the number of
     seeds, whether the rate passes on every seed (``passes``) and whether one failed
     (``failed``; neither where no seed failed but one is unmeasured: :func:`max_rate`
-    leaves such a rate out); sorted by rate."""
+    leaves such a rate out); sorted by rate, then setting and system, so the order does not
+    depend on the order of ``rows``."""
     by: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
     for r in rows:
         by.setdefault((r["setting"], r["system"], r["rate"]), []).append(r)
     out = []
-    for (setting, system, rate), rs in sorted(by.items(), key=lambda kv: kv[0][2]):
+    for (setting, system, rate), rs in sorted(by.items(), key=lambda kv: (kv[0][2], *kv[0][:2])):
         verdict = _rate_passes(rs).get(rate)  # None: unmeasured on a seed, none failed
         vals = [float(r[value]) for r in rs if r.get(value) is not None]
         vals = [v for v in vals if v == v]
