@@ -176,7 +176,8 @@ def unmeasured_run(
     traces held no request at any rate, so that it has no rate at all."""
     for frame in fixed:
         for row in frame.to_dict("records"):
-            if not row.get("completed"):
+            completed = row.get("completed")
+            if not completed or completed != completed:  # none, 0 or NaN (not measured)
                 return f"run {row['label']} completed no request"
     for rows in searches:
         measured: dict[tuple[Any, Any], bool] = {}
@@ -341,6 +342,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = p.parse_args(argv)  # fmt: skip
     if args.fig12_rate_tol is not None and not 0 < args.fig12_rate_tol < 1:
         p.error(f"--fig12-rate-tol: must be in (0, 1), got {args.fig12_rate_tol}")
+    panels = _panels(p, args.fig12_panels)  # before --out is touched
     try:
         check_arguments(args)
         figs = selection.select(args.figures, [k for k in selection.SKIPS if getattr(args, k)])
@@ -369,7 +371,6 @@ def main(argv: list[str] | None = None) -> Path:
                 f"workload.duration_s={duration}"]  # fmt: skip
     common = [*scenario, f"seed={args.seed}"]
     seeds = tuple(range(args.seed, args.seed + max(1, args.seeds)))
-    panels = _panels(p, args.fig12_panels)
     base = [*common, *COSTS[args.cost]]
     t0 = time.perf_counter()
     progress = selection.Progress(log, t0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from experiments import reproduce
@@ -104,6 +105,14 @@ def test_no_rate_search_without_a_request_at_any_rate() -> None:
     assert reproduce.unmeasured_run([], [rows]) is None
     problem = reproduce.unmeasured_run([], [rows[:2]])
     assert problem == "vllm's rate search (a) held no request at any rate"
+
+
+def test_a_fixed_rate_run_with_no_completed_count_is_unmeasured() -> None:
+    # a NaN (a run row without the metric) had passed as a measured run
+    for completed in (0, None, float("nan")):
+        frame = pd.DataFrame([{"label": "fig2_vllm", "completed": completed}])
+        assert reproduce.unmeasured_run([frame], []) == "run fig2_vllm completed no request"
+    assert reproduce.unmeasured_run([pd.DataFrame([{"label": "x", "completed": 3}])], []) is None
 
 
 def test_a_selection_runs_and_writes_only_its_figures(tmp_path: Path, caplog) -> None:

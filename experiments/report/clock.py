@@ -211,7 +211,8 @@ def fig19_section(blocks: pd.DataFrame, price: pd.DataFrame, cost_line: str) -> 
             f"(recompute / swap <= {RECOMPUTE_BOUND:g}), the two comparable for blocks 16–64. "
             "kvlab's model prices a swap below a recompute at block sizes "
             f"{', '.join(map(str, cheaper)) or 'none'}; the price ratio (recompute / swap) is "
-            f"{ratio.iloc[0]:.2f} at block 1, {_ratio_at(price, 16):.2f} at block 16, and "
+            f"{ratio.iloc[0]:.2f} at block {price['block_size'].iloc[0]}, "
+            f"{_ratio_at(price, 16):.2f} at block 16, and "
             f"{ratio.min():.2f}–{ratio.max():.2f} over all block sizes: above the paper's "
             f"{RECOMPUTE_BOUND:g} at block sizes {', '.join(map(str, above)) or 'none'}."
         )

@@ -82,6 +82,12 @@ def _value(v: Any) -> float:
     return 0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
+def _end(row: Any, key: str, rate: float) -> float:
+    """An interval end of a capacity row; ``rate`` (no bar on that side) where it is missing."""
+    v = row.get(key)
+    return rate if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
 BAR_MARKS = "≥: a lower bound (no rate tried failed); ↑: so is the interval's top; <r: none passed"
 
 
@@ -93,11 +99,12 @@ def is_flag(row: Any, key: str) -> bool:
 
 def rate_bars(ax: Any, xs: list[float], rows: list[Any], width: float, **bar: Any) -> None:
     """One system's sustained rates as bars at ``xs`` (``max_rate`` of each capacity row in
-    ``rows``), the seed interval ``rate_lo``–``rate_hi`` as error bars (none where a row
-    lacks it), and :func:`mark_rate_bounds`' marks; ``bar``: label, color."""
+    ``rows``), the seed interval ``rate_lo``–``rate_hi`` as error bars (none on a side where
+    a row lacks that end or holds NaN there), and :func:`mark_rate_bounds`' marks; ``bar``:
+    label, color."""
     vals = [_value(r["max_rate"]) for r in rows]
-    lows = [v - _value(r.get("rate_lo", v)) for v, r in zip(vals, rows, strict=True)]
-    highs = [_value(r.get("rate_hi", v)) - v for v, r in zip(vals, rows, strict=True)]
+    lows = [max(0.0, v - _end(r, "rate_lo", v)) for v, r in zip(vals, rows, strict=True)]
+    highs = [max(0.0, _end(r, "rate_hi", v) - v) for v, r in zip(vals, rows, strict=True)]
     ax.bar(xs, vals, width, yerr=[lows, highs], capsize=2, error_kw={"lw": 0.8}, **bar)
     mark_rate_bounds(ax, xs, rows)
 
