@@ -78,14 +78,14 @@ def save(fig: Any, out: Path, stem: str) -> Path:
     return png
 
 
-def _value(v: Any) -> float:
-    return 0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+def _value(v: Any, missing: float = 0.0) -> float:
+    """``v`` as a float; ``missing`` where it is None or NaN."""
+    return missing if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
 def _end(row: Any, key: str, rate: float) -> float:
     """An interval end of a capacity row; ``rate`` (no bar on that side) where it is missing."""
-    v = row.get(key)
-    return rate if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+    return _value(row.get(key), rate)
 
 
 BAR_MARKS = "≥: a lower bound (no rate tried failed); ↑: so is the interval's top; <r: none passed"
