@@ -320,7 +320,7 @@ def test_cold_sweep_refuses_what_it_cannot_set_aside(tmp_path: Path) -> None:
     (none / "operator_profile.json").write_text("{}")
     with pytest.raises(ConfigError, match=r"records no sweeps_ms"):
         cold_sweep.set_aside(none, tmp_path / "o2", 1)
-    for bad in ("1", 1.5, None):
+    for bad in ("1", 1.5, None, True):  # a JSON true is not a count
         with pytest.raises(ConfigError, match=r"cold_sweeps: must be a whole number"):
             cold_sweep.cold_sweeps({"cold_sweeps": bad})
 

@@ -35,7 +35,7 @@ from experiments.lib.results import write_atomic
 def cold_sweeps(meta: dict[str, object]) -> int:
     """How many of a profile's first sweeps are cold calls, from its sidecar (0 if unsaid)."""
     value = meta.get("cold_sweeps", 0)
-    if not isinstance(value, int) or value < 0:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ConfigError("cold_sweeps", f"must be a whole number >= 0, got {value!r}")
     return value
 
