@@ -98,7 +98,9 @@ def load_weights(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]) 
     ``model.decoder.*``; ``*rotary_emb.inv_freq`` buffers are ignored. A tied LM head may be
     absent (it is the embedding). Raises naming the keys on a shape mismatch, on keys the
     model lacks, on parameters the checkpoint lacks, or on a tensor that holds NaN or inf
-    in the model's dtype (every token would come out the same).
+    in the model's dtype (every token would come out the same). Tensors are copied as they
+    stream in (a checkpoint is not held twice), so after a raise the model is partly
+    loaded: discard it.
     """
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
