@@ -90,8 +90,9 @@ def requests(
 
 
 @torch.inference_mode()
-def full_logits(model: CausalLM, tokens: list[int]) -> torch.Tensor:
-    """Next-token fp32 logits after ``tokens``, recomputing everything in a fresh cache."""
+def prefill_logits(model: CausalLM, tokens: list[int]) -> torch.Tensor:
+    """Logits ``[len(tokens), vocab]`` (the model's dtype) of one prefill over ``tokens`` in
+    a fresh block-size-1 cache."""
     cfg = model.config
     n = len(tokens)
     shape = (n, 1, cfg.num_kv_heads, cfg.head_dim)
@@ -108,8 +109,12 @@ def full_logits(model: CausalLM, tokens: list[int]) -> torch.Tensor:
         max_query_len=n,
         max_context_len=n,
     )
-    hidden = model(torch.tensor(tokens), torch.arange(n), caches, meta)
-    return model.compute_logits(hidden[-1:]).float()[0]
+    return model.compute_logits(model(torch.tensor(tokens), torch.arange(n), caches, meta))
+
+
+def full_logits(model: CausalLM, tokens: list[int]) -> torch.Tensor:
+    """Next-token fp32 logits after ``tokens``, recomputing everything in a fresh cache."""
+    return prefill_logits(model, tokens)[-1].float()
 
 
 def reference_greedy(model: CausalLM, prompt: tuple[int, ...], num_tokens: int) -> list[int]:

@@ -19,6 +19,7 @@ from engine.attention.metadata import AttentionMetadata
 from engine.attention.registry import get_backend
 from engine.models import CausalLM, LlamaCausalLM, OPTCausalLM, build_model
 from engine.weights import CheckpointError, init_dummy_weights, load_checkpoint, load_weights
+from tests.engine_helpers import prefill_logits
 
 VOCAB = 64
 ATOL = RTOL = 1e-4
@@ -58,23 +59,6 @@ def _random_model(spec: ModelSpec, seed: int = 0) -> CausalLM:
             else:
                 p.copy_((0.1 if name.endswith("bias") else 0.3) * noise)
     return model
-
-
-def _kvlab_logits(model: CausalLM, tokens: list[int]) -> torch.Tensor:
-    """Logits ``[T, vocab]`` of one prefill over ``tokens`` in a fresh block-size-1 cache."""
-    cfg, n = model.config, len(tokens)
-    shape = (n, 1, cfg.num_kv_heads, cfg.head_dim)
-    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
-    meta = AttentionMetadata(
-        query_start_loc=torch.tensor([0, n], dtype=torch.int32),
-        context_lens=torch.tensor([n], dtype=torch.int32),
-        block_tables=torch.arange(n, dtype=torch.int32)[None],
-        slot_mapping=torch.arange(n, dtype=torch.int64),
-        max_query_len=n,
-        max_context_len=n,
-    )
-    with torch.no_grad():
-        return model.compute_logits(model(torch.tensor(tokens), torch.arange(n), caches, meta))
 
 
 # -- plain-torch references (fp64) ------------------------------------------------------
@@ -175,7 +159,7 @@ def test_llama_logits_equal_the_layer_math_with_its_eps_and_theta(tied: bool) ->
     model = _random_model(spec, seed=1)
     tokens = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(2)).tolist()
     want = _reference_llama(model, tokens).float()
-    torch.testing.assert_close(_kvlab_logits(model, tokens), want, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(prefill_logits(model, tokens), want, atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize(
@@ -189,7 +173,7 @@ def test_opt_logits_equal_the_layer_math_with_its_eps(changes: dict) -> None:
     model = _random_model(_spec("opt", layer_norm_eps=0.5, **changes), seed=3)
     tokens = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(4)).tolist()
     want = _reference_opt(model, tokens).float()
-    torch.testing.assert_close(_kvlab_logits(model, tokens), want, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(prefill_logits(model, tokens), want, atol=ATOL, rtol=RTOL)
 
 
 # -- engine.models.common ---------------------------------------------------------------
