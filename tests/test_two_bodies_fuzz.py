@@ -13,12 +13,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-import tests.policy_plugin  # noqa: F401 (registers vllm_spf)
 from core.beam_log import RecordedBeams
 from core.defaults import DEFAULT_WATERMARK
 from core.request import Request, SamplingParams
 from core.sched.base import BaseScheduler, SchedulerConfig
-from core.systems import BUILT_IN, build_scheduler, get_system, paged_only_problem
+from core.systems import BUILT_IN, build_scheduler, get_system, load_plugin, paged_only_problem
 from engine.engine import LLMEngine, RequestOutput
 from engine.weights import init_dummy_weights
 from sim.cost.recorded import RecordedCostModel
@@ -210,7 +209,10 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 # the built-ins and the example plugin (not SYSTEMS: other test modules register systems of
-# their own as they are imported, some broken on purpose)
+# their own as they are imported, some broken on purpose). Loaded as system.plugin loads it,
+# so it is known as the plugin's: a plain import would register vllm_spf as a system of no
+# plugin, and the plugin tests that run later in this process would see no plugin's system
+load_plugin("tests.policy_plugin")
 SYSTEM_NAMES = [*sorted(BUILT_IN), "vllm_spf"]
 
 
