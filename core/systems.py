@@ -173,9 +173,10 @@ def _same_class(held: SystemSpec, spec: SystemSpec) -> bool:
 def load_plugin(module: str | None) -> None:
     """Import ``module`` (a dotted name importable from ``sys.path``; None: nothing), which
     registers its systems (:func:`register_system`) as it is imported; they are then
-    :func:`plugin_of` it. Raises :class:`SystemConfigError` naming the module when it cannot
-    be imported, fails while it is (its error's type and message), or its registration
-    fails."""
+    :func:`plugin_of` it (so are systems of no plugin whose scheduler class the module
+    defines: the module was imported before, e.g. in a notebook, and registered them then).
+    Raises :class:`SystemConfigError` naming the module when it cannot be imported, fails
+    while it is (its error's type and message), or its registration fails."""
     if not module:
         return
     before = set(SYSTEMS)
@@ -191,6 +192,9 @@ def load_plugin(module: str | None) -> None:
         ) from None
     for name in set(SYSTEMS) - before:
         _PLUGIN_OF[name] = module
+    for name, spec in SYSTEMS.items():  # registered by an earlier plain import of the module
+        if name not in BUILT_IN and name not in _PLUGIN_OF and spec.scheduler.__module__ == module:
+            _PLUGIN_OF[name] = module
 
 
 def plugin_of(name: str) -> str | None:

@@ -265,3 +265,16 @@ def test_a_mixin_listed_after_a_shipped_scheduler_turns_the_fast_path_off() -> N
     assert not MixinLast.decode_run_applies()
     assert not MixinFirst.decode_run_applies()
     assert SetUpOnly.decode_run_applies()
+
+
+def test_a_plugin_imported_before_it_is_loaded_is_still_its_systems_owner(monkeypatch) -> None:
+    # a notebook imported the plugin first: load_plugin saw no new system, and its systems
+    # counted as no plugin's, so a job naming them without system.plugin was not refused
+    import core.systems as systems
+    import tests.policy_plugin  # noqa: F401 (registers vllm_spf, here as no plugin's)
+
+    monkeypatch.delitem(systems._PLUGIN_OF, "vllm_spf", raising=False)
+    assert systems.plugin_of("vllm_spf") is None
+    systems.load_plugin("tests.policy_plugin")
+    assert systems.plugin_of("vllm_spf") == "tests.policy_plugin"
+    assert systems.plugin_of("vllm") is None  # a built-in stays no plugin's
