@@ -32,21 +32,27 @@ def test_per_copy_latency_makes_small_block_swaps_expensive() -> None:
     assert (grounded["swap_total_ms"] > bare["swap_total_ms"]).all()
 
 
-def _runs() -> pd.DataFrame:
+def block_study_runs(
+    sizes: tuple[int, ...] = SIZES, swap: bool = True, swap_factor: float = 2.0
+) -> pd.DataFrame:
+    """Fig. 18b recompute runs (ShareGPT, Alpaca) at three block sizes, latencies 0.3, 0.1,
+    0.2 s/token; with ``swap``, Fig. 19 ShareGPT swap runs ``swap_factor`` times slower."""
     rows = []
-    for bs, lat in zip(SIZES, (0.3, 0.1, 0.2), strict=True):
+    for bs, lat in zip(sizes, (0.3, 0.1, 0.2), strict=True):
         for wl, rate in (("sharegpt", 2.0), ("alpaca", 25.0)):
             rows.append({"study": "fig18b", "workload": wl, "rate": rate, "block_size": bs,
                          "preemption_mode": "recompute", "normalized_latency": lat,
                          "mean_batch_size": 20.0, "num_preemptions": 3})  # fmt: skip
-        rows.append({"study": "fig19", "workload": "sharegpt", "rate": 2.0, "block_size": bs,
-                     "preemption_mode": "swap", "normalized_latency": 2 * lat,
-                     "mean_batch_size": 20.0, "num_preemptions": 4})  # fmt: skip
+        if swap:
+            rows.append({"study": "fig19", "workload": "sharegpt", "rate": 2.0,
+                         "block_size": bs, "preemption_mode": "swap",
+                         "normalized_latency": swap_factor * lat, "mean_batch_size": 20.0,
+                         "num_preemptions": 4})  # fmt: skip
     return pd.DataFrame(rows)
 
 
 def test_block_sections_name_the_best_block_and_the_swap_ratio() -> None:
-    text = "\n".join(block_sections(_runs(), _price("vllm-2023"), "Clock: test"))
+    text = "\n".join(block_sections(block_study_runs(), _price("vllm-2023"), "Clock: test"))
     assert "kvlab's best block size is 16" in text
     assert "the paper's best range is 16–128" in text and "16–32" in text
     assert "| 16 | 0.100 (3) | 0.200 (4) | 2.00 |" in text
@@ -59,7 +65,7 @@ def test_the_fig19_gap_reads_the_papers_bound_as_recompute_at_most_1_2x_swap() -
         "block_size": [1, 16, 256], "blocks": [512, 32, 2],
         "swap_total_ms": [10.0, 1.0, 0.5], "recompute_ms": [1.0, 1.1, 1.0],
     })  # fmt: skip
-    text = "\n".join(block_sections(_runs(), price, "Clock: test"))
+    text = "\n".join(block_sections(block_study_runs(), price, "Clock: test"))
     assert "recompute / swap <= 1.2" in text
     assert "0.10–2.00 over all block sizes: above the paper's 1.2 at block sizes 256." in text
 
@@ -112,6 +118,6 @@ def test_tokens_per_request_checks_fig2_against_fig13() -> None:
 
 def test_the_block_study_says_its_rates_are_kvlabs_choice() -> None:
     """The paper gives no rate for Fig. 18b or Fig. 19: the sections say theirs are chosen."""
-    text = "\n".join(block_sections(_runs(), _price("vllm-2023"), "Clock: test"))
+    text = "\n".join(block_sections(block_study_runs(), _price("vllm-2023"), "Clock: test"))
     assert RATES_CHOSEN in text and "the rate is kvlab's choice" in text
     assert all(f"{r:g} req/s" in RATES_CHOSEN for r in BLOCK_STUDY_RATES.values())

@@ -14,6 +14,7 @@ import pytest
 
 from experiments.report import clock, figures, selection
 from experiments.report.paper import FIG2_BREAKDOWN, FIG13_BATCH
+from tests.test_report_clock import block_study_runs
 
 plt = figures.pyplot(headless=True)
 
@@ -192,18 +193,7 @@ def test_save_writes_the_png_and_the_pdf_under_the_stem(tmp_path: Path) -> None:
 
 
 def _blocks(sizes: tuple[int, ...] = (1, 16, 256), swap: bool = True) -> pd.DataFrame:
-    rows = []
-    for bs, lat in zip(sizes, (0.3, 0.1, 0.2), strict=True):
-        for wl, rate in (("sharegpt", 2.0), ("alpaca", 25.0)):
-            rows.append({"study": "fig18b", "workload": wl, "rate": rate, "block_size": bs,
-                         "preemption_mode": "recompute", "normalized_latency": lat,
-                         "mean_batch_size": 20.0, "num_preemptions": 3})  # fmt: skip
-        if swap:
-            rows.append({"study": "fig19", "workload": "sharegpt", "rate": 2.0,
-                         "block_size": bs, "preemption_mode": "swap",
-                         "normalized_latency": 5 * lat, "mean_batch_size": 20.0,
-                         "num_preemptions": 4})  # fmt: skip
-    return pd.DataFrame(rows)
+    return block_study_runs(sizes, swap, swap_factor=5.0)
 
 
 def test_fig18b_draws_the_recompute_runs_only() -> None:
