@@ -113,10 +113,12 @@ def cpu_overhead_for_tp(tp: int, ray_workers: bool = False) -> CPUOverheadFit:
 
 def read_cpu_overheads(path: Path) -> list[dict[str, float | str]]:
     """The table's rows: model, tp, batch size, the summed four phases (``total_s``) and
-    ``ray_comm_time_mean`` (``ray_s``), in seconds."""
+    ``ray_comm_time_mean`` (``ray_s``), in seconds; a bad row is a ValueError naming the
+    file and the row's line."""
     rows: list[dict[str, float | str]] = []
     with path.open(newline="") as f:
-        for i, r in enumerate(csv.DictReader(f)):
+        reader = csv.DictReader(f)
+        for i, r in enumerate(reader):
             try:
                 total_ms = sum(float(r[p]) for p in PHASES)
                 rows.append(
@@ -130,7 +132,8 @@ def read_cpu_overheads(path: Path) -> list[dict[str, float | str]]:
                     }
                 )
             except (KeyError, ValueError) as e:
-                raise ValueError(f"{path}: row {i}: bad or missing column ({e})") from e
+                where = f"{path}: row {reader.line_num}"  # the line, as csv_rows numbers it
+                raise ValueError(f"{where}: bad or missing column ({e})") from e
     return rows
 
 
