@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -289,3 +290,16 @@ def test_a_bad_input_file_in_a_real_process(tmp_path: Path, args, line) -> None:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert re.fullmatch(line + r".*", proc.stderr.strip()), proc.stderr
+
+
+def test_a_vidur_tp_written_as_a_float_reads_as_the_whole_number(tmp_path: Path) -> None:
+    """``2.0`` passes the tp column's check as a whole number, so the rows at that tp are read
+    (not refused as a bad column)."""
+    (tmp_path / "int").mkdir()
+    (tmp_path / "float").mkdir()
+    plain = read_vidur_profile(_vidur(tmp_path / "int"), tp=1)
+    as_float = read_vidur_profile(_vidur(tmp_path / "float", edit=lambda f: f.astype({TP: float})))
+    assert plain.ops.keys() == as_float.ops.keys()
+    for op, arrays in plain.ops.items():
+        for a, b in zip(arrays, as_float.ops[op], strict=True):
+            np.testing.assert_array_equal(a, b)

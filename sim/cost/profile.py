@@ -511,7 +511,8 @@ def _read_vidur_tp(p: Path, tp: int) -> OperatorProfile:
     picked: list[tuple[float, float, float, int, dict[str, str]]] = []
     for i, r in csv_rows(p):
         try:
-            if int(r["num_tensor_parallel_workers"]) != tp:
+            key = "num_tensor_parallel_workers"
+            if _size(p, i, key, r.get(key), 1) != tp:  # read as _vidur_tps read it
                 continue
             lin = sum(_vidur_time(p, i, r, o) for o in VIDUR_LINEAR)
             oth = sum(_vidur_time(p, i, r, o) for o in VIDUR_OTHER)
