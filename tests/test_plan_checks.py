@@ -1,7 +1,8 @@
 """A scheduler's plan is held to ``BaseScheduler.plan_problem`` when it is a plugin's: a step
 no body can run right (a sequence twice, one not running or holding no KV, a decode before
-its prefill, too many sequences or tokens) stops the run with one line naming
-``system.plugin``, in the simulator and the engine; and the plugin checks around it."""
+its prefill, too many sequences or tokens, a CPU block swapped in and out at once) stops
+the run with one line naming ``system.plugin``, in the simulator and the engine; and the
+plugin checks around it."""
 
 from __future__ import annotations
 
@@ -77,6 +78,14 @@ def test_limits_are_checked_with_one_group_over_the_budget_allowed() -> None:
     assert "32 tokens, over max_num_batched_tokens 16" in str(sched.plan_problem(plan))
     # one group that can never fit the budget (vLLM's recompute of a wide group) goes alone
     assert sched.plan_problem(StepPlan(prefill=plan.prefill[:1])) is None
+
+
+def test_a_cpu_block_swapped_in_and_out_in_one_step_is_named() -> None:
+    sched, plan = running_vllm([8])
+    plan.swap_out = [(3, 7), (4, 8)]  # (device, cpu)
+    assert sched.plan_problem(plan) is None
+    plan.swap_in = [(9, 5), (8, 6)]  # (cpu, device): CPU block 8 is written and read
+    assert "CPU block(s) [8] both swapped in and swapped out" in str(sched.plan_problem(plan))
 
 
 class _DecodesTwice(VLLMScheduler):

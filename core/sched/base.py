@@ -381,15 +381,6 @@ class BaseScheduler:
     def _finish_plan(self, plan: StepPlan) -> StepPlan:
         plan.num_waiting = len(self.waiting)
         plan.num_swapped = len(self.swapped)
-        if plan.swap_in and plan.swap_out:
-            # executors swap out first: a CPU block read by a swap-in must not be written
-            # by a swap-out of the same step (no policy here plans both; a guard for others)
-            reused = {cpu for cpu, _ in plan.swap_in} & {cpu for _, cpu in plan.swap_out}
-            if reused:
-                raise RuntimeError(
-                    f"step {self.step_index}: CPU block(s) {sorted(reused)[:4]} are both "
-                    "swapped in and swapped out in one plan"
-                )
         return plan
 
     def _abort(self, group: SequenceGroup, reason: str) -> None:
@@ -554,7 +545,14 @@ class BaseScheduler:
         step writes; more sequences than ``max_num_seqs``; or, under a :attr:`token_budget`,
         more tokens than ``max_num_batched_tokens`` in a step that does not prefill exactly
         one group (a group that can never fit the budget, e.g. a recomputed wide one, may go
-        over it alone, as vLLM's scheduler lets it). O(sequences in the plan)."""
+        over it alone, as vLLM's scheduler lets it); or a CPU block both swapped in and
+        swapped out (the bodies swap out first, so the swap-in would read the block the
+        swap-out wrote; no shipped policy plans both in one step). O(sequences and blocks in
+        the plan)."""
+        if plan.swap_in and plan.swap_out:
+            reused = {cpu for cpu, _ in plan.swap_in} & {cpu for _, cpu in plan.swap_out}
+            if reused:
+                return f"CPU block(s) {sorted(reused)[:4]} both swapped in and swapped out"
         seen: set[int] = set()
         manager, config = self.manager, self.config
         work = [(c.seq, c.start, c.length) for c in plan.prefill]
