@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from core.plan import BatchShape
+from experiments.lib.setup import make_cost_model
+from sim.catalog import get_gpu, get_model
 from sim.cost import RooflineCostModel, build_cost_model
 from sim.cost.overhead import (
     A100_CPU_OVERHEAD,
@@ -16,6 +18,8 @@ from sim.cost.overhead import (
     CPU_OVERHEADS_CSV,
     FIG18A_GATHER_TOKENS_PER_BLOCK,
     STACKS,
+    contiguous_kernel,
+    contiguous_note,
     device_copy_seconds,
     extra_kv_tokens,
     fit_cpu_overheads,
@@ -170,3 +174,54 @@ def test_stacked_step_time_is_monotone_in_tokens_and_context() -> None:
         by_batch = [m.step_time(_decode(n, 512)) for n in (1, 4, 32, 128, 256)]
         assert by_batch == sorted(by_batch) and by_batch[0] < by_batch[-1]
         assert "source" in m.describe() and stack in m.describe()
+
+
+def test_a_contiguous_kernel_drops_only_the_per_block_terms() -> None:
+    s = get_stack("vllm-2023")
+    k = contiguous_kernel(s)
+    assert (k.gather_tokens_per_block, k.block_granular) == (0.0, False)
+    kept = ("name", "cpu", "overlapped", "copy_latency_s", "copies_per_block_per_layer",
+            "d2d_call_latency_s", "d2d_calls_per_step", "ray_workers")  # fmt: skip
+    assert all(getattr(k, f) == getattr(s, f) for f in kept)
+    assert "contiguous" in k.sources["gather_tokens_per_block"]
+    assert "Fig. 18a" in k.sources["gather_tokens_per_block"]
+    assert extra_kv_tokens(k, 8, 8 * 512, 16) == 0.0
+    assert contiguous_kernel(STACKS["none"]) is STACKS["none"]
+
+
+DECODE = BatchShape(decode_seqs=8, decode_ctx_tokens=8 * 300)
+
+
+def _step_s(system: str, block_size: int, kind: str = "profiled", **cost: object) -> float:
+    config = {
+        "system": {"name": system, "block_size": block_size},
+        "cost": {"kind": kind, "stack": "vllm-2023", **cost},
+    }
+    if kind == "profiled":
+        config["cost"]["profile"] = "sim/cost/profiles/vidur-a100-llama-2-7b"
+    model = make_cost_model(config, get_model("opt-13b"), get_gpu("a100-40gb"))
+    return model.step_time(DECODE)
+
+
+@pytest.mark.parametrize("kind", ["profiled", "roofline"])
+def test_a_contiguous_system_is_priced_without_the_paged_kernels_block_terms(kind: str) -> None:
+    """Orca and FasterTransformer hold each sequence's K/V in one region: their decode step
+    does not change with system.block_size, and is cheaper than vLLM's paged one."""
+    for system in ("orca_pow2", "orca_max", "fastertransformer"):
+        assert _step_s(system, 8, kind) == _step_s(system, 64, kind)
+    assert _step_s("vllm", 8, kind) != _step_s("vllm", 64, kind)
+    assert _step_s("orca_pow2", 16, kind) < _step_s("vllm", 16, kind)
+    assert _step_s("orca_pow2", 16, kind, stack="none") == _step_s("vllm", 16, kind, stack="none")
+
+
+def test_the_measured_stack_keeps_the_block_terms_for_a_contiguous_system() -> None:
+    """kvlab's engine reads a contiguous region through a block table, as it reads pages."""
+    measured = {"stack": "measured", "stack_path": "sim/cost/stacks/kvlab-cpu-tiny-opt.json"}
+    assert _step_s("orca_pow2", 8, **measured) == _step_s("vllm", 8, **measured)
+    assert _step_s("orca_pow2", 8, **measured) != _step_s("orca_pow2", 64, **measured)
+
+
+def test_the_contiguous_note_says_what_a_contiguous_system_is_priced_without() -> None:
+    note = contiguous_note(get_stack("vllm-2023"))
+    assert "gather_tokens_per_block 0 and block_granular False" in note and "Fig. 18a" in note
+    assert contiguous_note(STACKS["none"]) == "" and contiguous_note(None) == ""

@@ -46,7 +46,7 @@ from sim.capacity import DoesNotFit, KVCapacity, kv_capacity
 from sim.catalog import GPUSpec, ModelSpec, model_from_config, model_key
 from sim.cost import CostModel, Efficiency, build_cost_model
 from sim.cost.calibrated import check_calibration_doc
-from sim.cost.overhead import Stack
+from sim.cost.overhead import Stack, contiguous_kernel, get_stack
 from sim.cost.profile import ProfileError
 from sim.cost.stack_file import MEASURED, load_stack_file
 
@@ -285,7 +285,9 @@ _EFFICIENCY_KEYS = {
 def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: int = 1) -> CostModel:
     """The ``cost`` group's model; efficiency overrides are labelled as such. A key the kind
     does not read is a ConfigError (:func:`check_cost_keys`); swaps and copies are priced at
-    the run's ``system.block_size``, a calibrated model's included."""
+    the run's ``system.block_size``, a calibrated model's included. A contiguous system
+    (Orca, FasterTransformer) is priced without the preset stack's per-block kernel terms
+    (:func:`~sim.cost.overhead.contiguous_kernel`); a ``measured`` stack keeps them."""
     cost_cfg = dict(c.get("cost") or {"kind": "roofline"})
     kind = cost_cfg.pop("kind", "roofline")
     check_cost_keys(kind, cost_cfg)
@@ -330,6 +332,15 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
     if stack_path is not None or extra.get("stack") == MEASURED:
         extra["stack"] = measured_stack(extra.get("stack"), stack_path)
     try:
+        stack = extra.get("stack")
+        name = (c.get("system") or {}).get("name")
+        contiguous = name is not None and get_system(str(name)).kv == "contiguous"
+        # kvlab's engine (the measured stack) reads a contiguous region through a block table
+        # as it reads pages, so its contiguous systems keep the per-block terms
+        if kind in ("roofline", "profiled") and contiguous:
+            stack = stack if isinstance(stack, Stack) else get_stack(stack, tp)
+            if stack.name != MEASURED:
+                extra["stack"] = contiguous_kernel(stack)
         return build_cost_model(kind, model, gpu, tp, **extra)
     except ProfileError as exc:  # names the file and row
         raise ConfigError("cost.profile", str(exc)) from None

@@ -307,6 +307,42 @@ def get_stack(name: str | None, tp: int = 1) -> Stack:
     return replace(s, cpu=cpu_overhead_for_tp(tp, s.ray_workers))
 
 
+CONTIGUOUS_KERNEL_SOURCES = {
+    "gather_tokens_per_block": "0: a contiguous system (Orca, FasterTransformer) holds each "
+    "sequence's K/V in one region, read without a block table (FasterTransformer's kernel, "
+    "the contiguous side of the vLLM paper's Fig. 18a, §7.1)",
+    "block_granular": "False: a contiguous region has no unfilled last block to read",
+}
+
+
+def contiguous_note(s: Stack | None) -> str:
+    """A line for a clock's description saying how a contiguous system is priced on ``s``
+    (:func:`contiguous_kernel`); empty when ``s`` has no per-block term to drop."""
+    if s is None or contiguous_kernel(s) is s:
+        return ""
+    return (
+        "contiguous systems (Orca, FasterTransformer): the same clock with "
+        "gather_tokens_per_block 0 and block_granular False (source: "
+        f"{CONTIGUOUS_KERNEL_SOURCES['gather_tokens_per_block']})"
+    )
+
+
+def contiguous_kernel(s: Stack) -> Stack:
+    """``s`` for a system whose KV is contiguous: its attention kernel pays no per-block
+    gather and reads no unfilled last block (both terms 0, their sources saying why); every
+    other term (CPU time, transfers) is the stack's. A stack already without them is
+    returned as is."""
+    if not s.gather_tokens_per_block and not s.block_granular:
+        return s
+    from dataclasses import replace
+
+    return replace(
+        s, gather_tokens_per_block=0.0, block_granular=False,
+        summary=f"{s.summary}; contiguous KV: no per-block kernel cost",
+        sources={**s.sources, **CONTIGUOUS_KERNEL_SOURCES},
+    )  # fmt: skip
+
+
 def extra_kv_tokens(s: Stack, decode_seqs: float, kv_tokens: float, block_size: int) -> float:
     """K/V-token-equivalents the paged kernel spends beyond the ``kv_tokens`` it reads for
     ``decode_seqs`` sequences: ``gather_tokens_per_block`` per block read plus, when
