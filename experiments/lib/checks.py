@@ -353,6 +353,42 @@ def check_values(c: Mapping[str, Any], app: str) -> None:
 # ---------------------------------------------------------------- cross checks
 
 
+def hydra_search_dirs() -> list[Path]:
+    """The folders a Hydra run's ``hydra.searchpath`` put on its search path (``file://``
+    entries; ``configs/`` aside); empty outside a Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    sources = HydraConfig.get().runtime.get("config_sources") or ()
+    return [
+        Path(str(s.get("path")))
+        for s in sources
+        if s.get("schema") == "file" and Path(str(s.get("path"))).resolve() != CONFIG_DIR
+    ]
+
+
+def how_to_add(group: str, choice: Any, search: Sequence[Path] = ()) -> str:
+    """The end of an unknown ``model``'s or ``hardware``'s line: how a user adds one (a
+    ``<dir>/<group>/<choice>.yaml``, ``<dir>`` on ``hydra.searchpath``); where a folder of
+    ``search`` holds ``<choice>.yaml`` outside its ``<group>/`` subfolder, which Hydra does
+    not read, where it belongs instead."""
+    for folder in search:
+        flat = Path(folder) / f"{choice}.yaml"
+        if not flat.is_file():
+            continue
+        if Path(folder).name == group:  # the group's own folder put on the path
+            return (
+                f"found {flat}: put its parent folder on hydra.searchpath "
+                f"(file://{Path(folder).parent}), not {folder}"
+            )
+        return f"found {flat}: move it to {Path(folder) / group / flat.name}"
+    return (
+        f"or add <dir>/{group}/{choice}.yaml, run with hydra.searchpath=[file://<dir>] "
+        f"{group}={choice} (README: GPUs and models are data)"
+    )
+
+
 def hardware_origin() -> str | None:
     """Where a Hydra run's ``hardware`` group came from, for its errors: the file of Hydra's
     choice for the group (a user's YAML on ``hydra.searchpath`` by its path, a shipped one as
@@ -386,9 +422,12 @@ def run_gpu(hardware: Mapping[str, Any] | None) -> Any:
     try:
         return resolve_gpu(hardware, hardware_origin())
     except KeyError:
-        valid = "one of " + ", ".join(options("hardware"))
         name = (hardware or {}).get("name")
-        raise ConfigError("hardware", "unknown hardware", name, valid) from None
+        search = hydra_search_dirs()
+        valid = f"one of {', '.join(options('hardware', search))}; "
+        raise ConfigError(
+            "hardware", "unknown hardware", name, valid + how_to_add("hardware", name, search)
+        ) from None
     except HardwareError as exc:
         raise ConfigError(f"hardware.{exc.key}" if exc.key else "hardware", str(exc)) from None
 
@@ -403,8 +442,10 @@ def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     try:
         model_from_config(model)
     except KeyError:
-        valid = "one of " + ", ".join(options("model")) + ", or an HF id in the catalog"
-        raise ConfigError("model", "unknown model", model.get("name"), valid) from None
+        search = hydra_search_dirs()
+        valid = f"one of {', '.join(options('model', search))}, an HF id in the catalog; "
+        hint = how_to_add("model", model.get("name"), search)
+        raise ConfigError("model", "unknown model", model.get("name"), valid + hint) from None
     except (ValueError, OSError) as exc:
         raise ConfigError(model_key(model), str(exc)) from None
     except TypeError as exc:  # e.g. a number of the shape given as text

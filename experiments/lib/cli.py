@@ -44,6 +44,7 @@ from experiments.lib.compose import (
     check_group_overrides,
     check_hardware_name,
     check_overrides_compose,
+    check_own_names,
     check_shadowed_choices,
     override_args,
 )
@@ -392,6 +393,7 @@ def main_with_checks(
             check_output_dirs(args)
             if config_name is not None:
                 check_hardware_name(config_name, args)
+                check_own_names(config_name, args)
                 check_shadowed_choices(config_name, args)
                 check_overrides_compose(config_name, args)
                 index = _index_of(args)

@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from core.mapping_file import yaml_error_place
-from experiments.lib.checks import CONFIG_DIR, GROUPS, ConfigError, options
+from experiments.lib.checks import CONFIG_DIR, GROUPS, ConfigError, how_to_add, options
 from experiments.lib.sweep_stop import is_sweep
 
 
@@ -81,7 +81,9 @@ def sweep_values(override: Any, group_options: Sequence[str] = ()) -> list[str]:
 
 def check_group_overrides(argv: Sequence[str]) -> None:
     """Raise for a ``group=option`` argument naming no option of ``group`` in ``configs/`` or
-    a ``hydra.searchpath`` folder (before Hydra, whose own message spans several lines).
+    a ``hydra.searchpath`` folder (before Hydra, whose own message spans several lines); for
+    ``hardware`` and ``model`` the line also says how to add one, or, where a search-path
+    folder holds ``<option>.yaml`` outside its ``<group>/`` subfolder, where to move it.
     Each value of a sweep is checked (``system=vllm,orca_max``, ``choice(...)``); a
     ``glob(...)`` must match an option. Overrides Hydra cannot parse are left to
     :func:`check_overrides_compose`."""
@@ -106,6 +108,8 @@ def check_group_overrides(argv: Sequence[str]) -> None:
             raise ConfigError(key, f"the glob matches no {key}", got, expected)
         for choice in choices:
             if choice not in valid:
+                if key in OWN_GROUPS:  # a GPU or model of the user's own: say how to add one
+                    expected += "; " + how_to_add(key, choice, extra)
                 raise ConfigError(key, f"unknown {key}", choice, expected)
 
 
@@ -180,6 +184,56 @@ def _check_user_gpu_name(choice: str, extra_dirs: Sequence[Path]) -> None:
                 name,
             )
         return
+
+
+# The groups a user adds options to with YAMLs of their own (README: GPUs and models are
+# data); an unknown option of them says how (:func:`~experiments.lib.checks.how_to_add`).
+OWN_GROUPS = ("hardware", "model")
+
+
+def check_own_names(config_name: str, argv: Sequence[str]) -> None:
+    """Raise when a chosen option of :data:`OWN_GROUPS` (``group=``, else the app's
+    default) is a user's YAML on ``hydra.searchpath`` whose ``name`` is not its file's name:
+    results, the runs index and the calibration checks (``check_calibration_fits``, which
+    compare GPU and model names) know it by that name alone, so a copy whose name was left
+    would pass for the original. A model YAML without numbers of its own (no ``shape`` or
+    ``hf_config``) is the catalog model it names, under any file name. A missing name, and
+    a file that cannot be read, are left to the run, whose error names them. Overrides
+    Hydra cannot parse are left to :func:`check_overrides_compose`."""
+    import yaml
+    from hydra.errors import HydraException
+
+    extra = search_dirs(argv)
+    if not extra:
+        return
+    try:
+        parsed = parse_overrides(argv)
+    except HydraException:
+        return
+    for group in OWN_GROUPS:
+        valid = options(group, extra)
+        chosen = [v for o in parsed if o.key_or_group == group for v in sweep_values(o, valid)]
+        for choice in chosen or [default_option(config_name, group)]:
+            choice = choice.strip("'\"")
+            if (CONFIG_DIR / group / f"{choice}.yaml").is_file():
+                continue  # shipped (a user's file of its name: check_shadowed_choices)
+            path = next((p for d in extra if (p := Path(d) / group / f"{choice}.yaml").is_file()),
+                        None)  # fmt: skip
+            try:
+                doc = yaml.safe_load(path.read_text(encoding="utf-8")) if path else None
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                continue
+            if not isinstance(doc, dict) or doc.get("name") in (None, ""):
+                continue
+            if group == "model" and not (doc.get("shape") or doc.get("hf_config")):
+                continue  # names a catalog model, which it is
+            if str(doc["name"]) != choice:
+                raise ConfigError(
+                    f"{group}.name",
+                    f"{path} calls itself {doc['name']!r}, but {group}={choice} chose it: "
+                    f"results and calibration checks go by that name, so a copy whose name "
+                    f"was left passes for the original; write name: {choice} in it",
+                )
 
 
 def check_shadowed_choices(config_name: str, argv: Sequence[str]) -> None:

@@ -1,0 +1,143 @@
+"""A user's own GPU or model YAML on Hydra's search path (README: GPUs and models are data),
+through the real command-line entry: where the file must sit, the hint an unknown one
+gets, and a ``name`` that must be its file's name (results and calibration checks know a
+GPU or model by that name alone)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from experiments import simulate
+from tests.test_config_errors import SIM_SMALL, run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+HOW_TO_ADD = "(README: GPUs and models are data)"
+
+
+def _gpu(path: Path, name: str = "my-gpu") -> Path:
+    """A GPU YAML at ``path``: h200's numbers with 48 GB, named ``name``."""
+    hw = yaml.safe_load((REPO / "configs" / "hardware" / "h200.yaml").read_text())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({**hw, "name": name, "memory_gb": 48,
+                                    "reported_memory_gib": None}))  # fmt: skip
+    return path
+
+
+def _model(path: Path, name: str) -> Path:
+    """A model YAML at ``path`` with qwen3-8b's shape of its own, named ``name``."""
+    doc = yaml.safe_load((REPO / "configs" / "model" / "qwen3-8b.yaml").read_text())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({**doc, "name": name, "hf_id": None}))
+    return path
+
+
+def _search(folder: Path) -> str:
+    return f"hydra.searchpath=[file://{folder}]"
+
+
+def _refused(status: int, err: str, start: str) -> None:
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(start), err
+
+
+def test_a_flat_gpu_file_is_named_with_where_it_belongs(tmp_path: Path) -> None:
+    flat = _gpu(tmp_path / "mine" / "my-gpu.yaml")
+    args = [*SIM_SMALL, _search(tmp_path / "mine"), "hardware=my-gpu"]
+    status, _, err = run_cli(simulate, args, tmp_path / "a")
+    _refused(status, err, "error: hardware: unknown hardware (got 'my-gpu'; expected one of ")
+    assert f"found {flat}: move it to {tmp_path / 'mine' / 'hardware' / 'my-gpu.yaml'}" in err
+    assert not (tmp_path / "a" / "run" / "metrics.json").exists()
+
+
+def test_the_group_folder_itself_on_the_path_is_named(tmp_path: Path) -> None:
+    _gpu(tmp_path / "mine" / "hardware" / "my-gpu.yaml")
+    args = [*SIM_SMALL, _search(tmp_path / "mine" / "hardware"), "hardware=my-gpu"]
+    status, _, err = run_cli(simulate, args, tmp_path / "a")
+    _refused(status, err, "error: hardware: unknown hardware")
+    assert f"put its parent folder on hydra.searchpath (file://{tmp_path / 'mine'})" in err
+
+
+def test_an_unknown_gpu_says_how_to_add_one(tmp_path: Path) -> None:
+    status, _, err = run_cli(simulate, [*SIM_SMALL, "hardware=my-gpu"], tmp_path / "a")
+    _refused(status, err, "error: hardware: unknown hardware (got 'my-gpu'; expected one of ")
+    assert "h200" in err and "or add <dir>/hardware/my-gpu.yaml" in err
+    assert "hydra.searchpath=[file://<dir>] hardware=my-gpu" in err and HOW_TO_ADD in err
+    _gpu(tmp_path / "mine" / "hardware" / "my-gpu.yaml")  # a folder without the file
+    args = [*SIM_SMALL, _search(tmp_path / "mine"), "hardware=other"]
+    status, _, err = run_cli(simulate, args, tmp_path / "b")
+    _refused(status, err, "error: hardware: unknown hardware (got 'other'")
+    assert "my-gpu" in err and "or add <dir>/hardware/other.yaml" in err
+
+
+def test_a_gpu_in_the_hardware_subfolder_runs_under_its_name(tmp_path: Path) -> None:
+    _gpu(tmp_path / "mine" / "hardware" / "my-gpu.yaml")
+    args = [*SIM_SMALL, _search(tmp_path / "mine"), "hardware=my-gpu"]
+    status, _, err = run_cli(simulate, args, tmp_path)
+    assert status == 0, err
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["hardware"] == "my-gpu"
+
+
+def test_a_gpu_yaml_named_otherwise_inside_is_refused(tmp_path: Path) -> None:
+    # a copy of my-gpu.yaml whose name was left: its results, and a calibration fitted on
+    # my-gpu (check_calibration_fits compares GPU names), would pass for my-gpu's
+    path = _gpu(tmp_path / "mine" / "hardware" / "my-gpu2.yaml", name="my-gpu")
+    args = [*SIM_SMALL, _search(tmp_path / "mine"), "hardware=my-gpu2"]
+    status, _, err = run_cli(simulate, args, tmp_path / "a")
+    _refused(status, err, "error: hardware.name: ")
+    assert f"{path} calls itself 'my-gpu', but hardware=my-gpu2 chose it" in err
+    assert "write name: my-gpu2" in err
+    assert not (tmp_path / "a" / "run" / "metrics.json").exists()
+    # a sweep's every choice is checked
+    _gpu(tmp_path / "mine" / "hardware" / "my-gpu.yaml")
+    args = ["-m", *SIM_SMALL, _search(tmp_path / "mine"), "hardware=my-gpu,my-gpu2"]
+    status, _, err = run_cli(simulate, args, tmp_path / "b")
+    _refused(status, err, "error: hardware.name: ")
+
+
+def test_a_copy_naming_a_shipped_gpu_keeps_its_own_line(tmp_path: Path) -> None:
+    _gpu(tmp_path / "mine" / "hardware" / "fast.yaml", name="h200")
+    args = [*SIM_SMALL, _search(tmp_path / "mine"), "hardware=fast"]
+    status, _, err = run_cli(simulate, args, tmp_path / "a")
+    _refused(status, err, "error: hardware.name: ")
+    assert "names a shipped GPU" in err
+
+
+def test_an_unknown_model_says_how_to_add_one(tmp_path: Path) -> None:
+    flat = _model(tmp_path / "mine" / "my-model.yaml", "my-model")
+    args = [*SIM_SMALL, _search(tmp_path / "mine"), "model=my-model"]
+    status, _, err = run_cli(simulate, args, tmp_path / "a")
+    _refused(status, err, "error: model: unknown model (got 'my-model'; expected one of ")
+    assert f"found {flat}: move it to {tmp_path / 'mine' / 'model' / 'my-model.yaml'}" in err
+    # model.name= is checked once Hydra composed the config: the same hint
+    status, _, err = run_cli(simulate, [*SIM_SMALL, "model.name=my-model"], tmp_path / "b")
+    _refused(status, err, "error: model: unknown model (got 'my-model'")
+    assert "an HF id in the catalog" in err and "or add <dir>/model/my-model.yaml" in err
+    assert HOW_TO_ADD in err
+
+
+def test_a_model_of_its_own_shape_must_carry_its_files_name(tmp_path: Path) -> None:
+    path = _model(tmp_path / "mine" / "model" / "my-model.yaml", "qwen3-8b")
+    args = [*SIM_SMALL, _search(tmp_path / "mine"), "model=my-model"]
+    status, _, err = run_cli(simulate, args, tmp_path / "a")
+    _refused(status, err, "error: model.name: ")
+    assert f"{path} calls itself 'qwen3-8b', but model=my-model chose it" in err
+    _model(path, "my-model")
+    status, _, err = run_cli(simulate, args, tmp_path / "b")
+    assert status == 0, err
+    assert json.loads((tmp_path / "b" / "run" / "metrics.json").read_text())["model"] == "my-model"
+
+
+def test_a_model_yaml_that_only_names_a_catalog_model_may_be_named_otherwise(
+    tmp_path: Path,
+) -> None:
+    # no shape of its own: it is the catalog model it names, whatever its file's name
+    (tmp_path / "mine" / "model").mkdir(parents=True)
+    (tmp_path / "mine" / "model" / "small.yaml").write_text("name: opt-125m\ntp: 1\n")
+    args = [*SIM_SMALL, _search(tmp_path / "mine"), "model=small"]
+    status, _, err = run_cli(simulate, args, tmp_path)
+    assert status == 0, err
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["model"] == "opt-125m"
