@@ -16,18 +16,23 @@ every seed). A vLLM log's arrivals are not rescaled and are refused.
 
 Each system is searched as the report's Fig. 12 panels are
 (:mod:`experiments.report.rate_search`): a rate passes when, on every seed, the normalized
-latency (s/token) is at or under ``--threshold``, every request completes, and at most 10%
-of the trace (of 100 requests on a shorter one) is unfinished when its last request
-arrives. The ``--rates`` grid is walked up until a rate fails, grown 1.5x past its top while
-it passes (up to 64x the top), and the rate is then bisected until bracketed within
-``--rate-tol``. A system that passed every rate tried has only a lower bound
-(``rate_open``), one that passed none only an upper bound (its rate is 0).
+latency (s/token) is at or under ``--threshold`` (the rule named ``latency``), every
+request completes (``incomplete``), and at most 10% of the trace (of 100 requests on a
+shorter one) is unfinished when its last request arrives (``backlog``). The ``--rates``
+grid is walked up until a rate fails, grown 1.5x past its top while it passes (up to 64x
+the top), and the rate is then bisected until bracketed within ``--rate-tol``. A system
+that passed every rate tried has only a lower bound (``rate_open``), one that passed none
+only an upper bound (its rate is 0).
 
-Writes into ``--out``: ``capacity.csv`` (per system: the sustainable rate, its interval over
-seeds, the lowest failing rate, its rate over the first system's, and the metrics of its
-runs at that rate, averaged over seeds), ``runs.csv`` (every run), ``curves.csv``
-(normalized latency per rate, mean/min/max over seeds), ``capacity.png/.pdf``, and
-``runs/<label>/metrics.json``; every file whole or not at all. It prints the table.
+Writes into ``--out`` (an earlier search there is replaced): ``capacity.csv`` (per system:
+the sustainable rate, its interval over seeds, the lowest failing rate and the rules failed
+there, ``first_failing_rules``, its rate over the first system's, and the metrics of its
+runs at that rate, averaged over seeds), ``runs.csv`` (every run; ``fails_on``: the rules it
+failed), ``curves.csv`` (normalized latency per rate, mean/min/max over seeds),
+``capacity.png/.pdf``, and ``runs/<label>/metrics.json``; every file whole or not at all.
+It prints the table (its "fails at" column: the lowest failing rate and its rules), and a
+warning for a system whose lowest failing rate failed on the backlog rule alone at a
+normalized latency well under the threshold (the trace may end in a burst of arrivals).
 """
 
 from __future__ import annotations
@@ -59,11 +64,14 @@ from experiments.lib.compose import (
 from experiments.lib.pool import worker_pool
 from experiments.lib.results import write_csv
 from experiments.report.rate_search import (
+    BACKLOG_MIN_REQUESTS,
     RATE_TOL,
     Search,
     at_max_rate,
     capacity_table,
     curve_table,
+    first_failing_rate,
+    rules_failed_at,
     run_search,
 )
 
@@ -223,6 +231,40 @@ def _plan(cfg: Any, setup: Any) -> Plan:
     )
 
 
+# "well under the threshold" (burst_warnings): a normalized latency at most this share of it
+WELL_UNDER = 0.5
+
+
+def burst_warnings(
+    rows: Sequence[dict[str, Any]], systems: Sequence[str], threshold: float
+) -> list[str]:
+    """One line per system whose lowest failing rate failed on the backlog rule alone while
+    every run there had a normalized latency of at most :data:`WELL_UNDER` x ``threshold``:
+    its requests were served fast, yet more than the allowance was unfinished when the last
+    one arrived, as when the trace's window ends in a burst of arrivals or is too short for
+    the queue to drain."""
+    lines = []
+    for system in systems:
+        mine = [r for r in rows if r["system"] == system]
+        fail = first_failing_rate(mine)
+        if fail is None or rules_failed_at(mine, fail) != ("backlog",):
+            continue
+        lat = [r.get("normalized_latency") for r in mine if r["rate"] == fail]
+        worst = max((v for v in lat if v is not None and v == v), default=math.nan)
+        if not worst <= WELL_UNDER * threshold:
+            continue
+        lines.append(
+            f"{system}: at {fail:.3g} req/s, its lowest failing rate, the runs failed the "
+            f"backlog rule alone, with a normalized latency of at most {worst:.3g} s/token "
+            f"(threshold {threshold:g}): more than {MAX_BACKLOG:.0%} of the trace was unfinished "
+            "when its last request arrived though requests were served well under the "
+            "threshold; the trace may end in a burst of arrivals or be too short: search a "
+            "trace file whole (leave workload.duration_s and workload.num_requests out) or a "
+            "longer window, or check the arrivals at the window's end"
+        )
+    return lines
+
+
 # what write_outputs writes into --out, from the runs in runs/
 OUTPUT_FILES = ("runs.csv", "curves.csv", "capacity.csv", "capacity.png", "capacity.pdf")
 
@@ -256,12 +298,20 @@ def searches(
 
 def capacity_frame(rows: Sequence[dict[str, Any]], systems: Sequence[str]) -> pd.DataFrame:
     """``capacity.csv``: per system (``systems``' order) the search's columns
-    (:func:`capacity_table`; its vLLM-ratio columns left out), ``over_<first>``: its rate
+    (:func:`capacity_table`; its vLLM-ratio columns left out), ``first_failing_rules``: the
+    rules its runs failed at ``first_failing_rate``, the union over seeds joined by "+"
+    (:func:`rules_failed_at`; "" when no rate failed), ``over_<first>``: its rate
     over the first system's (a bound where either is), and the mean of :data:`AT_RATE`
     over the seeds at its sustainable rate."""
     table = pd.DataFrame(capacity_table(rows, systems[0])).set_index("system")
     table = table.drop(columns=[c for c in table.columns if c.startswith(("vllm_", "ratio_"))])
     table = table.loc[list(systems)].reset_index().drop(columns=["setting"])
+    failing = [
+        rules_failed_at([r for r in rows if r["system"] == s], f)
+        for s, f in zip(table["system"], table["first_failing_rate"], strict=True)
+    ]
+    where = table.columns.get_loc("first_failing_rate") + 1
+    table.insert(where, "first_failing_rules", ["+".join(f) for f in failing])
     first = table.iloc[0]
     open_ = first["rate_open"] or first["max_rate"] == 0
     table[f"over_{systems[0]}"] = [
@@ -279,13 +329,40 @@ def capacity_frame(rows: Sequence[dict[str, Any]], systems: Sequence[str]) -> pd
     return table
 
 
-def print_table(cap: pd.DataFrame, threshold: float) -> str:
-    """The table the command prints."""
+def rules_lines(threshold: float, max_backlog: float | None = MAX_BACKLOG) -> list[str]:
+    """The pass rules in words, one line each, named as ``fails_on`` names them."""
+    lines = [f"  latency: normalized latency <= {threshold:g} s/token",
+             "  incomplete: every request completes"]  # fmt: skip
+    if max_backlog is not None:
+        lines.append(f"  backlog: at most {max_backlog:.0%} of the trace (of "
+                     f"{BACKLOG_MIN_REQUESTS} requests on a shorter one) unfinished when its "
+                     "last request arrives")  # fmt: skip
+    return lines
+
+
+def _fails_at(r: Any) -> str:
+    """The "fails at" cell: the lowest failing rate and the rules failed there."""
+    fail = r["first_failing_rate"]
+    if fail is None or fail != fail:
+        return "—"
+    return f"{fail:.3g} {r['first_failing_rules']}"
+
+
+def print_table(
+    cap: pd.DataFrame, threshold: float, max_backlog: float | None = MAX_BACKLOG
+) -> str:
+    """The table the command prints: its heading names the rules a rate passes on every seed
+    (:func:`rules_lines`), the "fails at" column the lowest failing rate and the rules failed
+    there (``first_failing_rules``)."""
     ref = next(c for c in cap.columns if c.startswith("over_") and not c.endswith("_bound"))
-    lines = [f"sustainable rate at normalized latency <= {threshold:g} s/token:",
-             f"{'system':<20}{'req/s':>9}{'seed range':>17}{ref:>20}{'tok/s out':>11}"
-             f"{'TTFT ms':>9}{'TPOT ms':>9}{'batch':>7}"]  # fmt: skip
-    for _, r in cap.iterrows():
+    fails = [_fails_at(r) for _, r in cap.iterrows()]
+    width = max(len("fails at"), *map(len, fails)) + 2
+    lines = ["sustainable rate: the highest where every seed's run fails no rule "
+             "(\"fails at\": the lowest rate failed, and the rules failed there):",
+             *rules_lines(threshold, max_backlog),
+             f"{'system':<20}{'req/s':>9}{'seed range':>17}{'fails at':>{width}}{ref:>20}"
+             f"{'tok/s out':>11}{'TTFT ms':>9}{'TPOT ms':>9}{'batch':>7}"]  # fmt: skip
+    for (_, r), fails_at in zip(cap.iterrows(), fails, strict=True):
         rate = f"{'>=' if r['rate_open'] else ''}{r['max_rate']:.3g}"
         if r["max_rate"] == 0 and r["first_failing_rate"] == r["first_failing_rate"]:
             rate = f"<{r['first_failing_rate']:.3g}"
@@ -299,7 +376,7 @@ def print_table(cap: pd.DataFrame, threshold: float) -> str:
         if r["rate_open"] and r["max_rate"] > 0:
             spread = f">={spread}"  # each seed's rate is a floor too
         lines.append(
-            f"{r['system']:<20}{rate:>9}{spread:>17}"
+            f"{r['system']:<20}{rate:>9}{spread:>17}{fails_at:>{width}}"
             f"{ratio_text:>20}{r['output_throughput_at_rate']:>11.0f}"
             f"{r['mean_ttft_ms_at_rate']:>9.0f}{r['mean_tpot_ms_at_rate']:>9.1f}"
             f"{r['mean_batch_size_at_rate']:>7.1f}"
@@ -308,7 +385,9 @@ def print_table(cap: pd.DataFrame, threshold: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    p = OneLineParser(prog="python -m experiments.capacity", description=__doc__.split("\n\n")[0])
+    # the whole docstring: its first paragraph introduces the example (a reST literal block)
+    p = OneLineParser(prog="python -m experiments.capacity",
+                      description=__doc__.replace("::\n", ":\n"))  # fmt: skip
     p.add_argument("overrides", nargs="*", help="experiments.simulate overrides (key=value)")
     p.add_argument("--systems", default=DEFAULT_SYSTEMS, help="systems to search, the first "
                    f"the reference of the ratio column (default {DEFAULT_SYSTEMS})")  # fmt: skip
@@ -328,8 +407,12 @@ def main(argv: list[str] | None = None) -> Path:
         help=f"bisect until bracketed within this share (default {RATE_TOL})",
     )
     p.add_argument("--bisect-evals", type=int, default=4, help="bisection steps at most")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--out", type=Path, default=Path("results/capacity"))
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="processes searching systems at once, at most one per system "
+                   f"(default: the cores, {os.cpu_count() or 1} here)")  # fmt: skip
+    p.add_argument("--out", type=Path, default=Path("results/capacity"),
+                   help="the folder written (default results/capacity); an earlier search "
+                   "there is replaced: its runs and outputs are removed first")  # fmt: skip
     args = p.parse_args(argv)
     from experiments.reproduce import check_run_numbers
 
@@ -405,8 +488,8 @@ def write_outputs(
     setting: str = "",
 ) -> Path:  # fmt: skip
     """Write ``runs.csv``, ``curves.csv``, ``capacity.csv`` and ``capacity.png/.pdf`` into
-    ``out`` and print the table (``setting``: its heading and the figure's); return
-    ``out``."""
+    ``out`` and print the table (``setting``: its heading and the figure's), after a warning
+    per :func:`burst_warnings` line; return ``out``."""
     from experiments.report.figures import capacity_curves, pyplot, save
 
     runs = pd.DataFrame(rows).drop(columns=["setting"])
@@ -420,6 +503,8 @@ def write_outputs(
     fig = capacity_curves(curves, cap, threshold, list(systems), setting)
     save(fig, out, "capacity")
     plt.close(fig)
+    for line in burst_warnings(rows, systems, threshold):
+        log.warning("%s", line)
     print(setting)
     print(print_table(cap, threshold))
     print(f"-> {out}/capacity.csv, curves.csv, runs.csv, capacity.png")

@@ -30,7 +30,8 @@ def _runs(system: str, passes: dict[float, tuple[bool, ...]], **metrics: Any) ->
         for seed, ok in enumerate(oks):
             m = {k: (v[seed] if isinstance(v, tuple) else v) for k, v in metrics.items()}
             rows.append({"setting": "search", "system": system, "rate": rate, "seed": seed,
-                         "passes": ok, "normalized_latency": 0.2 if ok else 3.0, **m})  # fmt: skip
+                         "passes": ok, "fails_on": "" if ok else "latency",
+                         "normalized_latency": 0.2 if ok else 3.0, **m})  # fmt: skip
     return rows
 
 
@@ -50,17 +51,21 @@ def test_the_printed_table_states_each_rate_bound_and_metric() -> None:
     """Rates to 3 significant digits (``>=`` a floor, ``<`` nothing passed), the ratio to
     the first system to 2 decimals (``(bound)`` over an open rate, ``<`` under a rate that
     failed), then output tok/s, TTFT and TPOT ms and the batch at the rate, each in its
-    column under its heading."""
+    column under its heading; "fails at": the lowest failing rate and the rules failed
+    there (the heading's lines name each rule)."""
     cap = capacity.capacity_frame(VLLM + ORCA_MAX + ORCA_POW2, SYSTEMS)
     lines = capacity.print_table(cap, 0.5).splitlines()
-    assert lines[0] == "sustainable rate at normalized latency <= 0.5 s/token:"
-    assert lines[1].split() == ["system", "req/s", "seed", "range", "over_vllm", "tok/s", "out",
-                                "TTFT", "ms", "TPOT", "ms", "batch"]  # fmt: skip
-    assert lines[2].split() == ["vllm", "1.25", "1.25–2.5", "1.00x", "123", "46", "12.3", "7.5"]
-    assert lines[3].split() == ["orca_max", ">=2", ">=2–2", "1.60x", "(bound)", "200", "30",
+    assert lines[1] == "  latency: normalized latency <= 0.5 s/token"
+    lines = lines[4:]  # the heading and its three rules
+    assert lines[0].split() == ["system", "req/s", "seed", "range", "fails", "at", "over_vllm",
+                                "tok/s", "out", "TTFT", "ms", "TPOT", "ms", "batch"]  # fmt: skip
+    assert lines[1].split() == ["vllm", "1.25", "1.25–2.5", "2.5", "latency", "1.00x", "123",
+                                "46", "12.3", "7.5"]  # fmt: skip
+    assert lines[2].split() == ["orca_max", ">=2", ">=2–2", "—", "1.60x", "(bound)", "200", "30",
                                 "10.0", "4.0"]  # fmt: skip
-    assert lines[4].split() == ["orca_pow2", "<1", "—", "<0.80x", "nan", "nan", "nan", "nan"]
-    assert len({len(line) for line in lines[1:]}) == 1  # one column layout
+    assert lines[3].split() == ["orca_pow2", "<1", "—", "1", "latency", "<0.80x", "nan", "nan",
+                                "nan", "nan"]  # fmt: skip
+    assert len({len(line) for line in lines}) == 1  # one column layout
 
 
 def test_capacity_csv_columns_order_and_bounds() -> None:

@@ -260,7 +260,9 @@ def _read_panel(path: Path) -> pd.DataFrame:
 
 def read_runs(directory: Path) -> list[dict[str, Any]]:
     """The rows of every panel's per-run CSV (``fig12<letter>_*.csv``) in ``directory``, as
-    the search made them: ``seed`` None where empty, ``passes`` None where not measured. A
+    the search made them: ``seed`` None where empty, ``passes`` None where not measured,
+    ``fails_on`` "" where the run passed (None where a failed run has none, as in a CSV
+    written before the column; absent where no file has the column). A
     ConfigError names the folder when it holds none, or the file that is not one."""
     if not directory.is_dir():
         raise ConfigError(str(directory), "no such folder")
@@ -275,6 +277,9 @@ def read_runs(directory: Path) -> list[dict[str, Any]]:
         r["seed"] = None if r["seed"] != r["seed"] else int(r["seed"])
         ok = r["passes"]
         r["passes"] = None if ok is None or ok != ok else ok in (True, "True", "true", 1)
+        named = r.get("fails_on")  # a CSV written before the column has none
+        if "fails_on" in r and not isinstance(named, str):  # read as NaN: "" or unrecorded
+            r["fails_on"] = "" if r["passes"] else None
     return rows
 
 

@@ -4,7 +4,8 @@ rate-based figure of the report (Fig. 12, 14, 16, 17).
 One search evaluates each rate on every seed of the search. A run *passes* when its
 normalized latency (s/token) is at or under the threshold and every request of its trace
 completed (none rejected), and (where the search sets ``max_backlog``) the system kept up
-with the arrivals (:func:`passes`); a *rate passes* when every seed's run passes. The search
+with the arrivals (:func:`passes`; :func:`failed_rules` names the rules a run fails, each
+row's ``fails_on``); a *rate passes* when every seed's run passes. The search
 walks an ascending rate grid and stops after two rates in a row that do not pass (or, while
 the grid's top still passes, goes on in steps of 1.5x, the last step cut short so that no
 rate exceeds ``grow_to`` times the top), then bisects between the highest passing rate and
@@ -36,6 +37,8 @@ from typing import Any
 from sim.search import find_max_rate
 
 BACKLOG_MIN_REQUESTS = 100
+# the rules a run can fail (failed_rules), in the order a row's ``fails_on`` names them
+RULES = ("latency", "incomplete", "backlog")
 # the bisection stops when the rate is bracketed within this share of the failing end
 RATE_TOL = 0.03
 Runner = Callable[[str, list[str]], dict[str, Any]]
@@ -58,24 +61,55 @@ def rate_label(rate: float) -> str:
     return short if float(short) == rate else repr(float(rate))
 
 
-def passes(metrics: dict[str, Any], threshold: float, max_backlog: float | None = None) -> bool:
-    """One run passes: normalized latency <= ``threshold``, every request completed and, with
-    ``max_backlog``, the system kept up with the arrivals: the requests unfinished when the
-    last one arrived (``unfinished_at_last_arrival`` x requests) are at most ``max_backlog``
-    of the trace, or of :data:`BACKLOG_MIN_REQUESTS` on a shorter trace, where one
-    unfinished request is a large share: there the allowance stays at that many requests
-    (10 at 10%) instead of shrinking with the trace."""
+def failed_rules(
+    metrics: dict[str, Any], threshold: float, max_backlog: float | None = None
+) -> tuple[str, ...]:
+    """The rules of :data:`RULES` one run fails, in that order (empty: it passes):
+    ``latency``, its normalized latency is missing, NaN or above ``threshold``;
+    ``incomplete``, a request of its trace did not complete (``completed`` below
+    ``num_requests``, e.g. rejected); ``backlog`` (only with ``max_backlog``), it did not keep
+    up with the arrivals: the requests unfinished when the last one arrived
+    (``unfinished_at_last_arrival`` x requests) are more than ``max_backlog`` of the trace, or
+    of :data:`BACKLOG_MIN_REQUESTS` on a shorter trace, where one unfinished request is a
+    large share: there the allowance stays at that many requests (10 at 10%) instead of
+    shrinking with the trace. A metric that is missing (None, or a NaN backlog) fails no
+    rule but ``latency``'s."""
+    failed = []
     value = metrics.get("normalized_latency")
     if value is None or value != value or value > threshold:
-        return False
+        failed.append("latency")
     n, done = metrics.get("num_requests"), metrics.get("completed")
     if not (n is None or done is None or (n > 0 and done == n)):
-        return False
+        failed.append("incomplete")
     backlog = metrics.get("unfinished_at_last_arrival")
-    if max_backlog is None or backlog is None or backlog != backlog or n is None:
-        return True
-    unfinished = round(backlog * n)
-    return unfinished <= max_backlog * max(n, BACKLOG_MIN_REQUESTS) + 1e-9
+    if not (max_backlog is None or backlog is None or backlog != backlog or n is None):
+        share = backlog * n  # an infinite share fails (round() would raise on it)
+        unfinished = round(share) if math.isfinite(share) else share
+        if unfinished > max_backlog * max(n, BACKLOG_MIN_REQUESTS) + 1e-9:
+            failed.append("backlog")
+    return tuple(failed)
+
+
+def passes(metrics: dict[str, Any], threshold: float, max_backlog: float | None = None) -> bool:
+    """One run passes: it fails none of :func:`failed_rules`' rules (normalized latency <=
+    ``threshold``, every request completed and, with ``max_backlog``, the system kept up
+    with the arrivals)."""
+    return not failed_rules(metrics, threshold, max_backlog)
+
+
+def rules_failed_at(rows: Sequence[dict[str, Any]], rate: float | None) -> tuple[str, ...]:
+    """The rules the runs at ``rate`` failed (their ``fails_on``), the union over seeds in
+    :data:`RULES`' order; a failed run whose row does not name them (a per-run CSV written
+    before the ``fails_on`` column) adds ``"unrecorded"``. Empty when ``rate`` is None or
+    no run at it failed."""
+    found: set[str] = set()
+    for r in rows:
+        ok = r.get("passes")
+        if rate is None or r["rate"] != rate or ok is None or ok:
+            continue
+        named = r.get("fails_on")
+        found |= set(named.split("+")) if isinstance(named, str) and named else {"unrecorded"}
+    return tuple(n for n in (*RULES, "unrecorded") if n in found)
 
 
 def search_rate(
@@ -92,8 +126,10 @@ def search_rate(
     stop_after: int = 2,
     rate_tol: float = RATE_TOL,
 ) -> list[dict[str, Any]]:
-    """Every run of one search as a row (``rate``, ``seed``, ``passes``, ``trace_s`` and
-    :data:`KEEP`), in evaluation order. ``overrides_at(rate, seed)`` gives
+    """Every run of one search as a row (``rate``, ``seed``, ``passes``, ``fails_on``,
+    ``trace_s`` and :data:`KEEP`), in evaluation order; ``fails_on`` names the rules the run
+    failed (:func:`failed_rules`) joined by "+", "" when it passes, None (as ``passes``) when
+    its trace held no request. ``overrides_at(rate, seed)`` gives
     the run's config overrides (``seed`` None: the caller's overrides fix the seed).
     ``bisect_evals`` rates at most are bisected, until the highest passing and the lowest
     failing rate are within ``rate_tol`` of the latter; ``max_backlog``: :func:`passes`; the grid
@@ -109,8 +145,10 @@ def search_rate(
             run_label = f"{label}_rate{rate_label(rate)}{suffix}"
             m = run(run_label, overrides_at(rate, seed))
             measured = m.get("num_requests") != 0
-            ok_run = passes(m, threshold, max_backlog) if measured else None
-            row = {"rate": rate, "seed": seed, "passes": ok_run}
+            failed = failed_rules(m, threshold, max_backlog) if measured else None
+            ok_run = None if failed is None else not failed
+            fails_on = None if failed is None else "+".join(failed)
+            row = {"rate": rate, "seed": seed, "passes": ok_run, "fails_on": fails_on}
             rows.append(row | {"trace_s": trace_s, **{k: m.get(k) for k in KEEP}}
                         | {"label": run_label})  # fmt: skip
             ok = None if ok is None or not measured else ok and row["passes"]
