@@ -24,6 +24,12 @@ the top), and the rate is then bisected until bracketed within ``--rate-tol``. A
 that passed every rate tried has only a lower bound (``rate_open``), one that passed none
 only an upper bound (its rate is 0).
 
+With ``--slo-attainment A`` a rate must also meet an SLO, goodput-style (DistServe): on
+every seed, at least the share A of the requests meets every limit of the ``slo_ms``
+override (e.g. ``'slo_ms={ttft: 2000, tpot: 200}'``; a rejected request misses them), the
+rule named ``slo``. ``--threshold`` stays the latency rule: ``--threshold inf`` (only with
+``--slo-attainment``) judges a rate by the SLO, completion and backlog alone.
+
 Writes into ``--out`` (an earlier search there is replaced): ``capacity.csv`` (per system:
 the sustainable rate, its interval over seeds, the lowest failing rate and the rules failed
 there, ``first_failing_rules``, its rate over the first system's, and the metrics of its
@@ -37,6 +43,7 @@ normalized latency well under the threshold (the trace may end in a burst of arr
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import os
@@ -44,7 +51,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -94,7 +101,7 @@ PLUGIN_KEYS = ("system.name", "system.plugin")
 AT_RATE = (
     "request_throughput", "output_throughput", "normalized_latency", "mean_ttft_ms",
     "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "mean_batch_size", "num_preemptions",
-    "kv_token_states_pct", "num_requests",
+    "kv_token_states_pct", "num_requests", "slo_attainment",
 )  # fmt: skip
 
 
@@ -146,11 +153,12 @@ class Plan:
     replays it at time_scale trace_rate / r; ``window``: the ``duration_s`` that cuts the
     trace, if any, scaled alike: the trace is cut after it is scaled, and an unscaled window
     would hold other requests at each rate, at another rate than named); ``setting``: the
-    setting in words."""
+    setting in words; ``slo_ms``: the runs' SLO limits (ms per key), if any."""
 
     setting: str
     trace_rate: float | None = None
     window: float | None = None
+    slo_ms: tuple[tuple[str, float], ...] = ()
 
     def rate_overrides(self) -> Callable[[float], list[str]] | None:
         if self.trace_rate is None:
@@ -200,7 +208,8 @@ def check_configs(overrides: Sequence[str], systems: Sequence[str], rate: float)
         check_config(c, "simulate")
         setup = build_setup(c)
         if plan is None:
-            plan = _plan(cfg, setup)
+            slo = tuple((str(k), float(v)) for k, v in (c.get("slo_ms") or {}).items())
+            plan = replace(_plan(cfg, setup), slo_ms=slo)
     assert plan is not None
     return plan
 
@@ -286,12 +295,15 @@ def clear_earlier_runs(runs_dir: Path) -> int:
 def searches(
     overrides: Sequence[str], systems: Sequence[str], rates: tuple[float, ...],
     seeds: tuple[int, ...], bisect_evals: int, rate_tol: float, plan: Plan,
+    min_slo_attainment: float | None = None,
 ) -> list[Search]:  # fmt: skip
-    """One search per system, in ``systems``' order."""
+    """One search per system, in ``systems``' order (``min_slo_attainment``: the ``slo``
+    rule's share, None for none)."""
     return [
         Search("capacity", "search", system, (*overrides, f"system={system}"), rates,
                rate_overrides=plan.rate_overrides(), seeds=seeds, bisect_evals=bisect_evals,
-               grow_to=GROW_TO, max_backlog=MAX_BACKLOG, stop_after=1, rate_tol=rate_tol)
+               grow_to=GROW_TO, max_backlog=MAX_BACKLOG, stop_after=1, rate_tol=rate_tol,
+               min_slo_attainment=min_slo_attainment)
         for system in systems
     ]  # fmt: skip
 
@@ -329,14 +341,48 @@ def capacity_frame(rows: Sequence[dict[str, Any]], systems: Sequence[str]) -> pd
     return table
 
 
-def rules_lines(threshold: float, max_backlog: float | None = MAX_BACKLOG) -> list[str]:
-    """The pass rules in words, one line each, named as ``fails_on`` names them."""
-    lines = [f"  latency: normalized latency <= {threshold:g} s/token",
-             "  incomplete: every request completes"]  # fmt: skip
+@dataclass(frozen=True)
+class SloRule:
+    """The ``slo`` rule (``--slo-attainment``): at least ``attainment`` of a run's requests
+    meet every limit of ``slo_ms`` (ms per key, as the runs' ``slo_ms`` override)."""
+
+    attainment: float
+    slo_ms: tuple[tuple[str, float], ...]
+
+    def words(self) -> str:
+        limits = ", ".join(f"{k} <= {v:g} ms" for k, v in self.slo_ms)
+        return f"at least {self.attainment:.4g} of the requests meet every SLO ({limits})"
+
+
+def slo_rule(attainment: float | None, plan: Plan) -> SloRule | None:
+    """The ``slo`` rule of ``--slo-attainment`` (None without it); a ConfigError for a
+    share outside (0, 1] or a search without an ``slo_ms`` override to judge it by."""
+    if attainment is None:
+        return None
+    if not (math.isfinite(attainment) and 0 < attainment <= 1):
+        raise ConfigError("--slo-attainment", "not a share in (0, 1]", attainment)
+    if not plan.slo_ms:
+        raise ConfigError(
+            "--slo-attainment", "needs the SLOs it judges: pass slo_ms, e.g. "
+            "'slo_ms={ttft: 2000, tpot: 200}'",
+        )  # fmt: skip
+    return SloRule(attainment, plan.slo_ms)
+
+
+def rules_lines(
+    threshold: float, max_backlog: float | None = MAX_BACKLOG, slo: SloRule | None = None
+) -> list[str]:
+    """The pass rules in words, one line each, named as ``fails_on`` names them (``slo``:
+    the ``slo`` rule, if the search has it)."""
+    latency = (f"normalized latency <= {threshold:g} s/token" if math.isfinite(threshold)
+               else "normalized latency measured (--threshold inf: no limit)")  # fmt: skip
+    lines = [f"  latency: {latency}", "  incomplete: every request completes"]
     if max_backlog is not None:
         lines.append(f"  backlog: at most {max_backlog:.0%} of the trace (of "
                      f"{BACKLOG_MIN_REQUESTS} requests on a shorter one) unfinished when its "
                      "last request arrives")  # fmt: skip
+    if slo is not None:
+        lines.append(f"  slo: {slo.words()}")
     return lines
 
 
@@ -349,7 +395,10 @@ def _fails_at(r: Any) -> str:
 
 
 def print_table(
-    cap: pd.DataFrame, threshold: float, max_backlog: float | None = MAX_BACKLOG
+    cap: pd.DataFrame,
+    threshold: float,
+    max_backlog: float | None = MAX_BACKLOG,
+    slo: SloRule | None = None,
 ) -> str:
     """The table the command prints: its heading names the rules a rate passes on every seed
     (:func:`rules_lines`), the "fails at" column the lowest failing rate and the rules failed
@@ -359,7 +408,7 @@ def print_table(
     width = max(len("fails at"), *map(len, fails)) + 2
     lines = ["sustainable rate: the highest where every seed's run fails no rule "
              "(\"fails at\": the lowest rate failed, and the rules failed there):",
-             *rules_lines(threshold, max_backlog),
+             *rules_lines(threshold, max_backlog, slo),
              f"{'system':<20}{'req/s':>9}{'seed range':>17}{'fails at':>{width}}{ref:>20}"
              f"{'tok/s out':>11}{'TTFT ms':>9}{'TPOT ms':>9}{'batch':>7}"]  # fmt: skip
     for (_, r), fails_at in zip(cap.iterrows(), fails, strict=True):
@@ -392,7 +441,11 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--systems", default=DEFAULT_SYSTEMS, help="systems to search, the first "
                    f"the reference of the ratio column (default {DEFAULT_SYSTEMS})")  # fmt: skip
     p.add_argument("--threshold", type=float, default=1.0,
-                   help="normalized latency (s/token) a sustained rate stays under")  # fmt: skip
+                   help="normalized latency (s/token) a sustained rate stays under (inf, "
+                   "with --slo-attainment: no latency limit)")  # fmt: skip
+    p.add_argument("--slo-attainment", type=float, default=None, metavar="A",
+                   help="also require, on every seed, at least this share (0 < A <= 1) of "
+                   "the requests to meet every limit of the slo_ms override")  # fmt: skip
     p.add_argument(
         "--rates",
         default=DEFAULT_RATES,
@@ -419,7 +472,13 @@ def main(argv: list[str] | None = None) -> Path:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     try:
         rates = _numbers("--rates", args.rates)
-        check_run_numbers(args)  # --threshold, --workers, --seeds, --seed
+        if args.threshold == math.inf and args.slo_attainment is None:
+            raise ConfigError("--threshold", "inf (no latency limit) needs --slo-attainment",
+                              args.threshold)  # fmt: skip
+        slo_only = args.slo_attainment is not None and args.threshold == math.inf
+        # --threshold, --workers, --seeds, --seed (inf: no latency limit, beside an SLO)
+        check_run_numbers(argparse.Namespace(**{**vars(args), "threshold": 1.0})
+                          if slo_only else args)  # fmt: skip
         if not (math.isfinite(args.rate_tol) and 0 < args.rate_tol < 1):
             raise ConfigError("--rate-tol", "not a number in (0, 1)", args.rate_tol)
         if args.bisect_evals < 1:
@@ -431,6 +490,7 @@ def main(argv: list[str] | None = None) -> Path:
             raise ConfigError("--out", problem, str(args.out))
         check_overrides(args.overrides, systems)
         plan = check_configs(args.overrides, systems, rates[0])
+        slo = slo_rule(args.slo_attainment, plan)
     except ConfigError as err:
         report_config_error(err)
     batch_logging()
@@ -446,7 +506,8 @@ def main(argv: list[str] | None = None) -> Path:
     from experiments.reproduce import run_recorded, unmeasured_run
 
     t0 = time.perf_counter()
-    todo = searches(args.overrides, systems, rates, seeds, args.bisect_evals, args.rate_tol, plan)
+    todo = searches(args.overrides, systems, rates, seeds, args.bisect_evals, args.rate_tol, plan,
+                    args.slo_attainment)  # fmt: skip
     rows: list[dict[str, Any]] = []
     log.info("%s", plan.setting)
     log.info("searching %d system(s) on %d seed(s) each: %s", len(todo), len(seeds),
@@ -480,33 +541,38 @@ def main(argv: list[str] | None = None) -> Path:
                 note = f" (no rate passed, down to {rates[0]:g}: lower --rates to bracket it)"
             log.info("%s: %.3g req/s%s after %d runs (%.0f s)", search.system, best["max_rate"],
                      note, len(found), time.perf_counter() - t0)  # fmt: skip
-    return write_outputs(rows, systems, args.threshold, args.out, plan.setting)
+    return write_outputs(rows, systems, args.threshold, args.out, plan.setting, slo)
 
 
 def write_outputs(
     rows: Sequence[dict[str, Any]], systems: Sequence[str], threshold: float, out: Path,
-    setting: str = "",
+    setting: str = "", slo: SloRule | None = None,
 ) -> Path:  # fmt: skip
     """Write ``runs.csv``, ``curves.csv``, ``capacity.csv`` and ``capacity.png/.pdf`` into
-    ``out`` and print the table (``setting``: its heading and the figure's), after a warning
-    per :func:`burst_warnings` line; return ``out``."""
+    ``out`` and print the table (``setting``: its heading and the figure's; ``slo``: the
+    ``slo`` rule, named in the heading, the figure's title and ``capacity.csv``'s
+    ``min_slo_attainment`` column), after a warning per :func:`burst_warnings` line; return
+    ``out``."""
     from experiments.report.figures import capacity_curves, pyplot, save
 
     runs = pd.DataFrame(rows).drop(columns=["setting"])
     curves = pd.DataFrame(curve_table(rows)).drop(columns=["setting"])
     cap = capacity_frame(rows, systems)
     cap["threshold"] = threshold
+    if slo is not None:
+        cap["min_slo_attainment"] = slo.attainment
     write_csv(out / "runs.csv", runs)
     write_csv(out / "curves.csv", curves)
     write_csv(out / "capacity.csv", cap)
     plt = pyplot(headless=True)
-    fig = capacity_curves(curves, cap, threshold, list(systems), setting)
+    fig = capacity_curves(curves, cap, threshold, list(systems), setting,
+                          None if slo is None else slo.words())  # fmt: skip
     save(fig, out, "capacity")
     plt.close(fig)
     for line in burst_warnings(rows, systems, threshold):
         log.warning("%s", line)
     print(setting)
-    print(print_table(cap, threshold))
+    print(print_table(cap, threshold, slo=slo))
     print(f"-> {out}/capacity.csv, curves.csv, runs.csv, capacity.png")
     return out
 

@@ -40,7 +40,7 @@ from experiments.report.bound_text import (
     rate_text,
     ratio_text,
 )
-from experiments.report.figures import SYSTEM_COLORS, pyplot, save
+from experiments.report.figures import pyplot, save, system_style
 from experiments.report.paper import SYSTEM_LABELS
 from experiments.report.rate_search import Search, capacity_table
 
@@ -132,9 +132,9 @@ def draw_fig17(runs: pd.DataFrame) -> Any:
     ``runs``: every run of the searches (``fig17_chatbot.csv``)."""
     fig, ax = pyplot().subplots(figsize=(4.8, 3.2))
     for system in SYSTEMS:
-        label, color = SYSTEM_LABELS[system], SYSTEM_COLORS[system]
+        label, style = SYSTEM_LABELS[system], system_style(system)
         df = runs[runs["system"] == system].sort_values("rate")
-        ax.plot(df["rate"], df["normalized_latency"], marker="o", ms=3, label=label, color=color)
+        ax.plot(df["rate"], df["normalized_latency"], marker="o", ms=3, label=label, **style)
     ax.set_xlabel("Request rate (req/s)")
     ax.set_ylabel("Normalized latency (s/token)")
     ax.set_ylim(0, 2.0)

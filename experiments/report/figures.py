@@ -46,9 +46,44 @@ SYSTEM_COLORS = {
     "vllm": "#4c72b0",
     "vllm_v1": "#64b5cd",
 }
+# a line style per system beside its colour, so that a curve drawn over another that it
+# coincides with (Orca (Pow2) and Orca (Oracle) on a trace that fits both) leaves it visible;
+# the broken styles are drawn above the solid ones (system_style)
+SYSTEM_LINESTYLES = {
+    "fastertransformer": (0, (1, 1)),
+    "orca_max": "-.",
+    "orca_pow2": "--",
+    "orca_oracle": "-",
+    "vllm": "-",
+    "vllm_v1": (0, (5, 1, 1, 1)),
+}
 SOURCE_COLORS = {"kvlab": "#4c72b0", "paper": "#dd8452"}
 WORKLOAD_COLORS = {"sharegpt": "#4c72b0", "alpaca": "#55a868"}
 PREEMPTION_COLORS = {"recompute": "#4c72b0", "swap": "#c44e52"}
+
+
+def system_style(system: str, spare: Any = None) -> dict[str, Any]:
+    """The colour (:data:`SYSTEM_COLORS`), line style (:data:`SYSTEM_LINESTYLES`) and
+    z-order of ``system``'s lines in every figure that draws systems: the capacity plot,
+    the sweep plot and the report's. A broken style is drawn above a solid line, so two
+    coinciding curves both show. A system without a colour of its own takes the next of
+    ``spare`` (an iterator of colours; None: matplotlib's cycle) and a solid line."""
+    color = SYSTEM_COLORS.get(system)
+    if color is None:
+        color = next(spare) if spare is not None else None
+    ls = SYSTEM_LINESTYLES.get(system, "-")
+    return {"color": color, "ls": ls, "zorder": 2.0 if ls == "-" else 2.5}
+
+
+def wrap_title(text: str, width_in: float, fontsize: float) -> str:
+    """``text`` with each line broken at spaces to fit ``width_in`` inches at ``fontsize``
+    points (about 0.6 em a character, within 90% of the width: an axis title is centred on
+    the axes, not the figure), so that a title does not run past the figure's edges, where
+    it would be cut off."""
+    import textwrap
+
+    chars = max(20, int(0.9 * width_in * 72 / (0.6 * fontsize)))
+    return "\n".join(textwrap.fill(line, chars) if line else line for line in text.split("\n"))
 
 
 def pyplot(headless: bool = False) -> Any:
@@ -215,13 +250,14 @@ def fig12_panels(
         cap = capacity[capacity["panel"] == key].set_index("system")
         for system in [s for s in SYSTEM_COLORS if s in set(sub["system"])]:
             df = sub[sub["system"] == system].sort_values("rate")
-            color = SYSTEM_COLORS[system]
+            style = system_style(system)
+            color = style["color"]
             label = SYSTEM_LABELS.get(system, system)
             if system in cap.index and not cap.loc[system, "max_rate"] > 0:
                 label += " (no rate passed)"  # its points may all lie above the y-limit
             passed = (df["passes"].astype(str) == "True").tolist()
             ax.plot(df["rate"], df["normalized_latency_mean"], marker="o", ms=2.5, lw=1,
-                    markevery=passed, color=color, label=label)  # fmt: skip
+                    markevery=passed, label=label, **style)  # fmt: skip
             # an older fig12_curves.csv has no "failed": every rate that did not pass failed
             fails = df["failed"] if "failed" in df else df["passes"].astype(str) != "True"
             failed = df[(fails.astype(str) == "True").tolist()]
@@ -256,30 +292,35 @@ def fig12_panels(
              "≥ rate, → interval's top: lower bounds (no rate tried failed)"
              f"{sep}◂: no rate passed, below the lowest tried{sep}"
              "hollow square: a rate that failed (filled dot: passed)")  # fmt: skip
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(wrap_title(title, 4.2 * cols, 9), fontsize=9)
     return fig
 
 
 def capacity_curves(
     curves: pd.DataFrame, capacity: pd.DataFrame, threshold: float, systems: list[str],
-    setting: str = "",
+    setting: str = "", slo: str | None = None,
 ) -> Any:  # fmt: skip
     """``experiments.capacity``'s figure: per system (``systems``' order; a system without
     a colour of its own takes the next of matplotlib's cycle), normalized latency's mean
     over seeds against the rate, shaded between the seeds' min and max (a filled dot: a
     rate that passed; a hollow square: one that failed), the threshold (dotted), and the
-    sustainable rate as a dot on it with its interval over seeds; ``setting`` heads the
-    title. ``curves``:
+    sustainable rate as a dot on it with its interval over seeds (with no latency limit,
+    ``threshold`` inf: on the curve, and no threshold line); ``setting`` heads the title,
+    wrapped to the figure's width, ``slo`` (the ``slo`` rule in words) joins its rule.
+    Colours and line styles: :func:`system_style`. ``curves``:
     ``rate_search.curve_table``; ``capacity``: ``experiments.capacity.capacity_frame``."""
-    fig, ax = pyplot().subplots(figsize=(5.6, 3.6))
+    width = 5.6
+    fig, ax = pyplot().subplots(figsize=(width, 3.6))
     cap = capacity.set_index("system")
     spare = iter(f"C{i}" for i in range(10))
+    limited = math.isfinite(threshold)
     for system in systems:
         df = curves[curves["system"] == system].sort_values("rate")
-        color = SYSTEM_COLORS.get(system) or next(spare)
+        style = system_style(system, spare)
+        color = style["color"]
         passed = (df["passes"].astype(str) == "True").tolist()
         ax.plot(df["rate"], df["normalized_latency_mean"], marker="o", ms=2.5, lw=1,
-                markevery=passed, color=color, label=SYSTEM_LABELS.get(system, system))  # fmt: skip
+                markevery=passed, label=SYSTEM_LABELS.get(system, system), **style)  # fmt: skip
         failed = df[(df["failed"].astype(str) == "True").tolist()]
         ax.plot(failed["rate"], failed["normalized_latency_mean"], ls="none", marker="s", ms=3,
                 mfc="none", mew=0.7, color=color)  # fmt: skip
@@ -287,20 +328,27 @@ def capacity_curves(
                         color=color, alpha=0.2, lw=0)  # fmt: skip
         r = cap.loc[system]
         if r["max_rate"] > 0:
-            ax.errorbar([r["max_rate"]], [threshold], fmt="o", ms=5, mfc="none", color=color,
+            at = df.loc[df["rate"] == r["max_rate"], "normalized_latency_mean"]
+            y = threshold if limited else _value(at.iloc[0] if len(at) else None)
+            ax.errorbar([r["max_rate"]], [y], fmt="o", ms=5, mfc="none", color=color,
                         xerr=[[r["max_rate"] - r["rate_lo"]], [r["rate_hi"] - r["max_rate"]]],
                         capsize=3, lw=1)  # fmt: skip
-            _mark_threshold_bounds(ax, r, threshold, color)
-    ax.axhline(threshold, color="k", lw=0.6, ls=":")
-    ax.set_ylim(0, 2 * threshold)
+            _mark_threshold_bounds(ax, r, y, color)
+    if limited:
+        ax.axhline(threshold, color="k", lw=0.6, ls=":")
+        ax.set_ylim(0, 2 * threshold)
+    else:
+        ax.set_ylim(bottom=0)
     ax.set_xlim(0, 1.1 * float(curves["rate"].max()))
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("normalized latency (s/token)")
     ax.legend(fontsize=7)
-    ax.set_title(f"{setting + chr(10) if setting else ''}sustainable rate: ≤ {threshold:g} "
-                 "s/token and kept up with arrivals, on every seed\nmean over seeds, shaded "
-                 "min–max; hollow square: a rate that failed; ≥: a lower bound",
-                 fontsize=8)  # fmt: skip
+    rule = f"≤ {threshold:g} s/token and kept up" if limited else "kept up"
+    rule += " with arrivals" + (f"; {slo}" if slo else "")
+    title = (f"{setting + chr(10) if setting else ''}sustainable rate: {rule}, on every "
+             "seed\nmean over seeds, shaded min–max; hollow square: a rate that failed; ≥: a "
+             "lower bound")  # fmt: skip
+    ax.set_title(wrap_title(title, width, 8), fontsize=8)
     return fig
 
 

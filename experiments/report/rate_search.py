@@ -4,8 +4,9 @@ rate-based figure of the report (Fig. 12, 14, 16, 17).
 One search evaluates each rate on every seed of the search. A run *passes* when its
 normalized latency (s/token) is at or under the threshold and every request of its trace
 completed (none rejected), and (where the search sets ``max_backlog``) the system kept up
-with the arrivals (:func:`passes`; :func:`failed_rules` names the rules a run fails, each
-row's ``fails_on``); a *rate passes* when every seed's run passes. The search
+with the arrivals, and (where the search sets ``min_slo_attainment``) enough of its
+requests met every SLO (:func:`passes`; :func:`failed_rules` names the rules a run fails,
+each row's ``fails_on``); a *rate passes* when every seed's run passes. The search
 walks an ascending rate grid and stops after two rates in a row that do not pass (or, while
 the grid's top still passes, goes on in steps of 1.5x, the last step cut short so that no
 rate exceeds ``grow_to`` times the top), then bisects between the highest passing rate and
@@ -38,7 +39,7 @@ from sim.search import find_max_rate
 
 BACKLOG_MIN_REQUESTS = 100
 # the rules a run can fail (failed_rules), in the order a row's ``fails_on`` names them
-RULES = ("latency", "incomplete", "backlog")
+RULES = ("latency", "incomplete", "backlog", "slo")
 # the bisection stops when the rate is bracketed within this share of the failing end
 RATE_TOL = 0.03
 Runner = Callable[[str, list[str]], dict[str, Any]]
@@ -51,6 +52,8 @@ KEEP = (
     "kv_free_at_limit_pct", "kv_free_pct", "kv_slots", "duration_s", "num_steps",
     "unfinished_at_last_arrival",
 )  # fmt: skip
+# a run's SLO metrics (a run with slo_ms): kept beside KEEP where the run holds them
+SLO_KEEP = ("slo_attainment", "goodput")
 
 
 def rate_label(rate: float) -> str:
@@ -62,7 +65,10 @@ def rate_label(rate: float) -> str:
 
 
 def failed_rules(
-    metrics: dict[str, Any], threshold: float, max_backlog: float | None = None
+    metrics: dict[str, Any],
+    threshold: float,
+    max_backlog: float | None = None,
+    min_slo_attainment: float | None = None,
 ) -> tuple[str, ...]:
     """The rules of :data:`RULES` one run fails, in that order (empty: it passes):
     ``latency``, its normalized latency is missing, NaN or above ``threshold``;
@@ -72,8 +78,11 @@ def failed_rules(
     (``unfinished_at_last_arrival`` x requests) are more than ``max_backlog`` of the trace, or
     of :data:`BACKLOG_MIN_REQUESTS` on a shorter trace, where one unfinished request is a
     large share: there the allowance stays at that many requests (10 at 10%) instead of
-    shrinking with the trace. A metric that is missing (None, or a NaN backlog) fails no
-    rule but ``latency``'s."""
+    shrinking with the trace; ``slo`` (only with ``min_slo_attainment``), the share of its
+    requests that met every SLO of the run's ``slo_ms`` (``slo_attainment``, a rejected
+    request missing them) is below ``min_slo_attainment``, or missing (None or NaN: the run
+    had no ``slo_ms``). A metric that is missing (None, or a NaN backlog) fails no rule but
+    ``latency``'s and ``slo``'s."""
     failed = []
     value = metrics.get("normalized_latency")
     if value is None or value != value or value > threshold:
@@ -87,14 +96,24 @@ def failed_rules(
         unfinished = round(share) if math.isfinite(share) else share
         if unfinished > max_backlog * max(n, BACKLOG_MIN_REQUESTS) + 1e-9:
             failed.append("backlog")
+    if min_slo_attainment is not None:
+        share = metrics.get("slo_attainment")
+        if share is None or share != share or share < min_slo_attainment:
+            failed.append("slo")
     return tuple(failed)
 
 
-def passes(metrics: dict[str, Any], threshold: float, max_backlog: float | None = None) -> bool:
+def passes(
+    metrics: dict[str, Any],
+    threshold: float,
+    max_backlog: float | None = None,
+    min_slo_attainment: float | None = None,
+) -> bool:
     """One run passes: it fails none of :func:`failed_rules`' rules (normalized latency <=
-    ``threshold``, every request completed and, with ``max_backlog``, the system kept up
-    with the arrivals)."""
-    return not failed_rules(metrics, threshold, max_backlog)
+    ``threshold``, every request completed, with ``max_backlog`` the system kept up with
+    the arrivals, and with ``min_slo_attainment`` at least that share of its requests met
+    every SLO)."""
+    return not failed_rules(metrics, threshold, max_backlog, min_slo_attainment)
 
 
 def rules_failed_at(rows: Sequence[dict[str, Any]], rate: float | None) -> tuple[str, ...]:
@@ -125,14 +144,17 @@ def search_rate(
     max_backlog: float | None = None,
     stop_after: int = 2,
     rate_tol: float = RATE_TOL,
+    min_slo_attainment: float | None = None,
 ) -> list[dict[str, Any]]:
     """Every run of one search as a row (``rate``, ``seed``, ``passes``, ``fails_on``,
-    ``trace_s`` and :data:`KEEP`), in evaluation order; ``fails_on`` names the rules the run
+    ``trace_s`` and :data:`KEEP`, with :data:`SLO_KEEP` where the run's metrics hold
+    ``slo_attainment``), in evaluation order; ``fails_on`` names the rules the run
     failed (:func:`failed_rules`) joined by "+", "" when it passes, None (as ``passes``) when
     its trace held no request. ``overrides_at(rate, seed)`` gives
     the run's config overrides (``seed`` None: the caller's overrides fix the seed).
     ``bisect_evals`` rates at most are bisected, until the highest passing and the lowest
-    failing rate are within ``rate_tol`` of the latter; ``max_backlog``: :func:`passes`; the grid
+    failing rate are within ``rate_tol`` of the latter; ``max_backlog``,
+    ``min_slo_attainment``: :func:`passes`; the grid
     stops after ``stop_after`` rates in a row that do not pass; while the grid's top passes,
     rates grow by 1.5x up to ``grow_to`` x the top and no further (the last step is shorter);
     ``trace_s``: the trace length, recorded in each row."""
@@ -145,11 +167,14 @@ def search_rate(
             run_label = f"{label}_rate{rate_label(rate)}{suffix}"
             m = run(run_label, overrides_at(rate, seed))
             measured = m.get("num_requests") != 0
-            failed = failed_rules(m, threshold, max_backlog) if measured else None
+            failed = (
+                failed_rules(m, threshold, max_backlog, min_slo_attainment) if measured else None
+            )
             ok_run = None if failed is None else not failed
             fails_on = None if failed is None else "+".join(failed)
             row = {"rate": rate, "seed": seed, "passes": ok_run, "fails_on": fails_on}
-            rows.append(row | {"trace_s": trace_s, **{k: m.get(k) for k in KEEP}}
+            slo = {k: m.get(k) for k in SLO_KEEP} if "slo_attainment" in m else {}
+            rows.append(row | {"trace_s": trace_s, **{k: m.get(k) for k in KEEP}} | slo
                         | {"label": run_label})  # fmt: skip
             ok = None if ok is None or not measured else ok and row["passes"]
         return ok
@@ -246,7 +271,8 @@ class Search:
     """One capacity search of a figure: ``setting`` (e.g. "beam 4") and ``system`` name the
     row; ``fixed`` are the config overrides of every run; ``rate_overrides(rate)`` adds the
     rate-dependent ones (picklable, so a process pool can run the search); ``seeds``: each
-    rate runs once per seed (None: ``fixed`` sets the seed)."""
+    rate runs once per seed (None: ``fixed`` sets the seed); ``min_slo_attainment``: the
+    ``slo`` rule's share (None: no such rule)."""
 
     figure: str
     setting: str
@@ -261,6 +287,7 @@ class Search:
     max_backlog: float | None = None
     stop_after: int = 2
     rate_tol: float = RATE_TOL
+    min_slo_attainment: float | None = None
 
     def overrides(self, rate: float, seed: int | None = None) -> list[str]:
         extra = self.rate_overrides(rate) if self.rate_overrides else [f"workload.rate={rate}"]
@@ -278,6 +305,7 @@ def run_search(run: Runner, search: Search, threshold: float) -> list[dict[str, 
         seeds=search.seeds or (None,), bisect_evals=search.bisect_evals, grow_to=search.grow_to,
         trace_s=search.trace_s, max_backlog=search.max_backlog,
         stop_after=search.stop_after, rate_tol=search.rate_tol,
+        min_slo_attainment=search.min_slo_attainment,
     )  # fmt: skip
     return [{"setting": search.setting, "system": search.system, **r} for r in rows]
 

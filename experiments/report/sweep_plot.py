@@ -88,22 +88,26 @@ def _powers_of_two(values: pd.Series) -> bool:
 
 def plot(tables: dict[str, pd.DataFrame], x: str, hue: str | None, out: Path) -> list[Path]:
     """One figure per metric: lines of mean against ``x``, one per ``hue`` value, with the
-    range over the runs at each point as an error bar; returns the PNGs written."""
-    from experiments.report.figures import pyplot, save
+    range over the runs at each point as an error bar; returns the PNGs written. With
+    ``--hue system`` a system's line takes its colour and style in every figure
+    (:func:`experiments.report.figures.system_style`)."""
+    from experiments.report.figures import pyplot, save, system_style
 
     plt = pyplot(headless=True)
     written = []
     for y, table in tables.items():
         fig, ax = plt.subplots(figsize=(5, 3.5))
         groups = [(None, table)] if hue is None else list(table.groupby(hue, dropna=False))
+        spare = iter(f"C{i}" for i in range(10))
         for label, part in groups:
+            style = system_style(str(label), spare) if hue == "system" else {}
             part = part.sort_values(x)
             numeric = pd.api.types.is_numeric_dtype(part[x])
             xs = part[x] if numeric else part[x].astype(str)
             err = [part["mean"] - part["min"], part["max"] - part["mean"]]
-            ax.errorbar(xs, part["mean"], yerr=err, marker="o", capsize=3,
-                        linestyle="-" if numeric else "none",  # no line between categories
-                        label=None if label is None else str(label))  # fmt: skip
+            line = style.pop("ls", "-") if numeric else "none"  # no line between categories
+            ax.errorbar(xs, part["mean"], yerr=err, marker="o", capsize=3, linestyle=line,
+                        label=None if label is None else str(label), **style)  # fmt: skip
         if _powers_of_two(table[x]):
             ax.set_xscale("log", base=2)
         ax.set_xlabel(axis_label(x))
