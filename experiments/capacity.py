@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--out", type=Path, default=Path("results/capacity"),
                    help="the folder written (default results/capacity); an earlier search "
                    "there is replaced: its runs and outputs are removed first")  # fmt: skip
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides may follow the options too
     from experiments.reproduce import check_run_numbers
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]

@@ -214,3 +214,13 @@ def test_a_new_search_removes_the_outputs_of_the_runs_it_removes(tmp_path: Path)
         (tmp_path / name).write_text("earlier")
     assert capacity.clear_earlier_runs(runs) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md", "runs"]
+
+
+def test_overrides_may_stand_before_and_after_the_options(tmp_path: Path, capsys) -> None:
+    """Both groups of overrides reach the config (here the second is checked and refused by
+    name), not "unrecognized arguments"."""
+    with pytest.raises(SystemExit) as exit_:
+        capacity.main(["workload.duration_s=60", "--systems", "vllm", "workload.nonsense=1",
+                       "--out", str(tmp_path / "out")])  # fmt: skip
+    assert exit_.value.code == 2
+    assert "workload.nonsense: no such key" in capsys.readouterr().err
