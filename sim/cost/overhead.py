@@ -310,7 +310,8 @@ def get_stack(name: str | None, tp: int = 1) -> Stack:
 CONTIGUOUS_KERNEL_SOURCES = {
     "gather_tokens_per_block": "0: a contiguous system (Orca, FasterTransformer) holds each "
     "sequence's K/V in one region, read without a block table (FasterTransformer's kernel, "
-    "the contiguous side of the vLLM paper's Fig. 18a, §7.1)",
+    "the contiguous side of the vLLM paper's Fig. 18a, §7.1; the paper does not name the "
+    "kernel of its Orca reimplementation: assumed contiguous, as its reservations are)",
     "block_granular": "False: a contiguous region has no unfilled last block to read",
 }
 
