@@ -10,7 +10,7 @@ value span several lines; the checks here raise a one-line
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +201,36 @@ def check_own_names(config_name: str, argv: Sequence[str]) -> None:
     a file that cannot be read, are left to the run, whose error names them. Overrides
     Hydra cannot parse are left to :func:`check_overrides_compose`."""
     import yaml
+
+    for group, choice, extra in chosen_options(config_name, argv, OWN_GROUPS):
+        if (CONFIG_DIR / group / f"{choice}.yaml").is_file():
+            continue  # shipped (a user's file of its name: check_shadowed_choices)
+        path = next((p for d in extra if (p := Path(d) / group / f"{choice}.yaml").is_file()),
+                    None)  # fmt: skip
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8")) if path else None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if not isinstance(doc, dict) or doc.get("name") in (None, ""):
+            continue
+        if group == "model" and not (doc.get("shape") or doc.get("hf_config")):
+            continue  # names a catalog model, which it is
+        if str(doc["name"]) != choice:
+            raise ConfigError(
+                f"{group}.name",
+                f"{path} calls itself {doc['name']!r}, but {group}={choice} chose it: "
+                f"results and calibration checks go by that name, so a copy whose name "
+                f"was left passes for the original; write name: {choice} in it",
+            )
+
+
+def chosen_options(
+    config_name: str, argv: Sequence[str], groups: Sequence[str]
+) -> Iterator[tuple[str, str, list[Path]]]:
+    """``(group, option, search-path folders)`` for each option of ``groups`` that ``argv``
+    chooses (``group=``, each value of a sweep), else the app's default; nothing without a
+    ``hydra.searchpath`` folder, or when Hydra cannot parse ``argv``
+    (:func:`check_overrides_compose` says why)."""
     from hydra.errors import HydraException
 
     extra = search_dirs(argv)
@@ -210,30 +240,11 @@ def check_own_names(config_name: str, argv: Sequence[str]) -> None:
         parsed = parse_overrides(argv)
     except HydraException:
         return
-    for group in OWN_GROUPS:
+    for group in groups:
         valid = options(group, extra)
         chosen = [v for o in parsed if o.key_or_group == group for v in sweep_values(o, valid)]
         for choice in chosen or [default_option(config_name, group)]:
-            choice = choice.strip("'\"")
-            if (CONFIG_DIR / group / f"{choice}.yaml").is_file():
-                continue  # shipped (a user's file of its name: check_shadowed_choices)
-            path = next((p for d in extra if (p := Path(d) / group / f"{choice}.yaml").is_file()),
-                        None)  # fmt: skip
-            try:
-                doc = yaml.safe_load(path.read_text(encoding="utf-8")) if path else None
-            except (OSError, UnicodeDecodeError, yaml.YAMLError):
-                continue
-            if not isinstance(doc, dict) or doc.get("name") in (None, ""):
-                continue
-            if group == "model" and not (doc.get("shape") or doc.get("hf_config")):
-                continue  # names a catalog model, which it is
-            if str(doc["name"]) != choice:
-                raise ConfigError(
-                    f"{group}.name",
-                    f"{path} calls itself {doc['name']!r}, but {group}={choice} chose it: "
-                    f"results and calibration checks go by that name, so a copy whose name "
-                    f"was left passes for the original; write name: {choice} in it",
-                )
+            yield group, choice.strip("'\""), extra
 
 
 def check_shadowed_choices(config_name: str, argv: Sequence[str]) -> None:
@@ -241,32 +252,19 @@ def check_shadowed_choices(config_name: str, argv: Sequence[str]) -> None:
     ``hydra.searchpath`` with the name of a shipped option and other contents: Hydra reads
     the shipped ``configs/<group>/<option>.yaml`` first, so the user's file would be ignored
     without a word. Overrides Hydra cannot parse are left to :func:`check_overrides_compose`."""
-    from hydra.errors import HydraException
-
-    extra = search_dirs(argv)
-    if not extra:
-        return
-    try:
-        parsed = parse_overrides(argv)
-    except HydraException:
-        return
-    for group in GROUPS:
-        valid = options(group, extra)
-        chosen = [v for o in parsed if o.key_or_group == group for v in sweep_values(o, valid)]
-        for choice in chosen or [default_option(config_name, group)]:
-            choice = choice.strip("'\"")
-            shipped = CONFIG_DIR / group / f"{choice}.yaml"
-            if not shipped.is_file():
-                continue
-            for folder in extra:
-                mine = Path(folder) / group / f"{choice}.yaml"
-                if mine.is_file() and mine.read_bytes() != shipped.read_bytes():
-                    raise ConfigError(
-                        group,
-                        f"{mine} has the name of the shipped configs/{group}/{choice}.yaml, "
-                        f"which Hydra reads instead; give your file a name of its own",
-                        choice,
-                    )
+    for group, choice, extra in chosen_options(config_name, argv, GROUPS):
+        shipped = CONFIG_DIR / group / f"{choice}.yaml"
+        if not shipped.is_file():
+            continue
+        for folder in extra:
+            mine = Path(folder) / group / f"{choice}.yaml"
+            if mine.is_file() and mine.read_bytes() != shipped.read_bytes():
+                raise ConfigError(
+                    group,
+                    f"{mine} has the name of the shipped configs/{group}/{choice}.yaml, "
+                    f"which Hydra reads instead; give your file a name of its own",
+                    choice,
+                )
 
 
 def default_option(config_name: str, group: str) -> str:
