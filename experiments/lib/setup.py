@@ -335,12 +335,10 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
         stack = extra.get("stack")
         name = (c.get("system") or {}).get("name")
         contiguous = name is not None and get_system(str(name)).kv == "contiguous"
-        # kvlab's engine (the measured stack) reads a contiguous region through a block table
-        # as it reads pages, so its contiguous systems keep the per-block terms
         if kind in ("roofline", "profiled") and contiguous:
-            stack = stack if isinstance(stack, Stack) else get_stack(stack, tp)
-            if stack.name != MEASURED:
-                extra["stack"] = contiguous_kernel(stack)
+            extra["stack"] = contiguous_kernel(
+                stack if isinstance(stack, Stack) else get_stack(stack, tp)
+            )
         return build_cost_model(kind, model, gpu, tp, **extra)
     except ProfileError as exc:  # names the file and row
         raise ConfigError("cost.profile", str(exc)) from None

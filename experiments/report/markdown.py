@@ -46,7 +46,6 @@ from experiments.report.paper import (
 from experiments.report.selection import FIGURES
 from sim.capacity import PAPER_TABLE1, format_table1, table1
 from sim.cost.overhead import contiguous_note
-from sim.cost.stack_file import MEASURED
 
 PARTS = KV_PARTS[:4]  # the paper's four; kvlab adds "free_at_limit" and "free" (nobody waiting)
 
@@ -161,8 +160,7 @@ def write_outputs(
             _save(plt, draw_fig19(blocks, price), out, "fig19_swap_recompute")
             extra += fig19_section(blocks, price, cost_line)
             on_written("fig19", "fig19_swap_recompute.csv/.png/.pdf", "fig19_preemption_cost.csv")
-    stack = getattr(cost, "stack", None)
-    note = "" if stack is None or stack.name == MEASURED else contiguous_note(stack)
+    note = contiguous_note(getattr(cost, "stack", None))
     text = _report(
         f2, f13, sensitivity, t1, cost.describe() + (f"\n{note}" if note else ""), fig2,
         duration, wall_s, extra, figures, alpaca, command,

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core.defaults import swap_chunk_blocks
@@ -196,7 +196,10 @@ class Stack:
       (copy-on-write) issues that many copy calls (kernel launches), each costing this
       latency on top of the bytes read and written at the device's bandwidth;
     - ``ray_workers``: at tp >= 2 the driver calls its workers through Ray every step, and
-      the CPU fit includes that time (:data:`A100_CPU_OVERHEAD_RAY`).
+      the CPU fit includes that time (:data:`A100_CPU_OVERHEAD_RAY`);
+    - ``blocks_for_contiguous``: the stack's engine reads a contiguous system's region
+      through a block table too, so :func:`contiguous_kernel` keeps the per-block terms
+      (kvlab's engine, the ``measured`` stack).
     """
 
     name: str
@@ -213,6 +216,7 @@ class Stack:
     swap_calls_per_direction: int = 0
     swap_chunk_bytes: float = 0.0
     ray_workers: bool = False
+    blocks_for_contiguous: bool = False
 
 
 # §7.1 / Fig. 18a of the vLLM paper (Kwon et al., SOSP 2023): its paged attention kernel is
@@ -302,8 +306,6 @@ def get_stack(name: str | None, tp: int = 1) -> Stack:
     s = STACKS[key]
     if s.cpu is None or tp == 1:
         return s
-    from dataclasses import replace
-
     return replace(s, cpu=cpu_overhead_for_tp(tp, s.ray_workers))
 
 
@@ -331,12 +333,11 @@ def contiguous_note(s: Stack | None) -> str:
 def contiguous_kernel(s: Stack) -> Stack:
     """``s`` for a system whose KV is contiguous: its attention kernel pays no per-block
     gather and reads no unfilled last block (both terms 0, their sources saying why); every
-    other term (CPU time, transfers) is the stack's. A stack already without them is
-    returned as is."""
-    if not s.gather_tokens_per_block and not s.block_granular:
+    other term (CPU time, transfers) is the stack's. A stack already without them, or one
+    whose engine reads contiguous regions through a block table
+    (:attr:`Stack.blocks_for_contiguous`), is returned as is."""
+    if s.blocks_for_contiguous or not (s.gather_tokens_per_block or s.block_granular):
         return s
-    from dataclasses import replace
-
     return replace(
         s, gather_tokens_per_block=0.0, block_granular=False,
         summary=f"{s.summary}; contiguous KV: no per-block kernel cost",

@@ -246,6 +246,7 @@ def load_stack_file(path: Path) -> Stack:
         copies_per_block_per_layer=0,
         swap_calls_per_direction=KVLAB_SWAP_CALLS,
         swap_chunk_bytes=float(SWAP_CHUNK_BYTES),
+        blocks_for_contiguous=True,
         summary=f"kvlab's engine, measured ({path.name}); other terms as {base.name}: "
         + ("CPU overlapped, step = max(GPU, CPU)" if overlapped else "step = GPU + CPU"),
         sources={**sources, "cpu": fit.source, "overlap": "kvlab's engine is "
@@ -253,5 +254,7 @@ def load_stack_file(path: Path) -> Stack:
                  "copies_per_block_per_layer": "0: kvlab's engine does not copy per block",
                  "swap_calls_per_direction": "kvlab engine.kv_cache: a swap is one gather, "
                  "one transfer and one scatter per direction and chunk of at most "
-                 "core.defaults.SWAP_CHUNK_BYTES (3 calls each), each at copy_latency_s"},
+                 "core.defaults.SWAP_CHUNK_BYTES (3 calls each), each at copy_latency_s",
+                 "blocks_for_contiguous": "kvlab's engine (engine/runner.py) reads every "
+                 "manager's KV, a contiguous one's regions too, through block tables"},
     )  # fmt: skip
