@@ -89,3 +89,58 @@ def test_axes_carry_units_categories_no_line_and_block_sizes_a_log2_scale(
     ax = kept["sweep_normalized_latency"].axes[0]
     assert ax.get_ylabel() == "normalized_latency (s/token)" and ax.get_xscale() == "log"
     assert any(line.get_linestyle() == "-" for line in ax.get_lines())
+
+
+def _breakdown_summary(folder: Path) -> Path:
+    parts = ("token_states", "reserved", "internal_frag", "external_frag", "free_at_limit", "free")
+    shares = {  # (system, rate, seed): the six parts, each run's summing to 100
+        ("vllm", 1.0, 0): (60, 0, 2, 1, 0, 37),
+        ("vllm", 1.0, 1): (70, 0, 2, 1, 0, 27),
+        ("vllm", 2.0, 0): (90, 0, 2, 3, 0, 5),
+        ("orca_max", 1.0, 0): (20, 15, 55, 8, 0, 2),
+    }
+    rows = [
+        {"system": s, "workload.rate": r, "seed": k, "status": "ok",
+         **{f"kv_{p}_pct": v for p, v in zip(parts, values, strict=True)}}
+        for (s, r, k), values in shares.items()
+    ]  # fmt: skip
+    rows.append({"system": "orca_max", "workload.rate": 2.0, "seed": 0, "status": "failed"})
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(folder / "summary.csv", index=False)
+    return folder
+
+
+def test_kv_breakdown_stacks_each_points_mean_parts(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("matplotlib")
+    from experiments.report import figures
+
+    kept = {}
+    real_save = figures.save
+
+    def keep(fig, out: Path, name: str) -> Path:
+        kept[name] = fig
+        return real_save(fig, out, name)
+
+    monkeypatch.setattr(figures, "save", keep)
+    sweep = _breakdown_summary(tmp_path / "sweep")
+    argv = [str(sweep), "--x", "workload.rate", "--y", "kv_breakdown", "--hue", "system"]
+    assert sweep_plot.main(argv) == 0
+    table = pd.read_csv(sweep / "sweep_kv_breakdown.csv").set_index(["system", "workload.rate"])
+    assert table.loc[("vllm", 1.0), ["kv_token_states_pct", "kv_free_pct", "runs"]].tolist() == [
+        65.0, 32.0, 2]  # fmt: skip
+    assert ("orca_max", 2.0) not in table.index  # the failed run is left out
+    parts = [c for c in table.columns if c.startswith("kv_")]
+    assert len(parts) == 6 and (table[parts].sum(axis=1).round(9) == 100).all()
+    ax = kept["sweep_kv_breakdown"].axes[0]
+    tops = sorted(round(p.get_y() + p.get_height(), 9) for p in ax.patches if p.get_height())
+    assert tops[-3:] == [100.0] * 3  # three points, each stacked to 100
+    assert len(ax.get_xticklabels()) == 3
+    assert (sweep / "sweep_kv_breakdown.png").is_file()
+
+
+def test_kv_breakdown_without_the_parts_is_one_line(tmp_path: Path, capsys) -> None:
+    sweep = _summary(tmp_path / "sweep")
+    assert sweep_plot.main([str(sweep), "--x", "system", "--y", "kv_breakdown"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "no column kv_token_states_pct" in err
+    assert "\n" not in err

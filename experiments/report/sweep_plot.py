@@ -4,11 +4,13 @@ experiments.report.sweep_plot SWEEP_DIR_OR_SUMMARY --x KEY --y METRIC [--y METRI
 
 ``--x`` and ``--hue`` are swept keys (columns of ``summary.csv``, e.g. ``system.block_size``,
 ``system``, ``workload.rate``), ``--y`` the metrics to plot (e.g. ``request_throughput``,
-``normalized_latency``, ``kv_token_states_pct``). Rows that did not finish (``status`` other
-than ``ok``) are left out and counted. Several rows at one (x, hue) point, such as seeds or a
-key neither names, are averaged; the figure draws their range as an error bar. Writes
-``DIR/sweep_<y>.csv`` (hue, x, mean, min, max, runs), ``.png`` and ``.pdf`` per metric
-(``DIR`` defaults to the sweep's folder) and prints the table.
+``normalized_latency``, ``kv_token_states_pct``; ``kv_breakdown``: the six KV parts as
+stacked bars, Fig. 2's way, :mod:`experiments.report.sweep_breakdown`). Rows that did not
+finish (``status`` other than ``ok``) are left out and counted. Several rows at one (x, hue)
+point, such as seeds or a key neither names, are averaged; the figure draws their range as an
+error bar. Writes ``DIR/sweep_<y>.csv`` (hue, x, mean, min, max, runs; for ``kv_breakdown``
+each part's mean and runs), ``.png`` and ``.pdf`` per metric (``DIR`` defaults to the sweep's
+folder) and prints the table.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pandas as pd
 
 from experiments.lib.args import OneLineParser, out_dir_problem
 from experiments.lib.results import write_csv
+from experiments.report.sweep_breakdown import KV_BREAKDOWN, aggregate_breakdown, plot_breakdown
 
 
 class SweepPlotError(ValueError):
@@ -123,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m experiments.report.sweep_plot", description=__doc__)
     p.add_argument("summary", type=Path, help="a sweep's folder or its summary.csv")
     p.add_argument("--x", required=True, help="the swept key on the x axis")
-    p.add_argument("--y", required=True, action="append", help="a metric (repeatable)")
+    p.add_argument("--y", required=True, action="append",
+                   help=f"a metric (repeatable); {KV_BREAKDOWN}: the KV parts stacked")  # fmt: skip
     p.add_argument("--hue", default=None, help="a swept key: one line per value")
     p.add_argument("--out", type=Path, default=None, help="default: the summary's folder")
     args = p.parse_args(argv)
@@ -133,7 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         problem = out_dir_problem(out)
         if problem is not None:
             raise SweepPlotError(f"--out {out}: {problem}")
-        tables = {y: aggregate(frame, args.x, y, args.hue, file) for y in args.y}
+        tables = {
+            y: aggregate_breakdown(frame, args.x, args.hue, file)
+            if y == KV_BREAKDOWN
+            else aggregate(frame, args.x, y, args.hue, file)
+            for y in args.y
+        }
     except SweepPlotError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -144,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     left = int((frame["status"] != "ok").sum()) if "status" in frame else 0
     if left:
         print(f"{left} run(s) not finished (status other than ok) left out")
-    for png in plot(tables, args.x, args.hue, out):
+    lines = {y: t for y, t in tables.items() if y != KV_BREAKDOWN}
+    pngs = plot(lines, args.x, args.hue, out)
+    if KV_BREAKDOWN in tables:
+        pngs.append(plot_breakdown(tables[KV_BREAKDOWN], args.x, args.hue, out))
+    for png in pngs:
         print(f"wrote {png} (+ .pdf, .csv)")
     return 0
 
