@@ -151,24 +151,30 @@ class Plan:
     """What the search varies: ``workload.rate``, or for a trace file ``workload.time_scale``
     (``trace_rate``: the trace's mean rate at time_scale 1 over its window, so rate r
     replays it at time_scale trace_rate / r; ``window``: the ``duration_s`` that cuts the
-    trace, if any, scaled alike: the trace is cut after it is scaled, and an unscaled window
-    would hold other requests at each rate, at another rate than named); ``setting``: the
-    setting in words; ``slo_ms``: the runs' SLO limits (ms per key), if any."""
+    trace, if any, and ``start``: its ``start_s``, if any, scaled alike: the trace is cut
+    after it is scaled, and an unscaled window would hold other requests at each rate, at
+    another rate than named); ``setting``: the setting in words; ``slo_ms``: the runs' SLO
+    limits (ms per key), if any."""
 
     setting: str
     trace_rate: float | None = None
     window: float | None = None
     slo_ms: tuple[tuple[str, float], ...] = ()
+    start: float | None = None
 
     def rate_overrides(self) -> Callable[[float], list[str]] | None:
         if self.trace_rate is None:
             return None
-        return partial(_time_scale, self.trace_rate, self.window)
+        return partial(_time_scale, self.trace_rate, self.window, self.start)
 
 
-def _time_scale(trace_rate: float, window: float | None, rate: float) -> list[str]:
+def _time_scale(
+    trace_rate: float, window: float | None, start: float | None, rate: float
+) -> list[str]:
     scale = trace_rate / rate
     cut = [] if window is None else [f"workload.duration_s={window * scale!r}"]
+    if start is not None:
+        cut.append(f"workload.start_s={start * scale!r}")
     return [f"++workload.time_scale={scale!r}", *cut]  # ++: a group may not name it
 
 
@@ -231,12 +237,15 @@ def _plan(cfg: Any, setup: Any) -> Plan:
     window, count = w.get("duration_s"), w.get("num_requests")
     counted = count is not None and len(setup.requests) == int(count)
     base = trace_rate(setup.requests, window, counted)
+    start = float(w.get("start_s") or 0.0)
     where = "its first" if window is not None or count is not None else "all"
+    after = f" from {start:g} s on" if start > 0 else ""
     return Plan(
-        f"{setting}; the trace ({where} {len(setup.requests)} requests) runs at "
+        f"{setting}; the trace ({where} {len(setup.requests)} requests{after}) runs at "
         f"{base:.3g} req/s: rate r replays it at time_scale {base:.3g}/r",
         base,
         None if window is None else float(window),
+        start=start if start > 0 else None,
     )
 
 

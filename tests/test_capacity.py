@@ -138,6 +138,12 @@ def test_trace_rate_counts_the_window_that_cut_the_trace() -> None:
         "++workload.time_scale=0.5",
         "workload.duration_s=15.0",
     ]
+    # and so is its start
+    assert capacity.Plan("x", 2.0, 30.0, start=100.0).rate_overrides()(4.0) == [
+        "++workload.time_scale=0.5",
+        "workload.duration_s=15.0",
+        "workload.start_s=50.0",
+    ]
 
 
 def test_a_duration_window_replays_the_same_requests_at_every_rate(tmp_path: Path) -> None:
@@ -151,6 +157,12 @@ def test_a_duration_window_replays_the_same_requests_at_every_rate(tmp_path: Pat
     runs = pd.read_csv(out / "runs.csv")
     assert len(set(runs["rate"])) >= 2
     assert set(runs["num_requests"]) == {60}  # the 60 arrivals of the first 30 s, each rate
+    # a window that starts later holds the same later requests at every rate
+    late = capacity.main([*args, "workload.start_s=40", "--out", str(tmp_path / "late")])
+    runs = pd.read_csv(late / "runs.csv")
+    assert len(set(runs["rate"])) >= 2
+    # arrivals from 40 s to the filtered trace's end (66 s: longer prompts are dropped)
+    assert set(runs["num_requests"]) == {53}
 
 
 def test_traces_without_a_request_at_any_rate_are_one_line_before_any_file(

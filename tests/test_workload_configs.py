@@ -97,9 +97,27 @@ def test_native_trace_config(tmp_path: Path) -> None:
         build_workload({**cfg, "time_scale": 0.5})
 
 
+def test_start_s_starts_the_replay_there_then_the_window_and_count_apply(tmp_path: Path) -> None:
+    from core.request import Request
+    from core.workload.trace_io import write_trace
+
+    path = tmp_path / "t.csv"
+    write_trace(path, [Request(i, float(i), 10, 10) for i in range(10)])  # one a second
+    cfg = as_dict(compose_config(["workload=trace", f"workload.path={path}"]))["workload"]
+    late = build_workload({**cfg, "start_s": 3.5, "duration_s": 4.0})
+    assert [(r.request_id, r.arrival_time) for r in late] == [(4, 0.5), (5, 1.5), (6, 2.5),
+                                                               (7, 3.5)]  # fmt: skip
+    assert [r.request_id for r in build_workload({**cfg, "start_s": 7, "num_requests": 2})] == [
+        7, 8]  # fmt: skip
+    assert len(build_workload({**cfg, "start_s": 0})) == 10
+    with pytest.raises(RequestError, match=r"^10 s: no request arrives at or after it"):
+        build_workload({**cfg, "start_s": 10})
+
+
 @pytest.mark.parametrize(
     ("cfg", "key"),
     [
+        ({"kind": "synthetic", "num_requests": 3, "start_s": 5.0}, "start_s"),
         ({"kind": "multi_turn", "num_conversations": 3, "duration_s": 60.0}, "duration_s"),
         ({"kind": "synthetic", "num_requests": 3, "prefix_len": 80}, "prefix_len"),
         ({"kind": "shared_prefix", "num_requests": 3, "dataset": "alpaca"}, "dataset"),

@@ -13,8 +13,10 @@ only kinds that make token ids read.
   is sized by ``num_conversations``, and ``num_requests`` (when set) keeps its first that
   many requests by arrival (the engine's ``serve.yaml`` sets 32 for every kind).
 - ``native`` / ``azure`` / ``mooncake`` / ``vidur``: trace files with their own arrival times,
-  sorted by them (``native``: ties by request id); ``num_requests`` keeps the first that
-  many, ``duration_s`` keeps arrivals before it; ``apply_filter`` (vLLM's 2023 length
+  sorted by them (``native``: ties by request id); ``start_s`` drops arrivals before it and
+  moves the rest back by it (the window then starts at 0; request ids stay the file's),
+  ``duration_s`` keeps arrivals before it, and ``num_requests`` the first that many, each
+  in seconds of the replay (after ``time_scale``); ``apply_filter`` (vLLM's 2023 length
   filter, :mod:`core.workload.filters`) is on by default except for ``azure``, a production
   trace served row for row.
 - ``vllm_log``: a real vLLM run directory (``requests.jsonl``): the recorded arrivals
@@ -94,6 +96,7 @@ DEFAULTS: dict[str, Any] = {
     "dataset": "sharegpt",
     "rate": None,
     "duration_s": None,
+    "start_s": None,
     "num_requests": None,
     "arrival": "poisson",
     "burstiness": 1.0,
@@ -122,7 +125,7 @@ KNOWN_KEYS = frozenset({"kind", *DEFAULTS})
 _SAMPLING = frozenset({"n", "beam_width", "temperature"})
 _ARRIVALS = frozenset({"rate", "arrival", "burstiness"})
 _WINDOW = frozenset({"duration_s", "num_requests"})
-_TIMED_FILE = _SAMPLING | _WINDOW | {"path", "time_scale", "apply_filter"}
+_TIMED_FILE = _SAMPLING | _WINDOW | {"path", "time_scale", "apply_filter", "start_s"}
 _DATASET_FILE = _SAMPLING | _ARRIVALS | _WINDOW | {"path", "apply_filter", "with_token_ids"}
 _PREFIX = frozenset({"prefix_len", "suffix_len_mean", "output_len_mean"})
 _CHAT = frozenset(
@@ -136,7 +139,7 @@ USES: dict[str, frozenset[str]] = {
     | {"dataset", "with_token_ids", "sigma_input", "sigma_output"},
     "shared_prefix": _SAMPLING | _ARRIVALS | _WINDOW | _PREFIX,
     "multi_turn": _SAMPLING | _ARRIVALS | _CHAT | {"num_requests"},
-    "native": _WINDOW | {"path"},
+    "native": _WINDOW | {"path", "start_s"},
     "azure": _TIMED_FILE,
     "mooncake": _TIMED_FILE,
     "vidur": _TIMED_FILE,
@@ -177,7 +180,19 @@ def _resolve(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _window(requests: list[Request], c: Mapping[str, Any]) -> list[Request]:
-    """Apply ``duration_s`` then ``num_requests`` to a trace sorted by arrival."""
+    """Apply ``start_s`` (when the kind reads it), ``duration_s``, then ``num_requests`` to a
+    trace sorted by arrival."""
+    start = float(c.get("start_s") or 0.0)
+    if start > 0:
+        kept = [replace(r, arrival_time=r.arrival_time - start)
+                for r in requests if r.arrival_time >= start]  # fmt: skip
+        if requests and not kept:
+            raise RequestError(
+                f"{start:g} s: no request arrives at or after it (the last arrives at "
+                f"{requests[-1].arrival_time:.6g} s, after time_scale)",
+                key="start_s",
+            )
+        requests = kept
     if c["duration_s"] is not None:
         requests = [r for r in requests if r.arrival_time < c["duration_s"]]
     if c["num_requests"] is not None:

@@ -183,6 +183,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("workload.rate", positive, f"{_POS} (requests/s) or null", "not a positive rate"),
     Rule("workload.duration_s", positive, f"{_POS} (seconds) or null", "not a positive duration"),
+    Rule("workload.start_s", non_negative, "a number >= 0 (seconds) or null", "not a start time"),
     Rule("workload.num_requests", positive_int, f"{_POS_INT} or null", "not a positive count"),
     Rule("workload.time_scale", positive, _POS, "not a positive scale"),
     Rule("workload.burstiness", positive, _POS, "not a positive gamma shape"),
