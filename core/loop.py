@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from core.kv.base import MemoryBreakdown
+from core.kv.base import KVCacheError, MemoryBreakdown
 from core.metrics.recorder import Recorder, ReplicaRecorder
 from core.plan import BatchShape, StepOutcome, StepPlan, new_shape
 from core.request import Request, SequenceGroup
@@ -47,6 +47,11 @@ class IntegrityError(PolicyError):
     """The scheduler's or its KV-cache manager's invariants failed
     (:meth:`~core.sched.base.BaseScheduler.check_integrity`, run every ``check_every``
     steps)."""
+
+
+class KVMisuseError(PolicyError, KVCacheError):
+    """The scheduler misused its KV-cache manager (a :class:`~core.kv.base.KVCacheError`
+    escaped ``schedule`` or ``update``: a block freed twice, a sequence unknown to it)."""
 
 
 class PlanError(PolicyError):
@@ -184,7 +189,10 @@ class StepLoop:
         while True:
             if observer is not None:
                 observer.before_schedule(sched)
-            plan = sched.schedule(now)
+            try:
+                plan = sched.schedule(now)
+            except KVCacheError as e:
+                raise self._misuse("schedule", e) from e
             if observer is not None:
                 observer.after_schedule(plan)
             aborted = sched.pop_aborted()
@@ -214,10 +222,16 @@ class StepLoop:
     def _check_integrity(self) -> None:
         try:
             self.scheduler.check_integrity()
-        except AssertionError as e:
+        except (AssertionError, KVCacheError) as e:  # the managers' checks raise KVCacheError
             raise IntegrityError(
                 f"scheduler {self.scheduler.name} after step {self.num_steps}: {e}"
             ) from e
+
+    def _misuse(self, verb: str, e: KVCacheError) -> KVMisuseError:
+        return KVMisuseError(
+            f"scheduler {self.scheduler.name} in {verb} at step {self.num_steps}: its KV-cache "
+            f"manager refused a call: {e}"
+        )
 
     def _check_plan(self, plan: StepPlan) -> None:
         problem = self.scheduler.plan_problem(plan)
@@ -232,7 +246,10 @@ class StepLoop:
         plan, outcome = pending.plan, pending.outcome
         self.executor.at_end(plan, outcome)
         step = sched.step_index
-        finished = sched.update(plan, outcome, end)
+        try:
+            finished = sched.update(plan, outcome, end)
+        except KVCacheError as e:
+            raise self._misuse("update", e) from e
         self.recorder.record_step(
             step, pending.start, outcome.duration_s, plan, pending.shape, pending.memory,
             pending.running,

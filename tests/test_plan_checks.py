@@ -236,7 +236,64 @@ def test_a_policy_that_never_frees_is_named_as_a_leak() -> None:
             loop.finish(pending, pending.end)
 
 
+def test_a_policy_that_frees_a_held_block_fails_the_integrity_check() -> None:
+    # the KV manager's own checks raise KVCacheError, which escaped as a traceback (status
+    # "failed", no step, no plugin named) instead of the IntegrityError a failed check is
+    from core.loop import IntegrityError
+
+    class FreesAHeldBlock(VLLMScheduler):
+        name = "t_frees_a_held_block"
+
+        def _finish(self, group, now, step):
+            for g in self.running:
+                if g is not group and g.finish_time is None:
+                    pool = self.manager.device_pool
+                    pool.decref(self.manager.block_table(g.live_seqs()[0].seq_id)[0])
+                    break
+            super()._finish(group, now, step)
+
+    sched = FreesAHeldBlock(build_scheduler("vllm", 64, CONFIG, block_size=4).manager, CONFIG)
+    loop = StepLoop(sched, CostExecutor(lambda shape: 0.01, None), Recorder(), check_every=1)
+    loop.add(Request(0, 0.0, 4, 2), 0.0)
+    loop.add(Request(1, 0.0, 4, 8), 0.0)
+    with pytest.raises(IntegrityError, match=r"t_frees_a_held_block after step \d+: seq 1"):
+        while (pending := loop.begin(0.0)) is not None:
+            loop.finish(pending, pending.end)
+
+
 def test_a_scheduler_is_called_by_its_registered_name() -> None:
     # a subclass that set no name of its own said "scheduler vllm" in its errors
     assert build_scheduler("vllm_v1", 64, CONFIG, block_size=4).name == "vllm_v1"
     assert build_scheduler("orca_pow2", 64, CONFIG, block_size=4).name == "orca_pow2"
+
+
+FREES_TWICE_SOURCE = """
+from core.sched.vllm import VLLMScheduler
+from core.systems import SystemSpec, register_system
+
+
+class FreesTwice(VLLMScheduler):
+    name = "t_frees_twice"
+
+    def _finish(self, group, now, step):
+        table = [self.manager.block_table(s.seq_id) for s in group.live_seqs()]
+        super()._finish(group, now, step)
+        for blocks in table:
+            self.manager.device_pool.decref(blocks[0])  # freed already
+
+
+register_system(SystemSpec("t_frees_twice", FreesTwice, "paged"))
+"""
+
+
+@pytest.mark.parametrize("app", ["simulate", "serve"])
+def test_a_plugin_that_frees_a_block_twice_stops_in_one_line(
+    tmp_path: Path, monkeypatch, app
+) -> None:
+    # the pool's KVCacheError escaped the step loop as a traceback, status "failed"
+    lines = run_plugin(app, FREES_TWICE_SOURCE, "t_frees_twice_plugin", "t_frees_twice",
+                       tmp_path, monkeypatch)  # fmt: skip
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: system.plugin: the policy of plugin 't_frees_twice_plugin'")
+    assert "scheduler t_frees_twice in update at step" in lines[0]
+    assert "its KV-cache manager refused a call" in lines[0]
