@@ -48,33 +48,50 @@ class SequenceStatus(enum.Enum):
 # Temperatures below this sample greedily: dividing logits by less overflows to inf (NaN
 # probabilities). vLLM draws the same line (``_SAMPLING_EPS = 1e-5``, vllm/sampling_params.py).
 GREEDY_BELOW = 1e-5
+# vLLM's default temperature (vllm/sampling_params.py, SamplingParams.temperature = 1.0),
+# the one a request of n > 1 samples that names none samples at
+SAMPLED_TEMPERATURE = 1.0
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How a request samples. ``n`` parallel samples or beam search of ``beam_width``.
 
-    ``temperature`` below :data:`GREEDY_BELOW` (0 included) means greedy. ``seed`` makes
+    ``temperature`` below :data:`GREEDY_BELOW` (0 included) means greedy. ``None`` (the
+    default) is greedy for one sample and :data:`SAMPLED_TEMPERATURE` (vLLM's default) for
+    ``n > 1``: greedy samples would all be the same sequence, and vLLM refuses an explicit
+    greedy ``n > 1`` (``best_of`` must be 1 when greedy), as this does. ``seed`` makes
     random sampling reproducible. Beam search takes none of temperature, top-p or top-k
     (refused, as vLLM refuses them).
     """
 
     n: int = 1
     beam_width: int = 1
-    temperature: float = 0.0
+    temperature: float | None = None  # a float once built (None resolved as above)
     top_p: float = 1.0
     top_k: int = -1
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        if self.temperature is None:
+            default = SAMPLED_TEMPERATURE if self.n > 1 else 0.0
+            object.__setattr__(self, "temperature", default)
         if self.n < 1:
             raise RequestError(f"SamplingParams.n must be >= 1, got {self.n}")
         if self.beam_width < 1:
             raise RequestError(f"SamplingParams.beam_width must be >= 1, got {self.beam_width}")
         if self.n > 1 and self.beam_width > 1:
             raise RequestError("use either n > 1 (parallel sampling) or beam_width > 1, not both")
+        assert self.temperature is not None
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise RequestError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if self.n > 1 and self.greedy:
+            raise RequestError(
+                f"n={self.n} parallel samples with greedy sampling (temperature "
+                f"{self.temperature:g}) would all be the same sequence; vLLM refuses it too "
+                "(best_of must be 1 when greedy): set a temperature > 0",
+                key="temperature",
+            )
         if not 0 < self.top_p <= 1:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:

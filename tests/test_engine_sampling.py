@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from core.request import Request, RequestError, SamplingParams, SequenceGroup
+from core.request import SAMPLED_TEMPERATURE, Request, RequestError, SamplingParams, SequenceGroup
 from engine.sampler import Sampler
 from tests.engine_helpers import (
     make_engine,
@@ -105,3 +105,26 @@ def test_top_k_and_top_p_restrict_the_support() -> None:
     top_p = float(probs[:2].sum()) + 1e-3
     assert _draws(SamplingParams(temperature=1.0, top_p=top_p), logits, range(200)) == {0, 1, 2}
     assert len(_draws(SamplingParams(temperature=1.0), logits, range(200))) > 3  # unfiltered
+
+
+def test_several_samples_default_to_vllms_temperature_and_refuse_greedy() -> None:
+    # greedy n > 1 ran: the n samples were one sequence four times (vLLM refuses it)
+    assert SamplingParams().temperature == 0.0 and SamplingParams().greedy
+    assert SamplingParams(n=4).temperature == SAMPLED_TEMPERATURE == 1.0
+    assert SamplingParams(beam_width=4).temperature == 0.0
+    with pytest.raises(RequestError, match=r"n=4 parallel samples with greedy sampling"):
+        SamplingParams(n=4, temperature=0.0)
+    engine = make_engine()
+    out = engine.generate([_request(0, SamplingParams(n=4))]).outputs[0]
+    assert len({tuple(t) for t in out.token_ids}) > 1  # the samples differ
+
+
+def test_a_workloads_samples_sample_and_greedy_ones_are_one_line(tmp_path) -> None:
+    from core.workload.spec import build_workload
+
+    cfg = {"kind": "synthetic", "num_requests": 2, "rate": 1.0}
+    assert build_workload(cfg)[0].sampling.temperature == 0.0
+    assert build_workload({**cfg, "n": 4})[0].sampling.temperature == 1.0
+    assert build_workload({**cfg, "n": 4, "temperature": 0.7})[0].sampling.temperature == 0.7
+    with pytest.raises(RequestError, match="set a temperature > 0"):
+        build_workload({**cfg, "n": 4, "temperature": 0})

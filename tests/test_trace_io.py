@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.request import Request, RequestError, SamplingParams
+from core.request import GREEDY_BELOW, Request, RequestError, SamplingParams
 from core.workload.datasets_json import read_alpaca_json, read_sharegpt_json, whitespace_tokenize
 from core.workload.trace_io import (
     NATIVE_COLUMNS,
@@ -37,9 +37,10 @@ def _sampling(draw: st.DrawFn) -> SamplingParams:
     seed = draw(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)))
     if width > 1:  # beam search takes no temperature, top-p or top-k
         return SamplingParams(beam_width=width, seed=seed)
+    greedy_allowed = 0.0 if n == 1 else GREEDY_BELOW  # greedy n > 1 is refused
     return SamplingParams(
         n=n,
-        temperature=draw(st.floats(0.0, 10.0)),
+        temperature=draw(st.floats(greedy_allowed, 10.0)),
         top_p=draw(st.floats(1e-9, 1.0, exclude_min=False).filter(lambda x: x > 0)),
         top_k=draw(st.one_of(st.just(-1), st.integers(1, 1000))),
         seed=seed,

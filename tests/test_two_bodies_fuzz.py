@@ -70,11 +70,11 @@ class Case:
 @st.composite
 def _requests(draw: st.DrawFn, beams: bool, caching: bool) -> tuple[Request, ...]:
     """3-8 requests: prompts of 3-16 tokens (some request 0's, some sharing its leading
-    tokens), outputs of 2-12, arrivals at 0, a few ms apart or 30 s late, one sample, two
-    samples (greedy or seeded) or, with ``beams``, two beams. With ``caching``, samples are
-    seeded, never greedy: greedy sequences of one prompt generate the same tokens, whose
-    blocks the engine's prefix cache shares and the simulator's cannot (a known limit:
-    :func:`_engine_shares_more_blocks`)."""
+    tokens), outputs of 2-12, arrivals at 0, a few ms apart or 30 s late, one sample (greedy
+    or seeded), two samples (seeded by the request or its own seed) or, with ``beams``, two
+    beams. With ``caching``, samples are seeded, never greedy: greedy sequences of one
+    prompt generate the same tokens, whose blocks the engine's prefix cache shares and the
+    simulator's cannot (a known limit: :func:`_engine_shares_more_blocks`)."""
     count = draw(st.integers(3, 8))
     soon = st.integers(1, 20).map(lambda ms: ms / 1000)
     arrival = st.one_of(st.just(0.0), soon, st.just(0.0), soon, st.just(30.0))
@@ -94,8 +94,8 @@ def _requests(draw: st.DrawFn, beams: bool, caching: bool) -> tuple[Request, ...
         temperature, seed = (1.0, 7 + i) if seeded else (0.0, None)
         if kind == "one":
             sampling = SamplingParams(temperature=temperature, seed=seed)
-        elif kind == "two":
-            sampling = SamplingParams(n=2, temperature=temperature, seed=seed)
+        elif kind == "two":  # greedy samples would be one sequence: refused
+            sampling = SamplingParams(n=2, temperature=1.0, seed=seed)
         else:
             sampling = SamplingParams(beam_width=2)
         out.append(Request(i, draw(arrival), plen, draw(st.integers(*OUTPUT_LENS)), sampling, ids))
@@ -230,14 +230,14 @@ def test_the_simulator_replays_the_engines_beams(system: str, data: st.DataObjec
     check_two_bodies(data.draw(cases([system], beams=True), label="case"))
 
 
-def test_the_check_sees_greedy_samples_share_generated_blocks_in_the_engine_only() -> None:
+def test_the_check_sees_greedy_requests_share_generated_blocks_in_the_engine_only() -> None:
     """The check is not vacuous: a known limit of the simulator makes the bodies part.
-    Request 2's two greedy samples generate the same tokens; preempted by recompute (8
-    blocks, no CPU pool), the engine's prefix cache re-admits them sharing their generated
-    blocks, the simulator (a stand-in id per sequence, ``stand_in_token_id``) cannot and
-    keeps waiting at step 7."""
-    reqs = requests([(3, 8), (3, 2), (3, 8)])
-    reqs[2] = dataclasses.replace(reqs[2], sampling=SamplingParams(n=2))
-    case = Case("vllm", "recompute", True, False, 8, 0, 8, DEFAULT_WATERMARK, tuple(reqs))
-    with pytest.raises(AssertionError, match=r"step 7 differs"):
+    Requests 0 and 2 hold one prompt and sample greedily, so they generate the same tokens;
+    preempted by recompute (6 blocks, no CPU pool), the engine's prefix cache re-admits one
+    sharing the other's generated blocks, the simulator (a stand-in id per sequence,
+    ``stand_in_token_id``) cannot, and they part at step 4."""
+    reqs = requests([(3, 8), (6, 6), (3, 8)])
+    reqs[2] = dataclasses.replace(reqs[2], prompt_token_ids=reqs[0].prompt_token_ids)
+    case = Case("vllm", "recompute", True, False, 6, 0, 8, DEFAULT_WATERMARK, tuple(reqs))
+    with pytest.raises(AssertionError, match=r"step 4 differs"):
         check_two_bodies(case, skip_known_limit=False)

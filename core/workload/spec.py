@@ -102,7 +102,7 @@ DEFAULTS: dict[str, Any] = {
     "burstiness": 1.0,
     "n": 1,
     "beam_width": 1,
-    "temperature": 0.0,
+    "temperature": None,  # None: greedy for one sample, vLLM's 1.0 for n > 1 (SamplingParams)
     "path": None,
     "tokens_path": None,
     "time_scale": 1.0,
@@ -337,7 +337,9 @@ def build_workload(
     c = _resolve(cfg)
     kind = c["kind"]
     sampling = SamplingParams(
-        n=int(c["n"]), beam_width=int(c["beam_width"]), temperature=float(c["temperature"])
+        n=int(c["n"]),
+        beam_width=int(c["beam_width"]),
+        temperature=None if c["temperature"] is None else float(c["temperature"]),
     )
     count = None if c["num_requests"] is None else int(c["num_requests"])
     if kind == "synthetic":
