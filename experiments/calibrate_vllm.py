@@ -62,6 +62,7 @@ from experiments.lib.vllm_run import (
     VLLMRun,
     check_device,
     measured_frame,
+    model_note,
     num_blocks,
     read_run,
     resolve_gpu,
@@ -186,10 +187,11 @@ def run_calibration(
     run = read_run(run_dir, workload)
     device_note = check_device(run, gpu, hardware, allow_device_mismatch)
     model = resolve_model(model_arg, run)
+    mismatch = model_note(model_arg, run, model)
     run = replace(run, vocab_size=model.vocab_size)  # rejects prompt ids as simulate does
     blocks, capacity_text = num_blocks(run, model, gpu)
     fit_ids, held_ids = split_ids(run.logged, split)
-    notes = [*run.notes, *([] if device_note is None else [device_note])]
+    notes = [*run.notes, *(n for n in (device_note, mismatch) if n is not None)]
     if all(math.isnan(r.scheduled) for r in run.logged):
         notes.append("the log has no scheduled_ts: the queue wait is unknown, so the fit uses "
                      "TPOTs only (no TTFTs of requests scheduled at once)")  # fmt: skip

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -387,7 +387,7 @@ def model_from_config(cfg: Mapping[str, Any], origin: str = "model") -> ModelSpe
     if cfg.get("hf_config"):
         spec = ModelSpec.from_json(str(cfg["hf_config"]))
         if not name or not _may_label(str(name), spec):
-            return spec
+            return check_self_label(spec, cfg["hf_config"])
         spec = replace(spec, name=str(name))
     elif cfg.get("shape"):
         shape = dict(cfg["shape"])
@@ -413,6 +413,33 @@ def model_key(cfg: Mapping[str, Any]) -> str:
     return "model.shape" if cfg.get("shape") else "model"
 
 
+def differing_fields(a: ModelSpec, b: ModelSpec) -> list[str]:
+    """The fields other than the name in which ``a`` and ``b`` differ: two specs that differ
+    in one are two models (their work, KV per token or numerics), whatever they are called."""
+    keys = [f.name for f in fields(ModelSpec) if f.compare and f.name != "name"]
+    return [k for k in keys if getattr(a, k) != getattr(b, k)]
+
+
+def check_self_label(spec: ModelSpec, path: str | Path) -> ModelSpec:
+    """``spec``, read from the config.json at ``path``, under the label it gave itself (its
+    ``_name_or_path``, else its folder's name); a ValueError naming the file when that
+    label is a catalog model of another shape, which the results, the runs index and the
+    calibration check (by name) would take it for."""
+    try:
+        known = get_model(spec.name)
+    except KeyError:
+        return spec
+    differs = differing_fields(spec, known)
+    if not differs:
+        return spec
+    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+    raise ValueError(
+        f"{file}: labelled {spec.name!r} (its _name_or_path, else its folder's name), the "
+        f"catalog's {known.name}, but {', '.join(differs)} differ: give the model a name of "
+        "its own in _name_or_path"
+    )
+
+
 def _may_label(name: str, spec: ModelSpec) -> bool:
     """Whether a ``model`` group's ``name`` may label ``spec`` (read from a config.json):
     a name the catalog lacks, or a catalog model of the same shape and numerics."""
@@ -420,7 +447,7 @@ def _may_label(name: str, spec: ModelSpec) -> bool:
         known = get_model(name)
     except KeyError:
         return True
-    return replace(spec, name=known.name) == known
+    return not differing_fields(spec, known)
 
 
 @cache

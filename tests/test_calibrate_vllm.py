@@ -350,3 +350,25 @@ def test_the_readers_warnings_are_notes_in_errors_json(
     notes = json.loads((out / "errors.json").read_text())["notes"]
     assert [n for n in notes if "num_requests" in n] == [said[0].removeprefix(
         "calibrate_vllm: note: ")]  # fmt: skip
+
+
+def test_a_model_other_than_the_runs_is_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``--model`` naming another model than meta.json's (a Qwen3-8B cost model fitted to a
+    Llama-3.1-8B run's timings) is said as a note, as ``--allow-device-mismatch`` says a
+    GPU other than the run's; the same model given as its config.json is not."""
+    run = _fake_run(tmp_path, n=12)
+    out = tmp_path / "out"
+    assert main([str(run), "--hardware", "rtx4090", "--model", "qwen3-8b",
+                 "--out", str(out)]) == 0  # fmt: skip
+    said = [line for line in capsys.readouterr().err.splitlines() if "--model" in line]
+    assert len(said) == 1 and said[0].startswith("calibrate_vllm: note: "), said
+    assert "qwen3-8b" in said[0] and "meta-llama/Llama-3.1-8B" in said[0]
+    notes = json.loads((out / "errors.json").read_text())["notes"]
+    assert any("--model qwen3-8b" in n for n in notes)
+    model_dir = tmp_path / "same-model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(get_model("llama-3.1-8b").to_hf_config()))
+    result = run_calibration(run, "rtx4090", str(model_dir), plot=False)
+    assert not [n for n in result["notes"] if "--model" in n]

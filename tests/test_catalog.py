@@ -284,3 +284,43 @@ def test_kv_bytes_per_token_refuses_a_tp_that_neither_splits_nor_replicates_kv_h
     assert kv_bytes_per_token(llama, 2, tp=16) == 2 * 32 * 1 * 128 * 2  # replicated
     with pytest.raises(ValueError, match="cannot be split or replicated over tp=3"):
         kv_bytes_per_token(llama, 2, tp=3)
+
+
+def test_a_config_json_labelled_as_a_catalog_model_of_another_shape_is_refused(
+    tmp_path,
+) -> None:
+    """A config.json labels itself (its ``_name_or_path``, else its folder's name). A label
+    that is a catalog model's name on another shape would pass for that model: results,
+    the runs index and the calibration check (by name) would take a 2.7B model for
+    Llama-3.1-8B. It is refused, naming the file; the catalog model's own config.json and a
+    label of its own still load."""
+    import json
+
+    from sim.catalog import model_from_config
+
+    other = {**get_model("llama-3.1-8b").to_hf_config(), "num_hidden_layers": 24,
+             "hidden_size": 3072, "num_attention_heads": 24}  # fmt: skip
+    for label, folder in (("llama-3.1-8b", "a"), ("meta-llama/Llama-3.1-8B", "b"),
+                          (None, "Qwen3-8B")):  # fmt: skip
+        d = tmp_path / folder
+        d.mkdir()
+        cfg = dict(other)
+        cfg.pop("_name_or_path")
+        if label is not None:
+            cfg["_name_or_path"] = label
+        (d / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(ValueError, match=r"config\.json: .*catalog.*name of its own"):
+            model_from_config({"hf_config": str(d)})
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "config.json").write_text(json.dumps({**other, "_name_or_path": "my-model"}))
+    assert model_from_config({"hf_config": str(own)}).name == "my-model"
+    same = tmp_path / "same"
+    same.mkdir()
+    (same / "config.json").write_text(json.dumps(get_model("llama-3.1-8b").to_hf_config()))
+    assert model_from_config({"hf_config": str(same)}) == get_model("llama-3.1-8b")
+    # calibrate_vllm's --model reads a config.json alike
+    from experiments.lib.vllm_run import resolve_model
+
+    with pytest.raises(ValueError, match="name of its own"):
+        resolve_model(str(tmp_path / "a" / "config.json"), None)

@@ -35,7 +35,15 @@ from experiments.lib.checks import ConfigError
 from experiments.lib.setup import block_size as system_block_size
 from experiments.lib.setup import prefix_caching_for, scheduler_config, scheduler_factory
 from sim.capacity import kv_capacity
-from sim.catalog import GPUSpec, get_gpu, get_model, gpu_from_config, gpus
+from sim.catalog import (
+    GPUSpec,
+    check_self_label,
+    differing_fields,
+    get_gpu,
+    get_model,
+    gpu_from_config,
+    gpus,
+)
 from sim.cost import CostModel
 from sim.driver import simulate
 
@@ -418,7 +426,7 @@ def resolve_model(arg: str | None, run: VLLMRun) -> ModelSpec:
     it came from (``--model``, or meta.json's key) and the catalog's names; a ``.json``
     path that is not there, a RunError saying so."""
     if arg is not None and Path(arg).exists():
-        return ModelSpec.from_json(arg)
+        return check_self_label(ModelSpec.from_json(arg), arg)
     if arg is not None and Path(arg).suffix == ".json":
         raise RunError(f"--model {arg}: no such file (a config.json, or a model name or HF id)")
     try:
@@ -429,6 +437,29 @@ def resolve_model(arg: str | None, run: VLLMRun) -> ModelSpec:
             raise RunError(f"--model {arg}: {problem}") from None
         where = f"{run.meta_path or 'meta.json'}: {run.model_key} {run.model_name!r}"
         raise RunError(f"{where}: {problem} (or pass --model NAME or a config.json path)") from None
+
+
+def model_note(arg: str | None, run: VLLMRun, model: ModelSpec) -> str | None:
+    """A note when ``--model`` resolved to another model than the one meta.json says the
+    run served (another shape: its timings would be fitted to a model they were not
+    measured on), or when meta.json's model is not in the catalog, so it could not be
+    checked; None without ``--model`` or when the shapes match (a config.json of the
+    run's own model)."""
+    if arg is None:
+        return None
+    where = f"{run.meta_path or 'meta.json'}'s {run.model_key} {run.model_name!r}"
+    try:
+        served = get_model(run.model_name)
+    except KeyError:
+        return f"{where} is not in the model catalog: --model {arg} not checked against it"
+    differs = differing_fields(model, served)
+    if not differs:
+        return None
+    return (
+        f"--model {arg} ({model.name}) is not the model the run served, {where} "
+        f"({served.name} in the catalog; {', '.join(differs)} differ): its timings are "
+        f"fitted as {model.name}'s"
+    )
 
 
 def resolve_gpu(arg: str) -> GPUSpec:
