@@ -43,6 +43,10 @@ from sim.driver import SimulationError, StepPriceError, no_cyclic_gc, simulate
 
 log = logging.getLogger(__name__)
 
+# what progress=null means: a bar when the command line's run writes to a terminal (main
+# sets it); none for the runs of reproduce, capacity and other batch commands
+_PROGRESS_WHEN_UNSET = False
+
 
 def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dict[str, Any]:
     """Simulate the configured run; write result files when ``out_dir`` is given.
@@ -75,7 +79,7 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
             setup.cost_model,
             num_replicas=int(c.get("num_replicas", 1)),
             seed=int(c.get("seed", 0)),
-            progress=bool(c.get("progress", False)),
+            progress=_PROGRESS_WHEN_UNSET if c.get("progress") is None else bool(c["progress"]),
             check_integrity_every=int(c.get("check_integrity_every") or 0),
             vocab_size=setup.model.vocab_size,
         )
@@ -151,6 +155,8 @@ def simulate_job(cfg: DictConfig) -> Mapping[str, Any]:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="simulate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    global _PROGRESS_WHEN_UNSET
+    _PROGRESS_WHEN_UNSET = sys.stderr.isatty()
     simulate_job(cfg)
 
 

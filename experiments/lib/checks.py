@@ -303,7 +303,7 @@ RULES: tuple[Rule, ...] = (
         apps=SERVE,
     ),
     Rule("warmup", is_bool, "true, false or null (on CUDA only)", "not a boolean", apps=SERVE),
-    Rule("progress", is_bool, "true or false", "not a boolean"),
+    Rule("progress", is_bool, "true, false or null", "not a boolean"),
     Rule(
         "check_integrity_every",
         non_negative_int,
