@@ -530,3 +530,11 @@ def test_a_users_yaml_named_as_a_shipped_option_is_refused_unless_identical(
     mine.write_bytes(shipped.read_bytes())  # a copy of the shipped file changes nothing
     status, _, err = run_cli(simulate, [*SIM_SMALL, search, "hardware=h200"], tmp_path / "b")
     assert status == 0, err
+
+
+def test_a_rate_for_a_recorded_trace_points_at_time_scale(tmp_path: Path) -> None:
+    # the line said only "no such key", which a user trying the Azure traces met first
+    status, _, err = run_cli(simulate, ["workload=azure_conv", "workload.rate=2"], tmp_path)
+    assert status == 2
+    assert err.startswith("error: workload.rate: no such key in this config (expected none:")
+    assert "workload.time_scale sets its rate" in err and len(err.strip().splitlines()) == 1

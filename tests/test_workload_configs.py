@@ -129,6 +129,11 @@ def test_unused_key_is_an_error_naming_it(cfg: dict, key: str) -> None:
         build_workload(cfg)
 
 
+def test_a_rate_for_a_trace_points_at_its_time_scale() -> None:
+    with pytest.raises(RequestError, match=r"time_scale sets its rate, 0.5 replaying it twice"):
+        build_workload({"kind": "azure", "path": "x.csv", "rate": 2.0})
+
+
 def test_unset_keys_and_vocab_size_pass() -> None:
     cfg = {"kind": "multi_turn", "num_conversations": 2, "duration_s": None, "vocab_size": 100}
     assert len(build_workload(cfg)) == 8

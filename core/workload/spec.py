@@ -166,9 +166,15 @@ def _resolve(cfg: Mapping[str, Any]) -> dict[str, Any]:
         if v is not None and k not in USES[kind] and k not in ("kind", "vocab_size")
     )
     if unused:
+        hint = ""
+        if "rate" in unused and "time_scale" in USES[kind]:
+            hint = (
+                " (a trace replays its own arrivals: time_scale sets its rate, 0.5 replaying "
+                "it twice as fast)"
+            )
         raise RequestError(
             f"workload key(s) {', '.join(unused)} not used by kind {kind!r}; "
-            f"it reads {', '.join(sorted(USES[kind]))}"
+            f"it reads {', '.join(sorted(USES[kind]))}{hint}"
         )
     out = dict(DEFAULTS)
     if kind in UNFILTERED_KINDS:

@@ -384,6 +384,12 @@ def _compose_error(config_name: str, exc: Exception) -> ConfigError:
             f"a key of configs/{config_name}.yaml or of its groups' options; +{key}=... "
             "adds one under a name the app reads, where the config takes new keys"
         )
+        if key == "workload.rate":  # the workload chosen replays a trace's own arrivals
+            expected = (
+                "none: a workload that replays recorded arrivals has no rate; a trace file's "
+                "(azure_*, mooncake, vidur) workload.time_scale sets its rate (0.5 replays it "
+                "twice as fast)"
+            )
         return ConfigError(key, "no such key in this config", expected=expected)
     lines = [text.splitlines()[0] if text else type(exc).__name__]
     if exc.__cause__ is not None and str(exc.__cause__).strip():
