@@ -129,6 +129,18 @@ def test_unused_key_is_an_error_naming_it(cfg: dict, key: str) -> None:
         build_workload(cfg)
 
 
+def test_the_summary_says_where_arrivals_come_from() -> None:
+    from core.workload.spec import arrivals_note
+
+    assert arrivals_note({"kind": "synthetic", "rate": 2.0, "arrival": "poisson"}) == "rate=2.0"
+    # all_at_once draws no rate: the line said the config's unused rate=1.0
+    assert arrivals_note({"kind": "synthetic", "rate": 1.0, "arrival": "all_at_once"}) == (
+        "all arrivals at t=0")  # fmt: skip
+    assert arrivals_note({"kind": "multi_turn", "rate": 1.0, "arrival": "all_at_once"}) == (
+        "conversations all start at t=0")  # fmt: skip
+    assert arrivals_note({"kind": "azure", "rate": None}) == "arrivals from the workload file"
+
+
 def test_a_rate_for_a_trace_points_at_its_time_scale() -> None:
     with pytest.raises(RequestError, match=r"time_scale sets its rate, 0.5 replaying it twice"):
         build_workload({"kind": "azure", "path": "x.csv", "rate": 2.0})

@@ -321,10 +321,13 @@ def _from_bench(
 
 
 def arrivals_note(cfg: Mapping[str, Any]) -> str:
-    """Where a run's arrivals come from, for its summary line: ``rate=<rate>``, "arrivals
-    from the workload file", or, for a ``vllm_bench`` file without ``start_times``,
-    "arrivals redrawn at the file's request_rate"."""
+    """Where a run's arrivals come from, for its summary line: ``rate=<rate>``, "all
+    arrivals at t=0" (``arrival=all_at_once``, which draws no rate), "arrivals from the
+    workload file", or, for a ``vllm_bench`` file without ``start_times``, "arrivals
+    redrawn at the file's request_rate"."""
     rate, kind = cfg.get("rate"), cfg.get("kind")
+    if kind not in TIMED_KINDS and cfg.get("arrival") == "all_at_once":
+        return "conversations all start at t=0" if kind == "multi_turn" else "all arrivals at t=0"
     if rate is not None or kind not in TIMED_KINDS:
         return f"rate={rate}"
     if kind == "vllm_bench":
