@@ -56,7 +56,7 @@ from core.workload.vllm_log import LoggedRequest
 from experiments.lib.args import OneLineParser, out_dir_problem
 from experiments.lib.results import REJECT_LABELS, write_atomic, write_json
 from experiments.lib.signals import interrupts_deferred
-from experiments.lib.vllm_fit import BOUNDS, calibrate
+from experiments.lib.vllm_fit import BOUNDS, bounds_line, calibrate
 from experiments.lib.vllm_run import (
     RunError,
     VLLMRun,
@@ -227,6 +227,7 @@ def run_calibration(
         "fit_rounds": history,
         "uncalibrated_cost_model": roofline.describe(),
         "calibrated_cost_model": cal_model.describe(),
+        "fitted_bounds": bounds_line(cal_model.coefficients),
         "rejected_by_simulator": {str(k): v for k, v in sorted(rejected.items())},
         "notes": notes,
     }
@@ -363,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calibrate_vllm: note: {note}", file=sys.stderr)
     print(result["capacity"])
     print(result["calibrated_cost_model"])
+    print(result["fitted_bounds"])
     print(f"held-out part: {result['num_heldout_requests']} requests after the first "
           f"{result['num_fit_requests']} (split {args.split})")  # fmt: skip
     print(format_errors(result))

@@ -372,3 +372,16 @@ def test_a_model_other_than_the_runs_is_a_note(
     (model_dir / "config.json").write_text(json.dumps(get_model("llama-3.1-8b").to_hf_config()))
     result = run_calibration(run, "rtx4090", str(model_dir), plot=False)
     assert not [n for n in result["notes"] if "--model" in n]
+
+
+def test_the_fitted_constants_are_read_against_their_bounds() -> None:
+    # the printout gave "1/memory efficiency 1.0" alone, read as a model faster than the
+    # roofline, and did not say the fit had left it (and the constant) at a bound
+    from experiments.lib.vllm_fit import bounds_line
+
+    line = bounds_line({"constant": 0.0, "linear_flop_time": 1.1757, "attn_flop_time": 1.1757,
+                        "byte_time": 20.0})  # fmt: skip
+    assert "per-step constant 0 ms (in [0, 100], at its lower bound)" in line
+    assert "compute time scale 1.176 (in [1, 20])" in line
+    assert "memory time scale 20 (in [1, 20], at its upper bound)" in line
+    assert "a scale of 1 is not a faster model than the roofline" in line

@@ -24,6 +24,31 @@ EPS = 1e-9  # seconds: step ends and request timestamps are the same sums of flo
 BOUNDS = ((0.0, 0.1), (1.0, 20.0), (1.0, 20.0))
 
 
+def bounds_line(coefficients: dict[str, float]) -> str:
+    """The three fitted constants against their :data:`BOUNDS`, naming each one the fit left
+    at a bound (it did not move it: the signals asked for less, or more, than the bound
+    allows), and how to read the scales beside the uncalibrated roofline."""
+    values = (
+        ("per-step constant", coefficients["constant"], BOUNDS[0], 1e3, " ms"),
+        ("compute time scale", coefficients["linear_flop_time"], BOUNDS[1], 1.0, ""),
+        ("memory time scale", coefficients["byte_time"], BOUNDS[2], 1.0, ""),
+    )
+    parts = []
+    for name, value, (lo, hi), unit, suffix in values:
+        at = ""
+        if math.isclose(value, lo, rel_tol=1e-9, abs_tol=1e-12):
+            at = ", at its lower bound"
+        elif math.isclose(value, hi, rel_tol=1e-9, abs_tol=1e-12):
+            at = ", at its upper bound"
+        parts.append(f"{name} {value * unit:.4g}{suffix} (in [{lo * unit:g}, {hi * unit:g}]{at})")
+    return (
+        "fitted: " + "; ".join(parts) + ". A scale multiplies its term's time at the "
+        "datasheet peak, and the calibrated terms add, where the uncalibrated roofline takes "
+        "the larger of compute and memory time at its default efficiencies: a scale of 1 is "
+        "not a faster model than the roofline"
+    )
+
+
 def bounded_lstsq(a: np.ndarray, b: np.ndarray, bounds: tuple[tuple[float, float], ...]):
     """``min ||a x − b||`` with ``lo ≤ x ≤ hi``, exact for a few variables: every choice of
     each variable at its lower bound, its upper bound or free is solved and the feasible
