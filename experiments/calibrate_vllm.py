@@ -275,7 +275,8 @@ def rejection_note(rejected: dict[int, str]) -> str:
     """One line: how many logged requests the simulator rejected, by kind, and the first."""
     frame = pd.DataFrame({"status": "rejected", "reject_reason": list(rejected.values())})
     counts = rejection_counts(frame)
-    kinds = ", ".join(f"{n} {REJECT_LABELS[k]}" for k, n in counts.items() if n)
+    labels = {**REJECT_LABELS, "rejected_other": "for other reasons"}  # no requests.csv here
+    kinds = ", ".join(f"{n} {labels[k]}" for k, n in counts.items() if n)
     first = min(rejected)
     question = "do meta.json's max_model_len and num_gpu_blocks match the run?"
     if counts["rejected_other"] == len(rejected):  # e.g. prompt ids outside the vocabulary

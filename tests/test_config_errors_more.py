@@ -538,3 +538,12 @@ def test_a_rate_for_a_recorded_trace_points_at_time_scale(tmp_path: Path) -> Non
     assert status == 2
     assert err.startswith("error: workload.rate: no such key in this config (expected none:")
     assert "workload.time_scale sets its rate" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_missing_vllm_run_directory_is_named_as_one(tmp_path: Path) -> None:
+    # it said "expected an existing trace file" of a kind that reads a run directory
+    args = ["workload=vllm_log", f"workload.path={tmp_path / 'no-run'}"]
+    status, _, err = run_cli(simulate, args, tmp_path)
+    assert status == 2
+    assert "error: workload.path: no such directory" in err
+    assert "a vLLM run directory (requests.jsonl, meta.json)" in err

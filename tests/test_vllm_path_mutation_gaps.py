@@ -575,6 +575,7 @@ def test_the_rejection_note_names_the_first_request_and_the_right_question() -> 
     assert note.endswith("do meta.json's max_model_len and num_gpu_blocks match the run?")
     other = rejection_note({7: "prompt token id 99999 outside the vocabulary"})
     assert other.endswith("are --workload's token ids the model's, and the prompts the run sent?")
+    assert "(1 for other reasons;" in other  # not "(requests.csv)": calibrate writes none
 
 
 def test_the_simulate_command_keeps_the_model_and_token_ids_it_was_given(tmp_path: Path) -> None:

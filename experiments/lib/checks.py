@@ -607,6 +607,11 @@ def check_trace_file(c: Mapping[str, Any], app: str, facts: Facts) -> None:
             return
         raise ConfigError("workload.path", "a directory, not a file", str(path), "a trace file")
     if not p.is_file():
+        if w.get("kind") == "vllm_log":
+            raise ConfigError(
+                "workload.path", "no such directory", str(path),
+                "a vLLM run directory (requests.jsonl, meta.json)",
+            )  # fmt: skip
         raise ConfigError("workload.path", "no such file", str(path), "an existing trace file")
     try:
         empty = not p.read_bytes().strip()
