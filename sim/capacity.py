@@ -228,7 +228,13 @@ def kv_capacity(
     reserved = weights + acts + graphs + non_torch_bytes
     source = {
         "usable": f"gpu_memory_utilization {gpu_memory_utilization} × {gpu.name} {kind} "
-        f"{total / GIB:.3f} GiB ({total_key}: {gpu.source.get(total_key, 'hardware config')})",
+        f"{total / GIB:.3f} GiB ({total_key}: {gpu.source.get(total_key, 'hardware config')})"
+        + (
+            "; the driver reports less than the nominal memory, which vLLM sizes from: "
+            "hardware.reported_memory_gib sets the measured total"
+            if total_key != "reported_memory_gib"
+            else ""
+        ),
         "weights": f"{model.num_params() / 1e9:.2f}B parameters × {dtype_bytes} B / tp"
         + (f" + {replicated / 1e9:.3f}B of K/V heads replicated over tp" if replicated else ""),
         "activations": f"profile run: max(forward of {max_num_batched_tokens} tokens, sampler "

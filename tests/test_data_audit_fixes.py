@@ -79,6 +79,7 @@ def test_unmeasured_gpus_and_table1_stay_nominal() -> None:
     cap = kv_capacity("opt-13b", "a100-40gb")
     assert cap.usable_bytes == int(0.9 * 40 * GIB)
     assert "nominal memory 40.000 GiB (memory_gb:" in cap.describe()
+    assert "hardware.reported_memory_gib sets the measured total" in cap.describe()
     assert table1()[0].max_slots == 15459  # the opt-13b row before reported totals existed
     for path in (CONFIGS / "hardware").glob("*.yaml"):
         doc = yaml.safe_load(path.read_text())
