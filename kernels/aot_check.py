@@ -96,6 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.aot_check", description=__doc__)
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 90")
     args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        # one line, no traceback: the CPU tests and serve backend=triton ask for this
+        # variable, so a shell that exported it is the usual way to get here
+        print(
+            "error: TRITON_INTERPRET is set: the interpreter cannot compile for a GPU "
+            "(run: env -u TRITON_INTERPRET python -m kernels.aot_check)",
+            file=sys.stderr,
+        )
+        return 2
     results = compile_all(args.arch)
     for name, status in results.items():
         print(f"{name:55s} {status}")
