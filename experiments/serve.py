@@ -28,6 +28,7 @@ for ``system.max_num_seqs`` sequences of ``max_model_len`` tokens, at most
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import time
@@ -71,6 +72,8 @@ from experiments.lib.setup import (
     served_max_model_len,
 )
 from sim.catalog import model_from_config
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # A CPU run's derived KV pool stays at most this large: a share of a small machine's
@@ -168,7 +171,8 @@ def check_holds_one_sequence(
 
 
 def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
-    """The configured engine and its max_model_len."""
+    """The configured engine and its max_model_len; the run's log says what was built
+    (:func:`log_engine`)."""
     spec = model_from_config(c["model"])
     system = c["system"]
     mml = served_max_model_len(system, spec)
@@ -210,6 +214,7 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
         if "max_model_len" not in str(exc):
             raise
         raise ConfigError("system.max_model_len", str(exc), mml) from None
+    log_engine(c, engine)
     return engine, mml
 
 
@@ -249,6 +254,32 @@ def start(cfg: DictConfig | Mapping[str, Any]) -> Serving:
         engine.warm_up()
     requests = build_requests(c, mml, vocab_size=engine.model_config.vocab_size)
     return Serving(c, engine, requests, mml)
+
+
+def log_engine(c: Mapping[str, Any], engine: LLMEngine) -> None:
+    """The run's log (``serve.log``): where the engine runs and what sized its KV cache."""
+    kv = engine.kv_cache
+    sized = {
+        "num_gpu_blocks": "num_gpu_blocks",
+        "kv_cache_gb": f"kv_cache_gb={c.get('kv_cache_gb')}",
+    }.get(budget_key(c))
+    if sized is None:
+        if c.get("kv_budget_fraction") is not None:
+            sized = f"kv_budget_fraction={c['kv_budget_fraction']} of the free memory"
+        elif engine.device.type == "cuda":
+            sized = "derived: half the device memory free after the weights"
+        else:
+            sized = "derived: room for max_num_seqs sequences of max_model_len, at most 1 GiB"
+    log.info(
+        "engine: %s on %s (%s, %d torch thread(s)), backend %s, step timer %s",
+        c["model"]["name"], engine.device, device_name(engine.device), torch.get_num_threads(),
+        c.get("backend", "torch"), engine.step_timer_name,
+    )  # fmt: skip
+    log.info(
+        "KV cache: %d blocks of %d tokens, %.4g GiB (%s); CPU swap pool %d blocks",
+        kv.num_blocks, kv.block_size, kv.device_bytes / GIB, sized, kv.num_cpu_blocks,
+    )  # fmt: skip
+    log.info("system: %s", engine.scheduler.config)
 
 
 def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dict[str, Any]:

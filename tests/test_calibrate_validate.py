@@ -381,3 +381,17 @@ def test_a_calibration_measured_on_another_device_or_timer_is_refused(tmp_path: 
         check_measured_alike({"measured_on": "CPU Y"}, tmp_path, "--calibration")
     with pytest.raises(ConfigError, match="another step timer \\(thread_cpu\\)"):
         check_measured_alike({"measured_on": "GPU X", "step_timer": "thread_cpu"}, tmp_path, "k")
+
+
+def test_a_fit_of_scattered_steps_warns_and_says_how_to_time_them() -> None:
+    # a run served with torch's threads on a shared 2-core machine fitted at MAPE 772% and
+    # R² 0.11, and calibrate wrote it without a word
+    from experiments.calibrate import scatter_warning
+
+    cpu_wall = {"measured_on": "cpu", "step_timer": "wall"}
+    line = scatter_warning(7.72, cpu_wall)
+    assert line is not None and line.startswith("warning: the fit misses the run's steps by 772%")
+    assert "threads=1 step_timer=thread_cpu" in line
+    assert "idle machine" in scatter_warning(0.9, {"measured_on": "cuda:0"})
+    assert scatter_warning(0.45, cpu_wall) is None  # within SCATTERED_MAPE
+    assert scatter_warning(None, cpu_wall) is None

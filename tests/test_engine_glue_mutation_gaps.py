@@ -546,3 +546,22 @@ def test_serve_warms_a_cuda_engine_up_by_default(monkeypatch: pytest.MonkeyPatch
     assert warmed == ["yes"]
     serve.start(compose_config("serve", [*SERVE_SMALL, "warmup=false"]))
     assert warmed == ["yes"]
+
+
+def test_the_runs_log_says_where_the_engine_ran_and_what_sized_its_cache(caplog) -> None:
+    # serve.log was empty: nothing said the device, the threads or how the KV cache was sized
+    import logging
+
+    from experiments import serve
+    from experiments.lib.compose import compose_config
+
+    with caplog.at_level(logging.INFO, logger="experiments.serve"):
+        serve.start(compose_config("serve", [*SERVE_SMALL, "kv_cache_gb=0.0005"]))
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "engine: tiny-opt on cpu (" in said and "torch thread(s)), backend torch" in said
+    assert "KV cache: 32 blocks of 16 tokens, 0.0004883 GiB (kv_cache_gb=0.0005)" in said
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="experiments.serve"):
+        serve.start(compose_config("serve", [*SERVE_SMALL, "kv_cache_gb=null"]))
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "(derived: room for max_num_seqs sequences of max_model_len, at most 1 GiB)" in said
