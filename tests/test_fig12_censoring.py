@@ -264,6 +264,25 @@ def test_the_figure_marks_open_rates_and_systems_that_passed_none(tmp_path: Path
     assert carets[0].get_xdata()[0] == pytest.approx(lowest)
 
 
+def test_a_one_panel_figure_keeps_its_axes_under_the_wrapped_title(tmp_path: Path) -> None:
+    """A one-panel Fig. 12 (``fig12a_*.png``) wraps its legend title to nine lines: the
+    figure grows by them, so the axes keep a panel's height and the y label stays inside
+    the figure (it had been squeezed to a 0.8-inch strip, its label cut at the bottom)."""
+    from experiments.report.figures import fig12_panels, pyplot, save
+
+    plt = pyplot(headless=True)
+    rows = panel_rows({"vllm": 2.0, "orca_oracle": 1.0, "fastertransformer": 0.2})
+    cap = fig12_rates.capacity(rows)
+    curves = pd.DataFrame(curve_table(rows)).rename(columns={"setting": "panel"})
+    fig = fig12_panels(curves, cap, 1.0, [("a", PANEL.title, PANEL.axis)])
+    save(fig, tmp_path, "one_panel")
+    ax = fig.axes[0]
+    assert ax.get_position().height * fig.get_size_inches()[1] >= 2.0
+    label = ax.yaxis.label.get_window_extent(fig.canvas.get_renderer())
+    assert fig.bbox.y0 <= label.y0 and label.y1 <= fig.bbox.y1
+    plt.close(fig)
+
+
 def test_each_panel_prints_the_clock_lines_the_cost_model_section_does_not() -> None:
     from experiments.reproduce import COSTS, build_setup, compose_config, panel_clocks
 

@@ -292,7 +292,12 @@ def fig12_panels(
              "≥ rate, → interval's top: lower bounds (no rate tried failed)"
              f"{sep}◂: no rate passed, below the lowest tried{sep}"
              "hollow square: a rate that failed (filled dot: passed)")  # fmt: skip
-    fig.suptitle(wrap_title(title, 4.2 * cols, 9), fontsize=9)
+    wrapped = wrap_title(title, 4.2 * cols, 9)
+    # the panels keep their 3.3 inches each: the figure grows by the title's lines (9 pt,
+    # about 1.3 line spacing), which would otherwise squeeze a one-panel figure's axes to a
+    # strip and push its y label past the figure's edge
+    fig.set_size_inches(4.2 * cols, 3.3 * rows + (wrapped.count("\n") + 1) * 9 * 1.3 / 72)
+    fig.suptitle(wrapped, fontsize=9)
     return fig
 
 
