@@ -414,11 +414,12 @@ def main(argv: list[str] | None = None) -> Path:
             searches = fig12_rates.searches(panels, args.full, args.duration, seeds,
                                             bisect_evals=evals, rate_tol=tol)  # fmt: skip
             fig12_jobs = [pool.submit(run_search, recorded, s, args.threshold) for s in searches]
-            progress.runs("fig12", fig12_jobs)
+            each = "rate searches (a system's runs over rates and seeds each)"
+            progress.runs("fig12", fig12_jobs, each)
             for panel in panels:  # a progress line per panel too
                 jobs = [j for j, s in zip(fig12_jobs, searches, strict=True)
                         if s.setting == panel.letter]  # fmt: skip
-                progress.runs(f"fig12 ({panel.letter})", jobs)
+                progress.runs(f"fig12 ({panel.letter})", jobs, each)
         sharing_jobs, sharing_s = {}, 0.0
         sharing_figs = [f for f in sharing.WRITERS if f in figs]
         if sharing_figs:

@@ -292,6 +292,11 @@ def test_progress_logs_a_figure_done_once_all_its_jobs_succeeded() -> None:
     assert log.lines == []  # one of two done: not yet
     jobs[1].set_result(2)
     assert len(log.lines) == 1 and log.lines[0].startswith("fig2: 2 jobs done (")
+    # a figure whose jobs are rate searches says so (Fig. 12 said "5 jobs" of 99 runs)
+    searches: list[Future[Any]] = [Future()]
+    progress.runs("fig12", searches, "rate searches")
+    searches[0].set_result(0)
+    assert log.lines[-1].startswith("fig12: 1 rate searches done (")
 
 
 @pytest.mark.parametrize("spoil", ["exception", "cancel"])

@@ -65,9 +65,9 @@ class Progress:
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
-    def runs(self, figure: str, futures: Sequence[Future]) -> None:
-        """Log "``figure``: N jobs done" once every one of ``futures`` is done, unless one
-        was cancelled or failed (a command stopped: its own line says so)."""
+    def runs(self, figure: str, futures: Sequence[Future], unit: str = "jobs") -> None:
+        """Log "``figure``: N ``unit`` done" once every one of ``futures`` is done, unless
+        one was cancelled or failed (a command stopped: its own line says so)."""
         left = [len(futures)]
         spoiled = [False]
         lock = threading.Lock()
@@ -78,7 +78,7 @@ class Progress:
                 last = left[0] == 0
                 spoiled[0] |= future.cancelled() or future.exception() is not None
             if last and not spoiled[0]:
-                self.log.info("%s: %d jobs done (%.0f s)", figure, len(futures), self.elapsed())
+                self.log.info("%s: %d %s done (%.0f s)", figure, len(futures), unit, self.elapsed())
 
         for f in futures:
             f.add_done_callback(done)
