@@ -242,6 +242,30 @@ def test_free_slots_while_a_request_is_swapped_out_are_external_fragmentation() 
     assert shares["kv_free_pct"] == pytest.approx(100 * 40 / 300)
 
 
+def test_several_replicas_tag_their_requests() -> None:
+    """A request's first_token_step / finish_step count its own replica's steps, so the
+    requests table names the replica (as the steps table does) for the two to be joined."""
+    from sim.cost.recorded import RecordedCostModel
+    from sim.driver import simulate
+
+    reqs = [Request(i, 0.01 * i, 6, 4) for i in range(6)]
+
+    def run(replicas: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+        make = lambda: build_scheduler("vllm", 64, SchedulerConfig(max_model_len=16), 4)  # noqa: E731
+        rec = simulate(reqs, make, RecordedCostModel([0.01] * 100), replicas).recorder
+        return rec.requests_frame(), rec.steps_frame()
+
+    one, _ = run(1)
+    assert list(one.columns) == list(REQUEST_COLUMNS)
+    requests, steps = run(3)
+    assert list(requests.columns) == ["request_id", "replica", *REQUEST_COLUMNS[1:]]
+    assert requests["replica"].tolist() == [i % 3 for i in range(6)]  # dealt round-robin
+    ends = steps.set_index(["replica", "step"])
+    for row in requests.itertuples():
+        step = ends.loc[(row.replica, row.finish_step)]
+        assert step["start_s"] + step["duration_s"] == pytest.approx(row.finish_s)
+
+
 def test_several_replicas_tag_their_steps() -> None:
     from sim.cost.recorded import RecordedCostModel
     from sim.driver import simulate

@@ -101,6 +101,10 @@ DIGITS = 12  # significant digits of every float digested (see _round)
 # requests wait for the batch in flight), vllm_v1_chunked 0.42, vllm_chunked 0.26,
 # vllm_n2_small_cpu 0.11, vllm_n2 0.06 (prompt steps that left a head no token budget); the
 # Orca cases and plain vllm 0 (they wait on memory).
+# Re-pinned 2026-12-06 (vllm_3_replicas alone): a run of several replicas tags each request
+# row with its replica too, so that its first_token_step and finish_step can be joined to
+# the steps of the replica that served it; the old digest was reproduced with the column
+# dropped: no number changed.
 # The clock the digests were made on, pinned here so that re-sourcing a default efficiency
 # (2026-12-04: compute 0.79 -> 0.72, memory 0.90 -> 0.88) does not move them.
 PINNED_EFFICIENCY = Efficiency().with_values(
@@ -121,7 +125,7 @@ GOLDEN: dict[str, str] = {
     "vllm_n2_small_cpu": "a65eb81b39271f7e",
     "vllm_prefix": "a3341acfc474435c",
     "vllm_swap": "ebf5d1b4c38a6612",
-    "vllm_3_replicas": "0cf4a3030d718ce9",
+    "vllm_3_replicas": "96b3736e0ac81974",
 }
 
 

@@ -82,12 +82,15 @@ class Recorder:
     """Collects step and request rows. ``keep_token_times`` keeps every request's token
     timestamps for inter-token latency (ITL) statistics. With ``num_replicas > 1`` each
     replica records through :meth:`for_replica`, and the steps table gains a ``replica``
-    column after ``step`` (each replica numbers its own steps)."""
+    column after ``step`` (each replica numbers its own steps), the requests table one after
+    ``request_id`` (the replica that served the request, whose steps its
+    ``first_token_step`` and ``finish_step`` count)."""
 
     def __init__(self, keep_token_times: bool = True, num_replicas: int = 1) -> None:
         self._steps: list[tuple] = []
         self._step_replicas: list[int] | None = [] if num_replicas > 1 else None
         self._requests: list[tuple] = []
+        self._request_replicas: list[int] | None = [] if num_replicas > 1 else None
         # (request id, token times) of finished requests with two tokens or more; the gaps
         # are taken in one vectorized pass at the end, not one NumPy call per request
         self._token_times: list[tuple[int, list[float]]] = []
@@ -246,6 +249,8 @@ class Recorder:
 
     def _build_requests(self) -> pd.DataFrame:
         df = pd.DataFrame.from_records(self._requests, columns=list(REQUEST_COLUMNS))
+        if self._request_replicas is not None:
+            df.insert(1, "replica", np.array(self._request_replicas, dtype=np.int64))
         return df.sort_values("request_id", kind="stable").reset_index(drop=True)
 
     def max_itl_by_request(self) -> dict[int, float]:
@@ -279,13 +284,18 @@ class Recorder:
 
 class ReplicaRecorder:
     """A replica's view of a shared :class:`Recorder`: the rows it records are the shared
-    recorder's, each step row tagged with ``replica``."""
+    recorder's, each step and request row tagged with ``replica``."""
 
     def __init__(self, shared: Recorder, replica: int) -> None:
         if shared._step_replicas is None:
             raise ValueError("a recorder of one replica has no replica views")
         self.shared, self.replica = shared, replica
-        self.record_request = shared.record_request
+
+    def record_request(self, group: SequenceGroup) -> None:
+        self.shared.record_request(group)
+        replicas = self.shared._request_replicas
+        assert replicas is not None
+        replicas.append(self.replica)
 
     def record_step(self, *args: Any, **kwargs: Any) -> None:
         self.shared.record_step(*args, **kwargs)
