@@ -36,6 +36,7 @@ from core.kv.contiguous import POLICIES, ContiguousKVCacheManager
 from core.kv.paged import PagedKVCacheManager
 from core.sched.base import BaseScheduler, SchedulerConfig
 from core.sched.batch_defaults import VERSIONS as BATCH_DEFAULT_VERSIONS
+from core.sched.batch_defaults import batch_limits
 from core.sched.fastertransformer import FasterTransformerScheduler
 from core.sched.orca import OrcaScheduler
 from core.sched.vllm import VLLMScheduler
@@ -68,6 +69,12 @@ class SystemSpec:
     # whose defaults null batch limits take (core.sched.batch_defaults): vLLM v0's, or
     # vllm serve's (V1) for the run's GPU
     batch_defaults: str = "v0"
+    # what the system does when the caller of build_scheduler / LLMEngine gives no
+    # SchedulerConfig, watermark or prefix-caching switch (configs/system/<name>.yaml sets
+    # the same; tests/test_systems_defaults.py holds the two alike)
+    chunked_prefill: bool = False
+    watermark: float = DEFAULT_WATERMARK
+    enable_prefix_caching: bool = False
 
 
 SYSTEMS: dict[str, SystemSpec] = {
@@ -81,6 +88,9 @@ SYSTEMS: dict[str, SystemSpec] = {
         swap_groups=False,
         stack="vllm-v1",
         batch_defaults="v1",
+        chunked_prefill=True,
+        watermark=0.0,
+        enable_prefix_caching=True,
     ),
     "orca_max": SystemSpec("orca_max", OrcaScheduler, "contiguous", "max"),
     "orca_pow2": SystemSpec("orca_pow2", OrcaScheduler, "contiguous", "pow2"),
@@ -284,18 +294,40 @@ def build_manager(
     )
 
 
+def default_config(system: str, max_model_len: int | None = None) -> SchedulerConfig:
+    """The SchedulerConfig ``system`` runs with when none is given: its chunked-prefill
+    switch and its batch limits by its version's rule for no known GPU
+    (:func:`core.sched.batch_defaults.batch_limits`), at ``max_model_len`` (None:
+    SchedulerConfig's)."""
+    spec = get_system(system)
+    mml = SchedulerConfig().max_model_len if max_model_len is None else max_model_len
+    limits = batch_limits(None, None, spec.batch_defaults, mml)
+    return SchedulerConfig(
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        max_model_len=mml,
+        chunked_prefill=spec.chunked_prefill,
+    )
+
+
 def build_scheduler(
     system: str,
     num_slots: int,
     config: SchedulerConfig | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
     num_cpu_slots: int = 0,
-    watermark: float = DEFAULT_WATERMARK,
+    watermark: float | None = None,
     enable_prefix_caching: bool = False,
 ) -> BaseScheduler:
-    """The scheduler (owning its KV-cache manager) for a named system preset."""
+    """The scheduler (owning its KV-cache manager) for a named system preset. What the
+    caller leaves out is the system's own (:class:`SystemSpec`): ``config`` None is
+    :func:`default_config`, ``watermark`` None the spec's. Prefix caching is on only when
+    asked: it needs every request's token ids, which requests of lengths alone lack (the
+    apps turn it on from the system's YAML, :attr:`SystemSpec.enable_prefix_caching`, when
+    the workload carries them; the engine, whose requests always do, follows the spec)."""
     spec = get_system(system)
-    config = config or SchedulerConfig()
+    config = config or default_config(system)
+    watermark = spec.watermark if watermark is None else watermark
     problem = paged_only_problem(system, config.preemption_mode, config.chunked_prefill)
     if problem is not None:
         raise SystemConfigError(problem[1])

@@ -31,16 +31,15 @@ import torch
 from tqdm import tqdm
 
 from core.beam_log import BeamLog
-from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
+from core.defaults import DEFAULT_BLOCK_SIZE
 from core.loop import Clock, PolicyError, StepLoop, VirtualClock
 from core.metrics.recorder import Recorder
 from core.model_spec import ModelSpec
 from core.plan import BatchShape, StepOutcome, StepPlan
 from core.request import Request, SequenceGroup
 from core.sched.base import BaseScheduler, SchedulerConfig
-from core.sched.batch_defaults import batch_limits
 from core.seeding import with_drawn_prompt_ids
-from core.systems import build_scheduler
+from core.systems import build_scheduler, default_config, get_system
 from engine.config import check_engine_support
 from engine.kv_cache import PagedKVCache, resolve_kv_budget
 from engine.models import build_model
@@ -90,9 +89,10 @@ class EngineResult:
 class LLMEngine:
     """A model, its KV tensors and a ``core`` scheduler whose manager's blocks are the
     tensors' blocks. Exactly one of ``kv_budget_bytes`` and ``num_blocks`` sizes the cache.
-    ``sched_config`` defaults to vLLM's knobs with ``max_model_len`` = the model's maximum;
-    ``watermark`` and ``enable_prefix_caching`` go to the paged manager as in
-    ``core.systems.build_scheduler``. ``time_phases`` times each step's phases
+    ``sched_config`` defaults to the system's own (``core.systems.default_config``: its
+    version's batch limits, its chunked-prefill switch) with ``max_model_len`` = the model's
+    maximum; ``watermark`` and ``enable_prefix_caching`` (None: the system's) go to the
+    paged manager as in ``core.systems.build_scheduler``. ``time_phases`` times each step's phases
     (:mod:`engine.phases`; None: on CPU only, where it costs nothing). ``step_timer``
     (``wall`` or, on CPU with one torch thread, ``thread_cpu``) is what step and phase
     seconds are read from (:data:`engine.phases.STEP_TIMERS`). ``check_integrity_every >
@@ -113,8 +113,8 @@ class LLMEngine:
         num_cpu_blocks: int = 0,
         seed: int = 0,
         weights_path: str | None = None,
-        watermark: float = DEFAULT_WATERMARK,
-        enable_prefix_caching: bool = False,
+        watermark: float | None = None,
+        enable_prefix_caching: bool | None = None,
         time_phases: bool | None = None,
         step_timer_name: str = "wall",
         check_integrity_every: int = 0,
@@ -125,13 +125,12 @@ class LLMEngine:
             budget = resolve_kv_budget(device, budget_bytes=kv_budget_bytes)
             num_blocks = PagedKVCache.num_blocks_for_budget(model_config, budget, block_size, dtype)
         max_len = model_config.max_model_len
+        spec = get_system(system)  # what the caller leaves out is the system's own
         if sched_config is None:
-            v0 = batch_limits(None, None, "v0", max_len)  # vLLM v0's defaults, as `vllm`
-            sched_config = SchedulerConfig(
-                max_num_seqs=v0.max_num_seqs,
-                max_num_batched_tokens=v0.max_num_batched_tokens,
-                max_model_len=max_len,
-            )
+            sched_config = default_config(system, max_len)
+        watermark = spec.watermark if watermark is None else watermark
+        if enable_prefix_caching is None:
+            enable_prefix_caching = spec.enable_prefix_caching
         if sched_config.max_model_len > max_len:
             raise EngineError(
                 f"max_model_len={sched_config.max_model_len} exceeds the model's "

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from core.defaults import DEFAULT_WATERMARK
 from core.kv.contiguous import ContiguousKVCacheManager
 from core.kv.paged import PagedKVCacheManager
 from core.metrics.summary import summarize
@@ -151,6 +152,7 @@ def run_case(
             slots,
             config=config,
             num_cpu_slots=sched_over.get("num_cpu_slots", 4096),
+            watermark=DEFAULT_WATERMARK,  # every case's, vllm_v1_chunked's too, as pinned
             enable_prefix_caching=sched_over.get("enable_prefix_caching", False),
         )
         sched.batched_append = batched

@@ -132,7 +132,10 @@ class PagedKVCacheManager:
         try:
             return seq.token_ids()
         except RequestError as e:
-            raise KVCacheError(f"prefix caching needs prompt token ids: {e}") from e
+            raise KVCacheError(
+                f"prefix caching needs prompt token ids: {e} (requests of lengths alone: "
+                "turn prefix caching off, enable_prefix_caching=False)"
+            ) from e
 
     def _prefix_hits(self, seq: Sequence) -> list[tuple[int, int]]:
         """Leading cached blocks ``(block, hash)`` of the sequence, never covering its last
