@@ -197,7 +197,8 @@ def check_configs(overrides: Sequence[str], systems: Sequence[str], rate: float)
     from experiments.lib.setup import as_dict, build_setup, resolve_aliases
     from experiments.reproduce import compose_config
 
-    plan = None
+    first = None
+    stacks: dict[str, str] = {}  # each system's clock stack (cost=profiled picks it by system)
     for system in systems:
         cfg = compose_config([*overrides, f"system={system}"])
         kind = str(cfg.workload.kind)
@@ -213,19 +214,31 @@ def check_configs(overrides: Sequence[str], systems: Sequence[str], rate: float)
         c = resolve_aliases(as_dict(cfg))
         check_config(c, "simulate")
         setup = build_setup(c)
-        if plan is None:
+        stacks[system] = _stack_name(setup)
+        if first is None:
             slo = tuple((str(k), float(v)) for k, v in (c.get("slo_ms") or {}).items())
-            plan = replace(_plan(cfg, setup), slo_ms=slo)
-    assert plan is not None
-    return plan
+            first = (cfg, setup, slo)
+    assert first is not None
+    cfg, setup, slo = first
+    return replace(_plan(cfg, setup, stacks), slo_ms=slo)
 
 
-def _plan(cfg: Any, setup: Any) -> Plan:
+def _stack_name(setup: Any) -> str:
+    return str(getattr(getattr(setup.cost_model, "stack", None), "name", "none"))
+
+
+def _plan(cfg: Any, setup: Any, stacks: dict[str, str] | None = None) -> Plan:
+    """``stacks``: each searched system's clock stack; where they differ (``cost=profiled``
+    gives ``vllm_v1`` the vllm-v1 stack and the paper's systems vllm-2023) the heading
+    names each, not the first system's alone."""
     w = cfg.workload
-    stack = getattr(getattr(setup.cost_model, "stack", None), "name", "none")
+    if stacks and len(set(stacks.values())) > 1:
+        stack = "stacks " + ", ".join(f"{s} for {n}" for n, s in stacks.items())
+    else:
+        stack = f"stack {_stack_name(setup)}"
     setting = (
         f"{setup.model.name} on {setup.tp} x {setup.gpu.name}, "
-        f"{w.get('dataset') or w.kind}, cost={cfg.cost.get('kind', '?')} (stack {stack})"
+        f"{w.get('dataset') or w.kind}, cost={cfg.cost.get('kind', '?')} ({stack})"
     )
     if "rate" in USES[str(w.kind)]:
         return Plan(setting)

@@ -236,3 +236,13 @@ def test_overrides_may_stand_before_and_after_the_options(tmp_path: Path, capsys
                        "--out", str(tmp_path / "out")])  # fmt: skip
     assert exit_.value.code == 2
     assert "workload.nonsense: no such key" in capsys.readouterr().err
+
+
+def test_the_heading_names_each_systems_stack_where_they_differ() -> None:
+    """cost=profiled gives vllm_v1 the vllm-v1 stack and vllm the paper-era vllm-2023 one:
+    the heading (and the figure's title) named the first system's stack for both."""
+    overrides = ["model=opt-125m", "cost=profiled", "workload.duration_s=10"]
+    mixed = capacity.check_configs(overrides, ["vllm_v1", "vllm"], 1.0).setting
+    assert "cost=profiled (stacks vllm-v1 for vllm_v1, vllm-2023 for vllm)" in mixed
+    alike = capacity.check_configs(overrides, ["vllm", "orca_max"], 1.0).setting
+    assert "cost=profiled (stack vllm-2023)" in alike
