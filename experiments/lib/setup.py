@@ -463,10 +463,24 @@ class RunSetup:
     batch_limits: BatchLimits
 
 
-def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
-    """Resolve every config group of a simulator run into objects; a config that cannot
-    run raises ConfigError naming the key."""
-    c = resolve_aliases(as_dict(cfg))
+@dataclass
+class MemorySetup:
+    """What a run's memory follows from: the model, GPU and tp, the served context, the
+    device's facts, the batch limits and the KV capacity."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    tp: int
+    max_model_len: int
+    device: DeviceFacts
+    sched_config: SchedulerConfig
+    batch_limits: BatchLimits
+    capacity: KVCapacity
+
+
+def memory_setup(c: Mapping[str, Any]) -> MemorySetup:
+    """The memory side of a resolved simulator config (no workload, no clock); a config
+    that cannot run raises ConfigError naming the key."""
     try:
         model = model_from_config(c["model"])
     except (KeyError, ValueError) as exc:
@@ -481,15 +495,24 @@ def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
     sched_config = scheduler_config(system, mml, device)
     limits = batch_limits_for(system, mml, device)
     capacity = run_capacity(capacity_args(c, model, gpu, tp, sched_config, mml), limits)
+    return MemorySetup(model, gpu, tp, mml, device, sched_config, limits, capacity)
+
+
+def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
+    """Resolve every config group of a simulator run into objects; a config that cannot
+    run raises ConfigError naming the key."""
+    c = resolve_aliases(as_dict(cfg))
+    mem = memory_setup(c)
+    model, capacity, mml = mem.model, mem.capacity, mem.max_model_len
     num_cpu_slots = pool_slots(c, capacity, model)
     requests = build_requests(c, mml, vocab_size=model.vocab_size)  # as the engine does
     make_scheduler = scheduler_factory(
-        system, capacity.num_slots, num_cpu_slots, mml, requests, device
+        c["system"], capacity.num_slots, num_cpu_slots, mml, requests, mem.device
     )
-    cost_model = make_cost_model(c, model, gpu, tp)
+    cost_model = make_cost_model(c, model, mem.gpu, mem.tp)
     return RunSetup(
-        model, gpu, tp, capacity, sched_config, requests, make_scheduler, mml, cost_model,
-        limits,
+        model, mem.gpu, mem.tp, capacity, mem.sched_config, requests, make_scheduler, mml,
+        cost_model, mem.batch_limits,
     )  # fmt: skip
 
 
