@@ -11,7 +11,8 @@ row to ``outputs/index.csv``; a sweep also writes ``summary.csv``. A bad config 
 on stderr (``experiments.lib.checks``). A job whose directory already holds a complete run
 of the same config is not run again (rerun a sweep with the same ``hydra.sweep.dir`` to
 resume it). ``hydra/launcher=<name>`` runs a sweep's jobs on joblib, Ray or Slurm
-(``experiments.lib.jobs``). ``run(cfg)`` is the plain function tests and notebooks call.
+(``experiments.lib.jobs``). ``run(cfg)`` is the plain function tests and notebooks call;
+``simulate_requests(requests, overrides)`` simulates a list of one's own requests.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import hydra
+import pandas as pd
 from omegaconf import DictConfig
 
 from core.metrics.summary import summarize_recorder
+from core.request import Request
 from core.workload.spec import arrivals_note
 from experiments.lib.checks import CONFIG_DIR, ConfigError, check_config, plugin_failure
 from experiments.lib.cli import main_with_checks, run_app, settle_run_config, task_overrides
@@ -38,7 +42,16 @@ from experiments.lib.results import (
     swap_fallbacks,
     write_run,
 )
-from experiments.lib.setup import as_dict, block_size, build_setup, resolve_aliases
+from experiments.lib.setup import (
+    as_dict,
+    block_size,
+    build_setup,
+    make_cost_model,
+    memory_setup,
+    pool_slots,
+    resolve_aliases,
+    scheduler_factory,
+)
 from sim.driver import SimulationError, StepPriceError, no_cyclic_gc, simulate
 
 log = logging.getLogger(__name__)
@@ -56,6 +69,47 @@ def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dic
     check_config(c, "simulate")
     with no_cyclic_gc():  # the run's objects live until its files are written
         return _run(c, out_dir)
+
+
+@dataclass
+class RequestsRun:
+    """:func:`simulate_requests`' result: the run's metrics (as ``metrics.json``'s), its
+    requests and steps tables (as ``requests.csv`` and ``steps.csv``)."""
+
+    metrics: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+
+
+def simulate_requests(requests: Sequence[Request], overrides: Sequence[str] = ()) -> RequestsRun:
+    """Simulate a list of one's own ``requests`` on the model, GPU, system and clock the
+    ``overrides`` name (``simulate``'s; the workload group is not read). Prefix caching, where
+    the system has it, is on exactly when every request carries prompt token ids, as for a
+    workload's requests (:func:`experiments.lib.setup.prefix_caching_for`). A config that
+    cannot run raises ConfigError before any step."""
+    from experiments.reproduce import compose_config
+
+    c = resolve_aliases(as_dict(compose_config(list(overrides))))
+    check_config(c, "simulate")
+    mem = memory_setup(c)
+    make_scheduler = scheduler_factory(
+        c["system"], mem.capacity.num_slots, pool_slots(c, mem.capacity, mem.model),
+        mem.max_model_len, list(requests), mem.device,
+    )  # fmt: skip
+    cost = make_cost_model(c, mem.model, mem.gpu, mem.tp)
+    result = simulate(
+        list(requests), make_scheduler, cost, num_replicas=int(c.get("num_replicas", 1)),
+        seed=int(c.get("seed", 0)), vocab_size=mem.model.vocab_size,
+    )  # fmt: skip
+    rec = result.recorder
+    frame = rec.requests_frame()
+    metrics = summarize_recorder(rec, c.get("slo_ms"))
+    metrics.update(
+        **setting_metrics(c, mem),
+        unfinished_at_last_arrival=unfinished_at_last_arrival(frame),
+        num_swap_fallbacks=swap_fallbacks(result.swap_fallbacks, metrics["num_preemptions"]),
+    )
+    return RequestsRun(metrics, frame, rec.steps_frame())
 
 
 def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
@@ -95,14 +149,7 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
     requests, steps = rec.requests_frame(), RowTable(*rec.step_table())
     metrics = summarize_recorder(rec, c.get("slo_ms"))
     metrics.update(
-        system=c["system"]["name"],
-        model=setup.model.name,
-        hardware=setup.gpu.name,
-        tp=setup.tp,
-        max_num_seqs=setup.sched_config.max_num_seqs,
-        max_num_batched_tokens=setup.sched_config.max_num_batched_tokens,
-        kv_slots=setup.capacity.block_slots(bs),
-        kv_cache_gib=setup.capacity.kv_bytes_total / 1024**3,
+        **setting_metrics(c, setup),
         wall_s=wall,
         sim_steps_per_s=result.num_steps / wall if wall > 0 else float("nan"),
         unfinished_at_last_arrival=unfinished_at_last_arrival(requests),
@@ -112,6 +159,21 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
         doc = _cost_doc(setup.cost_model)
         write_run(out_dir, c, metrics, requests, steps, extra={"cost_model": doc})
     return metrics
+
+
+def setting_metrics(c: Mapping[str, Any], setup: Any) -> dict[str, Any]:
+    """The metrics that name the run's setting: system, model, hardware, tp, the batch
+    limits, the KV slots and GiB (``setup``: a RunSetup or MemorySetup)."""
+    return {
+        "system": c["system"]["name"],
+        "model": setup.model.name,
+        "hardware": setup.gpu.name,
+        "tp": setup.tp,
+        "max_num_seqs": setup.sched_config.max_num_seqs,
+        "max_num_batched_tokens": setup.sched_config.max_num_batched_tokens,
+        "kv_slots": setup.capacity.block_slots(block_size(c["system"])),
+        "kv_cache_gib": setup.capacity.kv_bytes_total / 1024**3,
+    }
 
 
 def unfinished_at_last_arrival(requests: Any) -> float:

@@ -1,0 +1,42 @@
+"""``experiments.simulate.simulate_requests``: one's own list of requests on a configured
+model, GPU, system and clock, as a workload's would run."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.request import Request
+from core.workload.spec import build_workload
+from experiments.lib.checks import ConfigError
+from experiments.lib.setup import as_dict
+from experiments.reproduce import compose_config
+from experiments.simulate import run, simulate_requests
+
+SETTING = ["system=vllm_v1", "model=llama-3.1-8b", "hardware=h100", "workload.rate=4",
+           "workload.duration_s=20"]  # fmt: skip
+
+
+def test_a_workloads_requests_run_as_the_workload_does() -> None:
+    cfg = as_dict(compose_config(SETTING))
+    requests = build_workload(cfg["workload"], max_model_len=131072, seed=0)
+    mine = simulate_requests(requests, SETTING)
+    theirs = run(compose_config(SETTING))
+    for key in ("completed", "mean_ttft_ms", "mean_tpot_ms", "kv_token_states_pct", "kv_slots"):
+        assert mine.metrics[key] == pytest.approx(theirs[key]), key
+    assert len(mine.requests) == len(requests) and len(mine.steps) > 0
+
+
+def test_prefix_caching_follows_the_requests_token_ids() -> None:
+    # build_setup with one's own requests decided prefix caching from the placeholder
+    # workload (no ids): off, a shared 300-token prefix saved nothing
+    prefix = tuple(range(1, 301))
+    ids = [Request(i, 0.05 * i, 330, 40, prompt_token_ids=prefix + tuple(range(1000 + 30 * i,
+           1030 + 30 * i))) for i in range(20)]  # fmt: skip
+    lengths = [Request(i, 0.05 * i, 330, 40) for i in range(20)]
+    assert simulate_requests(ids, SETTING).metrics["kv_sharing_saving_pct"] > 20
+    assert simulate_requests(lengths, SETTING).metrics["kv_sharing_saving_pct"] == 0
+
+
+def test_a_config_that_cannot_run_raises_before_any_step() -> None:
+    with pytest.raises(ConfigError, match=r"model\.tp"):
+        simulate_requests([Request(0, 0.0, 10, 10)], ["model.tp=3"])
