@@ -60,7 +60,9 @@ class SamplingParams:
     ``temperature`` below :data:`GREEDY_BELOW` (0 included) means greedy. ``None`` (the
     default) is greedy for one sample and :data:`SAMPLED_TEMPERATURE` (vLLM's default) for
     ``n > 1``: greedy samples would all be the same sequence, and vLLM refuses an explicit
-    greedy ``n > 1`` (``best_of`` must be 1 when greedy), as this does. ``seed`` makes
+    greedy ``n > 1`` (``best_of`` must be 1 when greedy), as this does. The default is
+    resolved when the params are built: ``dataclasses.replace`` keeps it (pass
+    ``temperature=None`` to resolve it again for another ``n``). ``seed`` makes
     random sampling reproducible. Beam search takes none of temperature, top-p or top-k
     (refused, as vLLM refuses them).
     """

@@ -259,13 +259,15 @@ def build_manager(
     block_size: int = DEFAULT_BLOCK_SIZE,
     max_model_len: int = 2048,
     num_cpu_slots: int = 0,
-    watermark: float = DEFAULT_WATERMARK,
+    watermark: float | None = None,
     enable_prefix_caching: bool = False,
 ) -> KVCacheManager:
     """A KV-cache manager over ``num_slots`` device token slots (rounded down to whole
-    blocks) and, for paged systems, ``num_cpu_slots`` of CPU swap space. Contiguous
-    systems never swap and admit by whole reservations, so they ignore ``num_cpu_slots``
-    and ``watermark`` (experiments pass both to every system)."""
+    blocks) and, for paged systems, ``num_cpu_slots`` of CPU swap space (``watermark``
+    None: the spec's). Contiguous systems never swap and admit by whole reservations, so
+    they ignore ``num_cpu_slots`` and ``watermark`` (experiments pass both to every
+    system)."""
+    watermark = spec.watermark if watermark is None else watermark
     if block_size < 1 or block_size & (block_size - 1):
         raise SystemConfigError(f"block_size must be a power of two, got {block_size}")
     num_blocks = num_slots // block_size

@@ -27,7 +27,8 @@ GIB = 1 << 30
 
 
 def capacity_doc(mem: MemorySetup, blocks_of: int) -> dict[str, Any]:
-    """The numbers :func:`main` writes: per-GPU bytes in GiB, slots and blocks."""
+    """The numbers :func:`main` writes: each GPU's memory terms in GiB (``*_gib_per_gpu``),
+    ``kv_cache_gib`` over all GPUs (as a run's ``metrics.json``), slots and blocks."""
     cap = mem.capacity
     return {
         "model": mem.model.name,
@@ -35,13 +36,14 @@ def capacity_doc(mem: MemorySetup, blocks_of: int) -> dict[str, Any]:
         "tp": mem.tp,
         "max_model_len": mem.max_model_len,
         "block_size": blocks_of,
-        "total_gib": cap.total_bytes / GIB,
-        "usable_gib": cap.usable_bytes / GIB,
-        "weights_gib": cap.weight_bytes / GIB,
-        "activations_gib": cap.activation_bytes / GIB,
-        "cuda_graphs_gib": cap.cuda_graph_bytes / GIB,
-        "non_torch_gib": cap.non_torch_bytes / GIB,
-        "kv_cache_gib": cap.kv_bytes / GIB,
+        "total_gib_per_gpu": cap.total_bytes / GIB,
+        "usable_gib_per_gpu": cap.usable_bytes / GIB,
+        "weights_gib_per_gpu": cap.weight_bytes / GIB,
+        "activations_gib_per_gpu": cap.activation_bytes / GIB,
+        "cuda_graphs_gib_per_gpu": cap.cuda_graph_bytes / GIB,
+        "non_torch_gib_per_gpu": cap.non_torch_bytes / GIB,
+        "kv_cache_gib_per_gpu": cap.kv_bytes / GIB,
+        "kv_cache_gib": cap.kv_bytes_total / GIB,
         "kv_bytes_per_token_per_gpu": cap.bytes_per_token_per_gpu,
         "kv_slots": cap.block_slots(blocks_of),
         "kv_blocks": cap.num_blocks(blocks_of),

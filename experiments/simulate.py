@@ -89,16 +89,17 @@ def simulate_requests(requests: Sequence[Request], overrides: Sequence[str] = ()
     cannot run raises ConfigError before any step."""
     from experiments.reproduce import compose_config
 
+    own = list(requests)  # read once: an iterator would reach the run empty
     c = resolve_aliases(as_dict(compose_config(list(overrides))))
     check_config(c, "simulate")
     mem = memory_setup(c)
     make_scheduler = scheduler_factory(
         c["system"], mem.capacity.num_slots, pool_slots(c, mem.capacity, mem.model),
-        mem.max_model_len, list(requests), mem.device,
+        mem.max_model_len, own, mem.device,
     )  # fmt: skip
     cost = make_cost_model(c, mem.model, mem.gpu, mem.tp)
     result = simulate(
-        list(requests), make_scheduler, cost, num_replicas=int(c.get("num_replicas", 1)),
+        own, make_scheduler, cost, num_replicas=int(c.get("num_replicas", 1)),
         seed=int(c.get("seed", 0)), vocab_size=mem.model.vocab_size,
     )  # fmt: skip
     rec = result.recorder
@@ -219,7 +220,10 @@ def simulate_job(cfg: DictConfig) -> Mapping[str, Any]:
 def main(cfg: DictConfig) -> None:
     global _PROGRESS_WHEN_UNSET
     _PROGRESS_WHEN_UNSET = sys.stderr.isatty()
-    simulate_job(cfg)
+    try:
+        simulate_job(cfg)
+    finally:  # later runs in this process (a notebook's, reproduce's) keep the quiet default
+        _PROGRESS_WHEN_UNSET = False
 
 
 if __name__ == "__main__":

@@ -31,12 +31,14 @@ def test_the_numbers_are_a_simulate_runs(tmp_path: Path, capsys, overrides: list
     assert f"-> {doc['kv_blocks']} blocks of {doc['block_size']}" in printed
     metrics = run(compose_config([*overrides, "workload.num_requests=2"]))
     assert doc["kv_slots"] == metrics["kv_slots"]
-    assert doc["kv_cache_gib"] * doc["tp"] == pytest.approx(metrics["kv_cache_gib"])
+    assert doc["kv_cache_gib"] == pytest.approx(metrics["kv_cache_gib"])  # all GPUs, as there
+    assert doc["kv_cache_gib_per_gpu"] * doc["tp"] == pytest.approx(doc["kv_cache_gib"])
     assert doc["max_num_seqs"] == metrics["max_num_seqs"]
     assert doc["max_num_batched_tokens"] == metrics["max_num_batched_tokens"]
-    parts = ("weights_gib", "activations_gib", "cuda_graphs_gib", "non_torch_gib", "kv_cache_gib")
+    parts = ("weights", "activations", "cuda_graphs", "non_torch", "kv_cache")
     if "kv_cache_gb=12" not in overrides:  # derived: the terms use up the usable memory
-        assert sum(doc[k] for k in parts) == pytest.approx(doc["usable_gib"], abs=1e-6)
+        used = sum(doc[f"{k}_gib_per_gpu"] for k in parts)
+        assert used == pytest.approx(doc["usable_gib_per_gpu"], abs=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -297,3 +297,21 @@ def test_a_plugin_that_frees_a_block_twice_stops_in_one_line(
     assert lines[0].startswith("error: system.plugin: the policy of plugin 't_frees_twice_plugin'")
     assert "scheduler t_frees_twice in update at step" in lines[0]
     assert "its KV-cache manager refused a call" in lines[0]
+
+
+def test_a_policy_that_misuses_its_manager_in_schedule_is_named_with_the_verb() -> None:
+    # only update's path was covered: a KVCacheError out of schedule stays a KVMisuseError
+    from core.loop import KVMisuseError
+
+    class FreesAStranger(VLLMScheduler):
+        name = "t_frees_a_stranger"
+
+        def schedule(self, now):
+            self.manager.free(987654)  # no such sequence
+            return super().schedule(now)
+
+    sched = FreesAStranger(build_scheduler("vllm", 64, CONFIG, block_size=4).manager, CONFIG)
+    loop = StepLoop(sched, CostExecutor(lambda shape: 0.01, None), Recorder())
+    loop.add(Request(0, 0.0, 4, 2), 0.0)
+    with pytest.raises(KVMisuseError, match=r"t_frees_a_stranger in schedule at step 0"):
+        loop.begin(0.0)

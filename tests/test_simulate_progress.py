@@ -46,6 +46,7 @@ def test_the_bar_follows_the_terminal_unless_set(
     status, _, _ = run_cli(_App(main_on(terminal)), args, tmp_path)
     assert status == 0
     assert ("simulate: 100%" in seen["err"]) is bar, seen["err"]
+    assert simulate._PROGRESS_WHEN_UNSET is False  # later runs in the process stay quiet
 
 
 class _App:

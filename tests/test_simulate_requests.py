@@ -40,3 +40,11 @@ def test_prefix_caching_follows_the_requests_token_ids() -> None:
 def test_a_config_that_cannot_run_raises_before_any_step() -> None:
     with pytest.raises(ConfigError, match=r"model\.tp"):
         simulate_requests([Request(0, 0.0, 10, 10)], ["model.tp=3"])
+
+
+def test_requests_given_as_an_iterator_all_run() -> None:
+    # the list was built twice from the argument: an iterator gave the prefix-caching
+    # decision every request and the run none (0 requests, no error)
+    requests = [Request(i, 0.05 * i, 100, 20) for i in range(10)]
+    run_ = simulate_requests(iter(requests), ["model=opt-125m"])
+    assert len(run_.requests) == 10 and run_.metrics["completed"] == 10
