@@ -50,6 +50,8 @@
 # PACK_RESERVE_S (15 s: the kill's 5 s grace and the pack), and a part left less than
 # min(its limit, MIN_PART_S = 10 s) is skipped, recorded in parts.tsv; so the script ends,
 # packed, before the deadline.
+# An OUT_DIR holding an earlier call's parts.tsv (a warm device machine keeps /tmp/kvlab-gpu)
+# is first cleared of what this script writes there.
 # PYTHON (default python3) is the interpreter. DRY=1 runs every part in its --dry mode on
 # CPU (a check of this script; timings meaningless), with every limit times LIMIT_SCALE (a
 # positive integer; default 10 when DRY=1, else 1).
@@ -95,6 +97,14 @@ if [ -n "${PACK_DIR:-}" ]; then # the pack of OUT_DIR must not land inside it (i
     esac
 fi
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd) || exit 1
+if [ -f "$OUT_DIR/parts.tsv" ]; then
+    # An earlier call's output (a warm device machine keeps /tmp/kvlab-gpu): remove what this
+    # script writes, so a part that fails or is skipped now leaves no earlier file behind for
+    # calibrate, validate, the pack or gpu_report to take as this call's.
+    echo "== $OUT_DIR holds an earlier call's output: removing it"
+    rm -rf "$OUT_DIR"/{env.json,profile,kernels,engine,sync,host} \
+        "$OUT_DIR"/{env,profile,kernels,engine,calibrate,validate,overhead,sync,host}.log
+fi
 cd "$(dirname "$0")/.." || exit 1
 PYTHON="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1

@@ -52,7 +52,7 @@ echo "stub: $2 ok"
 def run_script(tmp_path: Path, wheels: bool = False, **env: str) -> tuple[int, Path, Path]:
     """Run a copy of gpu_all.sh with DRY=1 and the stub; (exit status, out dir, pack dir)."""
     tree = tmp_path / "tree"
-    (tree / "experiments").mkdir(parents=True)
+    (tree / "experiments").mkdir(parents=True, exist_ok=True)  # a second call reuses it
     shutil.copy(ROOT / "experiments" / "gpu_all.sh", tree / "experiments")
     if wheels:
         shutil.copytree(ROOT / ".whl", tree / ".whl")
@@ -169,6 +169,25 @@ def test_no_engine_run_skips_calibration_and_fails(tmp_path: Path) -> None:
         "sync",
         "host",
     ]
+
+
+def test_a_rerun_into_the_same_out_dir_takes_nothing_from_the_earlier_call(
+    tmp_path: Path,
+) -> None:
+    """A warm device machine keeps /tmp/kvlab-gpu between calls: when the engine fails in
+    the second call, its calibration, validation and overhead fit must not run on the first
+    call's engine runs, nor the pack carry them (or the first call's profile) as this call's."""
+    rc, out, _ = run_script(tmp_path)
+    assert rc == 0 and (out / "engine" / "tiny-opt_vllm_offline" / "steps.csv").is_file()
+    (tmp_path / "calls.log").unlink()
+    rc, out, pack = run_script(tmp_path, STUB_FAIL="experiments.bench.engine_gpu")
+    assert rc == 1
+    assert [r["part"] for r in parts(out)] == ["env", "profile", "kernels", "engine", "sync",
+                                               "host"]  # fmt: skip
+    assert not any(" -m experiments.calibrate" in c for c in calls(tmp_path))
+    assert not (out / "engine").exists() and not (out / "calibrate.log").exists()
+    with tarfile.open(pack / "kvlab-gpu.tar.gz") as tar:
+        assert not [n for n in tar.getnames() if n.startswith("out/engine/")]
 
 
 def test_without_the_online_run_the_fit_run_is_validated(tmp_path: Path) -> None:
