@@ -43,6 +43,18 @@ fi
 
 echo "gpu_prepare: $count wheels in .whl/ ($(du -sh .whl | cut -f1)):"
 ls .whl | sed 's/^/  /'
+
+# The device tool sends the working tree (tracked files, untracked ones git does not ignore,
+# the carried .whl/) and refuses a call over 64 MiB: say how close this one is.
+travel=$({ git ls-files -z --cached --others --exclude-standard; find .whl -type f -print0; } |
+    du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+limit=$((64 * 1024 * 1024))
+echo "gpu_prepare: the call would send $((travel / 1024 / 1024)) MiB of the device tool's 64 MiB"
+if [ "$travel" -gt "$limit" ]; then
+    echo "gpu_prepare: over the device tool's 64 MiB: the call would be refused; ignore or" \
+        "compress what need not travel (docs/validation holds most of it)" >&2
+    exit 1
+fi
 cat <<'CALL'
 
 Device call (the device tool's `run`; one call, so make it the whole of it):
