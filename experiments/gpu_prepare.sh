@@ -48,6 +48,7 @@ ls .whl | sed 's/^/  /'
 # the carried .whl/) and refuses a call over 64 MiB: say how close this one is.
 travel=$({ git ls-files -z --cached --others --exclude-standard; find .whl -type f -print0; } |
     du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+travel=${travel:-0}
 limit=$((64 * 1024 * 1024))
 echo "gpu_prepare: the call would send $((travel / 1024 / 1024)) MiB of the device tool's 64 MiB"
 if [ "$travel" -gt "$limit" ]; then
