@@ -211,6 +211,11 @@ def simulate_job(cfg: DictConfig) -> Mapping[str, Any]:
     if metrics is not None:
         log.info("%s: finished before, not run again", out_dir)
         return metrics
+    if (out_dir / "metrics.json").is_file():  # a resumed sweep whose jobs were renumbered
+        log.info(
+            "%s: holds a finished run of another config (or of inputs or code changed "
+            "since): run again, its files replaced", out_dir,
+        )  # fmt: skip
     # after the run (the workload file is known to be readable then): a vllm_bench file
     # without start_times has its arrivals redrawn, not read
     return run_app("simulate", cfg, run, lambda m: summary_line(m, arrivals_note(cfg.workload)))

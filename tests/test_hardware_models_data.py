@@ -292,3 +292,20 @@ def test_a_sliding_window_is_named_in_a_warning(tmp_path: Path, monkeypatch) -> 
     (line,) = warnings_of(512)
     assert line.startswith("model.sliding_window:") and "last 512 tokens" in line
     assert warnings_of(None) == []
+
+
+def test_a_folder_holding_another_configs_run_says_it_runs_again(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # a resumed sweep whose jobs were renumbered ran them again without a word
+    from experiments import simulate
+    from tests.test_config_errors import run_cli
+
+    assert run_cli(simulate, ["workload.num_requests=2"], tmp_path)[0] == 0
+    said: list[str] = []
+    monkeypatch.setattr(simulate.log, "info", lambda msg, *a: said.append(msg % a))
+    assert run_cli(simulate, ["workload.num_requests=3"], tmp_path)[0] == 0
+    again = [m for m in said if "holds a finished run" in m]
+    assert len(again) == 1 and "of another config" in again[0]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["num_requests"] == 3
