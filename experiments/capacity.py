@@ -249,9 +249,12 @@ def _plan(cfg: Any, setup: Any, stacks: dict[str, str] | None = None) -> Plan:
         )  # fmt: skip
     window, count = w.get("duration_s"), w.get("num_requests")
     counted = count is not None and len(setup.requests) == int(count)
-    base = trace_rate(setup.requests, window, counted)
+    # a window past the trace's last arrival cuts nothing: the trace's own span counts (the
+    # window is still scaled with the trace, so that no rate's window cuts it)
+    cuts = window is not None and not counted and _window_cuts(cfg, setup)
+    base = trace_rate(setup.requests, window if cuts else None, counted)
     start = float(w.get("start_s") or 0.0)
-    where = "its first" if window is not None or count is not None else "all"
+    where = "its first" if cuts or counted else "all"
     after = f" from {start:g} s on" if start > 0 else ""
     return Plan(
         f"{setting}; the trace ({where} {len(setup.requests)} requests{after}) runs at "
@@ -260,6 +263,17 @@ def _plan(cfg: Any, setup: Any, stacks: dict[str, str] | None = None) -> Plan:
         None if window is None else float(window),
         start=start if start > 0 else None,
     )
+
+
+def _window_cuts(cfg: Any, setup: Any) -> bool:
+    """Whether the trace holds an arrival after ``workload.duration_s`` (from its
+    ``start_s``): a window past its last arrival cuts nothing, and counting its length would
+    rate the requests at their number over an empty tail, not at the rate they arrive."""
+    from experiments.lib.setup import as_dict, build_requests, resolve_aliases
+
+    c = resolve_aliases(as_dict(cfg))
+    c["workload"] = {**c["workload"], "duration_s": None, "num_requests": None}
+    return len(build_requests(c, setup.max_model_len)) > len(setup.requests)
 
 
 # "well under the threshold" (burst_warnings): a normalized latency at most this share of it

@@ -28,7 +28,7 @@ GIB = 1 << 30
 
 def capacity_doc(mem: MemorySetup, blocks_of: int) -> dict[str, Any]:
     """The numbers :func:`main` writes: each GPU's memory terms in GiB (``*_gib_per_gpu``),
-    ``kv_cache_gib`` over all GPUs (as a run's ``metrics.json``), slots and blocks."""
+    ``kv_cache_gib`` over the ``model.tp`` GPUs (as a run's ``metrics.json``), slots and blocks."""
     cap = mem.capacity
     return {
         "model": mem.model.name,

@@ -84,7 +84,7 @@ class RequestsRun:
 def simulate_requests(requests: Sequence[Request], overrides: Sequence[str] = ()) -> RequestsRun:
     """Simulate a list of one's own ``requests`` on the model, GPU, system and clock the
     ``overrides`` name (``simulate``'s; the workload group is not read). Prefix caching, where
-    the system has it, is on exactly when every request carries prompt token ids, as for a
+    the system enables it, is on exactly when every request carries prompt token ids, as for a
     workload's requests (:func:`experiments.lib.setup.prefix_caching_for`). A config that
     cannot run raises ConfigError before any step."""
     from experiments.reproduce import compose_config

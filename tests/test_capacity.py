@@ -246,3 +246,29 @@ def test_the_heading_names_each_systems_stack_where_they_differ() -> None:
     assert "cost=profiled (stacks vllm-v1 for vllm_v1, vllm-2023 for vllm)" in mixed
     alike = capacity.check_configs(overrides, ["vllm", "orca_max"], 1.0).setting
     assert "cost=profiled (stack vllm-2023)" in alike
+
+
+def test_a_window_past_the_traces_end_is_searched_at_the_traces_own_rate(tmp_path: Path) -> None:
+    # a duration_s window that runs past the trace's last arrival cuts nothing: the rate is
+    # the one the same requests have without it, not their count over the empty tail
+    trace = tmp_path / "trace.csv"
+    rows = [f"{i * 0.5},{100 + i % 7},{20 + i % 5}" for i in range(200)]  # 2 req/s, to 99.5 s
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows))
+    base = ["workload=trace", "workload.kind=vidur", f"workload.path={trace}"]
+    whole = capacity.check_configs([*base, "workload.start_s=60"], ["vllm"], 1.0)
+    past = capacity.check_configs(
+        [*base, "workload.start_s=60", "workload.duration_s=1000"], ["vllm"], 1.0
+    )
+    assert whole.trace_rate == pytest.approx(80 / 39.5)  # 80 arrivals from 60 s to 99.5 s
+    assert past.trace_rate == pytest.approx(whole.trace_rate)
+    assert "all 80 requests" in past.setting
+    # a window that ends inside the trace still counts its own length
+    cut = capacity.check_configs(
+        [*base, "workload.start_s=60", "workload.duration_s=20"], ["vllm"], 1.0
+    )
+    assert cut.trace_rate == pytest.approx(40 / 20)
+    assert "its first 40 requests" in cut.setting
+    # and the rate searched is the rate replayed: rate 4 replays the 80 requests at ~4 req/s
+    over = dict(x.split("=", 1) for x in past.rate_overrides()(4.0))
+    scale = float(over["++workload.time_scale"])
+    assert 39.5 * scale == pytest.approx(80 / 4)

@@ -26,7 +26,7 @@ from experiments.lib.compose import (
 )
 from experiments.lib.setup import MAX_ARRIVAL_S, make_cost_model
 from sim.catalog import GPUSpec, HardwareError, get_gpu, get_model, gpu_from_config
-from tests.test_config_errors import SIM_SMALL, run_cli
+from tests.test_config_errors import SERVE_SMALL, SIM_SMALL, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 CALIBRATION = REPO / "docs" / "validation" / "vllm-rtx4090" / "calibration.json"
@@ -547,3 +547,16 @@ def test_a_missing_vllm_run_directory_is_named_as_one(tmp_path: Path) -> None:
     assert status == 2
     assert "error: workload.path: no such directory" in err
     assert "a vLLM run directory (requests.jsonl, meta.json)" in err
+
+
+def test_greedy_parallel_samples_are_refused_before_the_engine_is_built(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # serve built the engine (and logged it) before the workload's sampling refused
+    built = []
+    monkeypatch.setattr(serve, "build_engine", lambda c: built.append(c) or 1 / 0)
+    args = [*SERVE_SMALL, "workload.n=4", "workload.temperature=0"]
+    status, _, err = run_cli(serve, args, tmp_path)
+    assert status == 2 and not built
+    assert err.strip().startswith("error: workload.temperature: n=4 parallel samples")
+    assert len(err.strip().splitlines()) == 1

@@ -541,6 +541,23 @@ def check_sampling_width(c: Mapping[str, Any], app: str, facts: Facts) -> None:
             )  # fmt: skip
 
 
+def check_greedy_samples(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """A workload of ``n`` > 1 samples at a greedy ``temperature`` (below
+    :data:`core.request.GREEDY_BELOW`) is refused before anything is built, as
+    :class:`core.request.SamplingParams` refuses it (its samples would be one sequence)."""
+    from core.request import GREEDY_BELOW, SamplingParams
+
+    w = c.get("workload") or {}
+    n, temperature = w.get("n"), w.get("temperature")
+    if not (isinstance(n, int) and n > 1 and isinstance(temperature, (int, float))):
+        return
+    if temperature < GREEDY_BELOW:
+        try:
+            SamplingParams(n=n, temperature=float(temperature))
+        except ValueError as exc:
+            raise ConfigError("workload.temperature", str(exc)) from None
+
+
 def _served_max_num_seqs(c: Mapping[str, Any], app: str) -> Any:
     """``system.max_num_seqs``, or where null the default the run will take
     (:func:`batch_limits_for`); None where that is read off a CUDA device as the engine
@@ -861,6 +878,7 @@ CROSS_CHECKS: tuple[Callable[[Mapping[str, Any], str, Facts], None], ...] = (
     check_paged_only,
     check_workload_size,
     check_sampling_width,
+    check_greedy_samples,
     check_trace_file,
     check_slo,
     check_cost_group,
