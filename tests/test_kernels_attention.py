@@ -333,16 +333,30 @@ def test_kernels_compile_for_hopper(tmp_path: Path) -> None:
         pytest.skip("Triton's NVIDIA backend is not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)  # compile for real, not from a warm cache
-    proc = subprocess.run(
-        [sys.executable, "-m", "kernels.aot_check", "--arch", "90"],
+    proc = _aot_check(env, "--arch", "90")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count(" ok (") == 6
+
+
+def test_aot_check_under_the_interpreter_is_one_line() -> None:
+    # a shell that exported TRITON_INTERPRET=1 (the CPU tests ask for it) got a traceback
+    proc = _aot_check({**os.environ, "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "TRITON_INTERPRET" in lines[0], proc.stderr
+
+
+def _aot_check(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m kernels.aot_check args`` in a fresh process with ``env``."""
+    return subprocess.run(
+        [sys.executable, "-m", "kernels.aot_check", *args],
         cwd=Path(__file__).resolve().parents[1],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count(" ok (") == 6
 
 
 def test_step_varying_integers_are_not_specialized_on() -> None:
