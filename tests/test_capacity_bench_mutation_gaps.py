@@ -155,35 +155,49 @@ def test_a_search_runs_at_the_given_seed_and_threshold(tmp_path: Path) -> None:
     assert cap.loc[0, "max_rate"] == 0 and cap.loc[0, "threshold"] == 1e-6
 
 
-def _trace_plan(workload: dict[str, Any], arrivals: list[float]) -> capacity.Plan:
-    """:func:`capacity._plan` of a Vidur trace with ``arrivals`` and ``workload``'s keys."""
+def _trace_plan(
+    workload: dict[str, Any], arrivals: list[float], tmp_path: Path,
+    in_file: list[float] | None = None,
+) -> capacity.Plan:  # fmt: skip
+    """:func:`capacity._plan` of a Vidur trace file of ``in_file`` arrivals (default
+    ``arrivals``) whose window with ``workload``'s keys holds ``arrivals``."""
     from omegaconf import OmegaConf
 
     from core.request import Request
 
+    trace = tmp_path / "trace.csv"
+    rows = [f"{t},10,10" for t in (arrivals if in_file is None else in_file)]
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows))
     cfg = OmegaConf.create(
-        {"workload": {"kind": "vidur", "dataset": None, **workload}, "cost": {"kind": "roofline"}}
-    )
+        {"workload": {"kind": "vidur", "path": str(trace), "apply_filter": False, **workload},
+         "cost": {"kind": "roofline"}}
+    )  # fmt: skip
     setup = SimpleNamespace(
         cost_model=None, model=SimpleNamespace(name="m"), tp=1, gpu=SimpleNamespace(name="g"),
-        requests=[Request(i, t, 10, 10) for i, t in enumerate(arrivals)],
+        requests=[Request(i, t, 10, 10) for i, t in enumerate(arrivals)], max_model_len=2048,
     )  # fmt: skip
     return capacity._plan(cfg, setup)
 
 
-def test_a_trace_plan_states_its_window_and_rate() -> None:
-    """A trace shorter than ``num_requests`` is cut by ``duration_s`` alone: its rate is its
-    requests over the window; with neither key, all of it over its span. A time_scale a
-    config group set (below 1 as above it) is the search's: refused."""
+def test_a_trace_plan_states_its_window_and_rate(tmp_path: Path) -> None:
+    """A window that cuts the trace rates its requests over the window; one that runs past
+    the trace's last arrival cuts nothing, and the trace is rated over its span, as with
+    neither key (not over the window's empty tail). A time_scale a config group set (below
+    1 as above it) is the search's: refused."""
     ten = [float(i) for i in range(10)]  # last at 9 s
-    plan = _trace_plan({"duration_s": 20, "num_requests": 50, "time_scale": 1.0}, ten)
-    assert (plan.trace_rate, plan.window) == (0.5, 20.0)
-    assert "the trace (its first 10 requests) runs at 0.5 req/s" in plan.setting
-    plan = _trace_plan({"duration_s": None, "num_requests": None, "time_scale": 1.0}, ten)
+    plan = _trace_plan({"duration_s": 5, "num_requests": 50, "time_scale": 1.0}, ten[:5],
+                       tmp_path, in_file=ten)  # fmt: skip
+    assert (plan.trace_rate, plan.window) == (1.0, 5.0)
+    assert "the trace (its first 5 requests) runs at 1 req/s" in plan.setting
+    plan = _trace_plan({"duration_s": 20, "num_requests": 50, "time_scale": 1.0}, ten, tmp_path)
+    assert plan.trace_rate == pytest.approx(10 / 9) and plan.window == 20.0
+    assert "the trace (all 10 requests) runs at 1.11 req/s" in plan.setting
+    plan = _trace_plan({"duration_s": None, "num_requests": None, "time_scale": 1.0}, ten,
+                       tmp_path)  # fmt: skip
     assert plan.trace_rate == pytest.approx(10 / 9) and plan.window is None
     assert "the trace (all 10 requests) runs at 1.11 req/s" in plan.setting
     with pytest.raises(ConfigError, match=r"set by the search"):
-        _trace_plan({"duration_s": None, "num_requests": None, "time_scale": 0.5}, ten)
+        _trace_plan({"duration_s": None, "num_requests": None, "time_scale": 0.5}, ten, tmp_path)
 
 
 def test_a_trace_whose_arrivals_have_no_span_is_a_config_error() -> None:
