@@ -65,8 +65,8 @@ from experiments.lib.checks import ConfigError
 from experiments.lib.cli import report_config_error
 from experiments.lib.compose import (
     check_group_overrides,
+    check_override_args,
     check_overrides_compose,
-    override_args,
 )
 from experiments.lib.pool import worker_pool
 from experiments.lib.results import write_csv
@@ -122,9 +122,7 @@ def check_overrides(overrides: Sequence[str], systems: Sequence[str]) -> None:
     """A ConfigError for an argument that is not an override, for a key the search sets
     itself, for an unknown option of a group (``systems`` included) or for overrides that
     do not compose (:func:`check_overrides_compose`)."""
-    for arg in overrides:
-        if arg not in override_args([arg]):
-            raise ConfigError(arg, "not an override (key=value) or a known flag")
+    check_override_args(overrides)
     keys = [arg.lstrip("+~").partition("=")[0] for arg in overrides]
     plugin_keys = [k for k in keys if k in PLUGIN_KEYS]
     if plugin_keys:  # each row would be labelled with the --systems name, not the plugin's

@@ -17,13 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from experiments.lib.args import OneLineParser
-from experiments.lib.checks import ConfigError, check_config
+from experiments.lib.checks import check_config
 from experiments.lib.cli import check_out_file, plain_cli
-from experiments.lib.compose import check_group_overrides, check_overrides_compose, override_args
+from experiments.lib.compose import (
+    check_group_overrides,
+    check_override_args,
+    check_overrides_compose,
+)
 from experiments.lib.results import write_json
 from experiments.lib.setup import MemorySetup, as_dict, block_size, memory_setup, resolve_aliases
-
-GIB = 1 << 30
+from sim.catalog import GIB
 
 
 def capacity_doc(mem: MemorySetup, blocks_of: int) -> dict[str, Any]:
@@ -59,9 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="experiments.simulate overrides (key=value)")
     p.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON")
     args = p.parse_intermixed_args(argv)
-    for arg in args.overrides:
-        if arg not in override_args([arg]):
-            raise ConfigError(arg, "not an override (key=value) or a known flag")
+    check_override_args(args.overrides)
     if args.out is not None:
         check_out_file(args.out)
     check_group_overrides(list(args.overrides))

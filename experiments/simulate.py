@@ -46,11 +46,7 @@ from experiments.lib.setup import (
     as_dict,
     block_size,
     build_setup,
-    make_cost_model,
-    memory_setup,
-    pool_slots,
     resolve_aliases,
-    scheduler_factory,
 )
 from sim.driver import SimulationError, StepPriceError, no_cyclic_gc, simulate
 
@@ -92,21 +88,16 @@ def simulate_requests(requests: Sequence[Request], overrides: Sequence[str] = ()
     own = list(requests)  # read once: an iterator would reach the run empty
     c = resolve_aliases(as_dict(compose_config(list(overrides))))
     check_config(c, "simulate")
-    mem = memory_setup(c)
-    make_scheduler = scheduler_factory(
-        c["system"], mem.capacity.num_slots, pool_slots(c, mem.capacity, mem.model),
-        mem.max_model_len, own, mem.device,
-    )  # fmt: skip
-    cost = make_cost_model(c, mem.model, mem.gpu, mem.tp)
+    setup = build_setup(c, requests=own)
     result = simulate(
-        own, make_scheduler, cost, num_replicas=int(c.get("num_replicas", 1)),
-        seed=int(c.get("seed", 0)), vocab_size=mem.model.vocab_size,
+        own, setup.make_scheduler, setup.cost_model, num_replicas=int(c.get("num_replicas", 1)),
+        seed=int(c.get("seed", 0)), vocab_size=setup.model.vocab_size,
     )  # fmt: skip
     rec = result.recorder
     frame = rec.requests_frame()
     metrics = summarize_recorder(rec, c.get("slo_ms"))
     metrics.update(
-        **setting_metrics(c, mem),
+        **setting_metrics(c, setup),
         unfinished_at_last_arrival=unfinished_at_last_arrival(frame),
         num_swap_fallbacks=swap_fallbacks(result.swap_fallbacks, metrics["num_preemptions"]),
     )
@@ -164,7 +155,7 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
 
 def setting_metrics(c: Mapping[str, Any], setup: Any) -> dict[str, Any]:
     """The metrics that name the run's setting: system, model, hardware, tp, the batch
-    limits, the KV slots and GiB (``setup``: a RunSetup or MemorySetup)."""
+    limits, the KV slots and GiB (``setup``: the run's :class:`~experiments.lib.setup.RunSetup`)."""
     return {
         "system": c["system"]["name"],
         "model": setup.model.name,

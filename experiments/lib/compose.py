@@ -79,6 +79,14 @@ def sweep_values(override: Any, group_options: Sequence[str] = ()) -> list[str]:
     return [override.get_value_element_as_str()]
 
 
+def check_override_args(argv: Sequence[str]) -> None:
+    """A ConfigError for the first argument of an argparse command's overrides that is not
+    an override (``key=value``) Hydra would take (:func:`override_args`)."""
+    for arg in argv:
+        if arg not in override_args([arg]):
+            raise ConfigError(arg, "not an override (key=value) or a known flag")
+
+
 def check_group_overrides(argv: Sequence[str]) -> None:
     """Raise for a ``group=option`` argument naming no option of ``group`` in ``configs/`` or
     a ``hydra.searchpath`` folder (before Hydra, whose own message spans several lines); for

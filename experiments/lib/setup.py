@@ -498,14 +498,18 @@ def memory_setup(c: Mapping[str, Any]) -> MemorySetup:
     return MemorySetup(model, gpu, tp, mml, device, sched_config, limits, capacity)
 
 
-def build_setup(cfg: DictConfig | Mapping[str, Any]) -> RunSetup:
+def build_setup(
+    cfg: DictConfig | Mapping[str, Any], requests: list[Request] | None = None
+) -> RunSetup:
     """Resolve every config group of a simulator run into objects; a config that cannot
-    run raises ConfigError naming the key."""
+    run raises ConfigError naming the key. ``requests``: one's own, in place of the
+    workload group's (prefix caching then follows their token ids)."""
     c = resolve_aliases(as_dict(cfg))
     mem = memory_setup(c)
     model, capacity, mml = mem.model, mem.capacity, mem.max_model_len
     num_cpu_slots = pool_slots(c, capacity, model)
-    requests = build_requests(c, mml, vocab_size=model.vocab_size)  # as the engine does
+    if requests is None:
+        requests = build_requests(c, mml, vocab_size=model.vocab_size)  # as the engine does
     make_scheduler = scheduler_factory(
         c["system"], capacity.num_slots, num_cpu_slots, mml, requests, mem.device
     )

@@ -26,15 +26,9 @@ def part_columns() -> list[str]:
 def aggregate_breakdown(frame: pd.DataFrame, x: str, hue: str | None, file: Path) -> pd.DataFrame:
     """Per (``hue``, ``x``): each ``kv_*_pct`` part's mean over the finished runs, and
     ``runs``. Raises ``SweepPlotError`` naming ``file`` and what it lacks."""
-    from experiments.report.sweep_plot import SweepPlotError
+    from experiments.report.sweep_plot import SweepPlotError, check_axes, finished_rows
 
-    if hue == x:
-        raise SweepPlotError(f"--hue {hue} is the x axis already: name another key or none")
-    for key in (x, hue):
-        if key is not None and key not in frame:
-            raise SweepPlotError(
-                f"{file}: no column {key!r}; it has {', '.join(map(str, frame.columns))}"
-            )
+    check_axes(frame, file, x, hue)
     columns = part_columns()
     missing = [c for c in columns if c not in frame]
     if missing:
@@ -42,7 +36,7 @@ def aggregate_breakdown(frame: pd.DataFrame, x: str, hue: str | None, file: Path
             f"{file}: no column {', '.join(missing)} for --y {KV_BREAKDOWN} "
             f"(the six KV parts of a simulate or serve run's metrics)"
         )
-    done = frame[frame["status"] == "ok"] if "status" in frame else frame
+    done = finished_rows(frame)
     parts = done[columns].apply(pd.to_numeric, errors="coerce")
     done = done.assign(**parts).dropna(subset=columns)
     if done.empty:

@@ -41,16 +41,26 @@ def read_summary(path: Path) -> tuple[pd.DataFrame, Path]:
     return frame, file
 
 
-def aggregate(frame: pd.DataFrame, x: str, y: str, hue: str | None, file: Path) -> pd.DataFrame:
-    """Mean, min, max and count of ``y`` per (``x``, ``hue``) over the finished rows."""
+def check_axes(frame: pd.DataFrame, file: Path, x: str, hue: str | None, *more: str) -> None:
+    """A SweepPlotError when ``hue`` is ``x`` or ``frame`` lacks one of the named columns."""
     if hue == x:
         raise SweepPlotError(f"--hue {hue} is the x axis already: name another key or none")
-    for key in (x, y, hue):
+    for key in (x, *more, hue):
         if key is not None and key not in frame:
             raise SweepPlotError(
                 f"{file}: no column {key!r}; it has {', '.join(map(str, frame.columns))}"
             )
-    done = frame[frame["status"] == "ok"] if "status" in frame else frame
+
+
+def finished_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of runs that finished (``status`` ok; every row of a table without one)."""
+    return frame[frame["status"] == "ok"] if "status" in frame else frame
+
+
+def aggregate(frame: pd.DataFrame, x: str, y: str, hue: str | None, file: Path) -> pd.DataFrame:
+    """Mean, min, max and count of ``y`` per (``x``, ``hue``) over the finished rows."""
+    check_axes(frame, file, x, hue, y)
+    done = finished_rows(frame)
     values = pd.to_numeric(done[y], errors="coerce")
     if values.isna().all():
         raise SweepPlotError(f"{file}: column {y!r} holds no number in a finished row")
