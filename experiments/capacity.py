@@ -34,7 +34,8 @@ Writes into ``--out`` (an earlier search there is replaced): ``capacity.csv`` (p
 the sustainable rate, its interval over seeds, the lowest failing rate and the rules failed
 there, ``first_failing_rules``, its rate over the first system's, and the metrics of its
 runs at that rate, averaged over seeds), ``runs.csv`` (every run; ``fails_on``: the rules it
-failed), ``curves.csv`` (normalized latency per rate, mean/min/max over seeds),
+failed; ``trace_s``: the replayed trace's length, empty where a request count ends it),
+``curves.csv`` (normalized latency per rate, mean/min/max over seeds),
 ``capacity.png/.pdf``, and ``runs/<label>/metrics.json``; every file whole or not at all.
 It prints the table (its "fails at" column: the lowest failing rate and its rules), and a
 warning for a system whose lowest failing rate failed on the backlog rule alone at a
@@ -152,13 +153,24 @@ class Plan:
     trace, if any, and ``start``: its ``start_s``, if any, scaled alike: the trace is cut
     after it is scaled, and an unscaled window would hold other requests at each rate, at
     another rate than named); ``setting``: the setting in words; ``slo_ms``: the runs' SLO
-    limits (ms per key), if any."""
+    limits (ms per key), if any; ``requests``: a trace file's requests in its window;
+    ``duration_s``: a drawn workload's fixed length (None where a count of requests ends it)."""
 
     setting: str
     trace_rate: float | None = None
     window: float | None = None
     slo_ms: tuple[tuple[str, float], ...] = ()
     start: float | None = None
+    requests: int | None = None
+    duration_s: float | None = None
+
+    def trace_s(self, rate: float) -> float | None:
+        """The replayed trace's length (s) at ``rate``: a trace file's window, scaled, holds
+        its ``requests`` at ``rate`` (``requests / rate``); a drawn workload's is its
+        ``duration_s`` at every rate; None where neither fixes it."""
+        if self.trace_rate is not None and self.requests and rate > 0:
+            return self.requests / rate
+        return self.duration_s
 
     def rate_overrides(self) -> Callable[[float], list[str]] | None:
         if self.trace_rate is None:
@@ -239,7 +251,8 @@ def _plan(cfg: Any, setup: Any, stacks: dict[str, str] | None = None) -> Plan:
         f"{w.get('dataset') or w.kind}, cost={cfg.cost.get('kind', '?')} ({stack})"
     )
     if "rate" in USES[str(w.kind)]:
-        return Plan(setting)
+        fixed = w.get("duration_s") if w.get("num_requests") is None else None
+        return Plan(setting, duration_s=None if fixed is None else float(fixed))
     if float(w.get("time_scale") or 1.0) != 1.0:
         raise ConfigError(
             "workload.time_scale", "set by the search: leave it out (--rates the rates)",
@@ -260,6 +273,7 @@ def _plan(cfg: Any, setup: Any, stacks: dict[str, str] | None = None) -> Plan:
         base,
         None if window is None else float(window),
         start=start if start > 0 else None,
+        requests=len(setup.requests),
     )
 
 
@@ -559,7 +573,7 @@ def main(argv: list[str] | None = None) -> Path:
                     "--rates", f"{search.system}'s traces held no request at any rate tried",
                     args.rates, "rates (or a workload.duration_s) that bring requests",
                 ))  # fmt: skip
-            rows += found
+            rows += [r | {"trace_s": plan.trace_s(r["rate"])} for r in found]
             rejected = max((r.get("rejected") or 0 for r in found), default=0)
             if rejected:
                 log.warning(

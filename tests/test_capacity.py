@@ -20,6 +20,7 @@ def test_a_search_writes_each_systems_rate_and_the_runs_behind_it(tmp_path: Path
     cap = pd.read_csv(out / "capacity.csv")
     runs = pd.read_csv(out / "runs.csv")
     assert list(cap["system"]) == ["vllm", "orca_max"]  # --systems' order
+    assert set(runs["trace_s"]) == {60.0}  # a drawn trace's length, the same at every rate
     assert {"capacity.png", "capacity.pdf", "curves.csv"} <= {p.name for p in out.iterdir()}
     for _, row in cap.iterrows():
         mine = runs[runs["system"] == row["system"]]
@@ -121,6 +122,7 @@ def test_a_trace_file_is_searched_by_its_time_scale(tmp_path: Path, capsys) -> N
     assert set(runs["seed"]) == {0}  # one seed: a trace is the same on every seed
     at_4 = runs[runs["rate"] == 4.0].iloc[0]
     assert at_4["num_requests"] == 120  # the whole count, replayed faster
+    assert at_4["trace_s"] == pytest.approx(59.5 * (120 / 59.5) / 4)  # its span, scaled
     span = pd.read_json(out / "runs" / at_4["label"] / "metrics.json", typ="series")
     assert span["num_requests"] == 120
 
@@ -157,6 +159,7 @@ def test_a_duration_window_replays_the_same_requests_at_every_rate(tmp_path: Pat
     runs = pd.read_csv(out / "runs.csv")
     assert len(set(runs["rate"])) >= 2
     assert set(runs["num_requests"]) == {60}  # the 60 arrivals of the first 30 s, each rate
+    assert list(runs["trace_s"]) == pytest.approx(list(30 * 2 / runs["rate"]))  # 30 s, scaled
     # a window that starts later holds the same later requests at every rate
     late = capacity.main([*args, "workload.start_s=40", "--out", str(tmp_path / "late")])
     runs = pd.read_csv(late / "runs.csv")
