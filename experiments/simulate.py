@@ -79,12 +79,21 @@ class RequestsRun:
 
 def simulate_requests(requests: Sequence[Request], overrides: Sequence[str] = ()) -> RequestsRun:
     """Simulate a list of one's own ``requests`` on the model, GPU, system and clock the
-    ``overrides`` name (``simulate``'s; the workload group is not read). Prefix caching, where
-    the system enables it, is on exactly when every request carries prompt token ids, as for a
-    workload's requests (:func:`experiments.lib.setup.prefix_caching_for`). A config that
-    cannot run raises ConfigError before any step."""
+    ``overrides`` name (``simulate``'s, less the workload group: the requests are the
+    workload, and an override that names it raises ConfigError rather than do nothing).
+    Prefix caching, where the system enables it, is on exactly when every request carries
+    prompt token ids, as for a workload's requests
+    (:func:`experiments.lib.setup.prefix_caching_for`). A config that cannot run raises
+    ConfigError before any step."""
     from experiments.reproduce import compose_config
 
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key.split(".", 1)[0] == "workload":
+            raise ConfigError(
+                key, "simulate_requests replays the requests given, so a workload override "
+                "would change nothing", override, "the requests' own arrivals and lengths",
+            )  # fmt: skip
     own = list(requests)  # read once: an iterator would reach the run empty
     c = resolve_aliases(as_dict(compose_config(list(overrides))))
     check_config(c, "simulate")

@@ -12,15 +12,15 @@ from experiments.lib.setup import as_dict
 from experiments.reproduce import compose_config
 from experiments.simulate import run, simulate_requests
 
-SETTING = ["system=vllm_v1", "model=llama-3.1-8b", "hardware=h100", "workload.rate=4",
-           "workload.duration_s=20"]  # fmt: skip
+SETTING = ["system=vllm_v1", "model=llama-3.1-8b", "hardware=h100"]
+WORKLOAD = ["workload.rate=4", "workload.duration_s=20"]
 
 
 def test_a_workloads_requests_run_as_the_workload_does() -> None:
-    cfg = as_dict(compose_config(SETTING))
+    cfg = as_dict(compose_config([*SETTING, *WORKLOAD]))
     requests = build_workload(cfg["workload"], max_model_len=131072, seed=0)
     mine = simulate_requests(requests, SETTING)
-    theirs = run(compose_config(SETTING))
+    theirs = run(compose_config([*SETTING, *WORKLOAD]))
     for key in ("completed", "mean_ttft_ms", "mean_tpot_ms", "kv_token_states_pct", "kv_slots"):
         assert mine.metrics[key] == pytest.approx(theirs[key]), key
     assert len(mine.requests) == len(requests) and len(mine.steps) > 0
@@ -40,6 +40,13 @@ def test_prefix_caching_follows_the_requests_token_ids() -> None:
 def test_a_config_that_cannot_run_raises_before_any_step() -> None:
     with pytest.raises(ConfigError, match=r"model\.tp"):
         simulate_requests([Request(0, 0.0, 10, 10)], ["model.tp=3"])
+
+
+@pytest.mark.parametrize("override", ["workload.rate=9", "+workload.n=2", "workload=alpaca"])
+def test_a_workload_override_is_refused_not_ignored(override: str) -> None:
+    # the requests are the workload: a workload override changed nothing, silently
+    with pytest.raises(ConfigError, match=r"^error: workload.*replays the requests given"):
+        simulate_requests([Request(0, 0.0, 10, 10)], ["model=opt-125m", override])
 
 
 def test_requests_given_as_an_iterator_all_run() -> None:
