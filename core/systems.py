@@ -62,6 +62,11 @@ class SystemSpec:
     # preemption_mode says (vLLM v0); False: it follows preemption_mode, as in vLLM V1,
     # which has no swap and serves a request's n samples as requests of their own
     swap_groups: bool = True
+    # whether a request may search beams in the engine (fork + copy-on-write, vLLM v0).
+    # vLLM V1 runs beam search on top of its engine, a 1-token request per beam per step
+    # (vllm-project/vllm PRs 8726 and 9296, since 0.6.3), which kvlab does not model, so
+    # vllm_v1 rejects a beam request rather than price v0's in-engine beams as today's vLLM
+    beam_search: bool = True
     # the serving stack around the policy (sim.cost.overhead's presets) that cost=profiled
     # prices it in unless cost.stack is given: the paper's 2023 eager stack; vLLM V1's CUDA
     # graphs and async scheduling for vllm_v1
@@ -86,6 +91,7 @@ SYSTEMS: dict[str, SystemSpec] = {
         cache_scheduled_blocks=True,
         allocate_per_chunk=True,
         swap_groups=False,
+        beam_search=False,
         stack="vllm-v1",
         batch_defaults="v1",
         chunked_prefill=True,
@@ -344,5 +350,6 @@ def build_scheduler(
     )
     scheduler = spec.scheduler(manager, config)
     scheduler.swap_groups = spec.swap_groups
+    scheduler.beam_search = spec.beam_search
     scheduler.name = spec.name  # what its messages call it (a subclass may inherit "vllm")
     return scheduler

@@ -54,3 +54,19 @@ def test_the_engine_left_to_its_defaults_runs_the_systems_own() -> None:
     engine = LLMEngine(get_model("tiny-opt"), system="vllm_v1", num_blocks=64)
     assert engine.sched_config.chunked_prefill and engine.enable_prefix_caching
     assert engine.watermark == 0.0 and engine.sched_config.max_model_len == 256
+
+
+@pytest.mark.parametrize("name", ["vllm", "vllm_v1"])
+def test_vllm_v1_rejects_a_beam_request_with_its_reason(name: str) -> None:
+    # vLLM V1 searches beams on top of its engine, which kvlab does not model: vllm_v1
+    # served v0's in-engine beams under today's name
+    from core.request import Request, SamplingParams
+
+    scheduler = build_scheduler(name, 4096)
+    beams = scheduler.add(Request(0, 0.0, 20, 8, SamplingParams(beam_width=2)), 0.0)
+    samples = scheduler.add(Request(1, 0.0, 20, 8, SamplingParams(n=2)), 0.0)
+    assert samples.reject_reason is None
+    if get_system(name).beam_search:
+        assert beams.reject_reason is None
+    else:
+        assert "beam search (beam_width=2): vllm_v1 runs no beams" in str(beams.reject_reason)

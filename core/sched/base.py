@@ -155,6 +155,8 @@ class BaseScheduler:
     # swapped whatever ``preemption_mode`` says, as in vLLM v0; False: it follows
     # ``preemption_mode`` (vLLM V1 has no swap; ``core.systems.SystemSpec.swap_groups``).
     swap_groups = True
+    # False: a beam-search request is rejected at intake (``core.systems.SystemSpec.beam_search``)
+    beam_search = True
 
     def __init__(self, manager: KVCacheManager, config: SchedulerConfig | None = None) -> None:
         self.manager = manager
@@ -198,6 +200,12 @@ class BaseScheduler:
             group.reject_reason = (
                 f"needs {request.sampling.num_seqs} sequences (parallel samples or beams), "
                 f"more than max_num_seqs={self.config.max_num_seqs}"
+            )
+        elif request.sampling.use_beam_search and not self.beam_search:
+            group.reject_reason = (
+                f"beam search (beam_width={request.sampling.beam_width}): {self.name} runs no "
+                "beams in its engine, as vLLM V1, which searches beams on top of its engine, "
+                "a request per beam per step (system=vllm runs v0's in-engine beams)"
             )
         elif self._blocks_needed(request) > self._admissible_blocks() or (
             self.manager.can_allocate(group) is AllocStatus.NEVER

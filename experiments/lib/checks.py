@@ -541,6 +541,23 @@ def check_sampling_width(c: Mapping[str, Any], app: str, facts: Facts) -> None:
             )  # fmt: skip
 
 
+def check_beam_search(c: Mapping[str, Any], app: str, facts: Facts) -> None:
+    """A workload of beam search (``beam_width`` > 1) on a system that runs no beams in its
+    engine (``core.systems.SystemSpec.beam_search``: ``vllm_v1``) is refused before anything
+    is built: every request would be rejected. (A file's own beam request is rejected alone.)"""
+    from core.systems import SYSTEMS
+
+    width = (c.get("workload") or {}).get("beam_width")
+    name = str((c.get("system") or {}).get("name"))
+    spec = SYSTEMS.get(name)
+    if isinstance(width, int) and width > 1 and spec is not None and not spec.beam_search:
+        raise ConfigError(
+            "workload.beam_width", f"{name} runs no beams in its engine, as vLLM V1, which "
+            "searches beams on top of its engine, a request per beam per step (kvlab does not "
+            "model that)", width, "1, or system=vllm for v0's in-engine beam search",
+        )  # fmt: skip
+
+
 def check_greedy_samples(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     """A workload of ``n`` > 1 samples at a greedy ``temperature`` (below
     :data:`core.request.GREEDY_BELOW`) is refused before anything is built, as
@@ -878,6 +895,7 @@ CROSS_CHECKS: tuple[Callable[[Mapping[str, Any], str, Facts], None], ...] = (
     check_paged_only,
     check_workload_size,
     check_sampling_width,
+    check_beam_search,
     check_greedy_samples,
     check_trace_file,
     check_slo,
