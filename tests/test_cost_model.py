@@ -134,6 +134,31 @@ def test_per_step_overhead_is_added_once(opt13b: RooflineCostModel) -> None:
         assert slow.step_time(shape) == pytest.approx(opt13b.step_time(shape) + 0.004)
 
 
+def test_efficiency_defaults_come_from_the_files_their_source_names() -> None:
+    """compute: OPT-13B's layer matmuls at 4,096 tokens (operator_profile.csv line 14) over
+    the H200's dense 989 TFLOP/s, median of the five calls; memory: the same calls' copy
+    bandwidth (kernels/results.json copy_gbps) over 4.8 TB/s (sim.cost.efficiency)."""
+    import json
+    from pathlib import Path
+
+    from sim.cost.work import model_layer_work
+
+    runs = Path(__file__).resolve().parents[1] / "docs/validation/h200"
+    names = ("first", "second", "third", "fourth", "fifth")
+    params, _ = model_layer_work(get_model("opt-13b"), 1)
+    h200 = get_gpu("h200")
+    compute, memory = [], []
+    for name in names:
+        lines = (runs / f"{name}-run/profile/operator_profile.csv").read_text().splitlines()
+        op, tokens, _, ms = lines[13].split(",")[:4]
+        assert (op, tokens) == ("linear", "4096")
+        compute.append(2 * params * 4096 / (float(ms) / 1e3) / h200.peak_flops)
+        doc = json.loads((runs / f"{name}-run/kernels/results.json").read_text())
+        memory.append(doc["meta"]["copy_gbps"] * 1e9 / h200.mem_bandwidth)
+    assert round(float(np.median(compute)), 2) == Efficiency().compute
+    assert all(round(m, 2) == Efficiency().memory for m in memory)
+
+
 def test_efficiency_defaults_validation_and_description() -> None:
     eff = Efficiency()
     assert eff.compute == pytest.approx(0.72) and eff.memory == pytest.approx(0.88)

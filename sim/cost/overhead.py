@@ -28,11 +28,11 @@ own step time adds the column as well). So a stack that says so (``Stack.ray_wor
 ``vllm-2023``) adds it at tp >= 2 (:data:`A100_CPU_OVERHEAD_RAY`, fitted with the phases as
 one total), and no stack adds it at tp 1.
 
-Each phase is ``a + b × sequences`` (least squares). Split: fitted on the Llama-2-7B rows
-of each tensor-parallel group (tp 1: rows 13–25; tp ≥ 2: CodeLlama-34B, rows 0–12); held
-out: every other model's rows of that group but Qwen-72B's (tp 4, rows 65–77), whose four
-phases lie 20–28% above the tp >= 2 line at batch 8–112 and 18–25% below it at 128 (rows
-76–77), and which are left out of the stated errors
+Each phase is ``a + b × sequences`` (least squares). Split: fitted on one model's rows of
+each tensor-parallel group (tp 1: Llama-2-7B, rows 13–25; tp ≥ 2: CodeLlama-34B, rows
+0–12); held out: every other model's rows of that group but Qwen-72B's (tp 4, rows
+65–77), whose four phases lie 20–28% above the tp >= 2 line at batch 8–96 (rows 65–75) and
+18–25% below it at 112–128 (rows 76–77), and which are left out of the stated errors
 (:func:`fit_cpu_overheads` reports train and held-out errors without them). With them, the
 tp ≥ 2 group's held-out error is 10.1% mean, 34% at most (4.6% / 11.8% without).
 """
