@@ -158,6 +158,11 @@ CASES = [
      "workload.num_conversations", "not a count"),
     ("tp_null", simulate, ["model.tp=null"], "model.tp", "null is not a value here"),
     ("swap_null", simulate, ["swap_space_gb=null"], "swap_space_gb", "null is not a value"),
+    # null had read as false, turning vllm_v1's default-on features off without a word
+    ("prefix_caching_null", simulate, ["system=vllm_v1", "system.enable_prefix_caching=null"],
+     "system.enable_prefix_caching", "null is not a value here"),
+    ("chunked_prefill_null", serve, ["system=vllm_v1", "system.chunked_prefill=null"],
+     "system.chunked_prefill", "null is not a value here"),
     ("allreduce_text", simulate, ["cost.allreduce_latency_s=abc"], "cost.allreduce_latency_s",
      "not a time"),
     ("calibration_path_number", simulate, ["cost=calibrated", "cost.path=123"], "cost.path",

@@ -229,9 +229,11 @@ RULES: tuple[Rule, ...] = (
         "recompute or swap",
         "unknown preemption mode",
     ),
-    Rule("system.chunked_prefill", is_bool, "true or false", "not a boolean"),
+    # no null: the shipped systems default differently (vllm_v1: on), and a null read as
+    # false would turn the feature off without a word
+    Rule("system.chunked_prefill", is_bool, "true or false", "not a boolean", nullable=False),
     Rule("system.watermark", fraction_low, "a fraction in [0, 1)", "not a fraction"),
-    Rule("system.enable_prefix_caching", is_bool, "true or false", "not a boolean"),
+    Rule("system.enable_prefix_caching", is_bool, "true or false", "not a boolean", nullable=False),
     Rule("system.plugin", module_name, "a module name (a.b.c) or null", "not a module name"),
     Rule("system.non_torch_gb", non_negative, "a number >= 0 (GiB per GPU)", "not a size"),
     Rule(
