@@ -114,6 +114,28 @@ def test_start_s_starts_the_replay_there_then_the_window_and_count_apply(tmp_pat
         build_workload({**cfg, "start_s": 10})
 
 
+def test_a_window_past_the_trace_end_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``duration_s`` that runs past the last arrival replays less than it asks: it says so
+    (a 2-hour window on a 1-hour trace replayed the hour without a word)."""
+    from core.request import Request
+    from core.workload.trace_io import write_trace
+
+    path = tmp_path / "t.csv"
+    write_trace(path, [Request(i, float(i), 10, 10) for i in range(10)])  # one a second
+    cfg = as_dict(compose_config(["workload=trace", f"workload.path={path}"]))["workload"]
+    with caplog.at_level("WARNING", logger="core.workload.spec.window"):
+        assert len(build_workload({**cfg, "duration_s": 5.0})) == 5  # cuts: no warning
+        assert len(build_workload({**cfg, "duration_s": 60.0, "num_requests": 3})) == 3
+        assert not caplog.records
+        assert len(build_workload({**cfg, "start_s": 4.0, "duration_s": 60.0})) == 6
+    assert [r.getMessage() for r in caplog.records] == [
+        "workload.duration_s=60 s runs past the trace's last arrival (5 s from the replay's "
+        "start, after time_scale): the replay holds that span, not 60 s"
+    ]
+
+
 @pytest.mark.parametrize(
     ("cfg", "key"),
     [

@@ -67,6 +67,9 @@ from core.workload.vllm_log import (
 )
 
 log = logging.getLogger(__name__)
+# a window past the trace's end, on a logger of its own: the rate searches (capacity) replay
+# such windows at every rate and say so once in their heading (experiments.lib.batch_log)
+window_log = logging.getLogger(f"{__name__}.window")
 
 KINDS: tuple[str, ...] = (
     "synthetic",
@@ -199,10 +202,20 @@ def _window(requests: list[Request], c: Mapping[str, Any]) -> list[Request]:
                 key="start_s",
             )
         requests = kept
+    past_end = False
     if c["duration_s"] is not None:
-        requests = [r for r in requests if r.arrival_time < c["duration_s"]]
-    if c["num_requests"] is not None:
+        kept = [r for r in requests if r.arrival_time < c["duration_s"]]
+        past_end = bool(kept) and len(kept) == len(requests)
+        requests = kept
+    if c["num_requests"] is not None and len(requests) > int(c["num_requests"]):
         requests = requests[: int(c["num_requests"])]
+        past_end = False
+    if past_end:
+        window_log.warning(
+            "workload.duration_s=%g s runs past the trace's last arrival (%.6g s from the "
+            "replay's start, after time_scale): the replay holds that span, not %g s",
+            c["duration_s"], requests[-1].arrival_time, c["duration_s"],
+        )  # fmt: skip
     return requests
 
 
