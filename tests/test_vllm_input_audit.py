@@ -16,7 +16,8 @@ from core.request import RequestError
 from core.workload import vllm_log
 from core.workload.spec import build_workload
 from core.workload.trace_io import TraceFormatError
-from core.workload.vllm_log import read_bench_result, read_token_ids, read_vllm_log
+from core.workload.vllm_bench import read_bench_result
+from core.workload.vllm_log import read_token_ids, read_vllm_log
 from experiments.calibrate_vllm import main, run_calibration
 from experiments.lib.vllm_run import RunError, read_run, resolve_model, run_simulation
 from sim.catalog import get_gpu, get_model

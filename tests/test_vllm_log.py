@@ -10,7 +10,8 @@ import pytest
 
 from core.workload.spec import build_workload
 from core.workload.trace_io import TraceFormatError
-from core.workload.vllm_log import read_bench_result, read_vllm_log
+from core.workload.vllm_bench import read_bench_result
+from core.workload.vllm_log import read_vllm_log
 
 SHARED_RUN = Path(__file__).resolve().parents[1] / "../shared/measurements/vllm"
 

@@ -18,12 +18,12 @@ import pytest
 
 from core.model_spec import ModelSpec
 from core.workload.trace_io import TraceFormatError
+from core.workload.vllm_bench import read_bench_result
 from core.workload.vllm_log import (
     CLOCK_TOLERANCE_S,
     SECONDS_PER_TOKEN_BOUND,
     LoggedRequest,
     check_dataset_hash,
-    read_bench_result,
     read_token_ids,
     read_vllm_log,
     run_duration,

@@ -23,10 +23,11 @@ only kinds that make token ids read.
   (``queued_ts − min``) and lengths, and the prompts' token ids from ``tokens_path`` (the
   workload JSONL that was sent) when given, so prefix hits replay
   (:mod:`core.workload.vllm_log`); ``vllm_bench``: a ``vllm bench serve --save-detailed``
-  JSON: its served requests' lengths (failed rows dropped and counted in a warning) with
-  its ``start_times`` minus the earliest as arrivals, or, when it has none or ``rate`` is
-  set, arrivals redrawn at ``rate`` or its ``request_rate`` and ``burstiness`` (logged);
-  ``num_requests`` counts requests kept (a warning when the file holds fewer).
+  JSON (:mod:`core.workload.vllm_bench`): its served requests' lengths (failed rows dropped
+  and counted in a warning) with its ``start_times`` minus the earliest as arrivals, or,
+  when it has none or ``rate`` is set, arrivals redrawn at ``rate`` or its ``request_rate``
+  and ``burstiness`` (logged); ``num_requests`` counts requests kept (a warning when the
+  file holds fewer).
 - ``sharegpt_json`` / ``alpaca_json``: dataset files without timestamps; requests are drawn
   (seeded, without replacement while the file lasts) and given arrivals from the arrival
   process, or all at t = 0 when ``rate`` is None.
@@ -57,10 +58,9 @@ from core.workload.trace_io import (
     read_trace,
     read_vidur_trace,
 )
+from core.workload.vllm_bench import BenchResult, read_bench_result
 from core.workload.vllm_log import (
-    BenchResult,
     LoggedRequest,
-    read_bench_result,
     read_token_ids,
     read_vllm_log,
     requests_from_log,
