@@ -241,6 +241,7 @@ class SequenceGroup:
     """
 
     __slots__ = (
+        "cached_prompt_tokens",
         "fcfs_key",
         "finish_step",
         "finish_time",
@@ -260,6 +261,8 @@ class SequenceGroup:
         self.fcfs_key = (request.arrival_time, request.request_id)
         self.seqs: list[Sequence] = [Sequence(first_seq_id, self)]
         self.first_scheduled_time: float | None = None
+        # prompt tokens the prefix cache held at the group's first admission (None before)
+        self.cached_prompt_tokens: int | None = None
         self.first_token_time: float | None = None
         self.first_token_step: int | None = None
         self.finish_time: float | None = None

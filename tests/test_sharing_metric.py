@@ -64,3 +64,48 @@ def test_parallel_sampling_saves_memory_and_single_samples_do_not() -> None:
     assert single["kv_sharing_saving_pct"] == 0
     orca, _ = _simulate("orca_oracle", 4)
     assert orca["kv_sharing_saving_pct"] == 0
+
+
+def _shared_prompt_requests(spacing_s: float) -> list:
+    from core.request import Request
+
+    prefix = tuple(range(1, 513))  # 32 full blocks of 16
+    return [
+        Request(i, spacing_s * i, 544, 30, prompt_token_ids=prefix + tuple(range(10_000 + 32 * i,
+                10_032 + 32 * i)))
+        for i in range(10)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("system", "spacing_s", "hits"),
+    [
+        ("vllm_v1", 0.0, 9 * 512),  # same step: V1 finds a block from the step that fills it
+        # v0: a block is found once its step ends; all ten prompts fit one step (8,192
+        # tokens), so none finds another's (at 2,560 the first step holds 4; the 6 after hit)
+        ("vllm", 0.0, 0),
+        ("vllm", 1.0, 9 * 512),  # 1 s apart: every later request finds the prefix
+    ],
+)
+def test_prefix_cache_hits_count_the_prompt_tokens_found_at_admission(
+    system: str, spacing_s: float, hits: int
+) -> None:
+    from experiments.simulate import simulate_requests
+
+    setting = [f"system={system}", "system.enable_prefix_caching=true", "model=opt-125m",
+               "system.max_num_batched_tokens=8192"]  # fmt: skip
+    run_ = simulate_requests(_shared_prompt_requests(spacing_s), setting)
+    cached = run_.requests["cached_prompt_tokens"].tolist()
+    assert sum(cached) == run_.metrics["prefix_cache_hit_tokens"] == hits
+    assert set(cached) <= {0, 512} and cached[0] == 0  # the first request finds nothing
+    assert run_.metrics["prefix_cache_hit_pct"] == pytest.approx(100 * hits / (10 * 544))
+    if spacing_s:  # a hit is not a saving: these requests never overlap
+        assert run_.metrics["kv_sharing_saving_pct"] == 0
+
+
+def test_no_prefix_caching_no_hits() -> None:
+    from experiments.simulate import simulate_requests
+
+    run_ = simulate_requests(_shared_prompt_requests(0.0), ["system=vllm", "model=opt-125m"])
+    assert run_.metrics["prefix_cache_hit_tokens"] == 0
+    assert set(run_.requests["cached_prompt_tokens"]) == {0}

@@ -36,6 +36,12 @@ miss). kvlab adds:
   duration-weighted sums, 100 * sum(w * (logical - physical)) / sum(w * logical), so a step
   counts by how long it lasted and how many blocks it held. 0 without sharing (contiguous
   managers, single-sequence requests without prefix caching).
+- ``prefix_cache_hit_tokens`` / ``prefix_cache_hit_pct``: the finished requests' prompt
+  tokens the prefix cache held when each was first admitted (``requests.csv``'s
+  ``cached_prompt_tokens``), and their share of those requests' prompt tokens; 0 with
+  prefix caching off. A re-admission after a recompute preemption, which finds the request's
+  own blocks again, does not count. Memory saved (``kv_sharing_saving_pct``) is another
+  thing: requests that never overlap in time can hit the cache and share nothing.
 
 Throughput duration is from the first arrival to the last finish.
 """
@@ -157,7 +163,19 @@ def summarize(
     out.update(_batch_stats(steps))
     out.update(memory_shares(steps))
     out["kv_sharing_saving_pct"] = sharing_saving_pct(steps)
+    out.update(prefix_cache_hits(done))
     return out
+
+
+def prefix_cache_hits(done: pd.DataFrame) -> dict[str, float]:
+    """``prefix_cache_hit_tokens`` and ``prefix_cache_hit_pct`` of the finished requests
+    ``done`` (see the module doc); NaN where their table has no ``cached_prompt_tokens``
+    (one recorded before the column existed) or holds no prompt token."""
+    prompt = float(done["prompt_len"].sum())
+    if "cached_prompt_tokens" not in done or prompt <= 0:
+        return {"prefix_cache_hit_tokens": math.nan, "prefix_cache_hit_pct": math.nan}
+    hits = float(done["cached_prompt_tokens"].fillna(0).sum())
+    return {"prefix_cache_hit_tokens": int(hits), "prefix_cache_hit_pct": 100.0 * hits / prompt}
 
 
 def _batch_stats(steps: pd.DataFrame) -> dict[str, float]:

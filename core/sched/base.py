@@ -370,13 +370,16 @@ class BaseScheduler:
 
     def _admit(self, group: SequenceGroup, now: float, first_chunk: int | None = None) -> int:
         """Allocate KV for a waiting group (for its first ``first_chunk`` tokens where the
-        manager allocates by chunk) and mark it running. Returns cached tokens."""
+        manager allocates by chunk) and mark it running. Returns cached tokens, which the
+        group keeps as ``cached_prompt_tokens`` at its first admission (a re-admission after a
+        recompute preemption finds its own blocks again, not the cache's earlier work)."""
         cached = self.manager.allocate(group, first_chunk)
         for seq in group.live_seqs():
             seq.num_computed = cached
             seq.status = SequenceStatus.RUNNING
         if group.first_scheduled_time is None:
             group.first_scheduled_time = now
+            group.cached_prompt_tokens = cached
         return cached
 
     def _new_plan(self) -> StepPlan:
