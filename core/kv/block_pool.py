@@ -68,9 +68,6 @@ class BlockPool:
         """The block registered under ``block_hash`` (used or evictable), if any."""
         return self._block_of.get(block_hash)
 
-    def hash_of(self, block: int) -> int | None:
-        return self._hash_of.get(block)
-
     # -- verbs ------------------------------------------------------------------------
     def allocate(self) -> int:
         """Take a block (ref 1, fill 0): from the free list, else evict the least recently

@@ -1,4 +1,4 @@
-"""The scheduler protocol and the bookkeeping every scheduler shares.
+"""The bookkeeping every scheduler shares, and what a policy writes (``schedule``).
 
 A scheduler owns the request queues and a KV-cache manager. The driver (simulator or
 engine) calls, in a loop::
@@ -19,7 +19,6 @@ from collections import deque
 from dataclasses import dataclass
 from functools import cache
 from types import FunctionType
-from typing import Protocol
 
 from core.kv.base import AllocStatus, KVCacheError, KVCacheManager, MemoryBreakdown
 from core.plan import HELD_BY_MEMORY, BeamChoice, StepOutcome, StepPlan
@@ -79,31 +78,6 @@ class SchedulerConfig:
             raise SchedulerConfigError(
                 f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
             )
-
-
-class Scheduler(Protocol):
-    """What a driver (``sim.driver.simulate``, ``engine.LLMEngine``) uses of a scheduler."""
-
-    name: str
-    manager: KVCacheManager
-    step_index: int
-    waiting: deque[SequenceGroup]
-    running: list[SequenceGroup]
-    swapped: list[SequenceGroup]
-
-    def add(self, request: Request, now: float) -> SequenceGroup: ...
-
-    def reject(self, request: Request, reason: str) -> SequenceGroup: ...
-
-    def schedule(self, now: float) -> StepPlan: ...
-
-    def update(self, plan: StepPlan, outcome: StepOutcome, now: float) -> list[SequenceGroup]: ...
-
-    def pop_aborted(self) -> list[SequenceGroup]: ...
-
-    def has_unfinished(self) -> bool: ...
-
-    def check_integrity(self) -> None: ...
 
 
 def stand_in_token_id(seq_id: int) -> int:
@@ -248,10 +222,17 @@ class BaseScheduler:
         return bool(self.waiting or self.running or self.swapped)
 
     @property
-    def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.swapped)
-
     def schedule(self, now: float) -> StepPlan:
+        """Decide one step's work at ``now`` (the driver's clock): the one method a policy
+        writes. It may admit waiting groups (:meth:`_admit`: the manager allocates their KV
+        after ``can_allocate`` said OK), preempt running ones (recompute: their KV freed and
+        the group requeued; swap: ``plan.swap_out``), swap groups back in, and reserve each
+        scheduled sequence's slots for the tokens the step writes, always asking the manager
+        (``can_*``) before committing. It returns the step's prefill chunks, decodes, swaps
+        and block copies (:class:`core.plan.StepPlan`), a plan :meth:`plan_problem` finds
+        nothing wrong with. It does not advance sequences or finish groups (:meth:`update`
+        does, at the step's end). An empty plan means nothing can run now: idle when no
+        group is left, else a stall (:class:`core.loop.StallError`)."""
         raise NotImplementedError
 
     def decode_run(self, max_steps: int) -> DecodeRun | None:

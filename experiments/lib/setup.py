@@ -129,9 +129,6 @@ def served_max_model_len(system: Mapping[str, Any], model: ModelSpec) -> int:
     return int(value)
 
 
-max_model_len = served_max_model_len
-
-
 def prefix_caching_for(
     system: Mapping[str, Any], requests: list[Request], warn: bool = True
 ) -> bool:
