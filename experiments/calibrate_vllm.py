@@ -195,9 +195,10 @@ def run_calibration(
     if all(math.isnan(r.scheduled) for r in run.logged):
         notes.append("the log has no scheduled_ts: the queue wait is unknown, so the fit uses "
                      "TPOTs only (no TTFTs of requests scheduled at once)")  # fmt: skip
-    if run.prefix_caching_dropped:
+    if run.prefix_caching_without_ids:
         notes.append("prefix caching is on in meta.json but the log comes without prompt token "
-                     "ids (--workload): prefix caching is off in the simulation")  # fmt: skip
+                     "ids (--workload): in the simulation a request finds only its own blocks "
+                     "again (after a recompute), none of a prefix the run shared")  # fmt: skip
     meas = measured_frame(run.logged)
     roofline = RooflineCostModel(model, gpu, run.tp, run.dtype_bytes, block_size=run.block_size)
     first = run_simulation(run, roofline, blocks)

@@ -462,20 +462,23 @@ def test_showing_the_config_with_a_bad_key_is_one_line_and_no_index_row(
     assert not (tmp_path / "index.csv").exists()
 
 
-def test_prefix_caching_off_says_how_many_requests_lack_token_ids(monkeypatch) -> None:
+def test_prefix_caching_without_ids_says_how_many_requests_lack_them(monkeypatch) -> None:
     from core.request import Request
     from experiments.lib import setup
 
     said: list[str] = []
 
     class Log:
-        def warning(self, message: str, *args: object) -> None:
+        def info(self, message: str, *args: object) -> None:
             said.append(message % args)
 
     monkeypatch.setattr(setup, "log", Log())
     reqs = [Request(0, 0.0, 3, 2, prompt_token_ids=[1, 2, 3]), Request(1, 0.0, 3, 2)]
-    assert setup.prefix_caching_for({"enable_prefix_caching": True}, reqs) is False
-    assert "1 of 2 without prompt token ids" in said[0]
+    # on: each request without ids stands for a prompt of its own (it had turned caching off)
+    assert setup.prefix_caching_for({"enable_prefix_caching": True}, reqs) is True
+    assert "has 1 of 2 without prompt token ids" in said[0] and "no prefix is shared" in said[0]
+    assert setup.prefix_caching_for({"enable_prefix_caching": False}, reqs) is False
+    assert len(said) == 1  # caching off: nothing to say
 
 
 def test_the_config_shown_nulls_the_partner_key_as_the_run_does(tmp_path: Path) -> None:

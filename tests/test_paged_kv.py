@@ -206,8 +206,17 @@ def test_prefix_cache_hit_eviction_and_errors() -> None:
     m.free(d.seqs[0].seq_id)
     again = make_group(12, prompt=prompt)
     assert m.allocate(again) == 8  # the evicted third block is no longer a hit anyway
-    with pytest.raises(KVCacheError, match="prompt token ids"):
-        m.can_allocate(make_group(4))
+    m.free(again.seqs[0].seq_id)
+    # a request of lengths alone (no prompt ids) stands for a prompt of its own
+    # (stand_in_prompt_id): it finds its own blocks again after a recompute, no one else's
+    own = make_group(8)
+    assert m.allocate(own) == 0
+    grow(m, own)  # its prompt's 2 full blocks get indexed (and a third block taken)
+    m.free(own.seqs[0].seq_id)
+    assert m.allocate(own) == 8  # re-admitted (a recompute): its own blocks found again
+    m.free(own.seqs[0].seq_id)
+    assert m.allocate(make_group(8)) == 0  # another request of lengths alone: no hit
+    m.check_integrity()
 
 
 class PagedMachine(ManagerMachine[PagedKVCacheManager]):

@@ -109,3 +109,23 @@ def test_no_prefix_caching_no_hits() -> None:
     run_ = simulate_requests(_shared_prompt_requests(0.0), ["system=vllm", "model=opt-125m"])
     assert run_.metrics["prefix_cache_hit_tokens"] == 0
     assert set(run_.requests["cached_prompt_tokens"]) == {0}
+
+
+def test_requests_without_ids_find_only_their_own_blocks_as_the_engines_drawn_ids_do() -> None:
+    # the simulator turned prefix caching off for requests of lengths alone while the engine,
+    # which draws each prompt's ids, kept it on: a request preempted by recompute hit its
+    # own blocks in the engine only (+38% prompt tokens recomputed in the simulator)
+    from core.request import Request
+    from core.seeding import with_drawn_prompt_ids
+    from experiments.simulate import simulate_requests
+
+    lengths = [Request(i, 0.0, 300 + 7 * i, 200) for i in range(24)]
+    drawn = [with_drawn_prompt_ids(r, 50272, seed=0) for r in lengths]
+    setting = ["system=vllm_v1", "model=opt-125m", "num_gpu_blocks=130", "kv_cache_gb=null"]
+    runs = [simulate_requests(reqs, setting) for reqs in (lengths, drawn)]
+    for run_ in runs:
+        assert run_.metrics["num_preemptions"] > 0  # a small cache: recomputes happen
+        assert run_.metrics["prefix_cache_hit_tokens"] == 0  # no prefix is shared
+    assert runs[0].steps["prefill_tokens"].sum() == runs[1].steps["prefill_tokens"].sum()
+    assert runs[0].steps["prefill_kv_read_tokens"].sum() > 0  # own blocks found again
+    assert runs[0].requests.equals(runs[1].requests)

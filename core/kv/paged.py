@@ -43,9 +43,20 @@ from core.kv.base import (
     new_breakdown,
 )
 from core.kv.block_pool import BlockPool
-from core.request import RequestError, Sequence, SequenceGroup
+from core.request import Sequence, SequenceGroup
 
 _ROOT_HASH = 0  # the "previous block hash" of a sequence's first block
+# below every generated token's stand-in (core.sched.base.stand_in_token_id: -2 - seq_id)
+_STAND_IN_PROMPT_BASE = -(1 << 40)
+
+
+def stand_in_prompt_id(request_id: int) -> int:
+    """The id every prompt token of request ``request_id`` stands as in a block hash when the
+    request carries lengths alone (a body that draws no prompt ids: the simulator): one per
+    request, never a vocabulary id nor a generated token's stand-in, so a prefix cache finds
+    a request's own prompt blocks again (after a recompute preemption) and no other
+    request's, as the engine's randomly drawn prompts do."""
+    return _STAND_IN_PROMPT_BASE - request_id
 
 
 class _SeqState:
@@ -129,13 +140,13 @@ class PagedKVCacheManager:
         return -(-slots // self.block_size)
 
     def _token_ids(self, seq: Sequence) -> list[int]:
-        try:
-            return seq.token_ids()
-        except RequestError as e:
-            raise KVCacheError(
-                f"prefix caching needs prompt token ids: {e} (requests of lengths alone: "
-                "turn prefix caching off, enable_prefix_caching=False)"
-            ) from e
+        """The ids ``seq``'s block hashes read: its prompt's and generated tokens; a request
+        of lengths alone stands for its prompt by :func:`stand_in_prompt_id`."""
+        request = seq.group.request
+        if request.prompt_token_ids is None:
+            prompt = [stand_in_prompt_id(request.request_id)] * request.prompt_len
+            return [*prompt, *seq.output_token_ids]
+        return seq.token_ids()
 
     def _prefix_hits(self, seq: Sequence) -> list[tuple[int, int]]:
         """Leading cached blocks ``(block, hash)`` of the sequence, never covering its last

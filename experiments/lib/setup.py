@@ -132,21 +132,22 @@ def served_max_model_len(system: Mapping[str, Any], model: ModelSpec) -> int:
 def prefix_caching_for(
     system: Mapping[str, Any], requests: list[Request], warn: bool = True
 ) -> bool:
-    """``system.enable_prefix_caching``, turned off (with a warning unless ``warn`` is False)
-    for a workload without prompt token ids: block hashes need the tokens (e.g.
-    ``system=vllm_v1`` on a synthetic workload without ``with_token_ids``, or a vLLM log
-    without ``tokens_path``)."""
+    """``system.enable_prefix_caching``. A workload without prompt token ids keeps it: each
+    such request's prompt stands for ids of its own (:func:`core.kv.paged.stand_in_prompt_id`),
+    so a request finds only its own blocks again (after a recompute preemption), as the
+    engine's randomly drawn prompts do, and no prefix is shared; a log line says so unless
+    ``warn`` is False (e.g. ``system=vllm_v1`` on a synthetic workload without
+    ``with_token_ids``, or a vLLM log without ``tokens_path``)."""
     wanted = bool(system.get("enable_prefix_caching", False))
     missing = sum(r.prompt_token_ids is None for r in requests)
-    if wanted and missing:
-        if not warn:
-            return False
+    if wanted and missing and warn:
         which = "no" if missing == len(requests) else f"{missing} of {len(requests)} without"
-        log.warning(
-            "system.enable_prefix_caching is on but the workload has %s prompt token ids: "
-            "prefix caching is off for this run", which,
+        log.info(
+            "prefix caching: the workload has %s prompt token ids, so each such request's "
+            "prompt stands for tokens of its own: it finds only its own blocks again (after a "
+            "recompute preemption), no prefix is shared (workload.with_token_ids=true draws "
+            "ids on a synthetic workload)", which,
         )  # fmt: skip
-        return False
     return wanted
 
 
@@ -199,8 +200,8 @@ def scheduler_factory(
 ) -> Callable[[], BaseScheduler]:
     """A function making a fresh scheduler (owning its manager) for the system group over
     ``num_slots`` device and ``num_cpu_slots`` CPU token slots (batch limits left null
-    taken for ``device``: :func:`scheduler_config`). Given the ``requests``, prefix caching is
-    on only if they carry token ids (:func:`prefix_caching_for`)."""
+    taken for ``device``: :func:`scheduler_config`). Given the ``requests``, a log line says
+    how prefix caching reads those without token ids (:func:`prefix_caching_for`)."""
     config = scheduler_config(system, max_model_len, device)
     options = manager_options(system)
     if requests is not None:

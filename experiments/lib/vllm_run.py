@@ -76,7 +76,9 @@ class VLLMRun:
     gpu_memory_utilization: float
     cuda_graph_max_size: int
     timeseries: pd.DataFrame | None
-    prefix_caching_dropped: bool = False
+    # prefix caching on but the log without prompt token ids: each prompt stands for ids of
+    # its own (core.kv.paged.stand_in_prompt_id), so no prefix the run shared is found
+    prefix_caching_without_ids: bool = False
     # vLLM's kv_cache_memory_bytes (per GPU): sizes the cache when no block count is recorded
     kv_cache_memory_bytes: int | None = None
     device_name: str | None = None  # hardware.device_name of meta.json
@@ -290,8 +292,9 @@ def _read_run(run_dir: Path, workload: Path | None) -> VLLMRun:
         raise RunError(f"{meta_path}: the run's scheduler settings cannot be simulated: "
                        f"{e.key.removeprefix('system.')}: {e.problem}") from None  # fmt: skip
     requests = requests_from_log(logged, ids)
-    wanted = system["enable_prefix_caching"]
-    system["enable_prefix_caching"] = prefix_caching_for(system, requests, warn=False)
+    without_ids = prefix_caching_for(system, requests, warn=False) and any(
+        r.prompt_token_ids is None for r in requests
+    )
     blocks_keys = ("kv_cache.num_gpu_blocks", f"{cc}.num_gpu_blocks")
     blocks = setting(BLOCK_COUNT, *blocks_keys, default=None)
     if blocks is not None and blocks * system["block_size"] < max_len:
@@ -331,7 +334,7 @@ def _read_run(run_dir: Path, workload: Path | None) -> VLLMRun:
         kv_cache_memory_bytes=kv_bytes,
         cuda_graph_max_size=0 if eager else graphs,
         timeseries=read_timeseries(run_dir / "timeseries.csv"),
-        prefix_caching_dropped=wanted and not system["enable_prefix_caching"],
+        prefix_caching_without_ids=without_ids,
         device_name=device or None,
         meta_path=meta_path,
         max_model_len_key=max_len_key or max_len_keys[0],
