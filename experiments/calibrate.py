@@ -27,6 +27,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from core.systems import SystemConfigError, load_plugin
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import DTYPE_BYTES, ConfigError, check_values
 from experiments.lib.cli import check_out_file, plain_cli
@@ -43,7 +44,9 @@ from sim.cost.profiled import ProfiledCostModel
 def read_run_config(run_dir: Path) -> dict[str, Any]:
     """The resolved ``config.yaml`` of an engine run directory, as a plain dict; a value
     that breaks its key's rule (:func:`experiments.lib.checks.check_values`, as ``serve``
-    checked it) is a ConfigError on that key naming the file."""
+    checked it) is a ConfigError on that key naming the file. A run of a policy plugin
+    (``system.plugin``) has it imported, so its system is known here as it was to
+    ``serve``."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ConfigError("run_dir", "not a run directory: no config.yaml", str(run_dir))
@@ -55,6 +58,10 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
         check_values(cfg, "serve")
     except ConfigError as err:
         raise ConfigError(err.key, f"{path}: {err.problem}", err.got, err.expected) from None
+    try:
+        load_plugin(cfg["system"].get("plugin"))
+    except SystemConfigError as exc:
+        raise ConfigError("system.plugin", f"{path}: {exc}") from None
     return cfg  # type: ignore[return-value]
 
 

@@ -205,7 +205,13 @@ def test_prefix_cache_hit_eviction_and_errors() -> None:
     m.check_integrity()
     m.free(d.seqs[0].seq_id)
     again = make_group(12, prompt=prompt)
+    before = (m.breakdown(), m.num_free_blocks(), m.device_pool.num_evictable())
+    assert m.cached_prefix_tokens(again) == 8  # asked before allocating: nothing taken
+    assert (m.breakdown(), m.num_free_blocks(), m.device_pool.num_evictable()) == before
     assert m.allocate(again) == 8  # the evicted third block is no longer a hit anyway
+    assert m.cached_prefix_tokens(make_group(12, prompt=tuple(range(200, 212)))) == 0
+    off = PagedKVCacheManager(6, 4, watermark=0.0)
+    assert off.cached_prefix_tokens(make_group(12)) == 0  # no prefix cache: no ids needed
     m.free(again.seqs[0].seq_id)
     # a request of lengths alone (no prompt ids) stands for a prompt of its own
     # (stand_in_prompt_id): it finds its own blocks again after a recompute, no one else's
@@ -260,7 +266,11 @@ class PagedMachine(ManagerMachine[PagedKVCacheManager]):
             assert (m.breakdown(), m.num_free_blocks()) == before
             return
         others = {b for t in self.tables().values() for b in t}
+        before = (m.breakdown(), m.num_free_blocks(), m.device_pool.num_evictable())
+        probe = m.cached_prefix_tokens(g)  # read-only: the state is as it was
+        assert (m.breakdown(), m.num_free_blocks(), m.device_pool.num_evictable()) == before
         cached = m.allocate(g)
+        assert cached == probe
         seq = g.seqs[0]
         assert cached % m.block_size == 0 and 0 <= cached < seq.num_tokens
         assert self.prefix_caching or cached == 0

@@ -4,6 +4,9 @@ that cannot be loaded is one line naming ``system.plugin``."""
 
 from __future__ import annotations
 
+import inspect
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -278,3 +281,40 @@ def test_a_plugin_imported_before_it_is_loaded_is_still_its_systems_owner(monkey
     systems.load_plugin("tests.policy_plugin")
     assert systems.plugin_of("vllm_spf") == "tests.policy_plugin"
     assert systems.plugin_of("vllm") is None  # a built-in stays no plugin's
+
+
+def test_the_contract_a_policy_writes_is_a_method() -> None:
+    # BaseScheduler.schedule is what a policy overrides and calls as schedule(now); a stray
+    # @property once made it an attribute that no call could reach
+    from core.kv.paged import PagedKVCacheManager
+
+    assert inspect.isfunction(BaseScheduler.__dict__["schedule"])
+    with pytest.raises(NotImplementedError):
+        BaseScheduler(PagedKVCacheManager(4)).schedule(0.0)
+
+
+def test_validate_imports_the_plugin_of_the_run_it_replays(tmp_path: Path, monkeypatch) -> None:
+    # validate runs in a fresh process, where the plugin that serve loaded is not imported
+    pytest.importorskip("torch")
+    import core.systems as systems
+    from experiments import validate
+
+    source = Path(__file__).with_name("policy_plugin.py").read_text()
+    (tmp_path / "kvlab_replayed_plugin.py").write_text(source.replace("vllm_spf", "spf_replayed"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugin = ["system.name=spf_replayed", "system.plugin=kvlab_replayed_plugin"]
+    try:
+        status, _, err = run_cli(serve, [*SERVE_SMALL, *plugin], tmp_path)
+        assert status == 0, err
+        SYSTEMS.pop("spf_replayed")  # as in a fresh process
+        systems._PLUGIN_OF.pop("spf_replayed")
+        sys.modules.pop("kvlab_replayed_plugin")
+        out = tmp_path / "replay.json"
+        assert validate.main([str(tmp_path / "run"), "--recorded", "--out", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["exact_replay_expected"] and doc["recorded_steps_left"] == 0
+        assert all(row["rel_err"] in (0.0, None) for row in doc["comparison"])
+    finally:
+        SYSTEMS.pop("spf_replayed", None)
+        systems._PLUGIN_OF.pop("spf_replayed", None)
+        sys.modules.pop("kvlab_replayed_plugin", None)

@@ -295,6 +295,16 @@ class PagedKVCacheManager:
             return AllocStatus.OK
         return AllocStatus.LATER
 
+    def cached_prefix_tokens(self, group: SequenceGroup) -> int:
+        """Leading prompt tokens of the group's first live sequence that the prefix cache
+        holds now (whole blocks, never its last token; 0 without prefix caching): what
+        :meth:`allocate` would report as cached for a one-sequence group. Read-only: it
+        takes, pins and evicts nothing, so a policy may ask it of every waiting group to
+        order its admissions."""
+        if not self.enable_prefix_caching:
+            return 0
+        return len(self._prefix_hits(self._live(group)[0])) * self.block_size
+
     def allocate(self, group: SequenceGroup, first_chunk: int | None = None) -> int:
         """Give the live sequences blocks for ``seq.num_tokens`` slots each: the first its
         own, every other one the first's full prompt blocks (shared, as after ``fork``; a

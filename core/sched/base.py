@@ -221,7 +221,6 @@ class BaseScheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    @property
     def schedule(self, now: float) -> StepPlan:
         """Decide one step's work at ``now`` (the driver's clock): the one method a policy
         writes. It may admit waiting groups (:meth:`_admit`: the manager allocates their KV
