@@ -54,6 +54,11 @@ class KVMisuseError(PolicyError, KVCacheError):
     escaped ``schedule`` or ``update``: a block freed twice, a sequence unknown to it)."""
 
 
+class LostRequestError(PolicyError):
+    """The scheduler dropped requests: groups it accepted that neither finished nor were
+    aborted are in none of its queues (``waiting``, ``running``, ``swapped``)."""
+
+
 class PlanError(PolicyError):
     """The scheduler returned a plan no body can run right
     (:meth:`~core.sched.base.BaseScheduler.plan_problem`)."""
@@ -155,15 +160,20 @@ class StepLoop:
     check_plans: bool | None = None
     num_steps: int = field(default=0, init=False)
     ended: list[SequenceGroup] = field(default_factory=list, init=False)  # since begin()
+    # groups accepted by add that have not finished or been aborted (a queue must hold them)
+    num_open: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if self.check_plans is None:
             self.check_plans = type(self.scheduler) not in SHIPPED_SCHEDULERS
 
-    def _done(self, groups: list[SequenceGroup]) -> None:
+    def _done(self, groups: list[SequenceGroup], opened: bool = True) -> None:
+        """Record ``groups``, done; ``opened``: they were accepted (not rejected at intake)."""
         record = self.recorder.record_request
         for group in groups:
             record(group)
+        if opened:
+            self.num_open -= len(groups)
         self.ended.extend(groups)
         if self.on_done is not None:
             self.on_done(len(groups))
@@ -177,7 +187,9 @@ class StepLoop:
         else:
             group = self.scheduler.add(request, now)
         if group.reject_reason is not None:
-            self._done([group])
+            self._done([group], opened=False)
+        else:
+            self.num_open += 1
         return group
 
     def begin(self, now: float) -> PendingStep | None:
@@ -212,6 +224,12 @@ class StepLoop:
                     f"requests but scheduled nothing ({manager.num_free_blocks()} of "
                     f"{manager.num_device_blocks} KV blocks free)"
                 )
+            if self.num_open:
+                raise LostRequestError(
+                    f"scheduler {sched.name} lost {self.num_open} request(s) by step "
+                    f"{self.num_steps}: accepted, neither finished nor aborted, and in none of "
+                    "its queues"
+                )
             return None
         shape = plan.shape()
         memory = sched.manager.breakdown()
@@ -220,12 +238,18 @@ class StepLoop:
         return PendingStep(plan, shape, memory, running, now, outcome)
 
     def _check_integrity(self) -> None:
+        sched = self.scheduler
         try:
-            self.scheduler.check_integrity()
+            sched.check_integrity()
         except (AssertionError, KVCacheError) as e:  # the managers' checks raise KVCacheError
-            raise IntegrityError(
-                f"scheduler {self.scheduler.name} after step {self.num_steps}: {e}"
-            ) from e
+            raise IntegrityError(f"scheduler {sched.name} after step {self.num_steps}: {e}") from e
+        queued = len(sched.waiting) + len(sched.running) + len(sched.swapped)
+        if queued < self.num_open:
+            raise LostRequestError(
+                f"scheduler {sched.name} lost {self.num_open - queued} request(s) by step "
+                f"{self.num_steps}: accepted, neither finished nor aborted, and in none of its "
+                "queues"
+            )
 
     def _misuse(self, verb: str, e: KVCacheError) -> KVMisuseError:
         return KVMisuseError(
