@@ -244,6 +244,7 @@ class StepLoop:
         except (AssertionError, KVCacheError) as e:  # the managers' checks raise KVCacheError
             raise IntegrityError(f"scheduler {sched.name} after step {self.num_steps}: {e}") from e
         queued = len(sched.waiting) + len(sched.running) + len(sched.swapped)
+        queued += len(getattr(sched, "_aborted", ()))  # aborted, not yet popped
         if queued < self.num_open:
             raise LostRequestError(
                 f"scheduler {sched.name} lost {self.num_open - queued} request(s) by step "
