@@ -161,6 +161,11 @@ class StepPlan:
     def scheduled_seqs(self) -> list[Sequence]:
         return [c.seq for c in self.prefill] + self.decode
 
+    def sampling_seqs(self) -> list[Sequence]:
+        """Sequences that sample a token this step, in the engine's row order: prefill
+        chunks that reach ``seq.num_tokens`` first (plan order), then every decode."""
+        return [c.seq for c in self.prefill if c.samples] + self.decode
+
 
 @dataclass(slots=True)
 class BeamChoice:

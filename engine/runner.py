@@ -32,12 +32,6 @@ class BatchInputs:
     sample_seqs: list[Sequence]
 
 
-def sampling_seqs(plan: StepPlan) -> list[Sequence]:
-    """Sequences that sample this step, in row order: prefill chunks reaching
-    ``seq.num_tokens`` first (plan order), then every decode sequence."""
-    return [c.seq for c in plan.prefill if c.samples] + list(plan.decode)
-
-
 def build_inputs(plan: StepPlan, manager: KVCacheManager, device: torch.device) -> BatchInputs:
     """Token ids, positions and attention metadata for ``plan`` (see module doc)."""
     bs = manager.block_size
@@ -85,7 +79,7 @@ def build_inputs(plan: StepPlan, manager: KVCacheManager, device: torch.device) 
         positions=tensor(positions, torch.int64),
         meta=meta,
         sample_rows=tensor(sample_rows, torch.int64),
-        sample_seqs=sampling_seqs(plan),
+        sample_seqs=plan.sampling_seqs(),
     )
 
 
@@ -102,7 +96,8 @@ class ModelRunner:
 
     def execute(self, plan: StepPlan, manager: KVCacheManager) -> torch.Tensor:
         """fp32 logits ``[num_sampling_rows, vocab]`` for the sequences that sample, in the
-        order of :func:`sampling_seqs`; writes every computed token's K/V to the cache.
+        order of :meth:`core.plan.StepPlan.sampling_seqs`; writes every computed token's K/V to
+        the cache.
         :meth:`prepare` then :meth:`forward` (the engine calls them apart to time them)."""
         return self.forward(self.prepare(plan, manager))
 

@@ -44,7 +44,7 @@ def sim_beams(plan: StepPlan, rng: np.random.Generator) -> list[BeamChoice]:
     after this step's token. Each choice names ``(parent seq_id, candidate index)`` per new
     beam (the simulator has no token ids) and the new beams' cumulative scores."""
     groups = {}
-    for seq in plan.scheduled_seqs():
+    for seq in plan.sampling_seqs():  # a prompt chunk short of its end samples nothing
         g = seq.group
         if g.sampling.use_beam_search and g.num_generated + 1 < g.request.output_len:
             groups[id(g)] = g

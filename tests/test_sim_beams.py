@@ -184,3 +184,16 @@ def test_simulated_beams_carry_stand_in_ids_and_give_no_false_prefix_hits() -> N
     starts: list[int] = []
     run_loop(sched, [follower], on_plan=lambda p: starts.extend(c.start for c in p.prefill))
     assert starts[0] == 8  # the prompt's two blocks, nothing generated
+
+
+def test_a_prompt_chunk_short_of_its_end_draws_no_beams() -> None:
+    # sim_beams drew a choice (and random numbers) for every scheduled beam group, also one
+    # whose prompt chunk samples nothing, so the stand-in's stream hung on chunk sizes
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, chunked_prefill=True)
+    sched = build_scheduler("vllm", 4096, config)
+    sched.add(Request(0, 0.0, 200, 10, SamplingParams(beam_width=4)), 0.0)
+    plan = sched.schedule(0.0)
+    assert plan.prefill and not plan.prefill[0].samples and plan.sampling_seqs() == []
+    rng = np.random.default_rng(0)
+    assert sim_beams(plan, rng) == []
+    assert rng.random() == np.random.default_rng(0).random()  # nothing drawn
