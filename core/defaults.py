@@ -10,6 +10,7 @@
   transfer and one scatter each: the gather's temporary on the source device stays bounded.
   256 MiB is a choice (small beside a GPU's memory, large enough that a typical swap is one
   chunk); the simulator's ``measured`` stack prices the same chunks.
+- ``GIB``: bytes in a GiB (2**30), the unit of every ``*_gb`` key and memory figure.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_WATERMARK = 0.01
 SWAP_CHUNK_BYTES = 256 << 20
+GIB = 1 << 30
 
 
 def swap_chunk_blocks(block_bytes: float, chunk_bytes: float = SWAP_CHUNK_BYTES) -> int:

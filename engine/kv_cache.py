@@ -19,13 +19,11 @@ from collections.abc import Sequence
 
 import torch
 
-from core.defaults import swap_chunk_blocks
+from core.defaults import GIB, swap_chunk_blocks
 from core.kv.base import check_at_least
 from core.model_spec import ModelSpec, kv_bytes_per_token
 from kernels.block_ops import check_copy_pairs, gather_blocks, scatter_blocks
 from kernels.block_ops import copy_blocks as triton_copy_blocks
-
-GIB = 1024**3
 
 BlockPairs = Sequence[tuple[int, int]]
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from core.defaults import DEFAULT_BLOCK_SIZE
 from core.model_spec import ModelSpec, check_kv_heads_split, kv_bytes_per_token
+from core.sched.batch_defaults import V0_MAX_NUM_BATCHED_TOKENS, V0_MAX_NUM_SEQS
 from sim.catalog import GIB, GPUSpec, get_gpu, get_model
 
 LOGITS_BYTES = 4  # samplers upcast logits to fp32
 # fp32 logits + sorted fp32 values + int64 sort indices + fp32 softmax (activation_bytes)
 SAMPLER_BYTES_PER_LOGIT = LOGITS_BYTES + 4 + 8 + 4
-DEFAULT_MAX_NUM_SEQS = 256  # vLLM v0.1's default max_num_seqs (its code; not in the paper)
 
 
 def check_tp(model: ModelSpec, tp: int) -> None:
@@ -66,7 +67,7 @@ def activation_bytes(
     model: ModelSpec,
     tp: int,
     max_num_batched_tokens: int,
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    max_num_seqs: int = V0_MAX_NUM_SEQS,
     dtype_bytes: int = 2,
 ) -> int:
     """Peak activation memory per GPU of the largest prefill batch.
@@ -181,12 +182,12 @@ def kv_capacity(
     tp: int = 1,
     dtype_bytes: int = 2,
     gpu_memory_utilization: float = 0.9,
-    max_num_batched_tokens: int = 2560,
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    max_num_batched_tokens: int = V0_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int = V0_MAX_NUM_SEQS,
     kv_cache_bytes: int | None = None,
     max_model_len: int | None = None,
     num_gpu_blocks: int | None = None,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     cuda_graph_max_size: int = 0,
     non_torch_bytes: int = 0,
 ) -> KVCapacity:

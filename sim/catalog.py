@@ -32,10 +32,10 @@ from typing import Any
 
 import yaml
 
+from core.defaults import GIB
 from core.mapping_file import read_mapping
 from core.model_spec import OPT_POSITION_OFFSET, ModelSpec
 
-GIB = 1 << 30
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PEER_LINKS = ("nvlink", "pcie")
 # A hardware YAML's numbers: key -> (GPUSpec field, scale to SI units).

@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
+from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK, GIB
 from core.kv.block_pool import MAX_BLOCKS
 from core.request import Request, RequestError
 from core.sched.base import BaseScheduler, SchedulerConfig, SchedulerConfigError
@@ -50,7 +50,6 @@ from sim.cost.overhead import Stack, contiguous_kernel, get_stack
 from sim.cost.profile import ProfileError
 from sim.cost.stack_file import MEASURED, load_stack_file
 
-GIB = 1024**3
 REPO_ROOT = Path(__file__).resolve().parents[2]  # relative profile paths start here
 log = logging.getLogger(__name__)
 
