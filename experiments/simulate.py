@@ -81,10 +81,10 @@ def simulate_requests(requests: Sequence[Request], overrides: Sequence[str] = ()
     """Simulate a list of one's own ``requests`` on the model, GPU, system and clock the
     ``overrides`` name (``simulate``'s, less the workload group: the requests are the
     workload, and an override that names it raises ConfigError rather than do nothing).
-    Prefix caching, where the system enables it, is on exactly when every request carries
-    prompt token ids, as for a workload's requests
-    (:func:`experiments.lib.setup.prefix_caching_for`). A config that cannot run raises
-    ConfigError before any step."""
+    Prefix caching, where the system enables it, is on; a request without prompt token ids
+    stands for a prompt of its own and finds only its own blocks again, as for a workload's
+    requests (:func:`experiments.lib.setup.prefix_caching_for`). A config that cannot run
+    raises ConfigError before any step."""
     from experiments.reproduce import compose_config
 
     for override in overrides:

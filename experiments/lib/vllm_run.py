@@ -581,7 +581,8 @@ def num_blocks(run: VLLMRun, model: ModelSpec, gpu: GPUSpec) -> tuple[int, str]:
 
 def run_simulation(run: VLLMRun, cost: CostModel, blocks: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Simulate the whole run on ``run.system`` (vllm_v1); the requests and steps frames.
-    Prefix caching is off when the log comes without prompt token ids. A request with a
+    A log without prompt token ids keeps prefix caching: each request stands for a prompt of
+    its own (:func:`core.kv.paged.stand_in_prompt_id`). A request with a
     prompt token id outside ``run.vocab_size`` is rejected, as ``experiments.simulate``
     rejects it (the model's vocabulary)."""
     slots = blocks * run.block_size
