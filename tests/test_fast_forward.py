@@ -93,21 +93,22 @@ def test_lockstep_blocks_refuses_what_is_not_a_plain_decode() -> None:
     assert m.lockstep_blocks([seq], 3) is None  # two slots behind
     seq.num_generated -= 1
     assert m.lockstep_blocks([seq], 3) == [0, 0, 1]  # slots 7, 8 fill block 1; 9 opens 2
-    cached = PagedKVCacheManager(20, 4, watermark=0.0, enable_prefix_caching=True)
-    assert cached.lockstep_blocks([], 1) is None
 
 
 def _simulate(
     seed: int, rate: float, slots: int, replicas: int, check_every: int, fast: bool,
-    system: str = "vllm", knobs: dict[str, Any] | None = None,
+    system: str = "vllm", knobs: dict[str, Any] | None = None, caching: bool = False,
+    workload: dict[str, Any] | None = None,
 ) -> tuple[Any, ...]:  # fmt: skip
     wl = {"kind": "synthetic", "dataset": "sharegpt", "rate": rate, "duration_s": 15.0}
-    requests = build_workload(wl, max_model_len=2048, seed=seed)
+    requests = build_workload({**wl, **(workload or {})}, max_model_len=2048, seed=seed)
     cpu = 2048 if system == "vllm" else 0
     config = SchedulerConfig(**(knobs or {}))
 
     def make() -> Any:
-        return build_scheduler(system, slots, config=config, num_cpu_slots=cpu)
+        return build_scheduler(
+            system, slots, config=config, num_cpu_slots=cpu, enable_prefix_caching=caching
+        )
 
     cost = RooflineCostModel("opt-13b", "a100-40gb")
     return _run(requests, make, cost, fast, replicas, seed=seed, check_every=check_every)
@@ -120,9 +121,11 @@ def _run(
     """A simulation's tables, token gaps, clock and step count, and every sequence's
     final ``(num_computed, num_generated)`` (by request id, then sequence id)."""
     groups: list[SequenceGroup] = []
+    schedulers: list[BaseScheduler] = []
 
     def make_kept() -> BaseScheduler:
         sched = make()
+        schedulers.append(sched)
         add = sched.add
 
         def keep(request: Request, now: float) -> SequenceGroup:
@@ -148,7 +151,10 @@ def _run(
         result.end_time_s,
         result.num_steps,
         seqs,
-    )
+        # what each pool holds at the end: blocks left cached (evictable) and their hashes
+        [sorted(getattr(s.manager, "device_pool", s.manager)._hash_of.values())
+         if hasattr(s.manager, "device_pool") else None for s in schedulers],
+    )  # fmt: skip
 
 
 def _assert_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
@@ -156,6 +162,7 @@ def _assert_same(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
     pd.testing.assert_frame_equal(a[1], b[1], check_exact=True)
     assert a[2:5] == b[2:5]
     assert a[5] == b[5], "a sequence's computed or generated tokens differ"
+    assert a[6] == b[6], "the prefix caches hold other blocks at the end"
 
 
 @settings(max_examples=16, deadline=None)
@@ -341,3 +348,26 @@ def test_contiguous_lockstep_is_append_all_step_by_step(
         slow.num_slots(s.seq_id) for s in slow_seqs
     ]
     fast.check_integrity()
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 1000),
+    rate=st.sampled_from([2.0, 6.0]),
+    slots=st.sampled_from([3072, 8192]),  # small: recompute preemptions re-hit, blocks evicted
+    check_every=st.sampled_from([0, 5]),
+    system=st.sampled_from(["vllm", "vllm_v1"]),
+    shared=st.booleans(),
+)
+def test_fast_forward_with_prefix_caching_gives_the_step_by_step_results(
+    seed: int, rate: float, slots: int, check_every: int, system: str, shared: bool
+) -> None:
+    # decode runs skip prefix caching no more: the blocks a run fills are registered at its
+    # end (PagedKVCacheManager.register_run); stand-in prompts (no ids) or a shared prefix
+    workload = {"kind": "shared_prefix", "prefix_len": 64, "dataset": None} if shared else {}
+    knobs = {"chunked_prefill": True, "max_num_batched_tokens": 2048} if system == "vllm_v1" else {}
+    args = (seed, rate, slots, 1, check_every)
+    kw: dict[str, Any] = {"system": system, "caching": True, "workload": workload, "knobs": knobs}
+    fast = _simulate(*args, fast=True, **kw)
+    _assert_same(fast, _simulate(*args, fast=False, **kw))
+    assert fast[0]["prefill_kv_read_tokens"].sum() > 0 or not shared

@@ -168,6 +168,11 @@ class KVCacheManager(Protocol):
         """The state ``steps`` of those appends leave, at once."""
         ...
 
+    def register_run(self, seqs: list[Sequence], lag: int) -> None:
+        """After a lockstep run, what the appends would have registered in a prefix cache:
+        full blocks below ``num_computed - lag`` tokens (nothing without a cache)."""
+        ...
+
     def try_append(self, group: SequenceGroup) -> list[tuple[int, int]] | None:
         """``append(group)`` if ``can_append(group)``, else None and nothing changes."""
         ...

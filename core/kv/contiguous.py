@@ -239,6 +239,9 @@ class ContiguousKVCacheManager:
             s = states[seq.seq_id]
             self._set_slots(s, s.slots + steps)
 
+    def register_run(self, seqs: list[Sequence], lag: int) -> None:
+        """Nothing: contiguous KV has no prefix cache."""
+
     def try_append(self, group: SequenceGroup) -> list[tuple[int, int]] | None:
         return self.append(group) if self.can_append(group) else None
 

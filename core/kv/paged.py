@@ -491,10 +491,9 @@ class PagedKVCacheManager:
         """Blocks each of ``steps`` consecutive :meth:`append_all` calls would take if every
         call grew each of ``seqs`` by one slot: element ``j`` for the ``j``-th call. None
         unless each sequence is on the device, exactly one slot short of ``num_tokens``
-        (a plain decode step), and its last block is unshared, and prefix caching is off
-        (then the calls allocate only, never copy or register)."""
-        if self.enable_prefix_caching:
-            return None
+        (a plain decode step), and its last block is unshared (then the calls allocate
+        only, never copy; with prefix caching, the blocks they fill are offered to the cache
+        by :meth:`register_run` once the caller has the run's tokens)."""
         bs, states, ref = self.block_size, self._seqs, self._device.ref
         per_offset = [0] * bs  # sequences whose next new block comes after j % bs steps
         for seq in seqs:
@@ -549,6 +548,19 @@ class PagedKVCacheManager:
                 i += 1
             fill[table[i]] += target - s
         pool.num_filled += steps * len(seqs)
+
+    def register_run(self, seqs: list[Sequence], lag: int) -> None:
+        """With prefix caching, offer each of ``seqs``' full blocks below ``num_computed -
+        lag`` tokens to the cache: what the appends of a lockstep run
+        (:meth:`advance_lockstep`) offer one call at a time, each below the tokens computed
+        when it was made (``lag`` 1 when the run ended with a step's update, 0 when its next
+        step was scheduled too). Nothing looks the run's blocks up before this call: they
+        hold generated tokens of running sequences only."""
+        if not self.enable_prefix_caching:
+            return
+        states = self._seqs
+        for seq in seqs:
+            self._register_computed(seq, states[seq.seq_id], seq.num_computed - lag)
 
     def lockstep_breakdowns(self, num_seqs: int, new_blocks: list[int]) -> list[MemoryBreakdown]:
         """What :meth:`breakdown` will say after each of ``len(new_blocks)`` lockstep

@@ -277,6 +277,10 @@ class BaseScheduler:
             group.token_times.extend(ends)
             if generated >= request.output_len:
                 finished.append(group)
+        if self._stand_in_ids:  # a prefix cache hashes the generated tokens too
+            for seq in run.seqs:
+                seq.output_token_ids.extend([stand_in_token_id(seq.seq_id)] * steps)
+            manager.register_run(run.seqs, 0 if schedule_next else 1)
         self.running = run.groups
         self.step_index += steps
         if finished:
