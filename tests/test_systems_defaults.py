@@ -62,6 +62,7 @@ def test_vllm_v1_rejects_a_beam_request_with_its_reason(name: str) -> None:
     # served v0's in-engine beams under today's name
     from core.request import Request, SamplingParams
 
+    assert get_system("vllm").beam_search and not get_system("vllm_v1").beam_search
     scheduler = build_scheduler(name, 4096)
     beams = scheduler.add(Request(0, 0.0, 20, 8, SamplingParams(beam_width=2)), 0.0)
     samples = scheduler.add(Request(1, 0.0, 20, 8, SamplingParams(n=2)), 0.0)

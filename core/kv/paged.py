@@ -296,8 +296,9 @@ class PagedKVCacheManager:
         return AllocStatus.LATER
 
     def cached_prefix_tokens(self, group: SequenceGroup) -> int:
-        """Leading prompt tokens of the group's first live sequence that the prefix cache
-        holds now (whole blocks, never its last token; 0 without prefix caching): what
+        """Leading tokens of the group's first live sequence (its prompt, and for a group
+        re-admitted after a recompute preemption its generated tokens too) that the prefix
+        cache holds now (whole blocks, never its last token; 0 without prefix caching): what
         :meth:`allocate` would report as cached for a one-sequence group. Read-only: it
         takes, pins and evicts nothing, so a policy may ask it of every waiting group to
         order its admissions."""

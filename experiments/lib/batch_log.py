@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 
 QUIET = ("experiments.simulate", "experiments.lib.setup", "matplotlib", "fontTools")
-# a trace window past its last arrival: every rate of a search replays it, and the search's
-# heading already rates the trace over its own span
+# a trace window past its last arrival: every rate of a capacity search replays it, and the
+# search's heading already rates the trace over its own span (reproduce's and the sharing
+# report's batches draw their workloads, which never warn)
 SILENT = ("core.workload.spec.window",)
 
 
