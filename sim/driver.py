@@ -251,8 +251,10 @@ def simulate(
     # makes little cyclic garbage (finished groups): cyclic GC passes over the growing
     # heap would cost more than they free, so they wait until the run is over.
     with no_cyclic_gc():
-        env.run(until=simpy.AllOf(env, procs))
-    bar.close()
+        try:
+            env.run(until=simpy.AllOf(env, procs))
+        finally:  # an interrupt's line then starts a line of its own, not the bar's
+            bar.close()
     if not math.isfinite(env.now):
         raise StepPriceError(
             f"the simulated clock overflowed ({env.now} s); the cost model's constants are "

@@ -57,3 +57,31 @@ class _App:
     def __init__(self, main) -> None:
         self.main = main
         self.main_with_checks = simulate.main_with_checks
+
+
+def test_an_interrupt_closes_the_bar_first(capsys: pytest.CaptureFixture[str]) -> None:
+    # the "interrupted: ..." line was printed at the end of the bar's line, then the bar
+    # was drawn once more after it
+    from core.request import Request
+    from core.systems import build_scheduler
+    from sim.driver import simulate as simulate_requests
+
+    class Interrupted:
+        """Prices three steps, then a Ctrl-C arrives."""
+
+        calls = 0
+
+        def step_time(self, shape: object) -> float:
+            self.calls += 1
+            if self.calls > 3:
+                raise KeyboardInterrupt
+            return 0.01
+
+    requests = [Request(i, 0.0, 10, 50) for i in range(4)]
+    with pytest.raises(KeyboardInterrupt):
+        simulate_requests(
+            requests, lambda: build_scheduler("vllm", 4096), Interrupted(), progress=True,
+            fast_forward=False,
+        )  # fmt: skip
+    err = capsys.readouterr().err
+    assert "simulate" in err and err.endswith("\n"), repr(err[-80:])  # the bar's line ended
