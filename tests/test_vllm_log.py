@@ -221,3 +221,20 @@ def test_token_rows_fall_back_to_the_log_order_with_a_warning(
         assert stand_in.lines == []
     else:
         assert len(stand_in.lines) == 1 and said in stand_in.lines[0]
+
+
+def test_a_window_past_the_logs_last_arrival_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a vLLM log's window cut as a trace's, but without the trace's warning
+    run = _write(tmp_path, [_row(i, 10.0 + i) for i in range(4)])  # arrivals 0..3 s
+    base = {"kind": "vllm_log", "path": str(run)}
+    with caplog.at_level("WARNING", logger="core.workload.spec.window"):
+        assert len(build_workload({**base, "duration_s": 2.5})) == 3  # cuts: no warning
+        assert len(build_workload({**base, "duration_s": 60.0, "num_requests": 2})) == 2
+        assert not caplog.records
+        assert len(build_workload({**base, "duration_s": 60.0})) == 4
+    assert [r.getMessage() for r in caplog.records] == [
+        "workload.duration_s=60 s runs past the trace's last arrival (3 s from the replay's "
+        "start, after time_scale): the replay holds that span, not 60 s"
+    ]

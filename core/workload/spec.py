@@ -211,12 +211,18 @@ def _window(requests: list[Request], c: Mapping[str, Any]) -> list[Request]:
         requests = requests[: int(c["num_requests"])]
         past_end = False
     if past_end:
-        window_log.warning(
-            "workload.duration_s=%g s runs past the trace's last arrival (%.6g s from the "
-            "replay's start, after time_scale): the replay holds that span, not %g s",
-            c["duration_s"], requests[-1].arrival_time, c["duration_s"],
-        )  # fmt: skip
+        _warn_past_end(c["duration_s"], requests[-1].arrival_time)
     return requests
+
+
+def _warn_past_end(duration_s: float, last_arrival: float) -> None:
+    """Say that a window of ``duration_s`` cut nothing: the replay holds the trace's span
+    (to ``last_arrival``), not the window asked for."""
+    window_log.warning(
+        "workload.duration_s=%g s runs past the trace's last arrival (%.6g s from the "
+        "replay's start, after time_scale): the replay holds that span, not %g s",
+        duration_s, last_arrival, duration_s,
+    )  # fmt: skip
 
 
 def _by_arrival(requests: list[Request]) -> list[Request]:
@@ -250,10 +256,17 @@ def _resample_with_arrivals(
 
 
 def _window_log(logged: list[LoggedRequest], c: Mapping[str, Any]) -> list[LoggedRequest]:
+    """A vLLM log's requests in the window, as :func:`_window` cuts a trace (and warns)."""
+    past_end = False
     if c["duration_s"] is not None:
-        logged = [r for r in logged if r.arrival < c["duration_s"]]
+        kept = [r for r in logged if r.arrival < c["duration_s"]]
+        past_end = bool(kept) and len(kept) == len(logged)
+        logged = kept
     if c["num_requests"] is not None:
+        past_end = past_end and len(logged) <= int(c["num_requests"])
         logged = sorted(logged, key=lambda r: r.arrival)[: int(c["num_requests"])]
+    if past_end:
+        _warn_past_end(c["duration_s"], max(r.arrival for r in logged))
     return logged
 
 
