@@ -225,11 +225,7 @@ class StepLoop:
                     f"{manager.num_device_blocks} KV blocks free)"
                 )
             if self.num_open:
-                raise LostRequestError(
-                    f"scheduler {sched.name} lost {self.num_open} request(s) by step "
-                    f"{self.num_steps}: accepted, neither finished nor aborted, and in none of "
-                    "its queues"
-                )
+                raise self._lost(self.num_open)
             return None
         shape = plan.shape()
         memory = sched.manager.breakdown()
@@ -246,11 +242,13 @@ class StepLoop:
         queued = len(sched.waiting) + len(sched.running) + len(sched.swapped)
         queued += len(getattr(sched, "_aborted", ()))  # aborted, not yet popped
         if queued < self.num_open:
-            raise LostRequestError(
-                f"scheduler {sched.name} lost {self.num_open - queued} request(s) by step "
-                f"{self.num_steps}: accepted, neither finished nor aborted, and in none of its "
-                "queues"
-            )
+            raise self._lost(self.num_open - queued)
+
+    def _lost(self, count: int) -> LostRequestError:
+        return LostRequestError(
+            f"scheduler {self.scheduler.name} lost {count} request(s) by step {self.num_steps}: "
+            "accepted, neither finished nor aborted, and in none of its queues"
+        )
 
     def _misuse(self, verb: str, e: KVCacheError) -> KVMisuseError:
         return KVMisuseError(

@@ -128,18 +128,15 @@ def served_max_model_len(system: Mapping[str, Any], model: ModelSpec) -> int:
     return int(value)
 
 
-def prefix_caching_for(
-    system: Mapping[str, Any], requests: list[Request], warn: bool = True
-) -> bool:
+def prefix_caching_for(system: Mapping[str, Any], requests: list[Request]) -> bool:
     """``system.enable_prefix_caching``. A workload without prompt token ids keeps it: each
     such request's prompt stands for ids of its own (:func:`core.kv.paged.stand_in_prompt_id`),
     so a request finds only its own blocks again (after a recompute preemption), as the
-    engine's randomly drawn prompts do, and no prefix is shared; a log line says so unless
-    ``warn`` is False (e.g. ``system=vllm_v1`` on a synthetic workload without
-    ``with_token_ids``, or a vLLM log without ``tokens_path``)."""
+    engine's randomly drawn prompts do, and no prefix is shared; a log line says so (e.g.
+    ``system=vllm_v1`` on a synthetic workload without ``with_token_ids``)."""
     wanted = bool(system.get("enable_prefix_caching", False))
     missing = sum(r.prompt_token_ids is None for r in requests)
-    if wanted and missing and warn:
+    if wanted and missing:
         which = "no" if missing == len(requests) else f"{missing} of {len(requests)} without"
         log.info(
             "prefix caching: the workload has %s prompt token ids, so each such request's "
@@ -204,7 +201,7 @@ def scheduler_factory(
     config = scheduler_config(system, max_model_len, device)
     options = manager_options(system)
     if requests is not None:
-        options["enable_prefix_caching"] = prefix_caching_for(system, requests)
+        prefix_caching_for(system, requests)  # its log line; the option is the system's
     with config_errors():  # fail now, not in the first make_scheduler() call
         build_scheduler(system["name"], num_slots, config, num_cpu_slots=num_cpu_slots, **options)
 

@@ -33,7 +33,7 @@ from core.workload.vllm_log import (
 )
 from experiments.lib.checks import ConfigError
 from experiments.lib.setup import block_size as system_block_size
-from experiments.lib.setup import prefix_caching_for, scheduler_config, scheduler_factory
+from experiments.lib.setup import scheduler_config, scheduler_factory
 from sim.capacity import kv_capacity
 from sim.catalog import (
     GPUSpec,
@@ -292,7 +292,7 @@ def _read_run(run_dir: Path, workload: Path | None) -> VLLMRun:
         raise RunError(f"{meta_path}: the run's scheduler settings cannot be simulated: "
                        f"{e.key.removeprefix('system.')}: {e.problem}") from None  # fmt: skip
     requests = requests_from_log(logged, ids)
-    without_ids = prefix_caching_for(system, requests, warn=False) and any(
+    without_ids = bool(system["enable_prefix_caching"]) and any(
         r.prompt_token_ids is None for r in requests
     )
     blocks_keys = ("kv_cache.num_gpu_blocks", f"{cc}.num_gpu_blocks")
