@@ -178,8 +178,9 @@ CASES = [
     # model.name and system.name switch what they name; hardware.name would only relabel
     ("gpu_relabelled", simulate, ["hardware.name=h100"], "hardware.name",
      "choose the GPU with hardware=h100"),
-    ("unknown_system", simulate, ["system=orca"], "system", "unknown system"),
-    ("unknown_system_name", simulate, ["system.name=vllm2"], "system", "unknown system"),
+    # the line says how a policy of one's own is named (a plugin, not a system= option)
+    ("unknown_system", simulate, ["system=orca"], "system", "system.plugin=<module>"),
+    ("unknown_system_name", simulate, ["system.name=vllm2"], "system", "system.plugin=<module>"),
     ("model_too_big", simulate, ["model=opt-66b", "model.tp=1"], "model", "does not fit"),
     # a budget given below the context (null takes max(2560, max_model_len))
     ("token_budget_below_max_model_len", simulate,

@@ -371,6 +371,12 @@ def hydra_search_dirs() -> list[Path]:
     ]
 
 
+POLICY_HINT = (
+    "or a policy of your own: system.plugin=<module> system.name=<its name>, on the shipped "
+    "system it builds on (README: A policy of your own)"
+)
+
+
 def how_to_add(group: str, choice: Any, search: Sequence[Path] = ()) -> str:
     """The end of an unknown ``model``'s or ``hardware``'s line: how a user adds one (a
     ``<dir>/<group>/<choice>.yaml``, ``<dir>`` on ``hydra.searchpath``); where a folder of
@@ -468,9 +474,12 @@ def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     registered = [name for name in SYSTEMS if plugin and plugin_of(name) == plugin]
     if system not in SYSTEMS:
         problem = "unknown system"
+        expected = "one of " + ", ".join(SYSTEMS)
         if plugin:
             problem += f" (plugin {plugin!r} registered {', '.join(registered) or 'none'})"
-        raise ConfigError("system", problem, system, "one of " + ", ".join(SYSTEMS))
+        else:
+            expected += "; " + POLICY_HINT
+        raise ConfigError("system", problem, system, expected)
     if registered and system not in registered:  # the plugin's policy would not run
         raise ConfigError("system.name", f"plugin {plugin!r} registers {', '.join(registered)}; "
                           f"{system!r} is not one of them", system)  # fmt: skip

@@ -17,7 +17,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from core.mapping_file import yaml_error_place
-from experiments.lib.checks import CONFIG_DIR, GROUPS, ConfigError, how_to_add, options
+from experiments.lib.checks import (
+    CONFIG_DIR,
+    GROUPS,
+    POLICY_HINT,
+    ConfigError,
+    how_to_add,
+    options,
+)
 from experiments.lib.sweep_stop import is_sweep
 
 
@@ -118,6 +125,8 @@ def check_group_overrides(argv: Sequence[str]) -> None:
             if choice not in valid:
                 if key in OWN_GROUPS:  # a GPU or model of the user's own: say how to add one
                     expected += "; " + how_to_add(key, choice, extra)
+                elif key == "system":
+                    expected += "; " + POLICY_HINT
                 raise ConfigError(key, f"unknown {key}", choice, expected)
 
 
