@@ -232,6 +232,7 @@ def test_a_window_past_the_logs_last_arrival_warns(
     with caplog.at_level("WARNING", logger="core.workload.spec.window"):
         assert len(build_workload({**base, "duration_s": 2.5})) == 3  # cuts: no warning
         assert len(build_workload({**base, "duration_s": 60.0, "num_requests": 2})) == 2
+        assert len(build_workload({**base, "duration_s": 12.0})) == 4  # 9 mean gaps: silent
         assert not caplog.records
         assert len(build_workload({**base, "duration_s": 60.0})) == 4
     assert [r.getMessage() for r in caplog.records] == [

@@ -128,6 +128,8 @@ def test_a_window_past_the_trace_end_warns(
     with caplog.at_level("WARNING", logger="core.workload.spec.window"):
         assert len(build_workload({**cfg, "duration_s": 5.0})) == 5  # cuts: no warning
         assert len(build_workload({**cfg, "duration_s": 60.0, "num_requests": 3})) == 3
+        # a tail of 6 mean gaps past the last arrival: the next one just fell outside
+        assert len(build_workload({**cfg, "duration_s": 15.0})) == 10
         assert not caplog.records
         assert len(build_workload({**cfg, "start_s": 4.0, "duration_s": 60.0})) == 6
     assert [r.getMessage() for r in caplog.records] == [

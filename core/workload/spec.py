@@ -211,17 +211,26 @@ def _window(requests: list[Request], c: Mapping[str, Any]) -> list[Request]:
         requests = requests[: int(c["num_requests"])]
         past_end = False
     if past_end:
-        _warn_past_end(c["duration_s"], requests[-1].arrival_time)
+        _warn_past_end(c["duration_s"], [r.arrival_time for r in requests])
     return requests
 
 
-def _warn_past_end(duration_s: float, last_arrival: float) -> None:
+TAIL_GAPS = 10  # a tail longer than this many mean gaps: the trace ended, not a slow spell
+
+
+def _warn_past_end(duration_s: float, arrivals: list[float]) -> None:
     """Say that a window of ``duration_s`` cut nothing: the replay holds the trace's span
-    (to ``last_arrival``), not the window asked for."""
+    (to its last arrival), not the window asked for. Silent when the window's empty tail is
+    no longer than :data:`TAIL_GAPS` mean inter-arrival gaps, as a window that ends just
+    after a trace's last arrival has (for Poisson arrivals such a tail has odds e^-10)."""
+    first, last = min(arrivals), max(arrivals)
+    mean_gap = (last - first) / (len(arrivals) - 1) if len(arrivals) > 1 else 0.0
+    if duration_s - last <= TAIL_GAPS * mean_gap:
+        return
     window_log.warning(
         "workload.duration_s=%g s runs past the trace's last arrival (%.6g s from the "
         "replay's start, after time_scale): the replay holds that span, not %g s",
-        duration_s, last_arrival, duration_s,
+        duration_s, last, duration_s,
     )  # fmt: skip
 
 
@@ -266,7 +275,7 @@ def _window_log(logged: list[LoggedRequest], c: Mapping[str, Any]) -> list[Logge
         past_end = past_end and len(logged) <= int(c["num_requests"])
         logged = sorted(logged, key=lambda r: r.arrival)[: int(c["num_requests"])]
     if past_end:
-        _warn_past_end(c["duration_s"], max(r.arrival for r in logged))
+        _warn_past_end(c["duration_s"], [r.arrival for r in logged])
     return logged
 
 
