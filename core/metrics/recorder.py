@@ -7,12 +7,14 @@ arrival, first scheduled, first token, finish (times and step indices), preempti
 reason it was rejected. ``steps_frame()`` / ``requests_frame()`` give the tables written to
 ``steps.csv`` / ``requests.csv``; :mod:`core.metrics.summary` turns them into metrics.
 
-Rows are kept as tuples (cheap on the hot path) and become DataFrames only at the end.
+Rows are kept as tuples (cheap on the hot path), packed every :data:`STEP_BLOCK_ROWS` step
+rows into a float64 array (a fifth of the memory: long replays hold hundreds of thousands of
+steps), and become DataFrames only at the end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import chain
 from operator import attrgetter
 from typing import Any
@@ -58,6 +60,8 @@ _STEP_DTYPE = np.dtype(
     [(name, "f8" if name in ("start_s", "duration_s") else "i8") for name in STEP_COLUMNS]
 )
 
+STEP_BLOCK_ROWS = 1 << 15  # step rows kept as tuples before they are packed into an array
+
 REQUEST_COLUMNS = (
     "request_id",
     "arrival_s",
@@ -88,7 +92,11 @@ class Recorder:
     ``first_token_step`` and ``finish_step`` count)."""
 
     def __init__(self, keep_token_times: bool = True, num_replicas: int = 1) -> None:
-        self._steps: list[tuple] = []
+        self._steps: list[tuple] = []  # the newest step rows, not yet packed
+        # earlier step rows, STEP_BLOCK_ROWS a block, as float64 (rows, columns) arrays: the
+        # counts are far below 2**53 and the times are floats, so every value comes back exact
+        self._packed: list[np.ndarray] = []
+        self._packed_rows = 0
         self._step_replicas: list[int] | None = [] if num_replicas > 1 else None
         self._requests: list[tuple] = []
         self._request_replicas: list[int] | None = [] if num_replicas > 1 else None
@@ -96,8 +104,9 @@ class Recorder:
         # are taken in one vectorized pass at the end, not one NumPy call per request
         self._token_times: list[tuple[int, list[float]]] = []
         self.keep_token_times = keep_token_times
-        # Tables built at the end, kept while no row is added (an app asks for them twice:
-        # for its metrics and for its files); keyed by the row count they were built from.
+        # The requests table and the token gaps, built at the end and kept while no row is
+        # added (an app asks for them twice: for its metrics and for its files); keyed by the
+        # row count they were built from.
         self._built: dict[str, tuple[int, Any]] = {}
 
     def record_step(
@@ -164,6 +173,10 @@ class Recorder:
                 memory.logical_blocks,
             )
         )
+        if len(self._steps) >= STEP_BLOCK_ROWS:
+            self._packed.append(_as_array(self._steps))
+            self._packed_rows += len(self._steps)
+            self._steps = []
 
     def record_request(self, group: SequenceGroup) -> None:
         r = group.request
@@ -192,7 +205,7 @@ class Recorder:
 
     @property
     def num_steps(self) -> int:
-        return len(self._steps)
+        return self._packed_rows + len(self._steps)
 
     @property
     def num_requests(self) -> int:
@@ -207,38 +220,43 @@ class Recorder:
     def step_rows(self) -> list[tuple]:
         """The step rows as recorded, in :data:`STEP_COLUMNS` order (Python ints, and floats
         for ``start_s`` and ``duration_s``): :meth:`steps_frame` without the frame."""
-        return list(self._steps)
+        return list(self.iter_step_rows())
 
-    def step_table(self) -> tuple[tuple[str, ...], list[tuple]]:
-        """The columns and rows of ``steps.csv``: :meth:`step_rows` under
+    def iter_step_rows(self) -> Iterator[tuple]:
+        """:meth:`step_rows` one at a time, without a list of them all (a packed block's rows
+        are made again as tuples one block at a time)."""
+        for block in self._packed:
+            columns = [block[:, i].astype(_STEP_DTYPE[n]) for i, n in enumerate(STEP_COLUMNS)]
+            yield from zip(*(column.tolist() for column in columns), strict=True)
+        yield from self._steps
+
+    def step_table(self) -> tuple[tuple[str, ...], Iterator[tuple]]:
+        """The columns and rows of ``steps.csv``: :meth:`iter_step_rows` under
         :data:`STEP_COLUMNS`, with each row's replica after ``step`` in a run of several
-        replicas (as :meth:`steps_frame`)."""
+        replicas (as :meth:`steps_frame`). The rows can be iterated once."""
         if self._step_replicas is None:
-            return STEP_COLUMNS, self.step_rows()
+            return STEP_COLUMNS, self.iter_step_rows()
         columns = (STEP_COLUMNS[0], "replica", *STEP_COLUMNS[1:])
-        rows = [(r[0], k, *r[1:]) for r, k in zip(self._steps, self._step_replicas, strict=True)]
-        return columns, rows
+        rows = zip(self.iter_step_rows(), self._step_replicas, strict=True)
+        return columns, ((r[0], k, *r[1:]) for r, k in rows)
 
     def steps_frame(self) -> pd.DataFrame:
         """One row per step; ``start_s`` and ``duration_s`` are floats, every other column
-        an integer count. A new frame on each call (a copy of the one built, through a
-        NumPy record array, when the first was asked for)."""
-        return self._cached("steps", len(self._steps), self._build_steps).copy()
-
-    def _build_steps(self) -> pd.DataFrame:
-        if not self._steps:
+        an integer count. A new frame on each call, built from the packed rows (not kept:
+        a long run's frame is the size of its packed rows again)."""
+        if not self.num_steps:
             columns = list(STEP_COLUMNS)
             if self._step_replicas is not None:
                 columns.insert(1, "replica")
-            return pd.DataFrame.from_records(self._steps, columns=columns)
-        # One float64 pass over every value, then each column in its dtype: the counts
-        # are far below 2**53, so they come back exact (faster than a record array).
-        rows, width = len(self._steps), len(STEP_COLUMNS)
-        flat = np.fromiter(
-            chain.from_iterable(self._steps), dtype=np.float64, count=rows * width
-        ).reshape(rows, width)
+            return pd.DataFrame.from_records([], columns=columns)
+        # float64 blocks, then each column in its dtype, a column at a time (faster than a
+        # record array; no copy of the whole table beside the frame)
+        blocks = [*self._packed, _as_array(self._steps)] if self._steps else self._packed
         frame = pd.DataFrame(
-            {name: flat[:, i].astype(_STEP_DTYPE[name]) for i, name in enumerate(STEP_COLUMNS)}
+            {
+                name: np.concatenate([b[:, i] for b in blocks]).astype(_STEP_DTYPE[name])
+                for i, name in enumerate(STEP_COLUMNS)
+            }
         )
         if self._step_replicas is not None:
             frame.insert(1, "replica", np.array(self._step_replicas, dtype=np.int64))
@@ -281,6 +299,13 @@ class Recorder:
         ends = np.cumsum(lengths)
         times = np.fromiter(chain.from_iterable(lists), dtype=np.float64, count=int(ends[-1]))
         return np.delete(np.diff(times), ends[:-1] - 1), lengths - 1  # no gaps across requests
+
+
+def _as_array(rows: list[tuple]) -> np.ndarray:
+    """Step rows as one float64 (rows, columns) array, in one pass over every value."""
+    width = len(STEP_COLUMNS)
+    flat = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=len(rows) * width)
+    return flat.reshape(len(rows), width)
 
 
 class ReplicaRecorder:

@@ -114,10 +114,11 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
 class RowTable:
     """A table kept as row tuples (in ``columns`` order) of Python ints and floats, no NaN:
     what a recorder holds before it builds a frame. :func:`write_csv` writes it as the frame
-    of those rows (integer and float64 columns) would be written, without building it."""
+    of those rows (integer and float64 columns) would be written, without building it,
+    iterating ``rows`` once."""
 
     columns: tuple[str, ...]
-    rows: Sequence[tuple[int | float, ...]]
+    rows: Iterable[tuple[int | float, ...]]
 
 
 def write_csv(path: Path, frame: pd.DataFrame | RowTable) -> None:
