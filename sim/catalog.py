@@ -362,6 +362,10 @@ BUILTIN_MODELS: dict[str, ModelSpec] = {
 
 MODELS = BUILTIN_MODELS  # the paper's models (the shape YAMLs: ``models()``)
 
+# The keys of a run's ``model`` group (a model YAML): what :func:`model_from_config` reads,
+# ``tp`` and serve's ``path``; the model's HF config.json keys go under ``shape``.
+MODEL_GROUP_KEYS = ("name", "hf_id", "tp", "hf_config", "shape", "path")
+
 
 def _model_files() -> dict[str, ModelSpec]:
     """The ``configs/model/*.yaml`` files that carry a ``shape`` (HF config keys)."""

@@ -141,3 +141,19 @@ def test_a_model_yaml_that_only_names_a_catalog_model_may_be_named_otherwise(
     status, _, err = run_cli(simulate, args, tmp_path)
     assert status == 0, err
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["model"] == "opt-125m"
+
+
+def test_a_model_yaml_key_no_part_reads_is_refused(tmp_path: Path) -> None:
+    # a misspelt top-level key (tp written otherwise) would run the model at tp 1, and a
+    # misspelt shape would fall back to the catalog: each is one line naming the key
+    path = _model(tmp_path / "mine" / "model" / "my-model.yaml", "my-model")
+    doc = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**doc, "tensor_parallel": 2}))
+    args = [*SIM_SMALL, _search(tmp_path / "mine"), "model=my-model"]
+    status, _, err = run_cli(simulate, args, tmp_path / "a")
+    _refused(status, err, "error: model.tensor_parallel: not a key of the model group")
+    assert "name, hf_id, tp, hf_config, shape, path" in err
+    assert not (tmp_path / "a" / "run" / "metrics.json").exists()
+    path.write_text(yaml.safe_dump({"name": "my-model", "tp": 1, "shapes": doc["shape"]}))
+    status, _, err = run_cli(simulate, args, tmp_path / "b")
+    _refused(status, err, "error: model.shapes: not a key of the model group")

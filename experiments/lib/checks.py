@@ -445,9 +445,16 @@ def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     """The model and hardware resolve (a catalog name, or numbers of their own), the
     system's plugin imports (``system.plugin``) and the system name exists."""
     from core.systems import SYSTEMS, SystemConfigError, load_plugin, plugin_of
-    from sim.catalog import model_from_config, model_key
+    from sim.catalog import MODEL_GROUP_KEYS, model_from_config, model_key
 
     model = c.get("model") or {}
+    unknown = [str(k) for k in model if k not in MODEL_GROUP_KEYS]
+    if unknown:  # a misspelt key of a model YAML would be ignored (e.g. tp run as 1)
+        raise ConfigError(
+            f"model.{unknown[0]}",
+            f"not a key of the model group (a model YAML holds {', '.join(MODEL_GROUP_KEYS)};"
+            " the model's HF config.json keys go under shape)",
+        )
     try:
         model_from_config(model)
     except KeyError:
