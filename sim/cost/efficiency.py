@@ -30,9 +30,9 @@ def _default_sources() -> dict[str, str]:
         "memory": "kvlab's device-to-device copy benchmark on the lent H200 (2026-12-04): "
         "4.22-4.24 TB/s of 4.8 -> 0.88 (docs/validation/h200/*/kernels/results.json, "
         "copy_gbps). Applied to every GPU",
-        "per_step_overhead_s": "0: no fixed time added to a step here; the framework's CPU "
-        "time per step is cost.stack's (none: the roofline lower bound); a calibrated model "
-        "replaces it",
+        "per_step_overhead_s": "0: no fixed time added to a step beyond the serving stack's "
+        "CPU time per step (cost.stack, printed with the constants; cost.stack=none leaves the "
+        "roofline lower bound); a calibrated model replaces it",
         "allreduce_latency_s": "0: not measured; bandwidth term only (lower bound)",
         "peer_link_efficiency": "1: the datasheet peer link's bandwidth (upper bound)",
         "pcie_bandwidth": "None: the GPU's datasheet host link per direction (PCIe Gen4 x16 "
