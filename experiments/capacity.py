@@ -52,6 +52,8 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -565,7 +567,7 @@ def main(argv: list[str] | None = None) -> Path:
                 for s in todo]  # fmt: skip
         for search, job in zip(todo, jobs, strict=True):
             try:
-                found = job.result()
+                found = _result_with_heartbeat(job, runs_dir, t0)
             except ConfigError as err:  # a rate's run cannot run (a step priced out of range)
                 report_config_error(err)
             if unmeasured_run([], [found]):
@@ -590,6 +592,20 @@ def main(argv: list[str] | None = None) -> Path:
             log.info("%s: %.3g req/s%s after %d runs (%.0f s)", search.system, best["max_rate"],
                      note, len(found), time.perf_counter() - t0)  # fmt: skip
     return write_outputs(rows, systems, args.threshold, args.out, plan.setting, slo)
+
+
+HEARTBEAT_S = 30.0  # a line at least this often while a search runs
+
+
+def _result_with_heartbeat(job: Future, runs_dir: Path, t0: float) -> Any:
+    """``job.result()``, logging every :data:`HEARTBEAT_S` while it runs how many runs
+    of the search (every system's) have written their ``metrics.json`` so far."""
+    while True:
+        try:
+            return job.result(timeout=HEARTBEAT_S)
+        except FuturesTimeout:
+            done = sum(1 for _ in runs_dir.glob("*/metrics.json"))
+            log.info("... %d run(s) done so far (%.0f s)", done, time.perf_counter() - t0)
 
 
 def write_outputs(

@@ -275,3 +275,31 @@ def test_a_window_past_the_traces_end_is_searched_at_the_traces_own_rate(tmp_pat
     over = dict(x.split("=", 1) for x in past.rate_overrides()(4.0))
     scale = float(over["++workload.time_scale"])
     assert 39.5 * scale == pytest.approx(80 / 4)
+
+
+def test_a_long_search_says_how_many_runs_are_done(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a search silent for minutes looked hung: while a job runs, a line every HEARTBEAT_S
+    # counts the runs written so far
+    from concurrent.futures import TimeoutError as FuturesTimeout
+
+    class SlowJob:
+        waits = 0
+
+        def result(self, timeout: float | None = None) -> list:
+            assert timeout == capacity.HEARTBEAT_S
+            self.waits += 1
+            if self.waits < 3:
+                (tmp_path / f"run{self.waits}").mkdir()
+                (tmp_path / f"run{self.waits}" / "metrics.json").write_text("{}")
+                raise FuturesTimeout
+            return ["found"]
+
+    with caplog.at_level("INFO", logger=capacity.log.name):
+        assert capacity._result_with_heartbeat(SlowJob(), tmp_path, 0.0) == ["found"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(" (")[0] for line in lines] == [
+        "... 1 run(s) done so far",
+        "... 2 run(s) done so far",
+    ]
