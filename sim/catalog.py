@@ -23,6 +23,7 @@ Sources of the built-in shapes:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -35,6 +36,8 @@ import yaml
 from core.defaults import GIB
 from core.mapping_file import read_mapping
 from core.model_spec import OPT_POSITION_OFFSET, ModelSpec
+
+log = logging.getLogger(__name__)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PEER_LINKS = ("nvlink", "pcie")
@@ -144,6 +147,18 @@ class GPUSpec:
 
 # The keys a hardware group may hold: its numbers, the link kind, the names the device
 # reports and the sources of the numbers (``configs/hardware/*.yaml``).
+# What GPUs have, in a hardware YAML's units: from the RTX 4090's 24 GB, 1,008 GB/s and 165
+# TFLOPS to the B200's 192 GB, 8,000 GB/s and 2,250 dense TFLOPS (NVIDIA datasheets), ten-fold
+# either side. A number outside is most likely in another unit (FLOP/s for TFLOPS, TB/s for
+# GB/s): a warning, not an error, so a GPU beyond them still runs.
+PLAUSIBLE_HARDWARE: dict[str, tuple[float, float]] = {
+    "memory_gb": (2.4, 1920.0),
+    "mem_bandwidth_gbs": (100.8, 80_000.0),
+    "peak_tflops": (16.5, 22_500.0),
+    "host_link_gbs": (1.6, 2_000.0),  # PCIe Gen3 x4 (~4 GB/s) to a C2C link's 450 GB/s
+    "peer_link_gbs": (1.6, 18_000.0),  # the same low end; NVLink 5's 900 GB/s a direction
+}
+
 HARDWARE_FIELDS = (
     "name", *HARDWARE_KEYS, *OPTIONAL_HARDWARE_KEYS, "peer_link", "device_names", "source",
 )  # fmt: skip
@@ -172,6 +187,22 @@ def _hardware_number(cfg: Mapping[str, Any], key: str, origin: str, name: str) -
     if isinstance(raw, bool) or not (math.isfinite(value) and value > 0):
         raise HardwareError(f"{origin}: {key} must be a finite number > 0, got {raw!r}", key)
     return value
+
+
+_warned: set[tuple[str, str, float]] = set()  # a run reads its hardware several times
+
+
+def _warn_implausible(cfg: Mapping[str, Any], origin: str) -> None:
+    """Warn, once a process, for each number outside :data:`PLAUSIBLE_HARDWARE` (a value
+    in another unit)."""
+    for key, (low, high) in PLAUSIBLE_HARDWARE.items():
+        value = float(cfg[key])
+        if not low <= value <= high and (origin, key, value) not in _warned:
+            _warned.add((origin, key, value))
+            log.warning(
+                "%s: %s=%g is outside what GPUs have (%g to %g): a value in another unit?",
+                origin, key, value, low, high,
+            )  # fmt: skip
 
 
 def _hardware_bytes(cfg: Mapping[str, Any], key: str, origin: str, name: str) -> int:
@@ -215,6 +246,7 @@ def gpu_from_config(cfg: Mapping[str, Any], origin: str = "hardware") -> GPUSpec
         attr: _hardware_number(cfg, key, origin, name) for key, (attr, _) in HARDWARE_KEYS.items()
     }
     values["memory_bytes"] = _hardware_bytes(cfg, "memory_gb", origin, name)
+    _warn_implausible(cfg, origin)
     reported = _reported_memory(cfg, origin, name, values["memory_bytes"])
     if cfg.get("peer_link") is None:
         raise HardwareError(f"{origin}: GPU {name!r} lacks peer_link (nvlink or pcie)", "peer_link")

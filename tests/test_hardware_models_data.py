@@ -43,6 +43,23 @@ def test_every_hardware_yaml_has_every_number_and_its_source(path: Path) -> None
     assert get_gpu(path.stem).name == path.stem
 
 
+def test_a_number_in_another_unit_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    # peak_tflops typed in FLOP/s, bandwidth in TB/s: both run, each with one warning naming
+    # the key and the file; no shipped GPU warns
+    doc = yaml.safe_load((CONFIGS / "hardware" / "l40s.yaml").read_text())
+    typo = {**doc, "peak_tflops": 362.05e12, "mem_bandwidth_gbs": 0.864}
+    with caplog.at_level("WARNING", logger="sim.catalog"):
+        for path in sorted((CONFIGS / "hardware").glob("*.yaml")):
+            gpu_from_config(yaml.safe_load(path.read_text()), str(path))
+        assert not caplog.records
+        for _ in range(2):
+            assert gpu_from_config(typo, "typo.yaml").peak_flops == pytest.approx(362.05e24)
+    assert [r.getMessage().split(" is ")[0] for r in caplog.records] == [
+        "typo.yaml: mem_bandwidth_gbs=0.864",
+        "typo.yaml: peak_tflops=3.6205e+14",
+    ]
+
+
 def test_rtx4090_numbers() -> None:
     g = get_gpu("rtx4090")
     assert (g.mem_bandwidth, g.peak_flops, g.peer_link) == (1008e9, 165.2e12, "pcie")
