@@ -215,6 +215,18 @@ def test_calibrate_names_a_directory_that_is_not_a_run(tmp_path: Path, capsys) -
     assert err.startswith("error: run_dir: ") and "\n" not in err
 
 
+def test_calibrate_names_run_dir_when_it_is_a_file(tmp_path: Path, capsys) -> None:
+    """A file given as RUN_DIR is a run_dir error; it was reported against --out, which the
+    command line did not give (the default output lies inside RUN_DIR)."""
+    file = tmp_path / "a_file"
+    file.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        calibrate.main([str(file)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: run_dir: ") and "\n" not in err
+
+
 def test_open_loop_prediction_is_step_time_row_by_row(online_run: Path) -> None:
     """``predict_steps`` prices each measured step as ``step_time`` prices its shape."""
     import pandas as pd

@@ -259,6 +259,16 @@ def test_validate_refuses_an_output_folder_before_simulating(
         ("experiments.report.fig2_spread", ["--out", "{file}"], "is a file, not a folder"),
         ("experiments.bench.cpu_cache_state", ["--out", "{file}"], "is a file, not a folder"),
         ("experiments.bench.cpu_decode_grid", ["--out", "{file}"], "is a file, not a folder"),
+        # a model the catalog lacks, or one the engine cannot build, was a traceback
+        ("experiments.bench.cpu_cache_state", ["--model", "nope"], "unknown model 'nope'"),
+        ("experiments.bench.cpu_cache_state", ["--model", "qwen3-8b"], "qk_norm=True"),
+        ("experiments.bench.profile_gpu", ["--dry", "--model", "qwen3-8b"], "qk_norm=True"),
+        # a budget <= 0 skipped every run and exited 1 silently; nan ignored the budget
+        ("experiments.bench.engine_gpu", ["--dry", "--max-seconds", "-1"], "--max-seconds"),
+        ("experiments.bench.engine_gpu", ["--dry", "--max-seconds", "0"], "--max-seconds"),
+        # the sleep that shows where the forward waits was taken at any value
+        ("experiments.bench.sync_check", ["--dry", "--sleep-ms", "-1"], "--sleep-ms"),
+        ("experiments.bench.sync_check", ["--dry", "--sleep-steps", "0"], "--sleep-steps"),
     ],
 )
 def test_a_study_refuses_bad_arguments_before_any_work(

@@ -23,7 +23,12 @@ from typing import Any
 
 import torch
 
-from experiments.bench.profile_gpu import Profiler, cpu_flush_bytes, make_plan
+from experiments.bench.profile_gpu import (
+    Profiler,
+    cpu_flush_bytes,
+    engine_model_problem,
+    make_plan,
+)
 from experiments.bench.tables import print_table
 from experiments.lib.args import OneLineParser, out_dir_problem
 from experiments.lib.results import write_json
@@ -88,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    model_problem = engine_model_problem(args.model)
+    if model_problem is not None:
+        parser.error(f"--model: {model_problem}")
     problem = out_dir_problem(args.out)
     if problem is not None:  # before the measuring, not after it
         parser.error(f"--out {args.out}: {problem}")

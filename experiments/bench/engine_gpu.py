@@ -380,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="end every run by then: skip one expected to end later")  # fmt: skip
     args_list = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(args_list)
+    if not args.max_seconds > 0:  # nan too: it compared false and ignored the budget
+        parser.error(f"--max-seconds must be > 0, got {args.max_seconds:g}")
     check_out_dir(args.out)
     if args.dry:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton

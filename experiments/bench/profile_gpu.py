@@ -634,12 +634,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no CUDA device; use --dry for a CPU check of the script")
     if args.block_size < 1 or args.block_size & (args.block_size - 1):
         parser.error(f"--block-size must be a power of two, got {args.block_size}")
-    from sim.catalog import get_model
-
-    try:
-        get_model(args.model or "opt-13b")
-    except KeyError as exc:
-        parser.error(str(exc.args[0]))
+    problem = engine_model_problem(args.model or "opt-13b")
+    if problem is not None:
+        parser.error(problem)
     if args.passes < 1:
         parser.error(f"--passes must be >= 1, got {args.passes}")
     if args.single_calls and not args.cpu:
@@ -661,6 +658,19 @@ def main(argv: list[str] | None = None) -> int:
     print_table(f"operator profile, {plan.model}, ms{note}", _wide(rows))
     print(f"wrote {args.out / 'operator_profile.csv'} ({len(rows)} rows) and its .json")
     return 0
+
+
+def engine_model_problem(name: str) -> str | None:
+    """Why the engine cannot build the catalog model ``name`` (not in the catalog, or a
+    feature its models lack: :func:`engine.config.check_engine_support`), or None."""
+    from engine.config import check_engine_support
+    from sim.catalog import get_model
+
+    try:
+        check_engine_support(get_model(name))
+    except (KeyError, ValueError) as exc:
+        return str(exc.args[0])
+    return None
 
 
 def _wide(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

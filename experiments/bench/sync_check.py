@@ -149,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sleep-ms", type=float, default=100.0)
     parser.add_argument("--sleep-steps", type=int, default=6)
     args = parser.parse_args(argv)
+    if not 0 < args.sleep_ms < float("inf"):
+        parser.error(f"--sleep-ms must be a finite number > 0, got {args.sleep_ms:g}")
+    if args.sleep_steps < 1:
+        parser.error(f"--sleep-steps must be >= 1, got {args.sleep_steps}")
     check_out_dir(args.out)
     if args.dry:
         os.environ.setdefault("TRITON_INTERPRET", "1")
