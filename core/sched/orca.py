@@ -6,7 +6,10 @@ prompts and decodes run in the same iteration (Orca's selective batching).
 
 Where the paper is silent, kvlab chooses (and the config can change): the step's token
 budget ``max_num_batched_tokens`` and the sequence cap ``max_num_seqs`` are the same as
-vLLM's, so the comparison isolates memory management.
+vLLM's, so the batch limits do not differ. The iteration rule does, as between the systems
+the paper compares: vLLM v0.1's prompt-only steps against Orca's mixed ones (where steps
+are compute-bound, that difference, not memory, can decide a comparison; ``system=vllm
+system.chunked_prefill=true`` mixes them on vLLM's side).
 
 Reservation covers the whole output, so a running request never runs out of memory and
 is never preempted.
