@@ -12,8 +12,9 @@ swap slots from ``engine.json``), priced by a cost model:
   engine run the same scheduler objects on the same step times), so every relative error
   is 0 (with beam search, the engine's choices are replayed from the run's ``beams.csv``,
   :mod:`core.beam_log`; a run without one gets the simulator's own, and
-  ``validation.json`` says in ``not_exact_because`` that the replay need not match); a
-  wall-clock run has no such identity.
+  ``validation.json`` says in ``not_exact_because`` that the replay need not match, as it
+  does for prefix caching over requests that repeat a prompt sampled alike,
+  :func:`repeated_streams`); a wall-clock run has no such identity.
 
 Prints throughput, mean TTFT / TPOT / e2e latency, normalized latency and mean batch size
 of both with relative errors ``(simulator − engine) / engine``, and writes
@@ -258,19 +259,27 @@ def validate(
         raise ConfigError("--recorded", f"{run_dir / 'steps.csv'}: {exc}") from None
     except BeamReplayError as exc:
         raise ConfigError("--recorded", f"{run_dir}/{exc}; the replay diverged") from None
+    repeated = 0
+    if recorded and cfg["system"].get("enable_prefix_caching"):
+        repeated = repeated_streams(run_requests(cfg, run_dir)[0])
     result: dict[str, Any] = {
         "run": run_dir.name,
         "cost_model": cost.describe(),
         "clock": cfg.get("clock", "virtual"),
         "exact_replay_expected": (
-            recorded and cfg.get("clock", "virtual") == "virtual" and beams == 0
+            recorded and cfg.get("clock", "virtual") == "virtual" and beams == 0 and not repeated
         ),
         "engine": metrics,
         "simulator": simulated,
         "comparison": compare(metrics, simulated),
     }
+    why = []
     if beams and recorded:
-        result["not_exact_because"] = BEAMS_DIFFER.format(beams=beams)
+        why.append(BEAMS_DIFFER.format(beams=beams))
+    if repeated:
+        why.append(STREAMS_REPEAT.format(repeated=repeated))
+    if why:
+        result["not_exact_because"] = "; ".join(why)
     if isinstance(cost, RecordedCostModel):
         result["recorded_steps_left"] = cost.steps_left  # 0 when the replay took every step
     return result
@@ -282,6 +291,39 @@ BEAMS_DIFFER = (
     "simulator those of seeded scores (sim.beams), so their forks, copy-on-write copies and "
     "memory differ and the replay need not match"
 )
+
+
+STREAMS_REPEAT = (
+    "prefix caching and {repeated} request(s) whose prompt token ids and sampling (greedy, "
+    "beams of one width, or one seed) another request repeats: the engine generates the same "
+    "tokens for them and its prefix cache can share those blocks, the simulator, which samples "
+    "no tokens, cannot (core.sched.base.stand_in_token_id), so the replay need not match"
+)
+
+
+def repeated_streams(requests: list[Request]) -> int:
+    """How many of ``requests`` have a sample whose tokens the engine also generates for
+    another request: the same prompt token ids and both greedy (or top-k 1), both beam
+    searches of one width, or both drawn with one sample seed and the same sampling options
+    (sample ``i`` of a request with seed ``s`` draws with ``s + i``, :mod:`engine.sampler`; a
+    request without a seed draws with one of its own). Under prefix caching the engine can
+    share their generated blocks; the simulator gives each sequence stand-in ids of its own."""
+    owners: dict[tuple[Any, ...], set[int]] = {}
+    for r in requests:
+        s = r.sampling
+        if r.prompt_token_ids is None:
+            continue
+        if s.beam_width > 1:
+            keys: list[tuple[Any, ...]] = [("beams", s.beam_width)]
+        elif s.greedy or s.top_k == 1:
+            keys = [("greedy",)]
+        elif s.seed is not None:
+            keys = [("seed", s.temperature, s.top_p, s.top_k, s.seed + i) for i in range(s.n)]
+        else:
+            continue
+        for key in keys:
+            owners.setdefault((tuple(r.prompt_token_ids), *key), set()).add(r.request_id)
+    return len(set().union(*(ids for ids in owners.values() if len(ids) > 1)))
 
 
 def print_comparison(rows: list[dict[str, Any]]) -> None:

@@ -8,6 +8,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -409,3 +410,51 @@ def test_a_fit_of_scattered_steps_warns_and_says_how_to_time_them() -> None:
     assert "idle machine" in scatter_warning(0.9, {"measured_on": "cuda:0"})
     assert scatter_warning(0.45, cpu_wall) is None  # within SCATTERED_MAPE
     assert scatter_warning(None, cpu_wall) is None
+
+
+def test_repeated_streams_counts_requests_the_engine_generates_alike() -> None:
+    """Same prompt ids and greedy, beams of one width, or one sample seed (sample i of seed s
+    draws with s + i): the engine generates the same tokens. Unseeded draws, other prompts
+    and prompts without ids do not count."""
+    from core.request import Request, SamplingParams
+
+    def req(i: int, ids: tuple[int, ...] | None, **sampling: Any) -> Request:
+        return Request(i, 0.0, 4, 8, SamplingParams(**sampling), ids)
+
+    a, b = (1, 2, 3, 4), (1, 2, 3, 5)
+    assert validate.repeated_streams([req(0, a), req(1, a), req(2, b)]) == 2
+    assert validate.repeated_streams([req(0, a), req(1, a, temperature=1.0, top_k=1)]) == 2
+    assert validate.repeated_streams([req(0, a, beam_width=2), req(1, a, beam_width=2)]) == 2
+    assert validate.repeated_streams([req(0, a, beam_width=2), req(1, a, beam_width=3)]) == 0
+    seeded = [req(0, a, n=2, seed=7), req(1, a, temperature=1.0, seed=8)]
+    assert validate.repeated_streams(seeded) == 2
+    assert validate.repeated_streams([req(0, a, n=2), req(1, a, n=2)]) == 0  # own seeds
+    assert validate.repeated_streams([req(0, None), req(1, None), req(2, b)]) == 0
+
+
+def test_a_recorded_replay_says_prefix_caching_of_repeated_greedy_prompts_need_not_match(
+    tmp_path: Path,
+) -> None:
+    """vllm_v1 (prefix caching on, greedy) on a dataset of 3 prompts drawn 10 times, all at
+    once into 19 blocks: the engine's repeats of a prompt generate the same tokens, and a
+    request preempted by recompute finds another's generated blocks, which the simulator's
+    stand-in ids cannot match (the replay's batches differ). The replay says so instead of
+    expecting an exact match; sampled at temperature 1 the requests draw apart and it does."""
+    rows = [
+        {"instruction": " ".join(f"w{i}_{k}" for k in range(20 + 7 * i)), "input": "",
+         "output": " ".join(["o"] * 40)}
+        for i in range(3)
+    ]  # fmt: skip
+    data = tmp_path / "alpaca.json"
+    data.write_text(json.dumps(rows))
+    common = ["system=vllm_v1", "workload=alpaca_json", f"workload.path={data}",
+              "workload.with_token_ids=true", "workload.num_requests=10",
+              "workload.duration_s=null", "mode=offline", "kv_cache_gb=0.0003"]  # fmt: skip
+    run_dir = _serve(tmp_path / "greedy", common)
+    doc = validate.validate(run_dir, recorded=True)
+    assert doc["exact_replay_expected"] is False
+    assert doc["not_exact_because"].startswith("prefix caching and 10 request(s) whose prompt")
+    run_dir = _serve(tmp_path / "sampled", [*common, "workload.temperature=1.0"])
+    doc = validate.validate(run_dir, recorded=True)
+    assert doc["exact_replay_expected"] is True and "not_exact_because" not in doc
+    assert all(r["rel_err"] == 0.0 for r in doc["comparison"]), doc["comparison"]
