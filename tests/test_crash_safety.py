@@ -143,6 +143,26 @@ def test_an_interrupted_run_is_marked_partial_in_one_line(tmp_path: Path) -> Non
     assert pd.read_csv(index)["status"].tolist() == ["interrupted"]
 
 
+def test_an_interrupted_in_process_sweep_says_how_to_resume_it(tmp_path: Path) -> None:
+    # Hydra's basic launcher: the job's own line said "run the same command again", which
+    # starts a new sweep folder (its default is the time) and runs the finished jobs again
+    sweep_dir = tmp_path / "sweep"
+    script = STOPPED.replace("STOP", "raise KeyboardInterrupt").replace(
+        'f"hydra.run.dir={run_dir}"', f'"-m", "seed=0,1", "hydra.sweep.dir={sweep_dir}"'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "unused"), str(tmp_path / "index.csv")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
+    )  # fmt: skip
+    assert proc.returncode == 130, proc.stderr
+    assert f"with hydra.sweep.dir={sweep_dir} to run it" in proc.stderr.strip().splitlines()[-1]
+    summary = pd.read_csv(sweep_dir / "summary.csv")  # the job never started is listed too
+    assert summary[["job", "seed", "status"]].values.tolist() == [
+        [0, 0, "interrupted"], [1, 1, "interrupted"],
+    ]  # fmt: skip
+
+
 def test_a_terminated_run_is_marked_partial_like_an_interrupted_one(tmp_path: Path) -> None:
     """SIGTERM (what timeout, kill and Slurm send) left no error.txt and no index row (the
     process just died)."""

@@ -47,9 +47,11 @@ def test_a_dead_worker_stops_the_sweep_in_one_line_and_a_rerun_resumes(tmp_path:
     assert "worker process died" in summary.loc[1, "error"]
     assert set(summary["status"]) <= {"ok", "interrupted"}
     started = {int(d.name) for d in job_records(sweep_dir)}
-    assert set(summary.index) == started  # every job that started is accounted for
-    rows = pd.read_csv(index)  # and has its row in the runs index
-    stopped = summary.index[summary["status"] == "interrupted"]
+    assert set(summary.index) == {0, 1, 2}  # every job is accounted for, started or not
+    for job in {0, 1, 2} - started:
+        assert "before this job started" in summary.loc[job, "error"]
+    rows = pd.read_csv(index)  # and a job that started has its row in the runs index
+    stopped = [j for j in summary.index[summary["status"] == "interrupted"] if j in started]
     marked = rows[rows["status"] == "interrupted"]["run_dir"].map(lambda d: int(Path(d).name))
     assert sorted(marked) == sorted(stopped)
 
@@ -72,7 +74,7 @@ def test_an_interrupt_marks_the_jobs_in_flight_and_writes_the_summary(tmp_path: 
     old = _job(tmp_path, "9", finished=False)  # another sweep's, before this one began
 
     def main() -> None:
-        sweep_stop.STARTED.append((tmp_path, job_records(tmp_path)))
+        sweep_stop.STARTED.append((tmp_path, job_records(tmp_path), None))
         _job(tmp_path, "0", finished=True)
         _job(tmp_path, "1", finished=False)
         raise KeyboardInterrupt
@@ -88,13 +90,50 @@ def test_an_interrupt_marks_the_jobs_in_flight_and_writes_the_summary(tmp_path: 
     assert summary[["job", "status"]].values.tolist() == [[0, "ok"], [1, "interrupted"]]
 
 
+def test_an_interrupted_sweeps_summary_lists_the_jobs_it_never_started(tmp_path: Path) -> None:
+    from experiments.lib.callbacks import SweepSummary
+
+    config = OmegaConf.create({"hydra": {
+        "sweep": {"dir": str(tmp_path)},
+        "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                    "max_batch_size": None, "params": None},
+        "overrides": {"task": ["system=vllm,orca_oracle", "seed=0,1", "index=null"]},
+    }})  # fmt: skip
+
+    def start(num: int, system: str, seed: int) -> Path:
+        job = tmp_path / str(num)
+        (job / ".hydra").mkdir(parents=True)
+        overrides = [f"system={system}", f"seed={seed}", "index=null"]
+        OmegaConf.save(OmegaConf.create(overrides), job / ".hydra" / "overrides.yaml")
+        return job
+
+    def main() -> None:
+        SweepSummary().on_multirun_start(config)
+        (start(0, "vllm", 0) / "metrics.json").write_text('{"completed": 3}')
+        start(1, "vllm", 1)  # in flight; jobs 2 and 3 (orca_oracle) never started
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), sweep_stop.sweep_stops_kept(["-m", "seed=0,1"]):
+        main()
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert summary[["job", "system", "seed", "status"]].values.tolist() == [
+        [0, "vllm", 0, "ok"], [1, "vllm", 1, "interrupted"],
+        [2, "orca_oracle", 0, "interrupted"], [3, "orca_oracle", 1, "interrupted"],
+    ]  # fmt: skip
+    assert summary["error"][1].startswith("interrupted (Ctrl-C) before this job finished")
+    again = f"rerun the same command with hydra.sweep.dir={tmp_path} to run it"
+    not_started = f"interrupted (Ctrl-C) before this job started; {again}"
+    assert list(summary["error"][2:]) == [not_started, not_started]
+    assert not (tmp_path / "2").exists()  # a job never started leaves no folder
+
+
 def test_an_in_process_sweep_ended_by_its_jobs_interrupt_writes_the_summary(
     tmp_path: Path,
 ) -> None:
     # Hydra's basic launcher runs jobs in this process: the job's own handler marks its
     # folder and ends the command with 130 (Ctrl-C) or 143 (SIGTERM)
     def main() -> None:
-        sweep_stop.STARTED.append((tmp_path, job_records(tmp_path)))
+        sweep_stop.STARTED.append((tmp_path, job_records(tmp_path), None))
         _job(tmp_path, "0", finished=True)
         job = _job(tmp_path, "1", finished=False)
         (job / "error.txt").write_text("interrupted (SIGTERM) before the run finished\n")

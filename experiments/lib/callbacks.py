@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,10 @@ log = logging.getLogger(__name__)
 
 
 def collect_summary(
-    sweep_dir: Path, before: dict[Path, tuple[int, int]] | None = None
+    sweep_dir: Path,
+    before: dict[Path, tuple[int, int]] | None = None,
+    planned: Sequence[Sequence[str]] | None = None,
+    not_started: str = "",
 ) -> pd.DataFrame:
     """One row per job under ``sweep_dir`` that finished (a ``metrics.json``) or failed
     (an ``error.txt``): the job, its overrides as columns, the headline metrics, every
@@ -24,8 +28,10 @@ def collect_summary(
     SIGTERM or its launcher) and ``error``. ``before``
     (:func:`job_records` when the sweep started): only the jobs Hydra started since, whose
     ``.hydra/overrides.yaml`` is new or rewritten, so that a sweep rerun into the folder of
-    a wider one leaves the other jobs out. Whole-number metrics stay whole numbers beside a
-    failed job's row."""
+    a wider one leaves the other jobs out. ``planned`` (:func:`planned_jobs`: each job's
+    overrides, by job number): a job of it that no folder holds a start of gets a row too,
+    status ``interrupted`` and ``not_started`` as its error (a sweep stopped before it began
+    that job). Whole-number metrics stay whole numbers beside a failed job's row."""
     rows: list[dict[str, Any]] = []
     override_keys: list[str] = []
     job_dirs = {p.parent for p in sweep_dir.glob("*/metrics.json")}
@@ -33,16 +39,23 @@ def collect_summary(
     if before is not None:
         now = job_records(sweep_dir)
         job_dirs = {d for d in job_dirs if d in now and now[d] != before.get(d)}
+    started: list[list[str]] = []  # each listed job's overrides
+
+    def add_overrides(row: dict[str, Any], items: Sequence[str]) -> None:
+        for item in items:
+            key, _, value = str(item).partition("=")
+            key = key.lstrip("+~")
+            row[key] = value
+            if key not in override_keys:
+                override_keys.append(key)
+
     for job_dir in sorted(job_dirs):
         row: dict[str, Any] = {"job": job_dir.name}
         overrides = job_dir / ".hydra" / "overrides.yaml"
         if overrides.exists():
-            for item in OmegaConf.load(overrides):
-                key, _, value = str(item).partition("=")
-                key = key.lstrip("+~")
-                row[key] = value
-                if key not in override_keys:
-                    override_keys.append(key)
+            items = [str(item) for item in OmegaConf.load(overrides)]
+            started.append(items)
+            add_overrides(row, items)
         if (job_dir / "metrics.json").is_file():
             row.update(read_metrics(job_dir))
             row["status"], row["error"] = "ok", ""  # the column is there in a clean sweep too
@@ -55,6 +68,13 @@ def collect_summary(
                 "interrupted" if stopped else "failed")  # fmt: skip
             row["error"] = lines[0] if config_error or stopped else lines[-1]
         rows.append(row)
+    for num, items in enumerate(planned or ()):
+        if list(items) in started:
+            started.remove(list(items))  # one planned job per start (a value swept twice)
+            continue
+        row = {"job": str(num)}
+        add_overrides(row, items)
+        rows.append(row | {"status": "interrupted", "error": not_started})
     df = pd.DataFrame(rows)
     for column in df:
         values = [r[column] for r in rows if r.get(column) is not None]
@@ -67,6 +87,28 @@ def collect_summary(
     if "job" in df:
         df = df.sort_values("job", key=lambda s: s.map(_job_key)).reset_index(drop=True)
     return df
+
+
+def planned_jobs(config: DictConfig) -> list[list[str]] | None:
+    """Each job's overrides, by job number, of the ``-m`` sweep ``config`` (a sweep's config at
+    its start) as Hydra's basic sweeper splits them; None for another sweeper, or a sweep
+    only Hydra's config loader can split (e.g. a ``glob`` of a config group's options)."""
+    try:  # Hydra's own splitting (a private module: a Hydra that moved it lists started jobs)
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+    except ImportError:
+        return None
+    sweeper = config.hydra.get("sweeper") or {}
+    if sweeper.get("_target_") != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}":
+        return None
+    params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+    try:
+        parsed = OverridesParser.create().parse_overrides(
+            [*params, *(str(o) for o in config.hydra.overrides.task)]
+        )
+        return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except Exception:  # a stopped sweep's summary then lists the jobs it started only
+        return None
 
 
 def job_records(sweep_dir: Path) -> dict[Path, tuple[int, int]]:
@@ -94,7 +136,8 @@ class SweepSummary(Callback):
 
         sweep_dir = Path(config.hydra.sweep.dir)
         self.before = job_records(sweep_dir)
-        STARTED.append((sweep_dir, self.before))  # for a sweep that stops early
+        # for a sweep that stops early
+        STARTED.append((sweep_dir, self.before, planned_jobs(config)))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

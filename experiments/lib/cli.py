@@ -308,8 +308,12 @@ def run_app(
             record("interrupted", error=line)
             if not _COMMAND_LINE or full_errors():
                 raise
-            print(f"interrupted: {out_dir} holds a partial run (no metrics.json); run the same "
-                  "command again to redo it", file=sys.stderr)  # fmt: skip
+            # a sweep's folder is new each time unless named: the finished jobs are kept there
+            again = (f"rerun the same command with hydra.sweep.dir={hc.sweep.dir} to run it "
+                     "and the jobs not started" if hc.mode == RunMode.MULTIRUN
+                     else "run the same command again to redo it")  # fmt: skip
+            print(f"interrupted: {out_dir} holds a partial run (no metrics.json); {again}",
+                  file=sys.stderr)  # fmt: skip
             sys.exit(_interrupted_status(exc))
         metrics, interrupted = whole, exc  # it came once the run's files were whole
     except Exception as exc:

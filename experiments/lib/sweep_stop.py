@@ -23,9 +23,10 @@ from pathlib import Path
 from experiments.lib.results import append_index, write_csv, write_error
 from experiments.lib.signals import FULL_ERROR_ASKED, interrupted_why
 
-# (sweep folder, its job records when it started) of each sweep begun in this process:
-# appended by the SweepSummary callback, read when a sweep stops early
-STARTED: list[tuple[Path, dict[Path, tuple[int, int]]]] = []
+# (sweep folder, its job records when it started, each job's overrides or None:
+# callbacks.planned_jobs) of each sweep begun in this process: appended by the SweepSummary
+# callback, read when a sweep stops early
+STARTED: list[tuple[Path, dict[Path, tuple[int, int]], list[list[str]] | None]] = []
 LAUNCHER_FAILURE_STATUS = 1
 _DEAD_WORKER = ("TerminatedWorkerError", "BrokenProcessPool")
 
@@ -137,16 +138,18 @@ def _keep(why: str) -> str:
 
     if not STARTED:
         return ""
-    sweep_dir, before = STARTED[-1]
-    again = f"rerun the same command with hydra.sweep.dir={sweep_dir} to run it again"
+    sweep_dir, before, planned = STARTED[-1]
+    again = f"rerun the same command with hydra.sweep.dir={sweep_dir} to run it"
     started = [d for d, record in job_records(sweep_dir).items() if before.get(d) != record]
-    mark_stopped(started, f"{why} before this job finished: its files are partial; {again}")
-    summary = collect_summary(sweep_dir, before)
+    mark_stopped(started, f"{why} before this job finished: its files are partial; {again} again")
+    not_started = f"{why} before this job started; {again}"
+    summary = collect_summary(sweep_dir, before, planned, not_started)
     if summary.empty:
         return f"; rerun with hydra.sweep.dir={sweep_dir} to resume"
     write_csv(sweep_dir / "summary.csv", summary)
-    return (f"; {sweep_dir / 'summary.csv'} lists them and the stopped ones; rerun the same "
-            f"command with hydra.sweep.dir={sweep_dir} to run the rest")  # fmt: skip
+    return (f"; {sweep_dir / 'summary.csv'} lists them, the stopped ones and those not "
+            f"started; rerun the same command with hydra.sweep.dir={sweep_dir} to run the "
+            "rest")  # fmt: skip
 
 
 def mark_stopped(job_dirs: Sequence[Path], line: str) -> None:
