@@ -211,7 +211,11 @@ def simulate(
         while True:
             pending = None
             if ahead is not None:
-                now, pending = ahead(now, price, no_event_before)
+                # a run ends with the step that finishes a group: the next may start another
+                ran = -1
+                while pending is None and ran != loop.num_steps:
+                    ran = loop.num_steps
+                    now, pending = ahead(now, price, no_event_before)
             if pending is None:
                 pending = begin(now)
             if pending is None:

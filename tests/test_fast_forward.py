@@ -251,6 +251,25 @@ def test_fast_forward_admits_a_head_that_fits_a_limit_exactly(
     _assert_same(_run(requests, make, _FlatCost(), fast=True), slow)
 
 
+def test_fast_forward_admits_a_chunk_that_fits_the_budget_the_decodes_leave() -> None:
+    """Chunked prefill: the head's first chunk is the step's budget less one token per
+    decode (1 block of 4 here, not the 2 a whole budget of 5 would take), so the head is
+    admitted at the first step after its arrival that has the one block free, with or
+    without fast-forward."""
+    config = SchedulerConfig(
+        max_num_batched_tokens=5, max_model_len=64, max_num_seqs=4, chunked_prefill=True
+    )
+    requests = [Request(0, 0.0, 3, 40), Request(1, 0.115, 20, 3)]
+
+    def make() -> BaseScheduler:
+        return build_scheduler("vllm_v1", 44, config=config, block_size=4)
+
+    slow = _run(requests, make, _FlatCost(), fast=False)
+    first = slow[1].set_index("request_id")["first_scheduled_s"]
+    assert first[1] == pytest.approx(0.12)
+    _assert_same(_run(requests, make, _FlatCost(), fast=True), slow)
+
+
 def test_fast_forward_runs_most_steps_of_a_light_load(monkeypatch: Any) -> None:
     """Not a no-op: on a lightly loaded cache most steps are plain decodes run at once."""
     counted = {"ahead": 0}
@@ -267,6 +286,63 @@ def test_fast_forward_runs_most_steps_of_a_light_load(monkeypatch: Any) -> None:
     assert counted["ahead"] > fast[4] / 2
     monkeypatch.undo()
     _assert_same(fast, _simulate(1, 1.0, 40000, 1, 0, fast=False))
+
+
+V1_KNOBS = {"chunked_prefill": True, "max_num_batched_tokens": 2048}
+
+
+@pytest.mark.parametrize(
+    ("system", "caching"), [("vllm", False), ("vllm_v1", False), ("vllm_v1", True)]
+)
+def test_fast_forward_runs_every_plain_decode_of_a_light_load(
+    monkeypatch: Any, system: str, caching: bool
+) -> None:
+    """On a cache that never fills, only the prompts' steps are scheduled one at a time:
+    with chunked prefill (vllm_v1, prefix caching on or off) too, and the step after a run
+    that ended by finishing a group (another run follows at once)."""
+    kinds = {"prefill": 0, "decode": 0}
+    original = StepLoop.begin
+
+    def counting(self: StepLoop, now: float) -> Any:
+        pending = original(self, now)
+        if pending is not None:
+            kinds["prefill" if pending.plan.prefill else "decode"] += 1
+        return pending
+
+    monkeypatch.setattr(StepLoop, "begin", counting)
+    kw: dict[str, Any] = {"system": system, "caching": caching}
+    kw["knobs"] = V1_KNOBS if system == "vllm_v1" else {}
+    fast = _simulate(1, 1.0, 40000, 1, 0, fast=True, **kw)
+    assert kinds["decode"] == 0 and kinds["prefill"] >= len(fast[1])
+    monkeypatch.undo()
+    _assert_same(fast, _simulate(1, 1.0, 40000, 1, 0, fast=False, **kw))
+
+
+# chunked prefill: the queue's head waits for memory, for max_num_seqs, for a budget the
+# decodes leave empty (4 sequences, 4 tokens) or small (its chunk's blocks decide)
+V1_LIMITS = [
+    ({"max_num_seqs": 2, "max_num_batched_tokens": 64}, 8192),
+    ({"max_num_seqs": 4, "max_num_batched_tokens": 4}, 8192),
+    ({"max_num_seqs": 8, "max_num_batched_tokens": 256}, 3072),
+    ({"max_num_batched_tokens": 2048}, 3072),
+]
+
+
+@pytest.mark.parametrize("caching", [False, True])
+@pytest.mark.parametrize(
+    ("knobs", "slots"),
+    V1_LIMITS,
+    ids=[f"{s}-{'-'.join(map(str, k.values()))}" for k, s in V1_LIMITS],
+)
+def test_fast_forward_with_chunked_prefill_gives_the_step_by_step_results(
+    knobs: dict[str, Any], slots: int, caching: bool
+) -> None:
+    kw: dict[str, Any] = {"system": "vllm_v1", "caching": caching}
+    kw["knobs"] = {"chunked_prefill": True, **knobs}
+    kw["workload"] = {"kind": "shared_prefix", "prefix_len": 64, "dataset": None}
+    for seed in (0, 1):
+        args = (seed, 6.0, slots, 1, 0)
+        _assert_same(_simulate(*args, fast=True, **kw), _simulate(*args, fast=False, **kw))
 
 
 @settings(max_examples=80, deadline=None)

@@ -6,7 +6,7 @@ import random
 from collections.abc import Callable
 
 import pytest
-from hypothesis import event, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     initialize,
@@ -680,3 +680,75 @@ def test_a_readmitted_groups_own_cache_hits_count_as_token_states_whichever_come
     shares = m.breakdown()
     assert (shares.token_states, shares.reserved) == (10, 4)
     m.check_integrity()
+
+
+def _pool_state(pool: BlockPool) -> tuple[object, ...]:
+    return (
+        list(pool.ref), list(pool.fill), list(pool._free), list(pool._evictable),
+        dict(pool._hash_of), dict(pool._block_of), pool.num_used, pool.num_filled,
+        pool.ref_total,
+    )  # fmt: skip
+
+
+def _pool_with_history(ops: list[int], num_blocks: int, block_size: int) -> BlockPool:
+    """A pool some blocks of which are held, some free and some cached and evictable, in
+    an order ``ops`` draws (so that the evictable queue is not in block order)."""
+    pool = BlockPool(num_blocks, block_size)
+    held: list[int] = []
+    for i, op in enumerate(ops):
+        if op % 3 and pool.num_free():
+            block = pool.allocate()
+            pool.add_fill(block, block_size if op % 2 else 1)
+            if op % 2:
+                pool.register(block, 1000 + i)
+            held.append(block)
+        elif held:
+            pool.decref(held.pop(op % len(held)))
+    return pool
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(st.integers(0, 50), max_size=40),
+    num_blocks=st.integers(1, 12),
+    block_size=st.integers(1, 4),
+    n=st.integers(0, 12),
+)
+def test_the_pools_batch_verbs_are_their_one_block_verbs_in_order(
+    ops: list[int], num_blocks: int, block_size: int, n: int
+) -> None:
+    """``allocate_many``, ``release`` and ``register_many`` (the paged manager's growth,
+    free and prefix-cache registration take blocks with them at once) leave the pool as
+    ``allocate``, ``decref`` (last block first) and ``register`` one block at a time."""
+    one, many = (_pool_with_history(ops, num_blocks, block_size) for _ in "ab")
+    assert _pool_state(one) == _pool_state(many)
+    if n > one.num_free():
+        with pytest.raises(KVCacheError):
+            many.allocate_many(n)
+        assert _pool_state(one) == _pool_state(many)  # none taken
+        n = one.num_free()
+    # takes_sparing: the allocations before the first of some blocks would be evicted
+    spared = set(list(one._evictable)[1::2])
+    taken_before = 0
+    for block in [*reversed(one._free), *one._evictable][:n]:
+        if block in spared:
+            break
+        taken_before += 1
+    assert one.takes_sparing(spared, n) == taken_before
+    blocks = [one.allocate() for _ in range(n)]
+    assert many.allocate_many(n) == blocks
+    assert _pool_state(one) == _pool_state(many)
+    for block in blocks:
+        for pool in (one, many):
+            pool.add_fill(block, block_size)
+    hashes = [5000 + b % 3 for b in blocks]  # some repeat: the later ones are not indexed
+    for block, block_hash in zip(blocks, hashes, strict=True):
+        one.register(block, block_hash)
+    many.register_many(blocks, hashes)
+    assert _pool_state(one) == _pool_state(many)
+    for block in reversed(blocks):
+        one.decref(block)
+    many.release(blocks)
+    assert _pool_state(one) == _pool_state(many)
+    one.check_integrity()
+    many.check_integrity()

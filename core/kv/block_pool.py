@@ -64,6 +64,19 @@ class BlockPool:
     def is_evictable(self, block: int) -> bool:
         return block in self._evictable
 
+    def takes_sparing(self, blocks: set[int], limit: int) -> int:
+        """How many of the next ``limit`` :meth:`allocate` calls (with no release between
+        them) leave every block of ``blocks`` where it is: the free list's blocks, then the
+        evictable ones released before the first of ``blocks`` to be evicted."""
+        n = len(self._free)
+        if n >= limit:
+            return limit
+        for block in self._evictable:
+            if n >= limit or block in blocks:
+                break
+            n += 1
+        return n
+
     def lookup(self, block_hash: int) -> int | None:
         """The block registered under ``block_hash`` (used or evictable), if any."""
         return self._block_of.get(block_hash)
@@ -84,6 +97,31 @@ class BlockPool:
         self.num_used += 1
         self.ref_total += 1
         return block
+
+    def allocate_many(self, n: int) -> list[int]:
+        """The blocks of ``n`` :meth:`allocate` calls, in their order; raises KVCacheError
+        (taking none) unless ``n`` are free or evictable."""
+        if n > self.num_free():
+            raise KVCacheError(f"block pool exhausted ({self.num_blocks} blocks all in use)")
+        free = self._free
+        k = min(n, len(free))
+        out = free[len(free) - k :]
+        out.reverse()
+        del free[len(free) - k :]
+        if k < n:
+            evictable, fill = self._evictable, self.fill
+            hash_of, block_of = self._hash_of, self._block_of
+            for _ in range(n - k):
+                block, _ = evictable.popitem(last=False)
+                del block_of[hash_of.pop(block)]
+                fill[block] = 0
+                out.append(block)
+        ref = self.ref
+        for block in out:
+            ref[block] = 1
+        self.num_used += n
+        self.ref_total += n
+        return out
 
     def incref(self, block: int) -> None:
         """Add a holder to a used block, or revive an evictable one."""
@@ -114,6 +152,32 @@ class BlockPool:
             self.fill[block] = 0
             self._free.append(block)
 
+    def release(self, blocks: list[int]) -> None:
+        """:meth:`decref` each of ``blocks``, the last first."""
+        ref, fill, hash_of = self.ref, self.fill, self._hash_of
+        evictable, free = self._evictable, self._free
+        dropped = emptied = unfilled = 0
+        try:
+            for block in reversed(blocks):
+                r = ref[block]
+                if r == 0:
+                    raise KVCacheError(f"decref of block {block}, which has no holder")
+                ref[block] = r - 1
+                dropped += 1
+                if r > 1:
+                    continue
+                emptied += 1
+                unfilled += fill[block]
+                if block in hash_of:
+                    evictable[block] = None
+                else:
+                    fill[block] = 0
+                    free.append(block)
+        finally:
+            self.ref_total -= dropped
+            self.num_used -= emptied
+            self.num_filled -= unfilled
+
     def add_fill(self, block: int, slots: int) -> None:
         """Record ``slots`` more written slots in a used block."""
         f = self.fill[block] + slots
@@ -134,6 +198,18 @@ class BlockPool:
         self._block_of[block_hash] = block
         self._hash_of[block] = block_hash
         return True
+
+    def register_many(self, blocks: list[int], hashes: list[int]) -> None:
+        """:meth:`register` each block under its hash, in order."""
+        fill, ref, bs = self.fill, self.ref, self.block_size
+        block_of, hash_of = self._block_of, self._hash_of
+        for block, block_hash in zip(blocks, hashes, strict=True):
+            if fill[block] != bs or ref[block] == 0:
+                raise KVCacheError(f"only full used blocks can be cached; block {block} is not")
+            if block_hash in block_of or block in hash_of:
+                continue
+            block_of[block_hash] = block
+            hash_of[block] = block_hash
 
     # -- invariants -------------------------------------------------------------------
     def check_integrity(self, expected_refs: list[int] | None = None) -> None:

@@ -148,6 +148,20 @@ class PagedKVCacheManager:
             return [*prompt, *seq.output_token_ids]
         return seq.token_ids()
 
+    def _token_slice(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """``self._token_ids(seq)[start:end]`` without building the whole list."""
+        request = seq.group.request
+        p, out = request.prompt_len, seq.output_token_ids
+        if start >= p:
+            return out[start - p : end - p]
+        if request.prompt_token_ids is None:
+            part = [stand_in_prompt_id(request.request_id)] * (min(end, p) - start)
+        else:
+            part = list(request.prompt_token_ids[start:end])
+        if end > p:
+            part += out[: end - p]
+        return part
+
     def _prefix_hits(self, seq: Sequence) -> list[tuple[int, int]]:
         """Leading cached blocks ``(block, hash)`` of the sequence, never covering its last
         token."""
@@ -168,15 +182,23 @@ class PagedKVCacheManager:
         """Give ``st`` slots up to ``target``; its last block must not be shared."""
         pool, bs, table = self._device, self.block_size, st.table
         s = st.slots
-        while s < target:
-            off = s % bs
-            block = table[-1] if off else pool.allocate()
-            if not off:
-                table.append(block)
+        if s >= target:
+            return
+        off = s % bs
+        if off:  # the last block's room first
             k = min(bs - off, target - s)
-            pool.add_fill(block, k)
+            pool.add_fill(table[-1], k)
             s += k
-        st.slots = s
+        if s < target:  # then new blocks, full but the last (add_fill's, at once)
+            n = -(-(target - s) // bs)
+            blocks = pool.allocate_many(n)
+            fill = pool.fill
+            for block in blocks:
+                fill[block] = bs
+            fill[blocks[-1]] = target - s - (n - 1) * bs
+            pool.num_filled += target - s
+            table.extend(blocks)
+        st.slots = target
 
     def note_scheduled(self, seq: Sequence, upto: int) -> None:
         """A step computes ``seq``'s tokens up to ``upto``: its slots below ``upto`` stop
@@ -209,16 +231,20 @@ class PagedKVCacheManager:
         default its computed ones) to the prefix cache."""
         bs = self.block_size
         upto = min(seq.num_computed if upto is None else upto, st.slots) // bs
-        if upto <= st.n_hashed:
+        first = st.n_hashed
+        if upto <= first:
             return
-        tokens = self._token_ids(seq)
-        upto = min(upto, len(tokens) // bs)
-        prev = st.last_hash
-        for i in range(st.n_hashed, upto):
-            prev = hash((prev, tuple(tokens[i * bs : (i + 1) * bs])))
-            self._device.register(st.table[i], prev)
-        if upto > st.n_hashed:
-            st.n_hashed, st.last_hash = upto, prev
+        # the ids' length: the prompt's (Request checks its ids against it) and the outputs'
+        upto = min(upto, (seq.group.request.prompt_len + len(seq.output_token_ids)) // bs)
+        if upto <= first:
+            return
+        tokens = self._token_slice(seq, first * bs, upto * bs)
+        prev, hashes = st.last_hash, []
+        for j in range(upto - first):
+            prev = hash((prev, tuple(tokens[j * bs : (j + 1) * bs])))
+            hashes.append(prev)
+        self._device.register_many(st.table[first:upto], hashes)
+        st.n_hashed, st.last_hash = upto, prev
 
     def _append_need(self, seqs: list[Sequence], on_cpu: bool = False) -> int:
         """Device blocks ``append`` would take for these sequences (exact, CoW included);
@@ -305,6 +331,15 @@ class PagedKVCacheManager:
         if not self.enable_prefix_caching:
             return 0
         return len(self._prefix_hits(self._live(group)[0])) * self.block_size
+
+    def takes_sparing_hits(self, group: SequenceGroup, limit: int) -> int:
+        """How many of the next ``limit`` block allocations, with no release between them,
+        evict none of the prefix-cache hits of waiting ``group``'s live sequences (so its
+        :meth:`can_allocate` still counts them cached): ``limit`` without prefix caching."""
+        if not self.enable_prefix_caching:
+            return limit
+        hits = {block for seq in self._live(group) for block, _ in self._prefix_hits(seq)}
+        return self._device.takes_sparing(hits, limit)
 
     def allocate(self, group: SequenceGroup, first_chunk: int | None = None) -> int:
         """Give the live sequences blocks for ``seq.num_tokens`` slots each: the first its
@@ -494,7 +529,10 @@ class PagedKVCacheManager:
         unless each sequence is on the device, exactly one slot short of ``num_tokens``
         (a plain decode step), and its last block is unshared (then the calls allocate
         only, never copy; with prefix caching, the blocks they fill are offered to the cache
-        by :meth:`register_run` once the caller has the run's tokens)."""
+        by :meth:`register_run` once the caller has the run's tokens), and no prompt holds
+        slots no step was scheduled to write (:meth:`lockstep_breakdowns` counts none)."""
+        if self._prefilling:
+            return None
         bs, states, ref = self.block_size, self._seqs, self._device.ref
         per_offset = [0] * bs  # sequences whose next new block comes after j % bs steps
         for seq in seqs:
@@ -559,9 +597,12 @@ class PagedKVCacheManager:
         hold generated tokens of running sequences only."""
         if not self.enable_prefix_caching:
             return
-        states = self._seqs
+        states, bs = self._seqs, self.block_size
         for seq in seqs:
-            self._register_computed(seq, states[seq.seq_id], seq.num_computed - lag)
+            st = states[seq.seq_id]
+            # _register_computed's own first test, inlined: most runs fill no new block
+            if min(seq.num_computed - lag, st.slots) // bs > st.n_hashed:
+                self._register_computed(seq, st, seq.num_computed - lag)
 
     def lockstep_breakdowns(self, num_seqs: int, new_blocks: list[int]) -> list[MemoryBreakdown]:
         """What :meth:`breakdown` will say after each of ``len(new_blocks)`` lockstep
@@ -615,7 +656,7 @@ class PagedKVCacheManager:
                 st.slots = target
             else:
                 self._grow(st, target)
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and min(seq.num_computed, st.slots) // bs > st.n_hashed:
             self._register_computed(seq, st)
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> list[tuple[int, int]]:
@@ -635,9 +676,7 @@ class PagedKVCacheManager:
         del self._seqs[seq_id]
         self._prefilling.pop(seq_id, None)
         self._written_by_group.pop(seq_id, None)
-        pool = self._cpu if st.on_cpu else self._device
-        for block in reversed(st.table):
-            pool.decref(block)
+        (self._cpu if st.on_cpu else self._device).release(st.table)
 
     # -- swapping ---------------------------------------------------------------------
     def can_swap_out(self, group: SequenceGroup) -> bool:

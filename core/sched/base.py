@@ -290,12 +290,14 @@ class BaseScheduler:
             self._drop_finished()
         return memories, finished
 
-    def _head_settled(self) -> bool | None:
+    def _head_settled(self, first_chunk: int | None = None) -> bool | None:
         """What the queue's head does at the next ``schedule`` if it cannot be admitted:
         True when it waits for memory (``LATER``, which stays ``LATER`` while blocks are
         only taken), False when it would be aborted (``NEVER``: the next schedule changes
-        the queue), None when it fits now and the caller's own limits decide."""
-        status = self.manager.can_allocate(self.waiting[0])
+        the queue), None when it fits now and the caller's own limits decide.
+        ``first_chunk``: the tokens its first chunk would compute, where the manager
+        allocates by chunk (``can_allocate``'s)."""
+        status = self.manager.can_allocate(self.waiting[0], first_chunk)
         if status is AllocStatus.LATER:
             return True
         if status is AllocStatus.NEVER:

@@ -77,26 +77,39 @@ class VLLMScheduler(BaseScheduler):
         return HELD_BY_MEMORY
 
     def decode_run(self, max_steps: int) -> DecodeRun | None:
-        """Plain decode steps (no swapped or aborted group, no copy pending, no chunking,
-        no admission: see :meth:`_admits_nothing`; every running group one unforked
-        sequence with its first token) up to the step in which the first group finishes,
-        as long as the paged manager's free blocks cover the steps' new blocks (no
-        preemption)."""
+        """Plain decode steps (no swapped or aborted group, no copy pending, no admission:
+        see :meth:`_admits_nothing`; every running group one unforked sequence with its
+        first token, and with chunked prefill none with a prompt left to compute) up to
+        the step in which the first group finishes, as long as the paged manager's free
+        blocks cover the steps' new blocks (no preemption). With chunked prefill, where the
+        queue's head waits for memory, also only while the steps' new blocks evict none of
+        its prefix-cache hits (a chunk's need counts them: see :meth:`_admits_nothing`)."""
+        chunked = self.config.chunked_prefill
         if (
             self.swapped
             or not self.running
             or self._pending_copies
             or self._aborted
-            or self.config.chunked_prefill
-            or (self.waiting and not self._admits_nothing())
+            or not isinstance(self.manager, PagedKVCacheManager)
         ):
             return None
-        if not isinstance(self.manager, PagedKVCacheManager):
+        budget = None
+        if chunked:
+            # what _schedule_mixed leaves for admissions after one decode per sequence
+            budget = self.config.max_num_batched_tokens - sum(len(g.seqs) for g in self.running)
+        if self.waiting and not self._admits_nothing(budget):
             return None
         run = self._lone_decodes(sorted(self.running, key=_arrival), max_steps)
         if run is None:
             return None
+        if chunked:  # no prompt chunk to schedule (Sequence.needs_prefill, inlined)
+            for seq in run.seqs:
+                n = seq.num_generated
+                if n == 0 or seq.num_computed < seq.group.request.prompt_len + n - 1:
+                    return None
         free, taken = self.manager.num_free_blocks(), 0
+        if chunked and self.waiting and budget > 0:
+            free = self.manager.takes_sparing_hits(self.waiting[0], free)
         for j, n in enumerate(run.new_blocks):
             taken += n
             if taken > free:
@@ -105,17 +118,29 @@ class VLLMScheduler(BaseScheduler):
         run.queue_held_by = self._queue_held_by(False, len(run.seqs), False)
         return run if run.new_blocks else None
 
-    def _admits_nothing(self) -> bool:
+    def _admits_nothing(self, budget: int | None = None) -> bool:
         """Whether :meth:`_admit_prompts` would admit and abort nothing now, and so at
         every later call while the running groups stay and free blocks only shrink: the
         queue's head must wait for memory (``LATER`` stays ``LATER`` as blocks are
-        taken), or fits but would exceed ``max_num_seqs``."""
-        settled = self._head_settled()
+        taken), or fits but would exceed ``max_num_seqs``. ``budget`` (chunked prefill):
+        the tokens a step's decodes leave: with none left no admission is tried; else the
+        head's first chunk is that long, and a head that fits but whose share of it rounds
+        to 0 waits too. A chunk's need counts the head's prefix-cache hits as held, so
+        ``LATER`` stays ``LATER`` only while no block is taken by evicting one of them
+        (:meth:`decode_run` stops there)."""
+        if budget is not None and budget <= 0:
+            return True
+        settled = self._head_settled(budget)
         if settled is not None:
             return settled
-        width = self.waiting[0].request.sampling.num_seqs
+        head = self.waiting[0]
+        width = head.request.sampling.num_seqs
         running = sum(g.request.sampling.num_seqs for g in self.running)
-        return running + width > self.config.max_num_seqs
+        if running + width > self.config.max_num_seqs:
+            return True
+        if budget is None:
+            return False
+        return _lockstep_share(len(head.live_seqs()), budget, self.config) == 0
 
     # -- step kinds -----------------------------------------------------------------
     def _admit_prompts(self, plan: StepPlan, now: float, budget: int | None = None) -> bool:
