@@ -382,6 +382,31 @@ def table1(**capacity_kw: float) -> list[Table1Row]:
     return rows
 
 
+def table1_gap_lines(rows: list[Table1Row]) -> list[str]:
+    """One computed line per Table 1 row: the paper's KV over the model's KV bytes a token
+    (the slots its KV figure read as GiB gives, against its printed slots), and kvlab's KV
+    less the paper's split into the weights' difference and the difference in the memory
+    that holds neither weights nor KV (the paper's ``params GB`` read as 10^9 bytes)."""
+    lines = []
+    for r in rows:
+        per_token = kv_bytes_per_token(get_model(r.model))
+        implied = r.paper_kv_gib * GIB / per_token
+        weights, paper_weights = r.params_gb * 1e9 / GIB, r.paper_params_gb * 1e9 / GIB
+        rest = r.total_mem_gib - weights - r.kv_gib
+        paper_rest = r.total_mem_gib - paper_weights - r.paper_kv_gib
+        lines.append(
+            f"- {r.model}: the paper's {r.paper_kv_gib:g} GiB at {per_token / 1024:,.0f} KiB a "
+            f"token is {implied:,.0f} slots (it prints {r.paper_slots:,}). KV, kvlab − paper: "
+            f"{r.kv_gib - r.paper_kv_gib:+.1f} GiB = {paper_weights - weights:+.1f} GiB from "
+            f"the weights ({r.params_gb:.1f} against {r.paper_params_gb:g} GB) and "
+            f"{paper_rest - rest:+.1f} GiB from the memory holding neither (kvlab "
+            f"{rest:.1f} GiB, {rest / r.total_mem_gib:.1%} of {r.total_mem_gib:g}: "
+            f"gpu_memory_utilization's headroom and the profile run's activations; the "
+            f"paper's {paper_rest:.1f} GiB, {paper_rest / r.total_mem_gib:.1%})."
+        )
+    return lines
+
+
 def format_table1(rows: list[Table1Row]) -> str:
     """Printable Table 1: computed values, the paper's, and the relative differences."""
     head = (

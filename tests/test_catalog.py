@@ -6,7 +6,13 @@ import dataclasses
 
 import pytest
 
-from sim.capacity import format_table1, kv_capacity, kv_heads_per_gpu, table1
+from sim.capacity import (
+    format_table1,
+    kv_capacity,
+    kv_heads_per_gpu,
+    table1,
+    table1_gap_lines,
+)
 from sim.catalog import GIB, MODELS, GPUSpec, ModelSpec, get_gpu, get_model, gpu_from_config, gpus
 
 # Published sizes: OPT paper (Zhang et al. 2022) and LLaMA paper (Touvron et al. 2023) model
@@ -227,6 +233,28 @@ def test_table1_slots_within_ten_percent_of_the_paper() -> None:
         assert abs(r.slots_rel_diff) < 0.10, r
         assert abs(r.kv_rel_diff) < 0.10, r
         assert abs(r.params_rel_diff) < 0.02, r
+
+
+def test_table1_gap_lines_compute_each_rows_difference() -> None:
+    """Each Table 1 row's gap is a computed line: the paper's KV figure over that model's
+    own KV bytes a token (not OPT-13B's 800 KiB for every row), and kvlab's KV less the
+    paper's split into the weights' part and the rest of memory, the two adding up."""
+    import re
+
+    from experiments.report.markdown import TABLE1_UNITS
+
+    rows = table1()
+    lines = table1_gap_lines(rows)
+    assert len(lines) == 3
+    assert "at 800 KiB a token is 15,729 slots" in lines[0]
+    assert "at 2,304 KiB a token is 9,557 slots (it prints 9,700)" in lines[1]
+    assert "at 4,608 KiB a token is 60,075 slots (it prints 60,100)" in lines[2]
+    for line, r in zip(lines, rows, strict=True):
+        kv, weights, rest = (float(x) for x in re.findall(r"([+-]\d+\.\d) GiB", line)[:3])
+        assert kv == pytest.approx(r.kv_gib - r.paper_kv_gib, abs=0.05)
+        assert weights + rest == pytest.approx(kv, abs=0.11)
+    assert "-12.6 GiB from the memory" in lines[2]
+    assert "follow from 800 KiB a token" not in TABLE1_UNITS
 
 
 def test_paper_kv_override_gives_15_7k_slots() -> None:

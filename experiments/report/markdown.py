@@ -44,7 +44,7 @@ from experiments.report.paper import (
     SYSTEM_LABELS,
 )
 from experiments.report.selection import FIGURES
-from sim.capacity import PAPER_TABLE1, format_table1, table1
+from sim.capacity import PAPER_TABLE1, format_table1, table1, table1_gap_lines
 from sim.cost.overhead import contiguous_note
 
 PARTS = KV_PARTS[:4]  # the paper's four; kvlab adds "free_at_limit" and "free" (nobody waiting)
@@ -261,7 +261,8 @@ BATCH_DEFINITION = (
 )
 TABLE1_UNITS = (
     'The paper\'s memory figures ("12 GB / 21 GB / 264 GB" of KV) are read as GiB: with '
-    "GiB its 15.7K / 9.7K / 60.1K slots follow from 800 KiB a token (`sim/capacity.py`)."
+    "GiB its 15.7K / 9.7K / 60.1K slots follow from each model's KV bytes a token (800 KiB "
+    "for OPT-13B; the lines below, `sim/capacity.py`)."
 )
 BREAKDOWN_HEADER = [
     "system", *(f"{PART_LABELS[p]} kvlab (paper)" for p in PARTS),
@@ -386,7 +387,7 @@ def _report(
     ]
     if "table1" in figures:
         parts += ["## Table 1: KV cache capacity", "", "```", format_table1(t1).strip(), "```", "",
-                  TABLE1_UNITS, ""]  # fmt: skip
+                  TABLE1_UNITS, "", *table1_gap_lines(t1), ""]  # fmt: skip
     if "fig2" in figures:
         parts += [
             "## Fig. 2: KV memory breakdown (% of KV slots, time-averaged, ShareGPT 2 req/s)",
