@@ -121,3 +121,23 @@ def test_the_block_study_says_its_rates_are_kvlabs_choice() -> None:
     text = "\n".join(block_sections(block_study_runs(), _price("vllm-2023"), "Clock: test"))
     assert RATES_CHOSEN in text and "the rate is kvlab's choice" in text
     assert all(f"{r:g} req/s" in RATES_CHOSEN for r in BLOCK_STUDY_RATES.values())
+
+
+def test_the_fig19_gap_says_what_host_link_the_papers_bound_needs() -> None:
+    """A swap priced as bytes (20 ms) plus 0.5 ms a block: at block 256 (2 blocks) a 30 ms
+    recompute is 1.43x the 21 ms swap; the bound needs the bytes to take 30 / 1.2 - 1 = 24
+    ms, a link 20 / 24 = 0.83x as fast. A price of another form gets no such line."""
+    price = pd.DataFrame({
+        "block_size": [16, 256], "blocks": [32, 2],
+        "swap_total_ms": [36.0, 21.0], "recompute_ms": [30.0, 30.0],
+    })  # fmt: skip
+    text = "\n".join(block_sections(block_study_runs(), price, "Clock: test"))
+    assert "(20.0 ms, the same at every block size)" in text
+    assert "needs the bytes to take 24.0 ms, a host link 0.83× as fast" in text
+    bent = pd.DataFrame({
+        "block_size": [1, 16, 256], "blocks": [512, 32, 2],
+        "swap_total_ms": [10.0, 1.0, 0.5], "recompute_ms": [1.0, 1.1, 1.0],
+    })  # fmt: skip
+    assert "What the host link" not in "\n".join(
+        block_sections(block_study_runs(), bent, "Clock: test")
+    )

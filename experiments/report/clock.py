@@ -11,6 +11,7 @@ import math
 from collections.abc import Collection
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from core.plan import BatchShape
@@ -216,7 +217,36 @@ def fig19_section(blocks: pd.DataFrame, price: pd.DataFrame, cost_line: str) -> 
             f"{ratio.min():.2f}–{ratio.max():.2f} over all block sizes: above the paper's "
             f"{RECOMPUTE_BOUND:g} at block sizes {', '.join(map(str, above)) or 'none'}."
         )
+        link = link_for_bound(price)
+        if link is not None and len(above):
+            bytes_ms, needed_ms = link
+            parts.append(
+                f"- What the host link would have to be: a swap's price is the bytes over the "
+                f"link ({bytes_ms:.1f} ms, the same at every block size) plus one copy's "
+                f"latency per block and layer; recompute / swap <= {RECOMPUTE_BOUND:g} at "
+                f"every block size needs the bytes to take {needed_ms:.1f} ms, a host link "
+                f"{bytes_ms / needed_ms:.2f}× as fast as the one priced (the datasheet's, "
+                "under *Cost model*)."
+            )
     return [*parts, ""]
+
+
+def link_for_bound(price: pd.DataFrame) -> tuple[float, float] | None:
+    """From the price table, a swap's bytes-over-the-link part (ms) and what it would have to
+    be for recompute / swap <= :data:`RECOMPUTE_BOUND` at every block size, the per-block
+    part kept: the swap price is fitted as ``bytes_ms + per_block_ms * blocks`` over the
+    rows; None where that line does not hold to 1e-6 of the prices (a price of another
+    form) or fewer than two block counts were priced."""
+    blocks = price["blocks"].to_numpy(dtype=float)
+    swap = price["swap_total_ms"].to_numpy(dtype=float)
+    if len(set(blocks)) < 2:
+        return None
+    per_block, bytes_ms = np.polyfit(blocks, swap, 1)
+    if np.abs(bytes_ms + per_block * blocks - swap).max() > 1e-6 * swap.max() or bytes_ms <= 0:
+        return None
+    recompute = price["recompute_ms"].to_numpy(dtype=float)
+    needed = float(np.max(recompute / RECOMPUTE_BOUND - per_block * blocks))
+    return float(bytes_ms), max(needed, float(bytes_ms))
 
 
 def _ratio_at(price: pd.DataFrame, bs: int) -> float:
