@@ -172,7 +172,17 @@ def fit_allreduce(
         if efficiency < achieved / link_bandwidth
         else ""
     )
-    held = int((mine & ~small & ~large).sum())
+    between = mine & ~small & ~large
+    held = int(between.sum())
+    predicted = latency + 2 * (workers - 1) / workers * table.size[between] / (
+        efficiency * link_bandwidth
+    )
+    actual = table.seconds[between]
+    held_error = (
+        f", mean absolute error {float(np.mean(np.abs(predicted - actual) / actual)):.1%} there"
+        if held
+        else ""
+    )
     note = (
         f"{table.path.parent.name}/{table.path.name}, the {workers}-GPU rows: latency = the "
         f"median of the {int(small.sum())} sizes <= {small_max // 1024} KiB, "
@@ -180,7 +190,7 @@ def fit_allreduce(
         f"{int(large.sum())} sizes >= {large_min // 2**20} MiB beyond it, "
         f"{achieved / 1e9:.0f} GB/s of {link_bandwidth / 1e9:g} = {efficiency:.3f}"
         f"{held_to_one}; "
-        f"the {held} sizes between held out"
+        f"the {held} sizes between held out{held_error}"
     )
     return AllReduceFit(
         latency, efficiency, link_bandwidth, workers, small_max, large_min,
