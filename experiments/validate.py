@@ -253,15 +253,16 @@ def validate(
             raise ConfigError(
                 "run_dir", f"{run_dir / 'metrics.json'}: {key} is {value!r}, not a number"
             )
-    try:
-        simulated, beams = simulate_run(run_dir, cost, replay_beams=recorded)
-    except RecordedStepsExhausted as exc:
-        raise ConfigError("--recorded", f"{run_dir / 'steps.csv'}: {exc}") from None
-    except BeamReplayError as exc:
-        raise ConfigError("--recorded", f"{run_dir}/{exc}; the replay diverged") from None
     repeated = 0
     if recorded and cfg["system"].get("enable_prefix_caching"):
         repeated = repeated_streams(run_requests(cfg, run_dir)[0])
+    try:
+        simulated, beams = simulate_run(run_dir, cost, replay_beams=recorded)
+    except RecordedStepsExhausted as exc:
+        why = f" (as it may: {STREAMS_REPEAT.format(repeated=repeated)})" if repeated else ""
+        raise ConfigError("--recorded", f"{run_dir / 'steps.csv'}: {exc}{why}") from None
+    except BeamReplayError as exc:
+        raise ConfigError("--recorded", f"{run_dir}/{exc}; the replay diverged") from None
     result: dict[str, Any] = {
         "run": run_dir.name,
         "cost_model": cost.describe(),
@@ -295,9 +296,10 @@ BEAMS_DIFFER = (
 
 STREAMS_REPEAT = (
     "prefix caching and {repeated} request(s) whose prompt token ids and sampling (greedy, "
-    "beams of one width, or one seed) another request repeats: the engine generates the same "
-    "tokens for them and its prefix cache can share those blocks, the simulator, which samples "
-    "no tokens, cannot (core.sched.base.stand_in_token_id), so the replay need not match"
+    "beams of one width, or one seed) another request repeats, or whose parallel samples are "
+    "alike (top-k 1): the engine generates the same tokens for them and its prefix cache can "
+    "share those blocks, the simulator, which samples no tokens, cannot "
+    "(core.sched.base.stand_in_token_id), so the replay need not match"
 )
 
 
@@ -306,11 +308,16 @@ def repeated_streams(requests: list[Request]) -> int:
     another request: the same prompt token ids and both greedy (or top-k 1), both beam
     searches of one width, or both drawn with one sample seed and the same sampling options
     (sample ``i`` of a request with seed ``s`` draws with ``s + i``, :mod:`engine.sampler`; a
-    request without a seed draws with one of its own). Under prefix caching the engine can
-    share their generated blocks; the simulator gives each sequence stand-in ids of its own."""
+    request without a seed draws with one of its own); or ``n > 1`` samples drawn with top-k
+    1, which are one stream (whatever the prompt). Under prefix caching the engine can share
+    their generated blocks (a group preempted by recompute finds one sample's blocks for
+    all); the simulator gives each sequence stand-in ids of its own."""
     owners: dict[tuple[Any, ...], set[int]] = {}
+    alike: set[int] = set()
     for r in requests:
         s = r.sampling
+        if s.n > 1 and s.top_k == 1:  # greedy n > 1 is refused (SamplingParams)
+            alike.add(r.request_id)
         if r.prompt_token_ids is None:
             continue
         if s.beam_width > 1:
@@ -323,7 +330,7 @@ def repeated_streams(requests: list[Request]) -> int:
             continue
         for key in keys:
             owners.setdefault((tuple(r.prompt_token_ids), *key), set()).add(r.request_id)
-    return len(set().union(*(ids for ids in owners.values() if len(ids) > 1)))
+    return len(alike.union(*(ids for ids in owners.values() if len(ids) > 1)))
 
 
 def print_comparison(rows: list[dict[str, Any]]) -> None:
