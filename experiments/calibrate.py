@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.target == "host" and args.profile is None:
         parser.error("--target host fits on top of an operator profile; give --profile")
     if not args.run_dir.is_dir():  # else a file here is named as --out, its default's parent
-        raise ConfigError("run_dir", "not a run directory: no config.yaml", str(args.run_dir))
+        raise ConfigError("run_dir", "not a run directory (no such folder)", str(args.run_dir))
     check_out_file(args.out or args.run_dir / "calibration.json")
     model = calibrate(args.run_dir, args.weighting, args.profile, args.target)
     print(model.describe())

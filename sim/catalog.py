@@ -39,6 +39,21 @@ from core.model_spec import OPT_POSITION_OFFSET, ModelSpec
 
 log = logging.getLogger(__name__)
 
+# What GPUs have, in a hardware YAML's units: the smallest and largest of today's parts
+# (NVIDIA datasheets: RTX 4090 24 GB, 1,008 GB/s, 165 dense TFLOPS; B200 192 GB, 8,000 GB/s,
+# 2,250 dense TFLOPS; PCIe Gen3 x16 16 GB/s a direction; GH200's C2C link 450 GB/s and
+# NVLink 5 900 GB/s a direction), ten-fold either side. A number outside is most likely in
+# another unit (FLOP/s for TFLOPS, TB/s for GB/s): a warning, not an error, so a GPU beyond
+# them still runs.
+_GPU_RANGE = {
+    "memory_gb": (24, 192),
+    "mem_bandwidth_gbs": (1008, 8000),
+    "peak_tflops": (165.2, 2250),
+    "host_link_gbs": (16, 450),
+    "peer_link_gbs": (16, 900),
+}
+PLAUSIBLE_HARDWARE = {key: (low / 10, high * 10) for key, (low, high) in _GPU_RANGE.items()}
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PEER_LINKS = ("nvlink", "pcie")
 # A hardware YAML's numbers: key -> (GPUSpec field, scale to SI units).
@@ -147,18 +162,6 @@ class GPUSpec:
 
 # The keys a hardware group may hold: its numbers, the link kind, the names the device
 # reports and the sources of the numbers (``configs/hardware/*.yaml``).
-# What GPUs have, in a hardware YAML's units: from the RTX 4090's 24 GB, 1,008 GB/s and 165
-# TFLOPS to the B200's 192 GB, 8,000 GB/s and 2,250 dense TFLOPS (NVIDIA datasheets), ten-fold
-# either side. A number outside is most likely in another unit (FLOP/s for TFLOPS, TB/s for
-# GB/s): a warning, not an error, so a GPU beyond them still runs.
-PLAUSIBLE_HARDWARE: dict[str, tuple[float, float]] = {
-    "memory_gb": (2.4, 1920.0),
-    "mem_bandwidth_gbs": (100.8, 80_000.0),
-    "peak_tflops": (16.5, 22_500.0),
-    "host_link_gbs": (1.6, 2_000.0),  # PCIe Gen3 x4 (~4 GB/s) to a C2C link's 450 GB/s
-    "peer_link_gbs": (1.6, 18_000.0),  # the same low end; NVLink 5's 900 GB/s a direction
-}
-
 HARDWARE_FIELDS = (
     "name", *HARDWARE_KEYS, *OPTIONAL_HARDWARE_KEYS, "peer_link", "device_names", "source",
 )  # fmt: skip
