@@ -78,6 +78,12 @@ def test_bad_logs_name_file_line_and_key(tmp_path: Path, bad: dict, message: str
     assert "requests.jsonl" in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_null_number_is_named_null_not_missing(tmp_path: Path) -> None:
+    run = _write(tmp_path, [_row(0, 0.0), _row(1, 1.0) | {"output_toks": None}])
+    with pytest.raises(TraceFormatError, match=r"line 2: output_toks is null$"):
+        read_vllm_log(run)
+
+
 def test_bench_serve_json_gives_lengths_but_redraws_arrivals(tmp_path: Path) -> None:
     doc = {
         "request_rate": 2.0,

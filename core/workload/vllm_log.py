@@ -112,7 +112,8 @@ class LoggedRequest:
 def _number(path: Path, line: int, obj: dict[str, Any], key: str) -> float:
     value = obj.get(key)
     if value is None:
-        raise TraceFormatError(path, line, f"missing key {key!r}")
+        why = f"{key} is null" if key in obj else f"missing key {key!r}"
+        raise TraceFormatError(path, line, why)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise TraceFormatError(path, line, f"{key} is not a finite number: {value!r}")
     return float(value)
