@@ -192,9 +192,14 @@ def run_calibration(
     blocks, capacity_text = num_blocks(run, model, gpu)
     fit_ids, held_ids = split_ids(run.logged, split)
     notes = [*run.notes, *(n for n in (device_note, mismatch) if n is not None)]
-    if all(math.isnan(r.scheduled) for r in run.logged):
+    unscheduled = sum(math.isnan(r.scheduled) for r in run.logged)
+    if unscheduled == len(run.logged):
         notes.append("the log has no scheduled_ts: the queue wait is unknown, so the fit uses "
                      "TPOTs only (no TTFTs of requests scheduled at once)")  # fmt: skip
+    elif unscheduled:
+        notes.append(f"{unscheduled} of the log's {len(run.logged)} requests have no "
+                     "scheduled_ts: their queue wait is unknown, so the fit leaves out their "
+                     "TTFTs")  # fmt: skip
     if run.prefix_caching_without_ids:
         notes.append("prefix caching is on in meta.json but the log comes without prompt token "
                      "ids (--workload): in the simulation a request finds only its own blocks "

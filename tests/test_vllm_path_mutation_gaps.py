@@ -556,11 +556,12 @@ def test_a_fit_part_wholly_rejected_is_refused_in_one_line(tmp_path: Path) -> No
 
 def test_the_no_scheduled_ts_note_needs_every_line_to_lack_it(tmp_path: Path) -> None:
     """The fit falls back to TPOTs only, with a note, when no line has ``scheduled_ts``;
-    one line without it is no such case."""
+    one line without it is no such case, but its note counts it (its TTFT is left out)."""
     run = _fake_run(tmp_path, n=8)
     _edit_rows(run, {5: {"scheduled_ts": None}})
     notes = run_calibration(run, "rtx4090", plot=False)["notes"]
-    assert not any("no scheduled_ts" in n for n in notes)
+    assert not any("the log has no scheduled_ts" in n for n in notes)
+    assert any(n.startswith("1 of the log's 8 requests have no scheduled_ts") for n in notes)
     _edit_rows(run, {i: {"scheduled_ts": None} for i in range(8) if i != 5})
     notes = run_calibration(run, "rtx4090", plot=False)["notes"]
     assert any("the log has no scheduled_ts" in n for n in notes)
