@@ -173,3 +173,24 @@ def test_a_rate_for_a_trace_points_at_its_time_scale() -> None:
 def test_unset_keys_and_vocab_size_pass() -> None:
     cfg = {"kind": "multi_turn", "num_conversations": 2, "duration_s": None, "vocab_size": 100}
     assert len(build_workload(cfg)) == 8
+
+
+def test_num_requests_that_cuts_a_trace_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``num_requests`` cutting a trace file says how many it kept of how many: serve.yaml's
+    default of 32 served the first 32 rows of a 40-row trace without a word."""
+    from core.request import Request
+    from core.workload.trace_io import write_trace
+
+    path = tmp_path / "t.csv"
+    write_trace(path, [Request(i, float(i), 10, 10) for i in range(40)])
+    cfg = as_dict(compose_config(["workload=trace", f"workload.path={path}"]))["workload"]
+    with caplog.at_level("INFO", logger="core.workload.spec.window"):
+        assert len(build_workload({**cfg, "num_requests": 40})) == 40  # cuts nothing: silent
+        assert not caplog.records
+        assert len(build_workload({**cfg, "num_requests": 32})) == 32
+    assert [r.getMessage() for r in caplog.records] == [
+        "workload.num_requests=32 keeps the first 32 of the 40 requests in the window "
+        "(workload.num_requests=null keeps them all)"
+    ]

@@ -208,6 +208,12 @@ def _window(requests: list[Request], c: Mapping[str, Any]) -> list[Request]:
         past_end = bool(kept) and len(kept) == len(requests)
         requests = kept
     if c["num_requests"] is not None and len(requests) > int(c["num_requests"]):
+        # said, not silent: serve.yaml's default (32) cuts a trace file of any size
+        window_log.info(
+            "workload.num_requests=%d keeps the first %d of the %d requests in the window "
+            "(workload.num_requests=null keeps them all)",
+            int(c["num_requests"]), int(c["num_requests"]), len(requests),
+        )  # fmt: skip
         requests = requests[: int(c["num_requests"])]
         past_end = False
     if past_end:
