@@ -193,10 +193,13 @@ class BaseScheduler:
             )
             reservation = getattr(self.manager, "reservation", None)
             if reservation is not None:  # contiguous: the policy's reservation is the need
+                slots = reservation(request)
                 group.reject_reason += (
-                    f"; the {self.manager.policy} policy reserves {reservation(request)} "
-                    "slots per sequence"
+                    f"; the {self.manager.policy} policy reserves {slots} slots per sequence"
                 )
+                held = self.manager.allocator.block_size_for(slots)
+                if held != slots:  # the buddy's size class is what must fit
+                    group.reject_reason += f", which the buddy allocator rounds up to {held}"
         if group.reject_reason is not None:
             group.set_status(SequenceStatus.REJECTED)
             return group
