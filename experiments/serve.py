@@ -275,9 +275,16 @@ def log_engine(c: Mapping[str, Any], engine: LLMEngine) -> None:
         c["model"]["name"], engine.device, device_name(engine.device), torch.get_num_threads(),
         c.get("backend", "torch"), engine.step_timer_name,
     )  # fmt: skip
+    sched = engine.scheduler
+    from core.kv.paged import PagedKVCacheManager
+
+    swaps = isinstance(sched.manager, PagedKVCacheManager) and (
+        sched.config.preemption_mode == "swap" or sched.swap_groups
+    )
     log.info(
-        "KV cache: %d blocks of %d tokens, %.4g GiB (%s); CPU swap pool %d blocks",
+        "KV cache: %d blocks of %d tokens, %.4g GiB (%s); CPU swap pool %d blocks%s",
         kv.num_blocks, kv.block_size, kv.device_bytes / GIB, sized, kv.num_cpu_blocks,
+        "" if swaps else f" (unused: {sched.name} never swaps)",
     )  # fmt: skip
     log.info("system: %s", engine.scheduler.config)
 

@@ -123,3 +123,16 @@ def test_serve_counts_rejections_and_survives_a_rejected_last_request(tmp_path: 
     assert metrics["completed"] == 3 and metrics["rejected"] == 2
     assert metrics["rejected_max_model_len"] == 2
     assert metrics["rejected_kv_cache"] == metrics["rejected_other"] == 0
+
+
+@pytest.mark.parametrize(
+    ("system", "unused"), [("vllm", False), ("vllm_v1", True), ("orca_max", True)]
+)
+def test_the_log_says_when_the_swap_pool_goes_unused(
+    system: str, unused: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # vllm_v1 and the contiguous systems never swap: their pool line said nothing of it
+    with caplog.at_level("INFO", logger="experiments.serve"):
+        run(_cfg([f"system={system}", "workload.num_requests=1"]), tmp_path)
+    line = next(r.getMessage() for r in caplog.records if "CPU swap pool" in r.getMessage())
+    assert line.endswith(f"(unused: {system} never swaps)") == unused
