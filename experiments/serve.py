@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import sys
 import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
@@ -234,7 +235,7 @@ class Serving:
             self.requests,
             mode=str(c.get("mode", "online")),
             clock=str(c.get("clock", "virtual")),
-            progress=bool(c.get("progress", False)),
+            progress=_PROGRESS_WHEN_UNSET if c.get("progress") is None else bool(c["progress"]),
         )
 
 
@@ -369,8 +370,22 @@ def with_phases(steps: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([steps, phases.set_axis(steps.index)], axis=1)
 
 
+# what progress=null means: a bar when the command line's run writes to a terminal (main
+# sets it; a log redirected to a file gets no bar's carriage returns), none for other callers
+_PROGRESS_WHEN_UNSET = False
+
+
 @hydra.main(config_path=str(CONFIG_DIR), config_name="serve", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    global _PROGRESS_WHEN_UNSET
+    _PROGRESS_WHEN_UNSET = sys.stderr.isatty()
+    try:
+        _serve_job(cfg)
+    finally:  # later runs in this process keep the quiet default
+        _PROGRESS_WHEN_UNSET = False
+
+
+def _serve_job(cfg: DictConfig) -> None:
     run_app(
         "serve",
         cfg,

@@ -565,3 +565,23 @@ def test_the_runs_log_says_where_the_engine_ran_and_what_sized_its_cache(caplog)
         serve.start(compose_config("serve", [*SERVE_SMALL, "kv_cache_gb=null"]))
     said = "\n".join(r.getMessage() for r in caplog.records)
     assert "(derived: room for max_num_seqs sequences of max_model_len, at most 1 GiB)" in said
+
+
+@pytest.mark.parametrize(
+    ("terminal", "setting", "bar"),
+    [(True, "null", True), (False, "null", False), (True, "false", False)],
+)
+def test_serves_bar_follows_the_terminal_unless_set(
+    monkeypatch: pytest.MonkeyPatch, terminal: bool, setting: str, bar: bool
+) -> None:
+    """progress=null (serve's default, as simulate's) draws the bar only where the command
+    line's stderr is a terminal (a redirected log got its carriage returns)."""
+    from experiments import serve
+    from experiments.lib.compose import compose_config
+
+    monkeypatch.setattr(serve, "_PROGRESS_WHEN_UNSET", terminal)
+    serving = serve.start(compose_config("serve", [*SERVE_SMALL, f"progress={setting}"]))
+    seen: dict = {}
+    monkeypatch.setattr(serving.engine, "serving", lambda reqs, **kw: seen.update(kw))
+    serving.steps()
+    assert seen["progress"] is bar
