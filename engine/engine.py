@@ -21,6 +21,7 @@ generator seeded from a hash of ``(engine seed, request id)``, so any workload t
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
@@ -55,6 +56,9 @@ MODES = ("offline", "online")
 # model's default budget (max_model_len, up to 131,072) would make thousands of large calls
 WARM_GEMM_MAX_TOKENS = 8192
 CLOCKS = ("virtual", "wall")
+
+log = logging.getLogger(__name__)
+WALL_WAIT_NOTE_S = 1.0  # a first arrival this late on the wall clock is said
 
 
 T = TypeVar("T")
@@ -338,6 +342,10 @@ class LLMEngine:
         if len(set(ids)) != len(ids):
             raise EngineError("request ids must be unique within one generate call")
         self.reset(WallClock() if clock == "wall" else VirtualClock())
+        first = min((r.arrival_time for r in reqs), default=0.0)
+        if clock == "wall" and first >= WALL_WAIT_NOTE_S:  # else a silent wait looks hung
+            log.info("clock 'wall': the first request arrives at %.4g s; waiting for it in "
+                     "real time", first)  # fmt: skip
         bar = tqdm(total=len(reqs), unit="req", disable=not progress, desc="serve")
         self.loop.on_done = bar.update
         try:

@@ -585,3 +585,17 @@ def test_serves_bar_follows_the_terminal_unless_set(
     monkeypatch.setattr(serving.engine, "serving", lambda reqs, **kw: seen.update(kw))
     serving.steps()
     assert seen["progress"] is bar
+
+
+def test_a_late_first_arrival_on_the_wall_clock_is_said(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trace whose first request arrives late made clock='wall' sit at 0 done without a
+    word; the wait is said (at 0.1 s here, the threshold lowered for the test)."""
+    monkeypatch.setattr("engine.engine.WALL_WAIT_NOTE_S", 0.05)
+    reqs = [Request(0, 0.1, 4, 2, SamplingParams(), _ids(4, 0))]
+    with caplog.at_level("INFO", logger="engine.engine"):
+        make_engine().generate(reqs, mode="online", clock="wall")
+        make_engine().generate(reqs, mode="online", clock="virtual")
+    said = [r.getMessage() for r in caplog.records if "waiting for it" in r.getMessage()]
+    assert said == ["clock 'wall': the first request arrives at 0.1 s; waiting for it in real time"]
