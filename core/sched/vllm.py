@@ -81,9 +81,9 @@ class VLLMScheduler(BaseScheduler):
         see :meth:`_admits_nothing`; every running group one unforked sequence with its
         first token, and with chunked prefill none with a prompt left to compute) up to
         the step in which the first group finishes, as long as the paged manager's free
-        blocks cover the steps' new blocks (no preemption). With chunked prefill, where the
-        queue's head waits for memory, also only while the steps' new blocks evict none of
-        its prefix-cache hits (a chunk's need counts them: see :meth:`_admits_nothing`)."""
+        blocks cover the steps' new blocks (no preemption). With chunked prefill and a
+        request waiting, also only while the steps' new blocks evict none of the queue
+        head's prefix-cache hits (a chunk's need counts them: see :meth:`_admits_nothing`)."""
         chunked = self.config.chunked_prefill
         if (
             self.swapped

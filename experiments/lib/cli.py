@@ -58,7 +58,7 @@ from experiments.lib.signals import (
     quiet_resource_trackers,
     sigterm_as_interrupt,
 )
-from experiments.lib.sweep_stop import sweep_stops_kept
+from experiments.lib.sweep_stop import resume_hint, sweep_stops_kept
 from experiments.lib.table import result_table
 from sim.cost.profile import ProfileError
 from sim.driver import StepPriceError
@@ -309,8 +309,8 @@ def run_app(
             if not _COMMAND_LINE or full_errors():
                 raise
             # a sweep's folder is new each time unless named: the finished jobs are kept there
-            again = (f"rerun the same command with hydra.sweep.dir={hc.sweep.dir} to run it "
-                     "and the jobs not started" if hc.mode == RunMode.MULTIRUN
+            again = (f"{resume_hint(hc.sweep.dir)} to run it and the jobs not started"
+                     if hc.mode == RunMode.MULTIRUN
                      else "run the same command again to redo it")  # fmt: skip
             print(f"interrupted: {out_dir} holds a partial run (no metrics.json); {again}",
                   file=sys.stderr)  # fmt: skip

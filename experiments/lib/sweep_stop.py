@@ -130,6 +130,11 @@ def _report_as_hydra(exc: Exception) -> None:
     raise SystemExit(LAUNCHER_FAILURE_STATUS) from None
 
 
+def resume_hint(sweep_dir: Path | str) -> str:
+    """How to run a stopped sweep's remaining jobs: the same command into its folder."""
+    return f"rerun the same command with hydra.sweep.dir={sweep_dir}"
+
+
 def _keep(why: str) -> str:
     """Mark this sweep's stopped jobs (``error.txt`` and an ``interrupted`` row in the runs
     index) and write its summary; returns where to look, as the end of a sentence ("" when
@@ -139,7 +144,7 @@ def _keep(why: str) -> str:
     if not STARTED:
         return ""
     sweep_dir, before, planned = STARTED[-1]
-    again = f"rerun the same command with hydra.sweep.dir={sweep_dir} to run it"
+    again = f"{resume_hint(sweep_dir)} to run it"
     started = [d for d, record in job_records(sweep_dir).items() if before.get(d) != record]
     mark_stopped(started, f"{why} before this job finished: its files are partial; {again} again")
     not_started = f"{why} before this job started; {again}"
@@ -148,8 +153,7 @@ def _keep(why: str) -> str:
         return f"; rerun with hydra.sweep.dir={sweep_dir} to resume"
     write_csv(sweep_dir / "summary.csv", summary)
     return (f"; {sweep_dir / 'summary.csv'} lists them, the stopped ones and those not "
-            f"started; rerun the same command with hydra.sweep.dir={sweep_dir} to run the "
-            "rest")  # fmt: skip
+            f"started; {resume_hint(sweep_dir)} to run the rest")  # fmt: skip
 
 
 def mark_stopped(job_dirs: Sequence[Path], line: str) -> None:
