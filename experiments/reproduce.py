@@ -415,11 +415,12 @@ def main(argv: list[str] | None = None) -> Path:
                                             bisect_evals=evals, rate_tol=tol)  # fmt: skip
             fig12_jobs = [pool.submit(run_search, recorded, s, args.threshold) for s in searches]
             each = "rate searches (a system's runs over rates and seeds each)"
-            progress.runs("fig12", fig12_jobs, each)
-            for panel in panels:  # a progress line per panel too
+            for panel in panels:  # a progress line per panel, before the total's
                 jobs = [j for j, s in zip(fig12_jobs, searches, strict=True)
                         if s.setting == panel.letter]  # fmt: skip
                 progress.runs(f"fig12 ({panel.letter})", jobs, each)
+            # registered last, so the job that ends the last panel logs the panel first
+            progress.runs("fig12", fig12_jobs, each)
         sharing_jobs, sharing_s = {}, 0.0
         sharing_figs = [f for f in sharing.WRITERS if f in figs]
         if sharing_figs:

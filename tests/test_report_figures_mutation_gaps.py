@@ -299,6 +299,20 @@ def test_progress_logs_a_figure_done_once_all_its_jobs_succeeded() -> None:
     assert log.lines[-1].startswith("fig12: 1 rate searches done (")
 
 
+def test_a_total_registered_after_its_parts_is_logged_after_them() -> None:
+    # reproduce registers Fig. 12's panels before their total: the job that ends the last
+    # panel also ends the total, and the total's line came first when registered first
+    log = _Log()
+    progress = selection.Progress(log, started=0.0)  # type: ignore[arg-type]
+    jobs: list[Future[Any]] = [Future(), Future()]
+    progress.runs("fig12 (a)", jobs[:1])
+    progress.runs("fig12 (f)", jobs[1:])
+    progress.runs("fig12", jobs)
+    jobs[0].set_result(0)
+    jobs[1].set_result(0)
+    assert [line.split(":")[0] for line in log.lines] == ["fig12 (a)", "fig12 (f)", "fig12"]
+
+
 @pytest.mark.parametrize("spoil", ["exception", "cancel"])
 def test_progress_says_nothing_done_when_a_job_failed(spoil: str) -> None:
     log = _Log()
