@@ -139,17 +139,10 @@ class PagedKVCacheManager:
     def _blocks_for(self, slots: int) -> int:
         return -(-slots // self.block_size)
 
-    def _token_ids(self, seq: Sequence) -> list[int]:
-        """The ids ``seq``'s block hashes read: its prompt's and generated tokens; a request
-        of lengths alone stands for its prompt by :func:`stand_in_prompt_id`."""
-        request = seq.group.request
-        if request.prompt_token_ids is None:
-            prompt = [stand_in_prompt_id(request.request_id)] * request.prompt_len
-            return [*prompt, *seq.output_token_ids]
-        return seq.token_ids()
-
     def _token_slice(self, seq: Sequence, start: int, end: int) -> list[int]:
-        """``self._token_ids(seq)[start:end]`` without building the whole list."""
+        """The ids ``seq``'s block hashes read, from ``start`` to ``end``: its prompt's and
+        generated tokens (a request of lengths alone stands for its prompt by
+        :func:`stand_in_prompt_id`), built for that slice only."""
         request = seq.group.request
         p, out = request.prompt_len, seq.output_token_ids
         if start >= p:
@@ -165,9 +158,10 @@ class PagedKVCacheManager:
     def _prefix_hits(self, seq: Sequence) -> list[tuple[int, int]]:
         """Leading cached blocks ``(block, hash)`` of the sequence, never covering its last
         token."""
-        tokens = self._token_ids(seq)
         bs = self.block_size
-        limit = min((seq.num_tokens - 1) // bs, len(tokens) // bs)
+        known = seq.group.request.prompt_len + len(seq.output_token_ids)
+        limit = min((seq.num_tokens - 1) // bs, known // bs)
+        tokens = self._token_slice(seq, 0, limit * bs)
         hits = []
         prev = _ROOT_HASH
         for i in range(limit):

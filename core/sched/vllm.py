@@ -124,23 +124,19 @@ class VLLMScheduler(BaseScheduler):
         queue's head must wait for memory (``LATER`` stays ``LATER`` as blocks are
         taken), or fits but would exceed ``max_num_seqs``. ``budget`` (chunked prefill):
         the tokens a step's decodes leave: with none left no admission is tried; else the
-        head's first chunk is that long, and a head that fits but whose share of it rounds
-        to 0 waits too. A chunk's need counts the head's prefix-cache hits as held, so
-        ``LATER`` stays ``LATER`` only while no block is taken by evicting one of them
+        head's first chunk is that long (never a share of 0 per sequence: the budget, at
+        least ``max_num_seqs`` less the running sequences, covers the head's whenever it
+        passes the seat check). A chunk's need counts the head's prefix-cache hits as held,
+        so ``LATER`` stays ``LATER`` only while no block is taken by evicting one of them
         (:meth:`decode_run` stops there)."""
         if budget is not None and budget <= 0:
             return True
         settled = self._head_settled(budget)
         if settled is not None:
             return settled
-        head = self.waiting[0]
-        width = head.request.sampling.num_seqs
+        width = self.waiting[0].request.sampling.num_seqs
         running = sum(g.request.sampling.num_seqs for g in self.running)
-        if running + width > self.config.max_num_seqs:
-            return True
-        if budget is None:
-            return False
-        return _lockstep_share(len(head.live_seqs()), budget, self.config) == 0
+        return running + width > self.config.max_num_seqs
 
     # -- step kinds -----------------------------------------------------------------
     def _admit_prompts(self, plan: StepPlan, now: float, budget: int | None = None) -> bool:
