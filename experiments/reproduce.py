@@ -12,6 +12,8 @@ Writes into ``--out`` (default ``results/reproduce``):
   ``--seeds`` seeds; ``fig12_curves.csv`` (mean, min, max over seeds), ``fig12_capacity.csv``
   (each system's sustainable rate, its interval over seeds, its ratio to vLLM's) and
   ``fig12_all_panels.png/.pdf``; see ``experiments.report.fig12_rates``;
+  ``fig12_step_mix.csv``: the Alpaca panels' step mix, vLLM against Orca (Oracle), from one
+  run each kept in ``runs/fig12_<panel>_steps_<system>/`` (``experiments.report.fig12_mix``);
 - ``fig18b_block_size.csv/.png/.pdf``: vLLM's normalized latency against block size on
   ShareGPT and Alpaca (Fig. 18b);
 - ``fig19_swap_recompute.csv`` (end to end, swap vs recompute by block size) and
@@ -78,7 +80,7 @@ from experiments.lib.jobs import (
 from experiments.lib.pool import launch_threads, worker_pool
 from experiments.lib.results import write_json
 from experiments.lib.setup import build_setup
-from experiments.report import fig12_rates, selection, sharing
+from experiments.report import fig12_mix, fig12_rates, selection, sharing
 from experiments.report.figures import pyplot
 from experiments.report.rate_search import RATE_TOL, run_search
 
@@ -406,7 +408,7 @@ def main(argv: list[str] | None = None) -> Path:
                 if key["study"] == name or (name == "fig19" and key["workload"] == "sharegpt")
             ]
             progress.runs(name, jobs)
-        fig12_jobs = []
+        fig12_jobs, mix_jobs = [], []
         if "fig12" in figs:
             recorded = partial(run_recorded, runs_dir, COSTS[args.cost])
             tol = args.fig12_rate_tol or RATE_TOL
@@ -421,6 +423,12 @@ def main(argv: list[str] | None = None) -> Path:
                 progress.runs(f"fig12 ({panel.letter})", jobs, each)
             # registered last, so the job that ends the last panel logs the panel first
             progress.runs("fig12", fig12_jobs, each)
+            mix_runs = fig12_mix.mix_runs(
+                panels, lambda p: fig12_rates.trace_s(p, args.full, args.duration), args.seed
+            )
+            mix_jobs = [(r, pool.submit(run_one, r.label, [*r.overrides, *COSTS[args.cost]],
+                                        runs_dir / r.label)) for r in mix_runs]  # fmt: skip
+            progress.runs("fig12 step mix", [job for _, job in mix_jobs])
         sharing_jobs, sharing_s = {}, 0.0
         sharing_figs = [f for f in sharing.WRITERS if f in figs]
         if sharing_figs:
@@ -438,6 +446,7 @@ def main(argv: list[str] | None = None) -> Path:
         sens = pd.DataFrame([key | _keep(job.result()) for key, job in sens_jobs])
         blocks = pd.DataFrame([key | _keep(job.result()) for key, job in block_jobs])
         fig12_rows = [row for job in fig12_jobs for row in job.result()]
+        mix_rows = [fig12_mix.mix_row(r, runs_dir / r.label, job.result()) for r, job in mix_jobs]
         sharing_rows = [[row for job in jobs for row in job.result()]
                         for jobs in sharing_jobs.values()]  # fmt: skip
     log.info("all runs done (%.0f s)", progress.elapsed())
@@ -455,7 +464,7 @@ def main(argv: list[str] | None = None) -> Path:
     if fig12_rows:
         clocks = panel_clocks(panels, COSTS[args.cost], build_setup(cfg).cost_model.describe())
         fig12_text = fig12_rates.write(
-            fig12_rows, out, pyplot(headless=True), args.threshold, clocks
+            fig12_rows, out, pyplot(headless=True), args.threshold, clocks, mix_rows
         )
         progress.wrote("fig12", "fig12*.csv/.png/.pdf")
     write_outputs(

@@ -275,6 +275,11 @@ def test_reproduce_runs_two_panels_with_seeds(tmp_path) -> None:
     report = (tmp_path / "report.md").read_text()
     assert "Gap (a):" in report and "Gap (d):" in report
     assert (tmp_path / "fig12_all_panels.png").exists()
+    mix = pd.read_csv(tmp_path / "fig12_step_mix.csv")  # (d) only: (a) is ShareGPT
+    assert sorted(zip(mix["panel"], mix["system"], strict=True)) == [
+        ("d", "orca_oracle"), ("d", "vllm")]  # fmt: skip
+    assert (tmp_path / "runs" / "fig12_d_steps_vllm" / "steps.csv").is_file()
+    assert "Why the Alpaca ratio moves" in report and "- (d) memory, at the" in report
 
 
 def _capacity(rates: dict[str, tuple[float, float]]) -> pd.DataFrame:

@@ -66,6 +66,8 @@ from experiments.report.bound_text import (
     ratio_estimate,
     why_bound,
 )
+from experiments.report.fig12_mix import lines as mix_lines
+from experiments.report.fig12_mix import mix_table
 from experiments.report.figures import fig12_panels, save
 from experiments.report.paper import FIG12_SHAREGPT_RATIO, SYSTEM_LABELS
 from experiments.report.rate_search import (
@@ -82,6 +84,7 @@ MAX_BACKLOG = 0.1
 GRID_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0, 1.5, 2.0)
 # growth above the grid's top (2x the axis) stops at this multiple of it: 8x the axis
 GROW_TO = 4.0
+MIX_FILE = "fig12_step_mix.csv"  # the Alpaca panels' step mix (experiments.report.fig12_mix)
 # the columns of ``rate_search.capacity_table`` that say which rates and ratios are bounds
 BOUND_COLUMNS = ("rate_open", "rate_lo_open", "rate_hi_open", "vllm_ratio_bound",
                  "ratio_lo_bound", "ratio_hi_bound")  # fmt: skip
@@ -152,22 +155,26 @@ def searches(
 
 def write(
     rows: Sequence[dict[str, Any]], out: Path, plt: Any, threshold: float,
-    clocks: Mapping[str, str] | None = None,
+    clocks: Mapping[str, str] | None = None, mix_rows: Sequence[dict[str, Any]] = (),
 ) -> str:  # fmt: skip
     """Per panel ``fig12<letter>_<model>_<workload>.csv`` (every run) and ``.png/.pdf``;
     ``fig12_capacity.csv`` (every panel's sustainable rates and ``threshold``, the
     normalized-latency bound the runs were judged by), ``fig12_curves.csv`` (mean,
-    min and max over seeds per rate) and ``fig12_all_panels.png/.pdf``;
-    returns the report section (``clocks``: :func:`section`)."""
+    min and max over seeds per rate), ``fig12_all_panels.png/.pdf`` and, given
+    ``mix_rows`` (``fig12_mix.mix_row``), ``fig12_step_mix.csv``; returns the report
+    section (``clocks``: :func:`section`)."""
     runs = pd.DataFrame(rows)
     cap = capacity(rows, threshold)
     curves = panel_curves(rows)
+    mix = mix_table(mix_rows) if mix_rows else None
     write_csv(out / "fig12_capacity.csv", cap)
     write_csv(out / "fig12_curves.csv", curves)
+    if mix is not None:
+        write_csv(out / MIX_FILE, mix)
     for p in [p for p in PANELS if p.letter in set(runs["setting"])]:
         write_csv(out / f"{p.name}.csv", runs[runs["setting"] == p.letter])
     draw(cap, curves, out, plt, threshold)
-    return section(cap, runs, threshold, clocks)
+    return section(cap, runs, threshold, clocks, mix)
 
 
 def draw(cap: pd.DataFrame, curves: pd.DataFrame, out: Path, plt: Any, threshold: float) -> None:
@@ -315,14 +322,15 @@ def _paper_ratio(panel: Panel, system: str) -> str:
 
 def section(
     cap: pd.DataFrame, runs: pd.DataFrame, threshold: float,
-    clocks: Mapping[str, str] | None = None,
+    clocks: Mapping[str, str] | None = None, mix: pd.DataFrame | None = None,
 ) -> str:  # fmt: skip
     """The report's Fig. 12 section: per panel a table and a computed gap line. ``cap``:
     :func:`capacity` (a table without its bound columns, such as a ``fig12_capacity.csv``
     written before they existed, raises ``ValueError``: rebuild it from the runs).
     ``clocks``: per panel letter, the lines of its cost model's description that the
     report's *Cost model* section does not print (empty: the same clock), shown under the
-    panel's heading."""
+    panel's heading. ``mix``: ``fig12_step_mix.csv``'s rows, for the Alpaca lines of
+    :func:`experiments.report.fig12_mix.lines` (None: their memory part only)."""
     missing = [col for col in BOUND_COLUMNS if col not in cap.columns]
     if missing:
         raise ValueError(f"capacity table lacks {', '.join(missing)}: rebuild it with "
@@ -385,6 +393,7 @@ def section(
         gaps.append(gap)
         lines += ["", gap, ""]
     lines += _narrowing(cap)
+    lines += mix_lines(runs, cap, mix)
     return "\n".join(lines) + "\n"
 
 
@@ -595,7 +604,9 @@ def main(argv: Sequence[str] | None = None) -> str:
         curves = panel_curves(rows)
         write_csv(args.directory / "fig12_curves.csv", curves)
         draw(cap, curves, args.directory, pyplot(headless=True), args.threshold)
-    text = section(cap, pd.DataFrame(rows), args.threshold)
+    mix_path = args.directory / MIX_FILE
+    mix = pd.read_csv(mix_path) if mix_path.is_file() else None
+    text = section(cap, pd.DataFrame(rows), args.threshold, mix=mix)
     print(text, end="")
     return text
 

@@ -1,0 +1,106 @@
+"""Fig. 12's Alpaca step mix (experiments.report.fig12_mix): the counts, the runs it asks
+for, the report lines, and the iteration rule it explains, on real simulator runs."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from experiments.report import fig12_mix, fig12_rates
+
+
+def _steps(rows: list[tuple[int, int, float]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["prefill_seqs", "decode_seqs", "duration_s"])
+
+
+def test_step_mix_counts_each_kind_and_the_prompt_only_share_of_busy_time() -> None:
+    steps = _steps([(2, 0, 0.03), (0, 5, 0.01), (1, 4, 0.02), (0, 3, 0.03), (0, 0, 0.01)])
+    mix = fig12_mix.step_mix(steps)
+    assert mix["steps"] == 5
+    assert (mix["prompt_only_steps"], mix["mixed_steps"], mix["decode_only_steps"]) == (1, 1, 2)
+    assert mix["decode_only_step_ms"] == pytest.approx(20.0)
+    assert mix["prompt_only_busy_pct"] == pytest.approx(30.0)
+    none = fig12_mix.step_mix(_steps([(1, 0, 0.0)]))
+    assert math.isnan(none["decode_only_step_ms"]) and math.isnan(none["prompt_only_busy_pct"])
+
+
+def test_mix_runs_cover_the_alpaca_panels_at_half_the_axis() -> None:
+    runs = fig12_mix.mix_runs(fig12_rates.PANELS, lambda p: 60.0, seed=3)
+    assert [(r.letter, r.system) for r in runs] == [
+        ("d", "vllm"), ("d", "orca_oracle"), ("f", "vllm"), ("f", "orca_oracle"),
+    ]  # fmt: skip
+    f_vllm = runs[2]
+    assert f_vllm.rate == fig12_rates.BY_LETTER["f"].axis / 2 == 10.0
+    assert {"model=opt-175b", "workload=alpaca", "workload.rate=10", "seed=3",
+            "workload.duration_s=60.0", "system=vllm"} <= set(f_vllm.overrides)  # fmt: skip
+    assert f_vllm.label == "fig12_f_steps_vllm"
+    assert fig12_mix.mix_runs([fig12_rates.BY_LETTER["a"]], lambda p: 60.0, 0) == []
+
+
+def _panel_runs(letter: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Runs and a capacity table: vLLM sustains 20 req/s, Orca (Oracle) 10, two seeds."""
+    runs, cap = [], []
+    for system, rate, batch, free_at_limit, free in (
+        ("vllm", 20.0, 100.0, 40.0, 10.0), ("orca_oracle", 10.0, 50.0, 2.0, 1.0),
+    ):  # fmt: skip
+        for seed in (0, 1):
+            runs.append({"setting": letter, "system": system, "rate": rate, "seed": seed,
+                         "mean_batch_size": batch + seed, "num_preemptions": 10 * seed,
+                         "kv_free_at_limit_pct": free_at_limit, "kv_free_pct": free})  # fmt: skip
+            runs.append({"setting": letter, "system": system, "rate": 2 * rate, "seed": seed,
+                         "mean_batch_size": 999.0, "num_preemptions": 999,
+                         "kv_free_at_limit_pct": 0.0, "kv_free_pct": 0.0})  # fmt: skip
+        cap.append({"panel": letter, "system": system, "max_rate": rate})
+    return pd.DataFrame(runs), pd.DataFrame(cap)
+
+
+def test_lines_give_memory_at_the_sustainable_rate_and_the_step_mix() -> None:
+    runs, cap = _panel_runs("f")
+    mix = fig12_mix.mix_table([
+        {"panel": "f", "system": s, "rate": 10.0, "seed": 0, "trace_s": 60.0, "steps": n,
+         "prompt_only_steps": p, "mixed_steps": m, "decode_only_steps": n - p - m,
+         "decode_only_step_ms": ms, "prompt_only_busy_pct": busy, "mean_tpot_ms": tpot}
+        for s, n, p, m, ms, busy, tpot in (("vllm", 1678, 471, 0, 53.26, 26.6, 93.8),
+                                          ("orca_oracle", 1589, 1, 473, 50.69, 0.06, 54.3))
+    ])  # fmt: skip
+    lines = fig12_mix.lines(runs, cap, mix)
+    text = "\n".join(lines)
+    assert lines[0].startswith("Why the Alpaca ratio moves (computed;")
+    # the runs at each system's own sustainable rate, not the failing ones above it
+    assert "at the sustainable rates (20 and 10 req/s, mean over seeds)" in text
+    assert "vLLM batches 100 requests against Orca (Oracle)'s 50" in text  # 100.5, 50.5
+    assert "with 50.0% of its KV free (40.0% while requests wait on a scheduler limit" in text
+    assert "Orca (Oracle): 3.0% and 2.0%) and 5 preemptions" in text
+    assert "471 of vLLM's 1,678 steps are prompt-only (27% of its busy time)" in text
+    assert "against 1 of Orca (Oracle)'s 1,589, whose prompts ride in 473 decode steps" in text
+    assert "a decode-only step takes 53.3 ms against 50.7" in text
+    assert "mean TPOT is 93.8 against 54.3 ms" in text
+    memory_only = "\n".join(fig12_mix.lines(runs, cap, None))
+    assert "memory, at the sustainable rates" in memory_only and "prompt-only (" not in memory_only
+
+
+def test_no_lines_without_an_alpaca_panel_or_the_memory_columns() -> None:
+    runs, cap = _panel_runs("a")
+    assert fig12_mix.lines(runs, cap, None) == []
+    runs, cap = _panel_runs("d")
+    assert fig12_mix.lines(runs.drop(columns=["kv_free_pct"]), cap, None) == []
+    assert fig12_mix.lines(runs, cap[cap["system"] == "vllm"], None) == []
+
+
+def test_vllm_runs_prompts_alone_and_orca_inside_decode_steps(tmp_path) -> None:
+    """The rule the lines explain, on the simulator: vLLM (v0.1's scheduler) gives each
+    admitted prompt a prompt-only step; Orca batches prompts into decode steps."""
+    from experiments.reproduce import compose_config
+    from experiments.simulate import run
+
+    panel = fig12_rates.BY_LETTER["d"]
+    mixes = {}
+    for r in fig12_mix.mix_runs([panel], lambda p: 8.0, seed=0):
+        metrics = run(compose_config(list(r.overrides)), tmp_path / r.label)
+        mixes[r.system] = fig12_mix.mix_row(r, tmp_path / r.label, metrics)
+    vllm, orca = mixes["vllm"], mixes["orca_oracle"]
+    assert vllm["prompt_only_steps"] > 0 and vllm["mixed_steps"] == 0
+    assert orca["mixed_steps"] > 0 and orca["prompt_only_steps"] <= 1  # the first prompt
+    assert vllm["prompt_only_busy_pct"] > orca["prompt_only_busy_pct"]
