@@ -270,6 +270,48 @@ def test_fast_forward_admits_a_chunk_that_fits_the_budget_the_decodes_leave() ->
     _assert_same(_run(requests, make, _FlatCost(), fast=True), slow)
 
 
+def test_fast_forward_stops_before_a_decode_evicts_the_heads_cached_blocks(
+    monkeypatch: Any,
+) -> None:
+    """vllm_v1 with prefix caching: request 2 has request 1's prompt, so it recomputes the
+    prompt's last block (a duplicate: that hash names request 1's block) and chains its
+    generated blocks on it. Two recompute preemptions leave its cached chain with a middle
+    block released before the blocks after it. While it waits, request 0's next block evicts
+    that one: the head loses it and the three cached blocks after it, so its first chunk,
+    which counted those evictable hits as blocks to take, needs three blocks fewer for one
+    block taken, and it is admitted in that step. A decode run must stop before that step
+    (``PagedKVCacheManager.takes_sparing_hits``); without the cap it runs on past it."""
+    config = SchedulerConfig(
+        max_num_batched_tokens=9, max_model_len=64, max_num_seqs=2, chunked_prefill=True
+    )
+    prompt = tuple(range(100, 108))  # two blocks of 4
+    requests = [
+        Request(0, 0.0, 1, 29, prompt_token_ids=(1000,)),
+        Request(1, 0.0, 8, 1, prompt_token_ids=prompt),
+        Request(2, 0.02, 8, 19, prompt_token_ids=prompt),
+    ]
+
+    def make() -> BaseScheduler:
+        return build_scheduler(
+            "vllm_v1", 48, config=config, block_size=4, enable_prefix_caching=True
+        )
+
+    capped = []
+    sparing = PagedKVCacheManager.takes_sparing_hits
+
+    def counting(self: PagedKVCacheManager, group: SequenceGroup, limit: int) -> int:
+        n = sparing(self, group, limit)
+        capped.append(n < limit)
+        return n
+
+    slow = _run(requests, make, _FlatCost(), fast=False)
+    assert slow[1].set_index("request_id")["num_preemptions"][2] == 2
+    monkeypatch.setattr(PagedKVCacheManager, "takes_sparing_hits", counting)
+    fast = _run(requests, make, _FlatCost(), fast=True)
+    _assert_same(fast, slow)
+    assert any(capped), "no decode run met the head's evictable cached blocks"
+
+
 def test_fast_forward_runs_most_steps_of_a_light_load(monkeypatch: Any) -> None:
     """Not a no-op: on a lightly loaded cache most steps are plain decodes run at once."""
     counted = {"ahead": 0}

@@ -108,6 +108,7 @@ class VLLMScheduler(BaseScheduler):
                 if n == 0 or seq.num_computed < seq.group.request.prompt_len + n - 1:
                     return None
         free, taken = self.manager.num_free_blocks(), 0
+        # not only defensive: tests/test_fast_forward.py has a run that diverges without it
         if chunked and self.waiting and budget > 0:
             free = self.manager.takes_sparing_hits(self.waiting[0], free)
         for j, n in enumerate(run.new_blocks):
@@ -126,9 +127,17 @@ class VLLMScheduler(BaseScheduler):
         the tokens a step's decodes leave: with none left no admission is tried; else the
         head's first chunk is that long (never a share of 0 per sequence: the budget, at
         least ``max_num_seqs`` less the running sequences, covers the head's whenever it
-        passes the seat check). A chunk's need counts the head's prefix-cache hits as held,
-        so ``LATER`` stays ``LATER`` only while no block is taken by evicting one of them
-        (:meth:`decode_run` stops there)."""
+        passes the seat check). A block taken from the free list or by evicting a block
+        that is no hit lowers the free count and leaves the need. Evicting one of the head's
+        prefix-cache hits also drops every hit after it in its chain, and where the manager
+        allocates by chunk the chunk's new blocks stay as many (while it ends short of the
+        head's last block) but its need no longer counts the dropped evictable hits as
+        blocks to take: one block taken can lower the need by several (a chain whose middle
+        block was released first, as recompute preemptions of a request that recomputed a
+        duplicate block leave it), so ``LATER`` stays ``LATER`` only while no hit is
+        evicted (:meth:`decode_run` stops there; without per-chunk allocation, as ``vllm``
+        with chunked prefill, a dropped hit is a block to allocate, the need does not fall,
+        and the cap only shortens runs)."""
         if budget is not None and budget <= 0:
             return True
         settled = self._head_settled(budget)
