@@ -36,7 +36,10 @@ there, ``first_failing_rules``, its rate over the first system's, and the metric
 runs at that rate, averaged over seeds), ``runs.csv`` (every run; ``fails_on``: the rules it
 failed; ``trace_s``: the replayed trace's length, empty where a request count ends it),
 ``curves.csv`` (normalized latency per rate, mean/min/max over seeds),
-``capacity.png/.pdf``, and ``runs/<label>/metrics.json``; every file whole or not at all.
+``capacity.png/.pdf``, ``runs/<label>/metrics.json``, and first ``provenance.json`` (the
+command, its options, the setting, the first system's resolved config and cost model, the
+code's git commit and the input files' digests: :func:`search_provenance`); every file
+whole or not at all.
 It prints the table (its "fails at" column: the lowest failing rate and its rules), and a
 warning for a system whose lowest failing rate failed on the backlog rule alone at a
 normalized latency well under the threshold (the trace may end in a burst of arrivals).
@@ -72,7 +75,8 @@ from experiments.lib.compose import (
     check_overrides_compose,
 )
 from experiments.lib.pool import worker_pool
-from experiments.lib.results import write_csv
+from experiments.lib.provenance import command_line, provenance
+from experiments.lib.results import write_csv, write_json
 from experiments.report.rate_search import (
     BACKLOG_MIN_REQUESTS,
     RATE_TOL,
@@ -156,7 +160,9 @@ class Plan:
     after it is scaled, and an unscaled window would hold other requests at each rate, at
     another rate than named); ``setting``: the setting in words; ``slo_ms``: the runs' SLO
     limits (ms per key), if any; ``requests``: a trace file's requests in its window;
-    ``duration_s``: a drawn workload's fixed length (None where a count of requests ends it)."""
+    ``duration_s``: a drawn workload's fixed length (None where a count of requests ends it);
+    ``config``: the first system's resolved config at the grid's first rate, and
+    ``cost_text``: its cost model's constants with their sources (``provenance.json``)."""
 
     setting: str
     trace_rate: float | None = None
@@ -165,6 +171,8 @@ class Plan:
     start: float | None = None
     requests: int | None = None
     duration_s: float | None = None
+    config: dict[str, Any] | None = None
+    cost_text: str = ""
 
     def trace_s(self, rate: float) -> float | None:
         """The replayed trace's length (s) at ``rate``: a trace file's window, scaled, holds
@@ -229,10 +237,11 @@ def check_configs(overrides: Sequence[str], systems: Sequence[str], rate: float)
         stacks[system] = _stack_name(setup)
         if first is None:
             slo = tuple((str(k), float(v)) for k, v in (c.get("slo_ms") or {}).items())
-            first = (cfg, setup, slo)
+            first = (cfg, setup, slo, c)
     assert first is not None
-    cfg, setup, slo = first
-    return replace(_plan(cfg, setup, stacks), slo_ms=slo)
+    cfg, setup, slo, c = first
+    return replace(_plan(cfg, setup, stacks), slo_ms=slo, config=c,
+                   cost_text=setup.cost_model.describe())  # fmt: skip
 
 
 def _stack_name(setup: Any) -> str:
@@ -553,6 +562,8 @@ def main(argv: list[str] | None = None) -> Path:
     stale = clear_earlier_runs(runs_dir)
     if stale:
         log.info("removed the %d runs of an earlier search from %s", stale, runs_dir)
+    write_json(args.out / "provenance.json",
+               search_provenance(sys.argv[1:] if argv is None else argv, args, plan))  # fmt: skip
     from experiments.reproduce import run_recorded, unmeasured_run
 
     t0 = time.perf_counter()
@@ -592,6 +603,23 @@ def main(argv: list[str] | None = None) -> Path:
             log.info("%s: %.3g req/s%s after %d runs (%.0f s)", search.system, best["max_rate"],
                      note, len(found), time.perf_counter() - t0)  # fmt: skip
     return write_outputs(rows, systems, args.threshold, args.out, plan.setting, slo)
+
+
+def search_provenance(argv: Sequence[str], args: argparse.Namespace, plan: Plan) -> dict:
+    """``provenance.json`` of a search: the command and its options, the setting, the first
+    system's resolved config and cost model, and :func:`experiments.lib.provenance.provenance`
+    (the code's commit, the packages, the input files' digests), so that the folder says
+    what made its tables and how to make them again."""
+    return {
+        "command": command_line("experiments.capacity", argv),
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "setting": plan.setting,
+        "config_note": "the first system's config at the first rate: the search sets "
+        "system, seed and workload.rate (or workload.time_scale) per run",
+        "config": plan.config,
+        "cost_model": plan.cost_text,
+        **provenance(plan.config),
+    }
 
 
 HEARTBEAT_S = 30.0  # a line at least this often while a search runs

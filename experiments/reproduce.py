@@ -23,7 +23,9 @@ Writes into ``--out`` (default ``results/reproduce``):
   every step, on the report's clock and on the bare roofline);
 - ``fig14_*``, ``fig15_sharing``, ``fig16_*``, ``fig17_*`` (CSV, PNG, PDF): the sharing
   figures (``experiments.report.sharing``), on 30-second traces by default;
-- ``runs/<label>/``: every run's ``metrics.json`` (Fig. 2/13 runs: all result files).
+- ``runs/<label>/``: every run's ``metrics.json`` (Fig. 2/13 runs: all result files);
+- ``provenance.json``, first: the command line, its options, the code's git commit and the
+  package versions (:mod:`experiments.lib.provenance`); ``report.md`` names the commit too.
 
 ``--figures NAME[,NAME...]`` makes only the named figures and runs only the runs they read
 (``experiments.report.selection``); each figure logs a line when its runs are done and when
@@ -54,7 +56,6 @@ import argparse
 import logging
 import math
 import os
-import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -78,6 +79,7 @@ from experiments.lib.jobs import (
     on_search_path,
 )
 from experiments.lib.pool import launch_threads, worker_pool
+from experiments.lib.provenance import code_words, command_line, provenance
 from experiments.lib.results import write_json
 from experiments.lib.setup import build_setup
 from experiments.report import fig12_mix, fig12_rates, selection, sharing
@@ -369,6 +371,9 @@ def main(argv: list[str] | None = None) -> Path:
         (out / "report.md").unlink()
         log.info("removed the earlier %s: this command writes its own when its runs are done",
                  out / "report.md")  # fmt: skip
+    command = command_line("experiments.reproduce", sys.argv[1:] if argv is None else argv)
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    write_json(out / "provenance.json", {"command": command, "options": options, **provenance()})
     scenario = ["model=opt-13b", "hardware=a100-40gb", "workload=sharegpt",
                 f"workload.duration_s={duration}"]  # fmt: skip
     common = [*scenario, f"seed={args.seed}"]
@@ -471,8 +476,7 @@ def main(argv: list[str] | None = None) -> Path:
         out, fig2, sens, cfg, blocks, duration=duration, wall_s=time.perf_counter() - t0,
         figures=figs, on_written=progress.wrote, fig13_alpaca=fig13_alpaca,
         fig13_alpaca_rate=FIG13_ALPACA_RATE, sections=(fig12_text, sharing_text),
-        command=shlex.join(["python", "-m", "experiments.reproduce",
-                            *(sys.argv[1:] if argv is None else argv)]),
+        command=command, code=code_words(),
     )  # fmt: skip
     log.info("wrote %s", out / "report.md")
     return out

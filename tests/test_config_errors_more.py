@@ -374,7 +374,8 @@ def test_a_failed_rerun_leaves_none_of_the_earlier_runs_tables(tmp_path: Path) -
     assert status == 2, err
     left = {p.name for p in run.iterdir() if p.is_file()}
     assert "error.txt" in left and not left & {"metrics.json", "requests.csv", "steps.csv",
-                                               "config.yaml", "cost_model.json"}  # fmt: skip
+                                               "config.yaml", "cost_model.json",
+                                               "provenance.json"}  # fmt: skip
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")

@@ -95,7 +95,8 @@ def test_a_trace_too_short_for_a_request_is_one_line_and_writes_no_figure(
     err = capsys.readouterr().err
     assert ended.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith("error: --duration: too short for the report: run fig2_"), err
-    assert [p.name for p in tmp_path.iterdir()] == ["runs"]
+    # provenance.json, written first, names the command that made runs/
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["provenance.json", "runs"]
 
 
 def test_no_rate_search_without_a_request_at_any_rate() -> None:
@@ -129,7 +130,9 @@ def test_a_selection_runs_and_writes_only_its_figures(tmp_path: Path, caplog) ->
     )
     files = {p.name for p in tmp_path.iterdir() if p.is_file()}
     stems = ("table1", "fig13_batch")
-    assert files == {"report.md"} | {f"{st}.{ext}" for st in stems for ext in ("csv", "png", "pdf")}
+    assert files == {"report.md", "provenance.json"} | {
+        f"{st}.{ext}" for st in stems for ext in ("csv", "png", "pdf")
+    }
     report = (tmp_path / "report.md").read_text()
     assert "## Table 1" in report and "## Fig. 13" in report
     assert "## Fig. 2:" not in report and "## Appendix" not in report

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.lib.input_stamps import input_stamps
+from experiments.lib.provenance import provenance
 
 log = logging.getLogger(__name__)
 
@@ -160,10 +161,12 @@ def write_run(
     extra: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Path:
     """Write the run's files into ``out_dir`` (created): ``config.yaml``, the tables, the
-    ``extra`` documents, ``inputs.json`` (the stamps of the input files ``cfg`` names) and
-    ``metrics.json`` last; return it. An earlier run's ``metrics.json`` there goes first,
-    so a write stopped midway never leaves a folder complete with two runs' files, and so
-    do the temporary files of a write that was killed."""
+    ``extra`` documents, ``inputs.json`` (the stamps of the input files ``cfg`` names),
+    ``provenance.json`` (the code's git commit, the packages, the input files' digests:
+    :mod:`experiments.lib.provenance`) and ``metrics.json`` last; return it. An earlier
+    run's ``metrics.json`` there goes first, so a write stopped midway never leaves a folder
+    complete with two runs' files, and so do the temporary files of a write that was
+    killed."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "metrics.json").unlink(missing_ok=True)
     remove_stale_temps(out_dir)
@@ -176,6 +179,7 @@ def write_run(
     for name, doc in (extra or {}).items():
         write_json(out_dir / f"{name}.json", doc)
     write_json(out_dir / "inputs.json", input_stamps(conf))
+    write_json(out_dir / "provenance.json", provenance(conf))
     write_json(out_dir / "metrics.json", metrics)
     return out_dir
 
@@ -184,7 +188,7 @@ def write_run(
 # log, write_error): what an earlier run there leaves for a rerun to clear
 RUN_FILES = (
     "metrics.json", "error.txt", "config.yaml", "requests.csv", "steps.csv",
-    "cost_model.json", "engine.json", "beams.csv", "inputs.json",
+    "cost_model.json", "engine.json", "beams.csv", "inputs.json", "provenance.json",
 )  # fmt: skip
 
 
