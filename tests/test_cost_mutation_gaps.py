@@ -60,6 +60,19 @@ def _random_steps(seed: int, n: int = 120) -> pd.DataFrame:
     })  # fmt: skip
 
 
+# --- efficiency.py -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["compute", "memory", "peer_link_efficiency"])
+def test_an_efficiency_of_zero_is_refused(name: str) -> None:
+    """Each fraction of a peak lies in (0, 1]: 0 would divide a step's bytes or FLOPs by a
+    rate of 0 (the roofline's ``_flop_rate``, ``_byte_rate``, the all-reduce's link); 1, the
+    datasheet peak itself, is allowed."""
+    with pytest.raises(ValueError, match=rf"efficiency {name} must be in \(0, 1\], got 0"):
+        Efficiency(**{name: 0.0})
+    assert getattr(Efficiency(**{name: 1.0}), name) == 1.0
+
+
 # --- roofline.py ---------------------------------------------------------------------------
 
 
@@ -150,6 +163,22 @@ def test_prefill_attention_moved_to_another_gpu_scales_by_the_peak_ratio() -> No
     q = BatchShape(prefill_tokens=n, prefill_seqs=1, prefill_attn_pairs=n * (n + 1) // 2)
     ratio = moved._attention_s(q) / measured._attention_s(q)
     assert ratio == pytest.approx(989 / 312, rel=1e-9)
+
+
+def test_prefill_attention_moved_to_another_tp_scales_by_the_heads_on_one_gpu(
+    tmp_path: Path,
+) -> None:
+    """Transferred ``attn_prefill`` is rescaled by the heads each GPU computes, the target's
+    over the profile's at the profile's own tp: a profile of OPT-13B (40 heads) taken at tp 2
+    (20 heads a GPU) prices one prompt at tp 4 (10 heads a GPU, same GPU, so the same peak)
+    at half the time it measured, not at a quarter (the profile's heads taken whole)."""
+    prof = write_profile(tmp_path / "p", synthetic_rows(), tp=2)
+    measured = ProfiledCostModel(prof, "opt-13b", "a100-40gb", tp=2)
+    moved = ProfiledCostModel(prof, "opt-13b", "a100-40gb", tp=4)
+    assert measured.same and not moved.same
+    n = 512  # a measured point of the (increasing) synthetic curve
+    q = BatchShape(prefill_tokens=n, prefill_seqs=1, prefill_attn_pairs=n * (n + 1) // 2)
+    assert moved._attention_s(q) / measured._attention_s(q) == pytest.approx(0.5, rel=1e-9)
 
 
 def test_roofline_attention_efficiencies_come_from_the_linear_ends() -> None:

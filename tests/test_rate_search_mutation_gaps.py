@@ -137,3 +137,37 @@ def test_the_forward_peak_holds_the_mlps_activated_output() -> None:
     qkv = m.q_size + 2 * m.num_kv_heads * m.head_dim
     assert 2 * ffn > qkv
     assert activation_bytes(m, 1, 8192, 0) == 8192 * (2 * h + 2 * ffn) * 2
+
+
+def test_bisection_starts_from_the_lowest_failing_rate() -> None:
+    """The grid stops after two failures in a row (2 and 4 at capacity 1.2); the bisection
+    brackets between the highest passing rate and the LOWEST failing one, so its one rate
+    is 1.5 (between 1 and 2) and no rate is run twice."""
+    rows = run_search(runner(1.2), search("vllm", bisect_evals=1), 1.0)
+    rates = [r["rate"] for r in rows]
+    assert rates == [0.5, 1.0, 2.0, 4.0, 1.5]
+
+
+def test_the_low_seed_end_is_open_only_when_every_seed_at_it_never_failed() -> None:
+    """Two seeds share the interval's low end, 2: seed 0 never failed (its run at 3 held no
+    request), seed 1 failed at 3, which brackets the low end (the least of the seeds' rates
+    is below 3), so ``rate_lo_open`` is False; the high end, from seed 0, is open."""
+    runs = ((0, 1.0, True), (1, 1.0, True), (0, 2.0, True), (1, 2.0, True),
+            (0, 3.0, None), (1, 3.0, False))  # fmt: skip
+    rows = [{"setting": "s", "system": "vllm", "seed": seed, "rate": rate, "passes": ok}
+            for seed, rate, ok in runs]  # fmt: skip
+    (v,) = capacity_table(rows, "vllm")
+    assert (v["rate_lo"], v["rate_hi"]) == (2.0, 2.0)
+    assert not v["rate_lo_open"] and v["rate_hi_open"]
+
+
+def test_the_paper_length_trace_is_taken_with_full() -> None:
+    """``trace_s``: a duration given wins; else ``--full`` takes the paper's length (15 min
+    for OPT-175B), the default the panel's shorter one."""
+    c = fig12_rates.BY_LETTER["c"]
+    assert (c.full_s, c.default_s) == (900.0, 400.0)
+    assert fig12_rates.trace_s(c, True, None) == 900.0
+    assert fig12_rates.trace_s(c, False, None) == 400.0
+    assert fig12_rates.trace_s(c, True, 120.0) == 120.0
+    (s, *_) = fig12_rates.searches([c], True, None, (0,), bisect_evals=0)
+    assert s.trace_s == 900.0 and "workload.duration_s=900.0" in s.fixed

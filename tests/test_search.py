@@ -22,3 +22,10 @@ def test_edges_and_nan():
 def test_bad_bracket():
     with pytest.raises(ValueError, match="lo < hi"):
         find_max_rate(lambda r: r, 1.0, 2.0, 1.0)
+
+
+def test_a_value_at_the_threshold_passes_either_way() -> None:
+    """Passing is ``value <= threshold``, or ``>=`` with ``higher_is_better``: a value equal
+    to the threshold passes, so a flat curve at it sustains the top of the bracket."""
+    assert find_max_rate(lambda r: 0.9, 0.9, 0.5, 2.0).max_rate == 2.0
+    assert find_max_rate(lambda r: 0.9, 0.9, 0.5, 2.0, higher_is_better=True).max_rate == 2.0
