@@ -339,6 +339,18 @@ def test_bound_verdict_texts() -> None:
     )
 
 
+def test_a_bound_end_on_the_papers_bound_decides() -> None:
+    """The ends of :func:`bound_text.ratio_bounds` are excluded (a sustainable rate is below
+    the lowest failing one), so an end equal to a bound of the paper's range lies outside
+    it: e.g. vLLM failing a rate FasterTransformer passed puts the ratio below 1."""
+    assert fig12_rates._bound_verdict((0.5, 1.0), 1.0, 22.0) == (
+        "outside: below 1.00×, the range's low end"
+    )
+    assert fig12_rates._bound_verdict((2.7, 4.0), 1.7, 2.7) == (
+        "outside: above 2.70×, the range's high end"
+    )
+
+
 def test_resolution_bracket_needs_a_passing_and_a_failing_rate_on_both_sides() -> None:
     """The search's resolution bracket exists only where both systems passed a rate and
     failed one; a system that passed none (max_rate 0) gives None."""
@@ -379,6 +391,9 @@ def test_alpaca_narrowing_needs_a_smaller_ratio_and_two_exact_ones() -> None:
     close_to_one = narrowing_cap(((20.0, 21.0), (10.0, 11.0)), ((8.0, 9.0), (8.5, 9.0)))
     text = fig12_rates._narrowing(close_to_one)[0]
     assert "kvlab's gap narrows (the paper" in text  # (f) in [0.89, 1.06]: may not invert
+    # (f)'s range ends where (d)'s begins (20/11): the ends are excluded, so no overlap
+    touching = narrowing_cap(((20.0, 21.0), (10.0, 11.0)), ((10.0, 20.0), (11.0, 12.0)))
+    assert "kvlab's gap narrows (the paper" in fig12_rates._narrowing(touching)[0]
     one_bound = narrowing_cap(((20.0, 21.0), (10.0, 11.0)), ((8.0, None), (8.0, 9.0)))
     text = fig12_rates._narrowing(one_bound)[0]
     assert "is ≥ 0.89× vs 2.00×" in text

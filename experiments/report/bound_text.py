@@ -70,10 +70,11 @@ def ratio_estimate(c: pd.DataFrame, system: str) -> tuple[str, float]:
 
 
 def ratio_bounds(c: pd.DataFrame, system: str) -> tuple[float, float] | None:
-    """Every value vLLM / ``system`` can take given the rates tried, as [low, high]: each
-    sustainable rate is at least the highest rate that passed (0 when none did) and below
-    the lowest that failed (unbounded when none did), so the ratio is in [vLLM passed /
-    system failed, vLLM failed / system passed], with 0 and inf where a side is open.
+    """Every value vLLM / ``system`` can take given the rates tried, as (low, high), both
+    ends excluded: each sustainable rate is at least the highest rate that passed (0 when
+    none did) and below the lowest that failed (unbounded when none did), so the ratio is
+    above vLLM passed / system failed and below vLLM failed / system passed, with 0 and inf
+    where a side is open.
     None when a row is missing or its rate is not a number."""
     if "vllm" not in c.index or system not in c.index:
         return None

@@ -517,10 +517,15 @@ def _exact_verdict(c: pd.DataFrame, system: str, ratio: float, lo: float | None,
 
 def _bound_verdict(bracket: tuple[float, float] | None, lo: float, hi: float) -> str:
     """The verdict for a ratio that is only a bound: decided only when every value in
-    ``bracket`` (:func:`ratio_bounds`) lies inside [lo, hi] or on one side of it."""
+    ``bracket`` (:func:`ratio_bounds`; its ends excluded) lies inside [lo, hi] or on one
+    side of it, so an end that equals a bound of the range decides."""
     if bracket is None:
         return "not decided"
     low, high = bracket
+    if high == lo:
+        return f"outside: below {fmt(high)}×, the range's low end"
+    if low == hi:
+        return f"outside: above {fmt(low)}×, the range's high end"
     if high < lo:
         return f"outside: at most {fmt(high)}×, below the range by ≥ {lo - high:.2f}×"
     if low > hi:
@@ -533,8 +538,10 @@ def _bound_verdict(bracket: tuple[float, float] | None, lo: float, hi: float) ->
 
 def resolution_bracket(c: pd.DataFrame, system: str) -> tuple[float, float] | None:
     """Where vLLM / ``system`` can lie given the rates tried: each sustainable rate is at
-    least the highest rate that passed and below the lowest that failed, so the ratio is in
-    [vLLM passed / system failed, vLLM failed / system passed]. None when a failing rate is
+    least the highest rate that passed and below the lowest that failed, so the ratio is
+    above vLLM passed / system failed and below vLLM failed / system passed (both ends
+    excluded: an end equal to a bound of the paper's range does not straddle it). None
+    when a failing rate is
     missing (the grid's top passed) or nothing passed: :func:`ratio_bounds` covers those."""
     if "vllm" not in c.index or system not in c.index:
         return None
@@ -563,7 +570,7 @@ def _narrowing(cap: pd.DataFrame) -> list[str]:
     bd, bf = brackets["d"], brackets["f"]
     if kind_d != "=" or kind_f != "=":
         verdict = "is not decided (a rate in it is only a bound)"
-    elif bd and bf and bf[1] >= bd[0] and bf[0] <= bd[1]:
+    elif bd and bf and bf[1] > bd[0] and bf[0] < bd[1]:  # ends excluded: open ranges
         verdict = (
             f"is not decided: the searches' resolution puts (f) in [{fmt(bf[0])}, "
             f"{fmt(bf[1])}] and (d) in [{fmt(bd[0])}, {fmt(bd[1])}], which overlap"
