@@ -120,6 +120,19 @@ def test_swap_round_trip_keeps_sharing() -> None:
     m.check_integrity()
 
 
+@pytest.mark.parametrize(("cpu", "fits"), [(3, True), (2, False)])
+def test_swap_out_may_fill_the_cpu_pool_exactly(cpu: int, fits: bool) -> None:
+    """A forked group holding 3 distinct blocks (9 tokens, all shared) swaps out into
+    exactly 3 free CPU blocks, not into 2."""
+    m = PagedKVCacheManager(num_device_blocks=12, block_size=4, num_cpu_blocks=cpu, watermark=0)
+    g, _ = admit_and_fork(m, 9)
+    assert m.can_swap_out(g) is fits
+    if fits:
+        m.swap_out(g)
+        assert m.num_free_cpu_blocks() == 0
+        m.check_integrity()
+
+
 def test_swap_in_needs_room_for_the_next_token() -> None:
     m = PagedKVCacheManager(num_device_blocks=4, block_size=4, num_cpu_blocks=4, watermark=0.0)
     g = make_group(prompt_len=12)
@@ -624,6 +637,31 @@ def test_a_recomputed_groups_own_cached_blocks_are_not_reserved() -> None:
     assert b.reserved == 3 + 1
     # written or scheduled: the 8 shared, parent 8..9, the child's cached block of 4
     assert b.token_states == 8 + 2 + 4
+    m.check_integrity()
+
+
+def test_a_readmitted_group_keeps_no_written_mark_from_an_earlier_admission() -> None:
+    """That group admitted with the parent's two cached prompt blocks (written beyond the
+    group's minimum), preempted again before any chunk ran, and re-admitted once the cache
+    has lost them: nothing of it is written now, so a first chunk of 2 tokens leaves 11 of
+    the parent's 13 slots reserved and 5 of the child's (its 8 shared prompt slots are the
+    parent's to write), none counted written because of the earlier admission."""
+    m = PagedKVCacheManager(
+        num_device_blocks=16, block_size=4, watermark=0.0, enable_prefix_caching=True
+    )
+    g = _recomputed_group_with_one_cached_generated_block(m)
+    assert m.allocate(g) == 8
+    for s in g.seqs:
+        m.free(s.seq_id)
+    filler = make_group(64)  # every block, evicting the cached ones; never computed
+    m.allocate(filler)
+    m.free(filler.seqs[0].seq_id)
+    assert m.device_pool.num_evictable() == 0
+    assert m.allocate(g) == 0
+    for s in g.seqs:
+        m.note_scheduled(s, 2)
+    b = m.breakdown()
+    assert (b.reserved, b.token_states) == (11 + 5, 2)  # 18 slots filled: 8 shared, 5 + 5
     m.check_integrity()
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from core.kv.base import AllocStatus
+from core.kv.paged import PagedKVCacheManager
 from core.plan import StepOutcome
 from core.request import Request, SamplingParams, SequenceStatus
 from core.sched.base import SchedulerConfig, SchedulerConfigError
+from core.sched.vllm import VLLMScheduler
 from core.systems import SYSTEMS, SystemConfigError, build_scheduler, plugin_of
 from tests.sched_harness import run_loop
 
@@ -321,6 +324,72 @@ def test_vllm_never_swaps_in_during_a_step_that_preempts(chunked, mode, cpu, req
     _assert_all_done(res.groups, reqs)
 
 
+# two token sequences whose prefixes every prompt of shared_prefix_workloads is
+_BASES = (tuple(range(100, 100 + MAX_LEN)), tuple(range(300, 300 + MAX_LEN)))
+
+
+@st.composite
+def shared_prefix_workloads(draw, max_requests: int = 12):
+    """Requests whose prompts are prefixes of one of :data:`_BASES`, so that a prefix cache
+    hits across requests."""
+    n = draw(st.integers(1, max_requests))
+    t, reqs = 0.0, []
+    for i in range(n):
+        t += draw(st.sampled_from([0.0, 0.0, 0.005, 0.05]))
+        prompt = draw(st.integers(1, 48))
+        output = draw(st.integers(1, 16))
+        samples = draw(st.sampled_from([1, 1, 2]))
+        ids = _BASES[draw(st.integers(0, 1))][:prompt]
+        reqs.append(Request(i, t, prompt, output, SamplingParams(n=samples), ids))
+    return reqs
+
+
+# request 0 leaves its 40-token prompt cached; 1 and 2 then hit 36 of their 40 tokens each:
+# one prompt step computes 4 + 4 tokens of the 64 it may
+_TWO_CACHED_PROMPTS = [
+    Request(0, 0.0, 40, 1, prompt_token_ids=_BASES[0][:40]),
+    Request(1, 0.05, 40, 2, prompt_token_ids=_BASES[0][:40]),
+    Request(2, 0.05, 40, 2, prompt_token_ids=_BASES[0][:40]),
+]
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+@given(reqs=shared_prefix_workloads(), slots=st.sampled_from([48, 96, 160]),
+       seats=st.sampled_from([2, 3, 16]))  # fmt: skip
+@example(reqs=_TWO_CACHED_PROMPTS, slots=160, seats=16)
+@SETTINGS
+def test_vllm_leaves_its_queue_head_out_only_for_a_reason(mode, reqs, slots, seats):
+    """vLLM v0.1's swap-in and admission loops are greedy. After a step that preempts
+    nothing, a swapped head stays out only if its sequences would pass ``max_num_seqs`` or
+    its blocks do not fit; with nothing swapped when the step began, a waiting head stays
+    out only if it would pass ``max_num_seqs``, cannot be allocated now, or (a prompt step)
+    needs more tokens than the step's chunks left of the budget: the tokens a prefix cache
+    holds are not computed, so they take none of it."""
+    cfg = SchedulerConfig(max_num_seqs=seats, max_num_batched_tokens=MAX_LEN,
+                          max_model_len=MAX_LEN, preemption_mode=mode)  # fmt: skip
+    sched = build_scheduler("vllm", slots, config=cfg, block_size=4, num_cpu_slots=512,
+                            watermark=0.0, enable_prefix_caching=True)  # fmt: skip
+
+    def check(plan) -> None:
+        if plan.preempted or plan.preempted_by_swap:
+            return
+        seated = sum(g.sampling.num_seqs for g in sched.running)
+        if sched.swapped:
+            head = sched.swapped[0]
+            over_seats = seated + head.sampling.num_seqs > seats
+            assert over_seats or not sched.manager.can_swap_in(head), "a swap-in left out"
+        elif sched.waiting and not plan.swap_in:  # admissions wait for every swap-in
+            head = sched.waiting[0]
+            left = MAX_LEN - sum(c.length for c in plan.prefill)
+            over_budget = bool(plan.prefill) and sum(s.num_tokens for s in head.seqs) > left
+            over_seats = seated + head.sampling.num_seqs > seats
+            fits = sched.manager.can_allocate(head) is AllocStatus.OK
+            assert over_budget or over_seats or not fits, "an admission left out"
+
+    res = run_loop(sched, reqs, on_plan=check)
+    _assert_all_done(res.groups, reqs)
+
+
 @pytest.mark.parametrize("decoders", [1, 2])
 def test_orca_counts_decodes_against_the_budget_and_admits_an_exact_fit(decoders: int) -> None:
     """Orca counts each running decode against the step's token budget of 64 and admits a
@@ -385,6 +454,28 @@ def test_vllm_swaps_groups_back_in_by_arrival_whatever_order_they_left() -> None
         for log in res.steps
     ]  # fmt: skip
     assert [ids for ids in came_back if ids] == [[1], [2]]
+
+
+class _NoSwapIn(PagedKVCacheManager):
+    """A paged manager stricter than the shipped one: no swapped group comes back."""
+
+    def can_swap_in(self, group) -> bool:
+        return False
+
+
+def test_vllm_aborts_a_swapped_group_that_cannot_come_back_and_frees_its_cpu_blocks() -> None:
+    """The run above on a manager that lets no swapped group back in: once A finishes, the
+    device is empty and B and C still cannot return, so both are aborted (the shipped
+    manager never refuses then: the intake bound covers it) and their CPU blocks released,
+    which the harness's check after every step would find held otherwise."""
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=MAX_LEN, max_model_len=MAX_LEN,
+                          preemption_mode="swap")  # fmt: skip
+    manager = _NoSwapIn(3, block_size=4, num_cpu_blocks=16, watermark=0.0)
+    reqs = [Request(0, 0.0, 4, 3), Request(1, 0.0, 4, 4), Request(2, 0.0, 4, 4)]
+    res = run_loop(VLLMScheduler(manager, cfg), reqs)
+    assert res.groups[0].finish_time is not None
+    assert all("outgrew the KV cache" in str(g.reject_reason) for g in res.groups[1:])
+    assert manager.num_free_cpu_blocks() == 16 and not manager.held_seq_ids()
 
 
 def test_vllm_readmits_a_recomputed_group_before_later_arrivals() -> None:
