@@ -53,6 +53,7 @@ the bare datasheet roofline instead (a lower bound on step time).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -241,6 +242,27 @@ def block_study(
     return jobs
 
 
+def note_earlier_figures(path: Path, figs: Sequence[str]) -> None:
+    """Log the figures an earlier command wrote into this ``--out`` (its ``provenance.json``
+    at ``path``) that this one does not make: their files stay beside the new report, which
+    does not describe them. Nothing without a readable earlier record."""
+    try:
+        earlier = json.loads(path.read_text())
+        left = [f for f in earlier["figures"] if f not in figs]
+        command = earlier["command"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if left:
+        log.warning(
+            "%s holds the files of %s from an earlier command (%s); they stay, and the new "
+            "report.md covers %s only",
+            path.parent,
+            ", ".join(left),
+            command,
+            ", ".join(figs),
+        )
+
+
 def _panels(parser: argparse.ArgumentParser, letters: str) -> list[fig12_rates.Panel]:
     """The Fig. 12 panels named by ``letters``; an unknown one exits with the valid ones."""
     bad = sorted(set(letters) - set(fig12_rates.BY_LETTER))
@@ -373,7 +395,9 @@ def main(argv: list[str] | None = None) -> Path:
                  out / "report.md")  # fmt: skip
     command = command_line("experiments.reproduce", sys.argv[1:] if argv is None else argv)
     options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    write_json(out / "provenance.json", {"command": command, "options": options, **provenance()})
+    note_earlier_figures(out / "provenance.json", figs)
+    write_json(out / "provenance.json", {"command": command, "options": options,
+                                         "figures": list(figs), **provenance()})  # fmt: skip
     scenario = ["model=opt-13b", "hardware=a100-40gb", "workload=sharegpt",
                 f"workload.duration_s={duration}"]  # fmt: skip
     common = [*scenario, f"seed={args.seed}"]

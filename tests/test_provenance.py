@@ -119,6 +119,24 @@ def test_a_reproduction_names_its_code(tmp_path: Path) -> None:
     assert f"(code: {prov.code_words()})" in (tmp_path / "report.md").read_text()
 
 
+def test_a_narrower_rerun_into_the_same_out_names_the_figures_it_leaves(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An earlier command's figures that this one does not make keep their files; the log
+    names them, since the new report does not describe them."""
+    earlier = {"command": "python -m experiments.reproduce --figures table1,fig2",
+               "figures": ["table1", "fig2"]}  # fmt: skip
+    (tmp_path / "provenance.json").write_text(json.dumps(earlier))
+    with caplog.at_level("WARNING", logger="experiments.reproduce"):
+        reproduce.main(["--figures", "table1", "--out", str(tmp_path)])
+    assert "holds the files of fig2 from an earlier command (python -m experiments." in caplog.text
+    assert json.loads((tmp_path / "provenance.json").read_text())["figures"] == ["table1"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="experiments.reproduce"):
+        reproduce.main(["--figures", "table1", "--out", str(tmp_path)])
+    assert "earlier command" not in caplog.text  # the same figures: nothing left behind
+
+
 def test_a_run_folder_alone_runs_it_again_byte_for_byte(tmp_path: Path) -> None:
     """The README's recipe: the folder's resolved config as the config."""
     root = Path(__file__).resolve().parents[1]
