@@ -152,7 +152,7 @@ def _run(
         result.num_steps,
         seqs,
         # what each pool holds at the end: blocks left cached (evictable) and their hashes
-        [sorted(getattr(s.manager, "device_pool", s.manager)._hash_of.values())
+        [sorted(getattr(s.manager, "device_pool", s.manager)._block_of)
          if hasattr(s.manager, "device_pool") else None for s in schedulers],
     )  # fmt: skip
 

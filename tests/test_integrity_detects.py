@@ -44,8 +44,9 @@ def valid_pool() -> BlockPool:
 
 
 def pool_state(p: BlockPool) -> tuple:
-    return (list(p.ref), list(p.fill), list(p._free), list(p._evictable), dict(p._hash_of),
-            dict(p._block_of), p.num_used, p.num_filled, p.ref_total)  # fmt: skip
+    return (list(p.ref), list(p.fill), list(p._free), list(p._evict_queue), list(p._stale),
+            list(p._hash_of), dict(p._block_of), p.num_used, p.num_filled, p.ref_total,
+            p.num_evictable())  # fmt: skip
 
 
 POOL_CASES = [
@@ -55,7 +56,7 @@ POOL_CASES = [
     ("used-and-free", lambda p: p._free.append(1), r"block 1 is referenced \(2\) and also free"),
     (
         "revived-still-evictable",
-        lambda p: (p.incref(0), p._evictable.__setitem__(0, None)),
+        lambda p: (p.incref(0), p._evict_queue.append(0)),
         r"block 0 is referenced \(1\) and also free",
     ),
     ("lost", lambda p: p._free.remove(2), r"unreferenced block 2 is lost or listed twice"),
@@ -63,9 +64,17 @@ POOL_CASES = [
     ("free-with-fill", lambda p: p.fill.__setitem__(3, 1), r"free block 3 has fill 1 or a hash"),
     ("free-with-hash", lambda p: p._hash_of.__setitem__(3, 7), r"free block 3 has fill 0 or a"),
     ("evictable-part-full", lambda p: p.fill.__setitem__(0, 3), r"evictable block 0 is not a"),
-    ("evictable-no-hash", lambda p: p._hash_of.pop(0), r"evictable block 0 is not a full"),
+    ("evictable-no-hash", lambda p: p._hash_of.__setitem__(0, None), r"evictable block 0 is not"),
     ("hash-index-lost", lambda p: p._block_of.pop(100), r"hash index disagrees for block 0"),
     ("hash-index-stray", lambda p: p._block_of.__setitem__(5, 3), r"differ in size"),
+    ("queued-twice", lambda p: p._evict_queue.append(0), r"block 0 has 2 evict queue entries"),
+    ("stale-unqueued", lambda p: p._stale.__setitem__(2, 1), r"num_stale=0, recount 1"),
+    (
+        "stale-uncounted",
+        lambda p: (p._stale.__setitem__(2, 1), setattr(p, "_num_stale", 1)),
+        r"block 2 has 0 evict queue entries, 1 of them stale",
+    ),
+    ("num-evictable", lambda p: setattr(p, "_num_evictable", 2), r"num_evictable=2, recount 1"),
     ("num-used", lambda p: setattr(p, "num_used", 2), r"num_used=2, recount 1"),
     ("num-filled", lambda p: setattr(p, "num_filled", 1), r"num_filled=1, recount 2"),
     ("ref-total", lambda p: setattr(p, "ref_total", 3), r"ref_total=3, recount 2"),

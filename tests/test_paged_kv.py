@@ -722,9 +722,9 @@ def test_a_readmitted_groups_own_cache_hits_count_as_token_states_whichever_come
 
 def _pool_state(pool: BlockPool) -> tuple[object, ...]:
     return (
-        list(pool.ref), list(pool.fill), list(pool._free), list(pool._evictable),
-        dict(pool._hash_of), dict(pool._block_of), pool.num_used, pool.num_filled,
-        pool.ref_total,
+        list(pool.ref), list(pool.fill), list(pool._free), pool.evictable_blocks(),
+        list(pool._hash_of), dict(pool._block_of), pool.num_used, pool.num_filled,
+        pool.ref_total, pool.num_evictable(),
     )  # fmt: skip
 
 
@@ -766,9 +766,9 @@ def test_the_pools_batch_verbs_are_their_one_block_verbs_in_order(
         assert _pool_state(one) == _pool_state(many)  # none taken
         n = one.num_free()
     # takes_sparing: the allocations before the first of some blocks would be evicted
-    spared = set(list(one._evictable)[1::2])
+    spared = set(one.evictable_blocks()[1::2])
     taken_before = 0
-    for block in [*reversed(one._free), *one._evictable][:n]:
+    for block in [*reversed(one._free), *one.evictable_blocks()][:n]:
         if block in spared:
             break
         taken_before += 1

@@ -21,18 +21,26 @@ are O(1). The pool knows nothing of sequences; callers keep block tables.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
+from collections.abc import Iterator
 
 from core.kv.base import KVCacheError
 
-# The most blocks a pool holds: it keeps about 58 bytes of Python state a block (three
-# lists and the free list's ints), so 2**26 blocks is about 4 GB.
+# The most blocks a pool holds: it keeps about 66 bytes of Python state a block (four
+# lists and the free list's ints), so 2**26 blocks is about 4.4 GB.
 MAX_BLOCKS = 1 << 26
 
 
 class BlockPool:
     """Blocks ``0 .. num_blocks-1`` of ``block_size`` slots each; ``num_blocks`` in
-    ``[0, MAX_BLOCKS]``."""
+    ``[0, MAX_BLOCKS]``.
+
+    The evictable blocks are kept in a queue of release order with lazy deletion: a block
+    revived by :meth:`incref` leaves its entry behind, counted in ``_stale[block]``, and
+    an entry of a block whose stale count is positive is one of its stale ones (only a
+    block's newest entry can be live), skipped and uncounted when it reaches the head.
+    So a block has ``_stale[block]`` entries in the queue, plus one if it is
+    evictable. The queue is compacted once it holds more stale entries than blocks."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if not 0 <= num_blocks <= MAX_BLOCKS:
@@ -46,8 +54,11 @@ class BlockPool:
         self.ref: list[int] = [0] * num_blocks
         self.fill: list[int] = [0] * num_blocks
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() gives block 0 first
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest release first
-        self._hash_of: dict[int, int] = {}  # block -> hash, for registered blocks
+        self._evict_queue: deque[int] = deque()  # oldest release first, stale entries too
+        self._stale: list[int] = [0] * num_blocks  # stale entries of each block in the queue
+        self._num_stale = 0
+        self._num_evictable = 0
+        self._hash_of: list[int | None] = [None] * num_blocks  # block -> hash, if registered
         self._block_of: dict[int, int] = {}  # hash -> block
         self.num_used = 0  # blocks with ref >= 1
         self.num_filled = 0  # sum of fill over used blocks
@@ -56,13 +67,30 @@ class BlockPool:
     # -- queries ----------------------------------------------------------------------
     def num_free(self) -> int:
         """Blocks that :meth:`allocate` can hand out (free plus evictable)."""
-        return len(self._free) + len(self._evictable)
+        return len(self._free) + self._num_evictable
 
     def num_evictable(self) -> int:
-        return len(self._evictable)
+        return self._num_evictable
 
     def is_evictable(self, block: int) -> bool:
-        return block in self._evictable
+        """Unreferenced and cached (an unreferenced block with a hash is evictable)."""
+        return self.ref[block] == 0 and self._hash_of[block] is not None
+
+    def evictable_blocks(self) -> list[int]:
+        """The evictable blocks, least recently released (the next evicted) first."""
+        return list(self._live_entries())
+
+    def _live_entries(self) -> Iterator[int]:
+        """The evict queue's live entries in order, skipping each block's stale ones."""
+        stale, skipped = self._stale, {}
+        for block in self._evict_queue:
+            s = stale[block]
+            if s:
+                k = skipped.get(block, 0)
+                if k < s:
+                    skipped[block] = k + 1
+                    continue
+            yield block
 
     def takes_sparing(self, blocks: set[int], limit: int) -> int:
         """How many of the next ``limit`` :meth:`allocate` calls (with no release between
@@ -71,7 +99,7 @@ class BlockPool:
         n = len(self._free)
         if n >= limit:
             return limit
-        for block in self._evictable:
+        for block in self._live_entries():
             if n >= limit or block in blocks:
                 break
             n += 1
@@ -82,15 +110,28 @@ class BlockPool:
         return self._block_of.get(block_hash)
 
     # -- verbs ------------------------------------------------------------------------
+    def _evict(self) -> int:
+        """Pop the least recently released evictable block off the queue and uncache it
+        (fill 0); the caller has checked that one is evictable."""
+        queue, stale = self._evict_queue, self._stale
+        block = queue.popleft()
+        while stale[block]:
+            stale[block] -= 1
+            self._num_stale -= 1
+            block = queue.popleft()
+        self._num_evictable -= 1
+        del self._block_of[self._hash_of[block]]
+        self._hash_of[block] = None
+        self.fill[block] = 0
+        return block
+
     def allocate(self) -> int:
         """Take a block (ref 1, fill 0): from the free list, else evict the least recently
         released cached block. Raises KVCacheError when none is left."""
         if self._free:
             block = self._free.pop()
-        elif self._evictable:
-            block, _ = self._evictable.popitem(last=False)
-            del self._block_of[self._hash_of.pop(block)]
-            self.fill[block] = 0
+        elif self._num_evictable:
+            block = self._evict()
         else:
             raise KVCacheError(f"block pool exhausted ({self.num_blocks} blocks all in use)")
         self.ref[block] = 1
@@ -108,14 +149,26 @@ class BlockPool:
         out = free[len(free) - k :]
         out.reverse()
         del free[len(free) - k :]
-        if k < n:
-            evictable, fill = self._evictable, self.fill
-            hash_of, block_of = self._hash_of, self._block_of
-            for _ in range(n - k):
-                block, _ = evictable.popitem(last=False)
-                del block_of[hash_of.pop(block)]
+        if k < n:  # _evict inlined
+            popleft, stale = self._evict_queue.popleft, self._stale
+            if self._num_stale:
+                evicted = []
+                for _ in range(n - k):
+                    block = popleft()
+                    while stale[block]:
+                        stale[block] -= 1
+                        self._num_stale -= 1
+                        block = popleft()
+                    evicted.append(block)
+            else:  # no stale entry: the next n - k entries
+                evicted = [popleft() for _ in range(n - k)]
+            fill, hash_of, block_of = self.fill, self._hash_of, self._block_of
+            for block in evicted:
+                del block_of[hash_of[block]]  # type: ignore[index]
+                hash_of[block] = None
                 fill[block] = 0
-                out.append(block)
+            out += evicted
+            self._num_evictable -= n - k
         ref = self.ref
         for block in out:
             ref[block] = 1
@@ -126,13 +179,23 @@ class BlockPool:
     def incref(self, block: int) -> None:
         """Add a holder to a used block, or revive an evictable one."""
         if self.ref[block] == 0:
-            if block not in self._evictable:
+            if self._hash_of[block] is None:
                 raise KVCacheError(f"incref of free block {block}; allocate it instead")
-            del self._evictable[block]
+            self._stale[block] += 1  # its queue entry stays behind, stale
+            self._num_stale += 1
+            self._num_evictable -= 1
             self.num_used += 1
             self.num_filled += self.fill[block]
+            if self._num_stale > self.num_blocks:
+                self._compact()
         self.ref[block] += 1
         self.ref_total += 1
+
+    def _compact(self) -> None:
+        """Drop the evict queue's stale entries (so it holds the evictable blocks alone)."""
+        self._evict_queue = deque(self._live_entries())
+        self._stale = [0] * self.num_blocks
+        self._num_stale = 0
 
     def decref(self, block: int) -> None:
         """Drop a holder. At ref 0 a registered block becomes evictable (most recently
@@ -146,8 +209,9 @@ class BlockPool:
             return
         self.num_used -= 1
         self.num_filled -= self.fill[block]
-        if block in self._hash_of:
-            self._evictable[block] = None
+        if self._hash_of[block] is not None:
+            self._evict_queue.append(block)
+            self._num_evictable += 1
         else:
             self.fill[block] = 0
             self._free.append(block)
@@ -155,8 +219,8 @@ class BlockPool:
     def release(self, blocks: list[int]) -> None:
         """:meth:`decref` each of ``blocks``, the last first."""
         ref, fill, hash_of = self.ref, self.fill, self._hash_of
-        evictable, free = self._evictable, self._free
-        dropped = emptied = unfilled = 0
+        evict, free = self._evict_queue.append, self._free
+        dropped = emptied = unfilled = cached = 0
         try:
             for block in reversed(blocks):
                 r = ref[block]
@@ -168,8 +232,9 @@ class BlockPool:
                     continue
                 emptied += 1
                 unfilled += fill[block]
-                if block in hash_of:
-                    evictable[block] = None
+                if hash_of[block] is not None:
+                    evict(block)
+                    cached += 1
                 else:
                     fill[block] = 0
                     free.append(block)
@@ -177,6 +242,7 @@ class BlockPool:
             self.ref_total -= dropped
             self.num_used -= emptied
             self.num_filled -= unfilled
+            self._num_evictable += cached
 
     def add_fill(self, block: int, slots: int) -> None:
         """Record ``slots`` more written slots in a used block."""
@@ -193,7 +259,7 @@ class BlockPool:
         (and indexes nothing) if the hash already names a block or this block has a hash."""
         if self.fill[block] != self.block_size or self.ref[block] == 0:
             raise KVCacheError(f"only full used blocks can be cached; block {block} is not")
-        if block_hash in self._block_of or block in self._hash_of:
+        if block_hash in self._block_of or self._hash_of[block] is not None:
             return False
         self._block_of[block_hash] = block
         self._hash_of[block] = block_hash
@@ -202,14 +268,13 @@ class BlockPool:
     def register_many(self, blocks: list[int], hashes: list[int]) -> None:
         """:meth:`register` each block under its hash, in order."""
         fill, ref, bs = self.fill, self.ref, self.block_size
-        block_of, hash_of = self._block_of, self._hash_of
+        setdefault, hash_of = self._block_of.setdefault, self._hash_of
         for block, block_hash in zip(blocks, hashes, strict=True):
             if fill[block] != bs or ref[block] == 0:
                 raise KVCacheError(f"only full used blocks can be cached; block {block} is not")
-            if block_hash in block_of or block in hash_of:
-                continue
-            block_of[block_hash] = block
-            hash_of[block] = block_hash
+            # a block keeps its hash, a hash the block it names (one lookup: setdefault)
+            if hash_of[block] is None and setdefault(block_hash, block) == block:
+                hash_of[block] = block_hash
 
     # -- invariants -------------------------------------------------------------------
     def check_integrity(self, expected_refs: list[int] | None = None) -> None:
@@ -219,27 +284,47 @@ class BlockPool:
         free = set(self._free)
         if len(free) != len(self._free):
             raise KVCacheError("block pool: a block is on the free list twice")
+        entries = [0] * self.num_blocks
+        for b in self._evict_queue:
+            entries[b] += 1
+        if sum(self._stale) != self._num_stale:
+            raise KVCacheError(
+                f"block pool: num_stale={self._num_stale}, recount {sum(self._stale)}"
+            )
+        num_evictable = 0
         for b in range(self.num_blocks):
-            r, f = self.ref[b], self.fill[b]
-            in_free, in_evict = b in free, b in self._evictable
+            r, f, h = self.ref[b], self.fill[b], self._hash_of[b]
+            live = entries[b] - self._stale[b]
+            if not 0 <= live <= 1:
+                raise KVCacheError(
+                    f"block pool: block {b} has {entries[b]} evict queue entries, "
+                    f"{self._stale[b]} of them stale"
+                )
+            in_free, in_evict = b in free, live == 1
+            num_evictable += in_evict
             if r < 0 or not 0 <= f <= self.block_size:
                 raise KVCacheError(f"block pool: block {b} has ref {r}, fill {f}")
             if r > 0 and (in_free or in_evict):
                 raise KVCacheError(f"block pool: block {b} is referenced ({r}) and also free")
             if r == 0 and in_free == in_evict:
                 raise KVCacheError(f"block pool: unreferenced block {b} is lost or listed twice")
-            if in_free and (f != 0 or b in self._hash_of):
+            if in_free and (f != 0 or h is not None):
                 raise KVCacheError(f"block pool: free block {b} has fill {f} or a hash")
-            if in_evict and (f != self.block_size or b not in self._hash_of):
+            if in_evict and (f != self.block_size or h is None):
                 raise KVCacheError(f"block pool: evictable block {b} is not a full cached block")
             if expected_refs is not None and r != expected_refs[b]:
                 raise KVCacheError(
                     f"block pool: block {b} has ref {r} but {expected_refs[b]} tables hold it"
                 )
-        for b, h in self._hash_of.items():
+        if num_evictable != self._num_evictable:
+            raise KVCacheError(
+                f"block pool: num_evictable={self._num_evictable}, recount {num_evictable}"
+            )
+        hashed = [(b, h) for b, h in enumerate(self._hash_of) if h is not None]
+        for b, h in hashed:
             if self._block_of.get(h) != b:
                 raise KVCacheError(f"block pool: hash index disagrees for block {b}")
-        if len(self._block_of) != len(self._hash_of):
+        if len(self._block_of) != len(hashed):
             raise KVCacheError("block pool: hash index and block index differ in size")
         used = [b for b in range(self.num_blocks) if self.ref[b] > 0]
         if len(used) != self.num_used:

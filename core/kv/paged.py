@@ -34,6 +34,8 @@ Choices where the paper is silent:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
 from core.kv.base import (
     AllocStatus,
@@ -155,18 +157,44 @@ class PagedKVCacheManager:
             part += out[: end - p]
         return part
 
+    def _block_tokens(self, seq: Sequence, first: int, upto: int) -> Iterator[tuple[int, ...]]:
+        """The ids of ``seq``'s blocks ``first`` to ``upto - 1`` as its block hashes read
+        them, a tuple a block (:meth:`_token_slice` cut into blocks): a block inside a prompt
+        that has no ids is one tuple of its stand-in id, made once for all of them."""
+        bs = self.block_size
+        request = seq.group.request
+        p = request.prompt_len
+        j = first
+        in_prompt = min(upto, p // bs)
+        if j < in_prompt:
+            ids = request.prompt_token_ids
+            if ids is None:
+                same = (stand_in_prompt_id(request.request_id),) * bs
+                for _ in range(j, in_prompt):
+                    yield same
+            else:
+                for i in range(j * bs, in_prompt * bs, bs):
+                    yield tuple(ids[i : i + bs])
+            j = in_prompt
+        if j < upto and j * bs < p:  # the block the prompt ends in, with the first outputs
+            yield tuple(self._token_slice(seq, j * bs, (j + 1) * bs))
+            j += 1
+        out = seq.output_token_ids
+        for i in range(j * bs - p, upto * bs - p, bs):
+            yield tuple(out[i : i + bs])
+
     def _prefix_hits(self, seq: Sequence) -> list[tuple[int, int]]:
         """Leading cached blocks ``(block, hash)`` of the sequence, never covering its last
         token."""
         bs = self.block_size
         known = seq.group.request.prompt_len + len(seq.output_token_ids)
         limit = min((seq.num_tokens - 1) // bs, known // bs)
-        tokens = self._token_slice(seq, 0, limit * bs)
+        lookup = self._device.lookup
         hits = []
         prev = _ROOT_HASH
-        for i in range(limit):
-            prev = hash((prev, tuple(tokens[i * bs : (i + 1) * bs])))
-            block = self._device.lookup(prev)
+        for block_tokens in self._block_tokens(seq, 0, limit):
+            prev = hash((prev, block_tokens))
+            block = lookup(prev)
             if block is None:
                 break
             hits.append((block, prev))
@@ -232,12 +260,16 @@ class PagedKVCacheManager:
         upto = min(upto, (seq.group.request.prompt_len + len(seq.output_token_ids)) // bs)
         if upto <= first:
             return
-        tokens = self._token_slice(seq, first * bs, upto * bs)
-        prev, hashes = st.last_hash, []
-        for j in range(upto - first):
-            prev = hash((prev, tuple(tokens[j * bs : (j + 1) * bs])))
-            hashes.append(prev)
-        self._device.register_many(st.table[first:upto], hashes)
+        start = first * bs - seq.group.request.prompt_len
+        if upto == first + 1 and start >= 0:  # one block of outputs (a decode's): inlined
+            prev = hash((st.last_hash, tuple(seq.output_token_ids[start : start + bs])))
+            self._device.register(st.table[first], prev)
+        else:
+            prev, hashes = st.last_hash, []
+            for block_tokens in self._block_tokens(seq, first, upto):
+                prev = hash((prev, block_tokens))
+                hashes.append(prev)
+            self._device.register_many(st.table[first:upto], hashes)
         st.n_hashed, st.last_hash = upto, prev
 
     def _append_need(self, seqs: list[Sequence], on_cpu: bool = False) -> int:
@@ -621,13 +653,46 @@ class PagedKVCacheManager:
             fill[st.table[-1]] -= 1
 
     def _append_all_in_order(self, groups: list[SequenceGroup]) -> list[tuple[int, int]] | None:
-        seq_lists = [group.live_seqs() for group in groups]
-        if sum(self._append_need(seqs) for seqs in seq_lists) > self._device.num_free():
+        """:meth:`append_all` with prefix caching: every group's need counted first, changing
+        nothing, then each group appended and its blocks offered to the cache in order (the
+        order decides which of two blocks of one hash is indexed, and a block one group takes
+        may evict a block a later group's hash names). A lone sequence writing one slot into
+        its own partly filled last block (:meth:`_append_seq`'s common decode step) is
+        counted and appended inline."""
+        bs, states, pool = self.block_size, self._seqs, self._device
+        ref, fill = pool.ref, pool.fill
+        work: list[tuple[_SeqState | None, list[Sequence]]] = []
+        need = 0
+        for group in groups:
+            seqs = group.live_seqs()
+            if len(seqs) == 1:
+                seq = seqs[0]
+                st = states.get(seq.seq_id)
+                if st is not None and not st.on_cpu:
+                    s = st.slots
+                    if (
+                        group.request.prompt_len + seq.num_generated == s + 1
+                        and s % bs
+                        and ref[st.table[-1]] == 1
+                    ):
+                        work.append((st, seqs))  # needs no block
+                        continue
+            need += self._append_need(seqs)
+            work.append((None, seqs))
+        if need > pool.num_free():
             return None
         copies: list[tuple[int, int]] = []
-        for seqs in seq_lists:
-            for seq in seqs:
-                self._append_seq(seq, self._seqs[seq.seq_id], copies)
+        for st, seqs in work:
+            if st is None:
+                for seq in seqs:
+                    self._append_seq(seq, states[seq.seq_id], copies)
+                continue
+            seq = seqs[0]
+            fill[st.table[-1]] += 1  # add_fill without its checks: room, and held
+            pool.num_filled += 1
+            st.slots += 1
+            if min(seq.num_computed, st.slots) // bs > st.n_hashed:
+                self._register_computed(seq, st)
         return copies
 
     def _append_seq(self, seq: Sequence, st: _SeqState, copies: list[tuple[int, int]]) -> None:

@@ -406,8 +406,9 @@ class BaseScheduler:
         step = self.step_index
         self.step_index += 1
         tokens = outcome.token_ids
-        if tokens is None and self._stand_in_ids:
-            tokens = {seq.seq_id: stand_in_token_id(seq.seq_id) for seq in plan.scheduled_seqs()}
+        stand_in = tokens is None and self._stand_in_ids
+        if stand_in:  # the prompts' ids here, the decodes' in their loop below
+            tokens = {c.seq.seq_id: stand_in_token_id(c.seq.seq_id) for c in plan.prefill}
         # Keyed by the group object (identity hash): insertion order is sampling order.
         sampled: dict[SequenceGroup, None] = {}
         for chunk in plan.prefill:
@@ -423,6 +424,14 @@ class BaseScheduler:
                 n = seq.num_generated
                 seq.num_computed = group.request.prompt_len + n
                 seq.num_generated = n + 1
+                sampled[group] = None
+        elif stand_in:
+            for seq in plan.decode:  # the same with a prefix cache: _emit's stand-in id too
+                group = seq.group
+                n = seq.num_generated
+                seq.num_computed = group.request.prompt_len + n
+                seq.num_generated = n + 1
+                seq.output_token_ids.append(stand_in_token_id(seq.seq_id))
                 sampled[group] = None
         else:
             for seq in plan.decode:
