@@ -104,3 +104,76 @@ def test_vllm_runs_prompts_alone_and_orca_inside_decode_steps(tmp_path) -> None:
     assert vllm["prompt_only_steps"] > 0 and vllm["mixed_steps"] == 0
     assert orca["mixed_steps"] > 0 and orca["prompt_only_steps"] <= 1  # the first prompt
     assert vllm["prompt_only_busy_pct"] > orca["prompt_only_busy_pct"]
+
+
+def _mix(**change: float) -> pd.DataFrame:
+    """A step mix of panel (f), vLLM against Orca (Oracle), with ``change`` on both rows."""
+    return fig12_mix.mix_table([
+        {"panel": "f", "system": s, "rate": 10.0, "seed": 0, "trace_s": 60.0, "steps": 100,
+         "prompt_only_steps": p, "mixed_steps": m, "decode_only_steps": 100 - p - m,
+         "decode_only_step_ms": 50.0, "prompt_only_busy_pct": busy, "mean_tpot_ms": 60.0}
+        | change
+        for s, p, m, busy in (("vllm", 30, 0, 25.0), ("orca_oracle", 1, 30, 0.1))
+    ])  # fmt: skip
+
+
+def test_a_mix_run_without_a_step_or_a_number_prints_no_nan() -> None:
+    """Before: a trace too short for a request (``--duration 0.2``) printed "0 of vLLM's 0
+    steps are prompt-only (nan% of its busy time)" and "nan ms"."""
+    runs, cap = _panel_runs("f")
+    empty = _mix(steps=0, prompt_only_steps=0, mixed_steps=0, decode_only_steps=0,
+                 decode_only_step_ms=math.nan, prompt_only_busy_pct=math.nan,
+                 mean_tpot_ms=math.nan)  # fmt: skip
+    text = "\n".join(fig12_mix.lines(runs, cap, empty))
+    assert "nan" not in text.lower()
+    assert "steps, one run each at 10 req/s (seed 0, 60-s trace): neither system ran a step" in text
+    no_decode_only = "\n".join(fig12_mix.lines(runs, cap, _mix(decode_only_step_ms=math.nan)))
+    assert "nan" not in no_decode_only.lower()
+    assert "a decode-only step takes — ms against —" in no_decode_only
+
+
+def test_a_resumed_mix_run_without_a_tpot_gives_a_row(tmp_path) -> None:
+    """Before: with ``--launcher`` a finished run is read back from its ``metrics.json``,
+    which writes NaN as null, so a rerun of the command raised TypeError in ``mix_row``."""
+    run = fig12_mix.mix_runs([fig12_rates.BY_LETTER["f"]], lambda p: 60.0, 0)[0]
+    _steps([(1, 0, 0.02), (0, 1, 0.01)]).to_csv(tmp_path / "steps.csv", index=False)
+    row = fig12_mix.mix_row(run, tmp_path, {"mean_tpot_ms": None})
+    assert math.isnan(row["mean_tpot_ms"]) and row["steps"] == 2
+
+
+def test_memory_at_a_rate_that_is_only_a_lower_bound_is_marked() -> None:
+    """A system that passed every rate tried has no sustainable rate, only ≥ the highest
+    tried: the line says so instead of "at the sustainable rates (20 and 10 req/s"."""
+    runs, cap = _panel_runs("f")
+    cap["rate_open"] = cap["system"] == "vllm"
+    text = "\n".join(fig12_mix.lines(runs, cap, None))
+    assert "(≥ 20 and 10 req/s" in text
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("", "empty: no step-mix rows"),
+        ("panel,system,rate\nf,vllm,10\n", "missing column(s) seed, trace_s, steps"),
+        (None, "line 4: panel f, system vllm a second time"),
+    ],
+)
+def test_a_bad_step_mix_file_is_one_line(tmp_path, capsys, content, problem) -> None:
+    """Before: ``python -m experiments.report.fig12_rates DIR`` with an empty or cut
+    ``fig12_step_mix.csv`` ended in a pandas traceback."""
+    from experiments.report.figures import pyplot
+    from tests.test_fig12_censoring import panel_rows
+
+    fig12_rates.write(panel_rows({"vllm": 1.0, "orca_oracle": 0.5}), tmp_path,
+                      pyplot(headless=True), 1.0)  # fmt: skip
+    path = tmp_path / fig12_rates.MIX_FILE
+    if content is None:  # one system's row twice
+        mix = _mix()
+        pd.concat([mix, mix[mix["system"] == "vllm"]]).to_csv(path, index=False)
+    else:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as ended:
+        fig12_rates.main([str(tmp_path)])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {path}: ") and problem in err, err

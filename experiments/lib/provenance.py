@@ -15,7 +15,8 @@ one may keep its size). Neither says which code ran. :func:`provenance` records:
 - ``inputs``: per config key that names an input file or directory
   (:data:`experiments.lib.input_stamps.INPUT_KEYS`), the path the run read and the sha256 of
   each file under it, null for a file over :data:`MAX_HASH_BYTES` (a checkpoint: its size
-  and time are in ``inputs.json``).
+  and time are in ``inputs.json``); a process hashes an unchanged file once
+  (:func:`file_sha256`).
 
 It is written for reading, never compared: a finished run is reused by its ``config.yaml``
 and ``inputs.json`` alone (:func:`experiments.lib.results.finished_metrics`), so a new commit
@@ -90,15 +91,27 @@ def _version(package: str) -> str | None:
         return None
 
 
+# digests hashed in this process, by the file's identity (path, device, inode, size, times)
+_DIGESTS: dict[tuple[Any, ...], str] = {}
+
+
 def file_sha256(path: Path) -> str | None:
-    """sha256 of the file's bytes, or None when it is larger than :data:`MAX_HASH_BYTES`."""
-    if path.stat().st_size > MAX_HASH_BYTES:
+    """sha256 of the file's bytes, or None when it is larger than :data:`MAX_HASH_BYTES`.
+    A file is read once per process while its path, device, inode, size and modification
+    and change times (ns) stay the same, so the runs of a sweep in one process (a multirun,
+    a worker of ``reproduce``) do not hash the same inputs again; an edit changes them."""
+    st = path.stat()
+    if st.st_size > MAX_HASH_BYTES:
         return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    key = (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+           st.st_ctime_ns)  # fmt: skip
+    if key not in _DIGESTS:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        _DIGESTS[key] = digest.hexdigest()
+    return _DIGESTS[key]
 
 
 def input_digests(cfg: Any) -> dict[str, dict[str, Any]]:

@@ -28,6 +28,9 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.lib.checks import ConfigError
+from experiments.report.bound_text import fmt
+
 MIX_PANELS = ("d", "f")
 MIX_SYSTEMS = ("vllm", "orca_oracle")
 MEMORY_COLUMNS = ("mean_batch_size", "num_preemptions", "kv_free_at_limit_pct", "kv_free_pct")
@@ -73,12 +76,14 @@ def mix_runs(panels: Sequence[Any], trace_of: Callable[[Any], float], seed: int)
 
 def mix_row(run: MixRun, run_dir: Path, metrics: dict[str, Any]) -> dict[str, Any]:
     """``run``'s row of ``fig12_step_mix.csv``: its :func:`step_mix` from ``run_dir``'s
-    ``steps.csv`` and its mean TPOT from ``metrics``."""
+    ``steps.csv`` and its mean TPOT from ``metrics`` (NaN where it is None: a finished run
+    read back from its ``metrics.json``, which writes NaN as null)."""
     steps = pd.read_csv(run_dir / "steps.csv",
                         usecols=["prefill_seqs", "decode_seqs", "duration_s"])  # fmt: skip
+    tpot = metrics.get("mean_tpot_ms")
     return {"panel": run.letter, "system": run.system, "rate": run.rate, "seed": run.seed,
             "trace_s": run.trace_s, **step_mix(steps),
-            "mean_tpot_ms": float(metrics["mean_tpot_ms"])}  # fmt: skip
+            "mean_tpot_ms": math.nan if tpot is None else float(tpot)}  # fmt: skip
 
 
 def step_mix(steps: pd.DataFrame) -> dict[str, float]:
@@ -105,8 +110,9 @@ def step_mix(steps: pd.DataFrame) -> dict[str, float]:
 def memory_at_rate(runs: pd.DataFrame, cap: pd.DataFrame, letter: str, system: str) -> dict:
     """Mean over seeds of batch, preemptions, ``kv_free_at_limit_pct`` and all free KV
     (that and ``kv_free_pct``: free with nobody waiting) of ``system``'s runs on panel
-    ``letter`` at its sustainable rate; empty when it has none or ``runs`` lacks a column
-    (a CSV written before them)."""
+    ``letter`` at its sustainable rate, and ``open``: that rate is only a lower bound
+    (``cap``'s ``rate_open``: every rate tried passed); empty when it has none or ``runs``
+    lacks a column (a CSV written before them)."""
     if not set(MEMORY_COLUMNS) <= set(runs.columns):
         return {}
     c = cap[(cap["panel"] == letter) & (cap["system"] == system)]
@@ -118,6 +124,7 @@ def memory_at_rate(runs: pd.DataFrame, cap: pd.DataFrame, letter: str, system: s
         return {}
     return {
         "rate": float(rate),
+        "open": "rate_open" in c.columns and str(c["rate_open"].iloc[0]) == "True",
         "batch": float(at["mean_batch_size"].mean()),
         "preemptions": float(at["num_preemptions"].mean()),
         "free_at_limit": float(at["kv_free_at_limit_pct"].mean()),
@@ -137,38 +144,58 @@ def lines(runs: pd.DataFrame, cap: pd.DataFrame, mix: pd.DataFrame | None) -> li
             continue
         v, o = mem["vllm"], mem["orca_oracle"]
         parts = [
-            f"- ({letter}) memory, at the sustainable rates ({v['rate']:g} and {o['rate']:g} "
-            f"req/s, mean over seeds): vLLM batches {v['batch']:.0f} requests against Orca "
-            f"(Oracle)'s {o['batch']:.0f}, with {v['free']:.1f}% of its KV free "
-            f"({v['free_at_limit']:.1f}% while requests wait on a scheduler limit; Orca "
-            f"(Oracle): {o['free']:.1f}% and {o['free_at_limit']:.1f}%) and "
-            f"{v['preemptions']:,.0f} preemptions"
+            f"- ({letter}) memory, at the sustainable rates ({_rate(v)} and {_rate(o)} "
+            f"req/s, mean over seeds): vLLM batches {fmt(v['batch'], '.0f')} requests against "
+            f"Orca (Oracle)'s {fmt(o['batch'], '.0f')}, with {fmt(v['free'], '.1f')}% of its KV "
+            f"free ({fmt(v['free_at_limit'], '.1f')}% while requests wait on a scheduler "
+            f"limit; Orca (Oracle): {fmt(o['free'], '.1f')}% and "
+            f"{fmt(o['free_at_limit'], '.1f')}%) and {fmt(v['preemptions'], ',.0f')} "
+            "preemptions"
         ]
         m = _mix_of(mix, letter)
         if m is not None:
-            mv, mo = m["vllm"], m["orca_oracle"]
-            parts.append(
-                f"steps, one run each at {mv['rate']:g} req/s (seed {int(mv['seed'])}, "
-                f"{mv['trace_s']:g}-s trace): {mv['prompt_only_steps']:,} of vLLM's "
-                f"{mv['steps']:,} steps are prompt-only ({mv['prompt_only_busy_pct']:.0f}% of "
-                f"its busy time), against {mo['prompt_only_steps']:,} of Orca (Oracle)'s "
-                f"{mo['steps']:,}, whose prompts ride in {mo['mixed_steps']:,} decode steps; "
-                f"a decode-only step takes {mv['decode_only_step_ms']:.1f} ms against "
-                f"{mo['decode_only_step_ms']:.1f}, and mean TPOT is {mv['mean_tpot_ms']:.1f} "
-                f"against {mo['mean_tpot_ms']:.1f} ms"
-            )
+            parts.append(_steps_text(m["vllm"], m["orca_oracle"]))
         out.append("; ".join(parts) + ".")
     if not out:
         return []
     head = (
         "Why the Alpaca ratio moves (computed; where vLLM's KV is near full at its rate, "
         "memory sets the rate and its smaller waste wins it more requests; where much of "
-        "it is free, memory is not what stops it; a prompt-only step advances no decode, "
-        "so each of vLLM's prompts costs its running requests a step, while Orca runs its "
-        "prompts inside decode steps; `experiments/report/fig12_mix.py`, "
-        "`fig12_step_mix.csv`):"
+        "it is free, memory is not what stops it (free while requests wait on a scheduler "
+        "limit: max_num_seqs or the token budget holds it; free memory that requests wait "
+        "for counts as external fragmentation, not here); a prompt-only step advances no "
+        "decode, so each of vLLM's prompts costs its running requests a step, while Orca "
+        "runs its prompts inside decode steps: the step mix is from one run per system at "
+        "half the paper's axis, a fixed rate, not the sustainable ones; "
+        "`experiments/report/fig12_mix.py`, `fig12_step_mix.csv`):"
     )
     return [head, "", *out, ""]
+
+
+def _rate(mem: dict[str, Any]) -> str:
+    """A :func:`memory_at_rate` rate, "≥" before one that is only a lower bound."""
+    return f"{'≥ ' if mem['open'] else ''}{mem['rate']:g}"
+
+
+def _steps_text(mv: dict[str, Any], mo: dict[str, Any]) -> str:
+    """The step-mix part of a panel's line: vLLM's row ``mv`` against Orca (Oracle)'s
+    ``mo``; a run without a step is named as such, a number that is NaN printed "—"."""
+    head = (f"steps, one run each at {mv['rate']:g} req/s (seed {int(mv['seed'])}, "
+            f"{mv['trace_s']:g}-s trace)")  # fmt: skip
+    idle = [name for name, r in (("vLLM", mv), ("Orca (Oracle)", mo)) if not r["steps"] > 0]
+    if len(idle) == 2:
+        return f"{head}: neither system ran a step"
+    if idle:
+        return f"{head}: {idle[0]} ran no step"
+    return (
+        f"{head}: {mv['prompt_only_steps']:,} of vLLM's {mv['steps']:,} steps are prompt-only "
+        f"({fmt(mv['prompt_only_busy_pct'], '.0f')}% of its busy time), against "
+        f"{mo['prompt_only_steps']:,} of Orca (Oracle)'s {mo['steps']:,}, whose prompts ride "
+        f"in {mo['mixed_steps']:,} decode steps; a decode-only step takes "
+        f"{fmt(mv['decode_only_step_ms'], '.1f')} ms against "
+        f"{fmt(mo['decode_only_step_ms'], '.1f')}, and mean TPOT is "
+        f"{fmt(mv['mean_tpot_ms'], '.1f')} against {fmt(mo['mean_tpot_ms'], '.1f')} ms"
+    )
 
 
 def _mix_of(mix: pd.DataFrame | None, letter: str) -> dict[str, dict[str, Any]] | None:
@@ -184,3 +211,27 @@ def mix_table(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """``fig12_step_mix.csv``: ``rows`` in :data:`MIX_COLUMNS`, by panel and system."""
     frame = pd.DataFrame(list(rows), columns=list(MIX_COLUMNS))
     return frame.sort_values(["panel", "system"], kind="stable").reset_index(drop=True)
+
+
+def read_mix(path: Path) -> pd.DataFrame | None:
+    """``fig12_step_mix.csv`` at ``path`` (:data:`MIX_COLUMNS`), None where there is none.
+    A ConfigError naming ``path`` when it is empty, not CSV, lacks a column or holds a
+    panel's system twice."""
+    if not path.is_file():
+        return None
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise ConfigError(str(path), "empty: no step-mix rows") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), f"not a step-mix CSV ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in MIX_COLUMNS if c not in frame.columns]
+    if missing:
+        expected = "the CSV a Fig. 12 run of experiments.reproduce writes"
+        raise ConfigError(str(path), "missing column(s) " + ", ".join(missing), expected=expected)
+    frame["panel"] = frame["panel"].astype(str)
+    twice = frame.index[frame.duplicated(["panel", "system"])]
+    for row in twice[:1]:
+        raise ConfigError(str(path), f"line {row + 2}: panel {frame.loc[row, 'panel']}, "
+                          f"system {frame.loc[row, 'system']} a second time")  # fmt: skip
+    return frame

@@ -67,7 +67,7 @@ from experiments.report.bound_text import (
     why_bound,
 )
 from experiments.report.fig12_mix import lines as mix_lines
-from experiments.report.fig12_mix import mix_table
+from experiments.report.fig12_mix import mix_table, read_mix
 from experiments.report.figures import fig12_panels, save
 from experiments.report.paper import FIG12_SHAREGPT_RATIO, SYSTEM_LABELS
 from experiments.report.rate_search import (
@@ -588,9 +588,10 @@ def _narrowing(cap: pd.DataFrame) -> list[str]:
 @plain_cli
 def main(argv: Sequence[str] | None = None) -> str:
     """Print (and return) the report's Fig. 12 section rebuilt from the per-run CSVs in a
-    finished run's directory, without running a simulation; ``--write-capacity`` also
-    rewrites that directory's ``fig12_capacity.csv`` with :func:`capacity`'s columns (its
-    ``threshold`` column from ``--threshold``),
+    finished run's directory (and its ``fig12_step_mix.csv``, if any:
+    :func:`experiments.report.fig12_mix.read_mix`), without running a simulation;
+    ``--write-capacity`` also rewrites that directory's ``fig12_capacity.csv`` with
+    :func:`capacity`'s columns (its ``threshold`` column from ``--threshold``),
     ``--write-figures`` its figures (:func:`draw`) and ``fig12_curves.csv``."""
     parser = OneLineParser(prog="python -m experiments.report.fig12_rates")
     parser.add_argument("directory", type=Path, help="a run's output (fig12<panel>_*.csv)")
@@ -611,8 +612,7 @@ def main(argv: Sequence[str] | None = None) -> str:
         curves = panel_curves(rows)
         write_csv(args.directory / "fig12_curves.csv", curves)
         draw(cap, curves, args.directory, pyplot(headless=True), args.threshold)
-    mix_path = args.directory / MIX_FILE
-    mix = pd.read_csv(mix_path) if mix_path.is_file() else None
+    mix = read_mix(args.directory / MIX_FILE)
     text = section(cap, pd.DataFrame(rows), args.threshold, mix=mix)
     print(text, end="")
     return text
