@@ -213,22 +213,30 @@ def mix_table(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return frame.sort_values(["panel", "system"], kind="stable").reset_index(drop=True)
 
 
+def read_fig12_csv(path: Path, columns: Sequence[str], rows: str) -> pd.DataFrame:
+    """A CSV a Fig. 12 run of ``experiments.reproduce`` wrote; a ConfigError naming ``path``
+    when it is empty, not CSV or lacks one of ``columns`` (``rows``: what its rows are, for
+    the message)."""
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise ConfigError(str(path), f"empty: no {rows} rows") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), f"not a {rows} CSV ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        expected = "the CSV a Fig. 12 run of experiments.reproduce writes"
+        raise ConfigError(str(path), "missing column(s) " + ", ".join(missing), expected=expected)
+    return frame
+
+
 def read_mix(path: Path) -> pd.DataFrame | None:
     """``fig12_step_mix.csv`` at ``path`` (:data:`MIX_COLUMNS`), None where there is none.
     A ConfigError naming ``path`` when it is empty, not CSV, lacks a column or holds a
     panel's system twice."""
     if not path.is_file():
         return None
-    try:
-        frame = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise ConfigError(str(path), "empty: no step-mix rows") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), f"not a step-mix CSV ({str(exc).splitlines()[0]})") from None
-    missing = [c for c in MIX_COLUMNS if c not in frame.columns]
-    if missing:
-        expected = "the CSV a Fig. 12 run of experiments.reproduce writes"
-        raise ConfigError(str(path), "missing column(s) " + ", ".join(missing), expected=expected)
+    frame = read_fig12_csv(path, MIX_COLUMNS, "step-mix")
     frame["panel"] = frame["panel"].astype(str)
     twice = frame.index[frame.duplicated(["panel", "system"])]
     for row in twice[:1]:

@@ -67,7 +67,7 @@ from experiments.report.bound_text import (
     why_bound,
 )
 from experiments.report.fig12_mix import lines as mix_lines
-from experiments.report.fig12_mix import mix_table, read_mix
+from experiments.report.fig12_mix import mix_table, read_fig12_csv, read_mix
 from experiments.report.figures import fig12_panels, save
 from experiments.report.paper import FIG12_SHAREGPT_RATIO, SYSTEM_LABELS
 from experiments.report.rate_search import (
@@ -252,17 +252,7 @@ RUN_COLUMNS = ("setting", "system", "rate", "seed", "passes", "trace_s", "num_re
 def _read_panel(path: Path) -> pd.DataFrame:
     """One panel's per-run CSV; a ConfigError naming the file when it is empty, not CSV or
     lacks a column of :data:`RUN_COLUMNS`."""
-    try:
-        frame = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise ConfigError(str(path), "empty: no per-run rows") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), f"not a per-run CSV ({str(exc).splitlines()[0]})") from None
-    missing = [c for c in RUN_COLUMNS if c not in frame.columns]
-    if missing:
-        expected = "the CSV a Fig. 12 run of experiments.reproduce writes"
-        raise ConfigError(str(path), "missing column(s) " + ", ".join(missing), expected=expected)
-    return frame
+    return read_fig12_csv(path, RUN_COLUMNS, "per-run")
 
 
 def read_runs(directory: Path) -> list[dict[str, Any]]:
