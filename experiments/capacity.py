@@ -75,7 +75,7 @@ from experiments.lib.compose import (
     check_overrides_compose,
 )
 from experiments.lib.pool import worker_pool
-from experiments.lib.provenance import command_line, provenance
+from experiments.lib.provenance import command_line, options_of, provenance
 from experiments.lib.results import write_csv, write_json
 from experiments.report.rate_search import (
     BACKLOG_MIN_REQUESTS,
@@ -612,7 +612,7 @@ def search_provenance(argv: Sequence[str], args: argparse.Namespace, plan: Plan)
     what made its tables and how to make them again."""
     return {
         "command": command_line("experiments.capacity", argv),
-        "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "options": options_of(args),
         "setting": plan.setting,
         "config_note": "the first system's config at the first rate: the search sets "
         "system, seed and workload.rate (or workload.time_scale) per run",

@@ -80,7 +80,7 @@ from experiments.lib.jobs import (
     on_search_path,
 )
 from experiments.lib.pool import launch_threads, worker_pool
-from experiments.lib.provenance import code_words, command_line, provenance
+from experiments.lib.provenance import code_words, command_line, options_of, provenance
 from experiments.lib.results import write_json
 from experiments.lib.setup import build_setup
 from experiments.report import fig12_mix, fig12_rates, selection, sharing
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> Path:
         log.info("removed the earlier %s: this command writes its own when its runs are done",
                  out / "report.md")  # fmt: skip
     command = command_line("experiments.reproduce", sys.argv[1:] if argv is None else argv)
-    options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    options = options_of(args)
     note_earlier_figures(out / "provenance.json", figs)
     write_json(out / "provenance.json", {"command": command, "options": options,
                                          "figures": list(figs), **provenance()})  # fmt: skip

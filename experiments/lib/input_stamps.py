@@ -44,13 +44,34 @@ def located_input(value: str) -> Path | None:
     return None
 
 
+def input_files(path: Path) -> list[tuple[str, Path]]:
+    """The file ``path``, or every file under the directory ``path`` (sorted), each with the
+    name a run's records give it: a file's own name, or its path relative to the directory."""
+    if path.is_file():
+        return [(path.name, path)]
+    return [
+        (str(f.relative_to(path)), f) for f in sorted(p for p in path.rglob("*") if p.is_file())
+    ]
+
+
+def input_paths(plain: Any) -> dict[str, Path]:
+    """Per key of :data:`INPUT_KEYS` whose value in the plain config ``plain`` names an
+    existing file or directory, the path the run reads (:func:`located_input`)."""
+    out = {}
+    for key in INPUT_KEYS:
+        value = lookup(plain, key)  # a missing key: not a str either
+        if isinstance(value, str) and value:
+            path = located_input(value)
+            if path is not None:
+                out[key] = path
+    return out
+
+
 def _stamp(path: Path) -> list[list[Any]]:
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     out = []
-    for f in files:
+    for name, f in input_files(path):
         st = os.stat(f)
-        out.append([str(f.relative_to(path)) if f != path else f.name, st.st_size,
-                    st.st_mtime_ns])  # fmt: skip
+        out.append([name, st.st_size, st.st_mtime_ns])
     return out
 
 
@@ -128,14 +149,9 @@ def input_stamps(cfg: Any) -> dict[str, list[list[Any]]]:
         found = plugin_digest(plugin)
         if found is not None:
             out["system.plugin"] = [["sha256", found]]
-    for key in INPUT_KEYS:
-        value = lookup(plain, key)  # a missing key: not a str either
-        if not isinstance(value, str) or not value:
-            continue
-        path = located_input(value)
-        if path is not None:
-            out[key] = _stamp(path)
-            profile = calibration_profile(path) if key == "cost.path" and path.is_file() else None
-            if profile is not None:
-                out["cost.path.profile"] = _stamp(profile)
+    for key, path in input_paths(plain).items():
+        out[key] = _stamp(path)
+        profile = calibration_profile(path) if key == "cost.path" and path.is_file() else None
+        if profile is not None:
+            out["cost.path.profile"] = _stamp(profile)
     return out

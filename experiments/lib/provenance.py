@@ -37,8 +37,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from experiments.lib.checks import lookup
-from experiments.lib.input_stamps import INPUT_KEYS, REPO, code_digest, located_input
+from experiments.lib.input_stamps import REPO, code_digest, input_files, input_paths
 
 # the libraries whose versions a run's numbers or files depend on
 PACKAGES = ("numpy", "pandas", "simpy", "hydra-core", "omegaconf", "torch", "triton")
@@ -84,6 +83,13 @@ def code_words() -> str:
     return f"{commit}{dirty}, sources sha256 {v['code_sha256'][:12]}"
 
 
+@cache
+def package_versions() -> dict[str, str | None]:
+    """:data:`PACKAGES`' installed versions (null for one not installed), read once per
+    process: a sweep's runs share them."""
+    return {name: _version(name) for name in PACKAGES}
+
+
 def _version(package: str) -> str | None:
     try:
         return metadata.version(package)
@@ -118,26 +124,21 @@ def input_digests(cfg: Any) -> dict[str, dict[str, Any]]:
     """Per key of :data:`INPUT_KEYS` whose value names an existing file or directory:
     ``{"path": <the path read, absolute>, "sha256": {<file, relative to it>: digest}}``."""
     plain = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
-    out: dict[str, dict[str, Any]] = {}
-    for key in INPUT_KEYS:
-        value = lookup(plain, key)
-        if not isinstance(value, str) or not value:
-            continue
-        path = located_input(value)
-        if path is None:
-            continue
-        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-        out[key] = {
-            "path": str(path.resolve()),
-            "sha256": {(f.name if f == path else str(f.relative_to(path))): file_sha256(f)
-                       for f in files},
-        }  # fmt: skip
-    return out
+    return {
+        key: {"path": str(path.resolve()),
+              "sha256": {name: file_sha256(f) for name, f in input_files(path)}}
+        for key, path in input_paths(plain).items()
+    }  # fmt: skip
 
 
 def command_line(module: str, argv: Sequence[str]) -> str:
     """The command ``python -m <module> <argv>``, quoted for a POSIX shell."""
     return shlex.join(["python", "-m", module, *argv])
+
+
+def options_of(args: Any) -> dict[str, Any]:
+    """A command's parsed options (an ``argparse.Namespace``) as JSON values: paths as text."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
 
 
 def provenance(cfg: Any = None) -> dict[str, Any]:
@@ -146,6 +147,6 @@ def provenance(cfg: Any = None) -> dict[str, Any]:
     return {
         "code": code_version(),
         "python": platform.python_version(),
-        "packages": {name: _version(name) for name in PACKAGES},
+        "packages": package_versions(),
         "inputs": input_digests(cfg) if cfg is not None else {},
     }
