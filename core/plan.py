@@ -114,6 +114,13 @@ QUEUE_HELD_BY = {
     HELD_BY_BATCH: "the batch in flight",
     HELD_BY_POLICY: "the policy's own limit",
 }
+# each limit's name in a metric key (``kv_free_at_<name>_pct``)
+HELD_BY_KEY = {
+    HELD_BY_MAX_NUM_SEQS: "max_num_seqs",
+    HELD_BY_TOKEN_BUDGET: "token_budget",
+    HELD_BY_BATCH: "batch_in_flight",
+    HELD_BY_POLICY: "policy_limit",
+}
 
 
 @dataclass(slots=True)

@@ -81,6 +81,23 @@ def test_lines_give_memory_at_the_sustainable_rate_and_the_step_mix() -> None:
     assert "memory, at the sustainable rates" in memory_only and "prompt-only (" not in memory_only
 
 
+def test_the_free_memory_at_a_limit_is_named_by_its_limit() -> None:
+    runs, cap = _panel_runs("f")
+    # vLLM's 40% at a limit: 31 max_num_seqs, 9 the token budget; Orca's 2% the token budget;
+    # a limit's 0.04 prints as 0.0 and is left out
+    split = {"max_num_seqs": (31.0, 0.0), "token_budget": (8.96, 2.0),
+             "batch_in_flight": (0.0, 0.0), "policy_limit": (0.04, 0.0)}  # fmt: skip
+    for key, (v, o) in split.items():
+        runs[f"kv_free_at_{key}_pct"] = runs["system"].map({"vllm": v, "orca_oracle": o})
+    text = "\n".join(fig12_mix.lines(runs, cap, None))
+    assert ("(40.0% while requests wait on a scheduler limit (max_num_seqs 31.0%, "
+            "max_num_batched_tokens 9.0%); Orca (Oracle): 3.0% and 2.0% "
+            "(max_num_batched_tokens 2.0%)) and") in text  # fmt: skip
+    # a CSV written before the split: the total alone, as before
+    plain = "\n".join(fig12_mix.lines(_panel_runs("f")[0], cap, None))
+    assert "limit; Orca (Oracle): 3.0% and 2.0%) and" in plain
+
+
 def test_no_lines_without_an_alpaca_panel_or_the_memory_columns() -> None:
     runs, cap = _panel_runs("a")
     assert fig12_mix.lines(runs, cap, None) == []

@@ -9,8 +9,15 @@ import pandas as pd
 import pytest
 
 from core.metrics.recorder import REQUEST_COLUMNS, STEP_COLUMNS
-from core.metrics.summary import memory_shares, summarize
-from core.plan import HELD_BY_BATCH, HELD_BY_MAX_NUM_SEQS, HELD_BY_POLICY
+from core.metrics.summary import free_at_limit_shares, memory_shares, summarize
+from core.plan import (
+    HELD_BY_BATCH,
+    HELD_BY_KEY,
+    HELD_BY_MAX_NUM_SEQS,
+    HELD_BY_MEMORY,
+    HELD_BY_POLICY,
+    HELD_BY_TOKEN_BUDGET,
+)
 from core.request import Request, SamplingParams
 from core.sched.base import SchedulerConfig
 from core.systems import build_scheduler
@@ -110,6 +117,28 @@ def test_time_weighted_kv_shares() -> None:
     assert memory_shares(_steps().drop(columns="queue_held_by")) == pytest.approx(expected)
 
 
+def test_free_at_a_limit_is_split_by_the_limit_that_held_the_queue() -> None:
+    steps = pd.concat([_steps()] * 4, ignore_index=True)  # every step waits on its code
+    steps["num_waiting"] = 1
+    steps["queue_held_by"] = [
+        HELD_BY_MEMORY, HELD_BY_MEMORY, HELD_BY_MAX_NUM_SEQS, HELD_BY_TOKEN_BUDGET,
+        HELD_BY_BATCH, HELD_BY_POLICY, HELD_BY_MAX_NUM_SEQS, HELD_BY_BATCH,
+    ]  # fmt: skip
+    split = free_at_limit_shares(steps)
+    # free slots: 60 in the 0.1-s steps, 50 in the 0.3-s ones; 1.6 s in all, 100 slots a step
+    assert split == pytest.approx({
+        "kv_free_at_max_num_seqs_pct": 2 * 0.1 * 60 / 1.6,
+        "kv_free_at_token_budget_pct": 0.3 * 50 / 1.6,
+        "kv_free_at_batch_in_flight_pct": (0.1 * 60 + 0.3 * 50) / 1.6,
+        "kv_free_at_policy_limit_pct": 0.3 * 50 / 1.6,
+    })  # fmt: skip
+    assert sum(split.values()) == pytest.approx(memory_shares(steps)["kv_free_at_limit_pct"])
+    steps["num_waiting"] = 0  # nobody waits: no limit holds memory idle
+    assert set(free_at_limit_shares(steps).values()) == {0.0}
+    assert set(free_at_limit_shares(_steps().drop(columns="queue_held_by")).values()) == {0.0}
+    assert summarize(_requests(), steps).keys() >= split.keys()
+
+
 @pytest.mark.parametrize(
     ("system", "held_by"),
     [("vllm", HELD_BY_MAX_NUM_SEQS), ("orca_oracle", HELD_BY_MAX_NUM_SEQS),
@@ -143,6 +172,11 @@ def test_a_wait_on_a_scheduler_limit_is_not_fragmentation(system: str, held_by: 
         shares = memory_shares(steps)
         assert shares["kv_external_frag_pct"] < 1.0 < shares["kv_free_at_limit_pct"]
         assert sum(shares.values()) == pytest.approx(100.0)
+        split = free_at_limit_shares(steps)
+        assert split.pop(f"kv_free_at_{HELD_BY_KEY[held_by]}_pct") == pytest.approx(
+            shares["kv_free_at_limit_pct"]
+        )
+        assert set(split.values()) == {0.0}
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,9 @@ miss). kvlab adds:
   ``queue_held_by``, ``core.plan.HELD_BY_*``, limits first), memory the policy's limits
   leave idle rather than memory the allocator cannot use; free slots with nobody waiting
   are ``kv_free_pct``. The six parts sum to 100;
+- ``kv_free_at_<limit>_pct`` (``max_num_seqs``, ``token_budget``, ``batch_in_flight``,
+  ``policy_limit``; ``core.plan.HELD_BY_KEY``): ``kv_free_at_limit_pct`` split by the
+  limit that held the queue's head, so they sum to it;
 - ``kv_sharing_saving_pct``: memory saved by block sharing (Kwon et al., Fig. 15: blocks
   saved by sharing / blocks needed without sharing), time-weighted as a ratio of
   duration-weighted sums, 100 * sum(w * (logical - physical)) / sum(w * logical), so a step
@@ -55,7 +58,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.plan import HELD_BY_MEMORY
+from core.plan import HELD_BY_KEY, HELD_BY_MEMORY
 
 
 def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
@@ -70,12 +73,9 @@ def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
     }
 
 
-def memory_shares(steps: pd.DataFrame) -> dict[str, float]:
-    """Time-weighted KV breakdown in percent (see module doc)."""
-    keys = ("token_states", "reserved", "internal_frag", "external_frag", "free_at_limit", "free")
-    if steps.empty or steps["duration_s"].sum() <= 0:
-        return {f"kv_{k}_pct": math.nan for k in keys}
-    w = steps["duration_s"].to_numpy()
+def _parts(steps: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Per step: each part of the KV breakdown in slots (the six of :func:`memory_shares`,
+    then the free slots at each of ``HELD_BY_KEY``'s limits), and the slots of the six."""
     # a request swapped out waits as much as one waiting for admission
     waiting = (steps["num_waiting"].to_numpy() > 0) | (steps["num_swapped"].to_numpy() > 0)
     # tables written before the column: every wait counted as one on memory
@@ -92,9 +92,30 @@ def memory_shares(steps: pd.DataFrame) -> dict[str, float]:
         "free": np.where(waiting, 0.0, free),
     }
     total = sum(parts.values())
-    return {
-        f"kv_{k}_pct": float(100.0 * np.sum(w * v / total) / np.sum(w)) for k, v in parts.items()
-    }
+    for code, name in HELD_BY_KEY.items():
+        parts[f"free_at_{name}"] = np.where(waiting & (held == code), free, 0.0)
+    return parts, total
+
+
+def _weighted_pct(steps: pd.DataFrame, names: list[str]) -> dict[str, float]:
+    if steps.empty or steps["duration_s"].sum() <= 0:
+        return {f"kv_{k}_pct": math.nan for k in names}
+    w = steps["duration_s"].to_numpy()
+    parts, total = _parts(steps)
+    return {f"kv_{k}_pct": float(100.0 * np.sum(w * parts[k] / total) / np.sum(w)) for k in names}
+
+
+def memory_shares(steps: pd.DataFrame) -> dict[str, float]:
+    """Time-weighted KV breakdown in percent (see module doc)."""
+    keys = ["token_states", "reserved", "internal_frag", "external_frag", "free_at_limit", "free"]
+    return _weighted_pct(steps, keys)
+
+
+def free_at_limit_shares(steps: pd.DataFrame) -> dict[str, float]:
+    """``kv_free_at_limit_pct`` split by the limit holding the queue's head
+    (``kv_free_at_<name>_pct`` for each name of ``core.plan.HELD_BY_KEY``), weighted as
+    :func:`memory_shares` weighs, so they sum to it; NaN where it is NaN."""
+    return _weighted_pct(steps, [f"free_at_{name}" for name in HELD_BY_KEY.values()])
 
 
 def sharing_saving_pct(steps: pd.DataFrame) -> float:
@@ -162,6 +183,7 @@ def summarize(
         out["slo_attainment"] = float(ok.sum() / len(requests)) if len(requests) else math.nan
     out.update(_batch_stats(steps))
     out.update(memory_shares(steps))
+    out.update(free_at_limit_shares(steps))
     out["kv_sharing_saving_pct"] = sharing_saving_pct(steps)
     out.update(prefix_cache_hits(done))
     return out

@@ -4,7 +4,8 @@ the iteration rule, the two things that set the ratio there.
 - Memory (from the rate searches' own runs, no new run): at each system's sustainable
   rate, the mean over seeds of its batch, its preemptions and the share of its KV free
   while requests wait on a scheduler limit (``kv_free_at_limit_pct``: ``max_num_seqs``,
-  the token budget; ``core.metrics.summary``). Near zero, memory sets the rate and vLLM's
+  the token budget; ``core.metrics.summary``), split by the limit where the runs' CSV has
+  the split (``kv_free_at_<limit>_pct``). Near zero, memory sets the rate and vLLM's
   smaller waste wins it requests; far from zero, memory is not what stops either system.
 - The iteration rule (:func:`mix_runs`, one run per system and panel): vLLM v0.1 runs each
   admitted prompt in a prompt-only step that advances no decode; Orca runs prompts inside
@@ -28,12 +29,15 @@ from typing import Any
 
 import pandas as pd
 
+from core.plan import HELD_BY_KEY, QUEUE_HELD_BY
 from experiments.lib.checks import ConfigError
 from experiments.report.bound_text import fmt
 
 MIX_PANELS = ("d", "f")
 MIX_SYSTEMS = ("vllm", "orca_oracle")
 MEMORY_COLUMNS = ("mean_batch_size", "num_preemptions", "kv_free_at_limit_pct", "kv_free_pct")
+# ``kv_free_at_limit_pct`` by limit: optional (a CSV written before them has none)
+LIMIT_COLUMNS = {f"kv_free_at_{key}_pct": QUEUE_HELD_BY[code] for code, key in HELD_BY_KEY.items()}
 MIX_COLUMNS = (
     "panel", "system", "rate", "seed", "trace_s", "steps", "prompt_only_steps",
     "mixed_steps", "decode_only_steps", "decode_only_step_ms", "prompt_only_busy_pct",
@@ -110,9 +114,11 @@ def step_mix(steps: pd.DataFrame) -> dict[str, float]:
 def memory_at_rate(runs: pd.DataFrame, cap: pd.DataFrame, letter: str, system: str) -> dict:
     """Mean over seeds of batch, preemptions, ``kv_free_at_limit_pct`` and all free KV
     (that and ``kv_free_pct``: free with nobody waiting) of ``system``'s runs on panel
-    ``letter`` at its sustainable rate, and ``open``: that rate is only a lower bound
-    (``cap``'s ``rate_open``: every rate tried passed); empty when it has none or ``runs``
-    lacks a column (a CSV written before them)."""
+    ``letter`` at its sustainable rate; ``by_limit``: ``kv_free_at_limit_pct`` by the
+    limit's name (:data:`LIMIT_COLUMNS`, those ``runs`` has); and ``open``: that rate is
+    only a lower bound (``cap``'s ``rate_open``: every rate tried passed); empty when it
+    has none or ``runs`` lacks a column of :data:`MEMORY_COLUMNS` (a CSV written before
+    them)."""
     if not set(MEMORY_COLUMNS) <= set(runs.columns):
         return {}
     c = cap[(cap["panel"] == letter) & (cap["system"] == system)]
@@ -129,6 +135,9 @@ def memory_at_rate(runs: pd.DataFrame, cap: pd.DataFrame, letter: str, system: s
         "preemptions": float(at["num_preemptions"].mean()),
         "free_at_limit": float(at["kv_free_at_limit_pct"].mean()),
         "free": float(at["kv_free_at_limit_pct"].mean() + at["kv_free_pct"].mean()),
+        "by_limit": {
+            name: float(at[col].mean()) for col, name in LIMIT_COLUMNS.items() if col in at
+        },
     }
 
 
@@ -148,8 +157,8 @@ def lines(runs: pd.DataFrame, cap: pd.DataFrame, mix: pd.DataFrame | None) -> li
             f"req/s, mean over seeds): vLLM batches {fmt(v['batch'], '.0f')} requests against "
             f"Orca (Oracle)'s {fmt(o['batch'], '.0f')}, with {fmt(v['free'], '.1f')}% of its KV "
             f"free ({fmt(v['free_at_limit'], '.1f')}% while requests wait on a scheduler "
-            f"limit; Orca (Oracle): {fmt(o['free'], '.1f')}% and "
-            f"{fmt(o['free_at_limit'], '.1f')}%) and {fmt(v['preemptions'], ',.0f')} "
+            f"limit{_by_limit(v)}; Orca (Oracle): {fmt(o['free'], '.1f')}% and "
+            f"{fmt(o['free_at_limit'], '.1f')}%{_by_limit(o)}) and {fmt(v['preemptions'], ',.0f')} "
             "preemptions"
         ]
         m = _mix_of(mix, letter)
@@ -162,8 +171,9 @@ def lines(runs: pd.DataFrame, cap: pd.DataFrame, mix: pd.DataFrame | None) -> li
         "Why the Alpaca ratio moves (computed; where vLLM's KV is near full at its rate, "
         "memory sets the rate and its smaller waste wins it more requests; where much of "
         "it is free, memory is not what stops it (free while requests wait on a scheduler "
-        "limit: max_num_seqs or the token budget holds it; free memory that requests wait "
-        "for counts as external fragmentation, not here); a prompt-only step advances no "
+        "limit: max_num_seqs or the token budget holds it, named with its share where the "
+        "runs record which; free memory that requests wait for counts as external "
+        "fragmentation, not here); a prompt-only step advances no "
         "decode, so each of vLLM's prompts costs its running requests a step, while Orca "
         "runs its prompts inside decode steps: the step mix is from one run per system at "
         "half the paper's axis, a fixed rate, not the sustainable ones; "
@@ -175,6 +185,18 @@ def lines(runs: pd.DataFrame, cap: pd.DataFrame, mix: pd.DataFrame | None) -> li
 def _rate(mem: dict[str, Any]) -> str:
     """A :func:`memory_at_rate` rate, "≥" before one that is only a lower bound."""
     return f"{'≥ ' if mem['open'] else ''}{mem['rate']:g}"
+
+
+def _by_limit(mem: dict[str, Any]) -> str:
+    """The limits holding a :func:`memory_at_rate` row's free KV, as " (<limit> x%, ...)",
+    the largest first, those that print as 0.0 left out; "" when none does (or no split)."""
+    shown = sorted(
+        ((pct, name) for name, pct in mem.get("by_limit", {}).items() if pct >= 0.05),
+        key=lambda x: -x[0],
+    )
+    if not shown:
+        return ""
+    return " (" + ", ".join(f"{name} {pct:.1f}%" for pct, name in shown) + ")"
 
 
 def _steps_text(mv: dict[str, Any], mo: dict[str, Any]) -> str:
