@@ -8,7 +8,8 @@ Preempted groups can be swapped to a CPU pool of blocks (§4.5).
 
 Choices where the paper is silent:
 
-- Admission keeps ``watermark * num_device_blocks`` blocks free (vLLM v0's 1% watermark);
+- Admission keeps ``int(watermark * num_device_blocks)`` blocks free (vLLM v0's 1%
+  watermark, rounded down as vLLM rounds it: none on a cache of under 100 blocks);
   a group needing more blocks than the device has beyond that watermark is NEVER.
 - A waiting group with several live sequences (a forked group preempted by recompute)
   gets its sharing back: every sequence holds the first one's full prompt blocks (as
