@@ -98,6 +98,25 @@ def test_the_free_memory_at_a_limit_is_named_by_its_limit() -> None:
     assert "limit; Orca (Oracle): 3.0% and 2.0%) and" in plain
 
 
+def test_no_split_where_a_run_at_the_rate_does_not_record_it() -> None:
+    """A run resumed from before the split (no ``kv_free_at_<limit>_pct``) beside one that
+    has it: a mean over the runs that record it is not the total's split, so none is shown."""
+    runs, cap = _panel_runs("f")
+    seed1 = (runs["system"] == "vllm") & (runs["seed"] == 1)
+    runs.loc[seed1, "kv_free_at_limit_pct"] = 20.0  # vLLM's total: (40 + 20) / 2 = 30
+    for key in ("max_num_seqs", "token_budget", "batch_in_flight", "policy_limit"):
+        # all of each total on max_num_seqs: vLLM's seed 0 40%, Orca (Oracle)'s 2%
+        runs[f"kv_free_at_{key}_pct"] = runs["kv_free_at_limit_pct"] * (key == "max_num_seqs")
+        runs.loc[seed1, f"kv_free_at_{key}_pct"] = float("nan")
+    text = "\n".join(fig12_mix.lines(runs, cap, None))
+    assert "(30.0% while requests wait on a scheduler limit; Orca (Oracle): 3.0% and" in text
+    assert fig12_mix.memory_at_rate(runs, cap, "f", "vllm")["by_limit"] == {}
+    assert fig12_mix.memory_at_rate(runs, cap, "f", "orca_oracle")["by_limit"] == {
+        "max_num_seqs": 2.0, "max_num_batched_tokens": 0.0,
+        "the batch in flight": 0.0, "the policy's own limit": 0.0,
+    }  # fmt: skip
+
+
 def test_no_lines_without_an_alpaca_panel_or_the_memory_columns() -> None:
     runs, cap = _panel_runs("a")
     assert fig12_mix.lines(runs, cap, None) == []

@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.metrics.recorder import REQUEST_COLUMNS, STEP_COLUMNS
 from core.metrics.summary import free_at_limit_shares, memory_shares, summarize
@@ -137,6 +139,38 @@ def test_free_at_a_limit_is_split_by_the_limit_that_held_the_queue() -> None:
     assert set(free_at_limit_shares(steps).values()) == {0.0}
     assert set(free_at_limit_shares(_steps().drop(columns="queue_held_by")).values()) == {0.0}
     assert summarize(_requests(), steps).keys() >= split.keys()
+
+
+_STEP = st.fixed_dictionaries({
+    "duration_s": st.sampled_from([0.0, 0.01, 0.3, 2.0]),
+    "num_waiting": st.integers(0, 2), "num_swapped": st.integers(0, 1),
+    "queue_held_by": st.sampled_from([HELD_BY_MEMORY, *HELD_BY_KEY]),
+    "kv_token_states": st.integers(0, 40), "kv_reserved": st.integers(0, 40),
+    "kv_internal_frag": st.integers(0, 40), "kv_allocator_padding": st.integers(0, 40),
+    "kv_free": st.integers(1, 40),
+})  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_STEP, max_size=8))
+def test_the_split_sums_to_free_at_a_limit_on_any_steps(rows: list[dict[str, float]]) -> None:
+    steps = pd.DataFrame.from_records(
+        [dict.fromkeys(STEP_COLUMNS, 0) | r for r in rows], columns=list(STEP_COLUMNS)
+    )
+    total = memory_shares(steps)["kv_free_at_limit_pct"]
+    split = free_at_limit_shares(steps)
+    if math.isnan(total):  # no step, or no time
+        assert all(math.isnan(v) for v in split.values())
+        return
+    assert sum(split.values()) == pytest.approx(total, abs=1e-9)
+    w = steps["duration_s"] / steps["duration_s"].sum()
+    waiting = (steps["num_waiting"] > 0) | (steps["num_swapped"] > 0)
+    size = steps[["kv_token_states", "kv_reserved", "kv_internal_frag",
+                  "kv_allocator_padding", "kv_free"]].sum(axis=1)  # fmt: skip
+    for code, name in HELD_BY_KEY.items():
+        held = waiting & (steps["queue_held_by"] == code)
+        share = 100 * (w * steps["kv_free"] / size)[held].sum()
+        assert split[f"kv_free_at_{name}_pct"] == pytest.approx(share, abs=1e-9)
 
 
 @pytest.mark.parametrize(

@@ -88,6 +88,19 @@ def test_a_cpu_block_swapped_in_and_out_in_one_step_is_named() -> None:
     assert "CPU block(s) [8] both swapped in and swapped out" in str(sched.plan_problem(plan))
 
 
+def test_a_code_of_what_holds_the_queue_outside_held_by_is_named() -> None:
+    # the metrics split free memory by the code: one outside 0-4 would count in
+    # kv_free_at_limit_pct and in none of its parts
+    sched, plan = running_vllm([8])
+    for code in range(5):
+        plan.queue_held_by = code
+        assert sched.plan_problem(plan) is None
+    plan.queue_held_by = 5
+    assert "queue_held_by 5 is not one of core.plan.HELD_BY_* (0 memory, 1 max_num_seqs" in str(
+        sched.plan_problem(plan)
+    )
+
+
 class _DecodesTwice(VLLMScheduler):
     name = "t_decodes_twice"
 

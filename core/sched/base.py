@@ -21,7 +21,7 @@ from functools import cache
 from types import FunctionType
 
 from core.kv.base import AllocStatus, KVCacheError, KVCacheManager, MemoryBreakdown
-from core.plan import HELD_BY_MEMORY, BeamChoice, StepOutcome, StepPlan
+from core.plan import HELD_BY_MEMORY, QUEUE_HELD_BY, BeamChoice, StepOutcome, StepPlan
 from core.request import Request, Sequence, SequenceGroup, SequenceStatus
 
 
@@ -556,8 +556,12 @@ class BaseScheduler:
         one group (a group that can never fit the budget, e.g. a recomputed wide one, may go
         over it alone, as vLLM's scheduler lets it); or a CPU block both swapped in and
         swapped out (the bodies swap out first, so the swap-in would read the block the
-        swap-out wrote; no shipped policy plans both in one step). O(sequences and blocks in
-        the plan)."""
+        swap-out wrote; no shipped policy plans both in one step); or a ``queue_held_by``
+        that is not one of ``core.plan.QUEUE_HELD_BY``'s codes (the metrics split free
+        memory by it). O(sequences and blocks in the plan)."""
+        if plan.queue_held_by not in QUEUE_HELD_BY:
+            return (f"queue_held_by {plan.queue_held_by!r} is not one of core.plan.HELD_BY_* "
+                    f"({', '.join(f'{c} {n}' for c, n in QUEUE_HELD_BY.items())})")  # fmt: skip
         if plan.swap_in and plan.swap_out:
             reused = {cpu for cpu, _ in plan.swap_in} & {cpu for _, cpu in plan.swap_out}
             if reused:

@@ -115,10 +115,10 @@ def memory_at_rate(runs: pd.DataFrame, cap: pd.DataFrame, letter: str, system: s
     """Mean over seeds of batch, preemptions, ``kv_free_at_limit_pct`` and all free KV
     (that and ``kv_free_pct``: free with nobody waiting) of ``system``'s runs on panel
     ``letter`` at its sustainable rate; ``by_limit``: ``kv_free_at_limit_pct`` by the
-    limit's name (:data:`LIMIT_COLUMNS`, those ``runs`` has); and ``open``: that rate is
-    only a lower bound (``cap``'s ``rate_open``: every rate tried passed); empty when it
-    has none or ``runs`` lacks a column of :data:`MEMORY_COLUMNS` (a CSV written before
-    them)."""
+    limit's name (:func:`_split`: empty unless every run at the rate records the split);
+    and ``open``: that rate is only a lower bound (``cap``'s ``rate_open``: every rate
+    tried passed); empty when it has none or ``runs`` lacks a column of
+    :data:`MEMORY_COLUMNS` (a CSV written before them)."""
     if not set(MEMORY_COLUMNS) <= set(runs.columns):
         return {}
     c = cap[(cap["panel"] == letter) & (cap["system"] == system)]
@@ -135,10 +135,21 @@ def memory_at_rate(runs: pd.DataFrame, cap: pd.DataFrame, letter: str, system: s
         "preemptions": float(at["num_preemptions"].mean()),
         "free_at_limit": float(at["kv_free_at_limit_pct"].mean()),
         "free": float(at["kv_free_at_limit_pct"].mean() + at["kv_free_pct"].mean()),
-        "by_limit": {
-            name: float(at[col].mean()) for col, name in LIMIT_COLUMNS.items() if col in at
-        },
+        "by_limit": _split(at),
     }
+
+
+def _split(at: pd.DataFrame) -> dict[str, float]:
+    """Mean over ``at``'s runs of each :data:`LIMIT_COLUMNS` column, by the limit's name;
+    empty unless every run records every one it has (a run of older code, resumed, has
+    none, and a mean over the other runs would not split the mean total)."""
+    cols = [col for col in LIMIT_COLUMNS if col in at]
+    if not cols:
+        return {}
+    values = at[cols].apply(pd.to_numeric, errors="coerce")
+    if values.isna().to_numpy().any():
+        return {}
+    return {LIMIT_COLUMNS[col]: float(values[col].mean()) for col in cols}
 
 
 def lines(runs: pd.DataFrame, cap: pd.DataFrame, mix: pd.DataFrame | None) -> list[str]:
