@@ -195,9 +195,15 @@ def _hardware_number(cfg: Mapping[str, Any], key: str, origin: str, name: str) -
 _warned: set[tuple[str, str, float]] = set()  # a run reads its hardware several times
 
 
+def forget_warnings() -> None:
+    """Let every implausible hardware number warn again: called as a run starts, so that
+    each run's log has its own warnings (a sweep's later jobs in one process included)."""
+    _warned.clear()
+
+
 def _warn_implausible(cfg: Mapping[str, Any], origin: str) -> None:
-    """Warn, once a process, for each number outside :data:`PLAUSIBLE_HARDWARE` (a value
-    in another unit)."""
+    """Warn, once a run (:func:`forget_warnings`; once a process outside a Hydra job), for
+    each number outside :data:`PLAUSIBLE_HARDWARE` (a value in another unit)."""
     for key, (low, high) in PLAUSIBLE_HARDWARE.items():
         value = float(cfg[key])
         if not low <= value <= high and (origin, key, value) not in _warned:

@@ -60,6 +60,7 @@ from experiments.lib.signals import (
 )
 from experiments.lib.sweep_stop import resume_hint, sweep_stops_kept
 from experiments.lib.table import result_table
+from sim.catalog import forget_warnings
 from sim.cost.profile import ProfileError
 from sim.driver import StepPriceError
 
@@ -284,6 +285,8 @@ def run_app(
     interrupted: KeyboardInterrupt | None = None
     # this directory's earlier result or error, if any, is not this run's (a rerun job)
     clear_run(out_dir)
+    # its log gets its own warnings, though an earlier job in this process logged them
+    forget_warnings()
     try:
         if index is not None:
             index_writable = False

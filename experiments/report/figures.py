@@ -102,14 +102,18 @@ def pyplot(headless: bool = False) -> Any:
 
 def save(fig: Any, out: Path, stem: str) -> Path:
     """Write ``<stem>.png`` (150 dpi) and ``<stem>.pdf`` (fonttype 42) into ``out``, each
-    atomically; return the PNG's path."""
+    atomically; return the PNG's path. The PDF carries no creation date, so the same
+    figure gives the same bytes on every run."""
     import matplotlib
 
     fig.tight_layout()
     png = out / f"{stem}.png"
     write_atomic(png, lambda tmp: fig.savefig(tmp, dpi=150, format="png"))
     with matplotlib.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42}):
-        write_atomic(out / f"{stem}.pdf", lambda tmp: fig.savefig(tmp, format="pdf"))
+        write_atomic(
+            out / f"{stem}.pdf",
+            lambda tmp: fig.savefig(tmp, format="pdf", metadata={"CreationDate": None}),
+        )
     return png
 
 
