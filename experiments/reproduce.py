@@ -24,8 +24,10 @@ Writes into ``--out`` (default ``results/reproduce``):
 - ``fig14_*``, ``fig15_sharing``, ``fig16_*``, ``fig17_*`` (CSV, PNG, PDF): the sharing
   figures (``experiments.report.sharing``), on 30-second traces by default;
 - ``runs/<label>/``: every run's ``metrics.json`` (Fig. 2/13 runs: all result files);
-- ``provenance.json``, first: the command line, its options, the code's git commit and the
-  package versions (:mod:`experiments.lib.provenance`); ``report.md`` names the commit too.
+- ``provenance.json``, first: the command line, its options, the figures, the code's git
+  commit and the package versions (:mod:`experiments.lib.provenance`), and ``earlier``: the
+  figures whose files earlier commands left in ``--out``, each with its command
+  (:func:`note_earlier_figures`); ``report.md`` names the commit too.
 
 ``--figures NAME[,NAME...]`` makes only the named figures and runs only the runs they read
 (``experiments.report.selection``); each figure logs a line when its runs are done and when
@@ -242,25 +244,31 @@ def block_study(
     return jobs
 
 
-def note_earlier_figures(path: Path, figs: Sequence[str]) -> None:
-    """Log the figures an earlier command wrote into this ``--out`` (its ``provenance.json``
-    at ``path``) that this one does not make: their files stay beside the new report, which
-    does not describe them. Nothing without a readable earlier record."""
+def note_earlier_figures(path: Path, figs: Sequence[str]) -> dict[str, str]:
+    """The figures whose files earlier commands left in this ``--out`` and this one does not
+    make, each with the command that made it: the earlier ``provenance.json`` at ``path``
+    (its ``figures``, and the ``earlier`` it carried, so a second narrower rerun still names
+    them). Logged, since their files stay beside the new report, which does not describe
+    them; empty without a readable earlier record."""
     try:
-        earlier = json.loads(path.read_text())
-        left = [f for f in earlier["figures"] if f not in figs]
-        command = earlier["command"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return
-    if left:
+        doc = json.loads(path.read_text())
+        made = {str(f): str(doc["command"]) for f in doc["figures"]}
+        carried = {str(f): str(c) for f, c in doc.get("earlier", {}).items()}
+        left = {f: c for f, c in (carried | made).items() if f not in figs}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    by_command: dict[str, list[str]] = {}
+    for figure, command in left.items():
+        by_command.setdefault(command, []).append(figure)
+    if by_command:
+        named = [f"{', '.join(fs)} from an earlier command ({c})" for c, fs in by_command.items()]
         log.warning(
-            "%s holds the files of %s from an earlier command (%s); they stay, and the new "
-            "report.md covers %s only",
+            "%s holds the files of %s; they stay, and the new report.md covers %s only",
             path.parent,
-            ", ".join(left),
-            command,
+            " and of ".join(named),
             ", ".join(figs),
         )
+    return left
 
 
 def _panels(parser: argparse.ArgumentParser, letters: str) -> list[fig12_rates.Panel]:
@@ -395,9 +403,10 @@ def main(argv: list[str] | None = None) -> Path:
                  out / "report.md")  # fmt: skip
     command = command_line("experiments.reproduce", sys.argv[1:] if argv is None else argv)
     options = options_of(args)
-    note_earlier_figures(out / "provenance.json", figs)
+    earlier = note_earlier_figures(out / "provenance.json", figs)
     write_json(out / "provenance.json", {"command": command, "options": options,
-                                         "figures": list(figs), **provenance()})  # fmt: skip
+                                         "figures": list(figs), "earlier": earlier,
+                                         **provenance()})  # fmt: skip
     scenario = ["model=opt-13b", "hardware=a100-40gb", "workload=sharegpt",
                 f"workload.duration_s={duration}"]  # fmt: skip
     common = [*scenario, f"seed={args.seed}"]

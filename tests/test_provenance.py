@@ -132,6 +132,7 @@ def test_a_narrower_rerun_into_the_same_out_names_the_figures_it_leaves(
     assert "holds the files of fig2 from an earlier command (python -m experiments." in caplog.text
     assert json.loads((tmp_path / "provenance.json").read_text())["figures"] == ["table1"]
     caplog.clear()
+    (tmp_path / "provenance.json").write_text(json.dumps({"command": "c", "figures": ["table1"]}))
     with caplog.at_level("WARNING", logger="experiments.reproduce"):
         reproduce.main(["--figures", "table1", "--out", str(tmp_path)])
     assert "earlier command" not in caplog.text  # the same figures: nothing left behind
