@@ -60,6 +60,9 @@ import pandas as pd
 
 from core.plan import HELD_BY_KEY, HELD_BY_MEMORY
 
+# the metrics splitting ``kv_free_at_limit_pct``, in ``HELD_BY_KEY``'s order
+FREE_AT_LIMIT_KEYS = tuple(f"kv_free_at_{name}_pct" for name in HELD_BY_KEY.values())
+
 
 def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
     if values_s.size == 0:

@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from core.metrics.summary import FREE_AT_LIMIT_KEYS
 from core.plan import HELD_BY_KEY, QUEUE_HELD_BY
 from experiments.lib.checks import ConfigError
 from experiments.report.bound_text import fmt
@@ -37,7 +38,7 @@ MIX_PANELS = ("d", "f")
 MIX_SYSTEMS = ("vllm", "orca_oracle")
 MEMORY_COLUMNS = ("mean_batch_size", "num_preemptions", "kv_free_at_limit_pct", "kv_free_pct")
 # ``kv_free_at_limit_pct`` by limit: optional (a CSV written before them has none)
-LIMIT_COLUMNS = {f"kv_free_at_{key}_pct": QUEUE_HELD_BY[code] for code, key in HELD_BY_KEY.items()}
+LIMIT_COLUMNS = dict(zip(FREE_AT_LIMIT_KEYS, (QUEUE_HELD_BY[c] for c in HELD_BY_KEY), strict=True))
 MIX_COLUMNS = (
     "panel", "system", "rate", "seed", "trace_s", "steps", "prompt_only_steps",
     "mixed_steps", "decode_only_steps", "decode_only_step_ms", "prompt_only_busy_pct",

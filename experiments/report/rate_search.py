@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.metrics.summary import FREE_AT_LIMIT_KEYS
 from sim.search import find_max_rate
 
 BACKLOG_MIN_REQUESTS = 100
@@ -49,10 +50,8 @@ KEEP = (
     "request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
     "mean_e2el_ms", "mean_batch_size", "num_preemptions", "kv_sharing_saving_pct",
     "kv_token_states_pct", "kv_reserved_pct", "kv_internal_frag_pct", "kv_external_frag_pct",
-    "kv_free_at_limit_pct", "kv_free_at_max_num_seqs_pct", "kv_free_at_token_budget_pct",
-    "kv_free_at_batch_in_flight_pct", "kv_free_at_policy_limit_pct", "kv_free_pct", "kv_slots",
-    "duration_s", "num_steps",
-    "unfinished_at_last_arrival",
+    "kv_free_at_limit_pct", *FREE_AT_LIMIT_KEYS, "kv_free_pct", "kv_slots", "duration_s",
+    "num_steps", "unfinished_at_last_arrival",
 )  # fmt: skip
 # a run's SLO metrics (a run with slo_ms): kept beside KEEP where the run holds them
 SLO_KEEP = ("slo_attainment", "goodput")
