@@ -22,9 +22,10 @@ are O(1). The pool knows nothing of sequences; callers keep block tables.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from core.kv.base import KVCacheError
+from core.kv.pool_integrity import check_pool_integrity
 
 # The most blocks a pool holds: it keeps about 66 bytes of Python state a block (four
 # lists and the free list's ints), so 2**26 blocks is about 4.4 GB.
@@ -277,60 +278,9 @@ class BlockPool:
                 hash_of[block] = block_hash
 
     # -- invariants -------------------------------------------------------------------
-    def check_integrity(self, expected_refs: list[int] | None = None) -> None:
+    def check_integrity(self, expected_refs: Sequence[int] | None = None) -> None:
         """Raise KVCacheError unless every block is in exactly one state, fills are within
         ``[0, block_size]`` and the running totals match a recount. With
-        ``expected_refs``, also compare every ref count with it."""
-        free = set(self._free)
-        if len(free) != len(self._free):
-            raise KVCacheError("block pool: a block is on the free list twice")
-        entries = [0] * self.num_blocks
-        for b in self._evict_queue:
-            entries[b] += 1
-        if sum(self._stale) != self._num_stale:
-            raise KVCacheError(
-                f"block pool: num_stale={self._num_stale}, recount {sum(self._stale)}"
-            )
-        num_evictable = 0
-        for b in range(self.num_blocks):
-            r, f, h = self.ref[b], self.fill[b], self._hash_of[b]
-            live = entries[b] - self._stale[b]
-            if not 0 <= live <= 1:
-                raise KVCacheError(
-                    f"block pool: block {b} has {entries[b]} evict queue entries, "
-                    f"{self._stale[b]} of them stale"
-                )
-            in_free, in_evict = b in free, live == 1
-            num_evictable += in_evict
-            if r < 0 or not 0 <= f <= self.block_size:
-                raise KVCacheError(f"block pool: block {b} has ref {r}, fill {f}")
-            if r > 0 and (in_free or in_evict):
-                raise KVCacheError(f"block pool: block {b} is referenced ({r}) and also free")
-            if r == 0 and in_free == in_evict:
-                raise KVCacheError(f"block pool: unreferenced block {b} is lost or listed twice")
-            if in_free and (f != 0 or h is not None):
-                raise KVCacheError(f"block pool: free block {b} has fill {f} or a hash")
-            if in_evict and (f != self.block_size or h is None):
-                raise KVCacheError(f"block pool: evictable block {b} is not a full cached block")
-            if expected_refs is not None and r != expected_refs[b]:
-                raise KVCacheError(
-                    f"block pool: block {b} has ref {r} but {expected_refs[b]} tables hold it"
-                )
-        if num_evictable != self._num_evictable:
-            raise KVCacheError(
-                f"block pool: num_evictable={self._num_evictable}, recount {num_evictable}"
-            )
-        hashed = [(b, h) for b, h in enumerate(self._hash_of) if h is not None]
-        for b, h in hashed:
-            if self._block_of.get(h) != b:
-                raise KVCacheError(f"block pool: hash index disagrees for block {b}")
-        if len(self._block_of) != len(hashed):
-            raise KVCacheError("block pool: hash index and block index differ in size")
-        used = [b for b in range(self.num_blocks) if self.ref[b] > 0]
-        if len(used) != self.num_used:
-            raise KVCacheError(f"block pool: num_used={self.num_used}, recount {len(used)}")
-        filled = sum(self.fill[b] for b in used)
-        if filled != self.num_filled:
-            raise KVCacheError(f"block pool: num_filled={self.num_filled}, recount {filled}")
-        if sum(self.ref) != self.ref_total:
-            raise KVCacheError(f"block pool: ref_total={self.ref_total}, recount {sum(self.ref)}")
+        ``expected_refs``, also compare every ref count with it. See
+        :func:`core.kv.pool_integrity.check_pool_integrity`."""
+        check_pool_integrity(self, expected_refs)

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+
 from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
 from core.kv.base import (
     AllocStatus,
@@ -46,6 +48,7 @@ from core.kv.base import (
     new_breakdown,
 )
 from core.kv.block_pool import BlockPool
+from core.kv.pool_integrity import check_block_tables
 from core.request import Sequence, SequenceGroup
 
 _ROOT_HASH = 0  # the "previous block hash" of a sequence's first block
@@ -857,25 +860,33 @@ class PagedKVCacheManager:
 
     def check_integrity(self) -> None:
         """Recount ref counts from every block table (device and CPU) and check each
-        table's length and fills against the sequence's slots, then the pools."""
+        table's length and fills against the sequence's slots, then the pools. The first
+        sequence (in admission order) whose table is wrong is named."""
         bs = self.block_size
         for sid, written in self._prefilling.items():
             if sid not in self._seqs or not 0 <= written < self._seqs[sid].slots:
                 raise KVCacheError(f"seq {sid}: {written} slots written, a prefill in progress")
-        refs = {False: [0] * self.num_device_blocks, True: [0] * self.num_cpu_blocks}
-        for sid, st in self._seqs.items():
-            pool = self._cpu if st.on_cpu else self._device
-            n = len(st.table)
-            if n != self._blocks_for(st.slots) or st.slots < 1:
-                raise KVCacheError(f"seq {sid}: {n} blocks for {st.slots} slots")
-            for i, block in enumerate(st.table):
-                refs[st.on_cpu][block] += 1
-                want = bs if i < n - 1 else st.slots - (n - 1) * bs
-                if pool.fill[block] != want:
-                    raise KVCacheError(
-                        f"seq {sid}: block {block} (#{i}) has fill {pool.fill[block]}, "
-                        f"expected {want}"
-                    )
+        ids, states = list(self._seqs), list(self._seqs.values())
+        count = len(states)
+        lengths = np.fromiter((len(st.table) for st in states), dtype=np.int64, count=count)
+        slots = np.fromiter((st.slots for st in states), dtype=np.int64, count=count)
+        on_cpu = np.fromiter((st.on_cpu for st in states), dtype=bool, count=count)
+        bad_length = (lengths != -(-slots // bs)) | (slots < 1)
+        checked = np.arange(count) < (bad_length.argmax() if bad_length.any() else count)
+        refs: dict[bool, np.ndarray] = {}
+        breaches = []
+        for side, pool in ((False, self._device), (True, self._cpu)):
+            picked = np.flatnonzero(checked & (on_cpu == side))
+            tables = [states[k].table for k in picked.tolist()]
+            refs[side], breach = check_block_tables(tables, lengths[picked], slots[picked], pool)
+            if breach is not None:
+                at = int(picked[breach[0]])
+                breaches.append((at, f"seq {ids[at]}: {breach[1]}"))
+        if breaches:
+            raise KVCacheError(min(breaches)[1])
+        if not checked.all():
+            at = int(bad_length.argmax())
+            raise KVCacheError(f"seq {ids[at]}: {lengths[at]} blocks for {slots[at]} slots")
         self._device.check_integrity(refs[False])
         self._cpu.check_integrity(refs[True])
         total = self.breakdown().total
