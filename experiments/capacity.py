@@ -108,7 +108,8 @@ PLUGIN_KEYS = ("system.name", "system.plugin")
 AT_RATE = (
     "request_throughput", "output_throughput", "normalized_latency", "mean_ttft_ms",
     "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "mean_batch_size", "num_preemptions",
-    "kv_token_states_pct", "num_requests", "slo_attainment",
+    "kv_token_states_pct", "kv_reserved_pct", "kv_internal_frag_pct", "kv_external_frag_pct",
+    "kv_free_at_limit_pct", "kv_free_pct", "num_requests", "slo_attainment",
 )  # fmt: skip
 
 
@@ -592,14 +593,21 @@ def main(argv: list[str] | None = None) -> Path:
                 log.warning(
                     "%s: up to %d request(s) of a run were rejected at admission (never "
                     "servable here: runs/<label>/metrics.json says why) and fail their rate "
-                    "at any load; leave them out of the trace (workload.apply_filter=true on "
-                    "an Azure trace) or raise the limit that rejects them",
+                    "at any load; raise the limit that rejects them (system.max_model_len up "
+                    "to the model's context) or replay a window without them "
+                    "(workload.start_s, workload.duration_s); workload.apply_filter=true "
+                    "is vLLM's 2023 ShareGPT filter (prompts of 4-1024 tokens) and drops "
+                    "every longer prompt too (half or more of an Azure trace)",
                     search.system, rejected,
                 )  # fmt: skip
             best = capacity_table(found, search.system)[0]
             note = " (a lower bound: every rate tried passed)" if best["rate_open"] else ""
             if best["max_rate"] == 0:
-                note = f" (no rate passed, down to {rates[0]:g}: lower --rates to bracket it)"
+                note = (
+                    " (no rate passed: its rejected requests fail every rate)"
+                    if all(r.get("rejected") for r in found)
+                    else f" (no rate passed, down to {rates[0]:g}: lower --rates to bracket it)"
+                )
             log.info("%s: %.3g req/s%s after %d runs (%.0f s)", search.system, best["max_rate"],
                      note, len(found), time.perf_counter() - t0)  # fmt: skip
     return write_outputs(rows, systems, args.threshold, args.out, plan.setting, slo)

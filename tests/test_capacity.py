@@ -193,10 +193,26 @@ def test_rejected_requests_are_named_in_the_log(tmp_path: Path, caplog) -> None:
             "++workload.apply_filter=false", "--systems", "vllm", "--rates", "1,2",
             "--bisect-evals", "1",
             "--workers", "1"]  # fmt: skip
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         capacity.main([*args, "--out", str(tmp_path / "out")])
     said = [r.getMessage() for r in caplog.records if "rejected at admission" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("vllm: up to 1 request(s)")
+    # apply_filter is vLLM's 2023 ShareGPT filter, not a length cap: the advice says so
+    assert "drops every longer prompt too" in said[0]
+    # a rate failed by a rejection fails at any load: lower rates would not bracket it
+    found = [r.getMessage() for r in caplog.records if r.getMessage().startswith("vllm: 0 req/s")]
+    assert len(found) == 1 and "rejected requests fail every rate" in found[0]
+    assert "lower --rates" not in found[0]
+
+
+def test_capacity_csv_holds_the_kv_breakdown_at_the_rate(tmp_path: Path) -> None:
+    out = capacity.main([*SMALL[:2], "vllm", *SMALL[3:], "--out", str(tmp_path / "a")])
+    cap = pd.read_csv(out / "capacity.csv").iloc[0]
+    runs = pd.read_csv(out / "runs.csv")
+    at = runs[runs["rate"] == cap["max_rate"]]
+    for key in ("kv_token_states_pct", "kv_reserved_pct", "kv_internal_frag_pct",
+                "kv_external_frag_pct", "kv_free_at_limit_pct", "kv_free_pct"):  # fmt: skip
+        assert cap[f"{key}_at_rate"] == pytest.approx(at[key].mean())
 
 
 def test_a_second_search_into_the_same_out_keeps_only_its_own_runs(tmp_path: Path) -> None:

@@ -79,7 +79,9 @@ def test_capacity_csv_columns_order_and_bounds() -> None:
     assert at_rate == [
         "request_throughput", "output_throughput", "normalized_latency", "mean_ttft_ms",
         "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "mean_batch_size", "num_preemptions",
-        "kv_token_states_pct", "num_requests", "slo_attainment",
+        "kv_token_states_pct", "kv_reserved_pct", "kv_internal_frag_pct",
+        "kv_external_frag_pct", "kv_free_at_limit_pct", "kv_free_pct", "num_requests",
+        "slo_attainment",
     ]  # fmt: skip
     row = cap.set_index("system").loc["vllm"]
     assert row["p99_ttft_ms_at_rate"] == 80.0 and row["mean_ttft_ms_at_rate"] == 46.1
