@@ -6,9 +6,9 @@ branch silently broken they would pass vacuously. Each case builds a small valid
 through the public API, checks that it passes, corrupts ONE internal field as a real bug
 would, and pins the branch by its message. Also pinned: the verbs' misuse guards raise and
 leave the structure as it was, and ``append_all`` undoes the sequences its one-slot fast
-path already advanced when a later group raises. The paged manager's last check (the
-breakdown sums to the capacity) is not tested: once both pools pass, used plus free blocks
-is every block, so it cannot fire.
+path already advanced when a later group raises. The paged manager's check that the
+breakdown sums to the capacity is not tested: once both pools pass, used plus free blocks
+is every block, so it cannot fire; its check that no part is negative is.
 """
 
 from __future__ import annotations
@@ -370,3 +370,19 @@ def test_append_all_undoes_its_fast_path_when_a_later_group_raises(
     assert m.append_all([a, b, c]) == []  # and the manager goes on as if never called
     assert [m.num_slots(g.seqs[0].seq_id) for g in (a, b, c)] == [6, 7, 9]
     m.check_integrity()
+
+
+def test_the_paged_check_detects_a_negative_breakdown_part() -> None:
+    """The slots a mid-prefill fork shares counted unwritten once per holder (the bug
+    tests/test_paged_adversarial.py pins) made token_states -1 while the parts still summed
+    to the capacity: the check names the negative part."""
+    m = PagedKVCacheManager(num_device_blocks=1, block_size=3, watermark=0.0)
+    g = make_group(3)
+    m.allocate(g)
+    child = spawn(g.seqs[0])
+    m.fork(g.seqs[0].seq_id, child.seq_id)
+    m._written_by_group.pop(child.seq_id)  # as fork left it before the fix
+    for s in g.seqs:
+        m.note_scheduled(s, 1)
+    with pytest.raises(KVCacheError, match=r"breakdown has token_states -1"):
+        m.check_integrity()

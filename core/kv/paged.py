@@ -233,13 +233,14 @@ class PagedKVCacheManager:
         request admitted later in the same step finds them; its tokens there are not
         computed again, and its attention reads the K/V the same forward writes first."""
         sid = seq.seq_id
+        st = self._device_state(sid)
         written = max(upto, self._written_by_group.get(sid, 0))
-        if written >= self._seqs[sid].slots:
+        if written >= st.slots:
             self._prefilling.pop(sid, None)
         else:
             self._prefilling[sid] = max(written, self._prefilling.get(sid, 0))
         if self.enable_prefix_caching and self.cache_scheduled_blocks:
-            self._register_computed(seq, self._device_state(seq.seq_id), upto)
+            self._register_computed(seq, st, upto)
 
     def note_computed(self, seq: Sequence) -> None:
         """The step computing ``seq`` up to ``seq.num_computed`` ended: with prefix caching,
@@ -429,8 +430,17 @@ class PagedKVCacheManager:
         return True
 
     def can_grow_prefill(self, seq: Sequence, upto: int) -> bool:
-        """Whether :meth:`grow_prefill` to ``upto`` slots finds its blocks free now."""
+        """Whether :meth:`grow_prefill` to ``upto`` slots finds its blocks free now. Raises
+        if growing would write into a partly filled last block the sequence shares (it was
+        forked before its prompt's last chunk; :meth:`append` copies that block first)."""
         st = self._device_state(seq.seq_id)
+        if upto > st.slots and st.slots % self.block_size:
+            last = st.table[-1]
+            if self._device.ref[last] > 1:
+                raise KVCacheError(
+                    f"grow_prefill of seq {seq.seq_id}: its partly filled last block {last} "
+                    "is shared (forked mid-prefill); append copies it first"
+                )
         return self._blocks_for(upto) - len(st.table) <= self._device.num_free()
 
     def grow_prefill(self, seq: Sequence, upto: int) -> None:
@@ -732,6 +742,9 @@ class PagedKVCacheManager:
         self._seqs[child_seq_id] = _SeqState(
             list(parent.table), parent.slots, parent.n_hashed, parent.last_hash
         )
+        # the slots they share are the parent's to write: a fork before the prompt's prefill
+        # ends (no shipped scheduler makes one) counts their unwritten slots once, not twice
+        self._written_by_group[child_seq_id] = parent.slots
         return []
 
     def free(self, seq_id: int) -> None:
@@ -860,8 +873,9 @@ class PagedKVCacheManager:
 
     def check_integrity(self) -> None:
         """Recount ref counts from every block table (device and CPU) and check each
-        table's length and fills against the sequence's slots, then the pools. The first
-        sequence (in admission order) whose table is wrong is named."""
+        table's length and fills against the sequence's slots, then the pools, then that
+        the breakdown's parts are not negative and sum to the capacity. The first sequence
+        (in admission order) whose table is wrong is named."""
         bs = self.block_size
         for sid, written in self._prefilling.items():
             if sid not in self._seqs or not 0 <= written < self._seqs[sid].slots:
@@ -889,6 +903,11 @@ class PagedKVCacheManager:
             raise KVCacheError(f"seq {ids[at]}: {lengths[at]} blocks for {slots[at]} slots")
         self._device.check_integrity(refs[False])
         self._cpu.check_integrity(refs[True])
-        total = self.breakdown().total
-        if total != self.num_device_blocks * bs:
-            raise KVCacheError(f"breakdown sums to {total}, capacity {self.num_device_blocks * bs}")
+        parts = self.breakdown()
+        if parts.total != self.num_device_blocks * bs:
+            raise KVCacheError(
+                f"breakdown sums to {parts.total}, capacity {self.num_device_blocks * bs}"
+            )
+        for name in ("token_states", "reserved", "internal_frag", "allocator_padding", "free"):
+            if getattr(parts, name) < 0:
+                raise KVCacheError(f"breakdown has {name} {getattr(parts, name)}: {parts}")
