@@ -65,8 +65,9 @@ from typing import Any
 import pandas as pd
 
 from core.workload.spec import USES
+from core.workload.trace_io import drop_log
 from experiments.lib.args import OneLineParser, out_dir_problem
-from experiments.lib.batch_log import batch_logging
+from experiments.lib.batch_log import batch_logging, heard
 from experiments.lib.checks import ConfigError
 from experiments.lib.cli import report_config_error
 from experiments.lib.compose import (
@@ -102,12 +103,15 @@ SEARCH_KEYS = {
     "workload.rate": "--rates the rates",
     "workload.time_scale": "--rates the rates",
 }
+# the logger of the rows a trace's length filter or cap dropped
+DROPPED_ROWS = drop_log.name
 # keys that would run another system than the one a row names
 PLUGIN_KEYS = ("system.name", "system.plugin")
 # the metrics of capacity.csv's runs at the sustainable rate (means over seeds)
 AT_RATE = (
-    "request_throughput", "output_throughput", "normalized_latency", "mean_ttft_ms",
-    "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "mean_batch_size", "num_preemptions",
+    "offered_rate", "request_throughput", "output_throughput", "normalized_latency",
+    "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_e2el_ms",
+    "mean_batch_size", "num_preemptions",
     "kv_token_states_pct", "kv_reserved_pct", "kv_internal_frag_pct", "kv_external_frag_pct",
     "kv_free_at_limit_pct", "kv_free_pct", "num_requests", "slo_attainment",
 )  # fmt: skip
@@ -297,7 +301,13 @@ def _window_cuts(cfg: Any, setup: Any) -> bool:
 
     c = resolve_aliases(as_dict(cfg))
     c["workload"] = {**c["workload"], "duration_s": None, "num_requests": None}
-    return len(build_requests(c, setup.max_model_len)) > len(setup.requests)
+    dropped = logging.getLogger(DROPPED_ROWS)
+    level = dropped.level
+    dropped.setLevel(logging.ERROR)  # the system's setup counted the dropped rows already
+    try:
+        return len(build_requests(c, setup.max_model_len)) > len(setup.requests)
+    finally:
+        dropped.setLevel(level)
 
 
 # "well under the threshold" (burst_warnings): a normalized latency at most this share of it
@@ -549,7 +559,8 @@ def main(argv: list[str] | None = None) -> Path:
         if problem:
             raise ConfigError("--out", problem, str(args.out))
         check_overrides(args.overrides, systems)
-        plan = check_configs(args.overrides, systems, rates[0])
+        with heard(DROPPED_ROWS):  # said here, once a system; silent in the runs
+            plan = check_configs(args.overrides, systems, rates[0])
         slo = slo_rule(args.slo_attainment, plan)
     except ConfigError as err:
         report_config_error(err)
@@ -594,7 +605,8 @@ def main(argv: list[str] | None = None) -> Path:
                     "%s: up to %d request(s) of a run were rejected at admission (never "
                     "servable here: runs/<label>/metrics.json says why) and fail their rate "
                     "at any load; raise the limit that rejects them (system.max_model_len up "
-                    "to the model's context) or replay a window without them "
+                    "to the model's context), drop the rows over it before the run "
+                    "(workload.max_total_tokens=auto) or replay a window without them "
                     "(workload.start_s, workload.duration_s); workload.apply_filter=true "
                     "is vLLM's 2023 ShareGPT filter (prompts of 4-1024 tokens) and drops "
                     "every longer prompt too (half or more of an Azure trace)",

@@ -66,7 +66,7 @@ from experiments.lib.results import summary_line, swap_fallbacks, write_csv, wri
 from experiments.lib.setup import (
     as_dict,
     batch_limits_for,
-    build_requests,
+    build_run_workload,
     manager_options,
     resolve_aliases,
     scheduler_config,
@@ -227,6 +227,7 @@ class Serving:
     engine: LLMEngine
     requests: list[Request]
     max_model_len: int
+    arrival_window_s: float | None = None  # the workload's (Workload.window_s)
 
     def steps(self) -> Generator[None, None, EngineResult]:
         """The engine serving the run a step per iteration (:meth:`LLMEngine.serving`)."""
@@ -253,8 +254,8 @@ def start(cfg: DictConfig | Mapping[str, Any]) -> Serving:
     warmup = c.get("warmup")
     if warmup if warmup is not None else engine.device.type == "cuda":
         engine.warm_up()
-    requests = build_requests(c, mml, vocab_size=engine.model_config.vocab_size)
-    return Serving(c, engine, requests, mml)
+    loaded = build_run_workload(c, mml, vocab_size=engine.model_config.vocab_size)
+    return Serving(c, engine, loaded.requests, mml, loaded.window_s)
 
 
 def log_engine(c: Mapping[str, Any], engine: LLMEngine) -> None:
@@ -316,7 +317,10 @@ def finish(
     req_frame, steps = rec.requests_frame(), rec.steps_frame()
     if result.phases is not None:
         steps = with_phases(steps, result.phases)
-    metrics = summarize_recorder(rec, c.get("slo_ms"))
+    # offline, every request arrives at t = 0 whatever window drew them: no rate offered
+    online = str(c.get("mode", "online")) == "online"
+    window = serving.arrival_window_s if online else None
+    metrics = summarize_recorder(rec, c.get("slo_ms"), window)
     kv = engine.kv_cache
     where = {
         "device": str(engine.device),

@@ -148,7 +148,7 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     rec = result.recorder
     requests, steps = rec.requests_frame(), RowTable(*rec.step_table())
-    metrics = summarize_recorder(rec, c.get("slo_ms"))
+    metrics = summarize_recorder(rec, c.get("slo_ms"), setup.arrival_window_s)
     metrics.update(
         **setting_metrics(c, setup),
         wall_s=wall,

@@ -77,8 +77,9 @@ def test_capacity_csv_columns_order_and_bounds() -> None:
     assert not [c for c in cap.columns if c == "setting" or c.startswith(("vllm_", "ratio_"))]
     at_rate = [c.removesuffix("_at_rate") for c in cap.columns if c.endswith("_at_rate")]
     assert at_rate == [
-        "request_throughput", "output_throughput", "normalized_latency", "mean_ttft_ms",
-        "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "mean_batch_size", "num_preemptions",
+        "offered_rate", "request_throughput", "output_throughput", "normalized_latency",
+        "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_e2el_ms",
+        "mean_batch_size", "num_preemptions",
         "kv_token_states_pct", "kv_reserved_pct", "kv_internal_frag_pct",
         "kv_external_frag_pct", "kv_free_at_limit_pct", "kv_free_pct", "num_requests",
         "slo_attainment",

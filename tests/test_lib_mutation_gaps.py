@@ -348,18 +348,19 @@ def test_max_model_len_may_equal_the_models_but_not_exceed_it() -> None:
 def test_a_trace_whose_every_request_is_filtered_out_is_refused(tmp_path: Path) -> None:
     """A trace file that yields no request is a ConfigError on ``workload.path``, not an
     empty run."""
+    from core.workload.spec import Workload
     from experiments.lib import setup
 
     trace = tmp_path / "t.csv"
     trace.write_text("request_id,arrival_time,prompt_len,output_len\n0,0.0,10,10\n")
     c = _trace_cfg(str(trace))
-    original = setup.build_workload
+    original = setup.load_workload
     try:
-        setup.build_workload = lambda *a, **k: []  # type: ignore[assignment]
+        setup.load_workload = lambda *a, **k: Workload([])  # type: ignore[assignment]
         with pytest.raises(ConfigError) as info:
             setup.build_requests(c, 2048)
     finally:
-        setup.build_workload = original  # type: ignore[assignment]
+        setup.load_workload = original  # type: ignore[assignment]
     assert info.value.key == "workload.path"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -37,6 +38,18 @@ def test_serve_writes_the_four_files(mode: str, tmp_path: Path) -> None:
     assert (steps["duration_s"] > 0).all()
     assert (requests["status"] == "finished").all()
     assert (requests["arrival_s"] == 0).all() == (mode == "offline")
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_serve_offers_its_windows_rate_online_and_none_offline(mode: str) -> None:
+    """Online, the requests drawn over a 0.4-s window are offered over it; offline they all
+    arrive at t = 0, whatever window drew them: no rate (null in metrics.json)."""
+    window = ["workload.num_requests=null", "workload.duration_s=0.4", f"mode={mode}"]
+    metrics = run(_cfg(window))
+    if mode == "online":
+        assert metrics["offered_rate"] == pytest.approx(metrics["num_requests"] / 0.4)
+    else:
+        assert math.isnan(metrics["offered_rate"])
 
 
 def test_serve_rejects_a_fraction_budget_on_cpu(tmp_path: Path) -> None:

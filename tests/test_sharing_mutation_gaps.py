@@ -282,6 +282,7 @@ def test_sweep_aggregate_leaves_out_failed_runs_and_empty_cells() -> None:
     ("name", "label"),
     [("kv_sharing_saving_pct", "kv_sharing_saving_pct (%)"),
      ("request_throughput", "request_throughput (req/s)"),
+     ("offered_rate", "offered_rate (req/s)"),
      ("output_throughput", "output_throughput (tokens/s)"), ("seed", "seed")],
 )  # fmt: skip
 def test_axis_labels_carry_units(name: str, label: str) -> None:

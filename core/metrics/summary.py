@@ -46,6 +46,15 @@ miss). kvlab adds:
   own blocks again, does not count. Memory saved (``kv_sharing_saving_pct``) is another
   thing: requests that never overlap in time can hit the cache and share nothing.
 
+- ``offered_rate``: the arrival rate the run was offered, in req/s: every request of the
+  run (rejected ones included) over its arrival window, the configured window where the
+  workload has one (``duration_s`` of a drawn workload, or of a trace that it cut), else
+  the span from the replay's start (t = 0: a trace's first row, or its ``start_s``) to the
+  last arrival (:func:`offered_rate`); NaN (``null`` in ``metrics.json``) where that window
+  is 0 s (every arrival at t = 0: ``arrival=all_at_once``, or a trace of one request at its
+  start). Unlike ``request_throughput`` it does not count the drain after the last arrival,
+  nor depend on how many requests completed.
+
 Throughput duration is from the first arrival to the last finish.
 """
 
@@ -134,18 +143,32 @@ def sharing_saving_pct(steps: pd.DataFrame) -> float:
     return float(100.0 * (logical - physical) / logical)
 
 
+def offered_rate(arrivals_s: np.ndarray, window_s: float | None = None) -> float:
+    """The offered arrival rate (req/s, see the module doc): ``len(arrivals_s)`` over
+    ``window_s``, or, where that is None, over the span from t = 0 to the last arrival; NaN
+    without requests or where the window is not > 0 (every arrival at t = 0)."""
+    times = np.asarray(arrivals_s, dtype=float)
+    if times.size == 0:
+        return math.nan
+    window = float(window_s) if window_s is not None else float(times.max())
+    return float(times.size / window) if window > 0 else math.nan
+
+
 def summarize(
     requests: pd.DataFrame,
     steps: pd.DataFrame,
     itl_s: np.ndarray | None = None,
     slo_ms: Mapping[str, float] | None = None,
     max_itl_s: Mapping[int, float] | None = None,
+    arrival_window_s: float | None = None,
 ) -> dict[str, float]:
     """Compute the summary dict. ``slo_ms`` maps ``ttft``/``tpot``/``itl``/``e2el`` to
     limits in ms for goodput (requests meeting all of them, per second) and
     ``slo_attainment`` (their share of all requests). An ``itl`` limit holds a
     request's longest inter-token gap, from ``max_itl_s`` (request id -> seconds; a
-    request with one output token has no gap and meets it)."""
+    request with one output token has no gap and meets it). ``arrival_window_s``: the
+    workload's configured arrival window (:class:`core.workload.spec.Workload`), which
+    ``offered_rate`` is over; None: the span to the last arrival."""
     done = requests[requests["status"] == "finished"]
     out: dict[str, float] = {
         "num_requests": len(requests),
@@ -161,6 +184,7 @@ def summarize(
     total_out = float((done["output_len"] * done["num_seqs"]).sum())
     out["total_input_tokens"] = int(done["prompt_len"].sum())
     out["total_output_tokens"] = int(total_out)
+    out["offered_rate"] = offered_rate(requests["arrival_s"].to_numpy(), arrival_window_s)
     out["request_throughput"] = len(done) / duration if duration > 0 else math.nan
     out["output_throughput"] = total_out / duration if duration > 0 else math.nan
     out.update(_stats("ttft", done["ttft_s"].to_numpy(dtype=float)))
@@ -240,10 +264,15 @@ def rejection_counts(requests: pd.DataFrame) -> dict[str, int]:
     return {f"rejected_{k}": n for k, n in counts.items()}
 
 
-def summarize_recorder(recorder: Any, slo_ms: Mapping[str, float] | None = None) -> dict[str, Any]:
+def summarize_recorder(
+    recorder: Any,
+    slo_ms: Mapping[str, float] | None = None,
+    arrival_window_s: float | None = None,
+) -> dict[str, Any]:
     """:func:`summarize` of a :class:`core.metrics.recorder.Recorder`'s tables plus
     :func:`rejection_counts`: what both bodies' apps report. An ``itl`` SLO needs the
-    recorder's token times (a ValueError without them: every request would meet it)."""
+    recorder's token times (a ValueError without them: every request would meet it);
+    ``arrival_window_s``: :func:`summarize`'s."""
     if slo_ms and "itl" in slo_ms and not getattr(recorder, "keep_token_times", True):
         raise ValueError("an itl SLO needs token times: record with keep_token_times=True")
     requests = recorder.requests_frame()
@@ -253,6 +282,7 @@ def summarize_recorder(recorder: Any, slo_ms: Mapping[str, float] | None = None)
         recorder.inter_token_latencies(),
         slo_ms,
         recorder.max_itl_by_request(),
+        arrival_window_s,
     )
     out.update(rejection_counts(requests))
     return out

@@ -7,12 +7,18 @@ the model's maximum length (2048 for OPT).
 
 A request that breaks several rules is counted once, under the first rule it breaks in the
 order of :data:`REASONS`.
+
+The length cap (``workload.max_total_tokens``, :func:`total_cap` and :func:`over_cap`) is
+the filter's last rule alone: it drops a request whose prompt + output exceeds a token
+count (``auto``: the served ``max_model_len``, so it drops exactly the rows the scheduler
+would reject as over ``max_model_len``), and keeps every other length.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -101,3 +107,33 @@ def filter_requests(
     counts = np.bincount(reason[reason >= 0], minlength=len(REASONS))
     kept = [r for r, why in zip(reqs, reason, strict=True) if why < 0]
     return FilterResult(kept, {name: int(c) for name, c in zip(REASONS, counts, strict=True)})
+
+
+AUTO = "auto"  # max_total_tokens: the served max_model_len
+
+
+def total_cap(value: Any, max_model_len: int) -> int | None:
+    """The token count ``workload.max_total_tokens`` caps prompt + output at: None (no cap)
+    for None, ``max_model_len`` for ``"auto"``, else ``value``, a whole number >= 1. Anything
+    else (0, a negative, a fraction, a boolean, other text) is a :class:`RequestError`
+    naming the key."""
+    if value is None:
+        return None
+    if value == AUTO:
+        return int(max_model_len)
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise RequestError(
+            f"max_total_tokens must be 'auto' (the served max_model_len), a whole number of "
+            f"tokens >= 1 or null (no cap), got {value!r}",
+            key="max_total_tokens",
+        )
+    return int(value)
+
+
+def over_cap(prompt_lens: np.ndarray, output_lens: np.ndarray, cap: int) -> np.ndarray:
+    """Per request, whether its prompt + output exceeds ``cap`` tokens (the length cap's
+    one rule; a request of exactly ``cap`` tokens is kept, as ``max_model_len`` keeps it)."""
+    p, o = np.asarray(prompt_lens), np.asarray(output_lens)
+    if p.shape != o.shape:
+        raise RequestError(f"prompt_lens shape {p.shape} != output_lens shape {o.shape}")
+    return p + o > cap

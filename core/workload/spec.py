@@ -18,7 +18,10 @@ only kinds that make token ids read.
   ``duration_s`` keeps arrivals before it, and ``num_requests`` the first that many, each
   in seconds of the replay (after ``time_scale``); ``apply_filter`` (vLLM's 2023 length
   filter, :mod:`core.workload.filters`) is on by default except for ``azure``, a production
-  trace served row for row.
+  trace served row for row; ``max_total_tokens`` (``azure`` / ``mooncake`` / ``vidur``; null
+  by default: no cap) drops only the rows whose prompt + output exceed it, ``auto`` meaning
+  the served ``max_model_len`` (:func:`core.workload.filters.total_cap`): both act on the
+  file's rows before the window is cut, and request ids count the rows they keep.
 - ``vllm_log``: a real vLLM run directory (``requests.jsonl``): the recorded arrivals
   (``queued_ts − min``) and lengths, and the prompts' token ids from ``tokens_path`` (the
   workload JSONL that was sent) when given, so prefix hits replay
@@ -34,6 +37,9 @@ only kinds that make token ids read.
 
 ``n`` / ``beam_width`` set the sampling of every kind except ``native``, which keeps the
 sampling stored per request.
+
+:func:`load_workload` also returns the workload's arrival window (:class:`Workload`), which a
+run's ``offered_rate`` is measured over (:func:`core.metrics.summary.offered_rate`).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -50,7 +56,7 @@ import numpy as np
 from core.request import Request, RequestError, SamplingParams
 from core.workload.arrivals import make_arrivals
 from core.workload.datasets_json import read_alpaca_json, read_sharegpt_json, whitespace_tokenize
-from core.workload.filters import MAX_MODEL_LEN
+from core.workload.filters import MAX_MODEL_LEN, total_cap
 from core.workload.synthetic import OPT_VOCAB_SIZE, multi_turn, shared_prefix, synthesize
 from core.workload.trace_io import (
     read_azure_trace,
@@ -110,6 +116,7 @@ DEFAULTS: dict[str, Any] = {
     "tokens_path": None,
     "time_scale": 1.0,
     "apply_filter": True,
+    "max_total_tokens": None,  # None: no length cap; "auto": the served max_model_len
     "with_token_ids": False,
     "vocab_size": OPT_VOCAB_SIZE,
     "prefix_len": 80,  # Fig. 16's 1-shot prefix
@@ -128,7 +135,9 @@ KNOWN_KEYS = frozenset({"kind", *DEFAULTS})
 _SAMPLING = frozenset({"n", "beam_width", "temperature"})
 _ARRIVALS = frozenset({"rate", "arrival", "burstiness"})
 _WINDOW = frozenset({"duration_s", "num_requests"})
-_TIMED_FILE = _SAMPLING | _WINDOW | {"path", "time_scale", "apply_filter", "start_s"}
+_TIMED_FILE = _SAMPLING | _WINDOW | {
+    "path", "time_scale", "apply_filter", "max_total_tokens", "start_s"
+}  # fmt: skip
 _DATASET_FILE = _SAMPLING | _ARRIVALS | _WINDOW | {"path", "apply_filter", "with_token_ids"}
 _PREFIX = frozenset({"prefix_len", "suffix_len_mean", "output_len_mean"})
 _CHAT = frozenset(
@@ -188,9 +197,22 @@ def _resolve(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _window(requests: list[Request], c: Mapping[str, Any]) -> list[Request]:
+@dataclass(frozen=True)
+class Workload:
+    """A workload's requests (sorted by arrival) and ``window_s``, the configured window
+    their arrivals fill, in seconds of the replay from its start (t = 0): ``duration_s``
+    where the arrivals were drawn over it or a trace's arrivals were cut by it (an arrival
+    fell at or after it, and no request count cut the window shorter); None where the
+    arrivals' own span, from 0 to the last arrival, is the window."""
+
+    requests: list[Request]
+    window_s: float | None = None
+
+
+def _window(requests: list[Request], c: Mapping[str, Any]) -> Workload:
     """Apply ``start_s`` (when the kind reads it), ``duration_s``, then ``num_requests`` to a
-    trace sorted by arrival."""
+    trace sorted by arrival; the window is ``duration_s`` where it cut an arrival and the
+    count cut none after it (:class:`Workload`)."""
     start = float(c.get("start_s") or 0.0)
     if start > 0:
         kept = [replace(r, arrival_time=r.arrival_time - start)
@@ -202,10 +224,11 @@ def _window(requests: list[Request], c: Mapping[str, Any]) -> list[Request]:
                 key="start_s",
             )
         requests = kept
-    past_end = False
+    past_end, window = False, None
     if c["duration_s"] is not None:
         kept = [r for r in requests if r.arrival_time < c["duration_s"]]
         past_end = bool(kept) and len(kept) == len(requests)
+        window = None if len(kept) == len(requests) else float(c["duration_s"])
         requests = kept
     if c["num_requests"] is not None and len(requests) > int(c["num_requests"]):
         # said, not silent: serve.yaml's default (32) cuts a trace file of any size
@@ -215,10 +238,10 @@ def _window(requests: list[Request], c: Mapping[str, Any]) -> list[Request]:
             int(c["num_requests"]), int(c["num_requests"]), len(requests),
         )  # fmt: skip
         requests = requests[: int(c["num_requests"])]
-        past_end = False
+        past_end, window = False, None
     if past_end:
         _warn_past_end(c["duration_s"], [r.arrival_time for r in requests])
-    return requests
+    return Workload(requests, window)
 
 
 TAIL_GAPS = 10  # a tail longer than this many mean gaps: the trace ended, not a slow spell
@@ -270,19 +293,25 @@ def _resample_with_arrivals(
     ]
 
 
-def _window_log(logged: list[LoggedRequest], c: Mapping[str, Any]) -> list[LoggedRequest]:
-    """A vLLM log's requests in the window, as :func:`_window` cuts a trace (and warns)."""
-    past_end = False
+def _window_log(
+    logged: list[LoggedRequest], c: Mapping[str, Any]
+) -> tuple[list[LoggedRequest], float | None]:
+    """A vLLM log's requests in the window, and the window (:class:`Workload`'s
+    ``window_s``), as :func:`_window` cuts a trace (and warns)."""
+    past_end, window = False, None
     if c["duration_s"] is not None:
         kept = [r for r in logged if r.arrival < c["duration_s"]]
         past_end = bool(kept) and len(kept) == len(logged)
+        window = None if len(kept) == len(logged) else float(c["duration_s"])
         logged = kept
     if c["num_requests"] is not None:
+        if len(logged) > int(c["num_requests"]):
+            window = None
         past_end = past_end and len(logged) <= int(c["num_requests"])
         logged = sorted(logged, key=lambda r: r.arrival)[: int(c["num_requests"])]
     if past_end:
         _warn_past_end(c["duration_s"], [r.arrival for r in logged])
-    return logged
+    return logged, window
 
 
 def _bench_drop_reason(prompt: int, output: int, success: bool) -> str | None:
@@ -384,6 +413,16 @@ def build_workload(
     cfg: Mapping[str, Any], max_model_len: int = MAX_MODEL_LEN, seed: int = 0
 ) -> list[Request]:
     """Requests described by ``cfg`` (see the module docstring for keys and kinds)."""
+    return load_workload(cfg, max_model_len, seed).requests
+
+
+def load_workload(
+    cfg: Mapping[str, Any], max_model_len: int = MAX_MODEL_LEN, seed: int = 0
+) -> Workload:
+    """:func:`build_workload`'s requests with their arrival window (:class:`Workload`): a
+    drawn workload's ``duration_s`` (``synthetic``, ``shared_prefix``, and the JSON
+    datasets without a request count), a trace's ``duration_s`` where it cut the trace
+    (:func:`_window`), else None."""
     c = _resolve(cfg)
     kind = c["kind"]
     sampling = SamplingParams(
@@ -392,19 +431,20 @@ def build_workload(
         temperature=None if c["temperature"] is None else float(c["temperature"]),
     )
     count = None if c["num_requests"] is None else int(c["num_requests"])
+    drawn_window = None if c["duration_s"] is None else float(c["duration_s"])
     if kind == "synthetic":
-        return synthesize(
+        return Workload(synthesize(
             c["dataset"], c["rate"], count, c["duration_s"], c["arrival"], c["burstiness"],
             max_model_len, seed, sampling, bool(c["with_token_ids"]), int(c["vocab_size"]),
             (c["sigma_input"], c["sigma_output"]),
-        )  # fmt: skip
+        ), drawn_window)  # fmt: skip
     if kind == "shared_prefix":
-        return shared_prefix(
+        return Workload(shared_prefix(
             int(c["prefix_len"]), c["rate"], count, c["duration_s"], c["arrival"],
             c["burstiness"], float(c["suffix_len_mean"]), float(c["output_len_mean"]),
             max_model_len=max_model_len, seed=seed, sampling=sampling,
             vocab_size=int(c["vocab_size"]),
-        )  # fmt: skip
+        ), drawn_window)  # fmt: skip
     if kind == "multi_turn":
         if c["num_conversations"] is None:
             raise RequestError("workload kind 'multi_turn' needs 'num_conversations'")
@@ -418,13 +458,13 @@ def build_workload(
         return _window(_by_arrival(chats), c)
     path = str(c["path"])
     if kind == "vllm_log":
-        logged = _window_log(read_vllm_log(path), c)
+        logged, window = _window_log(read_vllm_log(path), c)
         ids = None
         if c["tokens_path"] is not None:
             ids = read_token_ids(c["tokens_path"], logged)
-        return requests_from_log(logged, ids, sampling)
+        return Workload(requests_from_log(logged, ids, sampling), window)
     if kind == "vllm_bench":
-        return _from_bench(read_bench_result(path), c, seed, sampling, path)
+        return Workload(_from_bench(read_bench_result(path), c, seed, sampling, path))
     if kind == "native":
         return _window(_by_arrival(read_trace(path)), c)
     timed: dict[str, Callable[..., list[Request]]] = {
@@ -434,9 +474,11 @@ def build_workload(
     }
     if kind in timed:
         requests = timed[kind](
-            path, max_model_len, None, float(c["time_scale"]), bool(c["apply_filter"])
-        )
-        return _with_sampling(_window(requests, c), sampling)
+            path, max_model_len, None, float(c["time_scale"]), bool(c["apply_filter"]),
+            max_total_tokens=total_cap(c["max_total_tokens"], max_model_len),
+        )  # fmt: skip
+        cut = _window(requests, c)
+        return Workload(_with_sampling(cut.requests, sampling), cut.window_s)
     reader = read_sharegpt_json if kind == "sharegpt_json" else read_alpaca_json
     pool = reader(
         path,
@@ -446,4 +488,5 @@ def build_workload(
         with_token_ids=bool(c["with_token_ids"]),
         sampling=sampling,
     )
-    return _resample_with_arrivals(pool, c, seed, path)
+    window = drawn_window if c["num_requests"] is None else None
+    return Workload(_resample_with_arrivals(pool, c, seed, path), window)

@@ -14,9 +14,12 @@ Readers of public traces (Azure LLM-inference CSV, Mooncake JSONL, Vidur CSV) sh
 rows are sorted by arrival time (stable; out-of-order rows are accepted, not an error), arrival
 times are made relative to the earliest row and multiplied by ``time_scale`` (0.5 replays
 twice as fast), vLLM's benchmark filter is applied unless ``apply_filter=False`` (then a row
-with zero tokens is an error), ``limit`` keeps the first requests that pass, and request ids
-are 0, 1, ... in arrival order. Malformed input raises :class:`TraceFormatError` naming the
-file, the line and the problem (the JSON dataset readers in ``datasets_json`` share this policy).
+with zero tokens is an error), the length cap ``max_total_tokens`` (when given) drops the rows
+whose prompt + output exceed it, ``limit`` keeps the first requests that pass, and request ids
+are 0, 1, ... in arrival order (over the rows kept). Rows dropped by the filter or the cap
+are counted in one log line each, on the ``core.workload.trace_io.dropped`` logger.
+Malformed input raises :class:`TraceFormatError` naming the file, the line and the problem
+(the JSON dataset readers in ``datasets_json`` share this policy).
 """
 
 from __future__ import annotations
@@ -34,9 +37,13 @@ from typing import Any
 import numpy as np
 
 from core.request import Request, RequestError, SamplingParams
-from core.workload.filters import MAX_MODEL_LEN, MAX_PROMPT_LEN, REASONS, drop_reasons
+from core.workload.filters import MAX_MODEL_LEN, MAX_PROMPT_LEN, REASONS, drop_reasons, over_cap
 
 log = logging.getLogger(__name__)
+# the rows the length filter or cap dropped, on a logger of their own: the rate searches
+# (capacity) build each system's first run before their batch logging, where it is said once
+# a system, and silence it in the runs, which would repeat it at every rate
+drop_log = logging.getLogger(f"{__name__}.dropped")
 
 NATIVE_MAGIC = "# kvlab-trace v1"
 NATIVE_COLUMNS: tuple[str, ...] = (
@@ -263,10 +270,13 @@ def _to_requests(
     sampling: SamplingParams | None,
     token_ids: list[tuple[int, ...] | None] | None = None,
     dataset: bool = False,
+    max_total_tokens: int | None = None,
 ) -> list[Request]:
     """Shared policy of the readers. ``rows``: (line, arrival seconds, prompt, output);
     ``dataset``: a dataset file without times, whose sampling expects the filter (rows it
-    drops are logged at info level; a timed trace's, which lose arrivals, as a warning)."""
+    drops are logged at info level; a timed trace's, which lose arrivals, as a warning);
+    ``max_total_tokens``: the length cap (:func:`core.workload.filters.over_cap`), applied
+    to the rows the filter keeps and logged as a warning of its own."""
     if not (math.isfinite(time_scale) and time_scale > 0):
         raise RequestError(f"time_scale must be finite and > 0, got {time_scale}")
     if limit is not None and limit < 0:
@@ -281,7 +291,7 @@ def _to_requests(
         if not all(keep):
             counts = np.bincount(reasons[reasons >= 0], minlength=len(REASONS))
             why = ", ".join(f"{n} {r}" for r, n in zip(REASONS, counts, strict=True) if n)
-            log.log(
+            drop_log.log(
                 logging.INFO if dataset else logging.WARNING,
                 "%s: the length filter (apply_filter) dropped %d of %d rows before the run "
                 "(%s)", path, len(keep) - sum(keep), len(keep), why,
@@ -294,6 +304,8 @@ def _to_requests(
                     path, line, f"{p} prompt / {o} output tokens cannot make a request"
                 )
         keep = [True] * len(order)
+    if max_total_tokens is not None:
+        keep = _cap(path, prompt, output, keep, max_total_tokens)
     params = sampling if sampling is not None else SamplingParams()
     out: list[Request] = []
     for k, kept in zip(order, keep, strict=True):
@@ -305,6 +317,21 @@ def _to_requests(
         ids = token_ids[k] if token_ids is not None else None
         out.append(Request(len(out), (t - t0) * time_scale, p, o, params, ids))
     return out
+
+
+def _cap(
+    path: PathLike, prompt: list[int], output: list[int], keep: list[bool], cap: int
+) -> list[bool]:
+    """``keep`` less the rows over the length cap ``cap``, with a warning counting those it
+    drops (among the rows ``keep`` holds; silent when it drops none)."""
+    over = over_cap(np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64), cap)
+    dropped = int(np.count_nonzero(over & np.asarray(keep, dtype=bool)))
+    if dropped:
+        drop_log.warning(
+            "%s: max_total_tokens=%d dropped %d of %d rows before the run (prompt + output "
+            "over %d tokens)", path, cap, dropped, len(keep), cap,
+        )  # fmt: skip
+    return [k and not o for k, o in zip(keep, over.tolist(), strict=True)]
 
 
 # YYYY-MM-DD[ HH:MM:SS] (anything datetime.fromisoformat reads, without a '.'), then an
@@ -360,6 +387,7 @@ def read_azure_trace(
     apply_filter: bool = True,
     max_prompt_len: int = MAX_PROMPT_LEN,
     sampling: SamplingParams | None = None,
+    max_total_tokens: int | None = None,
 ) -> list[Request]:
     """Azure LLM-inference trace CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
@@ -381,8 +409,9 @@ def read_azure_trace(
     t0 = min((r[1] for r in parsed), default=0)
     rows = [(ln, (ns - t0) / 1e9, p, o) for ln, ns, p, o in parsed]
     return _to_requests(
-        path, rows, time_scale, max_model_len, max_prompt_len, limit, apply_filter, sampling
-    )
+        path, rows, time_scale, max_model_len, max_prompt_len, limit, apply_filter, sampling,
+        max_total_tokens=max_total_tokens,
+    )  # fmt: skip
 
 
 def read_vidur_trace(
@@ -393,6 +422,7 @@ def read_vidur_trace(
     apply_filter: bool = True,
     max_prompt_len: int = MAX_PROMPT_LEN,
     sampling: SamplingParams | None = None,
+    max_total_tokens: int | None = None,
 ) -> list[Request]:
     """Vidur request trace CSV (``arrived_at`` seconds, ``num_prefill_tokens``,
     ``num_decode_tokens``; other columns ignored). Integral floats (``12.0``) are accepted."""
@@ -408,8 +438,9 @@ def read_vidur_trace(
         for ln, row in _csv_rows(path, lines, 1, cols)
     ]
     return _to_requests(
-        path, rows, time_scale, max_model_len, max_prompt_len, limit, apply_filter, sampling
-    )
+        path, rows, time_scale, max_model_len, max_prompt_len, limit, apply_filter, sampling,
+        max_total_tokens=max_total_tokens,
+    )  # fmt: skip
 
 
 def read_mooncake_trace(
@@ -420,6 +451,7 @@ def read_mooncake_trace(
     apply_filter: bool = True,
     max_prompt_len: int = MAX_PROMPT_LEN,
     sampling: SamplingParams | None = None,
+    max_total_tokens: int | None = None,
 ) -> list[Request]:
     """Mooncake JSONL: one object per line with ``timestamp`` (ms), ``input_length``,
     ``output_length``; other keys (e.g. ``hash_ids``) are ignored."""
@@ -438,8 +470,9 @@ def read_mooncake_trace(
     t0 = min((r[1] for r in rows), default=0.0)
     rows = [(ln, t - t0, p, o) for ln, t, p, o in rows]
     return _to_requests(
-        path, rows, time_scale, max_model_len, max_prompt_len, limit, apply_filter, sampling
-    )
+        path, rows, time_scale, max_model_len, max_prompt_len, limit, apply_filter, sampling,
+        max_total_tokens=max_total_tokens,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- JSON datasets

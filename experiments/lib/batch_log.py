@@ -6,12 +6,16 @@ libraries' chatter (fontTools' font subsetting) at WARNING only."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 QUIET = ("experiments.simulate", "experiments.lib.setup", "matplotlib", "fontTools")
 # a trace window past its last arrival: every rate of a capacity search replays it, and the
 # search's heading already rates the trace over its own span (reproduce's and the sharing
 # report's batches draw their workloads, which never warn)
-SILENT = ("core.workload.spec.window",)
+# likewise the rows a trace's length filter or cap dropped: capacity builds each system's
+# first run before it configures logging, where the line is said once a system
+SILENT = ("core.workload.spec.window", "core.workload.trace_io.dropped")
 
 
 def batch_logging() -> None:
@@ -22,3 +26,19 @@ def batch_logging() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     for name in SILENT:
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextmanager
+def heard(*names: str) -> Iterator[None]:
+    """Within the block, the loggers ``names`` at their handlers' level again (an earlier
+    :func:`batch_logging` in this process, a notebook's earlier search, may have silenced
+    them); their levels as they were after it."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.NOTSET)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)

@@ -148,6 +148,11 @@ def is_bool(v: Any) -> bool:
     return isinstance(v, bool)
 
 
+def auto_or_positive_int(v: Any) -> bool:
+    """``auto`` or a whole number > 0 (``workload.max_total_tokens``)."""
+    return v == "auto" or positive_int(v)
+
+
 def module_name(v: Any) -> bool:
     """A dotted Python module name (``mypolicies`` or ``lab.policies.lifo``)."""
     return isinstance(v, str) and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", v) is not None
@@ -191,6 +196,12 @@ RULES: tuple[Rule, ...] = (
     Rule("workload.beam_width", positive_int, _POS_INT, "not a positive beam width"),
     Rule("workload.temperature", non_negative, "a number >= 0", "not a temperature"),
     Rule("workload.apply_filter", is_bool, "true or false", "not a boolean"),
+    Rule(
+        "workload.max_total_tokens",
+        auto_or_positive_int,
+        "auto (the served max_model_len), an integer > 0 (prompt + output tokens) or null",
+        "not a token count",
+    ),
     Rule("workload.with_token_ids", is_bool, "true or false", "not a boolean"),
     Rule("workload.vocab_size", positive_int, _POS_INT, "not a vocabulary size"),
     Rule("workload.prefix_len", non_negative_int, "an integer >= 0 (tokens)", "not a length"),

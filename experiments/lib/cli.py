@@ -48,7 +48,13 @@ from experiments.lib.compose import (
     check_shadowed_choices,
     override_args,
 )
-from experiments.lib.results import INDEX_COLUMNS, append_index, clear_run, write_error
+from experiments.lib.results import (
+    INDEX_COLUMNS,
+    append_index,
+    clear_run,
+    index_header_columns,
+    write_error,
+)
 from experiments.lib.signals import (
     TERMINATED_STATUS,
     Terminated,
@@ -232,7 +238,8 @@ def on_command_line() -> bool:
 
 def check_index_writable(index: Path) -> None:
     """The runs index can be appended to (its folder made if missing) and, if it exists, is
-    a runs index (its header), before the run."""
+    a runs index (its header: today's, or one begun before ``offered_rate`` joined it),
+    before the run."""
     try:
         index.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -246,14 +253,11 @@ def check_index_writable(index: Path) -> None:
         raise ConfigError(
             "index", f"cannot write the runs index there ({exc.strerror})", str(index), "a CSV path"
         ) from None
-    if index.is_file() and index.stat().st_size > 0:
-        with index.open(encoding="utf-8", errors="replace") as f:
-            header = f.readline().strip()
-        if header != ",".join(INDEX_COLUMNS):
-            raise ConfigError(
-                "index", "the file is not a kvlab runs index (its header differs)", str(index),
-                f"a runs index (header {','.join(INDEX_COLUMNS[:3])},...), a new path or null",
-            )  # fmt: skip
+    if index.is_file() and index.stat().st_size > 0 and index_header_columns(index) is None:
+        raise ConfigError(
+            "index", "the file is not a kvlab runs index (its header differs)", str(index),
+            f"a runs index (header {','.join(INDEX_COLUMNS[:3])},...), a new path or null",
+        )  # fmt: skip
 
 
 @sigterm_as_interrupt()  # a contextmanager decorates: a fresh one for every call

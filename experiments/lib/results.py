@@ -43,6 +43,7 @@ HEADLINE_METRICS = (
     "completed",
     "num_requests",
     "rejected",
+    "offered_rate",
     "request_throughput",
     "output_throughput",
     "normalized_latency",
@@ -53,6 +54,9 @@ HEADLINE_METRICS = (
     "mean_step_batch",
 )
 INDEX_COLUMNS = ("time", "app", "status", "run_dir", "overrides", *HEADLINE_METRICS, "error")
+# the header of a runs index begun before offered_rate joined the headline metrics: such an
+# index is still one, and its rows keep its columns
+EARLIER_INDEX_COLUMNS = tuple(c for c in INDEX_COLUMNS if c != "offered_rate")
 
 
 def _clean(value: Any) -> Any:
@@ -281,7 +285,8 @@ def append_index(
 ) -> None:
     """Append one row to the runs index (header written with the first row; ``run_dir``
     None: a command refused before it had one). One locked ``write`` per row, so
-    concurrent runs do not interleave."""
+    concurrent runs do not interleave. An index begun under :data:`EARLIER_INDEX_COLUMNS`
+    gets its rows in those columns."""
     index = Path(index)
     index.parent.mkdir(parents=True, exist_ok=True)
     row = {
@@ -296,16 +301,34 @@ def append_index(
         value = _clean((metrics or {}).get(key))
         row[key] = "" if value is None else (f"{value:.6g}" if isinstance(value, float) else value)
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=INDEX_COLUMNS, lineterminator="\n")
     with index.open("a", encoding="utf-8") as f:
         _lock(f)
         # the size now, under the lock: tell() is where the file ended when it was opened,
         # before another process's first row (and header) went in
-        if os.fstat(f.fileno()).st_size == 0:
+        empty = os.fstat(f.fileno()).st_size == 0
+        columns = INDEX_COLUMNS if empty else index_header_columns(index) or INDEX_COLUMNS
+        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n",
+                                extrasaction="ignore")  # fmt: skip
+        if empty:
             writer.writeheader()
         writer.writerow(row)
         f.write(buf.getvalue())
         f.flush()
+
+
+def index_header_columns(index: Path) -> tuple[str, ...] | None:
+    """The columns of the runs index at ``index`` by its header line: :data:`INDEX_COLUMNS`
+    or :data:`EARLIER_INDEX_COLUMNS`; None for another header (not a runs index) or an
+    unreadable file."""
+    try:
+        with Path(index).open(encoding="utf-8", errors="replace") as f:
+            header = f.readline().strip()
+    except OSError:
+        return None
+    for columns in (INDEX_COLUMNS, EARLIER_INDEX_COLUMNS):
+        if header == ",".join(columns):
+            return columns
+    return None
 
 
 def _lock(f: Any) -> None:
@@ -355,7 +378,8 @@ def summary_line(metrics: Mapping[str, Any], where: str) -> str:
         f"{metrics['system']} {metrics['model']} {where}: {metrics['completed']}/"
         f"{metrics['num_requests']} done{rejection_text(metrics)}, normalized latency "
         f"{_fmt(metrics['normalized_latency'], '.3f')} s/token, "
-        f"{_fmt(metrics['request_throughput'], '.2f')} req/s"
+        f"{_fmt(metrics['request_throughput'], '.2f')} req/s "
+        f"(offered {_fmt(metrics.get('offered_rate'), '.3g')})"
     )
 
 

@@ -28,7 +28,7 @@ from core.request import Request, RequestError
 from core.sched.base import BaseScheduler, SchedulerConfig, SchedulerConfigError
 from core.sched.batch_defaults import BatchLimits, DeviceFacts
 from core.systems import SystemConfigError, build_scheduler, get_system
-from core.workload.spec import FILE_KINDS, build_workload
+from core.workload.spec import FILE_KINDS, Workload, load_workload
 from core.workload.trace_io import TraceFormatError
 from experiments.lib.checks import (
     COST_KEYS,
@@ -219,14 +219,23 @@ def scheduler_factory(
 def build_requests(
     c: Mapping[str, Any], max_model_len: int, vocab_size: int | None = None
 ) -> list[Request]:
-    """The workload group's requests. A trace file that yields none (empty, or every
-    request filtered out) is a config error; a synthetic window that happens to hold no
-    arrival (a low rate over a short duration, as in a rate sweep) only warns."""
+    """The workload group's requests (:func:`build_run_workload`'s)."""
+    return build_run_workload(c, max_model_len, vocab_size).requests
+
+
+def build_run_workload(
+    c: Mapping[str, Any], max_model_len: int, vocab_size: int | None = None
+) -> Workload:
+    """The workload group's requests and arrival window (:class:`Workload`). A trace file
+    that yields none (empty, or every request filtered out) is a config error; a synthetic
+    window that happens to hold no arrival (a low rate over a short duration, as in a rate
+    sweep) only warns."""
     workload = dict(c["workload"])
     if vocab_size is not None:
         workload["vocab_size"] = vocab_size
     with config_errors(workload):
-        requests = build_workload(workload, max_model_len=max_model_len, seed=int(c.get("seed", 0)))
+        loaded = load_workload(workload, max_model_len=max_model_len, seed=int(c.get("seed", 0)))
+    requests = loaded.requests
     if not requests and workload.get("kind") in FILE_KINDS:
         raise ConfigError(
             "workload.path", "no requests (empty, or every request filtered out)", workload["path"]
@@ -236,7 +245,7 @@ def build_requests(
         said = ", ".join(f"workload.{k}={v}" for k, v in window.items() if v is not None)
         log.warning("the workload holds no request (%s)", said or workload.get("kind"))
     check_arrivals_resolvable(workload, requests)
-    return requests
+    return loaded
 
 
 # The latest arrival a run may have: 2**52 µs (~4.5e9 s, ~143 years). Past it, a float64
@@ -455,6 +464,9 @@ class RunSetup:
     max_model_len: int
     cost_model: CostModel
     batch_limits: BatchLimits
+    # the workload's configured arrival window (Workload.window_s; None: its own span, or
+    # requests of one's own), which the run's offered_rate is over
+    arrival_window_s: float | None = None
 
 
 @dataclass
@@ -502,15 +514,17 @@ def build_setup(
     mem = memory_setup(c)
     model, capacity, mml = mem.model, mem.capacity, mem.max_model_len
     num_cpu_slots = pool_slots(c, capacity, model)
+    window = None
     if requests is None:
-        requests = build_requests(c, mml, vocab_size=model.vocab_size)  # as the engine does
+        loaded = build_run_workload(c, mml, vocab_size=model.vocab_size)  # as the engine does
+        requests, window = loaded.requests, loaded.window_s
     make_scheduler = scheduler_factory(
         c["system"], capacity.num_slots, num_cpu_slots, mml, requests, mem.device
     )
     cost_model = make_cost_model(c, model, mem.gpu, mem.tp)
     return RunSetup(
         model, mem.gpu, mem.tp, capacity, mem.sched_config, requests, make_scheduler, mml,
-        cost_model, mem.batch_limits,
+        cost_model, mem.batch_limits, window,
     )  # fmt: skip
 
 

@@ -1,6 +1,8 @@
-"""The end-of-run results table, laid out like ``vllm bench serve``'s: counts and
-throughput, then TTFT / TPOT / ITL / E2E latency (mean, median, p99), then what kvlab adds:
-the paper's normalized latency, both batch metrics and the KV-memory breakdown.
+"""The end-of-run results table, laid out like ``vllm bench serve``'s: counts, the offered
+request rate (``offered_rate``: the requests over their arrival window,
+:mod:`core.metrics.summary`) and throughput, then TTFT / TPOT / ITL / E2E latency (mean,
+median, p99), then what kvlab adds: the paper's normalized latency, both batch metrics and
+the KV-memory breakdown.
 
 The two batch metrics differ (for vLLM more as prompts arrive more often; see
 :mod:`core.metrics.summary`): ``mean_batch_size`` counts the requests
@@ -69,6 +71,7 @@ def result_table(metrics: Mapping[str, Any], title: str = "Serving Result") -> s
         _row("Duration (s)", m.get("duration_s")),
         _row("Total input tokens", m.get("total_input_tokens")),
         _row("Total generated tokens", m.get("total_output_tokens")),
+        _row("Offered request rate (req/s)", m.get("offered_rate")),
         _row("Request throughput (req/s)", m.get("request_throughput")),
         _row("Output token throughput (tok/s)", m.get("output_throughput")),
     ]

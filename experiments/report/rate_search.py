@@ -46,9 +46,9 @@ RATE_TOL = 0.03
 Runner = Callable[[str, list[str]], dict[str, Any]]
 # no wall time: a figure's CSV is the same on every machine
 KEEP = (
-    "label", "num_requests", "completed", "rejected", "normalized_latency",
+    "label", "num_requests", "completed", "rejected", "normalized_latency", "offered_rate",
     "request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
-    "mean_e2el_ms", "mean_batch_size", "num_preemptions", "kv_sharing_saving_pct",
+    "p99_tpot_ms", "mean_e2el_ms", "mean_batch_size", "num_preemptions", "kv_sharing_saving_pct",
     "kv_token_states_pct", "kv_reserved_pct", "kv_internal_frag_pct", "kv_external_frag_pct",
     "kv_free_at_limit_pct", *FREE_AT_LIMIT_KEYS, "kv_free_pct", "kv_slots", "duration_s",
     "num_steps", "unfinished_at_last_arrival",

@@ -76,8 +76,8 @@ def aggregate(frame: pd.DataFrame, x: str, y: str, hue: str | None, file: Path) 
 
 
 # units of summary.csv's metrics that their names do not carry as a suffix
-_UNITS = {"request_throughput": "req/s", "output_throughput": "tokens/s",
-          "normalized_latency": "s/token"}  # fmt: skip
+_UNITS = {"request_throughput": "req/s", "offered_rate": "req/s",
+          "output_throughput": "tokens/s", "normalized_latency": "s/token"}  # fmt: skip
 _SUFFIX_UNITS = {"_ms": "ms", "_pct": "%", "_s": "s", "_gb": "GB", "_gib": "GiB"}
 
 
