@@ -205,6 +205,12 @@ class StepLoop:
                 plan = sched.schedule(now)
             except KVCacheError as e:
                 raise self._misuse("schedule", e) from e
+            if self.check_plans and not isinstance(plan, StepPlan):
+                raise PlanError(
+                    f"scheduler {sched.name}'s schedule returned {type(plan).__name__}, not a "
+                    f"StepPlan (step {self.num_steps}): a policy returns its plan, e.g. the "
+                    "parent's schedule(now)"
+                )
             if observer is not None:
                 observer.after_schedule(plan)
             aborted = sched.pop_aborted()
@@ -260,7 +266,8 @@ class StepLoop:
         problem = self.scheduler.plan_problem(plan)
         if problem is not None:
             raise PlanError(
-                f"scheduler {self.scheduler.name} planned a step no body can run: {problem}"
+                f"scheduler {self.scheduler.name} planned a step no body can run: {problem} "
+                f"(step {self.num_steps})"
             )
 
     def finish(self, pending: PendingStep, end: float) -> list[SequenceGroup]:

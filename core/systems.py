@@ -201,7 +201,10 @@ def load_plugin(module: str | None) -> None:
     except SystemConfigError as exc:
         raise SystemConfigError(f"plugin {module!r}: {exc}") from None
     except ImportError as exc:
-        raise SystemConfigError(f"plugin {module!r} cannot be imported: {exc}") from None
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module.split(".")[0]:
+            hint = " (put the folder that holds it on PYTHONPATH, or run from that folder)"
+        raise SystemConfigError(f"plugin {module!r} cannot be imported: {exc}{hint}") from None
     except Exception as exc:  # the plugin's own code failed as it ran
         raise SystemConfigError(
             f"plugin {module!r} failed while importing: {type(exc).__name__}: {exc}"

@@ -68,7 +68,7 @@ from core.workload.spec import USES
 from core.workload.trace_io import drop_log
 from experiments.lib.args import OneLineParser, out_dir_problem
 from experiments.lib.batch_log import batch_logging, heard
-from experiments.lib.checks import ConfigError
+from experiments.lib.checks import POLICY_HINT, ConfigError
 from experiments.lib.cli import report_config_error
 from experiments.lib.compose import (
     check_group_overrides,
@@ -107,6 +107,11 @@ SEARCH_KEYS = {
 DROPPED_ROWS = drop_log.name
 # keys that would run another system than the one a row names
 PLUGIN_KEYS = ("system.name", "system.plugin")
+OWN_SYSTEM = (
+    "a policy plugin is searched as a system YAML of its own, <dir>/system/<name>.yaml "
+    "setting name and plugin, named in --systems beside hydra.searchpath=[file://<dir>] "
+    "(README, A policy of your own)"
+)
 # the metrics of capacity.csv's runs at the sustainable rate (means over seeds)
 AT_RATE = (
     "offered_rate", "request_throughput", "output_throughput", "normalized_latency",
@@ -140,8 +145,7 @@ def check_overrides(overrides: Sequence[str], systems: Sequence[str]) -> None:
     if plugin_keys:  # each row would be labelled with the --systems name, not the plugin's
         raise ConfigError(
             plugin_keys[0],
-            "capacity searches the shipped systems named by --systems; for a policy plugin, "
-            "sweep experiments.simulate over workload.rate (README, A policy of your own)",
+            f"capacity searches the systems named by --systems; {OWN_SYSTEM}",
         )
     searched = list(dict.fromkeys(k for k in keys if k in SEARCH_KEYS))
     if searched:  # all at once: `simulate`'s overrides pasted here often hold two
@@ -150,9 +154,12 @@ def check_overrides(overrides: Sequence[str], systems: Sequence[str]) -> None:
         raise ConfigError(", ".join(searched), f"set by the search: leave {them} out ({flags})")
     check_group_overrides(list(overrides))
     try:
-        check_group_overrides([f"system={s}" for s in systems])
-    except ConfigError as err:  # the flag that named it, not the group
-        raise ConfigError("--systems", err.problem, err.got, err.expected) from None
+        # a system of one's own (a plugin's YAML) lies on the search path the overrides give
+        search = [a for a in overrides if a.lstrip("+").startswith("hydra.searchpath=")]
+        check_group_overrides([*search, *(f"system={s}" for s in systems)])
+    except ConfigError as err:  # the flag that named it, and how to name a plugin there
+        expected = (err.expected or "").replace(POLICY_HINT, OWN_SYSTEM)
+        raise ConfigError("--systems", err.problem, err.got, expected) from None
     check_overrides_compose("simulate", list(overrides))
 
 

@@ -71,6 +71,7 @@ from experiments.lib.setup import (
     resolve_aliases,
     scheduler_config,
     served_max_model_len,
+    warn_plugin_spec,
 )
 from sim.catalog import model_from_config
 
@@ -183,6 +184,7 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
         raise ConfigError("model", str(exc), spec.name) from None
     dtype, device = DTYPES[str(c.get("dtype", "float32"))], str(c.get("device", "cpu"))
     options = manager_options(system)
+    warn_plugin_spec(system)
     blocks = c.get("num_gpu_blocks")
     try:
         budget = None if blocks is not None else kv_budget_bytes(c, model_config, dtype, mml)

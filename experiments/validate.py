@@ -19,6 +19,14 @@ swap slots from ``engine.json``), priced by a cost model:
 Prints throughput, mean TTFT / TPOT / e2e latency, normalized latency and mean batch size
 of both with relative errors ``(simulator − engine) / engine``, and writes
 ``validation.json`` (default: in ``RUN_DIR``). A plain argparse CLI.
+
+With ``--recorded`` it also compares the schedules (``validation.json``'s ``schedule``,
+:mod:`experiments.lib.step_compare`): every step's columns of ``steps.csv`` (batch, queues,
+KV; not the clock) and every request's status, first-token and finish steps and
+preemptions, and prints the first step and request where they part. Where the replay
+should be exact and is not, it says so on stderr and exits with status 1: the policy
+decided otherwise in the two bodies. A replay that runs out of recorded steps stops with
+one line (status 2) that names where it had parted.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from core.beam_log import BeamReplayError, RecordedBeams
 from core.kv.block_pool import MAX_BLOCKS
@@ -48,6 +58,7 @@ from experiments.lib.setup import (
     scheduler_factory,
     served_max_model_len,
 )
+from experiments.lib.step_compare import compare_schedules, describe
 from sim.catalog import model_from_config
 from sim.cost import CalibratedCostModel, CostModel, RecordedCostModel
 from sim.cost.calibrated import check_step_numbers
@@ -167,6 +178,13 @@ def simulate_run(
     how many beam-search requests had the simulator's own beam choices (0 when
     ``replay_beams`` took the engine's from the run's ``beams.csv``)."""
     cfg = read_run_config(run_dir)
+    rec, own_beams = _simulate_run(run_dir, cost_model, replay_beams)
+    return summarize_recorder(rec, cfg.get("slo_ms")), own_beams
+
+
+def _simulate_run(run_dir: Path, cost_model: CostModel, replay_beams: bool) -> tuple[Any, int]:
+    """:func:`simulate_run`'s simulation: its recorder and the beams chosen by the simulator."""
+    cfg = read_run_config(run_dir)
     kv = read_engine_kv(run_dir)
     requests, mml = run_requests(cfg, run_dir)
     beams_path = Path(run_dir) / "beams.csv"
@@ -178,7 +196,7 @@ def simulate_run(
             raise ConfigError("run_dir", str(exc)) from None
     rec = simulate_served(cfg, requests, kv, mml, cost_model, recorded).recorder
     own_beams = 0 if recorded is not None else sum(r.sampling.use_beam_search for r in requests)
-    return summarize_recorder(rec, cfg.get("slo_ms")), own_beams
+    return rec, own_beams
 
 
 def rel_err(sim: Any, eng: Any) -> float | None:
@@ -257,12 +275,14 @@ def validate(
     if recorded and cfg["system"].get("enable_prefix_caching"):
         repeated = repeated_streams(run_requests(cfg, run_dir)[0])
     try:
-        simulated, beams = simulate_run(run_dir, cost, replay_beams=recorded)
+        rec, beams = _simulate_run(run_dir, cost, replay_beams=recorded)
     except RecordedStepsExhausted as exc:
         why = f" (as it may: {STREAMS_REPEAT.format(repeated=repeated)})" if repeated else ""
-        raise ConfigError("--recorded", f"{run_dir / 'steps.csv'}: {exc}{why}") from None
+        where = departure(run_dir, steps)
+        raise ConfigError("--recorded", f"{run_dir / 'steps.csv'}: {exc}{why}{where}") from None
     except BeamReplayError as exc:
         raise ConfigError("--recorded", f"{run_dir}/{exc}; the replay diverged") from None
+    simulated = summarize_recorder(rec, cfg.get("slo_ms"))
     result: dict[str, Any] = {
         "run": run_dir.name,
         "cost_model": cost.describe(),
@@ -283,7 +303,28 @@ def validate(
         result["not_exact_because"] = "; ".join(why)
     if isinstance(cost, RecordedCostModel):
         result["recorded_steps_left"] = cost.steps_left  # 0 when the replay took every step
+        with reading(run_dir / "requests.csv", "run_dir"):
+            engine_requests = pd.read_csv(run_dir / "requests.csv")
+        result["schedule"] = compare_schedules(
+            steps, rec.steps_frame(), engine_requests, rec.requests_frame()
+        )
     return result
+
+
+def departure(run_dir: Path, steps: pd.DataFrame) -> str:
+    """For a replay that outran the engine's recorded steps: ``"; "`` and where its schedule
+    parted from the engine's (:func:`~experiments.lib.step_compare.describe`), from a
+    replay that prices the steps past the recording at the last recorded time; "" where
+    that replay fails too."""
+    times = steps["duration_s"].astype(float).tolist()
+    try:
+        rec, _ = _simulate_run(run_dir, RecordedCostModel(times, then=times[-1]), True)
+        with reading(run_dir / "requests.csv", "run_dir"):
+            engine_requests = pd.read_csv(run_dir / "requests.csv")
+    except Exception:  # only a hint on the error being raised: never a second error
+        return ""
+    found = compare_schedules(steps, rec.steps_frame(), engine_requests, rec.requests_frame())
+    return "; " + "; ".join(describe(found, rest=""))
 
 
 BEAMS_DIFFER = (
@@ -382,10 +423,28 @@ def main(argv: list[str] | None = None) -> int:
     print_comparison(result["comparison"])
     if "not_exact_because" in result and args.recorded:
         print(f"not an exact replay: {result['not_exact_because']}")
+    status = 0
+    if "schedule" in result:
+        print("\n".join(describe(result["schedule"])))
+        schedule = result["schedule"]
+        parted = schedule["first_divergence"] or schedule["first_request_divergence"]
+        if result["exact_replay_expected"] and parted:
+            system = read_run_config(args.run_dir)["system"]["name"]
+            print(SCHEDULE_DIFFERS.format(system=system), file=sys.stderr)
+            status = 1
     out = args.out or args.run_dir / "validation.json"
     write_json(out, result)
     print(f"wrote {out}")
-    return 0
+    return status
+
+
+SCHEDULE_DIFFERS = (
+    "error: the simulator replaying the engine's own step times scheduled otherwise: "
+    "{system} decided otherwise in the two bodies (a policy that reads the wall clock, an "
+    "unseeded random draw, a global or anything but its queues, the KV manager and the "
+    "`now` it is given), or one body has a bug; validation.json's schedule names the "
+    "first step and request that differ"
+)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,12 @@ def test_a_search_writes_each_systems_rate_and_the_runs_behind_it(tmp_path: Path
     ("args", "line"),
     [
         (["--systems", "vllm,my_sys"], "error: --systems: unknown system (got 'my_sys'"),
+        (  # the hint was simulate's (system.plugin=...), which capacity refuses
+            ["--systems", "my_sys"],
+            "error: --systems: unknown system (got 'my_sys'; expected one of fastertransformer,"
+            " orca_max, orca_oracle, orca_pow2, vllm, vllm_v1; a policy plugin is searched as a"
+            " system YAML of its own",
+        ),
         (["--systems", "vllm, vllm"], "error: --systems: name each system once"),
         (
             ["workload=vllm_log", "workload.path=run"],
@@ -54,7 +60,8 @@ def test_a_search_writes_each_systems_rate_and_the_runs_behind_it(tmp_path: Path
         (["workload.rate=3"], "error: workload.rate: set by the search: leave it out"),
         (  # each row was labelled vllm while the plugin's policy ran
             ["system.plugin=tests.policy_plugin", "system.name=vllm_spf"],
-            "error: system.plugin: capacity searches the shipped systems named by --systems",
+            "error: system.plugin: capacity searches the systems named by --systems; a "
+            "policy plugin is searched as a system YAML of its own",
         ),
         (  # the README's example's overrides, pasted as they are
             ["workload=azure_conv", "workload.time_scale=0.25", "system=vllm,orca_pow2"],
@@ -80,6 +87,24 @@ def test_bad_input_is_one_line_before_any_run(
     err = capsys.readouterr().err
     assert ended.value.code == 2 and err.count("\n") == 1 and err.startswith(line), err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_plugins_own_system_yaml_is_searched(tmp_path: Path) -> None:
+    # --systems was checked against the shipped system YAMLs alone, ignoring the overrides'
+    # hydra.searchpath: a plugin's system YAML there was an unknown system
+    own = tmp_path / "my_configs" / "system"
+    own.mkdir(parents=True)
+    (own / "vllm_spf.yaml").write_text(
+        "defaults:\n  - vllm\n  - _self_\n\nname: vllm_spf\nplugin: tests.policy_plugin\n"
+    )
+    out = capacity.main([
+        f"hydra.searchpath=[file://{tmp_path / 'my_configs'}]", "workload.duration_s=60",
+        "--systems", "vllm,vllm_spf", "--seeds", "1", "--rates", "0.5,1", "--workers", "1",
+        "--bisect-evals", "1", "--out", str(tmp_path / "out"),
+    ])  # fmt: skip
+    cap = pd.read_csv(out / "capacity.csv")
+    assert list(cap["system"]) == ["vllm", "vllm_spf"]
+    assert (cap["max_rate"] > 0).all()
 
 
 def _rows(system: str, passes: dict[float, bool]) -> list[dict]:

@@ -124,6 +124,19 @@ def test_the_loop_checks_a_plugins_plans_and_not_the_shipped_ones() -> None:
         loop.begin(pending.end)  # its first decode, listed twice
 
 
+def test_a_plan_no_body_can_run_names_its_step() -> None:
+    # the message named the problem but not the step, unlike the integrity and KV misuse
+    # errors beside it ("after step N", "at step N")
+    plugin = _DecodesTwice(build_scheduler("vllm", 64, CONFIG, block_size=4).manager, CONFIG)
+    loop = StepLoop(plugin, CostExecutor(lambda shape: 0.01, None), Recorder())
+    loop.add(Request(0, 0.0, 4, 3), 0.0)
+    pending = loop.begin(0.0)
+    assert pending is not None
+    loop.finish(pending, pending.end)
+    with pytest.raises(PlanError, match=r"twice.* \(step 1\)$"):
+        loop.begin(pending.end)
+
+
 PLUGIN_SOURCE = """
 from core.sched.vllm import VLLMScheduler
 from core.systems import SystemSpec, register_system
@@ -327,4 +340,22 @@ def test_a_policy_that_misuses_its_manager_in_schedule_is_named_with_the_verb() 
     loop = StepLoop(sched, CostExecutor(lambda shape: 0.01, None), Recorder())
     loop.add(Request(0, 0.0, 4, 2), 0.0)
     with pytest.raises(KVMisuseError, match=r"t_frees_a_stranger in schedule at step 0"):
+        loop.begin(0.0)
+
+
+class _ReturnsNothing(VLLMScheduler):
+    name = "t_returns_nothing"
+
+    def schedule(self, now: float) -> StepPlan:
+        super().schedule(now)  # forgot to return it
+        return None  # type: ignore[return-value]
+
+
+def test_a_schedule_that_returns_no_plan_is_named_as_such() -> None:
+    # it was an AttributeError deep in the loop ('NoneType' object has no attribute
+    # 'is_empty'), a traceback, not the one line naming system.plugin
+    plugin = _ReturnsNothing(build_scheduler("vllm", 64, CONFIG, block_size=4).manager, CONFIG)
+    loop = StepLoop(plugin, CostExecutor(lambda shape: 0.01, None), Recorder())
+    loop.add(Request(0, 0.0, 4, 3), 0.0)
+    with pytest.raises(PlanError, match=r"t_returns_nothing's schedule returned NoneType, not"):
         loop.begin(0.0)

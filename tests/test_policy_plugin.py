@@ -50,6 +50,8 @@ def test_the_same_plugin_runs_in_the_engine(tmp_path: Path) -> None:
     ("override", "says"),
     [
         ("system.plugin=no_such_module_here", "cannot be imported"),
+        # where to put it was left to the README
+        ("system.plugin=no_such_module_here", "on PYTHONPATH, or run from that folder"),
         ("system.plugin=1bad.name", "not a module name"),
     ],
 )
@@ -318,3 +320,118 @@ def test_validate_imports_the_plugin_of_the_run_it_replays(tmp_path: Path, monke
         SYSTEMS.pop("spf_replayed", None)
         systems._PLUGIN_OF.pop("spf_replayed", None)
         sys.modules.pop("kvlab_replayed_plugin", None)
+
+
+GLOBAL_PLUGIN = """
+from core.sched.vllm import VLLMScheduler
+from core.systems import SystemSpec, register_system
+from tests.policy_plugin import ShortestPromptFirst
+
+SHORTEST_FIRST = False  # a global the policy reads: what no policy should do
+
+
+class ByGlobal(ShortestPromptFirst):
+    def add(self, request, now):
+        if SHORTEST_FIRST:
+            return super().add(request, now)
+        return VLLMScheduler.add(self, request, now)
+
+
+register_system(SystemSpec("by_global", ByGlobal, "paged"))
+"""
+
+
+@pytest.mark.parametrize("engine_first", [False, True])
+def test_validate_names_where_a_replay_departs_from_the_engines_schedule(
+    tmp_path: Path, monkeypatch, engine_first: bool
+) -> None:
+    # a policy deciding otherwise in the simulator than in the engine once passed --recorded
+    # with only relative errors (exit status 0), or stopped on a replay out of recorded
+    # steps without saying where it had parted from the engine's schedule
+    pytest.importorskip("torch")
+    import contextlib
+    import io
+
+    import core.systems as systems
+    from experiments import validate
+
+    (tmp_path / "kvlab_by_global.py").write_text(GLOBAL_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = [*SERVE_SMALL, "system.name=by_global", "system.plugin=kvlab_by_global",
+            "workload.num_requests=8", "mode=offline", "num_gpu_blocks=24", "threads=1",
+            "step_timer=thread_cpu"]  # fmt: skip
+    try:
+        import kvlab_by_global  # type: ignore[import-not-found]
+
+        kvlab_by_global.SHORTEST_FIRST = engine_first
+        status, _, err = run_cli(serve, args, tmp_path)
+        assert status == 0, err
+        run = tmp_path / "run"
+        same = tmp_path / "same.json"
+        assert validate.main([str(run), "--recorded", "--out", str(same)]) == 0
+        agreed = json.loads(same.read_text())["schedule"]
+        assert agreed["steps"] > 0 and "decode_seqs" in agreed["columns"]
+        assert agreed["first_divergence"] is None and agreed["first_request_divergence"] is None
+
+        kvlab_by_global.SHORTEST_FIRST = not engine_first  # the replay decides otherwise
+        out, stdout, stderr = tmp_path / "other.json", io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                status = validate.main([str(run), "--recorded", "--out", str(out)])
+            except SystemExit as exc:  # plain_cli: a ConfigError is one line, status 2
+                status = exc.code
+        # offline, all at t=0: the step count follows the order alone, not the step times
+        assert status == (2 if engine_first else 1)
+        if status == 1:  # the replay took no more steps than recorded
+            doc = json.loads(out.read_text())["schedule"]
+            assert doc["first_divergence"] or doc["first_request_divergence"]
+            assert "by_global decided otherwise in the two bodies" in stderr.getvalue()
+            said = stdout.getvalue()
+        else:  # it outran the recording: the one line says where it had parted
+            assert status == 2
+            said = stderr.getvalue()
+            assert "ran out of step times" in said
+        assert "departs from the engine's at step 0" in said, said
+    finally:
+        SYSTEMS.pop("by_global", None)
+        systems._PLUGIN_OF.pop("by_global", None)
+        sys.modules.pop("kvlab_by_global", None)
+
+
+def test_a_spec_setting_that_the_system_keys_override_is_a_warning(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    # SystemSpec(watermark=0.0) ran with system.watermark=0.01 (the system YAML's), and a
+    # spec built on vllm ran with vllm_v1's chunked prefill and prefix caching, silently
+    import logging
+
+    import core.systems as systems
+
+    source = (
+        "from core.sched.vllm import VLLMScheduler\n"
+        "from core.systems import SystemSpec, register_system\n"
+        "class NoWatermark(VLLMScheduler):\n    pass\n"
+        "register_system(SystemSpec('no_watermark', NoWatermark, 'paged', watermark=0.0))\n"
+    )
+    (tmp_path / "kvlab_no_watermark.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    small = ["workload.num_requests=3", "index=null"]
+    own = ["system.plugin=kvlab_no_watermark", "system.name=no_watermark"]
+    try:
+        with caplog.at_level(logging.WARNING, logger="experiments.lib.setup"):
+            simulate.run(compose_config([*small, *PLUGIN]))
+            assert "SystemSpec" not in caplog.text  # the example's spec is vllm's keys
+            simulate.run(compose_config([*small, *own]))
+        assert "system.watermark=0.01 from its system keys" in caplog.text
+        assert "SystemSpec's watermark=0.0" in caplog.text
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="experiments.lib.setup"):
+            simulate.run(compose_config([*small, *own, "system.watermark=0"]))
+            assert "SystemSpec" not in caplog.text
+            simulate.run(compose_config([*small, "system=vllm_v1", *PLUGIN]))
+        assert "system.chunked_prefill=True" in caplog.text
+        assert "enable_prefix_caching=False" in caplog.text
+    finally:
+        SYSTEMS.pop("no_watermark", None)
+        systems._PLUGIN_OF.pop("no_watermark", None)
+        sys.modules.pop("kvlab_no_watermark", None)

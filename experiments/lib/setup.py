@@ -27,7 +27,7 @@ from core.kv.block_pool import MAX_BLOCKS
 from core.request import Request, RequestError
 from core.sched.base import BaseScheduler, SchedulerConfig, SchedulerConfigError
 from core.sched.batch_defaults import BatchLimits, DeviceFacts
-from core.systems import SystemConfigError, build_scheduler, get_system
+from core.systems import SystemConfigError, build_scheduler, get_system, plugin_of
 from core.workload.spec import FILE_KINDS, Workload, load_workload
 from core.workload.trace_io import TraceFormatError
 from experiments.lib.checks import (
@@ -186,6 +186,38 @@ def manager_options(system: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# what a SystemSpec carries for callers that give none, and a run takes from system.* instead
+SPEC_KEYS = ("chunked_prefill", "watermark", "enable_prefix_caching")
+
+
+def warn_plugin_spec(system: Mapping[str, Any]) -> None:
+    """Log a warning when the run's system is a plugin's whose :class:`SystemSpec` sets
+    :data:`SPEC_KEYS` otherwise than the run's ``system.*`` keys, which are what runs (the
+    spec's are for ``build_scheduler`` / ``LLMEngine`` called without them): a spec written
+    with ``watermark=0.0``, or built on ``vllm`` while the keys come from ``system=vllm_v1``,
+    would otherwise run something else than it says, silently."""
+    name = str(system.get("name"))
+    plugin = plugin_of(name)
+    if plugin is None:
+        return
+    spec = get_system(name)
+    ran = {
+        "chunked_prefill": bool(system.get("chunked_prefill", False)),
+        "watermark": manager_options(system)["watermark"],
+        "enable_prefix_caching": bool(system.get("enable_prefix_caching", False)),
+    }
+    differ = [k for k in SPEC_KEYS if getattr(spec, k) != ran[k]]
+    if differ:
+        log.warning(
+            "system %s (plugin %s): the run takes %s from its system keys, not its "
+            "SystemSpec's %s: set the keys as the spec does, or, for a policy built on "
+            "vllm_v1, register dataclasses.replace(SYSTEMS['vllm_v1'], name=..., "
+            "scheduler=...) (README, A policy of your own)",
+            name, plugin, ", ".join(f"system.{k}={ran[k]}" for k in differ),
+            ", ".join(f"{k}={getattr(spec, k)}" for k in differ),
+        )  # fmt: skip
+
+
 def scheduler_factory(
     system: Mapping[str, Any],
     num_slots: int,
@@ -200,6 +232,7 @@ def scheduler_factory(
     how prefix caching reads those without token ids (:func:`prefix_caching_for`)."""
     config = scheduler_config(system, max_model_len, device)
     options = manager_options(system)
+    warn_plugin_spec(system)
     if requests is not None:
         prefix_caching_for(system, requests)  # its log line; the option is the system's
     with config_errors():  # fail now, not in the first make_scheduler() call

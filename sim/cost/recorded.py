@@ -17,12 +17,13 @@ class RecordedCostModel:
     The shape is ignored: with the same policy and trace the simulator makes the same
     decisions as the engine, so the i-th step is the same step. Raises
     :class:`RecordedStepsExhausted` (an ``IndexError``) when asked for more steps than were
-    recorded.
+    recorded, or, given ``then``, prices every step past the recording at ``then`` seconds
+    (to see where a replay that outran the recording parted from it).
     """
 
     priced_in_order = True  # the i-th call answers the i-th step (sim.cost.base)
 
-    def __init__(self, step_times: Sequence[float]) -> None:
+    def __init__(self, step_times: Sequence[float], then: float | None = None) -> None:
         times = [float(t) for t in step_times]
         bad = [(i, t) for i, t in enumerate(times) if not t >= 0.0]
         if bad:
@@ -30,6 +31,7 @@ class RecordedCostModel:
             raise ValueError(f"recorded step time {i} is {t}; step times must be >= 0")
         self._times = times
         self._next = 0
+        self._then = then
 
     @property
     def steps_used(self) -> int:
@@ -41,6 +43,8 @@ class RecordedCostModel:
 
     def step_time(self, shape: BatchShape) -> float:
         if self._next >= len(self._times):
+            if self._then is not None:
+                return self._then
             raise RecordedStepsExhausted(
                 f"recorded cost model ran out of step times after "
                 f"{len(self._times)} steps; the replay diverged from the recording"
