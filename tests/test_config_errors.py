@@ -492,3 +492,25 @@ def test_an_added_key_under_a_known_name_is_left_to_the_config() -> None:
         check_added_keys("simulate", ["warmup"])  # serve's key, not simulate's
     with pytest.raises(ConfigError, match="cost"):
         check_added_keys("serve", ["cost"])  # a group serve does not compose
+
+
+def test_a_run_from_another_config_checks_and_makes_no_default_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--config-dir D --config-name config`` (the README's rerun of a run folder) writes to
+    the index its config names (``index: null`` there: none); before, the pre-Hydra check
+    took the default ``outputs/index.csv`` from the command line: it made an empty one in
+    the working directory, and refused the run where a foreign file sat at that path."""
+    from experiments.lib.cli import main_with_checks
+
+    monkeypatch.chdir(tmp_path)
+    for argv in (["--config-dir", str(tmp_path / "run"), "--config-name", "config"],
+                 ["-cd", str(tmp_path / "run"), "--config-name=config"]):  # fmt: skip
+        ran: list[bool] = []
+        main_with_checks(lambda ran=ran: ran.append(True), argv, "simulate")
+        assert ran == [True] and not (tmp_path / "outputs").exists()
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "index.csv").write_text("a,b\n1,2\n")  # not this run's index
+    ran = []
+    main_with_checks(lambda: ran.append(True), argv, "simulate")
+    assert ran == [True] and (tmp_path / "outputs" / "index.csv").read_text() == "a,b\n1,2\n"

@@ -41,6 +41,7 @@ from core.workload.trace_io import TraceFormatError
 from experiments.lib.args import out_dir_problem
 from experiments.lib.checks import CONFIG_DIR, ConfigError
 from experiments.lib.compose import (
+    SOURCE_FLAGS,
     check_group_overrides,
     check_hardware_name,
     check_overrides_compose,
@@ -484,8 +485,12 @@ def _try_making(folder: Path, key: str) -> None:
 def _index_of(args: Sequence[str]) -> Path | None:
     """The runs index a command line writes to: its ``index=...`` (the last), else the
     default; None for ``index=null`` or a value only Hydra can read (a sweep over
-    indexes, an interpolation)."""
+    indexes, an interpolation, or the default of a config a flag of :data:`SOURCE_FLAGS`
+    picks, such as a run folder's ``--config-dir D --config-name config``: the run checks
+    that config's index as it starts)."""
     values = [a.partition("=")[2] for a in args if a.lstrip("+").startswith("index=")]
+    if not values and any(a.split("=")[0] in SOURCE_FLAGS for a in args if a.startswith("-")):
+        return None
     index = values[-1] if values else str(DEFAULT_INDEX)
     if index in ("null", "None", "~", "") or "," in index or "$" in index:
         return None
