@@ -256,7 +256,11 @@ def test_sigterm_stops_reproduce_on_a_launcher_and_its_workers(tmp_path: Path) -
     for line in proc.stderr:
         if "figures:" in line:
             break
-    time.sleep(8)  # the joblib workers start and take their first runs
+    # the joblib workers start and take their first runs (a loaded machine: up to a minute)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any((out / "runs").glob("*/.hydra")):
+        time.sleep(0.5)
+    time.sleep(2)
     os.kill(proc.pid, signal.SIGTERM)
     _, err = _finished_within_a_minute(proc, "reproduce --launcher ran on after SIGTERM")
     assert proc.returncode == TERMINATED_STATUS
