@@ -32,7 +32,7 @@ from core.metrics.recorder import Recorder, ReplicaRecorder
 from core.plan import BatchShape, StepOutcome, StepPlan, new_shape
 from core.request import Request, SequenceGroup
 from core.sched.base import BaseScheduler
-from core.systems import SHIPPED_SCHEDULERS
+from core.systems import SHIPPED_MANAGERS, SHIPPED_SCHEDULERS
 
 
 class PolicyError(RuntimeError):
@@ -148,8 +148,9 @@ class StepLoop:
     requests are done (rejected, aborted or finished; progress bars). ``check_every > 0``
     runs the scheduler's and manager's invariant checks every that many steps.
     ``check_plans`` holds every plan to :meth:`BaseScheduler.plan_problem` (a
-    :class:`PlanError` names the first problem); None: for a scheduler that is not one of
-    the shipped ones (a policy plugin's), whose plans nothing else checks."""
+    :class:`PlanError` names the first problem); None: for a scheduler or KV-cache manager
+    that is not one of the shipped ones (a plugin's), whose plans nothing else checks. Its
+    errors name the scheduler, and a plugin's manager beside it."""
 
     scheduler: BaseScheduler
     executor: Executor
@@ -165,7 +166,19 @@ class StepLoop:
 
     def __post_init__(self) -> None:
         if self.check_plans is None:
-            self.check_plans = type(self.scheduler) not in SHIPPED_SCHEDULERS
+            self.check_plans = (
+                type(self.scheduler) not in SHIPPED_SCHEDULERS
+                or type(self.scheduler.manager) not in SHIPPED_MANAGERS
+            )
+
+    @property
+    def who(self) -> str:
+        """What the loop's errors call the policy: its scheduler, and a plugin's manager."""
+        manager = getattr(self.scheduler, "manager", None)
+        own = ""
+        if manager is not None and type(manager) not in SHIPPED_MANAGERS:
+            own = f" (KV manager {type(manager).__qualname__})"
+        return f"scheduler {self.scheduler.name}{own}"
 
     def _done(self, groups: list[SequenceGroup], opened: bool = True) -> None:
         """Record ``groups``, done; ``opened``: they were accepted (not rejected at intake)."""
@@ -207,7 +220,7 @@ class StepLoop:
                 raise self._misuse("schedule", e) from e
             if self.check_plans and not isinstance(plan, StepPlan):
                 raise PlanError(
-                    f"scheduler {sched.name}'s schedule returned {type(plan).__name__}, not a "
+                    f"{self.who}'s schedule returned {type(plan).__name__}, not a "
                     f"StepPlan (step {self.num_steps}): a policy returns its plan, e.g. the "
                     "parent's schedule(now)"
                 )
@@ -225,7 +238,7 @@ class StepLoop:
             if sched.has_unfinished():
                 manager = sched.manager
                 raise StallError(
-                    f"scheduler {sched.name} has {len(sched.waiting)} waiting, "
+                    f"{self.who} has {len(sched.waiting)} waiting, "
                     f"{len(sched.running)} running and {len(sched.swapped)} swapped "
                     f"requests but scheduled nothing ({manager.num_free_blocks()} of "
                     f"{manager.num_device_blocks} KV blocks free)"
@@ -244,7 +257,7 @@ class StepLoop:
         try:
             sched.check_integrity()
         except (AssertionError, KVCacheError) as e:  # the managers' checks raise KVCacheError
-            raise IntegrityError(f"scheduler {sched.name} after step {self.num_steps}: {e}") from e
+            raise IntegrityError(f"{self.who} after step {self.num_steps}: {e}") from e
         queued = len(sched.waiting) + len(sched.running) + len(sched.swapped)
         queued += len(getattr(sched, "_aborted", ()))  # aborted, not yet popped
         if queued < self.num_open:
@@ -252,13 +265,13 @@ class StepLoop:
 
     def _lost(self, count: int) -> LostRequestError:
         return LostRequestError(
-            f"scheduler {self.scheduler.name} lost {count} request(s) by step {self.num_steps}: "
+            f"{self.who} lost {count} request(s) by step {self.num_steps}: "
             "accepted, neither finished nor aborted, and in none of its queues"
         )
 
     def _misuse(self, verb: str, e: KVCacheError) -> KVMisuseError:
         return KVMisuseError(
-            f"scheduler {self.scheduler.name} in {verb} at step {self.num_steps}: its KV-cache "
+            f"{self.who} in {verb} at step {self.num_steps}: its KV-cache "
             f"manager refused a call: {e}"
         )
 
@@ -266,8 +279,7 @@ class StepLoop:
         problem = self.scheduler.plan_problem(plan)
         if problem is not None:
             raise PlanError(
-                f"scheduler {self.scheduler.name} planned a step no body can run: {problem} "
-                f"(step {self.num_steps})"
+                f"{self.who} planned a step no body can run: {problem} (step {self.num_steps})"
             )
 
     def finish(self, pending: PendingStep, end: float) -> list[SequenceGroup]:

@@ -21,7 +21,9 @@ A policy of one's own is a plugin: a module that subclasses :class:`BaseSchedule
 ``schedule``; queues, admission and ``update`` are shared) and calls
 :func:`register_system` with a :class:`SystemSpec` pairing it with paged or contiguous KV.
 ``system.plugin=<module>`` (:func:`load_plugin`) imports it, and ``system.name`` picks the
-registered name, in the simulator and the engine alike.
+registered name, in the simulator and the engine alike. A spec's ``manager`` swaps in a KV-cache
+manager of one's own, a subclass of the shipped paged or contiguous one (:func:`build_manager`
+builds it wherever a scheduler is built).
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ class SystemSpec:
     chunked_prefill: bool = False
     watermark: float = DEFAULT_WATERMARK
     enable_prefix_caching: bool = False
+    # a KV-cache manager of one's own, built instead of the shipped one with the arguments
+    # build_manager gives it: a PagedKVCacheManager subclass for kv="paged", a
+    # ContiguousKVCacheManager subclass for kv="contiguous"; None: the shipped class
+    manager: type[PagedKVCacheManager] | type[ContiguousKVCacheManager] | None = None
 
 
 SYSTEMS: dict[str, SystemSpec] = {
@@ -111,6 +117,12 @@ BUILT_IN = frozenset(SYSTEMS)
 # the shipped policies' classes: the tests hold their plans to plan_problem (core.loop checks
 # only a plugin's at run time)
 SHIPPED_SCHEDULERS = frozenset(spec.scheduler for spec in SYSTEMS.values())
+# the managers a spec's kv names; a spec's own manager subclasses one of them
+MANAGER_OF_KV: dict[str, type[PagedKVCacheManager] | type[ContiguousKVCacheManager]] = {
+    "paged": PagedKVCacheManager,
+    "contiguous": ContiguousKVCacheManager,
+}
+SHIPPED_MANAGERS = frozenset(MANAGER_OF_KV.values())
 # system name -> the plugin module whose import registered it (load_plugin)
 _PLUGIN_OF: dict[str, str] = {}
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -124,9 +136,10 @@ def register_system(spec: SystemSpec) -> None:
     or whose ``kv_kinds`` exclude ``kv`` (a vLLM-style scheduler over contiguous KV, an
     Orca-style one over paged blocks), or a ``reservation`` that is
     not one of the contiguous manager's policies (none for paged), and for paged-only
-    options on a contiguous spec, or a name that is not letters, digits, ``_.-`` (it names
-    run folders). A spec whose scheduler is the held one's, by module and name, replaces it
-    (a plugin imported again, e.g. reloaded in a notebook)."""
+    options on a contiguous spec, a ``manager`` that is not a subclass of the manager its
+    ``kv`` names (:data:`MANAGER_OF_KV`), or a name that is not letters, digits, ``_.-`` (it
+    names run folders). A spec whose scheduler and manager are the held one's, by module and
+    name, replaces it (a plugin imported again, e.g. reloaded in a notebook)."""
     if not _NAME.fullmatch(spec.name):
         raise SystemConfigError(f"system name {spec.name!r}: use letters, digits, '_', '.', '-'")
     held = SYSTEMS.get(spec.name)
@@ -156,6 +169,9 @@ def register_system(spec: SystemSpec) -> None:
             f"system {spec.name!r}: scheduler {spec.scheduler.__name__} runs over "
             f"{' or '.join(spec.scheduler.kv_kinds)} KV (its kv_kinds), not {spec.kv}"
         )
+    manager_problem = _manager_problem(spec)
+    if manager_problem is not None:
+        raise SystemConfigError(f"system {spec.name!r}: {manager_problem}")
     if spec.kv == "paged":
         if spec.reservation is not None:
             raise SystemConfigError(f"system {spec.name!r}: a paged system takes no reservation")
@@ -179,20 +195,41 @@ def register_system(spec: SystemSpec) -> None:
     SYSTEMS[spec.name] = spec
 
 
+def _manager_problem(spec: SystemSpec) -> str | None:
+    """What is wrong with ``spec.manager`` for its ``kv`` (None: nothing, or no manager of
+    its own); a ``kv`` no manager serves is the caller's to refuse."""
+    want = MANAGER_OF_KV.get(spec.kv)
+    if spec.manager is None or want is None:
+        return None
+    if isinstance(spec.manager, type) and issubclass(spec.manager, want):
+        return None
+    what = spec.manager.__name__ if isinstance(spec.manager, type) else repr(spec.manager)
+    return f"manager {what} is not a {want.__name__} subclass (kv={spec.kv!r})"
+
+
 def _same_class(held: SystemSpec, spec: SystemSpec) -> bool:
-    def key(s: SystemSpec) -> tuple[str, str]:
-        return s.scheduler.__module__, s.scheduler.__qualname__
+    def key(s: SystemSpec) -> tuple[object, ...]:
+        manager = s.manager or MANAGER_OF_KV.get(s.kv)
+        classes = (s.scheduler, manager)
+        return tuple(getattr(c, n, None) for c in classes for n in ("__module__", "__qualname__"))
 
     return key(held) == key(spec)
+
+
+def _defined_in(spec: SystemSpec, module: str) -> bool:
+    """Whether ``spec``'s scheduler or its own manager is a class of ``module``."""
+    return spec.scheduler.__module__ == module or (
+        spec.manager is not None and spec.manager.__module__ == module
+    )
 
 
 def load_plugin(module: str | None) -> None:
     """Import ``module`` (a dotted name importable from ``sys.path``; None: nothing), which
     registers its systems (:func:`register_system`) as it is imported; they are then
-    :func:`plugin_of` it (so are systems of no plugin whose scheduler class the module
-    defines: the module was imported before, e.g. in a notebook, and registered them then).
-    Raises :class:`SystemConfigError` naming the module when it cannot be imported, fails
-    while it is (its error's type and message), or its registration fails."""
+    :func:`plugin_of` it (so are systems of no plugin whose scheduler or manager class the
+    module defines: the module was imported before, e.g. in a notebook, and registered them
+    then). Raises :class:`SystemConfigError` naming the module when it cannot be imported,
+    fails while it is (its error's type and message), or its registration fails."""
     if not module:
         return
     before = set(SYSTEMS)
@@ -212,7 +249,7 @@ def load_plugin(module: str | None) -> None:
     for name in set(SYSTEMS) - before:
         _PLUGIN_OF[name] = module
     for name, spec in SYSTEMS.items():  # registered by an earlier plain import of the module
-        if name not in BUILT_IN and name not in _PLUGIN_OF and spec.scheduler.__module__ == module:
+        if name not in BUILT_IN and name not in _PLUGIN_OF and _defined_in(spec, module):
             _PLUGIN_OF[name] = module
 
 
@@ -275,7 +312,8 @@ def build_manager(
     blocks) and, for paged systems, ``num_cpu_slots`` of CPU swap space (``watermark``
     None: the spec's). Contiguous systems never swap and admit by whole reservations, so
     they ignore ``num_cpu_slots`` and ``watermark`` (experiments pass both to every
-    system)."""
+    system). The class built is ``spec.manager``, else the shipped one its ``kv`` names; a
+    spec's own manager that fails to build is a :class:`SystemConfigError` naming it."""
     watermark = spec.watermark if watermark is None else watermark
     if block_size < 1 or block_size & (block_size - 1):
         raise SystemConfigError(f"block_size must be a power of two, got {block_size}")
@@ -287,8 +325,9 @@ def build_manager(
     problem = paged_only_problem(spec.name, enable_prefix_caching=enable_prefix_caching)
     if problem is not None:
         raise SystemConfigError(problem[1])
+    cls = spec.manager or MANAGER_OF_KV[spec.kv]
     if spec.kv == "paged":
-        return PagedKVCacheManager(
+        args = dict(
             num_device_blocks=num_blocks,
             block_size=block_size,
             num_cpu_blocks=num_cpu_slots // block_size,
@@ -297,12 +336,22 @@ def build_manager(
             cache_scheduled_blocks=spec.cache_scheduled_blocks,
             allocate_per_chunk=spec.allocate_per_chunk,
         )
-    return ContiguousKVCacheManager(
-        capacity_slots=num_blocks * block_size,
-        policy=spec.reservation or "max",
-        max_model_len=max_model_len,
-        block_size=block_size,
-    )
+    else:
+        args = dict(
+            capacity_slots=num_blocks * block_size,
+            policy=spec.reservation or "max",
+            max_model_len=max_model_len,
+            block_size=block_size,
+        )
+    try:
+        return cls(**args)  # type: ignore[arg-type]
+    except Exception as exc:
+        if cls in SHIPPED_MANAGERS:
+            raise
+        raise SystemConfigError(  # the plugin's own class failed as it was built
+            f"system {spec.name!r}: manager {cls.__name__} cannot be built from "
+            f"build_manager's arguments ({', '.join(args)}): {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def default_config(system: str, max_model_len: int | None = None) -> SchedulerConfig:

@@ -48,6 +48,7 @@ from core.metrics.summary import summarize_recorder
 from core.model_spec import ModelSpec
 from core.request import Request
 from core.sched.batch_defaults import DeviceFacts
+from core.systems import SystemConfigError
 from engine.config import check_engine_support
 from engine.engine import EngineError, EngineResult, LLMEngine, run_to_end
 from engine.kv_cache import GIB, KVBudgetError, bytes_per_block, resolve_kv_budget
@@ -213,6 +214,8 @@ def build_engine(c: Mapping[str, Any]) -> tuple[LLMEngine, int]:
         raise ConfigError(budget_key(c), str(exc)) from None
     except CheckpointError as exc:
         raise ConfigError("model.path", str(exc)) from None
+    except SystemConfigError as exc:  # a plugin's manager that cannot be built, as simulate says
+        raise ConfigError("system", str(exc)) from None
     except EngineError as exc:
         if "max_model_len" not in str(exc):
             raise

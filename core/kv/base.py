@@ -35,6 +35,20 @@ def check_at_least(minimum: int, error: type[Exception] = ValueError, **sizes: i
             raise error(f"{name} must be >= {minimum}, got {value}")
 
 
+# The verbs a manager of one's own (a subclass of a shipped manager) may override to change
+# how sequences grow or how memory is counted. The shipped managers' fast forms of growth
+# (``try_append``, ``append_all`` and the lockstep verbs of the simulator's runs of decode
+# steps) do the same work inline; in a subclass that overrides any of these verbs they defer
+# to them instead (``try_append`` asks ``can_append`` and calls ``append``, ``append_all`` and
+# ``lockstep_blocks`` return None), so both bodies call the subclass's verbs.
+GROWTH_VERBS = ("can_append", "append", "breakdown")
+
+
+def overrides(cls: type, base: type, names: tuple[str, ...]) -> bool:
+    """Whether ``cls``, a subclass of ``base``, defines any of ``names`` otherwise."""
+    return any(getattr(cls, name) is not getattr(base, name) for name in names)
+
+
 class AllocStatus(enum.Enum):
     OK = "ok"  # can be allocated now
     LATER = "later"  # not now, but would fit in an empty cache

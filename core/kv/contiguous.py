@@ -31,8 +31,17 @@ token states taken from internal fragmentation.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from core.defaults import DEFAULT_BLOCK_SIZE
-from core.kv.base import AllocStatus, KVCacheError, MemoryBreakdown, new_breakdown
+from core.kv.base import (
+    GROWTH_VERBS,
+    AllocStatus,
+    KVCacheError,
+    MemoryBreakdown,
+    new_breakdown,
+    overrides,
+)
 from core.kv.buddy import BuddyAllocator, next_power_of_two
 from core.request import Request, Sequence, SequenceGroup
 
@@ -66,7 +75,17 @@ class _Seq:
 
 
 class ContiguousKVCacheManager:
-    """Implements :class:`core.kv.base.KVCacheManager` with one buddy region per sequence."""
+    """Implements :class:`core.kv.base.KVCacheManager` with one buddy region per sequence. A
+    subclass (a KV manager plugin, ``core.systems.SystemSpec.manager``) may override
+    :meth:`reservation`; one that overrides a verb of :data:`core.kv.base.GROWTH_VERBS` has
+    the fast forms of growth defer to it."""
+
+    # False in a subclass overriding one of GROWTH_VERBS
+    _fast_growth: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._fast_growth = not overrides(cls, ContiguousKVCacheManager, GROWTH_VERBS)
 
     def __init__(
         self,
@@ -214,7 +233,10 @@ class ContiguousKVCacheManager:
     def lockstep_blocks(self, seqs: list[Sequence], steps: int) -> list[int] | None:
         """No new blocks (regions are reserved whole), if each sequence is one slot short
         of its tokens and stays within its true length for all ``steps`` (so each append
-        fits its reservation and only moves slots from reserved to token states)."""
+        fits its reservation and only moves slots from reserved to token states); None in a
+        subclass with growth verbs of its own (:data:`~core.kv.base.GROWTH_VERBS`)."""
+        if not self._fast_growth:
+            return None
         states = self._seqs
         for seq in seqs:
             s = states.get(seq.seq_id)
@@ -247,7 +269,10 @@ class ContiguousKVCacheManager:
 
     def append_all(self, groups: list[SequenceGroup]) -> list[tuple[int, int]] | None:
         """``append`` for every group in order if every one fits its reservation; else
-        None and nothing changes. Regions are private, so the result is identical."""
+        None and nothing changes. Regions are private, so the result is identical. None at
+        once in a subclass with growth verbs of its own (:data:`~core.kv.base.GROWTH_VERBS`)."""
+        if not self._fast_growth:
+            return None
         states = self._seqs
         advanced: list[tuple[_Seq, int]] = []  # (sequence, slots before), to undo
         tokens = reserved = frag = 0

@@ -36,16 +36,19 @@ Choices where the paper is silent:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import ClassVar
 
 import numpy as np
 
 from core.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WATERMARK
 from core.kv.base import (
+    GROWTH_VERBS,
     AllocStatus,
     KVCacheError,
     MemoryBreakdown,
     check_at_least,
     new_breakdown,
+    overrides,
 )
 from core.kv.block_pool import BlockPool
 from core.kv.pool_integrity import check_block_tables
@@ -79,7 +82,16 @@ class _SeqState:
 
 
 class PagedKVCacheManager:
-    """Implements :class:`core.kv.base.KVCacheManager` with paged blocks."""
+    """Implements :class:`core.kv.base.KVCacheManager` with paged blocks. A subclass (a KV
+    manager plugin, ``core.systems.SystemSpec.manager``) that overrides a verb of
+    :data:`core.kv.base.GROWTH_VERBS` has the fast forms of growth defer to it."""
+
+    # False in a subclass overriding one of GROWTH_VERBS
+    _fast_growth: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._fast_growth = not overrides(cls, PagedKVCacheManager, GROWTH_VERBS)
 
     def __init__(
         self,
@@ -481,6 +493,8 @@ class PagedKVCacheManager:
 
     def try_append(self, group: SequenceGroup) -> list[tuple[int, int]] | None:
         """:meth:`append` if :meth:`can_append`, else None: the need counted once."""
+        if not self._fast_growth:
+            return self.append(group) if self.can_append(group) else None
         seqs = group.live_seqs()
         if len(seqs) == 1 and not self.enable_prefix_caching:
             # one sequence one slot behind (a decode): _append_need and _append_seq inlined
@@ -516,7 +530,10 @@ class PagedKVCacheManager:
         are shared across groups only when full, via the prefix cache), so when the sum
         fits, appending one by one would pass every ``can_append``: the result is
         identical. A lone sequence writing one slot into its own partly filled last block
-        takes no block, so it is done at once (and undone if the total does not fit)."""
+        takes no block, so it is done at once (and undone if the total does not fit). None
+        at once in a subclass with growth verbs of its own (:data:`GROWTH_VERBS`)."""
+        if not self._fast_growth:
+            return None
         if self.enable_prefix_caching:  # registration order matters: strictly in order
             return self._append_all_in_order(groups)
         bs, states, pool = self.block_size, self._seqs, self._device
@@ -570,8 +587,9 @@ class PagedKVCacheManager:
         (a plain decode step), and its last block is unshared (then the calls allocate
         only, never copy; with prefix caching, the blocks they fill are offered to the cache
         by :meth:`register_run` once the caller has the run's tokens), and no prompt holds
-        slots no step was scheduled to write (:meth:`lockstep_breakdowns` counts none)."""
-        if self._prefilling:
+        slots no step was scheduled to write (:meth:`lockstep_breakdowns` counts none), nor
+        in a subclass with growth verbs of its own (:data:`GROWTH_VERBS`)."""
+        if self._prefilling or not self._fast_growth:
             return None
         bs, states, ref = self.block_size, self._seqs, self._device.ref
         per_offset = [0] * bs  # sequences whose next new block comes after j % bs steps
