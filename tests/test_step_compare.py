@@ -57,3 +57,14 @@ def test_a_replay_shorter_than_the_recording_parts_where_it_ends() -> None:
         "step": 2, "columns": {}, "engine_steps": 3, "simulator_steps": 2
     }  # fmt: skip
     assert "then the engine ran 3 steps and the simulator 2" in describe(found)[0]
+
+
+def test_a_step_column_missing_in_both_bodies_is_alike() -> None:
+    """Two missing values agree in a step column as in a request's (before: the step was
+    reported as parting with no column named, and describe() raised a KeyError)."""
+    engine = pd.DataFrame({"step": [0, 1], "kv_free": [3.0, float("nan")], "num_waiting": [1, 0]})
+    simulator = pd.DataFrame({"step": [0, 1], "num_waiting": [1, 0], "kv_free": [3, None]})
+    requests = pd.DataFrame({"request_id": [0], "status": ["finished"], "finish_step": [1]})
+    found = compare_schedules(engine, simulator, requests, requests)
+    assert found["first_divergence"] is None
+    assert describe(found) == ["schedule: the engine's in all 2 steps and every request"]

@@ -39,7 +39,8 @@ def compare_schedules(
     eng = engine_steps[columns].iloc[:n].reset_index(drop=True)
     sim = simulator_steps[columns].iloc[:n].reset_index(drop=True)
     out: dict[str, Any] = {"steps": n, "columns": columns, "first_divergence": None}
-    differs = (eng.to_numpy() != sim.to_numpy()).any(axis=1)
+    e, s = eng.to_numpy(), sim.to_numpy()
+    differs = ((e != s) & ~(pd.isna(e) & pd.isna(s))).any(axis=1)  # two missing: alike
     if differs.any():
         i = int(differs.argmax())
         out["first_divergence"] = {"step": i, "columns": _differing(eng.loc[i], sim.loc[i])}
