@@ -32,6 +32,7 @@ one line (status 2) that names where it had parted.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 from collections.abc import Callable, Mapping
@@ -50,6 +51,7 @@ from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError, power_of_two
 from experiments.lib.cli import check_out_file, plain_cli
 from experiments.lib.inputs import first_line, read_json, read_run_steps, reading
+from experiments.lib.provenance import code_version, code_words
 from experiments.lib.results import read_metrics, write_json
 from experiments.lib.setup import (
     build_requests,
@@ -430,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         parted = schedule["first_divergence"] or schedule["first_request_divergence"]
         if result["exact_replay_expected"] and parted:
             system = read_run_config(args.run_dir)["system"]["name"]
-            print(SCHEDULE_DIFFERS.format(system=system), file=sys.stderr)
+            print(SCHEDULE_DIFFERS.format(system=system) + recording_code(args.run_dir),
+                  file=sys.stderr)  # fmt: skip
             status = 1
     out = args.out or args.run_dir / "validation.json"
     write_json(out, result)
@@ -445,6 +448,30 @@ SCHEDULE_DIFFERS = (
     "`now` it is given), or one body has a bug; validation.json's schedule names the "
     "first step and request that differ"
 )
+
+
+def recording_code(run_dir: Path) -> str:
+    """A clause for :data:`SCHEDULE_DIFFERS` where the run may have been recorded by other
+    code than this process runs (its ``provenance.json``'s ``code_sha256``, a digest of the
+    project's sources, differs, or the file is missing): a policy changed since then
+    replays otherwise with no body at fault; "" where the code is the same."""
+    try:
+        code = json.loads((Path(run_dir) / "provenance.json").read_text())["code"]
+        recorded = str(code["code_sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return (
+            "; the run has no readable provenance.json, so it may have been recorded by "
+            "other code than this: serve it again with this code to tell"
+        )
+    if recorded == code_version()["code_sha256"]:
+        return ""
+    commit = code.get("git_commit")
+    was = f"git {commit[:12]}, " if isinstance(commit, str) else ""
+    return (
+        f"; the run was recorded by other code ({was}sources sha256 {recorded[:12]}; this is "
+        f"{code_words()}): a policy changed since then replays otherwise, so serve it again "
+        "with this code to tell"
+    )
 
 
 if __name__ == "__main__":

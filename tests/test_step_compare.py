@@ -68,3 +68,23 @@ def test_a_step_column_missing_in_both_bodies_is_alike() -> None:
     found = compare_schedules(engine, simulator, requests, requests)
     assert found["first_divergence"] is None
     assert describe(found) == ["schedule: the engine's in all 2 steps and every request"]
+
+
+def test_a_parted_replay_says_when_the_run_was_recorded_by_other_code(tmp_path) -> None:
+    """A committed run recorded before a policy changed replays otherwise with no body at
+    fault (docs/validation/cpu-engine/twenty-fifth-sitting/run_s, 2026-12-03: step 231's
+    prefix-cache hits differ; served again with today's code it replays exactly): the error
+    says the recording's code differs, or that the run does not say which code it was."""
+    import json
+
+    from experiments.lib.provenance import code_version
+    from experiments.validate import recording_code
+
+    assert "no readable provenance.json" in recording_code(tmp_path)
+    prov = tmp_path / "provenance.json"
+    same = code_version()["code_sha256"]
+    prov.write_text(json.dumps({"code": {"code_sha256": same, "git_commit": None}}))
+    assert recording_code(tmp_path) == ""
+    prov.write_text(json.dumps({"code": {"code_sha256": "0" * 64, "git_commit": "ab" * 20}}))
+    said = recording_code(tmp_path)
+    assert "recorded by other code (git abababababab, sources sha256 000000000000" in said
