@@ -9,13 +9,15 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from core.workload.trace_io import drop_log
+
 QUIET = ("experiments.simulate", "experiments.lib.setup", "matplotlib", "fontTools")
 # a trace window past its last arrival: every rate of a capacity search replays it, and the
 # search's heading already rates the trace over its own span (reproduce's and the sharing
 # report's batches draw their workloads, which never warn)
 # likewise the rows a trace's length filter or cap dropped: capacity builds each system's
 # first run before it configures logging, where the line is said once a system
-SILENT = ("core.workload.spec.window", "core.workload.trace_io.dropped")
+SILENT = ("core.workload.spec.window", drop_log.name)
 
 
 def batch_logging() -> None:
