@@ -46,6 +46,7 @@ from core.kv.block_pool import MAX_BLOCKS
 from core.metrics.summary import summarize_recorder
 from core.request import Request
 from core.seeding import with_drawn_prompt_ids
+from core.workload.spec import Workload
 from experiments.calibrate import check_measured_alike, read_run_config, run_identity
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError, power_of_two
@@ -54,7 +55,7 @@ from experiments.lib.inputs import first_line, read_json, read_run_steps, readin
 from experiments.lib.provenance import code_version, code_words
 from experiments.lib.results import read_metrics, write_json
 from experiments.lib.setup import (
-    build_requests,
+    build_run_workload,
     check_calibration_fits,
     checked_calibration,
     scheduler_factory,
@@ -82,6 +83,13 @@ def run_requests(cfg: Mapping[str, Any], run_dir: Path) -> tuple[list[Request], 
     """The run's requests as the engine received them, and the scheduler's max_model_len.
     A trace file that is no longer at its recorded path is looked for, by name, beside the
     run directory (results copied from another machine)."""
+    workload, mml = run_workload(cfg, run_dir)
+    return workload.requests, mml
+
+
+def run_workload(cfg: Mapping[str, Any], run_dir: Path) -> tuple[Workload, int]:
+    """:func:`run_requests`, with the arrival window the engine's ``offered_rate`` is over
+    (the workload's configured window online, None offline, as ``experiments.serve``)."""
     spec = model_from_config(cfg["model"])
     mml = served_max_model_len(cfg["system"], spec)
     workload = dict(cfg["workload"])
@@ -93,8 +101,9 @@ def run_requests(cfg: Mapping[str, Any], run_dir: Path) -> tuple[list[Request], 
                 "workload.path", "trace not found, nor beside the run", path, str(moved)
             )
         workload["path"] = str(moved)
-    requests = build_requests({**cfg, "workload": workload}, mml, vocab_size=spec.vocab_size)
-    return as_served(cfg, requests), mml
+    loaded = build_run_workload({**cfg, "workload": workload}, mml, vocab_size=spec.vocab_size)
+    online = cfg.get("mode", "online") != "offline"
+    return Workload(as_served(cfg, loaded.requests), loaded.window_s if online else None), mml
 
 
 def as_served(cfg: Mapping[str, Any], requests: list[Request]) -> list[Request]:
@@ -180,15 +189,19 @@ def simulate_run(
     how many beam-search requests had the simulator's own beam choices (0 when
     ``replay_beams`` took the engine's from the run's ``beams.csv``)."""
     cfg = read_run_config(run_dir)
-    rec, own_beams = _simulate_run(run_dir, cost_model, replay_beams)
-    return summarize_recorder(rec, cfg.get("slo_ms")), own_beams
+    rec, own_beams, window = _simulate_run(run_dir, cost_model, replay_beams)
+    return summarize_recorder(rec, cfg.get("slo_ms"), window), own_beams
 
 
-def _simulate_run(run_dir: Path, cost_model: CostModel, replay_beams: bool) -> tuple[Any, int]:
-    """:func:`simulate_run`'s simulation: its recorder and the beams chosen by the simulator."""
+def _simulate_run(
+    run_dir: Path, cost_model: CostModel, replay_beams: bool
+) -> tuple[Any, int, float | None]:
+    """:func:`simulate_run`'s simulation: its recorder, the beams chosen by the simulator and
+    the arrival window its ``offered_rate`` is over (:func:`run_workload`)."""
     cfg = read_run_config(run_dir)
     kv = read_engine_kv(run_dir)
-    requests, mml = run_requests(cfg, run_dir)
+    workload, mml = run_workload(cfg, run_dir)
+    requests = workload.requests
     beams_path = Path(run_dir) / "beams.csv"
     recorded = None
     if replay_beams and beams_path.is_file():
@@ -198,7 +211,7 @@ def _simulate_run(run_dir: Path, cost_model: CostModel, replay_beams: bool) -> t
             raise ConfigError("run_dir", str(exc)) from None
     rec = simulate_served(cfg, requests, kv, mml, cost_model, recorded).recorder
     own_beams = 0 if recorded is not None else sum(r.sampling.use_beam_search for r in requests)
-    return rec, own_beams
+    return rec, own_beams, workload.window_s
 
 
 def rel_err(sim: Any, eng: Any) -> float | None:
@@ -277,14 +290,14 @@ def validate(
     if recorded and cfg["system"].get("enable_prefix_caching"):
         repeated = repeated_streams(run_requests(cfg, run_dir)[0])
     try:
-        rec, beams = _simulate_run(run_dir, cost, replay_beams=recorded)
+        rec, beams, window = _simulate_run(run_dir, cost, replay_beams=recorded)
     except RecordedStepsExhausted as exc:
         why = f" (as it may: {STREAMS_REPEAT.format(repeated=repeated)})" if repeated else ""
         where = departure(run_dir, steps)
         raise ConfigError("--recorded", f"{run_dir / 'steps.csv'}: {exc}{why}{where}") from None
     except BeamReplayError as exc:
         raise ConfigError("--recorded", f"{run_dir}/{exc}; the replay diverged") from None
-    simulated = summarize_recorder(rec, cfg.get("slo_ms"))
+    simulated = summarize_recorder(rec, cfg.get("slo_ms"), window)
     result: dict[str, Any] = {
         "run": run_dir.name,
         "cost_model": cost.describe(),
@@ -320,7 +333,7 @@ def departure(run_dir: Path, steps: pd.DataFrame) -> str:
     that replay fails too."""
     times = steps["duration_s"].astype(float).tolist()
     try:
-        rec, _ = _simulate_run(run_dir, RecordedCostModel(times, then=times[-1]), True)
+        rec, _, _ = _simulate_run(run_dir, RecordedCostModel(times, then=times[-1]), True)
         with reading(run_dir / "requests.csv", "run_dir"):
             engine_requests = pd.read_csv(run_dir / "requests.csv")
     except Exception:  # only a hint on the error being raised: never a second error

@@ -497,3 +497,16 @@ def test_a_recorded_replay_says_parallel_samples_drawn_alike_need_not_match(
     else:
         assert doc["exact_replay_expected"] is False
         assert "parallel samples are alike" in doc["not_exact_because"]
+
+
+def test_a_replay_offers_the_rate_over_the_runs_own_arrival_window(tmp_path: Path) -> None:
+    """A run drawn over ``duration_s`` offers its requests over that window, not up to its
+    last arrival; the simulator's ``offered_rate`` in ``validation.json`` is over the same
+    window (it was over the span to the last arrival)."""
+    run_dir = _serve(tmp_path, ["workload.num_requests=null", "workload.duration_s=0.5"])
+    out = tmp_path / "validation.json"
+    assert validate.main([str(run_dir), "--recorded", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    n = doc["engine"]["num_requests"]
+    assert doc["engine"]["offered_rate"] == pytest.approx(n / 0.5)
+    assert doc["simulator"]["offered_rate"] == doc["engine"]["offered_rate"]
