@@ -25,7 +25,14 @@ from experiments.lib.compose import (
     check_overrides_compose,
 )
 from experiments.lib.results import write_json
-from experiments.lib.setup import MemorySetup, as_dict, block_size, memory_setup, resolve_aliases
+from experiments.lib.setup import (
+    MemorySetup,
+    as_dict,
+    block_size,
+    is_contiguous,
+    memory_setup,
+    resolve_aliases,
+)
 from sim.catalog import GIB
 
 
@@ -75,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     blocks_of = block_size(c["system"])
     print(f"{mem.model.name} on {mem.tp} x {mem.gpu.name}, system {c['system']['name']}, "
           f"max_model_len {mem.max_model_len}")  # fmt: skip
-    print(mem.capacity.describe(blocks_of))
+    print(mem.capacity.describe(blocks_of, contiguous=is_contiguous(c["system"])))
     print(f"system: {mem.batch_limits.describe()}")
     if args.out is not None:
         write_json(args.out, capacity_doc(mem, blocks_of))

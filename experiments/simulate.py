@@ -46,6 +46,7 @@ from experiments.lib.setup import (
     as_dict,
     block_size,
     build_setup,
+    is_contiguous,
     resolve_aliases,
 )
 from sim.driver import SimulationError, StepPriceError, no_cyclic_gc, simulate
@@ -117,7 +118,7 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
     setup = build_setup(c)
     bs = block_size(c["system"])
     log.info("system: %s", setup.batch_limits.describe())
-    log.info("%s", setup.capacity.describe(bs))
+    log.info("%s", setup.capacity.describe(bs, contiguous=is_contiguous(c["system"])))
     if _cost_doc(setup.cost_model).get("stack") == "none":
         log.info(
             "cost: %s with cost.stack=none prices the GPU operators alone, a lower bound: no "

@@ -151,9 +151,10 @@ class KVCapacity:
         (:meth:`num_blocks`), the capacity every KV-cache manager is built with."""
         return self.num_blocks(block_size) * block_size
 
-    def describe(self, block_size: int | None = None) -> str:
+    def describe(self, block_size: int | None = None, contiguous: bool = False) -> str:
         """Each term of the budget (GiB per GPU) with its source, and the slots (with
-        ``block_size``: also the whole blocks a run holds, :meth:`block_slots`)."""
+        ``block_size``: also the whole blocks a run holds, :meth:`block_slots`; with
+        ``contiguous``, said as the slots a contiguous manager holds, not as blocks)."""
         rows = [
             ("usable", self.usable_bytes, "+"),
             ("weights", self.weight_bytes, "-"),
@@ -168,7 +169,12 @@ class KVCapacity:
         lines.append(
             f"  -> {self.num_slots} token slots of {self.bytes_per_token_per_gpu} B per GPU"
         )
-        if block_size is not None:
+        if block_size is not None and contiguous:
+            lines.append(
+                f"  -> {self.block_slots(block_size)} slots in the run (whole blocks of "
+                f"{block_size}, as vLLM sizes a cache; the manager allocates them contiguously)"
+            )
+        elif block_size is not None:
             lines.append(
                 f"  -> {self.num_blocks(block_size)} blocks of {block_size}: "
                 f"{self.block_slots(block_size)} slots in the run"

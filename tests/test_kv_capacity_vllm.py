@@ -173,3 +173,17 @@ def test_weights_over_a_low_utilization_name_the_utilization() -> None:
     assert info.value.key == "gpu_memory_utilization"
     assert str(info.value).endswith("(50% of the 40.00 GiB nominal memory); raise "
                                     "gpu_memory_utilization to 0.65")  # fmt: skip
+
+
+@pytest.mark.parametrize(("system", "paged"), [("vllm", True), ("orca_pow2", False)])
+def test_kv_capacity_says_blocks_only_for_a_paged_system(system: str, paged: bool, capsys) -> None:
+    """``kv_capacity`` names the blocks of a paged system; a contiguous one holds the same
+    whole-block slots (vLLM's sizing) but allocates them unpaged, and is not said in blocks."""
+    from experiments import kv_capacity as command
+
+    assert command.main([f"system={system}"]) == 0
+    out = capsys.readouterr().out
+    blocks = re.search(r"-> (\d+) blocks of 16: (\d+) slots in the run", out)
+    assert (blocks is not None) == paged
+    if not paged:
+        assert re.search(r"-> \d+ slots in the run \(whole blocks of 16.*contiguously\)", out)

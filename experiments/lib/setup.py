@@ -151,6 +151,12 @@ def block_size(system: Mapping[str, Any]) -> int:
     return int(system.get("block_size") or DEFAULT_BLOCK_SIZE)
 
 
+def is_contiguous(system: Mapping[str, Any]) -> bool:
+    """Whether the system group's system keeps contiguous (not paged) KV."""
+    name = system.get("name")
+    return name is not None and get_system(str(name)).kv == "contiguous"
+
+
 def scheduler_config(
     system: Mapping[str, Any], max_model_len: int, device: DeviceFacts | None = None
 ) -> SchedulerConfig:
@@ -369,9 +375,7 @@ def make_cost_model(c: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec, tp: in
         extra["stack"] = measured_stack(extra.get("stack"), stack_path)
     try:
         stack = extra.get("stack")
-        name = (c.get("system") or {}).get("name")
-        contiguous = name is not None and get_system(str(name)).kv == "contiguous"
-        if kind in ("roofline", "profiled") and contiguous:
+        if kind in ("roofline", "profiled") and is_contiguous(c.get("system") or {}):
             extra["stack"] = contiguous_kernel(
                 stack if isinstance(stack, Stack) else get_stack(stack, tp)
             )
