@@ -53,7 +53,7 @@ from experiments.lib.checks import ConfigError, power_of_two
 from experiments.lib.cli import check_out_file, plain_cli
 from experiments.lib.inputs import first_line, read_json, read_run_steps, reading
 from experiments.lib.provenance import code_version, code_words
-from experiments.lib.results import read_metrics, write_json
+from experiments.lib.results import read_metrics, write_csv, write_json
 from experiments.lib.setup import (
     build_run_workload,
     check_calibration_fits,
@@ -237,11 +237,14 @@ def validate(
     calibration: Mapping[str, Any] | None = None,
     recorded: bool = False,
     wrap: Callable[[CostModel], CostModel] | None = None,
+    tables_out: Path | None = None,
 ) -> dict[str, Any]:
     """Simulate ``run_dir`` with the calibrated model ``calibration`` (a ``to_dict``
     document) or, with ``recorded``, with the engine's step times; both sets of metrics and
     the comparison rows. ``wrap`` (for a calibration): the cost model the simulator uses is
-    ``wrap(model)`` (e.g. :class:`sim.cost.drifting.DriftingCostModel`)."""
+    ``wrap(model)`` (e.g. :class:`sim.cost.drifting.DriftingCostModel`). ``tables_out``: a
+    directory the simulator's ``steps.csv`` and ``requests.csv`` are written into (the
+    run's own columns less the engine's timings of its phases, to set beside them)."""
     run_dir = Path(run_dir)
     if recorded == (calibration is not None):
         raise ValueError("give exactly one of a calibration document and recorded=True")
@@ -298,6 +301,10 @@ def validate(
     except BeamReplayError as exc:
         raise ConfigError("--recorded", f"{run_dir}/{exc}; the replay diverged") from None
     simulated = summarize_recorder(rec, cfg.get("slo_ms"), window)
+    if tables_out is not None:
+        tables_out.mkdir(parents=True, exist_ok=True)
+        write_csv(tables_out / "steps.csv", rec.steps_frame())
+        write_csv(tables_out / "requests.csv", rec.requests_frame())
     result: dict[str, Any] = {
         "run": run_dir.name,
         "cost_model": cost.describe(),
@@ -420,10 +427,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration", type=Path, default=None, help="RUN_DIR/calibration.json")
     parser.add_argument("--recorded", action="store_true", help="replay measured step times")
     parser.add_argument("--out", type=Path, default=None, help="default RUN_DIR/validation.json")
+    parser.add_argument(
+        "--tables-out", type=Path, default=None, metavar="DIR",
+        help="also write the simulator's steps.csv and requests.csv into DIR (not RUN_DIR), "
+        "in the run's own columns less the engine's timings of its phases, to diff them",
+    )  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not args.run_dir.is_dir():
         raise ConfigError("run_dir", "no such directory", str(args.run_dir))
     check_out_file(args.out or args.run_dir / "validation.json")
+    if args.tables_out is not None:
+        check_tables_out(args.tables_out, args.run_dir)
     calibration = None
     if not args.recorded:
         path = args.calibration or args.run_dir / "calibration.json"
@@ -433,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                 "a calibration.json (python -m experiments.calibrate RUN_DIR), or --recorded",
             )  # fmt: skip
         calibration = read_calibration(path)
-    result = validate(args.run_dir, calibration, args.recorded)
+    result = validate(args.run_dir, calibration, args.recorded, tables_out=args.tables_out)
     print(result["cost_model"])
     print_comparison(result["comparison"])
     if "not_exact_because" in result and args.recorded:
@@ -451,7 +465,21 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.run_dir / "validation.json"
     write_json(out, result)
     print(f"wrote {out}")
+    if args.tables_out is not None:
+        print(f"wrote the simulator's steps.csv and requests.csv into {args.tables_out}")
     return status
+
+
+def check_tables_out(tables_out: Path, run_dir: Path) -> None:
+    """``--tables-out`` must be a directory (or not yet exist) other than ``run_dir``, whose
+    own tables it would overwrite."""
+    if tables_out.exists() and not tables_out.is_dir():
+        raise ConfigError("--tables-out", "not a directory", str(tables_out))
+    if tables_out.resolve() == run_dir.resolve():
+        raise ConfigError(
+            "--tables-out", "is the run directory: the engine's own steps.csv and "
+            "requests.csv would be overwritten", str(tables_out), "another directory",
+        )  # fmt: skip
 
 
 SCHEDULE_DIFFERS = (

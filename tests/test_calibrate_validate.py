@@ -510,3 +510,30 @@ def test_a_replay_offers_the_rate_over_the_runs_own_arrival_window(tmp_path: Pat
     n = doc["engine"]["num_requests"]
     assert doc["engine"]["offered_rate"] == pytest.approx(n / 0.5)
     assert doc["simulator"]["offered_rate"] == doc["engine"]["offered_rate"]
+
+
+def test_tables_out_writes_the_simulators_tables_beside_the_engines(
+    online_run: Path, tmp_path: Path, capsys
+) -> None:
+    """``--tables-out`` writes the replay's steps.csv and requests.csv in the run's own
+    columns (less the engine's timings of its phases); an exact replay's plan columns equal
+    the engine's row for row. The run
+    directory itself is refused (its tables would be overwritten), in one line."""
+    tables = tmp_path / "sim"
+    out = tmp_path / "validation.json"
+    assert validate.main([str(online_run), "--recorded", "--out", str(out),
+                          "--tables-out", str(tables)]) == 0  # fmt: skip
+    for name in ("steps.csv", "requests.csv"):
+        engine, sim = pd.read_csv(online_run / name), pd.read_csv(tables / name)
+        assert set(sim.columns) <= set(engine.columns), name
+        assert len(sim) == len(engine), name
+    engine, sim = pd.read_csv(online_run / "steps.csv"), pd.read_csv(tables / "steps.csv")
+    plan = ["prefill_seqs", "prefill_tokens", "decode_seqs", "decode_ctx_tokens", "kv_free"]
+    assert sim[plan].equals(engine[plan])
+    before = (online_run / "steps.csv").read_bytes()
+    with pytest.raises(SystemExit) as exit_:
+        validate.main([str(online_run), "--recorded", "--out", str(out),
+                       "--tables-out", str(online_run)])  # fmt: skip
+    assert exit_.value.code == 2
+    assert "--tables-out" in capsys.readouterr().err
+    assert (online_run / "steps.csv").read_bytes() == before
