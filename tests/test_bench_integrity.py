@@ -21,6 +21,10 @@ def test_times_a_half_full_cache_and_writes_both_files(tmp_path: Path) -> None:
     assert written.to_dict("records") == table.to_dict("records")
     data = json.loads((tmp_path / "bench_integrity.json").read_text())
     assert data["rows"][0]["blocks_held"] == row["blocks_held"] and data["machine"]["cpu_count"]
+    assert data["command"] == (
+        f"python -m experiments.bench.integrity --models opt-125m --repeat 1 --out {tmp_path}"
+    )
+    assert "git_commit" in data and "git_dirty" in data
 
 
 def test_a_repeat_below_one_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

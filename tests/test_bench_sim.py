@@ -31,6 +31,11 @@ def test_bench_sim_times_loop_and_whole_run(tmp_path):
     assert list(written.columns) == list(COLUMNS)
     doc = json.loads((tmp_path / "bench_sim.json").read_text())
     assert doc["setup"]["duration_s"] == 5 and len(doc["rows"]) == 2
+    assert (
+        doc["command"]
+        == f"python -m experiments.bench.sim --duration 5 --systems vllm --out {tmp_path}"
+    )
+    assert "git_commit" in doc and "git_dirty" in doc
     assert doc["machine"]["cpu_count"] >= 1
 
 

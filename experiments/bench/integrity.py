@@ -23,7 +23,7 @@ import pandas as pd
 from core.kv.base import AllocStatus
 from core.kv.paged import PagedKVCacheManager
 from core.request import SequenceGroup
-from experiments.bench.sim import machine_info
+from experiments.bench.sim import machine_info, run_record
 from experiments.lib.args import OneLineParser
 from experiments.lib.checks import ConfigError, options
 from experiments.lib.cli import check_out_dir, plain_cli
@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
     write_atomic(args.out / "bench_integrity.csv", table.to_csv(index=False))
-    write_json(args.out / "bench_integrity.json", {"rows": rows, "machine": machine_info()})
+    record = run_record("experiments.bench.integrity", argv)
+    write_json(
+        args.out / "bench_integrity.json", {**record, "rows": rows, "machine": machine_info()}
+    )
     return table
 
 

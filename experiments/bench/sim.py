@@ -207,6 +207,21 @@ def _last_step_end(steps_csv: Path) -> float:
     return float(last[header.index("start_s")]) + float(last[header.index("duration_s")])
 
 
+def run_record(module: str, argv: list[str] | None) -> dict[str, Any]:
+    """What a benchmark's JSON names its making by: the ``command`` (``module`` and its
+    arguments, ``argv`` or the process's own) and the code's ``git_commit`` and
+    ``git_dirty`` (:func:`experiments.lib.provenance.code_version`)."""
+    from experiments.lib.provenance import code_version
+
+    args = sys.argv[1:] if argv is None else argv
+    code = code_version()
+    return {
+        "command": " ".join([f"python -m {module}", *args]),
+        "git_commit": code["git_commit"],
+        "git_dirty": code["git_dirty"],
+    }
+
+
 def machine_info() -> dict[str, Any]:
     return {
         "python": sys.version.split()[0],
@@ -273,6 +288,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     write_json(
         args.out / "bench_sim.json",
         {
+            **run_record("experiments.bench.sim", argv),
             "machine": machine_info(),
             "setup": {
                 "model": "opt-13b",
