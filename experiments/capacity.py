@@ -68,7 +68,7 @@ from core.workload.spec import USES
 from core.workload.trace_io import drop_log
 from experiments.lib.args import OneLineParser, out_dir_problem
 from experiments.lib.batch_log import batch_logging, heard
-from experiments.lib.checks import POLICY_HINT, ConfigError
+from experiments.lib.checks import ConfigError, policy_hint
 from experiments.lib.cli import report_config_error
 from experiments.lib.compose import (
     check_group_overrides,
@@ -158,7 +158,7 @@ def check_overrides(overrides: Sequence[str], systems: Sequence[str]) -> None:
         search = [a for a in overrides if a.lstrip("+").startswith("hydra.searchpath=")]
         check_group_overrides([*search, *(f"system={s}" for s in systems)])
     except ConfigError as err:  # the flag that named it, and how to name a plugin there
-        expected = (err.expected or "").replace(POLICY_HINT, OWN_SYSTEM)
+        expected = (err.expected or "").replace(policy_hint(err.got), OWN_SYSTEM)
         raise ConfigError("--systems", err.problem, err.got, expected) from None
     check_overrides_compose("simulate", list(overrides))
 
@@ -260,6 +260,14 @@ def _stack_name(setup: Any) -> str:
     return str(getattr(getattr(setup.cost_model, "stack", None), "name", "none"))
 
 
+def _workload_label(w: Any) -> str:
+    """The workload in the heading: its dataset, else its kind, and the file it reads, if
+    any (``azure`` is either Azure trace, ``trace`` any file)."""
+    label = str(w.get("dataset") or w.kind)
+    path = w.get("path")
+    return f"{label} {Path(str(path)).name}" if path else label
+
+
 def _plan(cfg: Any, setup: Any, stacks: dict[str, str] | None = None) -> Plan:
     """``stacks``: each searched system's clock stack; where they differ (``cost=profiled``
     gives ``vllm_v1`` the vllm-v1 stack and the paper's systems vllm-2023) the heading
@@ -271,7 +279,7 @@ def _plan(cfg: Any, setup: Any, stacks: dict[str, str] | None = None) -> Plan:
         stack = f"stack {_stack_name(setup)}"
     setting = (
         f"{setup.model.name} on {setup.tp} x {setup.gpu.name}, "
-        f"{w.get('dataset') or w.kind}, cost={cfg.cost.get('kind', '?')} ({stack})"
+        f"{_workload_label(w)}, cost={cfg.cost.get('kind', '?')} ({stack})"
     )
     if "rate" in USES[str(w.kind)]:
         fixed = w.get("duration_s") if w.get("num_requests") is None else None

@@ -292,6 +292,16 @@ def test_the_heading_names_each_systems_stack_where_they_differ() -> None:
     assert "cost=profiled (stack vllm-2023)" in alike
 
 
+def test_the_heading_names_the_trace_file() -> None:
+    """Both Azure traces are of kind azure: the heading (and the figure's title) named the
+    kind alone, so a search of the code trace read as one of the conversation trace."""
+    overrides = ["model=opt-125m", "workload=azure_code", "workload.duration_s=60"]
+    setting = capacity.check_configs(overrides, ["vllm"], 1.0).setting
+    assert "opt-125m on 1 x a100-40gb, azure AzureLLMInferenceTrace_code.csv, cost=" in setting
+    synthetic = capacity.check_configs(["model=opt-125m"], ["vllm"], 1.0).setting
+    assert "opt-125m on 1 x a100-40gb, sharegpt, cost=" in synthetic
+
+
 def test_a_window_past_the_traces_end_is_searched_at_the_traces_own_rate(tmp_path: Path) -> None:
     # a duration_s window that runs past the trace's last arrival cuts nothing: the rate is
     # the one the same requests have without it, not their count over the empty tail

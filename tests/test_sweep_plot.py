@@ -144,3 +144,25 @@ def test_kv_breakdown_without_the_parts_is_one_line(tmp_path: Path, capsys) -> N
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "no column kv_token_states_pct" in err
     assert "\n" not in err
+
+
+def test_every_metric_side_by_side_in_one_table(tmp_path: Path) -> None:
+    # a paper's table: one row per point, each metric's mean (each KV part) beside the rest
+    pytest.importorskip("matplotlib")
+    sweep = _breakdown_summary(tmp_path / "sweep")
+    summary = pd.read_csv(sweep / "summary.csv")
+    summary["mean_ttft_ms"] = [100.0, 300.0, 50.0, 1234.5678, None]
+    summary.to_csv(sweep / "summary.csv", index=False)
+    argv = [str(sweep), "--x", "workload.rate", "--y", "mean_ttft_ms", "--y", "kv_breakdown",
+            "--hue", "system"]  # fmt: skip
+    assert sweep_plot.main(argv) == 0
+    table = pd.read_csv(sweep / "sweep_table.csv")
+    assert list(table.columns[:3]) == ["system", "workload.rate", "mean_ttft_ms"]
+    assert list(table.columns[-2:]) == ["kv_free_pct", "runs"]
+    vllm = table.set_index(["system", "workload.rate"]).loc[("vllm", 1.0)]
+    assert vllm[["mean_ttft_ms", "kv_token_states_pct", "runs"]].tolist() == [200.0, 65.0, 2]
+    assert len(table) == 3  # the failed run's point is left out
+    md = (sweep / "sweep_table.md").read_text().splitlines()
+    assert md[0].startswith("| system | workload.rate | mean_ttft_ms | kv_token_states_pct |")
+    assert md[1].startswith("|---|") and len(md) == 5
+    assert "| orca_max | 1.0 | 1235 | 20 |" in (sweep / "sweep_table.md").read_text()

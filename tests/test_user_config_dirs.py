@@ -157,3 +157,36 @@ def test_a_model_yaml_key_no_part_reads_is_refused(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"name": "my-model", "tp": 1, "shapes": doc["shape"]}))
     status, _, err = run_cli(simulate, args, tmp_path / "b")
     _refused(status, err, "error: model.shapes: not a key of the model group")
+
+
+def _plugin_yaml(path: Path) -> Path:
+    """The README's system YAML of the example policy plugin, at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("defaults:\n  - vllm\n  - _self_\n\nname: vllm_spf\n"
+                    "plugin: tests.policy_plugin\n")  # fmt: skip
+    return path
+
+
+def test_a_flat_system_file_is_named_with_where_it_belongs(tmp_path: Path) -> None:
+    # a plugin's system YAML outside system/ would otherwise get the generic hint
+    flat = _plugin_yaml(tmp_path / "mine" / "vllm_spf.yaml")
+    args = ["-m", *SIM_SMALL, _search(tmp_path / "mine"), "system=vllm,vllm_spf"]
+    status, _, err = run_cli(simulate, args, tmp_path / "a")
+    _refused(status, err, "error: system: unknown system (got 'vllm_spf'; expected one of ")
+    assert f"found {flat}: move it to {tmp_path / 'mine' / 'system' / 'vllm_spf.yaml'}" in err
+
+
+def test_an_unknown_system_in_a_sweep_names_the_system_yaml(tmp_path: Path) -> None:
+    # system.plugin with system.name runs a plugin alone; beside other systems in a sweep
+    # it needs a system YAML, and the line says where
+    args = ["-m", *SIM_SMALL, "system.plugin=tests.policy_plugin", "system=vllm,vllm_spf"]
+    status, _, err = run_cli(simulate, args, tmp_path / "a")
+    _refused(status, err, "error: system: unknown system (got 'vllm_spf'; expected one of ")
+    assert "to sweep it beside other systems, <dir>/system/vllm_spf.yaml naming it" in err
+    _plugin_yaml(tmp_path / "mine" / "system" / "vllm_spf.yaml")
+    sweep = tmp_path / "sweep"
+    args = ["-m", *SIM_SMALL, _search(tmp_path / "mine"), "system=vllm,vllm_spf",
+            f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    status, _, err = run_cli(simulate, args, tmp_path / "b")
+    assert status == 0, err
+    assert "vllm_spf" in (sweep / "summary.csv").read_text()

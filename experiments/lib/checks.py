@@ -382,17 +382,21 @@ def hydra_search_dirs() -> list[Path]:
     ]
 
 
-POLICY_HINT = (
-    "or a policy of your own: system.plugin=<module> system.name=<its name>, on the shipped "
-    "system it builds on (README: A policy of your own)"
-)
+def policy_hint(choice: Any) -> str:
+    """The end of an unknown system ``choice``'s line: both ways to run a policy of one's
+    own, alone through ``system.plugin`` and ``system.name``, or as an option of the system
+    group (a sweep beside other systems) through a system YAML on ``hydra.searchpath``."""
+    return (
+        "or a policy of your own: system.plugin=<module> system.name=<its name> on the "
+        "shipped system it builds on, or, to sweep it beside other systems, "
+        f"<dir>/system/{choice}.yaml naming it and its plugin, with "
+        "hydra.searchpath=[file://<dir>] (README: A policy of your own)"
+    )
 
 
-def how_to_add(group: str, choice: Any, search: Sequence[Path] = ()) -> str:
-    """The end of an unknown ``model``'s or ``hardware``'s line: how a user adds one (a
-    ``<dir>/<group>/<choice>.yaml``, ``<dir>`` on ``hydra.searchpath``); where a folder of
-    ``search`` holds ``<choice>.yaml`` outside its ``<group>/`` subfolder, which Hydra does
-    not read, where it belongs instead."""
+def misplaced(group: str, choice: Any, search: Sequence[Path] = ()) -> str | None:
+    """Where a folder of ``search`` holds ``<choice>.yaml`` outside its ``<group>/``
+    subfolder, which Hydra does not read: where it belongs instead; None where none does."""
     for folder in search:
         flat = Path(folder) / f"{choice}.yaml"
         if not flat.is_file():
@@ -403,10 +407,29 @@ def how_to_add(group: str, choice: Any, search: Sequence[Path] = ()) -> str:
                 f"(file://{Path(folder).parent}), not {folder}"
             )
         return f"found {flat}: move it to {Path(folder) / group / flat.name}"
+    return None
+
+
+def how_to_add(group: str, choice: Any, search: Sequence[Path] = ()) -> str:
+    """The end of an unknown ``model``'s or ``hardware``'s line: how a user adds one (a
+    ``<dir>/<group>/<choice>.yaml``, ``<dir>`` on ``hydra.searchpath``); where a folder of
+    ``search`` holds ``<choice>.yaml`` outside its ``<group>/`` subfolder, where it belongs
+    instead (:func:`misplaced`)."""
+    found = misplaced(group, choice, search)
+    if found is not None:
+        return found
     return (
         f"or add <dir>/{group}/{choice}.yaml, run with hydra.searchpath=[file://<dir>] "
         f"{group}={choice} (README: GPUs and models are data)"
     )
+
+
+def system_hint(choice: Any, search: Sequence[Path] = ()) -> str:
+    """The end of an unknown ``system=<choice>``'s line: where a folder of ``search`` holds
+    ``<choice>.yaml`` outside its ``system/`` subfolder, where it belongs
+    (:func:`misplaced`); else :func:`policy_hint`."""
+    found = misplaced("system", choice, search)
+    return policy_hint(choice) if found is None else found
 
 
 def hardware_origin() -> str | None:
@@ -496,7 +519,7 @@ def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         if plugin:
             problem += f" (plugin {plugin!r} registered {', '.join(registered) or 'none'})"
         else:
-            expected += "; " + POLICY_HINT
+            expected += "; " + policy_hint(system)
         raise ConfigError("system", problem, system, expected)
     if registered and system not in registered:  # the plugin's policy would not run
         raise ConfigError("system.name", f"plugin {plugin!r} registers {', '.join(registered)}; "

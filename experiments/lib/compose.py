@@ -20,10 +20,10 @@ from core.mapping_file import yaml_error_place
 from experiments.lib.checks import (
     CONFIG_DIR,
     GROUPS,
-    POLICY_HINT,
     ConfigError,
     how_to_add,
     options,
+    system_hint,
 )
 from experiments.lib.sweep_stop import is_sweep
 
@@ -125,8 +125,8 @@ def check_group_overrides(argv: Sequence[str]) -> None:
             if choice not in valid:
                 if key in OWN_GROUPS:  # a GPU or model of the user's own: say how to add one
                     expected += "; " + how_to_add(key, choice, extra)
-                elif key == "system":
-                    expected += "; " + POLICY_HINT
+                elif key == "system":  # a policy of the user's own: both ways to run one
+                    expected += "; " + system_hint(choice, extra)
                 raise ConfigError(key, f"unknown {key}", choice, expected)
 
 

@@ -10,7 +10,9 @@ finish (``status`` other than ``ok``) are left out and counted. Several rows at 
 point, such as seeds or a key neither names, are averaged; the figure draws their range as an
 error bar. Writes ``DIR/sweep_<y>.csv`` (hue, x, mean, min, max, runs; for ``kv_breakdown``
 each part's mean and runs), ``.png`` and ``.pdf`` per metric (``DIR`` defaults to the sweep's
-folder) and prints the table.
+folder) and prints the table; and every metric's mean side by side, one row per point
+(hue, x, a column per metric, for ``kv_breakdown`` per part, then runs), in
+``DIR/sweep_table.csv`` and, the metrics to 4 significant digits, ``sweep_table.md``.
 """
 
 from __future__ import annotations
@@ -21,8 +23,14 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.lib.args import OneLineParser, out_dir_problem
-from experiments.lib.results import write_csv
-from experiments.report.sweep_breakdown import KV_BREAKDOWN, aggregate_breakdown, plot_breakdown
+from experiments.lib.results import write_atomic, write_csv
+from experiments.report.sweep_breakdown import (
+    KV_BREAKDOWN,
+    aggregate_breakdown,
+    part_columns,
+    plot_breakdown,
+)
+from experiments.report.tables import markdown_rows
 
 
 class SweepPlotError(ValueError):
@@ -132,6 +140,31 @@ def plot(tables: dict[str, pd.DataFrame], x: str, hue: str | None, out: Path) ->
     return written
 
 
+def side_by_side(tables: dict[str, pd.DataFrame], x: str, hue: str | None) -> pd.DataFrame:
+    """Every metric's mean at each (``hue``, ``x``) point of ``tables`` (:func:`aggregate`'s,
+    :func:`aggregate_breakdown`'s for ``kv_breakdown``: a column per part), one row per
+    point, then ``runs``: the most runs any metric averaged there (a metric averages fewer
+    where a run holds no number for it)."""
+    keys = [x] if hue is None else [hue, x]
+    merged: pd.DataFrame | None = None
+    runs: list[str] = []
+    for i, (y, table) in enumerate(tables.items()):
+        values = part_columns() if y == KV_BREAKDOWN else [y]
+        named = table.rename(columns={"mean": y, "runs": f"runs {i}"})
+        part = named[[*keys, *values, f"runs {i}"]]
+        merged = part if merged is None else merged.merge(part, on=keys, how="outer")
+        runs.append(f"runs {i}")
+    assert merged is not None
+    merged["runs"] = merged[runs].max(axis=1).astype(int)
+    return merged.drop(columns=runs)
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return "" if value != value else f"{value:.4g}"  # NaN: no number
+    return str(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m experiments.report.sweep_plot", description=__doc__)
     p.add_argument("summary", type=Path, help="a sweep's folder or its summary.csv")
@@ -160,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     for y, table in tables.items():
         write_csv(out / f"sweep_{y}.csv", table)
         print(f"{y}:\n{table.to_string(index=False)}\n")
+    table = side_by_side(tables, args.x, args.hue)
+    write_csv(out / "sweep_table.csv", table)
+    keys = [args.x] if args.hue is None else [args.hue, args.x]
+    text = table.apply(lambda c: c.map(str if c.name in keys else _cell)).set_index(keys[0])
+    write_atomic(out / "sweep_table.md", "\n".join(markdown_rows(text)) + "\n")
     left = int((frame["status"] != "ok").sum()) if "status" in frame else 0
     if left:
         print(f"{left} run(s) not finished (status other than ok) left out")
@@ -169,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         pngs.append(plot_breakdown(tables[KV_BREAKDOWN], args.x, args.hue, out))
     for png in pngs:
         print(f"wrote {png} (+ .pdf, .csv)")
+    print(f"wrote {out / 'sweep_table.md'} (+ .csv): every metric's mean, a row per point")
     return 0
 
 
