@@ -15,12 +15,13 @@ from types import ModuleType
 import pandas as pd
 import pytest
 
-from core.kv.base import MemoryBreakdown
+from core.kv.base import KVCacheError, MemoryBreakdown
 from core.kv.contiguous import ContiguousKVCacheManager
 from core.kv.paged import PagedKVCacheManager
-from core.loop import IntegrityError
+from core.loop import IntegrityError, KVMisuseError
 from core.request import Request, SequenceGroup
 from core.sched.base import SchedulerConfig
+from core.sched.fastertransformer import FasterTransformerScheduler
 from core.sched.orca import OrcaScheduler
 from core.sched.vllm import VLLMScheduler
 from core.systems import (
@@ -368,3 +369,71 @@ def test_a_manager_that_cannot_be_built_is_one_line(tmp_path: Path, monkeypatch,
         SYSTEMS.pop("t_unbuildable", None)
         systems._PLUGIN_OF.pop("t_unbuildable", None)
         sys.modules.pop("t_unbuildable_plugin", None)
+
+
+class _HalfOutputReserved(ContiguousKVCacheManager):
+    """Reserves the prompt and half the output: shorter than the true length (a plugin's
+    mistake), so every sequence outgrows its region halfway through its output."""
+
+    def reservation(self, request: Request) -> int:
+        return request.prompt_len + request.output_len // 2
+
+
+@pytest.mark.parametrize("scheduler", [OrcaScheduler, FasterTransformerScheduler])
+def test_a_reservation_short_of_the_true_length_stops_the_simulator_as_step_by_step(
+    scheduler: type[OrcaScheduler] | type[FasterTransformerScheduler],
+) -> None:
+    # the lockstep runs of decode steps held each sequence to its true length alone: run at
+    # once, the sequences grew past their reservations to the end (in the engine they would
+    # write into the regions beyond), while step by step, as the engine runs, the step that
+    # outgrows a reservation stops the run; Orca's stop was a RuntimeError (a traceback),
+    # not the manager's misuse named in one line, as FasterTransformer's
+    register_system(
+        SystemSpec("t_short", scheduler, "contiguous", "oracle", manager=_HalfOutputReserved)
+    )
+    try:
+        said = []
+        for fast_forward in (False, True):
+            with pytest.raises(SimulationError) as caught:
+                steps_of("t_short", 128, fast_forward=fast_forward)
+            assert isinstance(caught.value.__cause__, KVMisuseError)
+            said.append(str(caught.value))
+        assert said[0] == said[1]
+        assert "scheduler t_short (KV manager _HalfOutputReserved) in schedule at step" in said[0]
+        assert "its reservation" in said[0]
+    finally:
+        SYSTEMS.pop("t_short", None)
+
+
+def test_a_request_too_long_for_a_plugins_reservation_names_the_manager(plugin: ModuleType) -> None:
+    # the intake's reason named the spec's policy ("the oracle policy reserves 76 slots"),
+    # which reserves 60 here: the 76 are OracleMargin's
+    request = Request(0, 0.0, 40, 20)
+    for system, says in (("orca_oracle", None), ("orca_margin", "OracleMargin.reservation gives")):
+        group = build_scheduler(system, 16 * BS, CONFIG, block_size=BS).add(request, 0.0)
+        if says is None:
+            assert group.reject_reason is None
+            continue
+        assert group.reject_reason is not None and "policy" not in group.reject_reason
+        assert f"; {says} {request.total_len + 16} slots per sequence" in group.reject_reason
+        assert group.reject_reason.endswith(", which the buddy allocator rounds up to 128")
+
+
+class _TenPercentMore(ContiguousKVCacheManager):
+    """A reservation 10% over the true length, left a float (a plugin's slip)."""
+
+    def reservation(self, request: Request) -> int:
+        return request.total_len * 1.1  # type: ignore[return-value]
+
+
+def test_a_reservation_that_is_no_whole_number_of_slots_is_named() -> None:
+    # the buddy allocator failed inside with "'float' object has no attribute 'bit_length'"
+    register_system(SystemSpec("t_float", OrcaScheduler, "contiguous", manager=_TenPercentMore))
+    try:
+        with pytest.raises(KVCacheError) as caught:
+            steps_of("t_float", 128)
+        said = str(caught.value)
+        assert said.startswith("_TenPercentMore.reservation gave 22.") and "(float)" in said
+        assert "for request 0: a reservation is a whole number of slots, an int" in said
+    finally:
+        SYSTEMS.pop("t_float", None)

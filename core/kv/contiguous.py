@@ -129,6 +129,18 @@ class ContiguousKVCacheManager:
             )
         return request.total_len
 
+    def _reservation_of(self, request: Request) -> int:
+        """:meth:`reservation`, held to a whole number of slots (a subclass's may return a
+        float, e.g. ``1.1 * request.total_len``, which the buddy cannot size)."""
+        slots = self.reservation(request)
+        if isinstance(slots, bool) or not isinstance(slots, int):
+            raise KVCacheError(
+                f"{type(self).__name__}.reservation gave {slots!r} ({type(slots).__name__}) "
+                f"for request {request.request_id}: a reservation is a whole number of slots, "
+                "an int"
+            )
+        return slots
+
     def region(self, seq_id: int) -> tuple[int, int]:
         """``(start slot, allocated slots)`` of the sequence's region."""
         s = self._state(seq_id)
@@ -172,7 +184,7 @@ class ContiguousKVCacheManager:
         request = group.request
         if group.request_id in self._groups:
             raise KVCacheError(f"request {group.request_id} already holds KV regions")
-        reservation = self.reservation(request)
+        reservation = self._reservation_of(request)
         n = group.sampling.num_seqs
         if request.total_len > self.max_model_len or len(group.live_seqs()) > n:
             return AllocStatus.NEVER
@@ -189,7 +201,7 @@ class ContiguousKVCacheManager:
         status = self.can_allocate(group)
         if status is not AllocStatus.OK:
             raise KVCacheError(f"allocate of request {group.request_id}: can_allocate is {status}")
-        reservation = self.reservation(group.request)
+        reservation = self._reservation_of(group.request)
         size = self.allocator.block_size_for(reservation)
         regions = []
         for _ in range(group.sampling.num_seqs):
@@ -232,15 +244,19 @@ class ContiguousKVCacheManager:
 
     def lockstep_blocks(self, seqs: list[Sequence], steps: int) -> list[int] | None:
         """No new blocks (regions are reserved whole), if each sequence is one slot short
-        of its tokens and stays within its true length for all ``steps`` (so each append
-        fits its reservation and only moves slots from reserved to token states); None in a
-        subclass with growth verbs of its own (:data:`~core.kv.base.GROWTH_VERBS`)."""
+        of its tokens and stays within its true length and its reservation for all
+        ``steps`` (so each append fits its reservation and only moves slots from reserved to
+        token states; a subclass's :meth:`reservation` short of the true length is outgrown
+        in a step run alone, which stops the run); None in a subclass with growth verbs of
+        its own (:data:`~core.kv.base.GROWTH_VERBS`)."""
         if not self._fast_growth:
             return None
         states = self._seqs
         for seq in seqs:
             s = states.get(seq.seq_id)
-            if s is None or seq.num_tokens - s.slots != 1 or s.slots + steps > s.group.need:
+            if s is None or seq.num_tokens - s.slots != 1:
+                return None
+            if s.slots + steps > min(s.group.need, s.group.reservation):
                 return None
         return [0] * steps
 

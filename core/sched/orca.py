@@ -17,6 +17,7 @@ is never preempted.
 
 from __future__ import annotations
 
+from core.kv.base import KVCacheError
 from core.plan import (
     HELD_BY_MAX_NUM_SEQS,
     HELD_BY_MEMORY,
@@ -72,7 +73,9 @@ class OrcaScheduler(BaseScheduler):
             copies = []
             for group in self.running:
                 if not self.manager.can_append(group):
-                    raise RuntimeError(
+                    # a plugin's reservation short of the output: the loop names the
+                    # manager's misuse in one line, as it does FasterTransformer's append
+                    raise KVCacheError(
                         f"request {group.request_id} outgrew its reservation; the contiguous "
                         "manager's reservation policy is inconsistent with output_len"
                     )
