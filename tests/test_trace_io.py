@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from core.request import GREEDY_BELOW, Request, RequestError, SamplingParams
 from core.workload.datasets_json import read_alpaca_json, read_sharegpt_json, whitespace_tokenize
+from core.workload.spec import build_workload
 from core.workload.trace_io import (
     NATIVE_COLUMNS,
     TraceFormatError,
@@ -272,6 +273,63 @@ def test_mooncake_malformed(tmp_path: Path, line2: str, problem: str) -> None:
     with pytest.raises(TraceFormatError, match=problem) as info:
         read_mooncake_trace(path)
     assert "line 2" in str(info.value)
+
+
+def _mooncake_rows(path: Path) -> None:
+    """Mooncake's own example shape: blocks of 512 tokens, block 0 shared by all three."""
+    rows = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]},
+        {"timestamp": 10, "input_length": 1030, "output_length": 5, "hash_ids": [0, 1, 3]},
+        {"timestamp": 20, "input_length": 600, "output_length": 5, "hash_ids": [0, 4]},
+        {"timestamp": 30, "input_length": 40, "output_length": 5},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_mooncake_hash_ids_become_shared_prompt_ids(tmp_path: Path) -> None:
+    """Equal hash ids give equal token blocks, different ones different ids, so the prefix
+    cache sees the trace's shared prefixes; a row without hash_ids keeps no ids."""
+    path = tmp_path / "m.jsonl"
+    _mooncake_rows(path)
+    a, b, c, d = read_mooncake_trace(path, apply_filter=False, vocab_size=1000)
+    assert a.prompt_token_ids is not None and b.prompt_token_ids is not None
+    assert c.prompt_token_ids is not None and d.prompt_token_ids is None
+    assert len(a.prompt_token_ids) == 1100 and all(0 <= t < 1000 for t in a.prompt_token_ids)
+    assert a.prompt_token_ids[:1024] == b.prompt_token_ids[:1024]
+    assert a.prompt_token_ids[1024:1030] != b.prompt_token_ids[1024:1030]
+    assert a.prompt_token_ids[:512] == c.prompt_token_ids[:512]
+    assert a.prompt_token_ids[512:528] != c.prompt_token_ids[512:528]
+    assert read_mooncake_trace(path, apply_filter=False)[0].prompt_token_ids is None
+
+
+def test_mooncake_workload_carries_hash_ids_in_its_window(tmp_path: Path) -> None:
+    """The workload group reads hash_ids (ids made after the window is cut, in the model's
+    vocabulary), with another block size through hash_block_tokens."""
+    path = tmp_path / "m.jsonl"
+    _mooncake_rows(path)
+    cfg = {"kind": "mooncake", "path": str(path), "apply_filter": False, "vocab_size": 500}
+    got = build_workload({**cfg, "duration_s": 0.015}, max_model_len=8192)
+    assert [r.request_id for r in got] == [0, 1]
+    assert got[0].prompt_token_ids is not None and got[1].prompt_token_ids is not None
+    assert got[0].prompt_token_ids[:1024] == got[1].prompt_token_ids[:1024]
+    assert max(got[0].prompt_token_ids) < 500
+    with pytest.raises(TraceFormatError, match=r"line 1: hash_ids holds 3 block.*of 256 tokens"):
+        build_workload({**cfg, "hash_block_tokens": 256}, max_model_len=8192)
+
+
+@pytest.mark.parametrize(
+    ("hash_ids", "problem"),
+    [("[0]", "holds 1 block"), ('[0, "a"]', "not a list of whole numbers"),
+     ("[0, -1]", "not a list of whole numbers"), ("7", "not a list of whole numbers")],
+)  # fmt: skip
+def test_mooncake_bad_hash_ids(tmp_path: Path, hash_ids: str, problem: str) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 30, "output_length": 10}\n'
+        f'{{"timestamp": 5, "input_length": 600, "output_length": 4, "hash_ids": {hash_ids}}}\n'
+    )
+    with pytest.raises(TraceFormatError, match=f"line 2: hash_ids (is )?{problem}"):
+        read_mooncake_trace(path, max_model_len=8192)
 
 
 def test_vidur(tmp_path: Path) -> None:

@@ -22,6 +22,9 @@ only kinds that make token ids read.
   by default: no cap) drops only the rows whose prompt + output exceed it, ``auto`` meaning
   the served ``max_model_len`` (:func:`core.workload.filters.total_cap`): both act on the
   file's rows before the window is cut, and request ids count the rows they keep.
+  ``mooncake`` reads each row's ``hash_ids`` (``hash_block_tokens`` prompt tokens each,
+  Mooncake's 512) as prompt token ids that share exactly the blocks the trace shares
+  (:func:`core.workload.trace_io.hash_block_token_ids`), made after the window is cut.
 - ``vllm_log``: a real vLLM run directory (``requests.jsonl``): the recorded arrivals
   (``queued_ts − min``) and lengths, and the prompts' token ids from ``tokens_path`` (the
   workload JSONL that was sent) when given, so prefix hits replay
@@ -59,10 +62,12 @@ from core.workload.datasets_json import read_alpaca_json, read_sharegpt_json, wh
 from core.workload.filters import MAX_MODEL_LEN, total_cap
 from core.workload.synthetic import OPT_VOCAB_SIZE, multi_turn, shared_prefix, synthesize
 from core.workload.trace_io import (
+    MOONCAKE_BLOCK_TOKENS,
     read_azure_trace,
-    read_mooncake_trace,
+    read_mooncake_blocks,
     read_trace,
     read_vidur_trace,
+    with_hash_token_ids,
 )
 from core.workload.vllm_bench import BenchResult, read_bench_result
 from core.workload.vllm_log import (
@@ -117,6 +122,7 @@ DEFAULTS: dict[str, Any] = {
     "time_scale": 1.0,
     "apply_filter": True,
     "max_total_tokens": None,  # None: no length cap; "auto": the served max_model_len
+    "hash_block_tokens": MOONCAKE_BLOCK_TOKENS,  # mooncake: prompt tokens per hash_ids entry
     "with_token_ids": False,
     "vocab_size": OPT_VOCAB_SIZE,
     "prefix_len": 80,  # Fig. 16's 1-shot prefix
@@ -153,7 +159,7 @@ USES: dict[str, frozenset[str]] = {
     "multi_turn": _SAMPLING | _ARRIVALS | _CHAT | {"num_requests"},
     "native": _WINDOW | {"path", "start_s"},
     "azure": _TIMED_FILE,
-    "mooncake": _TIMED_FILE,
+    "mooncake": _TIMED_FILE | {"hash_block_tokens"},
     "vidur": _TIMED_FILE,
     "sharegpt_json": _DATASET_FILE,
     "alpaca_json": _DATASET_FILE,
@@ -467,9 +473,18 @@ def load_workload(
         return Workload(_from_bench(read_bench_result(path), c, seed, sampling, path))
     if kind == "native":
         return _window(_by_arrival(read_trace(path)), c)
+    if kind == "mooncake":
+        block = int(c["hash_block_tokens"])
+        requests, hashes = read_mooncake_blocks(
+            path, max_model_len, None, float(c["time_scale"]), bool(c["apply_filter"]),
+            max_total_tokens=total_cap(c["max_total_tokens"], max_model_len),
+            hash_block_tokens=block,
+        )  # fmt: skip
+        cut = _window(requests, c)  # the window first: ids only for the requests it keeps
+        kept = with_hash_token_ids(cut.requests, hashes, block, int(c["vocab_size"]))
+        return Workload(_with_sampling(kept, sampling), cut.window_s)
     timed: dict[str, Callable[..., list[Request]]] = {
         "azure": read_azure_trace,
-        "mooncake": read_mooncake_trace,
         "vidur": read_vidur_trace,
     }
     if kind in timed:

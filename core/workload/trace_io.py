@@ -30,6 +30,7 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -271,12 +272,14 @@ def _to_requests(
     token_ids: list[tuple[int, ...] | None] | None = None,
     dataset: bool = False,
     max_total_tokens: int | None = None,
+    kept_rows: list[int] | None = None,
 ) -> list[Request]:
     """Shared policy of the readers. ``rows``: (line, arrival seconds, prompt, output);
     ``dataset``: a dataset file without times, whose sampling expects the filter (rows it
     drops are logged at info level; a timed trace's, which lose arrivals, as a warning);
     ``max_total_tokens``: the length cap (:func:`core.workload.filters.over_cap`), applied
-    to the rows the filter keeps and logged as a warning of its own."""
+    to the rows the filter keeps and logged as a warning of its own; ``kept_rows``, when
+    given, gets the index in ``rows`` of each request returned, in order."""
     if not (math.isfinite(time_scale) and time_scale > 0):
         raise RequestError(f"time_scale must be finite and > 0, got {time_scale}")
     if limit is not None and limit < 0:
@@ -315,6 +318,8 @@ def _to_requests(
             break
         _, t, p, o = rows[k]
         ids = token_ids[k] if token_ids is not None else None
+        if kept_rows is not None:
+            kept_rows.append(k)
         out.append(Request(len(out), (t - t0) * time_scale, p, o, params, ids))
     return out
 
@@ -443,7 +448,51 @@ def read_vidur_trace(
     )  # fmt: skip
 
 
-def read_mooncake_trace(
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens per ``hash_ids`` entry in Mooncake's traces (and the traces made in its format)."""
+
+_MIX = tuple(np.uint64(v) for v in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def hash_block_token_ids(
+    hash_ids: Sequence[int], prompt_len: int, block_tokens: int, vocab_size: int
+) -> tuple[int, ...]:
+    """Stand-in prompt token ids for a prompt described by block hashes (Mooncake's
+    ``hash_ids``): entry i covers tokens ``[i * block_tokens, (i + 1) * block_tokens)``, and
+    each of its ids is a function of the hash id and the position in its block alone
+    (splitmix64, modulo ``vocab_size``). Two prompts so hold the same ids exactly where their
+    hash ids agree, and share in the prefix cache the leading blocks they share in the trace
+    (two different hash ids agree on a 16-token block with probability vocab_size^-16)."""
+    blocks = np.asarray(hash_ids, dtype=np.uint64)
+    z = np.repeat(blocks * np.uint64(block_tokens), block_tokens)[:prompt_len]
+    z = z + np.tile(np.arange(block_tokens, dtype=np.uint64), len(blocks))[:prompt_len]
+    z = z + _MIX[0]
+    z = (z ^ (z >> np.uint64(30))) * _MIX[1]
+    z = (z ^ (z >> np.uint64(27))) * _MIX[2]
+    z = z ^ (z >> np.uint64(31))
+    return tuple((z % np.uint64(vocab_size)).astype(np.int64).tolist())
+
+
+def _hash_ids(
+    path: PathLike, line: int, obj: dict[str, Any], prompt: int, block: int
+) -> tuple[int, ...]:
+    """A row's ``hash_ids``, checked: whole numbers >= 0, one per ``block`` prompt tokens."""
+    ids = obj["hash_ids"]
+    if not isinstance(ids, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**63 for h in ids
+    ):
+        raise TraceFormatError(path, line, f"hash_ids is not a list of whole numbers >= 0: {ids!r}")
+    need = -(-prompt // block)
+    if len(ids) != need:
+        raise TraceFormatError(
+            path, line,
+            f"hash_ids holds {len(ids)} block(s), but input_length {prompt} needs {need} of "
+            f"{block} tokens (workload.hash_block_tokens: the trace's tokens per hash id)",
+        )  # fmt: skip
+    return tuple(ids)
+
+
+def read_mooncake_blocks(
     path: PathLike,
     max_model_len: int = MAX_MODEL_LEN,
     limit: int | None = None,
@@ -452,10 +501,16 @@ def read_mooncake_trace(
     max_prompt_len: int = MAX_PROMPT_LEN,
     sampling: SamplingParams | None = None,
     max_total_tokens: int | None = None,
-) -> list[Request]:
-    """Mooncake JSONL: one object per line with ``timestamp`` (ms), ``input_length``,
-    ``output_length``; other keys (e.g. ``hash_ids``) are ignored."""
+    hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+) -> tuple[list[Request], list[tuple[int, ...] | None]]:
+    """:func:`read_mooncake_trace`'s requests without token ids, and each one's ``hash_ids``
+    (indexed by request id; None for a row without them), so that a caller cuts its window
+    before :func:`with_hash_token_ids` spends memory on the ids (a whole Mooncake trace holds
+    about 180 million prompt tokens)."""
+    if hash_block_tokens < 1:
+        raise RequestError(f"hash_block_tokens must be >= 1, got {hash_block_tokens}")
     rows: list[tuple[int, float, int, int]] = []
+    hashes: list[tuple[int, ...] | None] = []
     for line, obj in jsonl_objects(path, read_text_lines(path)):
         missing = [k for k in ("timestamp", "input_length", "output_length") if k not in obj]
         if missing:
@@ -467,12 +522,62 @@ def read_mooncake_trace(
         p = _int(path, line, "input_length", str(obj["input_length"]), exact=False)
         o = _int(path, line, "output_length", str(obj["output_length"]), exact=False)
         rows.append((line, ms / 1000.0, p, o))
+        hashes.append(
+            _hash_ids(path, line, obj, p, hash_block_tokens) if "hash_ids" in obj else None
+        )
     t0 = min((r[1] for r in rows), default=0.0)
     rows = [(ln, t - t0, p, o) for ln, t, p, o in rows]
-    return _to_requests(
+    kept: list[int] = []
+    requests = _to_requests(
         path, rows, time_scale, max_model_len, max_prompt_len, limit, apply_filter, sampling,
-        max_total_tokens=max_total_tokens,
+        max_total_tokens=max_total_tokens, kept_rows=kept,
     )  # fmt: skip
+    return requests, [hashes[k] for k in kept]
+
+
+def with_hash_token_ids(
+    requests: Iterable[Request],
+    hashes: Sequence[tuple[int, ...] | None],
+    hash_block_tokens: int,
+    vocab_size: int,
+) -> list[Request]:
+    """``requests`` with the prompt token ids their ``hashes[request_id]`` stand for
+    (:func:`hash_block_token_ids`); a request without hash ids keeps none."""
+    out = []
+    for r in requests:
+        blocks = hashes[r.request_id]
+        ids = None
+        if blocks is not None:
+            ids = hash_block_token_ids(blocks, r.prompt_len, hash_block_tokens, vocab_size)
+        out.append(replace(r, prompt_token_ids=ids))
+    return out
+
+
+def read_mooncake_trace(
+    path: PathLike,
+    max_model_len: int = MAX_MODEL_LEN,
+    limit: int | None = None,
+    time_scale: float = 1.0,
+    apply_filter: bool = True,
+    max_prompt_len: int = MAX_PROMPT_LEN,
+    sampling: SamplingParams | None = None,
+    max_total_tokens: int | None = None,
+    hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    vocab_size: int | None = None,
+) -> list[Request]:
+    """Mooncake JSONL: one object per line with ``timestamp`` (ms), ``input_length``,
+    ``output_length`` and optionally ``hash_ids``, one id per ``hash_block_tokens`` prompt
+    tokens (Mooncake's 512), equal ids standing for equal token blocks. With ``vocab_size``
+    a row with ``hash_ids`` gets prompt token ids that share exactly those blocks
+    (:func:`hash_block_token_ids`), so prefix caching finds the trace's shared prefixes;
+    without it (None) no row carries ids. Other keys are ignored."""
+    requests, hashes = read_mooncake_blocks(
+        path, max_model_len, limit, time_scale, apply_filter, max_prompt_len, sampling,
+        max_total_tokens, hash_block_tokens,
+    )  # fmt: skip
+    if vocab_size is None:
+        return requests
+    return with_hash_token_ids(requests, hashes, hash_block_tokens, vocab_size)
 
 
 # ---------------------------------------------------------------- JSON datasets

@@ -204,6 +204,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("workload.with_token_ids", is_bool, "true or false", "not a boolean"),
     Rule("workload.vocab_size", positive_int, _POS_INT, "not a vocabulary size"),
+    Rule("workload.hash_block_tokens", positive_int, f"{_POS_INT} (tokens)", "not a block size"),
     Rule("workload.prefix_len", non_negative_int, "an integer >= 0 (tokens)", "not a length"),
     Rule("workload.suffix_len_mean", at_least_one, "a number >= 1 (tokens)", "not a mean length"),
     Rule("workload.output_len_mean", at_least_one, "a number >= 1 (tokens)", "not a mean length"),
