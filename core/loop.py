@@ -193,12 +193,17 @@ class StepLoop:
 
     def add(self, request: Request, now: float, vocab_size: int | None = None) -> SequenceGroup:
         """Queue ``request`` at ``now``; a rejected one (one the scheduler can never serve, or
-        with a prompt id outside a vocabulary of ``vocab_size``) is recorded at once."""
+        with a prompt id outside a vocabulary of ``vocab_size``) is recorded at once. A
+        KVCacheError from the intake (its manager asked whether the request can ever fit) is
+        a :class:`KVMisuseError`, as from a step."""
         problem = request.vocabulary_problem(vocab_size)
         if problem is not None:
             group = self.scheduler.reject(request, problem)
         else:
-            group = self.scheduler.add(request, now)
+            try:
+                group = self.scheduler.add(request, now)
+            except KVCacheError as e:
+                raise self._misuse("add", e) from e
         if group.reject_reason is not None:
             self._done([group], opened=False)
         else:

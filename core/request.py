@@ -249,6 +249,7 @@ class SequenceGroup:
         "first_token_step",
         "first_token_time",
         "num_preemptions",
+        "readmit_cached_tokens",
         "reject_reason",
         "request",
         "seqs",
@@ -263,6 +264,9 @@ class SequenceGroup:
         self.first_scheduled_time: float | None = None
         # prompt tokens the prefix cache held at the group's first admission (None before)
         self.cached_prompt_tokens: int | None = None
+        # tokens (prompt and generated) the prefix cache held at the group's re-admissions
+        # after recompute preemptions, summed over them (0 before any)
+        self.readmit_cached_tokens = 0
         self.first_token_time: float | None = None
         self.first_token_step: int | None = None
         self.finish_time: float | None = None

@@ -173,7 +173,11 @@ def simulate(
             if delay > 0:
                 yield env.timeout(delay)
             r = i % num_replicas
-            if loops[r].add(req, env.now, vocab_size).reject_reason is not None:
+            try:
+                group = loops[r].add(req, env.now, vocab_size)
+            except PolicyError as e:  # the intake's KVCacheError, as a step's
+                raise SimulationError(f"replica {r}: {e}") from e
+            if group.reject_reason is not None:
                 continue
             event = wakeups[r]
             if event is not None and not event.triggered:
@@ -249,8 +253,9 @@ def simulate(
                     next_event = peek()
             finish(pending, now)
 
-    env.process(arrivals())
-    procs = [env.process(engine(r)) for r in range(num_replicas)]
+    # the arrivals are awaited too, so that an intake's error leaves env.run as raised (SimPy
+    # re-raises a failed process that nothing waits for as a copy, its cause lost)
+    procs = [env.process(arrivals()), *(env.process(engine(r)) for r in range(num_replicas))]
     # The run allocates millions of short-lived objects and keeps every step's row, but
     # makes little cyclic garbage (finished groups): cyclic GC passes over the growing
     # heap would cost more than they free, so they wait until the run is over.

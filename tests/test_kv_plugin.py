@@ -430,10 +430,46 @@ def test_a_reservation_that_is_no_whole_number_of_slots_is_named() -> None:
     # the buddy allocator failed inside with "'float' object has no attribute 'bit_length'"
     register_system(SystemSpec("t_float", OrcaScheduler, "contiguous", manager=_TenPercentMore))
     try:
-        with pytest.raises(KVCacheError) as caught:
+        with pytest.raises(SimulationError) as caught:
             steps_of("t_float", 128)
-        said = str(caught.value)
+        assert isinstance(caught.value.__cause__, KVMisuseError)  # raised at intake
+        assert isinstance(caught.value.__cause__.__cause__, KVCacheError)
+        said = str(caught.value.__cause__.__cause__)
         assert said.startswith("_TenPercentMore.reservation gave 22.") and "(float)" in said
         assert "for request 0: a reservation is a whole number of slots, an int" in said
     finally:
         SYSTEMS.pop("t_float", None)
+
+
+FLOAT_SOURCE = """
+from core.kv.contiguous import ContiguousKVCacheManager
+from core.sched.orca import OrcaScheduler
+from core.systems import SystemSpec, register_system
+
+
+class TenPercentMore(ContiguousKVCacheManager):
+    def reservation(self, request):
+        return request.total_len * 1.1
+
+
+register_system(SystemSpec("t_float_cli", OrcaScheduler, "contiguous", manager=TenPercentMore))
+"""
+
+
+@pytest.mark.parametrize("app", ["simulate", "serve"])
+def test_a_managers_error_at_intake_is_one_line(tmp_path: Path, monkeypatch, app) -> None:
+    # raised at a request's intake (the scheduler asks can_allocate), a plugin's KVCacheError
+    # left both apps with a traceback; in a step it was one line naming the plugin's manager
+    import core.systems as systems
+
+    try:
+        lines = run_plugin(app, FLOAT_SOURCE, "t_float_plugin", "t_float_cli", tmp_path,
+                           monkeypatch)  # fmt: skip
+        assert len(lines) == 1, lines
+        assert lines[0].startswith("error: system.plugin: the policy of plugin 't_float_plugin'")
+        assert "scheduler t_float_cli (KV manager TenPercentMore) in add at step 0" in lines[0]
+        assert "TenPercentMore.reservation gave " in lines[0] and "(float)" in lines[0]
+    finally:
+        SYSTEMS.pop("t_float_cli", None)
+        systems._PLUGIN_OF.pop("t_float_cli", None)
+        sys.modules.pop("t_float_plugin", None)

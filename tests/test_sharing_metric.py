@@ -129,3 +129,27 @@ def test_requests_without_ids_find_only_their_own_blocks_as_the_engines_drawn_id
     assert runs[0].steps["prefill_tokens"].sum() == runs[1].steps["prefill_tokens"].sum()
     assert runs[0].steps["prefill_kv_read_tokens"].sum() > 0  # own blocks found again
     assert runs[0].requests.equals(runs[1].requests)
+
+
+@pytest.mark.parametrize("system", ["vllm", "vllm_v1"])
+def test_readmissions_count_the_tokens_found_again_apart_from_first_admission_hits(
+    system: str,
+) -> None:
+    # No prefix is shared, so the first-admission hits are 0; but a request preempted by
+    # recompute finds its own blocks (prompt and generated) again, which counted nowhere
+    from core.request import Request
+    from experiments.simulate import simulate_requests
+
+    lengths = [Request(i, 0.0, 300 + 7 * i, 200) for i in range(24)]
+    setting = [f"system={system}", "model=opt-125m", "num_gpu_blocks=130", "kv_cache_gb=null"]
+    on, off = (
+        simulate_requests(lengths, [*setting, f"system.enable_prefix_caching={flag}"])
+        for flag in ("true", "false")
+    )
+    readmit = on.requests["readmit_cached_tokens"]
+    assert on.metrics["prefix_cache_hit_tokens"] == 0
+    assert on.metrics["prefix_cache_readmit_tokens"] == readmit.sum() > 0
+    assert (readmit[on.requests["num_preemptions"] == 0] == 0).all()  # only re-admissions
+    # every token a prompt step read from the cache was found again at a re-admission
+    assert on.steps["prefill_kv_read_tokens"].sum() == readmit.sum()
+    assert off.metrics["prefix_cache_readmit_tokens"] == 0 < off.metrics["num_preemptions"]

@@ -10,16 +10,16 @@ from core.metrics.summary import rejection_counts, summarize
 
 
 def _requests() -> pd.DataFrame:
-    rows = [  # id, arrival, prompt, output, seqs, ..., cached, ttft, e2el, tpot, status, reason
-        (0, 0.0, 10, 5, 1, 0.0, 0.1, 1.0, 1, 5, 0, 0, 0.1, 1.0, 0.225, "finished", ""),
-        (1, 0.0, 10, 5, 1, 0.0, 0.1, 2.0, 1, 9, 0, 0, 0.1, 2.0, 0.475, "finished", ""),
-        (2, 0.0, 3000, 5, 1, None, None, None, None, None, 0, None, None, None, None, "rejected",
+    rows = [  # id, arrival, prompt, output, seqs, ..., cached, readmit, ttft, e2el, tpot, ...
+        (0, 0.0, 10, 5, 1, 0.0, 0.1, 1.0, 1, 5, 0, 0, 0, 0.1, 1.0, 0.225, "finished", ""),
+        (1, 0.0, 10, 5, 1, 0.0, 0.1, 2.0, 1, 9, 0, 0, 0, 0.1, 2.0, 0.475, "finished", ""),
+        (2, 0.0, 3000, 5, 1, None, None, None, None, None, 0, None, 0, None, None, None, "rejected",
          "prompt_len + output_len = 3000 + 5 = 3005 exceeds max_model_len=2048"),
-        (3, 0.0, 10, 5, 4, None, None, None, None, None, 0, None, None, None, None, "rejected",
+        (3, 0.0, 10, 5, 4, None, None, None, None, None, 0, None, 0, None, None, None, "rejected",
          "needs 4 sequences (parallel samples or beams), more than max_num_seqs=2"),
-        (4, 0.0, 10, 900, 1, None, None, None, None, None, 0, None, None, None, None, "rejected",
+        (4, 0.0, 10, 900, 1, None, None, None, None, None, 0, None, 0, None, None, None, "rejected",
          "needs more KV-cache memory than the cache admits (8 of its 8 blocks of 16 slots"),
-        (5, 0.0, 10, 900, 1, None, None, None, None, None, 0, None, None, None, None, "rejected",
+        (5, 0.0, 10, 900, 1, None, None, None, None, None, 0, None, 0, None, None, None, "rejected",
          "outgrew the KV cache: alone on the device it needs more than all 8 blocks"),
     ]  # fmt: skip
     return pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))

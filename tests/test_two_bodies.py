@@ -91,6 +91,7 @@ def test_simulator_replays_the_engine(
         assert swapped == (mode == "swap")
     if caching:  # re-admitted after a recompute, a request reads its own cached blocks
         assert e_steps["prefill_kv_read_tokens"].sum() > 0
+        assert e_req["readmit_cached_tokens"].sum() > 0  # and its row counts them
 
 
 @pytest.mark.parametrize("num_blocks", [9, 10, 12])

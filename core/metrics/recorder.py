@@ -75,6 +75,7 @@ REQUEST_COLUMNS = (
     "finish_step",
     "num_preemptions",
     "cached_prompt_tokens",
+    "readmit_cached_tokens",
     "ttft_s",
     "e2el_s",
     "tpot_s",
@@ -184,7 +185,8 @@ class Recorder:
             self._requests.append(
                 (r.request_id, r.arrival_time, r.prompt_len, r.output_len, r.sampling.num_seqs,
                  group.first_scheduled_time, None, None, None, None, group.num_preemptions,
-                 group.cached_prompt_tokens, None, None, None, "rejected", group.reject_reason)
+                 group.cached_prompt_tokens, group.readmit_cached_tokens, None, None, None,
+                 "rejected", group.reject_reason)
             )  # fmt: skip
             return
         ttft = group.first_token_time - r.arrival_time
@@ -194,7 +196,8 @@ class Recorder:
             (r.request_id, r.arrival_time, r.prompt_len, r.output_len, r.sampling.num_seqs,
              group.first_scheduled_time, group.first_token_time, group.finish_time,
              group.first_token_step, group.finish_step, group.num_preemptions,
-             group.cached_prompt_tokens, ttft, e2el, tpot, "finished", "")
+             group.cached_prompt_tokens, group.readmit_cached_tokens, ttft, e2el, tpot,
+             "finished", "")
         )  # fmt: skip
         if self.keep_token_times and len(group.token_times) > 1:
             self._token_times.append((r.request_id, group.token_times))  # final once finished

@@ -43,8 +43,11 @@ miss). kvlab adds:
   tokens the prefix cache held when each was first admitted (``requests.csv``'s
   ``cached_prompt_tokens``), and their share of those requests' prompt tokens; 0 with
   prefix caching off. A re-admission after a recompute preemption, which finds the request's
-  own blocks again, does not count. Memory saved (``kv_sharing_saving_pct``) is another
-  thing: requests that never overlap in time can hit the cache and share nothing.
+  own blocks again, does not count: ``prefix_cache_readmit_tokens`` counts those, the
+  finished requests' tokens (prompt and generated) the prefix cache held at their
+  re-admissions after recompute preemptions (``requests.csv``'s ``readmit_cached_tokens``),
+  the recompute that prefix caching spared them. Memory saved (``kv_sharing_saving_pct``)
+  is another thing: requests that never overlap in time can hit the cache and share nothing.
 
 - ``offered_rate``: the arrival rate the run was offered, in req/s: every request of the
   run (rejected ones included) over its arrival window, the configured window where the
@@ -217,14 +220,20 @@ def summarize(
 
 
 def prefix_cache_hits(done: pd.DataFrame) -> dict[str, float]:
-    """``prefix_cache_hit_tokens`` and ``prefix_cache_hit_pct`` of the finished requests
-    ``done`` (see the module doc); NaN where their table has no ``cached_prompt_tokens``
-    (one recorded before the column existed) or holds no prompt token."""
+    """``prefix_cache_hit_tokens``, ``prefix_cache_hit_pct`` and
+    ``prefix_cache_readmit_tokens`` of the finished requests ``done`` (see the module doc);
+    NaN where their table lacks the column each is summed from (one recorded before it
+    existed), the first two also where it holds no prompt token."""
     prompt = float(done["prompt_len"].sum())
-    if "cached_prompt_tokens" not in done or prompt <= 0:
-        return {"prefix_cache_hit_tokens": math.nan, "prefix_cache_hit_pct": math.nan}
-    hits = float(done["cached_prompt_tokens"].fillna(0).sum())
-    return {"prefix_cache_hit_tokens": int(hits), "prefix_cache_hit_pct": 100.0 * hits / prompt}
+    out: dict[str, float] = {"prefix_cache_hit_tokens": math.nan, "prefix_cache_hit_pct": math.nan}
+    if "cached_prompt_tokens" in done and prompt > 0:
+        hits = float(done["cached_prompt_tokens"].fillna(0).sum())
+        out = {"prefix_cache_hit_tokens": int(hits), "prefix_cache_hit_pct": 100.0 * hits / prompt}
+    readmit = done.get("readmit_cached_tokens")
+    out["prefix_cache_readmit_tokens"] = (
+        math.nan if readmit is None else int(readmit.fillna(0).sum())
+    )
+    return out
 
 
 def _batch_stats(steps: pd.DataFrame) -> dict[str, float]:

@@ -364,8 +364,9 @@ class BaseScheduler:
     def _admit(self, group: SequenceGroup, now: float, first_chunk: int | None = None) -> int:
         """Allocate KV for a waiting group (for its first ``first_chunk`` tokens where the
         manager allocates by chunk) and mark it running. Returns cached tokens, which the
-        group keeps as ``cached_prompt_tokens`` at its first admission (a re-admission after a
-        recompute preemption finds its own blocks again, not the cache's earlier work)."""
+        group keeps as ``cached_prompt_tokens`` at its first admission and adds to
+        ``readmit_cached_tokens`` at a re-admission after a recompute preemption (where it
+        finds its own blocks again, its generated tokens' too)."""
         cached = self.manager.allocate(group, first_chunk)
         for seq in group.live_seqs():
             seq.num_computed = cached
@@ -373,6 +374,8 @@ class BaseScheduler:
         if group.first_scheduled_time is None:
             group.first_scheduled_time = now
             group.cached_prompt_tokens = cached
+        else:
+            group.readmit_cached_tokens += cached
         return cached
 
     def _new_plan(self) -> StepPlan:
