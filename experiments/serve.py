@@ -61,7 +61,7 @@ from experiments.lib.checks import (
     check_swap_pool,
     plugin_failure,
 )
-from experiments.lib.cli import main_with_checks, run_app
+from experiments.lib.cli import main_with_checks, run_app, system_label
 from experiments.lib.malloc import malloc_state, pin_malloc
 from experiments.lib.results import summary_line, swap_fallbacks, write_csv, write_run
 from experiments.lib.setup import (
@@ -395,6 +395,7 @@ def main(cfg: DictConfig) -> None:
 
 
 def _serve_job(cfg: DictConfig) -> None:
+    label = system_label(cfg)
     run_app(
         "serve",
         cfg,
@@ -403,6 +404,7 @@ def _serve_job(cfg: DictConfig) -> None:
             m,
             f"on {m['hardware']} ({m['device']}, {m['threads']} "
             f"thread{'' if m['threads'] == 1 else 's'})",
+            label,
         ),
     )
 

@@ -33,7 +33,13 @@ from core.metrics.summary import summarize_recorder
 from core.request import Request
 from core.workload.spec import arrivals_note
 from experiments.lib.checks import CONFIG_DIR, ConfigError, check_config, plugin_failure
-from experiments.lib.cli import main_with_checks, run_app, settle_run_config, task_overrides
+from experiments.lib.cli import (
+    main_with_checks,
+    run_app,
+    settle_run_config,
+    system_label,
+    task_overrides,
+)
 from experiments.lib.jobs import exit_if_launcher_missing
 from experiments.lib.results import (
     RowTable,
@@ -165,7 +171,10 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
 
 def setting_metrics(c: Mapping[str, Any], setup: Any) -> dict[str, Any]:
     """The metrics that name the run's setting: system, model, hardware, tp, the batch
-    limits, the KV slots and GiB (``setup``: the run's :class:`~experiments.lib.setup.RunSetup`)."""
+    limits, the KV slots and GiB, and ``cost_stack``: the serving stack the clock priced the
+    run in (``cost=profiled``: the system's own unless ``cost.stack`` is given; ``none``:
+    bare operators; None: a cost model with no stack of its own, e.g. a calibration's fit)
+    (``setup``: the run's :class:`~experiments.lib.setup.RunSetup`)."""
     return {
         "system": c["system"]["name"],
         "model": setup.model.name,
@@ -175,6 +184,7 @@ def setting_metrics(c: Mapping[str, Any], setup: Any) -> dict[str, Any]:
         "max_num_batched_tokens": setup.sched_config.max_num_batched_tokens,
         "kv_slots": setup.capacity.block_slots(block_size(c["system"])),
         "kv_cache_gib": setup.capacity.kv_bytes_total / 1024**3,
+        "cost_stack": _stack_of(setup.cost_model),
     }
 
 
@@ -189,6 +199,14 @@ def unfinished_at_last_arrival(requests: Any) -> float:
     done = requests["finish_s"].notna() & (requests["finish_s"] <= last)
     rejected = requests["status"] == "rejected"
     return float((~done & ~rejected).sum() / len(requests))
+
+
+def _stack_of(cost_model: Any) -> str | None:
+    """The name of the serving stack ``cost_model`` prices steps in; None where it has none
+    of its own."""
+    config = getattr(cost_model, "config", None)
+    stack = config().get("stack") if callable(config) else None
+    return None if stack is None else str(stack)
 
 
 def _cost_doc(cost_model: Any) -> dict[str, Any]:
@@ -219,7 +237,10 @@ def simulate_job(cfg: DictConfig) -> Mapping[str, Any]:
         )  # fmt: skip
     # after the run (the workload file is known to be readable then): a vllm_bench file
     # without start_times has its arrivals redrawn, not read
-    return run_app("simulate", cfg, run, lambda m: summary_line(m, arrivals_note(cfg.workload)))
+    label = system_label(cfg)
+    return run_app(
+        "simulate", cfg, run, lambda m: summary_line(m, arrivals_note(cfg.workload), label)
+    )
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="simulate", version_base="1.3")

@@ -166,3 +166,44 @@ def test_every_metric_side_by_side_in_one_table(tmp_path: Path) -> None:
     assert md[0].startswith("| system | workload.rate | mean_ttft_ms | kv_token_states_pct |")
     assert md[1].startswith("|---|") and len(md) == 5
     assert "| orca_max | 1.0 | 1235 | 20 |" in (sweep / "sweep_table.md").read_text()
+
+
+def test_categories_keep_the_sweeps_order_and_numbers_ascend(tmp_path: Path, monkeypatch) -> None:
+    # categories were sorted alphabetically (orca_max before vllm_v1 in every table and
+    # figure) rather than shown as the sweep ran them
+    pytest.importorskip("matplotlib")
+    from experiments.report import figures
+
+    kept = {}
+
+    def keep(fig, out: Path, name: str) -> Path:
+        kept[name] = fig
+        return out / f"{name}.png"
+
+    monkeypatch.setattr(figures, "save", keep)
+    systems = ["vllm_v1", "vllm_v1_nopc", "orca_max"]
+    rows = [
+        {"system": s, "workload.rate": r, "status": "ok", "mean_ttft_ms": 10.0 * i + r,
+         **{f"kv_{p}_pct": v for p, v in zip(
+             ("token_states", "reserved", "internal_frag", "external_frag", "free_at_limit",
+              "free"), (50, 0, 0, 0, 0, 50), strict=True)}}
+        for r in (2.0, 1.0) for i, s in enumerate(systems)
+    ]  # fmt: skip
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    pd.DataFrame(rows).to_csv(sweep / "summary.csv", index=False)
+    argv = [str(sweep), "--x", "workload.rate", "--y", "mean_ttft_ms", "--y", "kv_breakdown",
+            "--hue", "system"]  # fmt: skip
+    assert sweep_plot.main(argv) == 0
+    for name in ("sweep_mean_ttft_ms.csv", "sweep_kv_breakdown.csv", "sweep_table.csv"):
+        table = pd.read_csv(sweep / name)
+        assert list(dict.fromkeys(table["system"])) == systems, name
+        assert list(table["workload.rate"][:2]) == [1.0, 2.0], name  # numbers ascend
+    legend = kept["sweep_mean_ttft_ms"].axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == systems
+    bars = kept["sweep_kv_breakdown"].axes[0].get_xticklabels()
+    assert [t.get_text().split("\n")[0] for t in bars[:3]] == systems
+    # the system on the x axis: its categories in the sweep's order
+    assert sweep_plot.main([str(sweep), "--x", "system", "--y", "mean_ttft_ms"]) == 0
+    ax = kept["sweep_mean_ttft_ms"].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == systems

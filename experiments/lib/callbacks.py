@@ -31,9 +31,15 @@ def collect_summary(
     a wider one leaves the other jobs out. ``planned`` (:func:`planned_jobs`: each job's
     overrides, by job number): a job of it that no folder holds a start of gets a row too,
     status ``interrupted`` and ``not_started`` as its error (a sweep stopped before it began
-    that job). Whole-number metrics stay whole numbers beside a failed job's row."""
+    that job). Whole-number metrics stay whole numbers beside a failed job's row.
+
+    A group's column holds the option the job chose (``system=vllm_v1_nopc``: the YAML's file
+    name, its label), not the metric of the same name (the YAML's ``name``, e.g. the
+    registered system ``vllm_v1`` a variant of it runs); where that differs in some row, it
+    is kept beside, as ``<group>_name`` (:func:`named_columns`)."""
     rows: list[dict[str, Any]] = []
     override_keys: list[str] = []
+    shadowed: list[dict[str, Any]] = []  # per row: the metrics an override's column holds
     job_dirs = {p.parent for p in sweep_dir.glob("*/metrics.json")}
     job_dirs |= {p.parent for p in sweep_dir.glob("*/error.txt")}
     if before is not None:
@@ -56,8 +62,11 @@ def collect_summary(
             items = [str(item) for item in OmegaConf.load(overrides)]
             started.append(items)
             add_overrides(row, items)
+        kept: dict[str, Any] = {}
         if (job_dir / "metrics.json").is_file():
-            row.update(read_metrics(job_dir))
+            metrics = read_metrics(job_dir)
+            kept = {k: metrics.pop(k) for k in list(metrics) if k in row}
+            row.update(metrics)
             row["status"], row["error"] = "ok", ""  # the column is there in a clean sweep too
         else:
             text = (job_dir / "error.txt").read_text(errors="replace").strip()
@@ -67,7 +76,9 @@ def collect_summary(
             row["status"] = "config error" if config_error else (
                 "interrupted" if stopped else "failed")  # fmt: skip
             row["error"] = lines[0] if config_error or stopped else lines[-1]
+        shadowed.append(kept)
         rows.append(row)
+    names = named_columns(rows, shadowed)
     for num, items in enumerate(planned or ()):
         if list(items) in started:
             started.remove(list(items))  # one planned job per start (a value swept twice)
@@ -80,13 +91,31 @@ def collect_summary(
         values = [r[column] for r in rows if r.get(column) is not None]
         if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             df[column] = df[column].astype("Int64")  # NaN in a failed row made them floats
-    first = ["job", *override_keys, *(k for k in HEADLINE_METRICS if k not in override_keys)]
+    first = ["job", *override_keys, *names,
+             *(k for k in HEADLINE_METRICS if k not in override_keys)]  # fmt: skip
     last = ["status", "error"]
     rest = [c for c in df if c not in first and c not in last]
     df = df[[c for c in first if c in df] + rest + [c for c in last if c in df]]
     if "job" in df:
         df = df.sort_values("job", key=lambda s: s.map(_job_key)).reset_index(drop=True)
     return df
+
+
+def named_columns(rows: list[dict[str, Any]], shadowed: Sequence[dict[str, Any]]) -> list[str]:
+    """Add to ``rows`` (in place) ``<key>_name`` for each metric ``shadowed`` by an override's
+    column of the same key (``shadowed[i]``: row i's) whose value differs from the override's
+    in some row: a variant's YAML runs under another ``name`` than its file's (system,
+    model, hardware). Returns the columns added."""
+    added = []
+    for key in dict.fromkeys(k for s in shadowed for k in s):
+        pairs = zip(rows, shadowed, strict=True)
+        if all(str(s.get(key, r.get(key))) == str(r.get(key)) for r, s in pairs):
+            continue
+        added.append(f"{key}_name")
+        for row, metrics in zip(rows, shadowed, strict=True):
+            if key in metrics:
+                row[f"{key}_name"] = metrics[key]
+    return added
 
 
 def planned_jobs(config: DictConfig) -> list[list[str]] | None:

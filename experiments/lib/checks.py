@@ -395,6 +395,14 @@ def policy_hint(choice: Any) -> str:
     )
 
 
+# the end of an unregistered system.name's line: a YAML of settings names a shipped system
+VARIANT_HINT = (
+    "a setting of a shipped system (prefix caching off, another block size, ...) keeps its "
+    "name in a system YAML of its own (name: vllm_v1), whose file's name labels its runs "
+    "(README: Comparing settings of one system)"
+)
+
+
 def misplaced(group: str, choice: Any, search: Sequence[Path] = ()) -> str | None:
     """Where a folder of ``search`` holds ``<choice>.yaml`` outside its ``<group>/``
     subfolder, which Hydra does not read: where it belongs instead; None where none does."""
@@ -520,7 +528,7 @@ def check_catalog(c: Mapping[str, Any], app: str, facts: Facts) -> None:
         if plugin:
             problem += f" (plugin {plugin!r} registered {', '.join(registered) or 'none'})"
         else:
-            expected += "; " + policy_hint(system)
+            expected += "; " + policy_hint(system) + "; " + VARIANT_HINT
         raise ConfigError("system", problem, system, expected)
     if registered and system not in registered:  # the plugin's policy would not run
         raise ConfigError("system.name", f"plugin {plugin!r} registers {', '.join(registered)}; "

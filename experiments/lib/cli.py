@@ -86,8 +86,30 @@ def run_model_label(name: Any, hf_config: Any = None) -> str:
     return label.replace("/", "--")
 
 
+def run_system_label(name: Any, choice: Any = None) -> str:
+    """The system in a run directory's name: the ``system=`` option's file name where it is
+    a system YAML of one's own (a setting of a shipped system keeps its ``name``, and its
+    file's name labels its runs), else ``name`` (a shipped option, under a plugin's
+    ``system.name`` too)."""
+    if choice and not (CONFIG_DIR / "system" / f"{choice}.yaml").is_file():
+        return str(choice)
+    return str(name)
+
+
+def system_label(cfg: Any) -> str:
+    """:func:`run_system_label` of a Hydra job's config (``system.name`` outside a Hydra app)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    choice = None
+    if HydraConfig.initialized():
+        choice = HydraConfig.get().runtime.choices.get("system")
+    return run_system_label(OmegaConf.select(cfg, "system.name"), choice)
+
+
 # ``${run_model:${model.name},${oc.select:model.hf_config,null}}`` in a run directory's name
 OmegaConf.register_new_resolver("run_model", run_model_label, replace=True)
+# ``${run_system:${system.name},${hydra:runtime.choices.system}}`` likewise
+OmegaConf.register_new_resolver("run_system", run_system_label, replace=True)
 # ``${path_safe:${model.name}}``: an HF id's "/" would nest a directory (older configs)
 OmegaConf.register_new_resolver("path_safe", lambda v: str(v).replace("/", "--"), replace=True)
 # ``${kvlab_root:}``: the repository's folder, for defaults that name files beside it (the

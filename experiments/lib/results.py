@@ -371,11 +371,12 @@ def swap_fallbacks(count: int, preemptions: int) -> int:
     return count
 
 
-def summary_line(metrics: Mapping[str, Any], where: str) -> str:
-    """One log line for a finished run: who ran, how many finished (and why the others
-    did not), the headline metrics."""
+def summary_line(metrics: Mapping[str, Any], where: str, system: str | None = None) -> str:
+    """One log line for a finished run: who ran (``system``: the run's label, where not
+    the metrics' system), how many finished (and why the others did not), the headline
+    metrics."""
     return (
-        f"{metrics['system']} {metrics['model']} {where}: {metrics['completed']}/"
+        f"{system or metrics['system']} {metrics['model']} {where}: {metrics['completed']}/"
         f"{metrics['num_requests']} done{rejection_text(metrics)}, normalized latency "
         f"{_fmt(metrics['normalized_latency'], '.3f')} s/token, "
         f"{_fmt(metrics['request_throughput'], '.2f')} req/s "

@@ -10,7 +10,9 @@ parts of one run sum to 100, so the means of a point's runs do too.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -24,9 +26,15 @@ def part_columns() -> list[str]:
 
 
 def aggregate_breakdown(frame: pd.DataFrame, x: str, hue: str | None, file: Path) -> pd.DataFrame:
-    """Per (``hue``, ``x``): each ``kv_*_pct`` part's mean over the finished runs, and
-    ``runs``. Raises ``SweepPlotError`` naming ``file`` and what it lacks."""
-    from experiments.report.sweep_plot import SweepPlotError, check_axes, finished_rows
+    """Per (``hue``, ``x``), in the sweep's order (:func:`~experiments.report.sweep_plot.
+    sort_points`): each ``kv_*_pct`` part's mean over the finished runs, and ``runs``. Raises
+    ``SweepPlotError`` naming ``file`` and what it lacks."""
+    from experiments.report.sweep_plot import (
+        SweepPlotError,
+        check_axes,
+        finished_rows,
+        sort_points,
+    )
 
     check_axes(frame, file, x, hue)
     columns = part_columns()
@@ -45,17 +53,23 @@ def aggregate_breakdown(frame: pd.DataFrame, x: str, hue: str | None, file: Path
     grouped = done.groupby(keys, dropna=False)
     table = grouped[columns].mean()
     table["runs"] = grouped.size()
-    return table.reset_index()
+    return sort_points(table.reset_index(), keys, frame)
 
 
-def plot_breakdown(table: pd.DataFrame, x: str, hue: str | None, out: Path) -> Path:
+def plot_breakdown(
+    table: pd.DataFrame, x: str, hue: str | None, out: Path,
+    order: Mapping[str, Sequence[Any]] | None = None,
+) -> Path:  # fmt: skip
     """Stacked bars of :func:`aggregate_breakdown`'s table, the ``hue`` values side by side
-    at each ``x``; writes ``sweep_kv_breakdown.png`` and ``.pdf`` in ``out``."""
+    at each ``x``, both in ``order`` (each key's values, :func:`~experiments.report.
+    sweep_plot.sweep_order` of the summary; where not given, numbers ascending, then other
+    values as they first appear in ``table``); writes ``sweep_kv_breakdown.png`` and
+    ``.pdf`` in ``out``."""
     from experiments.report.figures import KV_PARTS, PART_COLORS, PART_LABELS, pyplot, save
 
     plt = pyplot(headless=True)
-    xs = sorted(table[x].unique(), key=_order)
-    hues = [None] if hue is None else sorted(table[hue].unique(), key=_order)
+    xs = _values(table, x, order)
+    hues = [None] if hue is None else _values(table, hue, order)
     width = 0.8 / len(hues)
     fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(xs) * len(hues) + 1.5), 4.0))
     ticks, names = [], []
@@ -86,9 +100,19 @@ def plot_breakdown(table: pd.DataFrame, x: str, hue: str | None, out: Path) -> P
     return path
 
 
-def _order(value: object) -> tuple[int, float | str]:
-    """Numbers in numeric order before anything else in text order."""
+def _values(table: pd.DataFrame, key: str, order: Mapping[str, Sequence[Any]] | None) -> list[Any]:
+    """``table[key]``'s values in ``order[key]``'s order (values it lacks after them), else
+    numbers ascending before other values as they first appear."""
+    present = list(pd.unique(table[key]))
+    given = [v for v in (order or {}).get(key, ()) if v in present]
+    rest = [v for v in present if v not in given]
+    numbers = sorted(v for v in rest if _is_number(v))
+    return [*given, *numbers, *(v for v in rest if not _is_number(v))]
+
+
+def _is_number(value: object) -> bool:
     try:
-        return (0, float(value))  # type: ignore[arg-type]
+        float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        return (1, str(value))
+        return False
+    return True

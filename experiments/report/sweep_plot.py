@@ -8,17 +8,22 @@ experiments.report.sweep_plot SWEEP_DIR_OR_SUMMARY --x KEY --y METRIC [--y METRI
 stacked bars, Fig. 2's way, :mod:`experiments.report.sweep_breakdown`). Rows that did not
 finish (``status`` other than ``ok``) are left out and counted. Several rows at one (x, hue)
 point, such as seeds or a key neither names, are averaged; the figure draws their range as an
-error bar. Writes ``DIR/sweep_<y>.csv`` (hue, x, mean, min, max, runs; for ``kv_breakdown``
-each part's mean and runs), ``.png`` and ``.pdf`` per metric (``DIR`` defaults to the sweep's
-folder) and prints the table; and every metric's mean side by side, one row per point
-(hue, x, a column per metric, for ``kv_breakdown`` per part, then runs), in
+error bar. Points come in the sweep's order: a numeric key's values ascending, any other's
+(``system``, a workload) as they first appear in ``summary.csv`` (the order the sweep ran
+them), not alphabetically. Writes ``DIR/sweep_<y>.csv`` (hue, x, mean, min, max, runs; for
+``kv_breakdown`` each part's mean and runs), ``.png`` and ``.pdf`` per metric (``DIR``
+defaults to the sweep's folder) and prints the table; and every metric's mean side by side,
+one row per point (hue, x, a column per metric, for ``kv_breakdown`` per part, then runs), in
 ``DIR/sweep_table.csv`` and, the metrics to 4 significant digits, ``sweep_table.md``.
 """
 
 from __future__ import annotations
 
+import math
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -65,8 +70,32 @@ def finished_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"] == "ok"] if "status" in frame else frame
 
 
+def sweep_order(frame: pd.DataFrame, key: str) -> list[Any]:
+    """``key``'s values in the order a sweep's points are shown: a numeric column's
+    ascending, any other's as they first appear in ``frame`` (``summary.csv`` lists its jobs
+    in the order the sweep ran them); a missing value last."""
+    values = frame[key]
+    if not pd.api.types.is_numeric_dtype(values):
+        return list(pd.unique(values))
+    missing = [values[values.isna()].iloc[0]] if values.isna().any() else []
+    return sorted(values.dropna().unique()) + missing
+
+
+def sort_points(table: pd.DataFrame, keys: Sequence[str], frame: pd.DataFrame) -> pd.DataFrame:
+    """``table``'s rows (one per point of ``keys``) by ``keys`` in :func:`sweep_order`."""
+    if table.empty:
+        return table
+    by = list(keys)
+
+    def rank(column: pd.Series) -> Any:
+        return pd.Index(sweep_order(frame, str(column.name))).get_indexer(column)
+
+    return table.sort_values(by, key=rank, kind="stable").reset_index(drop=True)
+
+
 def aggregate(frame: pd.DataFrame, x: str, y: str, hue: str | None, file: Path) -> pd.DataFrame:
-    """Mean, min, max and count of ``y`` per (``x``, ``hue``) over the finished rows."""
+    """Mean, min, max and count of ``y`` per (``x``, ``hue``) over the finished rows, the
+    points in :func:`sweep_order`."""
     check_axes(frame, file, x, hue, y)
     done = finished_rows(frame)
     values = pd.to_numeric(done[y], errors="coerce")
@@ -80,7 +109,7 @@ def aggregate(frame: pd.DataFrame, x: str, y: str, hue: str | None, file: Path) 
         .rename(columns={"count": "runs"})
         .reset_index()
     )
-    return table
+    return sort_points(table, keys, frame)
 
 
 # units of summary.csv's metrics that their names do not carry as a suffix
@@ -107,23 +136,35 @@ def _powers_of_two(values: pd.Series) -> bool:
     return len(distinct) >= 3 and all(v > 0 and v & (v - 1) == 0 for v in distinct)
 
 
-def plot(tables: dict[str, pd.DataFrame], x: str, hue: str | None, out: Path) -> list[Path]:
+def plot(
+    tables: dict[str, pd.DataFrame], x: str, hue: str | None, out: Path,
+    order: Mapping[str, Sequence[Any]] | None = None,
+) -> list[Path]:  # fmt: skip
     """One figure per metric: lines of mean against ``x``, one per ``hue`` value, with the
     range over the runs at each point as an error bar; returns the PNGs written. With
     ``--hue system`` a system's line takes its colour and style in every figure
-    (:func:`experiments.report.figures.system_style`)."""
+    (:func:`experiments.report.figures.system_style`). Lines and categories come in the
+    tables' row order (:func:`sort_points`), categories of ``x`` in ``order[x]`` where
+    given (:func:`sweep_order` of the summary)."""
     from experiments.report.figures import pyplot, save, system_style
 
     plt = pyplot(headless=True)
     written = []
     for y, table in tables.items():
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        groups = [(None, table)] if hue is None else list(table.groupby(hue, dropna=False))
+        groups = (
+            [(None, table)] if hue is None else list(table.groupby(hue, dropna=False, sort=False))
+        )
         spare = iter(f"C{i}" for i in range(10))
+        numeric = pd.api.types.is_numeric_dtype(table[x])
+        if not numeric:  # the categories' places, before any line's points claim them
+            present = [str(v) for v in pd.unique(table[x])]
+            given = [str(v) for v in (order or {}).get(x, ()) if str(v) in present]
+            places = [*given, *(v for v in present if v not in given)]
+            ax.plot(places, [math.nan] * len(places), linestyle="none", color="none")
         for label, part in groups:
             style = system_style(str(label), spare) if hue == "system" else {}
-            part = part.sort_values(x)
-            numeric = pd.api.types.is_numeric_dtype(part[x])
+            part = part.sort_values(x) if numeric else part
             xs = part[x] if numeric else part[x].astype(str)
             err = [part["mean"] - part["min"], part["max"] - part["mean"]]
             line = style.pop("ls", "-") if numeric else "none"  # no line between categories
@@ -140,11 +181,14 @@ def plot(tables: dict[str, pd.DataFrame], x: str, hue: str | None, out: Path) ->
     return written
 
 
-def side_by_side(tables: dict[str, pd.DataFrame], x: str, hue: str | None) -> pd.DataFrame:
+def side_by_side(
+    tables: dict[str, pd.DataFrame], x: str, hue: str | None, frame: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Every metric's mean at each (``hue``, ``x``) point of ``tables`` (:func:`aggregate`'s,
     :func:`aggregate_breakdown`'s for ``kv_breakdown``: a column per part), one row per
     point, then ``runs``: the most runs any metric averaged there (a metric averages fewer
-    where a run holds no number for it)."""
+    where a run holds no number for it); the points in :func:`sweep_order` of ``frame`` (the
+    summary) where given."""
     keys = [x] if hue is None else [hue, x]
     merged: pd.DataFrame | None = None
     runs: list[str] = []
@@ -156,7 +200,8 @@ def side_by_side(tables: dict[str, pd.DataFrame], x: str, hue: str | None) -> pd
         runs.append(f"runs {i}")
     assert merged is not None
     merged["runs"] = merged[runs].max(axis=1).astype(int)
-    return merged.drop(columns=runs)
+    merged = merged.drop(columns=runs)
+    return merged if frame is None else sort_points(merged, keys, frame)
 
 
 def _cell(value: object) -> str:
@@ -193,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     for y, table in tables.items():
         write_csv(out / f"sweep_{y}.csv", table)
         print(f"{y}:\n{table.to_string(index=False)}\n")
-    table = side_by_side(tables, args.x, args.hue)
+    table = side_by_side(tables, args.x, args.hue, frame)
     write_csv(out / "sweep_table.csv", table)
     keys = [args.x] if args.hue is None else [args.hue, args.x]
     text = table.apply(lambda c: c.map(str if c.name in keys else _cell)).set_index(keys[0])
@@ -202,9 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     if left:
         print(f"{left} run(s) not finished (status other than ok) left out")
     lines = {y: t for y, t in tables.items() if y != KV_BREAKDOWN}
-    pngs = plot(lines, args.x, args.hue, out)
+    order = {k: sweep_order(frame, k) for k in keys}
+    pngs = plot(lines, args.x, args.hue, out, order)
     if KV_BREAKDOWN in tables:
-        pngs.append(plot_breakdown(tables[KV_BREAKDOWN], args.x, args.hue, out))
+        pngs.append(plot_breakdown(tables[KV_BREAKDOWN], args.x, args.hue, out, order))
     for png in pngs:
         print(f"wrote {png} (+ .pdf, .csv)")
     print(f"wrote {out / 'sweep_table.md'} (+ .csv): every metric's mean, a row per point")

@@ -1,0 +1,110 @@
+"""Settings of one shipped system compared side by side (README: Comparing settings of one
+system): a system YAML of one's own that keeps the shipped system's ``name`` and changes its
+keys is labelled by its file's name (the ``system=`` option) in a sweep's ``summary.csv`` and
+in capacity's tables, and the registered name it runs is kept beside it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from experiments import simulate
+from experiments.lib.callbacks import collect_summary
+from tests.test_config_errors import SIM_SMALL, run_cli
+
+
+def _variant(folder: Path, name: str = "vllm_v1") -> str:
+    """``<folder>/system/vllm_v1_nopc.yaml``: vllm_v1 with prefix caching off, its
+    ``name`` given; returns the ``hydra.searchpath`` override that finds it."""
+    (folder / "system").mkdir(parents=True, exist_ok=True)
+    (folder / "system" / "vllm_v1_nopc.yaml").write_text(
+        f"defaults:\n  - vllm_v1\n  - _self_\n\nname: {name}\nenable_prefix_caching: false\n"
+    )
+    return f"hydra.searchpath=[file://{folder}]"
+
+
+def _job(sweep: Path, num: int, overrides: list[str], metrics: dict | None) -> None:
+    job = sweep / str(num)
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
+    if metrics is None:
+        (job / "error.txt").write_text("error: system: something\n")
+    else:
+        (job / "metrics.json").write_text(json.dumps(metrics))
+
+
+def test_a_groups_column_keeps_the_option_chosen_and_the_name_beside_it(tmp_path: Path) -> None:
+    # the metric system (the YAML's name) replaced the override's column: two variants of
+    # vllm_v1 were both "vllm_v1", and sweep_plot --hue system averaged them as one point
+    _job(tmp_path, 0, ["system=vllm_v1", "workload.rate=1"], {"system": "vllm_v1", "x": 1.0})
+    _job(tmp_path, 1, ["system=vllm_v1_nopc", "workload.rate=1"],
+         {"system": "vllm_v1", "x": 2.0})  # fmt: skip
+    _job(tmp_path, 2, ["system=vllm_v1_bs8", "workload.rate=1"], None)
+    summary = collect_summary(tmp_path)
+    assert list(summary["system"]) == ["vllm_v1", "vllm_v1_nopc", "vllm_v1_bs8"]
+    assert list(summary["system_name"][:2]) == ["vllm_v1", "vllm_v1"]
+    assert pd.isna(summary["system_name"][2])  # a failed job ran nothing
+    assert list(summary.columns[:4]) == ["job", "system", "workload.rate", "system_name"]
+
+
+def test_a_name_equal_to_its_option_adds_no_column(tmp_path: Path) -> None:
+    _job(tmp_path, 0, ["system=vllm", "model=opt-125m"],
+         {"system": "vllm", "model": "opt-125m", "x": 1.0})  # fmt: skip
+    summary = collect_summary(tmp_path)
+    assert not [c for c in summary if c.endswith("_name")]
+    assert summary.loc[0, "system"] == "vllm" and summary.loc[0, "model"] == "opt-125m"
+
+
+def test_a_sweep_of_two_settings_of_one_system_tells_them_apart(tmp_path: Path) -> None:
+    search = _variant(tmp_path / "mine")
+    sweep = tmp_path / "sweep"
+    args = ["-m", *SIM_SMALL, search, "workload=shared_prefix", "workload.duration_s=null",
+            "system=vllm_v1,vllm_v1_nopc", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    status, _, err = run_cli(simulate, args, tmp_path / "a")
+    assert status == 0, err
+    summary = pd.read_csv(sweep / "summary.csv").set_index("system")
+    assert list(summary.index) == ["vllm_v1", "vllm_v1_nopc"]
+    assert list(summary["system_name"]) == ["vllm_v1", "vllm_v1"]
+    hits = summary["prefix_cache_hit_tokens"]
+    assert hits["vllm_v1"] > 0 and hits["vllm_v1_nopc"] == 0  # the setting took effect
+
+
+def test_a_variant_named_after_its_file_is_told_to_keep_the_systems_name(tmp_path: Path) -> None:
+    search = _variant(tmp_path / "mine", name="vllm_v1_nopc")
+    args = [*SIM_SMALL, search, "system=vllm_v1_nopc"]
+    status, _, err = run_cli(simulate, args, tmp_path / "a")
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: system: unknown system (got 'vllm_v1_nopc'")
+    assert "a setting of a shipped system" in err and "Comparing settings of one system" in err
+
+
+def test_a_sweeps_summary_names_the_stack_each_run_was_priced_on(tmp_path: Path) -> None:
+    # cost=profiled prices vllm_v1 on the vllm-v1 stack and the paper's systems on
+    # vllm-2023 unless cost.stack is given: summary.csv did not say which
+    sweep = tmp_path / "sweep"
+    args = ["-m", *SIM_SMALL, "model=opt-125m", "cost=profiled", "system=vllm_v1,vllm",
+            f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    status, _, err = run_cli(simulate, args, tmp_path / "a")
+    assert status == 0, err
+    summary = pd.read_csv(sweep / "summary.csv").set_index("system")
+    assert summary["cost_stack"].to_dict() == {"vllm_v1": "vllm-v1", "vllm": "vllm-2023"}
+    one = tmp_path / "one"
+    status, _, err = run_cli(simulate, [*SIM_SMALL, "model=opt-125m"], one)
+    assert status == 0, err
+    assert json.loads((one / "run" / "metrics.json").read_text())["cost_stack"] == "none"
+
+
+def test_a_run_folder_names_a_system_yaml_of_ones_own_by_its_file() -> None:
+    from experiments.lib.cli import run_system_label
+
+    assert run_system_label("vllm_v1", "vllm_v1_nopc") == "vllm_v1_nopc"  # a YAML of one's own
+    assert run_system_label("vllm_spf", "vllm") == "vllm_spf"  # a plugin on a shipped YAML
+    assert run_system_label("vllm", "vllm") == "vllm"
+    assert run_system_label("vllm", None) == "vllm"  # outside a Hydra app
+    for app in ("simulate", "serve"):
+        cfg = OmegaConf.load(Path(__file__).resolve().parents[1] / "configs" / f"{app}.yaml")
+        run_dir = OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"]  # type: ignore[index]
+        assert "_${run_system:${system.name},${hydra:runtime.choices.system}}_" in run_dir
