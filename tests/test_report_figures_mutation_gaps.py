@@ -459,7 +459,8 @@ def test_the_sweep_plot_counts_every_unfinished_run_and_labels_its_lines(
     assert sweep_plot.main(argv) == 0
     assert "2 run(s) not finished" in capsys.readouterr().out
     legend = kept["sweep_request_throughput"].axes[0].get_legend()
-    assert [t.get_text() for t in legend.get_texts()] == ["orca_max", "vllm"]
+    # the sweep's order (summary.csv's first appearance), not alphabetical
+    assert [t.get_text() for t in legend.get_texts()] == ["vllm", "orca_max"]
 
 
 def test_an_empty_summary_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -207,3 +207,16 @@ def test_categories_keep_the_sweeps_order_and_numbers_ascend(tmp_path: Path, mon
     assert sweep_plot.main([str(sweep), "--x", "system", "--y", "mean_ttft_ms"]) == 0
     ax = kept["sweep_mean_ttft_ms"].axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == systems
+
+
+def test_a_text_keys_missing_value_comes_last() -> None:
+    # sweep_order's contract: a missing value last; a text key's came where it first
+    # appeared (a job that did not set the key, e.g. two sweeps' summaries put together)
+    frame = pd.DataFrame(
+        {"workload": ["sharegpt", None, "alpaca", float("nan")], "y": [1.0, 2.0, 3.0, 4.0]}
+    )
+    order = sweep_plot.sweep_order(frame, "workload")
+    assert order[:2] == ["sharegpt", "alpaca"] and len(order) == 3 and pd.isna(order[2])
+    table = sweep_plot.aggregate(frame, "workload", "y", None, Path("summary.csv"))
+    assert list(table["workload"][:2]) == ["sharegpt", "alpaca"]
+    assert pd.isna(table["workload"][2]) and table["mean"][2] == 3.0

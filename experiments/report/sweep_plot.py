@@ -75,9 +75,9 @@ def sweep_order(frame: pd.DataFrame, key: str) -> list[Any]:
     ascending, any other's as they first appear in ``frame`` (``summary.csv`` lists its jobs
     in the order the sweep ran them); a missing value last."""
     values = frame[key]
-    if not pd.api.types.is_numeric_dtype(values):
-        return list(pd.unique(values))
     missing = [values[values.isna()].iloc[0]] if values.isna().any() else []
+    if not pd.api.types.is_numeric_dtype(values):
+        return list(pd.unique(values.dropna())) + missing
     return sorted(values.dropna().unique()) + missing
 
 
@@ -88,7 +88,9 @@ def sort_points(table: pd.DataFrame, keys: Sequence[str], frame: pd.DataFrame) -
     by = list(keys)
 
     def rank(column: pd.Series) -> Any:
-        return pd.Index(sweep_order(frame, str(column.name))).get_indexer(column)
+        order = [v for v in sweep_order(frame, str(column.name)) if not pd.isna(v)]
+        places = pd.Series(pd.Index(order).get_indexer(column), index=column.index)
+        return places.mask(column.isna(), len(order))  # a missing value last
 
     return table.sort_values(by, key=rank, kind="stable").reset_index(drop=True)
 
