@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from experiments import simulate
@@ -190,3 +191,16 @@ def test_an_unknown_system_in_a_sweep_names_the_system_yaml(tmp_path: Path) -> N
     status, _, err = run_cli(simulate, args, tmp_path / "b")
     assert status == 0, err
     assert "vllm_spf" in (sweep / "summary.csv").read_text()
+
+
+@pytest.mark.parametrize("flag", [["--config-dir", "{dir}"], ["-cd={dir}"], ["-cd", "{dir}"]])
+def test_an_option_in_a_config_dir_folder_runs(tmp_path: Path, flag: list[str]) -> None:
+    """Hydra's ``--config-dir``/``-cd`` puts its folder on the search path, as
+    ``hydra.searchpath`` does: a GPU of one's own there runs (it was refused as unknown before
+    Hydra read the flag)."""
+    _gpu(tmp_path / "mine" / "hardware" / "my-gpu.yaml")
+    given = [f.format(dir=tmp_path / "mine") for f in flag]
+    status, _, err = run_cli(simulate, [*given, *SIM_SMALL, "hardware=my-gpu"], tmp_path)
+    assert status == 0, err
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["hardware"] == "my-gpu"

@@ -37,12 +37,22 @@ def compose_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfi
         return compose(config_name=config_name, overrides=list(overrides))
 
 
+CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
+
+
 def search_dirs(argv: Sequence[str]) -> list[Path] | None:
-    """The ``file://`` folders of a ``hydra.searchpath=[...]`` argument (Hydra's search path,
-    where a user's own ``<group>/<option>.yaml`` live); None when an entry is not a folder
-    (``pkg://``), whose options this check cannot list."""
+    """The folders on Hydra's search path, where a user's own ``<group>/<option>.yaml``
+    live: the ``file://`` entries of a ``hydra.searchpath=[...]`` argument and a
+    ``--config-dir``/``-cd`` flag's folder (which Hydra adds too); None when an entry is not
+    a folder (``pkg://``), whose options this check cannot list."""
     dirs: list[Path] = []
-    for arg in argv:
+    for i, arg in enumerate(argv):
+        flag, eq, given = arg.partition("=")
+        if flag in CONFIG_DIR_FLAGS:
+            folder = given if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            if folder:
+                dirs.append(Path(folder))
+            continue
         key, sep, value = arg.partition("=")
         if key.lstrip("+") != "hydra.searchpath" or not sep:
             continue
