@@ -58,6 +58,18 @@ def test_a_name_equal_to_its_option_adds_no_column(tmp_path: Path) -> None:
     assert summary.loc[0, "system"] == "vllm" and summary.loc[0, "model"] == "opt-125m"
 
 
+def test_a_swept_key_that_is_no_group_takes_the_metric_and_adds_no_column(
+    tmp_path: Path,
+) -> None:
+    # only a group's option is kept beside its name: serve's threads=null (metric None) had
+    # added a threads_name column, as "null" reads otherwise than None
+    _job(tmp_path, 0, ["threads=null"], {"threads": None, "x": 1.0})
+    _job(tmp_path, 1, ["threads=2"], {"threads": 2, "x": 1.0})
+    summary = collect_summary(tmp_path)
+    assert "threads_name" not in summary
+    assert pd.isna(summary.loc[0, "threads"]) and summary.loc[1, "threads"] == 2
+
+
 def test_a_sweep_of_two_settings_of_one_system_tells_them_apart(tmp_path: Path) -> None:
     search = _variant(tmp_path / "mine")
     sweep = tmp_path / "sweep"

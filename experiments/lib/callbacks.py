@@ -13,6 +13,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.lib.results import HEADLINE_METRICS, read_metrics, write_csv
 
+# the config groups whose option (a YAML's file name) a sweep's column keeps, the YAML's
+# ``name`` in the metrics going beside it where it differs (:func:`named_columns`)
+NAMED_GROUPS = ("system", "model", "hardware")
+
 log = logging.getLogger(__name__)
 
 
@@ -65,7 +69,7 @@ def collect_summary(
         kept: dict[str, Any] = {}
         if (job_dir / "metrics.json").is_file():
             metrics = read_metrics(job_dir)
-            kept = {k: metrics.pop(k) for k in list(metrics) if k in row}
+            kept = {k: metrics.pop(k) for k in NAMED_GROUPS if k in row and k in metrics}
             row.update(metrics)
             row["status"], row["error"] = "ok", ""  # the column is there in a clean sweep too
         else:
