@@ -160,7 +160,7 @@ def test_simulate_summary_says_where_arrivals_come_from(
 
     import experiments.simulate as simulate
 
-    hc = SimpleNamespace(runtime=SimpleNamespace(output_dir=str(tmp_path / "out")))
+    hc = SimpleNamespace(runtime=SimpleNamespace(output_dir=str(tmp_path / "out"), choices={}))
     hc.overrides = SimpleNamespace(task=[])
     monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: hc))
     monkeypatch.setattr(simulate, "run_app", lambda app, cfg, run, describe: describe(metrics))
