@@ -129,6 +129,20 @@ class ContiguousKVCacheManager:
             )
         return request.total_len
 
+    def reservation_said(self, request: Request) -> str:
+        """What :meth:`reservation` holds for ``request``, for a rejection: whose rule (the
+        shipped policy's, or a subclass's own) gives how many slots per sequence, and the
+        buddy's size class where it rounds them up."""
+        slots = self.reservation(request)
+        if type(self).reservation is ContiguousKVCacheManager.reservation:
+            text = f"the {self.policy} policy reserves {slots} slots per sequence"
+        else:  # a plugin's manager (core.systems.SystemSpec.manager) reserves its own
+            text = f"{type(self).__name__}.reservation gives {slots} slots per sequence"
+        held = self.allocator.block_size_for(slots)
+        if held != slots:  # the buddy's size class is what must fit
+            text += f", which the buddy allocator rounds up to {held}"
+        return text
+
     def _reservation_of(self, request: Request) -> int:
         """:meth:`reservation`, held to a whole number of slots (a subclass's may return a
         float, e.g. ``1.1 * request.total_len``, which the buddy cannot size)."""

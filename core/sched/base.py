@@ -21,7 +21,6 @@ from functools import cache
 from types import FunctionType
 
 from core.kv.base import AllocStatus, KVCacheError, KVCacheManager, MemoryBreakdown
-from core.kv.contiguous import ContiguousKVCacheManager
 from core.plan import HELD_BY_MEMORY, QUEUE_HELD_BY, BeamChoice, StepOutcome, StepPlan
 from core.request import Request, Sequence, SequenceGroup, SequenceStatus
 
@@ -192,18 +191,9 @@ class BaseScheduler:
                 f"for prompt_len={request.prompt_len}, output_len={request.output_len}, "
                 f"{request.sampling.num_seqs} sequence(s)"
             )
-            reservation = getattr(self.manager, "reservation", None)
-            if reservation is not None:  # contiguous: the policy's reservation is the need
-                slots = reservation(request)
-                kind = type(self.manager)
-                if kind.reservation is ContiguousKVCacheManager.reservation:
-                    whose = f"the {self.manager.policy} policy reserves"
-                else:  # a plugin's manager (core.systems.SystemSpec.manager) reserves its own
-                    whose = f"{kind.__name__}.reservation gives"
-                group.reject_reason += f"; {whose} {slots} slots per sequence"
-                held = self.manager.allocator.block_size_for(slots)
-                if held != slots:  # the buddy's size class is what must fit
-                    group.reject_reason += f", which the buddy allocator rounds up to {held}"
+            said = getattr(self.manager, "reservation_said", None)
+            if said is not None:  # contiguous: the policy's reservation is the need
+                group.reject_reason += f"; {said(request)}"
         if group.reject_reason is not None:
             group.set_status(SequenceStatus.REJECTED)
             return group
