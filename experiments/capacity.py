@@ -36,7 +36,8 @@ there, ``first_failing_rules``, its rate over the first system's, and the metric
 runs at that rate, averaged over seeds), ``runs.csv`` (every run; ``fails_on``: the rules it
 failed; ``trace_s``: the replayed trace's length, empty where a request count ends it),
 ``curves.csv`` (normalized latency per rate, mean/min/max over seeds),
-``capacity.png/.pdf``, ``runs/<label>/metrics.json``, and first ``provenance.json`` (the
+``capacity.png/.pdf``, ``runs/<label>/config.yaml`` and ``metrics.json`` (``simulate`` runs
+a run again from its ``config.yaml``, with every table), and first ``provenance.json`` (the
 command, its options, the setting, the first system's resolved config and cost model, the
 code's git commit and the input files' digests: :func:`search_provenance`); every file
 whole or not at all.
@@ -363,13 +364,16 @@ def burst_warnings(
 OUTPUT_FILES = ("runs.csv", "curves.csv", "capacity.csv", "capacity.png", "capacity.pdf")
 
 
+RECORDED = {"config.yaml", "metrics.json"}  # what a search keeps of each run (run_recorded)
+
+
 def clear_earlier_runs(runs_dir: Path) -> int:
     """Remove the runs an earlier search left in ``runs_dir`` (``capacity_*`` folders that
-    hold only their ``metrics.json``), so that the folder holds this search's runs alone,
-    and the :data:`OUTPUT_FILES` made from them beside ``runs_dir`` (a search stopped
+    hold only :data:`RECORDED` files), so that the folder holds this search's runs alone, and
+    the :data:`OUTPUT_FILES` made from them beside ``runs_dir`` (a search stopped
     midway left them describing runs that were gone); how many runs were removed."""
     stale = [d for d in runs_dir.glob("capacity_*")
-             if d.is_dir() and {f.name for f in d.iterdir()} <= {"metrics.json"}]  # fmt: skip
+             if d.is_dir() and {f.name for f in d.iterdir()} <= RECORDED]  # fmt: skip
     for run in stale:
         shutil.rmtree(run)
     for name in OUTPUT_FILES:

@@ -23,7 +23,8 @@ Writes into ``--out`` (default ``results/reproduce``):
   every step, on the report's clock and on the bare roofline);
 - ``fig14_*``, ``fig15_sharing``, ``fig16_*``, ``fig17_*`` (CSV, PNG, PDF): the sharing
   figures (``experiments.report.sharing``), on 30-second traces by default;
-- ``runs/<label>/``: every run's ``metrics.json`` (Fig. 2/13 runs: all result files);
+- ``runs/<label>/``: Fig. 12's rate-search runs' ``config.yaml`` and ``metrics.json``, every
+  other kept run's result files;
 - ``provenance.json``, first: the command line, its options, the figures, the code's git
   commit and the package versions (:mod:`experiments.lib.provenance`), and ``earlier``: the
   figures whose files earlier commands left in ``--out``, each with its command
@@ -83,8 +84,8 @@ from experiments.lib.jobs import (
 )
 from experiments.lib.pool import launch_threads, worker_pool
 from experiments.lib.provenance import code_words, command_line, options_of, provenance
-from experiments.lib.results import write_json
-from experiments.lib.setup import build_setup
+from experiments.lib.results import write_config, write_json
+from experiments.lib.setup import as_dict, build_setup, resolve_aliases
 from experiments.report import fig12_mix, fig12_rates, selection, sharing
 from experiments.report.figures import pyplot
 from experiments.report.rate_search import RATE_TOL, run_search
@@ -130,14 +131,21 @@ def panel_clocks(panels: list[fig12_rates.Panel], clock: list[str], main: str) -
 _LAUNCH: LaunchQueue | None = None  # set by --launcher: every run is a Hydra job
 
 
-def run_one(label: str, overrides: list[str], out_dir: Path | None) -> dict[str, Any]:
-    """One simulation (in a worker process); writes ``out_dir`` if given. With
-    ``--launcher`` it is a Hydra job on that launcher, in ``runs/<label>/`` (resumed)."""
+def run_one(
+    label: str, overrides: list[str], out_dir: Path | None, config_out: Path | None = None
+) -> dict[str, Any]:
+    """One simulation (in a worker process); writes ``out_dir`` if given, else, if
+    ``config_out`` is given, only the run's ``config.yaml`` there (made if missing), before
+    the run. With ``--launcher`` it is a Hydra job on that launcher, in ``runs/<label>/``
+    (resumed), which writes the whole run folder."""
     from experiments.simulate import run
 
     if _LAUNCH is not None:
         return {**_LAUNCH.run(label, overrides), "label": label}
     cfg = compose_config(overrides)
+    if out_dir is None and config_out is not None:
+        config_out.mkdir(parents=True, exist_ok=True)
+        write_config(config_out, resolve_aliases(as_dict(cfg)))
     metrics = run(cfg, out_dir)
     metrics["label"] = label
     return metrics
@@ -150,8 +158,10 @@ def run_on_clock(clock: list[str], label: str, overrides: list[str]) -> dict[str
 
 
 def run_recorded(runs_dir: Path, clock: list[str], label: str, overrides: list[str]) -> dict:
-    """:func:`run_on_clock`, and the run's ``metrics.json`` kept in ``runs/<label>/``."""
-    m = run_on_clock(clock, label, overrides)
+    """:func:`run_on_clock`, keeping in ``runs/<label>/`` the run's ``config.yaml`` (its
+    resolved config, written first: ``simulate`` runs it again from there with every table)
+    and its ``metrics.json``."""
+    m = run_one(label, [*overrides, *clock], None, config_out=runs_dir / label)
     (runs_dir / label).mkdir(parents=True, exist_ok=True)
     write_json(runs_dir / label / "metrics.json", m)
     return m

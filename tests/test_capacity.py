@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from pathlib import Path
@@ -245,6 +246,7 @@ def test_a_second_search_into_the_same_out_keeps_only_its_own_runs(tmp_path: Pat
     old = runs / "capacity_search_orca_max_rate1_seed0"
     old.mkdir(parents=True)
     (old / "metrics.json").write_text("{}")
+    (old / "config.yaml").write_text("seed: 0")
     mine = runs / "capacity_notes"  # not a run: kept
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
@@ -354,3 +356,31 @@ def test_a_long_search_says_how_many_runs_are_done(
         "... 1 run(s) done so far",
         "... 2 run(s) done so far",
     ]
+
+
+def test_each_run_of_a_search_runs_again_from_its_config_yaml(tmp_path: Path) -> None:
+    """A run of the search keeps its resolved config beside its metrics: the trace's
+    time_scale and window for the rate, the seed and the system, so that simulate gives
+    the same metrics from it alone (and writes the tables a search does not keep)."""
+    from omegaconf import OmegaConf
+
+    from experiments.simulate import run
+
+    trace = tmp_path / "trace.csv"
+    rows = [f"{i * 0.5},{100 + 7 * i},{20 + i % 5}" for i in range(40)]
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows))
+    out = capacity.main(["workload=trace", "workload.kind=vidur", f"workload.path={trace}",
+                         "workload.duration_s=15", "--systems", "vllm", "--rates", "4,8",
+                         "--bisect-evals", "1", "--workers", "1",
+                         "--out", str(tmp_path / "out")])  # fmt: skip
+    runs = pd.read_csv(out / "runs.csv")
+    label = runs.loc[runs["rate"] == 4.0, "label"].item()
+    folder = out / "runs" / label
+    assert {p.name for p in folder.iterdir()} == {"config.yaml", "metrics.json"}
+    again = run(OmegaConf.load(folder / "config.yaml"), tmp_path / "again")
+    kept = json.loads((folder / "metrics.json").read_text())
+    machine = {"wall_s", "sim_steps_per_s", "label"}
+    assert {k: v for k, v in again.items() if k not in machine} == {
+        k: v for k, v in kept.items() if k not in machine
+    }
+    assert (tmp_path / "again" / "requests.csv").is_file()

@@ -685,14 +685,18 @@ def test_sharing_runs_take_the_reports_clock_and_fig12_keeps_its_metrics(
 
     calls: list[tuple[Any, ...]] = []
 
-    def run_one(label: str, overrides: list[str], out: Any) -> dict[str, Any]:
-        calls.append((label, overrides, out))
+    def run_one(
+        label: str, overrides: list[str], out: Any, config_out: Any = None
+    ) -> dict[str, Any]:
+        calls.append((label, overrides, out, config_out))
         return {"label": label, "completed": 3}
 
     monkeypatch.setattr(reproduce, "run_one", run_one)
     reproduce.run_on_clock(["cost=roofline"], "fig14_x", ["system=vllm"])
-    assert calls[-1] == ("fig14_x", ["system=vllm", "cost=roofline"], None)
-    m = reproduce.run_recorded(tmp_path, ["cost=roofline"], "fig12_y", [])
+    assert calls[-1] == ("fig14_x", ["system=vllm", "cost=roofline"], None, None)
+    m = reproduce.run_recorded(tmp_path, ["cost=roofline"], "fig12_y", ["seed=1"])
+    # the search keeps the run's config (written by run_one) and its metrics, no tables
+    assert calls[-1] == ("fig12_y", ["seed=1", "cost=roofline"], None, tmp_path / "fig12_y")
     assert json.loads((tmp_path / "fig12_y" / "metrics.json").read_text()) == m
 
 

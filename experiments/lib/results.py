@@ -174,8 +174,7 @@ def write_run(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "metrics.json").unlink(missing_ok=True)
     remove_stale_temps(out_dir)
-    conf = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
-    write_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(conf, resolve=True))
+    conf = write_config(out_dir, cfg)
     # step indices stay whole numbers in the file where a rejected request leaves them empty
     steps_of = {c: "Int64" for c in ("first_token_step", "finish_step") if c in requests}
     write_csv(out_dir / "requests.csv", requests.astype(steps_of))
@@ -186,6 +185,15 @@ def write_run(
     write_json(out_dir / "provenance.json", provenance(conf))
     write_json(out_dir / "metrics.json", metrics)
     return out_dir
+
+
+def write_config(out_dir: Path, cfg: DictConfig | Mapping[str, Any]) -> DictConfig:
+    """Write ``config.yaml`` into ``out_dir`` (which exists): ``cfg`` resolved, the config
+    to run it again from (``--config-dir <out_dir> --config-name config``); return it as a
+    DictConfig."""
+    conf = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
+    write_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(conf, resolve=True))
+    return conf
 
 
 # every file a run of simulate or serve writes into its folder (write_run, serve's beam
