@@ -16,8 +16,10 @@ swap slots from ``engine.json``), priced by a cost model:
   does for prefix caching over requests that repeat a prompt sampled alike,
   :func:`repeated_streams`); a wall-clock run has no such identity.
 
-Prints throughput, mean TTFT / TPOT / e2e latency, normalized latency and mean batch size
-of both with relative errors ``(simulator − engine) / engine``, and writes
+Prints throughput, mean TTFT / TPOT / e2e latency, normalized latency, mean batch size, the
+KV cache's token-state share, the preemptions and the prefix cache's hit share of both with
+relative errors ``(simulator − engine) / engine`` (n/a where the engine's is 0 and the
+simulator's not), and writes
 ``validation.json`` (default: in ``RUN_DIR``). A plain argparse CLI.
 
 With ``--recorded`` it also compares the schedules (``validation.json``'s ``schedule``,
@@ -76,6 +78,10 @@ METRICS = (
     "mean_e2el_ms",
     "normalized_latency",
     "mean_batch_size",
+    # the memory side: what the policy did with the KV cache
+    "kv_token_states_pct",
+    "num_preemptions",
+    "prefix_cache_hit_pct",
 )
 
 

@@ -105,8 +105,10 @@ def test_recorded_replay_reproduces_the_engine_metrics(
     doc = json.loads(out.read_text())
     assert doc["exact_replay_expected"] is True
     assert doc["recorded_steps_left"] == 0
-    if mode == "vllm_v1_preempting":
-        assert doc["engine"]["num_preemptions"] > 0
+    rows = {r["metric"]: r for r in doc["comparison"]}
+    if mode == "vllm_v1_preempting":  # the memory side is compared too
+        assert rows["num_preemptions"]["engine"] == doc["engine"]["num_preemptions"] > 0
+        assert rows["kv_token_states_pct"]["simulator"] > 0
     engine, sim = doc["engine"], doc["simulator"]
     summary_keys = set(sim) - {"wall_s"}
     assert {"num_steps", "mean_batch_size", "normalized_latency"} <= summary_keys
