@@ -153,6 +153,26 @@ def test_swap_in_needs_room_for_the_next_token() -> None:
     assert m.can_swap_in(g)
 
 
+def test_swap_in_leaves_the_watermark_free_as_admission_does() -> None:
+    """vLLM v0's can_swap_in: free - required >= watermark blocks (here 10% of 40: 4)."""
+    m = PagedKVCacheManager(num_device_blocks=40, block_size=4, num_cpu_blocks=8, watermark=0.1)
+    g = make_group(prompt_len=20)  # 5 blocks, and 1 more for its next token
+    m.allocate(g)
+    g.seqs[0].num_generated += 1
+    m.swap_out(g)
+    filler = make_group(prompt_len=4 * 30)  # 30 blocks: 10 free, 6 needed, 4 left
+    m.allocate(filler)
+    assert m.can_swap_in(g)
+    m.allocate(make_group(prompt_len=1))  # 9 free: 6 needed would leave 3, under 4
+    assert not m.can_swap_in(g)
+    with pytest.raises(KVCacheError, match="swap_in"):
+        m.swap_in(g)
+    m.free(filler.seqs[0].seq_id)
+    assert m.can_swap_in(g)
+    m.swap_in(g)
+    m.check_integrity()
+
+
 def test_errors() -> None:
     m = PagedKVCacheManager(num_device_blocks=2, block_size=4, watermark=0.0)
     with pytest.raises(KVCacheError, match="unknown seq_id 42"):

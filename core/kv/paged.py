@@ -17,7 +17,8 @@ Choices where the paper is silent:
   re-shared.
 - ``can_swap_in`` asks for the swapped blocks plus exactly the blocks the group's next
   ``append`` takes, so each sequence can append right after swap-in (vLLM v0 asks for one
-  spare block per sequence instead). Swap-in does not re-share blocks with the prefix cache,
+  spare block per sequence instead), and, as vLLM v0 does, leaves the admission
+  watermark free. Swap-in does not re-share blocks with the prefix cache,
   and a block the prefix cache shares between requests is copied out once per request that
   swaps (vLLM v0 moves it once): only runs with both prefix caching and swap preemption meet
   it, and no reproduced figure is one.
@@ -786,10 +787,11 @@ class PagedKVCacheManager:
     def can_swap_in(self, group: SequenceGroup) -> bool:
         """Room for the group's blocks and for the slots its next ``append`` takes (exact;
         vLLM v0 reserves one block per sequence instead, which can strand a group whose
-        sequences share their last blocks)."""
+        sequences share their last blocks), leaving the watermark free as admission does
+        (vLLM v0's ``BlockSpaceManager.can_swap_in``: free − required ≥ watermark blocks)."""
         seqs = self._live(group)
         need = self._distinct_blocks(seqs, on_cpu=True) + self._append_need(seqs, on_cpu=True)
-        return need <= self._device.num_free()
+        return self._device.num_free() - need >= self.watermark_blocks
 
     def swap_in(self, group: SequenceGroup) -> list[tuple[int, int]]:
         """Reverse of :meth:`swap_out`. Returns ``(cpu, device)`` pairs."""
