@@ -56,3 +56,15 @@ def test_a_bad_byte_after_a_byte_order_mark_names_its_line(tmp_path: Path) -> No
     log.write_bytes(b"\xef\xbb\xbf" + json.dumps(ROW).encode() + b"\n" + b"{}\n" * 3 + b"\xff\n")
     with pytest.raises(TraceFormatError, match=r"requests\.jsonl, line 5: not UTF-8 text"):
         read_vllm_log(tmp_path)
+
+
+def test_a_gzipped_trace_says_it_is_compressed(tmp_path: Path) -> None:
+    """A trace left gzip-compressed is named as such, not as text that is not UTF-8."""
+    import gzip
+
+    from core.workload.trace_io import read_vidur_trace
+
+    path = tmp_path / "trace.csv.gz"
+    path.write_bytes(gzip.compress(b"arrived_at,num_prefill_tokens,num_decode_tokens\n0,8,8\n"))
+    with pytest.raises(TraceFormatError, match=r"trace\.csv\.gz, file: gzip-compressed"):
+        read_vidur_trace(path)

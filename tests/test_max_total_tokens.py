@@ -157,3 +157,20 @@ def test_a_rate_searchs_runs_do_not_repeat_the_dropped_rows() -> None:
     finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+@pytest.mark.parametrize("huge", [2**63 - 1, 10**20])
+def test_a_length_past_int64_is_dropped_not_wrapped_or_crashed(tmp_path: Path, huge: int) -> None:
+    """A corrupt token count near or past int64's range is over every cap: the cap and the
+    filter drop its row (its prompt + output neither wraps below the cap nor overflows)."""
+    from core.workload.trace_io import read_vidur_trace
+
+    path = tmp_path / "vidur.csv"
+    path.write_text(
+        "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+        f"0,10,5\n1,10,{huge}\n2,{huge},5\n3,10,5\n"
+    )
+    capped = read_vidur_trace(path, apply_filter=False, max_total_tokens=2048)
+    assert [(r.prompt_len, r.output_len) for r in capped] == [(10, 5), (10, 5)]
+    filtered = read_vidur_trace(path, apply_filter=True)
+    assert [(r.prompt_len, r.output_len) for r in filtered] == [(10, 5), (10, 5)]

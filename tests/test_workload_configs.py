@@ -114,6 +114,21 @@ def test_start_s_starts_the_replay_there_then_the_window_and_count_apply(tmp_pat
         build_workload({**cfg, "start_s": 10})
 
 
+def test_a_window_that_holds_no_arrival_names_duration_s(tmp_path: Path) -> None:
+    """A window between two arrivals is an error naming duration_s and where the first
+    arrival falls, not an empty workload (which the CLI blamed on the file)."""
+    from core.request import Request
+    from core.workload.trace_io import write_trace
+
+    path = tmp_path / "t.csv"
+    write_trace(path, [Request(i, float(i), 10, 10) for i in range(10)])  # one a second
+    cfg = as_dict(compose_config(["workload=trace", f"workload.path={path}"]))["workload"]
+    with pytest.raises(RequestError, match=r"^0.25 s: no request arrives in the window") as exc:
+        build_workload({**cfg, "start_s": 3.5, "duration_s": 0.25})
+    assert exc.value.key == "duration_s"
+    assert "first arrives at 0.5 s" in str(exc.value)
+
+
 def test_a_window_past_the_trace_end_warns(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

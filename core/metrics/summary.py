@@ -52,11 +52,12 @@ miss). kvlab adds:
 - ``offered_rate``: the arrival rate the run was offered, in req/s: every request of the
   run (rejected ones included) over its arrival window, the configured window where the
   workload has one (``duration_s`` of a drawn workload, or of a trace that it cut), else
-  the span from the replay's start (t = 0: a trace's first row, or its ``start_s``) to the
-  last arrival (:func:`offered_rate`); NaN (``null`` in ``metrics.json``) where that window
-  is 0 s (every arrival at t = 0: ``arrival=all_at_once``, or a trace of one request at its
-  start). Unlike ``request_throughput`` it does not count the drain after the last arrival,
-  nor depend on how many requests completed.
+  the span from the replay's start (t = 0: a trace's first row, a native trace's 0 s, or
+  its ``start_s``) to the last arrival (:func:`offered_rate`); NaN (``null`` in
+  ``metrics.json``) where that window is 0 s (every arrival at t = 0:
+  ``arrival=all_at_once``, or a trace of one request at its start). Unlike
+  ``request_throughput`` it does not count the drain after the last arrival, nor depend on
+  how many requests completed.
 
 Throughput duration is from the first arrival to the last finish.
 """

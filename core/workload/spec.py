@@ -218,7 +218,8 @@ class Workload:
 def _window(requests: list[Request], c: Mapping[str, Any]) -> Workload:
     """Apply ``start_s`` (when the kind reads it), ``duration_s``, then ``num_requests`` to a
     trace sorted by arrival; the window is ``duration_s`` where it cut an arrival and the
-    count cut none after it (:class:`Workload`)."""
+    count cut none after it (:class:`Workload`). A ``start_s`` past the last arrival, or a
+    ``duration_s`` that ends before the first, is a :class:`RequestError` naming the key."""
     start = float(c.get("start_s") or 0.0)
     if start > 0:
         kept = [replace(r, arrival_time=r.arrival_time - start)
@@ -233,6 +234,13 @@ def _window(requests: list[Request], c: Mapping[str, Any]) -> Workload:
     past_end, window = False, None
     if c["duration_s"] is not None:
         kept = [r for r in requests if r.arrival_time < c["duration_s"]]
+        if requests and not kept:
+            raise RequestError(
+                f"{c['duration_s']:g} s: no request arrives in the window (the first arrives "
+                f"at {requests[0].arrival_time:.6g} s from the replay's start, after start_s "
+                "and time_scale)",
+                key="duration_s",
+            )
         past_end = bool(kept) and len(kept) == len(requests)
         window = None if len(kept) == len(requests) else float(c["duration_s"])
         requests = kept

@@ -62,6 +62,7 @@ NATIVE_COLUMNS: tuple[str, ...] = (
 )
 PathLike = str | Path
 _EPOCH = datetime(1970, 1, 1)
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class TraceFormatError(RequestError):
@@ -109,11 +110,14 @@ def _float(path: PathLike, line: int, name: str, text: str) -> float:
 
 def read_text_lines(path: PathLike) -> list[str]:
     """The lines of a UTF-8 text file (a leading byte-order mark is not part of them); a
-    byte that is not UTF-8 is a :class:`TraceFormatError` naming its line."""
+    byte that is not UTF-8 is a :class:`TraceFormatError` naming its line, and a
+    gzip-compressed file one saying so (it is not read compressed)."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise TraceFormatError(path, "file", "no such file") from None
+    if data.startswith(_GZIP_MAGIC):
+        raise TraceFormatError(path, "file", "gzip-compressed: decompress it first (gunzip -k)")
     try:
         return data.decode("utf-8-sig").splitlines()  # a BOM is dropped
     except UnicodeDecodeError as exc:
@@ -286,8 +290,8 @@ def _to_requests(
         raise RequestError(f"limit must be >= 0, got {limit}")
     order = sorted(range(len(rows)), key=lambda k: rows[k][1])
     t0 = rows[order[0]][1] if rows else 0.0
-    prompt = [rows[k][2] for k in order]
-    output = [rows[k][3] for k in order]
+    prompt = _clipped([rows[k][2] for k in order])
+    output = _clipped([rows[k][3] for k in order])
     if apply_filter:
         reasons = drop_reasons(prompt, output, max_model_len, max_prompt_len)
         keep = (reasons < 0).tolist()
@@ -324,12 +328,22 @@ def _to_requests(
     return out
 
 
+_LEN_CLIP = 2**61  # past every cap and context; two of them sum without int64 overflow
+
+
+def _clipped(lengths: list[int]) -> np.ndarray:
+    """Token counts as int64 for the filter and the cap, each clipped at :data:`_LEN_CLIP`
+    (a count read from a file may be any size: unclipped, one past int64 overflows the
+    conversion, and one near it wraps a prompt + output sum below every cap)."""
+    return np.array([min(n, _LEN_CLIP) for n in lengths], dtype=np.int64)
+
+
 def _cap(
-    path: PathLike, prompt: list[int], output: list[int], keep: list[bool], cap: int
+    path: PathLike, prompt: np.ndarray, output: np.ndarray, keep: list[bool], cap: int
 ) -> list[bool]:
     """``keep`` less the rows over the length cap ``cap``, with a warning counting those it
     drops (among the rows ``keep`` holds; silent when it drops none)."""
-    over = over_cap(np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64), cap)
+    over = over_cap(prompt, output, cap)
     dropped = int(np.count_nonzero(over & np.asarray(keep, dtype=bool)))
     if dropped:
         drop_log.warning(
