@@ -103,7 +103,8 @@ class SamplingParams:
             # read as if they shaped the beams
             raise RequestError(
                 "beam search scores every token by its log-probability: temperature must be 0, "
-                f"top_p 1 and top_k -1, got {self.temperature}, {self.top_p}, {self.top_k}"
+                f"top_p 1 and top_k -1, got {self.temperature}, {self.top_p}, {self.top_k}",
+                key="temperature",  # the one of the three a workload config sets
             )
 
     @property

@@ -190,6 +190,12 @@ CASES = [
      "not a positive count"),
     ("prefix_len_text", simulate, ["workload=shared_prefix", "workload.prefix_len=abc"],
      "workload.prefix_len", "not a length"),
+    # beam search at a sampling temperature: the line had named only "workload"
+    ("beam_search_sampled", simulate, ["workload.beam_width=2", "workload.temperature=0.5"],
+     "workload.temperature", "temperature must be 0"),
+    # a shared prefix as long as the context: the line had named only "workload"
+    ("prefix_beyond_the_context", simulate, ["workload=shared_prefix",
+     "workload.prefix_len=2047"], "workload.prefix_len", "leaves no room for a suffix"),
     ("rounds_text", serve, ["workload=multi_turn", "workload.num_conversations=2",
                             "workload.rounds=x"], "workload.rounds", "not a round count"),
     # serve's default workload size (num_requests 32) is read; the chat's 1024-token

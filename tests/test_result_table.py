@@ -34,3 +34,13 @@ def test_kv_shares_are_percentages_to_two_decimals() -> None:
     assert _cell(table, "Internal fragmentation") == "0.58"
     assert _cell(table, "Free (nobody waiting)") == "41.65"
     assert _cell(table, "Token states") == "22.28"
+
+
+def test_sharing_is_in_the_table() -> None:
+    """The memory saved by block sharing and the prefix-cache hits, a sharing study's
+    numbers, are rows of the table (they had been in metrics.json alone)."""
+    table = result_table({**_METRICS, "kv_sharing_saving_pct": 41.934, "prefix_cache_hit_pct": 0.0})
+    assert {len(line) for line in table.splitlines()} == {WIDTH}
+    assert _cell(table, "Blocks saved by sharing (time-weighted)") == "41.93"
+    assert _cell(table, "Prompt tokens found in the prefix cache") == "0.00"
+    assert _cell(result_table(_METRICS), "Blocks saved by sharing (time-weighted)") == "n/a"

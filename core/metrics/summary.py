@@ -1,7 +1,8 @@
 """Summary metrics from the recorder's tables.
 
 Key names follow ``vllm bench serve``: ``request_throughput`` (req/s),
-``output_throughput`` (tok/s), ``mean_/median_/p99_{ttft,tpot,itl,e2el}_ms``, plus
+``output_throughput`` (tok/s; the output tokens count every sample and beam of a request,
+``output_len * num_seqs``), ``mean_/median_/p99_{ttft,tpot,itl,e2el}_ms``, plus
 ``goodput`` (req/s meeting every given SLO; a request with one output token has no TPOT to
 miss). kvlab adds:
 

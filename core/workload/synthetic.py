@@ -127,7 +127,8 @@ def shared_prefix(
     if prefix_len + 2 > max_model_len:
         raise RequestError(
             f"prefix_len {prefix_len} leaves no room for a suffix and an output "
-            f"in max_model_len {max_model_len}"
+            f"in max_model_len {max_model_len}",
+            key="prefix_len",
         )
     _check_vocab(vocab_size)
     arr_rng, len_rng, tok_rng = _streams(seed)

@@ -1,8 +1,9 @@
 """The end-of-run results table, laid out like ``vllm bench serve``'s: counts, the offered
 request rate (``offered_rate``: the requests over their arrival window,
 :mod:`core.metrics.summary`) and throughput, then TTFT / TPOT / ITL / E2E latency (mean,
-median, p99), then what kvlab adds: the paper's normalized latency, both batch metrics and
-the KV-memory breakdown.
+median, p99), then what kvlab adds: the paper's normalized latency, both batch metrics,
+the KV-memory breakdown and sharing: ``kv_sharing_saving_pct`` (blocks saved by sharing ÷
+blocks needed without it) and ``prefix_cache_hit_pct``.
 
 The two batch metrics differ (for vLLM more as prompts arrive more often; see
 :mod:`core.metrics.summary`): ``mean_batch_size`` counts the requests
@@ -91,5 +92,12 @@ def result_table(metrics: Mapping[str, Any], title: str = "Serving Result") -> s
     lines.append(_row("Preemptions", m.get("num_preemptions")))
     lines.append(_rule("KV cache, time-weighted % of slots"))
     lines += [_row(label, _percent(m.get(key))) for key, label in _KV]
+    lines.append(_rule("Sharing, %"))
+    lines.append(
+        _row("Blocks saved by sharing (time-weighted)", _percent(m.get("kv_sharing_saving_pct")))
+    )
+    lines.append(
+        _row("Prompt tokens found in the prefix cache", _percent(m.get("prefix_cache_hit_pct")))
+    )
     lines.append("=" * WIDTH)
     return "\n".join(lines)
