@@ -246,10 +246,11 @@ def block_study(
             jobs.append((key, pool.submit(run_one, f"fig18b_{workload}_bs{bs}", over, None)))
         if "fig19" not in figures:
             continue
-        key = {"study": "fig19", "workload": "sharegpt", "rate": 2.0, "block_size": bs,
+        rate = BLOCK_STUDY_RATES["sharegpt"]  # beside Fig. 18b's ShareGPT runs
+        key = {"study": "fig19", "workload": "sharegpt", "rate": rate, "block_size": bs,
                "preemption_mode": "swap"}  # fmt: skip
-        over = [*base, "system=vllm", "workload.rate=2.0", f"system.block_size={bs}",
-                "system.preemption_mode=swap"]  # fmt: skip
+        over = [*base, "system=vllm", "workload=sharegpt", f"workload.rate={rate}",
+                f"system.block_size={bs}", "system.preemption_mode=swap"]  # fmt: skip
         jobs.append((key, pool.submit(run_one, f"fig19_swap_bs{bs}", over, None)))
     return jobs
 

@@ -522,6 +522,22 @@ def test_the_block_study_runs_each_block_size_in_its_mode_workload_and_rate() ->
     }
 
 
+def test_fig19s_swap_runs_follow_the_block_studys_sharegpt_rate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fig. 19 sets its swap runs beside Fig. 18b's ShareGPT recompute runs: a change of
+    that rate moves both (the swap runs had their own 2.0)."""
+    from experiments import reproduce
+
+    monkeypatch.setitem(reproduce.BLOCK_STUDY_RATES, "sharegpt", 3.0)
+    pool = _Pool()
+    keys = [k for k, _ in reproduce.block_study(pool, [], ("fig19",))]  # type: ignore[arg-type]
+    for bs in reproduce.BLOCK_SIZES:
+        for label in (f"fig19_swap_bs{bs}", f"fig18b_sharegpt_bs{bs}"):
+            assert {"workload=sharegpt", "workload.rate=3.0"} <= set(pool.jobs[label]), label
+    assert {k["rate"] for k in keys} == {3.0}
+
+
 def test_the_block_sizes_span_the_papers_fig18b_axis() -> None:
     """1 to 256 in powers of two, as the paper's Fig. 18b: the gap line compares blocks 1
     and 256 with block 16."""
