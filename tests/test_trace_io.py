@@ -186,6 +186,14 @@ def test_azure_small_file(tmp_path: Path) -> None:
     assert len(read_azure_trace(path, max_model_len=400)) == 1
 
 
+def test_azure_counts_written_as_integral_floats_are_read(tmp_path: Path) -> None:
+    """``12.0`` (pandas writes a column with a missing value so) is 12, as in the Vidur and
+    Mooncake readers; the Azure reader had refused it."""
+    path = _azure(tmp_path, "2023-11-16 18:15:46.1,374.0,44\n2023-11-16 18:15:47.1,12,7.0\n")
+    reqs = read_azure_trace(path, apply_filter=False)
+    assert [(r.prompt_len, r.output_len) for r in reqs] == [(374, 44), (12, 7)]
+
+
 @pytest.mark.parametrize(
     ("body", "line", "problem"),
     [
@@ -194,6 +202,7 @@ def test_azure_small_file(tmp_path: Path) -> None:
         ("2023-11-16 18:15:46.1,374,44\nyesterday,1,1\n", 3, "unparsable TIMESTAMP"),
         ("2023-11-16 18:15:46.1x,374,44\n", 2, "unparsable TIMESTAMP"),
         ("2023-11-16 18:15:46.1,374\n", 2, "expected 3 fields"),
+        ("2023-11-16 18:15:46.1,374.5,44\n", 2, "ContextTokens is not an integer"),
     ],
 )
 def test_azure_malformed(tmp_path: Path, body: str, line: int, problem: str) -> None:

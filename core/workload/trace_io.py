@@ -420,8 +420,8 @@ def read_azure_trace(
         (
             ln,
             _timestamp_ns(path, ln, row["TIMESTAMP"]),
-            _int(path, ln, "ContextTokens", row["ContextTokens"]),
-            _int(path, ln, "GeneratedTokens", row["GeneratedTokens"]),
+            _int(path, ln, "ContextTokens", row["ContextTokens"], exact=False),
+            _int(path, ln, "GeneratedTokens", row["GeneratedTokens"], exact=False),
         )
         for ln, row in _csv_rows(path, lines, 1, cols)
     ]
