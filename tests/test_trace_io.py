@@ -186,6 +186,21 @@ def test_azure_small_file(tmp_path: Path) -> None:
     assert len(read_azure_trace(path, max_model_len=400)) == 1
 
 
+def test_a_header_without_the_columns_is_quoted_in_the_error(tmp_path: Path) -> None:
+    """A semicolon-separated file is one line that shows the header it found (it said only
+    which columns were missing, as if they were absent)."""
+    path = tmp_path / "vidur.csv"
+    path.write_text("arrived_at;num_prefill_tokens;num_decode_tokens\n0;10;5\n")
+    with pytest.raises(TraceFormatError) as info:
+        read_vidur_trace(path)
+    line = str(info.value)
+    assert "line 1: missing column(s) arrived_at, num_prefill_tokens, num_decode_tokens" in line
+    assert "'arrived_at;num_prefill_tokens;num_decode_tokens'" in line and "\n" not in line
+    path.write_text("x" * 200 + "\n1\n")
+    with pytest.raises(TraceFormatError, match=r"reads 'x{77}\.\.\.'"):
+        read_vidur_trace(path)
+
+
 def test_azure_counts_written_as_integral_floats_are_read(tmp_path: Path) -> None:
     """``12.0`` (pandas writes a column with a missing value so) is 12, as in the Vidur and
     Mooncake readers; the Azure reader had refused it."""

@@ -156,7 +156,13 @@ def _csv_rows(
     header = [h.strip() for h in header]
     missing = [c for c in required if c not in header]
     if missing:
-        raise TraceFormatError(path, header_line, f"missing column(s) {', '.join(missing)}")
+        found = lines[header_line - 1].strip()
+        found = found if len(found) <= 80 else found[:77] + "..."
+        raise TraceFormatError(
+            path, header_line,
+            f"missing column(s) {', '.join(missing)} (the header reads {found!r}; "
+            "columns are separated by commas)",
+        )  # fmt: skip
     for idx in range(header_line, len(lines)):
         if not lines[idx].strip():
             continue
