@@ -544,6 +544,14 @@ def test_a_rate_for_a_recorded_trace_points_at_time_scale(tmp_path: Path) -> Non
     assert "workload.time_scale sets its rate" in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_duration_for_a_workload_without_one_points_at_its_size(tmp_path: Path) -> None:
+    # the line said only "no such key" (a user study sized a chatbot run by duration_s)
+    status, _, err = run_cli(simulate, ["workload=multi_turn", "workload.duration_s=60"], tmp_path)
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: workload.duration_s: no such key in this config (expected none:")
+    assert "workload.num_conversations" in err and "workload.num_requests" in err
+
+
 def test_a_missing_vllm_run_directory_is_named_as_one(tmp_path: Path) -> None:
     # it said "expected an existing trace file" of a kind that reads a run directory
     args = ["workload=vllm_log", f"workload.path={tmp_path / 'no-run'}"]

@@ -417,6 +417,12 @@ def _compose_error(config_name: str, exc: Exception) -> ConfigError:
                 "(azure_*, mooncake, vidur) workload.time_scale sets its rate (0.5 replays it "
                 "twice as fast)"
             )
+        if key == "workload.duration_s":  # multi_turn and vllm_bench size their traces
+            expected = (
+                "none: this workload is not cut by time; multi_turn's size is "
+                "workload.num_conversations, a vllm_bench file's its requests, and "
+                "workload.num_requests keeps the first that many of either"
+            )
         return ConfigError(key, "no such key in this config", expected=expected)
     lines = [text.splitlines()[0] if text else type(exc).__name__]
     if exc.__cause__ is not None and str(exc.__cause__).strip():
