@@ -68,3 +68,16 @@ def test_a_gzipped_trace_says_it_is_compressed(tmp_path: Path) -> None:
     path.write_bytes(gzip.compress(b"arrived_at,num_prefill_tokens,num_decode_tokens\n0,8,8\n"))
     with pytest.raises(TraceFormatError, match=r"trace\.csv\.gz, file: gzip-compressed"):
         read_vidur_trace(path)
+
+
+def test_a_gzipped_bench_result_says_it_is_compressed(tmp_path: Path) -> None:
+    """A ``vllm bench serve`` result left compressed is named so (it was 'not a readable
+    JSON file' with a codec error)."""
+    import gzip
+
+    from core.workload.vllm_bench import read_bench_result
+
+    path = tmp_path / "bench.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"input_lens": [4], "output_lens": [4]}).encode()))
+    with pytest.raises(TraceFormatError, match=r"bench\.json\.gz, file: gzip-compressed"):
+        read_bench_result(path)

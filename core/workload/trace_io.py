@@ -108,6 +108,13 @@ def _float(path: PathLike, line: int, name: str, text: str) -> float:
     return value
 
 
+def refuse_compressed(path: PathLike, data: bytes) -> None:
+    """A gzip-compressed input (``data``, its bytes) is a :class:`TraceFormatError` saying
+    so: every input is read as text."""
+    if data.startswith(_GZIP_MAGIC):
+        raise TraceFormatError(path, "file", "gzip-compressed: decompress it first (gunzip -k)")
+
+
 def read_text_lines(path: PathLike) -> list[str]:
     """The lines of a UTF-8 text file (a leading byte-order mark is not part of them); a
     byte that is not UTF-8 is a :class:`TraceFormatError` naming its line, and a
@@ -116,8 +123,7 @@ def read_text_lines(path: PathLike) -> list[str]:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise TraceFormatError(path, "file", "no such file") from None
-    if data.startswith(_GZIP_MAGIC):
-        raise TraceFormatError(path, "file", "gzip-compressed: decompress it first (gunzip -k)")
+    refuse_compressed(path, data)
     try:
         return data.decode("utf-8-sig").splitlines()  # a BOM is dropped
     except UnicodeDecodeError as exc:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.workload.trace_io import TraceFormatError
+from core.workload.trace_io import TraceFormatError, refuse_compressed
 from core.workload.vllm_log import CLOCK_TOLERANCE_S
 
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
@@ -111,7 +111,9 @@ def _bench_doc(path: Path) -> dict[str, Any]:
     """The one JSON object of a bench result file; a file of several (``--append-result``)
     is refused with a line saying how many and how to keep one."""
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        data = path.read_bytes()
+        refuse_compressed(path, data)
+        text = data.decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise TraceFormatError(path, "file", f"not a readable JSON file ({e})") from None
     docs = _json_documents(path, text)
