@@ -209,3 +209,33 @@ def test_num_requests_that_cuts_a_trace_says_so(
         "workload.num_requests=32 keeps the first 32 of the 40 requests in the window "
         "(workload.num_requests=null keeps them all)"
     ]
+
+
+def test_a_native_trace_that_idles_before_its_first_arrival_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Native times are kept as written: a trace written in Unix seconds idles for decades
+    before its first request, and offered_rate counts that; a warning says so and names the
+    start_s that starts at the first arrival (a trace user study met it in silence)."""
+    from core.request import Request
+    from core.workload.trace_io import write_trace
+    from experiments.lib.setup import build_run_workload
+
+    path = tmp_path / "t.csv"
+    workload = as_dict(compose_config(["workload=trace", f"workload.path={path}"]))["workload"]
+    cfg = {"workload": workload}
+    with caplog.at_level("WARNING", logger="experiments.lib.setup"):
+        write_trace(path, [Request(i, 0.5 + i, 10, 10) for i in range(10)])  # from 0.5 s
+        build_run_workload(cfg, max_model_len=2048)
+        write_trace(path, [Request(i, 5.0 + i, 10, 10) for i in range(10)])  # 5 s of 14
+        build_run_workload(cfg, max_model_len=2048)
+        assert not caplog.records
+        write_trace(path, [Request(i, 1000.0 + i, 10, 10) for i in range(10)])
+        build_run_workload(cfg, max_model_len=2048)
+        assert len(caplog.records) == 1
+        assert "arrives at 1000 s and the last at 1009 s" in caplog.records[0].getMessage()
+        assert "workload.start_s=1000" in caplog.records[0].getMessage()
+        caplog.clear()
+        cut = {"workload": {**cfg["workload"], "start_s": 1000.0}}
+        assert len(build_run_workload(cut, max_model_len=2048).requests) == 10
+        assert not caplog.records

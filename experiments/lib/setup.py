@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,7 +284,24 @@ def build_run_workload(
         said = ", ".join(f"workload.{k}={v}" for k, v in window.items() if v is not None)
         log.warning("the workload holds no request (%s)", said or workload.get("kind"))
     check_arrivals_resolvable(workload, requests)
+    warn_idle_lead_in(workload, requests)
     return loaded
+
+
+def warn_idle_lead_in(workload: Mapping[str, Any], requests: Sequence[Request]) -> None:
+    """Warn where a native trace (whose times are kept as written) idles before its first
+    arrival at least as long as its arrivals last, and over a second: ``offered_rate``
+    counts that lead-in (e.g. arrival times written as Unix seconds)."""
+    if workload.get("kind") != "native" or not requests:
+        return
+    first, last = requests[0].arrival_time, requests[-1].arrival_time
+    if first > 1.0 and first >= last - first:
+        log.warning(
+            "%s: the first request arrives at %.6g s and the last at %.6g s: the replay idles "
+            "until the first, and offered_rate counts that time (a native trace keeps its "
+            "times as written); workload.start_s=%.6g starts the replay at the first arrival",
+            workload.get("path"), first, last, first,
+        )  # fmt: skip
 
 
 # The latest arrival a run may have: 2**52 µs (~4.5e9 s, ~143 years). Past it, a float64
