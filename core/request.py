@@ -83,7 +83,9 @@ class SamplingParams:
         if self.beam_width < 1:
             raise RequestError(f"SamplingParams.beam_width must be >= 1, got {self.beam_width}")
         if self.n > 1 and self.beam_width > 1:
-            raise RequestError("use either n > 1 (parallel sampling) or beam_width > 1, not both")
+            raise RequestError(
+                "use either n > 1 (parallel sampling) or beam_width > 1, not both", key="beam_width"
+            )
         assert self.temperature is not None
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise RequestError(f"temperature must be finite and >= 0, got {self.temperature}")

@@ -193,6 +193,9 @@ CASES = [
     # beam search at a sampling temperature: the line had named only "workload"
     ("beam_search_sampled", simulate, ["workload.beam_width=2", "workload.temperature=0.5"],
      "workload.temperature", "temperature must be 0"),
+    # samples and beams at once: the line had named only "workload"
+    ("samples_and_beams", simulate, ["workload.n=2", "workload.beam_width=2"],
+     "workload.beam_width", "not both"),
     # a shared prefix as long as the context: the line had named only "workload"
     ("prefix_beyond_the_context", simulate, ["workload=shared_prefix",
      "workload.prefix_len=2047"], "workload.prefix_len", "leaves no room for a suffix"),
