@@ -350,6 +350,21 @@ def test_a_calibrations_relative_profile_is_also_looked_for_beside_it(tmp_path: 
     assert with_profile_found({"kind": "calibrated"}, cal) == {"kind": "calibrated"}
 
 
+def test_a_shipped_calibrations_profile_is_found_from_another_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calibrations under docs/ name their profile from the repository root; run from
+    another working directory (as ``cost.path`` is found there) they find it too."""
+    repo = Path(__file__).resolve().parents[1]
+    sitting = repo / "docs" / "validation" / "cpu-engine" / "eighteenth-sitting"
+    cal = sitting / "run_a" / "calibration.json"
+    name = json.loads(cal.read_text())["profile"]
+    monkeypatch.chdir(tmp_path)
+    assert with_profile_found({"profile": name}, cal)["profile"] == str(repo / name)
+    (tmp_path / name).mkdir(parents=True)  # one of the same name here is read from here
+    assert with_profile_found({"profile": name}, cal)["profile"] == name
+
+
 def test_a_calibration_from_another_machine_finds_its_profile_beside_it(tmp_path: Path) -> None:
     """gpu_all.sh's layout, fitted on the device under /tmp/kvlab-gpu and copied here."""
     call = tmp_path / "h200" / "second-run"

@@ -426,12 +426,14 @@ def with_profile_found(doc: dict[str, Any], calibration_path: Path) -> dict[str,
     """``doc`` with its operator ``profile`` path found from here; else unchanged.
 
     A relative path is taken from the calibration file's folder (what ``experiments.calibrate``
-    writes), then from here. An absolute path that does not exist here (a calibration made
-    on another machine, e.g. the GPU's ``/tmp/kvlab-gpu/profile`` of ``gpu_all.sh``) is
-    looked for by its trailing parts in the calibration file's folder and the one above it,
-    nearest first (``<call>/profile`` beside ``<call>/engine/calibration.json``); no
-    higher, where an unrelated folder of the same name could be taken for it. A ``profile``
-    that is not a path is left for the document's check
+    writes), then from here, then from the repository root, as ``cost.path`` itself is found
+    (the calibrations shipped under ``docs/`` name their profile from there). An absolute path
+    that does not exist here (a calibration made on another machine, e.g. the GPU's
+    ``/tmp/kvlab-gpu/profile`` of ``gpu_all.sh``) is looked for by its trailing parts in the
+    calibration file's folder and the one above it, nearest first (``<call>/profile`` beside
+    ``<call>/engine/calibration.json``); no higher, where an unrelated folder of the same
+    name could be taken for it. A ``profile`` that is not a path is left for the document's
+    check
     (:func:`~sim.cost.calibrated.check_calibration_doc`)."""
     name = doc.get("profile")
     if not name or not isinstance(name, str):
@@ -447,7 +449,11 @@ def with_profile_found(doc: dict[str, Any], calibration_path: Path) -> dict[str,
                     return {**doc, "profile": str(found)}
         return doc
     beside = here / path
-    return {**doc, "profile": str(beside)} if beside.exists() else doc
+    if beside.exists():
+        return {**doc, "profile": str(beside)}
+    if path.exists() or not (REPO_ROOT / path).exists():
+        return doc  # read from here, or left for the error
+    return {**doc, "profile": str(REPO_ROOT / path)}
 
 
 def check_calibration_fits(doc: Mapping[str, Any], key: str, model: str, gpu: str, tp: int) -> None:
