@@ -84,6 +84,15 @@ def test_a_sweep_of_two_settings_of_one_system_tells_them_apart(tmp_path: Path) 
     assert hits["vllm_v1"] > 0 and hits["vllm_v1_nopc"] == 0  # the setting took effect
 
 
+def test_a_single_runs_table_and_summary_name_a_system_yaml_by_its_file(tmp_path: Path) -> None:
+    # the results table's heading named the policy (vllm_v1), the summary line the file
+    status, out, err = run_cli(simulate, [*SIM_SMALL, _variant(tmp_path / "mine"),
+                                          "system=vllm_v1_nopc"], tmp_path / "a")  # fmt: skip
+    assert status == 0, err
+    assert "simulate: vllm_v1_nopc opt-13b" in out
+    assert json.loads((tmp_path / "a" / "run" / "metrics.json").read_text())["system"] == "vllm_v1"
+
+
 def test_a_variant_named_after_its_file_is_told_to_keep_the_systems_name(tmp_path: Path) -> None:
     search = _variant(tmp_path / "mine", name="vllm_v1_nopc")
     args = [*SIM_SMALL, search, "system=vllm_v1_nopc"]

@@ -365,7 +365,7 @@ def run_app(
             raise interrupted
         print(f"interrupted after the run finished: {out_dir} is complete", file=sys.stderr)
         sys.exit(_interrupted_status(interrupted))
-    print(result_table(metrics, f"{app}: {metrics.get('system')} {metrics.get('model')}"))
+    print(result_table(metrics, f"{app}: {system_label(cfg)} {metrics.get('model')}"))
     print(f"{describe(metrics)} -> {out_dir}")
     return metrics
 
