@@ -480,6 +480,8 @@ def test_a_recorded_replay_says_prefix_caching_of_repeated_greedy_prompts_need_n
     doc = validate.validate(run_dir, recorded=True)
     assert doc["exact_replay_expected"] is True and "not_exact_because" not in doc
     assert all(r["rel_err"] == 0.0 for r in doc["comparison"]), doc["comparison"]
+    rows = {r["metric"]: r for r in doc["comparison"]}  # the prefix cache's side is compared
+    assert rows["prefix_cache_hit_pct"]["engine"] == doc["engine"]["prefix_cache_hit_pct"] > 0
 
 
 @pytest.mark.parametrize("top_k", [1, -1])
