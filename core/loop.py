@@ -13,7 +13,10 @@ A step at time ``now``:
 4. at the step's end, ``scheduler.update(plan, outcome, end)``, then the step and every
    finished group are recorded.
 
-Requests enter through :meth:`StepLoop.add` (a rejected one is recorded at once). A body
+Requests enter through :meth:`StepLoop.add` (a rejected one is recorded at once; under a
+scheduler whose ``sampling_fanout`` is ``"requests"`` a request of ``n > 1`` samples enters as
+``n`` requests of one sample, a :class:`~core.request.ParentRequest`, recorded as one request
+when its last child is done). A body
 whose clock advances by a plain call runs a step with :meth:`StepLoop.step`, or a whole
 trace with :meth:`StepLoop.run` (or :meth:`StepLoop.serve`, which yields after each step;
 arrivals chained as the simulator's arrival process reaches them, idle jumps to the next
@@ -30,7 +33,7 @@ from typing import Protocol
 from core.kv.base import KVCacheError, MemoryBreakdown
 from core.metrics.recorder import Recorder, ReplicaRecorder
 from core.plan import BatchShape, StepOutcome, StepPlan, new_shape
-from core.request import Request, SequenceGroup
+from core.request import ParentRequest, Request, SequenceGroup, child_request
 from core.sched.base import BaseScheduler
 from core.systems import SHIPPED_MANAGERS, SHIPPED_SCHEDULERS
 
@@ -181,34 +184,65 @@ class StepLoop:
         return f"scheduler {self.scheduler.name}{own}"
 
     def _done(self, groups: list[SequenceGroup], opened: bool = True) -> None:
-        """Record ``groups``, done; ``opened``: they were accepted (not rejected at intake)."""
+        """Record ``groups``, done; ``opened``: they were accepted (not rejected at intake). A
+        child of a :class:`ParentRequest` is recorded as its parent once the last is done;
+        ``on_done`` counts requests so recorded."""
         record = self.recorder.record_request
+        recorded = 0
         for group in groups:
-            record(group)
+            parent = group.parent
+            if parent is None:
+                record(group)
+                recorded += 1
+            elif parent.child_ended():
+                record(parent)
+                recorded += 1
         if opened:
             self.num_open -= len(groups)
         self.ended.extend(groups)
-        if self.on_done is not None:
-            self.on_done(len(groups))
+        if self.on_done is not None and recorded:
+            self.on_done(recorded)
 
-    def add(self, request: Request, now: float, vocab_size: int | None = None) -> SequenceGroup:
+    def add(
+        self, request: Request, now: float, vocab_size: int | None = None
+    ) -> SequenceGroup | ParentRequest:
         """Queue ``request`` at ``now``; a rejected one (one the scheduler can never serve, or
         with a prompt id outside a vocabulary of ``vocab_size``) is recorded at once. A
         KVCacheError from the intake (its manager asked whether the request can ever fit) is
-        a :class:`KVMisuseError`, as from a step."""
-        problem = request.vocabulary_problem(vocab_size)
-        if problem is not None:
-            group = self.scheduler.reject(request, problem)
-        else:
-            try:
-                group = self.scheduler.add(request, now)
-            except KVCacheError as e:
-                raise self._misuse("add", e) from e
+        a :class:`KVMisuseError`, as from a step. A request of ``n > 1`` samples under a
+        scheduler whose ``sampling_fanout`` is ``"requests"`` is queued as ``n`` requests of
+        one sample (:func:`~core.request.child_request`) and comes back as their
+        :class:`ParentRequest`; when the first is rejected, so is the request, whole."""
+        if request.sampling.n > 1 and self.scheduler.sampling_fanout == "requests":
+            return self._add_fanout(request, now, vocab_size)
+        group = self._intake(request, now, vocab_size)
         if group.reject_reason is not None:
             self._done([group], opened=False)
         else:
             self.num_open += 1
         return group
+
+    def _intake(self, request: Request, now: float, vocab_size: int | None) -> SequenceGroup:
+        problem = request.vocabulary_problem(vocab_size)
+        if problem is not None:
+            return self.scheduler.reject(request, problem)
+        try:
+            return self.scheduler.add(request, now)
+        except KVCacheError as e:
+            raise self._misuse("add", e) from e
+
+    def _add_fanout(self, request: Request, now: float, vocab_size: int | None) -> ParentRequest:
+        parent = ParentRequest(request)
+        for index in range(request.sampling.n):
+            child = self._intake(child_request(request, index), now, vocab_size)
+            parent.adopt(child)
+            if index == 0 and child.reject_reason is not None:
+                break  # every child is the same request: none would be served
+        rejected = [c for c in parent.children if c.reject_reason is not None]
+        self.num_open += len(parent.children) - len(rejected)
+        if rejected:
+            self._done(rejected, opened=False)
+        return parent
 
     def begin(self, now: float) -> PendingStep | None:
         """Steps 1-3 at ``now``; ``None`` when idle (nothing left to run). Clears

@@ -10,6 +10,12 @@ the first token, a group with ``n > 1`` parallel samples or ``beam_width > 1`` b
 forked into that many sequences, which share the prompt's KV blocks (paged) or get their
 own reserved regions (contiguous). All sequences of a group are gang-scheduled.
 
+A system that serves samples as requests of their own (``core.systems.SystemSpec.
+sampling_fanout`` ``"requests"``: vLLM V1's ``ParentRequest``) instead turns a request of
+``n > 1`` samples into a :class:`ParentRequest` of ``n`` groups of one sample each
+(:func:`child_request`), admitted, preempted and finished independently; they share the
+prompt's KV blocks only through the prefix cache.
+
 Token accounting of a sequence (``num_tokens = prompt_len + num_generated``):
 
 - ``num_computed`` tokens have their K/V in the cache;
@@ -25,7 +31,7 @@ from __future__ import annotations
 import enum
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 class RequestError(ValueError):
@@ -252,17 +258,26 @@ class SequenceGroup:
         "first_token_step",
         "first_token_time",
         "num_preemptions",
+        "parent",
         "readmit_cached_tokens",
         "reject_reason",
         "request",
+        "sample_index",
         "seqs",
         "token_times",
     )
 
     def __init__(self, request: Request, first_seq_id: int) -> None:
         self.request = request
-        # First-come-first-served order (arrival, then id); the request is frozen.
-        self.fcfs_key = (request.arrival_time, request.request_id)
+        # First-come-first-served order (arrival, then id); the request is frozen. A child of
+        # a ParentRequest adds its sample index (ParentRequest.adopt).
+        self.fcfs_key: tuple[float, int] | tuple[float, int, int] = (
+            request.arrival_time,
+            request.request_id,
+        )
+        # the ParentRequest this group is sample ``sample_index`` of (None: a request's own)
+        self.parent: ParentRequest | None = None
+        self.sample_index = 0
         self.seqs: list[Sequence] = [Sequence(first_seq_id, self)]
         self.first_scheduled_time: float | None = None
         # prompt tokens the prefix cache held at the group's first admission (None before)
@@ -312,5 +327,128 @@ class SequenceGroup:
             if seq.status is not SequenceStatus.FINISHED:
                 seq.status = status
 
+    def token_streams(self) -> list[list[float]]:
+        """The token timestamp lists whose gaps are inter-token latencies: the group's one
+        (its sequences advance together)."""
+        return [self.token_times]
+
     def __repr__(self) -> str:
         return f"SequenceGroup(req={self.request_id}, seqs={self.seqs})"
+
+
+def child_request(request: Request, index: int) -> Request:
+    """Sample ``index`` of ``request`` as a request of one sample, as vLLM V1's
+    ``ParentRequest`` makes its child requests (recalled from vllm/v1/engine/
+    parallel_sampling.py: ``n = 1``, and ``seed + index`` where the parent names a seed). The
+    id, arrival, prompt (and its token ids) and other sampling parameters are the parent's;
+    the temperature the parent resolved for ``n > 1`` is kept. A child without a seed is told
+    apart by its group's ``sample_index`` (the engine's sampler adds it to the request's
+    drawn seed, as it does for sample ``index`` of a forked group)."""
+    sampling = request.sampling
+    seed = None if sampling.seed is None else sampling.seed + index
+    return replace(request, sampling=replace(sampling, n=1, seed=seed))
+
+
+class ParentRequest:
+    """A request of ``n > 1`` samples served as ``n`` requests of one sample each (vLLM V1).
+    ``children`` are their groups, by sample index. It reads as one request wherever a
+    finished request is reported (``core.metrics.recorder.Recorder.record_request``, the
+    engine's outputs), with vLLM V1's meaning for a parent's output (complete when its last
+    child finishes):
+
+    - ``first_token_time`` / ``first_token_step``: the earliest child's first token (what a
+      streaming client sees first; vLLM's own TTFT histogram observes each child);
+    - ``finish_time`` / ``finish_step``: the last child's finish;
+    - ``first_scheduled_time``: the earliest child's admission; ``cached_prompt_tokens``:
+      that child's prefix hits, what the cache held of the prompt when the request was first
+      admitted (its siblings' hits on each other's blocks are the sharing, counted in the
+      steps' physical and logical blocks, not here);
+    - ``num_preemptions``, ``readmit_cached_tokens``: summed over the children;
+    - ``reject_reason``: the first child's that has one (a rejected request is rejected
+      whole at intake: its children are the same request).
+    """
+
+    __slots__ = ("children", "num_ended", "request")
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.children: list[SequenceGroup] = []
+        self.num_ended = 0
+
+    def adopt(self, group: SequenceGroup) -> None:
+        """Make ``group`` (the next child, made from :func:`child_request`) one of ours."""
+        index = len(self.children)
+        group.parent, group.sample_index = self, index
+        group.fcfs_key = (group.request.arrival_time, group.request.request_id, index)
+        self.children.append(group)
+
+    def child_ended(self) -> bool:
+        """Count one child as done (finished, aborted or rejected); whether all are."""
+        self.num_ended += 1
+        return self.num_ended == len(self.children)
+
+    @property
+    def request_id(self) -> int:
+        return self.request.request_id
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        """The children's sequences, by sample index."""
+        return [seq for child in self.children for seq in child.seqs]
+
+    @property
+    def reject_reason(self) -> str | None:
+        return next((c.reject_reason for c in self.children if c.reject_reason), None)
+
+    @property
+    def is_finished(self) -> bool:
+        return all(c.is_finished for c in self.children)
+
+    def _first_admitted(self) -> SequenceGroup | None:
+        admitted = [c for c in self.children if c.first_scheduled_time is not None]
+        return min(admitted, key=lambda c: (c.first_scheduled_time, c.sample_index), default=None)
+
+    @property
+    def first_scheduled_time(self) -> float | None:
+        first = self._first_admitted()
+        return None if first is None else first.first_scheduled_time
+
+    @property
+    def cached_prompt_tokens(self) -> int | None:
+        first = self._first_admitted()
+        return None if first is None else first.cached_prompt_tokens
+
+    @property
+    def first_token_time(self) -> float | None:
+        return min((c.first_token_time for c in self.children if c.first_token_time is not None),
+                   default=None)  # fmt: skip
+
+    @property
+    def first_token_step(self) -> int | None:
+        return min((c.first_token_step for c in self.children if c.first_token_step is not None),
+                   default=None)  # fmt: skip
+
+    @property
+    def finish_time(self) -> float | None:
+        times = [c.finish_time for c in self.children]
+        return None if None in times else max(t for t in times if t is not None)
+
+    @property
+    def finish_step(self) -> int | None:
+        steps = [c.finish_step for c in self.children]
+        return None if None in steps else max(s for s in steps if s is not None)
+
+    @property
+    def num_preemptions(self) -> int:
+        return sum(c.num_preemptions for c in self.children)
+
+    @property
+    def readmit_cached_tokens(self) -> int:
+        return sum(c.readmit_cached_tokens for c in self.children)
+
+    def token_streams(self) -> list[list[float]]:
+        """Each child's token timestamps: inter-token gaps are taken within a child."""
+        return [c.token_times for c in self.children]
+
+    def __repr__(self) -> str:
+        return f"ParentRequest(req={self.request_id}, children={self.children})"

@@ -64,6 +64,12 @@ class SystemSpec:
     # preemption_mode says (vLLM v0); False: it follows preemption_mode, as in vLLM V1,
     # which has no swap and serves a request's n samples as requests of their own
     swap_groups: bool = True
+    # how a request of n > 1 parallel samples is served: "group", one sequence group whose
+    # prompt is computed once and then forked, the samples sharing its blocks copy-on-write
+    # (vLLM v0); "requests", n requests of one sample each (core.request.ParentRequest), each
+    # admitted, preempted and finished on its own and sharing the prompt's full blocks only
+    # through the prefix cache (vLLM V1's ParentRequest, vllm/v1/engine/parallel_sampling.py)
+    sampling_fanout: str = "group"
     # whether a request may search beams in the engine (fork + copy-on-write, vLLM v0).
     # vLLM V1 runs beam search on top of its engine, a 1-token request per beam per step
     # (vllm-project/vllm PRs 8726 and 9296, since 0.6.3), which kvlab does not model, so
@@ -97,6 +103,7 @@ SYSTEMS: dict[str, SystemSpec] = {
         cache_scheduled_blocks=True,
         allocate_per_chunk=True,
         swap_groups=False,
+        sampling_fanout="requests",
         beam_search=False,
         stack="vllm-v1",
         batch_defaults="v1",
@@ -114,6 +121,7 @@ SYSTEMS: dict[str, SystemSpec] = {
 
 
 BUILT_IN = frozenset(SYSTEMS)
+SAMPLING_FANOUTS = ("group", "requests")  # SystemSpec.sampling_fanout's values
 # the shipped policies' classes: the tests hold their plans to plan_problem (core.loop checks
 # only a plugin's at run time)
 SHIPPED_SCHEDULERS = frozenset(spec.scheduler for spec in SYSTEMS.values())
@@ -156,6 +164,11 @@ def register_system(spec: SystemSpec) -> None:
             f"system {spec.name!r}: batch_defaults {spec.batch_defaults!r} is not one of "
             f"{', '.join(BATCH_DEFAULT_VERSIONS)}"
         )
+    if spec.sampling_fanout not in SAMPLING_FANOUTS:
+        raise SystemConfigError(
+            f"system {spec.name!r}: sampling_fanout {spec.sampling_fanout!r} is not one of "
+            f"{', '.join(SAMPLING_FANOUTS)}"
+        )
     if not (isinstance(spec.scheduler, type) and issubclass(spec.scheduler, BaseScheduler)):
         raise SystemConfigError(
             f"system {spec.name!r}: scheduler {spec.scheduler!r} is not a BaseScheduler subclass"
@@ -188,6 +201,10 @@ def register_system(spec: SystemSpec) -> None:
             )
         if spec.cache_scheduled_blocks or spec.allocate_per_chunk:
             raise SystemConfigError(f"system {spec.name!r}: block options need paged KV")
+        if spec.sampling_fanout != "group":  # its manager holds KV by request id
+            raise SystemConfigError(
+                f"system {spec.name!r}: sampling_fanout {spec.sampling_fanout!r} needs paged KV"
+            )
     else:
         raise SystemConfigError(
             f"system {spec.name!r}: kv {spec.kv!r} is not 'paged' or 'contiguous'"
@@ -403,5 +420,6 @@ def build_scheduler(
     scheduler = spec.scheduler(manager, config)
     scheduler.swap_groups = spec.swap_groups
     scheduler.beam_search = spec.beam_search
+    scheduler.sampling_fanout = spec.sampling_fanout
     scheduler.name = spec.name  # what its messages call it (a subclass may inherit "vllm")
     return scheduler

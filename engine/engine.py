@@ -37,7 +37,7 @@ from core.loop import Clock, PolicyError, StepLoop, VirtualClock
 from core.metrics.recorder import Recorder
 from core.model_spec import ModelSpec
 from core.plan import BatchShape, StepOutcome, StepPlan
-from core.request import Request, SequenceGroup
+from core.request import ParentRequest, Request, SequenceGroup
 from core.sched.base import BaseScheduler, SchedulerConfig
 from core.seeding import with_drawn_prompt_ids
 from core.systems import build_scheduler, default_config, get_system
@@ -185,7 +185,8 @@ class LLMEngine:
             enable_prefix_caching=self.enable_prefix_caching,
         )
         self.recorder = Recorder()
-        self.groups: dict[int, SequenceGroup] = {}
+        # by request id; a ParentRequest for a request served as requests of one sample each
+        self.groups: dict[int, SequenceGroup | ParentRequest] = {}
         self.clock: Clock = VirtualClock() if clock is None else clock
         self.phase_timer = PhaseTimer(self.step_timer) if self.time_phases else None
         executor = _ModelExecutor(
@@ -214,10 +215,14 @@ class LLMEngine:
         (:meth:`Request.vocabulary_problem` checks them at intake)."""
         return with_drawn_prompt_ids(request, self.model_config.vocab_size, self.seed)
 
-    def add_request(self, request: Request, now: float | None = None) -> SequenceGroup:
+    def add_request(
+        self, request: Request, now: float | None = None
+    ) -> SequenceGroup | ParentRequest:
         """Queue ``request`` at ``now`` (default: the engine clock). A rejected request
         (one the scheduler can never serve, or with a prompt id outside the vocabulary)
-        comes back with ``reject_reason`` set and is recorded; the others go on."""
+        comes back with ``reject_reason`` set and is recorded; the others go on. A system
+        that serves samples as requests of their own (``vllm_v1``) queues a request of
+        ``n > 1`` samples as its :class:`~core.request.ParentRequest` (``core.loop``)."""
         if request.request_id in self.groups:
             raise EngineError(f"request id {request.request_id} was already added")
         request = self.with_token_ids(request)
@@ -232,7 +237,8 @@ class LLMEngine:
     # -- one iteration ----------------------------------------------------------------
     def step(self) -> list[SequenceGroup]:
         """Run one step of ``core.loop`` at the engine clock; returns the groups that ended
-        in it (finished or aborted). Nothing runs when the engine is idle."""
+        in it (finished or aborted; a ParentRequest's children one by one). Nothing runs when
+        the engine is idle."""
         try:
             self.loop.step(self.clock)
         except PolicyError as e:

@@ -44,9 +44,15 @@ class Sampler:
         self.seed = seed
 
     def base_seed(self, group: SequenceGroup) -> int:
-        """Sample 0's seed of the request (sample ``i`` uses this plus ``i``)."""
+        """Sample 0's seed of the request (sample ``i`` uses this plus ``i``). A child of a
+        :class:`~core.request.ParentRequest` (vLLM V1's requests of one sample) is its
+        parent's sample ``group.sample_index``: its request's seed is the parent's plus that
+        index already (:func:`~core.request.child_request`), else the index is added to the
+        parent's drawn seed, so its tokens are those of the same sample of a forked group."""
         seed = group.sampling.seed
-        return seed if seed is not None else mix_seed(self.seed, group.request_id)
+        if seed is not None:
+            return seed
+        return mix_seed(self.seed, group.request_id) + group.sample_index
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> Samples:
         """Tokens for ``seqs`` (row ``i`` of ``logits [len(seqs), vocab]`` is ``seqs[i]``)."""

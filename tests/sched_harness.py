@@ -11,7 +11,7 @@ import numpy as np
 from core.loop import LoopObserver, StepLoop, VirtualClock
 from core.metrics.recorder import Recorder
 from core.plan import StepPlan
-from core.request import Request, SequenceGroup
+from core.request import ParentRequest, Request, SequenceGroup
 from core.sched.base import BaseScheduler
 from sim.driver import CostExecutor
 
@@ -31,7 +31,7 @@ class StepLog:
 
 @dataclass
 class LoopResult:
-    groups: list[SequenceGroup]
+    groups: list[SequenceGroup]  # a ParentRequest's children each (vllm_v1, n > 1)
     steps: list[StepLog] = field(default_factory=list)
     recorder: Recorder = field(default_factory=Recorder)
 
@@ -103,7 +103,11 @@ def run_loop(
     loop = StepLoop(sched, executor, out.recorder, observer=watch)
 
     def add(request: Request, now: float) -> None:
-        out.groups.append(loop.add(request, now))
+        added = loop.add(request, now)
+        if isinstance(added, ParentRequest):  # vllm_v1's n samples: a group each
+            out.groups.extend(added.children)
+        else:
+            out.groups.append(added)
 
     loop.run(requests, VirtualClock(), add=add)
     return out

@@ -387,6 +387,20 @@ def test_fast_forward_with_chunked_prefill_gives_the_step_by_step_results(
         _assert_same(_simulate(*args, fast=True, **kw), _simulate(*args, fast=False, **kw))
 
 
+@pytest.mark.parametrize("caching", [False, True])
+@pytest.mark.parametrize(("knobs", "slots"), V1_LIMITS[:1] + V1_LIMITS[2:3])
+def test_fast_forward_with_v1_samples_gives_the_step_by_step_results(
+    knobs: dict[str, Any], slots: int, caching: bool
+) -> None:
+    """vllm_v1 serves a request's three samples as three requests (core.request.ParentRequest):
+    runs of decode steps over them, preempting each other on a small cache, are the steps."""
+    kw: dict[str, Any] = {"system": "vllm_v1", "caching": caching, "workload": {"n": 3}}
+    kw["knobs"] = {"chunked_prefill": True, **knobs}
+    for seed in (0, 1):
+        args = (seed, 2.0, slots, 1, 0)
+        _assert_same(_simulate(*args, fast=True, **kw), _simulate(*args, fast=False, **kw))
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     prompts=st.lists(st.integers(1, 20), min_size=1, max_size=6),

@@ -24,7 +24,7 @@ import pandas as pd
 
 from core.kv.base import MemoryBreakdown
 from core.plan import BatchShape, StepPlan
-from core.request import SequenceGroup
+from core.request import ParentRequest, SequenceGroup
 
 _GROUP = attrgetter("group")
 
@@ -179,7 +179,9 @@ class Recorder:
             self._packed_rows += len(self._steps)
             self._steps = []
 
-    def record_request(self, group: SequenceGroup) -> None:
+    def record_request(self, group: SequenceGroup | ParentRequest) -> None:
+        """One request's row: a group's, or a :class:`ParentRequest`'s (its children's
+        times and counts combined as it defines them; ``num_seqs`` its ``n``)."""
         r = group.request
         if group.reject_reason is not None:
             self._requests.append(
@@ -199,8 +201,10 @@ class Recorder:
              group.cached_prompt_tokens, group.readmit_cached_tokens, ttft, e2el, tpot,
              "finished", "")
         )  # fmt: skip
-        if self.keep_token_times and len(group.token_times) > 1:
-            self._token_times.append((r.request_id, group.token_times))  # final once finished
+        if self.keep_token_times:
+            for times in group.token_streams():  # a ParentRequest's: each child's
+                if len(times) > 1:
+                    self._token_times.append((r.request_id, times))  # final once finished
 
     def for_replica(self, replica: int) -> ReplicaRecorder:
         """What replica ``replica``'s step loop records through."""
@@ -277,13 +281,17 @@ class Recorder:
 
     def max_itl_by_request(self) -> dict[int, float]:
         """Each finished request's longest inter-token gap (s), by request id (requests
-        with one output token have none); what an ITL SLO is checked against."""
+        with one output token have none; a :class:`ParentRequest`'s is its children's
+        longest); what an ITL SLO is checked against."""
         if not self._token_times:
             return {}
         gaps, counts = self._gaps()
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         peaks = np.maximum.reduceat(gaps, starts)
-        return {rid: float(peak) for (rid, _), peak in zip(self._token_times, peaks, strict=True)}
+        out: dict[int, float] = {}
+        for (rid, _), peak in zip(self._token_times, peaks, strict=True):
+            out[rid] = max(float(peak), out.get(rid, 0.0))
+        return out
 
     def inter_token_latencies(self) -> np.ndarray:
         """Every gap between two consecutive tokens of a request, request by request in
@@ -320,7 +328,7 @@ class ReplicaRecorder:
             raise ValueError("a recorder of one replica has no replica views")
         self.shared, self.replica = shared, replica
 
-    def record_request(self, group: SequenceGroup) -> None:
+    def record_request(self, group: SequenceGroup | ParentRequest) -> None:
         self.shared.record_request(group)
         replicas = self.shared._request_replicas
         assert replicas is not None

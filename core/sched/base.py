@@ -35,7 +35,8 @@ class SchedulerConfig:
     SOSP 2023, does not state them).
 
     - ``max_num_seqs``: most sequences in one batch (vLLM default 256); a request counts
-      as the samples or beams it forks into, and one wider than this is rejected;
+      as the samples or beams it forks into, and one wider than this is rejected (under
+      ``vllm_v1`` each sample is a request of its own, one seat each: ``core.loop``);
     - ``max_num_batched_tokens``: most tokens computed in one step (vLLM default 2560);
     - ``max_model_len``: longest prompt + output a request may have (OPT: 2048);
     - ``preemption_mode``: ``recompute`` or ``swap`` (paged only); groups with several
@@ -131,6 +132,9 @@ class BaseScheduler:
     swap_groups = True
     # False: a beam-search request is rejected at intake (``core.systems.SystemSpec.beam_search``)
     beam_search = True
+    # "requests": the step loop serves a request of n > 1 samples as n requests of one sample
+    # (``core.systems.SystemSpec.sampling_fanout``, ``core.request.ParentRequest``)
+    sampling_fanout = "group"
 
     def __init__(self, manager: KVCacheManager, config: SchedulerConfig | None = None) -> None:
         self.manager = manager

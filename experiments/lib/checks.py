@@ -587,12 +587,18 @@ def check_workload_size(c: Mapping[str, Any], app: str, facts: Facts) -> None:
 def check_sampling_width(c: Mapping[str, Any], app: str, facts: Facts) -> None:
     """A workload's ``n`` or ``beam_width`` (every request's) is at most the system's
     ``max_num_seqs``: a wider group can never be scheduled, so every request would be
-    rejected. (A file's own wider request is rejected alone, with its reason.)"""
+    rejected. (A file's own wider request is rejected alone, with its reason.) A system that
+    serves samples as requests of one (``core.systems.SystemSpec.sampling_fanout``:
+    ``vllm_v1``) seats them one by one, so its ``n`` has no such limit."""
+    from core.systems import SYSTEMS
+
     w = c.get("workload") or {}
     limit = _served_max_num_seqs(c, app)
     if not isinstance(limit, int) or isinstance(limit, bool):
         return
-    for key in ("n", "beam_width"):
+    spec = SYSTEMS.get(str((c.get("system") or {}).get("name")))
+    fanout = spec is not None and spec.sampling_fanout == "requests"
+    for key in ("beam_width",) if fanout else ("n", "beam_width"):
         width = w.get(key)
         if isinstance(width, int) and not isinstance(width, bool) and width > limit:
             raise ConfigError(
