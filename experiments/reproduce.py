@@ -160,10 +160,12 @@ def run_on_clock(clock: list[str], label: str, overrides: list[str]) -> dict[str
 def run_recorded(runs_dir: Path, clock: list[str], label: str, overrides: list[str]) -> dict:
     """:func:`run_on_clock`, keeping in ``runs/<label>/`` the run's ``config.yaml`` (its
     resolved config, written first: ``simulate`` runs it again from there with every table)
-    and its ``metrics.json``."""
+    and its ``metrics.json``, as ``simulate`` writes it: without the ``label`` the returned
+    metrics carry (the folder's name), so that a run again from the folder differs from it in
+    the machine's speed alone (``wall_s``, ``sim_steps_per_s``), as a ``--launcher`` run's."""
     m = run_one(label, [*overrides, *clock], None, config_out=runs_dir / label)
     (runs_dir / label).mkdir(parents=True, exist_ok=True)
-    write_json(runs_dir / label / "metrics.json", m)
+    write_json(runs_dir / label / "metrics.json", {k: v for k, v in m.items() if k != "label"})
     return m
 
 

@@ -711,9 +711,11 @@ def test_sharing_runs_take_the_reports_clock_and_fig12_keeps_its_metrics(
     reproduce.run_on_clock(["cost=roofline"], "fig14_x", ["system=vllm"])
     assert calls[-1] == ("fig14_x", ["system=vllm", "cost=roofline"], None, None)
     m = reproduce.run_recorded(tmp_path, ["cost=roofline"], "fig12_y", ["seed=1"])
-    # the search keeps the run's config (written by run_one) and its metrics, no tables
+    # the search keeps the run's config (written by run_one) and its metrics, no tables; the
+    # file as simulate writes it, without the label (its folder's name), which m keeps
     assert calls[-1] == ("fig12_y", ["seed=1", "cost=roofline"], None, tmp_path / "fig12_y")
-    assert json.loads((tmp_path / "fig12_y" / "metrics.json").read_text()) == m
+    assert json.loads((tmp_path / "fig12_y" / "metrics.json").read_text()) == {"completed": 3}
+    assert m == {"label": "fig12_y", "completed": 3}
 
 
 def test_a_fig12_panels_clock_lists_only_what_differs_from_the_reports() -> None:

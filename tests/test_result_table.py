@@ -44,3 +44,18 @@ def test_sharing_is_in_the_table() -> None:
     assert _cell(table, "Blocks saved by sharing (time-weighted)") == "41.93"
     assert _cell(table, "Prompt tokens found in the prefix cache") == "0.00"
     assert _cell(result_table(_METRICS), "Blocks saved by sharing (time-weighted)") == "n/a"
+
+
+def test_block_copies_and_swaps_are_in_the_table() -> None:
+    """A parallel-sampling or beam study's copy-on-write copies, and the blocks swapped,
+    are rows of the table under their own rule, after the sharing rows."""
+    moves = {"total_copy_blocks": 8751, "total_swap_out_blocks": 890, "total_swap_in_blocks": 0}
+    table = result_table({**_METRICS, **moves})
+    lines = table.splitlines()
+    assert {len(line) for line in lines} == {WIDTH}
+    assert _cell(table, "Copied on the device (copy-on-write)") == "8751"
+    assert _cell(table, "Swapped out to the CPU") == "890"
+    assert _cell(table, "Swapped in from the CPU") == "0"
+    rule = lines.index(" Block copies and swaps, blocks ".center(WIDTH, "-"))
+    assert lines[rule - 1].startswith("Prompt tokens found in the prefix cache")
+    assert lines[rule + 1].startswith("Copied on the device")

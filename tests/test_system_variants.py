@@ -129,3 +129,51 @@ def test_a_run_folder_names_a_system_yaml_of_ones_own_by_its_file() -> None:
         cfg = OmegaConf.load(Path(__file__).resolve().parents[1] / "configs" / f"{app}.yaml")
         run_dir = OmegaConf.to_container(cfg.hydra.run, resolve=False)["dir"]  # type: ignore[index]
         assert "_${run_system:${system.name},${hydra:runtime.choices.system}}_" in run_dir
+
+
+def test_a_run_again_from_its_folder_keeps_a_system_yamls_label(tmp_path: Path) -> None:
+    # the run folder's config.yaml chooses no system=, so a run again from it was labelled
+    # by the policy (vllm_v1): config.yaml now holds the file's name as system.label
+    status, _, err = run_cli(simulate, [*SIM_SMALL, _variant(tmp_path / "mine"),
+                                        "system=vllm_v1_nopc"], tmp_path / "a")  # fmt: skip
+    assert status == 0, err
+    first = tmp_path / "a" / "run"
+    assert OmegaConf.load(first / "config.yaml").system.label == "vllm_v1_nopc"
+    again = ["--config-dir", str(first), "--config-name", "config"]
+    status, out, err = run_cli(simulate, again, tmp_path / "b")
+    assert status == 0, err
+    assert "simulate: vllm_v1_nopc opt-13b" in out
+    assert "\nvllm_v1_nopc opt-13b " in f"\n{out}"  # the summary line
+    second = tmp_path / "b" / "run"
+    kept = [OmegaConf.load(run / "config.yaml") for run in (first, second)]
+    assert kept[0].system == kept[1].system  # its label too, for a run again from this one
+    assert (second / "steps.csv").read_bytes() == (first / "steps.csv").read_bytes()
+
+
+def test_a_shipped_systems_config_holds_no_label(tmp_path: Path) -> None:
+    status, _, err = run_cli(simulate, [*SIM_SMALL, "system=vllm_v1"], tmp_path / "a")
+    assert status == 0, err
+    assert "label" not in OmegaConf.load(tmp_path / "a" / "run" / "config.yaml").system
+
+
+def test_a_recorded_search_run_runs_again_from_its_folder_to_the_same_metrics(
+    tmp_path: Path,
+) -> None:
+    # capacity's runs/<label>/metrics.json held the search's label, which a run again from
+    # the folder's config.yaml cannot know; and that run named the policy, not the file
+    from experiments import reproduce
+
+    runs = tmp_path / "runs"
+    search = _variant(tmp_path / "mine")
+    m = reproduce.run_recorded(runs, [], "capacity_x", [*SIM_SMALL, search, "system=vllm_v1_nopc"])
+    assert m["label"] == "capacity_x"  # the search's rows keep it
+    again = ["--config-dir", str(runs / "capacity_x"), "--config-name", "config"]
+    status, out, err = run_cli(simulate, again, tmp_path / "b")
+    assert status == 0, err
+    assert "simulate: vllm_v1_nopc opt-13b" in out
+    speed = ("wall_s", "sim_steps_per_s")  # the machine's, not the run's
+    kept, rerun = (
+        {k: v for k, v in json.loads(path.read_text()).items() if k not in speed}
+        for path in (runs / "capacity_x" / "metrics.json", tmp_path / "b" / "run" / "metrics.json")
+    )
+    assert kept == rerun

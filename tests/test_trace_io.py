@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +17,7 @@ from core.workload.datasets_json import read_alpaca_json, read_sharegpt_json, wh
 from core.workload.spec import build_workload
 from core.workload.trace_io import (
     NATIVE_COLUMNS,
+    NATIVE_MAGIC,
     TraceFormatError,
     read_azure_trace,
     read_mooncake_trace,
@@ -452,3 +454,38 @@ def test_whitespace_tokenize_is_stable_and_in_vocab() -> None:
     ids = whitespace_tokenize("the cat  sat\non the mat", vocab_size=100)
     assert len(ids) == 6 and ids[0] == ids[4]
     assert all(0 <= i < 100 for i in ids)
+
+
+_TWO_ROWS = AZURE_HEADER + '2023-11-16 18:15:46.1,"374",44\n'
+
+
+@pytest.mark.parametrize(
+    ("reader", "text", "line"),
+    [
+        # the open quote's own line is named (the next one had been, as a field count)
+        (read_azure_trace, AZURE_HEADER + '2023-11-16 18:15:46.1,"37\n4",44\n', 2),
+        (read_azure_trace, _TWO_ROWS + '2023-11-16 18:15:47.1,12,"7\n"\n', 3),
+        (read_azure_trace, '"TIME\nSTAMP",ContextTokens,GeneratedTokens\n', 1),  # the header
+        (read_vidur_trace, 'arrived_at,num_prefill_tokens,num_decode_tokens,"a\nnote"\n', 1),
+        (read_vidur_trace, 'arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,"3\n"\n', 2),
+        (read_trace, f'{NATIVE_MAGIC}\n{",".join(NATIVE_COLUMNS[:-1])},"prompt\n_token_ids"\n', 2),
+    ],
+)
+def test_a_quoted_line_break_is_refused_on_its_line(
+    tmp_path: Path, reader: Any, text: str, line: int
+) -> None:
+    """The readers read a CSV line by line: a line break inside quotes is one line naming
+    the file, the line where the quote opened and why, not a field count off by one."""
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(TraceFormatError) as info:
+        reader(path)
+    assert str(info.value) == (
+        f"{path}, line {line}: a quoted field is not closed on this line: quoted line breaks "
+        "are not read; put each row on one line"
+    )
+
+
+def test_a_quoted_field_on_one_line_is_read(tmp_path: Path) -> None:
+    path = _azure(tmp_path, '"2023-11-16 18:15:46.1","374",44\n')
+    assert [(r.prompt_len, r.output_len) for r in read_azure_trace(path)] == [(374, 44)]

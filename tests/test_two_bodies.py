@@ -7,6 +7,8 @@ import pandas as pd
 import pytest
 
 from core.beam_log import RecordedBeams
+from core.metrics.recorder import Recorder
+from core.metrics.summary import summarize_recorder
 from core.plan import StepOutcome, StepPlan
 from core.request import Request, SamplingParams
 from core.sched.base import BaseScheduler, SchedulerConfig
@@ -92,6 +94,18 @@ def test_simulator_replays_the_engine(
     if caching:  # re-admitted after a recompute, a request reads its own cached blocks
         assert e_steps["prefill_kv_read_tokens"].sum() > 0
         assert e_req["readmit_cached_tokens"].sum() > 0  # and its row counts them
+    _assert_same_block_moves(eng, sim, e_steps)
+
+
+MOVES = ("copy_blocks", "swap_out_blocks", "swap_in_blocks")
+
+
+def _assert_same_block_moves(eng: Recorder, sim: Recorder, steps: pd.DataFrame) -> None:
+    """Both bodies' metrics.json count the run's block copies and swaps, steps.csv's
+    columns summed."""
+    e_m, s_m = summarize_recorder(eng), summarize_recorder(sim)
+    for col in MOVES:
+        assert e_m[f"total_{col}"] == s_m[f"total_{col}"] == steps[col].sum()
 
 
 @pytest.mark.parametrize("num_blocks", [9, 10, 12])
@@ -283,6 +297,8 @@ def test_a_run_of_beam_and_plain_requests_replays_the_engines_beams() -> None:
     assert e_steps.equals(sim.steps_frame())
     assert engine.recorder.requests_frame().equals(sim.requests_frame())
     assert {r[1] for r in rows} == {1, 2}
+    _assert_same_block_moves(engine.recorder, sim, e_steps)
+    assert e_steps["copy_blocks"].sum() > 0  # the beams wrote into blocks they shared
     chose = sorted({r[0] for r in rows})
     assert set(range(len(e_steps))) - set(chose)  # some steps chose no beams
     assert max(chose) >= len(chose)  # and some of them came before a step that did

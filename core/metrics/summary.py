@@ -50,6 +50,12 @@ miss). kvlab adds:
   the recompute that prefix caching spared them. Memory saved (``kv_sharing_saving_pct``)
   is another thing: requests that never overlap in time can hit the cache and share nothing.
 
+- ``total_copy_blocks``, ``total_swap_out_blocks``, ``total_swap_in_blocks``: the device
+  block copies (paged: copy-on-write, a sample or beam writing into a block it shares;
+  contiguous: a fork's copy of its parent's blocks) and the blocks swapped out to and in
+  from the CPU pool over the run: ``steps.csv``'s ``copy_blocks``, ``swap_out_blocks`` and
+  ``swap_in_blocks`` summed (:func:`block_moves`).
+
 - ``offered_rate``: the arrival rate the run was offered, in req/s: every request of the
   run (rejected ones included) over its arrival window, the configured window where the
   workload has one (``duration_s`` of a drawn workload, or of a trace that it cut), else
@@ -199,6 +205,7 @@ def summarize(
     norm = done["e2el_s"] / done["output_len"]
     out["normalized_latency"] = float(norm.mean()) if len(done) else math.nan
     out["num_preemptions"] = int(requests["num_preemptions"].sum())
+    out.update(block_moves(steps))
     if slo_ms:
         ok = np.ones(len(done), dtype=bool)
         for key, limit in slo_ms.items():
@@ -236,6 +243,17 @@ def prefix_cache_hits(done: pd.DataFrame) -> dict[str, float]:
         math.nan if readmit is None else int(readmit.fillna(0).sum())
     )
     return out
+
+
+def block_moves(steps: pd.DataFrame) -> dict[str, float]:
+    """``total_copy_blocks``, ``total_swap_out_blocks`` and ``total_swap_in_blocks``: the
+    steps' ``copy_blocks`` (device block copies: copy-on-write, or a contiguous fork's),
+    ``swap_out_blocks`` and ``swap_in_blocks`` (to and from the CPU pool), summed; NaN
+    where ``steps`` lacks the column (a table of one's own without it)."""
+    return {
+        f"total_{col}": int(steps[col].sum()) if col in steps else math.nan
+        for col in ("copy_blocks", "swap_out_blocks", "swap_in_blocks")
+    }
 
 
 def _batch_stats(steps: pd.DataFrame) -> dict[str, float]:

@@ -152,13 +152,27 @@ def jsonl_objects(path: PathLike, lines: Iterable[str]) -> Iterator[tuple[int, d
         yield line, obj
 
 
+def _csv_fields(path: PathLike, line: int, text: str) -> list[str]:
+    """The fields of one CSV line ``text`` (line ``line``); a quoted field still open at its
+    end (a line break inside quotes: the rows are read line by line) is a
+    :class:`TraceFormatError` saying so."""
+    reader = csv.reader([text, ""])
+    fields = next(reader)
+    if reader.line_num > 1:  # the open quote read on into the next line
+        raise TraceFormatError(
+            path, line, "a quoted field is not closed on this line: quoted line breaks are not "
+            "read; put each row on one line",
+        )  # fmt: skip
+    return fields
+
+
 def _csv_rows(
     path: PathLike, lines: list[str], header_line: int, required: Sequence[str]
 ) -> Iterable[tuple[int, dict[str, str]]]:
     """(line number, {column: text}) for each non-blank row after the header line."""
     if len(lines) < header_line:
         raise TraceFormatError(path, header_line, "missing header row")
-    header = next(csv.reader([lines[header_line - 1]]))
+    header = _csv_fields(path, header_line, lines[header_line - 1])
     header = [h.strip() for h in header]
     missing = [c for c in required if c not in header]
     if missing:
@@ -172,7 +186,7 @@ def _csv_rows(
     for idx in range(header_line, len(lines)):
         if not lines[idx].strip():
             continue
-        fields = next(csv.reader([lines[idx]]))
+        fields = _csv_fields(path, idx + 1, lines[idx])
         if len(fields) != len(header):
             raise TraceFormatError(
                 path, idx + 1, f"expected {len(header)} fields, got {len(fields)}"
@@ -257,7 +271,7 @@ def read_trace(path: PathLike) -> list[Request]:
     lines = read_text_lines(path)
     if not lines or lines[0].strip() != NATIVE_MAGIC:
         raise TraceFormatError(path, 1, f"first line must be {NATIVE_MAGIC!r}")
-    header = [h.strip() for h in next(csv.reader([lines[1]]))] if len(lines) > 1 else []
+    header = [h.strip() for h in _csv_fields(path, 2, lines[1])] if len(lines) > 1 else []
     extra = [h for h in header if h not in NATIVE_COLUMNS]
     if extra:
         raise TraceFormatError(path, 2, f"unknown column(s) {', '.join(extra)}")

@@ -97,13 +97,27 @@ def run_system_label(name: Any, choice: Any = None) -> str:
 
 
 def system_label(cfg: Any) -> str:
-    """:func:`run_system_label` of a Hydra job's config (``system.name`` outside a Hydra app)."""
+    """The run's system label: ``system.label`` where the config holds one (written by
+    :func:`settle_run_config`, so a run again from a run folder's ``config.yaml`` keeps it),
+    else :func:`run_system_label` of a Hydra job's config (``system.name`` outside a Hydra
+    app)."""
+    saved = OmegaConf.select(cfg, "system.label")
+    if saved:
+        return str(saved)
+    return run_system_label(OmegaConf.select(cfg, "system.name"), _system_choice(()))
+
+
+def _system_choice(overrides: Sequence[str]) -> str | None:
+    """The ``system=`` option chosen: the last of ``overrides`` that sets it, else the
+    Hydra job's choice (None outside a Hydra app)."""
     from hydra.core.hydra_config import HydraConfig
 
-    choice = None
+    given = [v for k, _, v in (o.partition("=") for o in overrides) if k.lstrip("+~") == "system"]
+    if given:
+        return given[-1]
     if HydraConfig.initialized():
-        choice = HydraConfig.get().runtime.choices.get("system")
-    return run_system_label(OmegaConf.select(cfg, "system.name"), choice)
+        return HydraConfig.get().runtime.choices.get("system")
+    return None
 
 
 # ``${run_model:${model.name},${oc.select:model.hf_config,null}}`` in a run directory's name
@@ -238,8 +252,10 @@ def settle_run_config(cfg: DictConfig, overrides: Sequence[str]) -> None:
     """Make ``cfg``, in place, the config the run uses and saves as ``config.yaml``: the
     :func:`exclusive_nulls` applied, and with ``model.hf_config`` ``model.name`` the name
     the run gives the model (:func:`sim.catalog.model_from_config`: the default group's
-    name labels another model). A model config that cannot be read is left as it is (its
-    error is the config check's)."""
+    name labels another model), and ``system.label`` the file's name of a system YAML of
+    one's own (:func:`run_system_label`; none for a shipped option), so that a run again
+    from its ``config.yaml``, which chooses no ``system=``, keeps its label. A model config
+    that cannot be read is left as it is (its error is the config check's)."""
     with open_dict(cfg):
         for key, value in exclusive_nulls(overrides).items():
             parent, _, leaf = key.rpartition(".")
@@ -252,6 +268,12 @@ def settle_run_config(cfg: DictConfig, overrides: Sequence[str]) -> None:
 
         with contextlib.suppress(KeyError, OSError, TypeError, ValueError):
             model.name = model_from_config(OmegaConf.to_container(model, resolve=True)).name
+    system = cfg.get("system")
+    if isinstance(system, DictConfig):
+        label = run_system_label(system.get("name"), _system_choice(overrides))
+        if label != str(system.get("name")):
+            with open_dict(system):
+                system.label = label
 
 
 def on_command_line() -> bool:

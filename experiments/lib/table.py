@@ -3,7 +3,9 @@ request rate (``offered_rate``: the requests over their arrival window,
 :mod:`core.metrics.summary`) and throughput, then TTFT / TPOT / ITL / E2E latency (mean,
 median, p99), then what kvlab adds: the paper's normalized latency, both batch metrics,
 the KV-memory breakdown and sharing: ``kv_sharing_saving_pct`` (blocks saved by sharing ÷
-blocks needed without it) and ``prefix_cache_hit_pct``.
+blocks needed without it) and ``prefix_cache_hit_pct``, then the run's block copies
+(``total_copy_blocks``: copy-on-write) and swaps (``total_swap_out_blocks``,
+``total_swap_in_blocks``).
 
 The two batch metrics differ (for vLLM more as prompts arrive more often; see
 :mod:`core.metrics.summary`): ``mean_batch_size`` counts the requests
@@ -35,6 +37,12 @@ _KV = (
     ("kv_external_frag_pct", "External fragmentation & other"),
     ("kv_free_at_limit_pct", "Free (waiting on a scheduler limit)"),
     ("kv_free_pct", "Free (nobody waiting)"),
+)
+
+_MOVES = (
+    ("total_copy_blocks", "Copied on the device (copy-on-write)"),
+    ("total_swap_out_blocks", "Swapped out to the CPU"),
+    ("total_swap_in_blocks", "Swapped in from the CPU"),
 )
 
 
@@ -99,5 +107,7 @@ def result_table(metrics: Mapping[str, Any], title: str = "Serving Result") -> s
     lines.append(
         _row("Prompt tokens found in the prefix cache", _percent(m.get("prefix_cache_hit_pct")))
     )
+    lines.append(_rule("Block copies and swaps, blocks"))
+    lines += [_row(label, m.get(key)) for key, label in _MOVES]
     lines.append("=" * WIDTH)
     return "\n".join(lines)
