@@ -75,6 +75,7 @@ from experiments.lib.compose import (
     check_group_overrides,
     check_override_args,
     check_overrides_compose,
+    check_own_yamls,
 )
 from experiments.lib.pool import worker_pool
 from experiments.lib.provenance import command_line, options_of, provenance
@@ -161,7 +162,9 @@ def check_overrides(overrides: Sequence[str], systems: Sequence[str]) -> None:
     except ConfigError as err:  # the flag that named it, and how to name a plugin there
         expected = (err.expected or "").replace(policy_hint(err.got), OWN_SYSTEM)
         raise ConfigError("--systems", err.problem, err.got, expected) from None
-    check_overrides_compose("simulate", list(overrides))
+    check_own_yamls("simulate", list(overrides))
+    several = "several values: capacity searches one setting, run it once per value"
+    check_overrides_compose("simulate", list(overrides), several)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from experiments.lib.compose import (
     check_group_overrides,
     check_override_args,
     check_overrides_compose,
+    check_own_yamls,
 )
 from experiments.lib.results import write_json
 from experiments.lib.setup import (
@@ -73,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         check_out_file(args.out)
     check_group_overrides(list(args.overrides))
-    check_overrides_compose("simulate", list(args.overrides))
+    check_own_yamls("simulate", list(args.overrides))
+    several = "several values: kv_capacity sizes one setting, run it once per value"
+    check_overrides_compose("simulate", list(args.overrides), several)
     from experiments.reproduce import compose_config
 
     c = resolve_aliases(as_dict(compose_config(list(args.overrides))))

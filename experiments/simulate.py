@@ -133,6 +133,9 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
             "stack) or vllm-v1 (CUDA graphs, async scheduling) adds them",
             c["cost"].get("kind", "the cost model"),
         )
+    note = profile_transfer_note(setup.cost_model)
+    if note is not None:
+        log.info("%s", note)
     t0 = time.perf_counter()
     try:
         result = simulate(
@@ -207,6 +210,23 @@ def _stack_of(cost_model: Any) -> str | None:
     config = getattr(cost_model, "config", None)
     stack = config().get("stack") if callable(config) else None
     return None if stack is None else str(stack)
+
+
+def profile_transfer_note(cost_model: Any) -> str | None:
+    """The log's line for a ``cost=profiled`` run on a GPU its operator profile was not
+    measured on (every shipped GPU but the profile's own): its step times are the profile's
+    scaled by the two GPUs' datasheet numbers, not measurements of this GPU. None for any
+    other cost model, or a profile of the run's own GPU."""
+    prof = getattr(cost_model, "profile", None)
+    gpu = getattr(getattr(cost_model, "gpu", None), "name", None)
+    if prof is None or gpu is None or getattr(cost_model, "same", True) or prof.gpu == gpu:
+        return None
+    return (
+        f"cost: profiled prices {gpu} with operators measured on {prof.gpu} "
+        f"({prof.model or 'its profiled layer'}), scaled by the two GPUs' datasheet FLOP/s "
+        "and bandwidth (docs/validation/profile-transfer.md): no operator of this GPU was "
+        "measured; cost=roofline is the lower bound to hold it against"
+    )
 
 
 def _cost_doc(cost_model: Any) -> dict[str, Any]:

@@ -73,6 +73,11 @@ def test_a_search_writes_each_systems_rate_and_the_runs_behind_it(tmp_path: Path
             ["workload=azure_conv", "workload.time_scale=0.5"],
             "error: workload.time_scale: set by the search",
         ),
+        (  # it told to add -m, which capacity refuses as an unknown argument
+            ["hardware=a100-80gb,h100"],
+            "error: hardware: several values: capacity searches one setting, run it once per "
+            "value, or write [a,b]",
+        ),
         (["--rates", "2,1"], "error: --rates: rates must ascend without repeats"),
         (["--rates", "1,x"], "error: --rates: not a comma-separated list of numbers"),
         (["system.block_size=0"], "error: system.block_size: not a positive power of two"),
@@ -87,6 +92,38 @@ def test_bad_input_is_one_line_before_any_run(
         capacity.main([*args, "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert ended.value.code == 2 and err.count("\n") == 1 and err.startswith(line), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("file", "name", "says"),
+    [("l40s-x", "l40s", "error: hardware.name: "),  # a copy whose name was left
+     ("l40s", "l40s", "error: hardware: "),  # an edited file Hydra reads the shipped one for
+     ("l40s-y", "my-l40s", "error: hardware.name: ")],  # a name not its file's
+)  # fmt: skip
+def test_a_gpu_yaml_a_run_would_misread_is_refused_here_too(
+    tmp_path: Path, capsys, file: str, name: str, says: str
+) -> None:
+    # simulate refused these; capacity and kv_capacity priced the shipped GPU's numbers, or
+    # the file's under another GPU's name, without a word
+    from experiments import kv_capacity
+
+    shipped = (
+        Path(capacity.__file__).parents[1] / "configs" / "hardware" / "l40s.yaml"
+    ).read_text()
+    own = tmp_path / "conf" / "hardware"
+    own.mkdir(parents=True)
+    edited = shipped.replace("memory_gb: 48", "memory_gb: 40").replace(
+        "name: l40s", f"name: {name}"
+    )
+    (own / f"{file}.yaml").write_text(edited)
+    args = [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hardware={file}"]
+    for main in (lambda: capacity.main([*args, "--out", str(tmp_path / "out")]),
+                 lambda: kv_capacity.main(args)):  # fmt: skip
+        with pytest.raises(SystemExit) as ended:
+            main()
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and err.count("\n") == 1 and err.startswith(says), err
     assert not (tmp_path / "out").exists()
 
 

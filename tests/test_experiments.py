@@ -211,6 +211,18 @@ def test_the_bare_roofline_says_what_it_leaves_out(caplog) -> None:
     assert "no per-block cost" not in caplog.text
 
 
+def test_a_profile_priced_on_another_gpu_says_so(caplog) -> None:
+    # the shipped profile is an A100's: on an L40S its operators are scaled, not measured
+    small = ["workload.num_requests=3", "cost=profiled"]
+    with caplog.at_level("INFO", logger="experiments.simulate"):
+        run(compose_config([*small, "hardware=l40s"]))
+    assert "profiled prices l40s with operators measured on a100-80gb" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="experiments.simulate"):
+        run(compose_config([*small, "hardware=a100-80gb"]))  # the profile's own GPU
+    assert "operators measured on" not in caplog.text
+
+
 def test_cost_profiled_prices_each_system_in_its_own_stack() -> None:
     # today's vLLM runs with CUDA graphs and async scheduling, the paper's systems on the
     # 2023 eager stack; a given cost.stack wins

@@ -46,7 +46,9 @@ def test_the_numbers_are_a_simulate_runs(tmp_path: Path, capsys, overrides: list
     [(["model=nope"], "error: model: unknown model (got 'nope'"),
      (["notanoverride"], "error: notanoverride: not an override"),
      (["model.tp=3"], "error: model.tp: opt-13b: 40 attention heads cannot be split"),
-     (["model=llama-3.1-70b", "hardware=a100-40gb"], "error: system.max_model_len: ")],
+     (["model=llama-3.1-70b", "hardware=a100-40gb"], "error: system.max_model_len: "),
+     # it told to add -m, which kv_capacity has not
+     (["hardware=a100-80gb,h100"], "error: hardware: several values: kv_capacity sizes one")],
 )  # fmt: skip
 def test_a_config_that_cannot_run_is_one_line(capsys, args: list[str], says: str) -> None:
     with pytest.raises(SystemExit) as stop:

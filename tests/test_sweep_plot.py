@@ -220,3 +220,39 @@ def test_a_text_keys_missing_value_comes_last() -> None:
     table = sweep_plot.aggregate(frame, "workload", "y", None, Path("summary.csv"))
     assert list(table["workload"][:2]) == ["sharegpt", "alpaca"]
     assert pd.isna(table["workload"][2]) and table["mean"][2] == 3.0
+
+
+def _hardware_summary(folder: Path) -> Path:
+    """A sweep of hardware x system x cost, as summary.csv lays it out: the overrides, then
+    the headline metrics."""
+    rows = [
+        {"job": i, "hardware": h, "system": s, "cost": c, "completed": 10,
+         "request_throughput": 1.0 + i, "status": "ok"}
+        for i, (h, s, c) in enumerate(
+            (h, s, c) for h in ("a100-80gb", "l40s") for s in ("vllm", "vllm_v1")
+            for c in ("roofline", "profiled")
+        )
+    ]  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(folder / "summary.csv", index=False)
+    return folder
+
+
+def test_categories_on_x_with_systems_as_hue_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    sweep = _hardware_summary(tmp_path / "sweep")
+    argv = [str(sweep), "--x", "hardware", "--hue", "system", "--y", "request_throughput"]
+    assert sweep_plot.main(argv) == 0
+    assert (sweep / "sweep_request_throughput.png").is_file()
+
+
+def test_a_swept_key_neither_axis_names_is_warned_of(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    sweep = _hardware_summary(tmp_path / "sweep")
+    argv = [str(sweep), "--x", "hardware", "--hue", "system", "--y", "request_throughput"]
+    assert sweep_plot.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "warning: each point averages runs of differing cost (roofline, profiled)" in err
+    assert err.count("\n") == 1  # cost alone: hardware and system are the axes
+    assert sweep_plot.main([*argv[:4], "cost", *argv[5:]]) == 0  # cost as the hue
+    assert "differing system (vllm, vllm_v1)" in capsys.readouterr().err  # system now

@@ -43,10 +43,8 @@ from experiments.lib.checks import CONFIG_DIR, ConfigError
 from experiments.lib.compose import (
     SOURCE_FLAGS,
     check_group_overrides,
-    check_hardware_name,
     check_overrides_compose,
-    check_own_names,
-    check_shadowed_choices,
+    check_own_yamls,
     override_args,
 )
 from experiments.lib.results import (
@@ -448,9 +446,7 @@ def main_with_checks(
             check_group_overrides(args)
             check_output_dirs(args)
             if config_name is not None:
-                check_hardware_name(config_name, args)
-                check_own_names(config_name, args)
-                check_shadowed_choices(config_name, args)
+                check_own_yamls(config_name, args)
                 check_overrides_compose(config_name, args)
                 index = _index_of(args)
                 # once, not as each job of a sweep starts; a command that only shows the

@@ -294,6 +294,18 @@ def check_shadowed_choices(config_name: str, argv: Sequence[str]) -> None:
                 )
 
 
+def check_own_yamls(config_name: str, argv: Sequence[str]) -> None:
+    """Raise for a chosen YAML of the user's own that a run would misread: a copied GPU
+    still carrying a shipped GPU's name (:func:`check_hardware_name`), a GPU or model whose
+    ``name`` is not its file's (:func:`check_own_names`), a file named as a shipped option
+    but edited, which Hydra would ignore (:func:`check_shadowed_choices`). Every command
+    that takes ``simulate``'s overrides runs it (``simulate``, ``serve``, ``capacity``,
+    ``kv_capacity``)."""
+    check_hardware_name(config_name, argv)
+    check_own_names(config_name, argv)
+    check_shadowed_choices(config_name, argv)
+
+
 def default_option(config_name: str, group: str) -> str:
     """The option of ``group`` that ``configs/<config_name>.yaml``'s defaults list names."""
     import yaml
@@ -343,10 +355,16 @@ SOURCE_FLAGS = frozenset({
 })  # fmt: skip
 
 
-def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
+def check_overrides_compose(
+    config_name: str,
+    argv: Sequence[str],
+    several: str = "several values without -m: add -m to run one job per value",
+) -> None:
     """Raise for overrides Hydra cannot compose into ``configs/<config_name>.yaml`` (a key
     the config lacks, a malformed value, a key added under a name nothing reads), in one
-    line where Hydra's spans several. A sweep is checked as its jobs (:func:`sweep_jobs`).
+    line where Hydra's spans several. A sweep is checked as its jobs (:func:`sweep_jobs`);
+    several values without ``-m`` are refused with ``several`` as the problem and its cure
+    (a command without ``-m``, such as ``capacity``, gives its own).
     Left to Hydra: the overrides of a command with a flag of :data:`SOURCE_FLAGS`, and a
     ``hydra.searchpath`` with a ``pkg://`` entry. A config file that is not YAML is
     named with its line and column."""
@@ -364,8 +382,7 @@ def check_overrides_compose(config_name: str, argv: Sequence[str]) -> None:
         if sweep is not None and not is_sweep(argv):
             raise ConfigError(
                 sweep.key_or_group,
-                "several values without -m: add -m to run one job per value, or write "
-                "[a,b] for a list, 'a,b' for a string",
+                f"{several}, or write [a,b] for a list, 'a,b' for a string",
                 (sweep.input_line or "").partition("=")[2],
             )
         jobs = sweep_jobs(parsed, search_dirs(argv) or [])

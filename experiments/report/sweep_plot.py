@@ -8,7 +8,9 @@ experiments.report.sweep_plot SWEEP_DIR_OR_SUMMARY --x KEY --y METRIC [--y METRI
 stacked bars, Fig. 2's way, :mod:`experiments.report.sweep_breakdown`). Rows that did not
 finish (``status`` other than ``ok``) are left out and counted. Several rows at one (x, hue)
 point, such as seeds or a key neither names, are averaged; the figure draws their range as an
-error bar. Points come in the sweep's order: a numeric key's values ascending, any other's
+error bar, and a swept key other than ``seed`` averaged so (``cost=roofline,profiled`` under
+``--x hardware``) is named in a warning on stderr. Points come in the sweep's order: a
+numeric key's values ascending, any other's
 (``system``, a workload) as they first appear in ``summary.csv`` (the order the sweep ran
 them), not alphabetically. Writes ``DIR/sweep_<y>.csv`` (hue, x, mean, min, max, runs; for
 ``kv_breakdown`` each part's mean and runs), ``.png`` and ``.pdf`` per metric (``DIR``
@@ -28,7 +30,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.lib.args import OneLineParser, out_dir_problem
-from experiments.lib.results import write_atomic, write_csv
+from experiments.lib.results import HEADLINE_METRICS, write_atomic, write_csv
 from experiments.report.sweep_breakdown import (
     KV_BREAKDOWN,
     aggregate_breakdown,
@@ -93,6 +95,23 @@ def sort_points(table: pd.DataFrame, keys: Sequence[str], frame: pd.DataFrame) -
         return places.mask(column.isna(), len(order))  # a missing value last
 
     return table.sort_values(by, key=rank, kind="stable").reset_index(drop=True)
+
+
+def averaged_keys(frame: pd.DataFrame, x: str, hue: str | None) -> dict[str, list[str]]:
+    """The swept keys a point averages over: each override column of ``summary.csv`` (those
+    before its first headline metric, :data:`HEADLINE_METRICS`) other than ``job``, ``seed``,
+    ``x`` and ``hue`` that holds more than one value among the finished rows of one (``x``,
+    ``hue``) point, with its values in the sweep's order. Seeds are averaged by design; any
+    other key (``cost``, ``hardware``, ...) mixes runs a reader would compare apart."""
+    first = next((i for i, c in enumerate(frame.columns) if c in HEADLINE_METRICS), 0)
+    own = {"job", "seed", x, hue}
+    keys = [str(c) for c in frame.columns[:first] if c not in own]
+    done = finished_rows(frame)
+    if not keys or done.empty:
+        return {}
+    by = [x] if hue is None else [hue, x]
+    spread = done.groupby(by, dropna=False)[keys].nunique(dropna=False).max()
+    return {k: [str(v) for v in sweep_order(done, k)] for k in keys if int(spread.get(k, 0)) > 1}
 
 
 def aggregate(frame: pd.DataFrame, x: str, y: str, hue: str | None, file: Path) -> pd.DataFrame:
@@ -169,7 +188,8 @@ def plot(
             part = part.sort_values(x) if numeric else part
             xs = part[x] if numeric else part[x].astype(str)
             err = [part["mean"] - part["min"], part["max"] - part["mean"]]
-            line = style.pop("ls", "-") if numeric else "none"  # no line between categories
+            line = style.pop("ls", "-")  # popped either way: errorbar refuses ls + linestyle
+            line = line if numeric else "none"  # no line between categories
             ax.errorbar(xs, part["mean"], yerr=err, marker="o", capsize=3, linestyle=line,
                         label=None if label is None else str(label), **style)  # fmt: skip
         if _powers_of_two(table[x]):
@@ -236,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     except SweepPlotError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for key, values in averaged_keys(frame, args.x, args.hue).items():
+        print(
+            f"warning: each point averages runs of differing {key} ({', '.join(values)}): "
+            f"name it as --x or --hue, or plot each {key}'s sweep apart",
+            file=sys.stderr,
+        )
     out.mkdir(parents=True, exist_ok=True)
     for y, table in tables.items():
         write_csv(out / f"sweep_{y}.csv", table)
