@@ -70,7 +70,7 @@ from core.workload.trace_io import drop_log
 from experiments.lib.args import OneLineParser, out_dir_problem
 from experiments.lib.batch_log import batch_logging, heard
 from experiments.lib.checks import ConfigError, policy_hint
-from experiments.lib.cli import report_config_error
+from experiments.lib.cli import full_errors, report_config_error
 from experiments.lib.compose import (
     check_group_overrides,
     check_override_args,
@@ -79,7 +79,7 @@ from experiments.lib.compose import (
 )
 from experiments.lib.pool import worker_pool
 from experiments.lib.provenance import command_line, options_of, provenance
-from experiments.lib.results import write_csv, write_json
+from experiments.lib.results import WriteError, write_csv, write_json
 from experiments.report.rate_search import (
     BACKLOG_MIN_REQUESTS,
     RATE_TOL,
@@ -526,6 +526,18 @@ def print_table(
 
 
 def main(argv: list[str] | None = None) -> Path:
+    """The search (:func:`_main`); a result file that cannot be written (a full disk, in the
+    search's process or a worker's) is one line naming it and status 1, not a traceback."""
+    try:
+        return _main(argv)
+    except WriteError as err:
+        if full_errors():
+            raise
+        print(f"error: cannot write {err.filename} ({err.strerror})", file=sys.stderr)
+        sys.exit(1)
+
+
+def _main(argv: list[str] | None) -> Path:
     # the whole docstring: its first paragraph introduces the example (a reST literal block)
     p = OneLineParser(prog="python -m experiments.capacity",
                       description=__doc__.replace("::\n", ":\n"))  # fmt: skip

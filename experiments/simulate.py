@@ -156,6 +156,9 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
             raise
         raise line from None
     wall = time.perf_counter() - t0
+    if out_dir is not None:  # the bar ends here; on a long run the tables take as long again
+        log.info("simulated %d steps in %.0f s; summarizing them and writing the tables to %s",
+                 result.num_steps, wall, out_dir)  # fmt: skip
     rec = result.recorder
     requests, steps = rec.requests_frame(), RowTable(*rec.step_table())
     metrics = summarize_recorder(rec, c.get("slo_ms"), setup.arrival_window_s)

@@ -85,3 +85,16 @@ def test_an_interrupt_closes_the_bar_first(capsys: pytest.CaptureFixture[str]) -
         )  # fmt: skip
     err = capsys.readouterr().err
     assert "simulate" in err and err.endswith("\n"), repr(err[-80:])  # the bar's line ended
+
+
+def test_the_phase_after_the_bar_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # the bar reached 100% and the command then went silent while it summarized and wrote
+    # the tables: on a 194k-request trace half of its four minutes
+    from experiments.reproduce import compose_config
+
+    with caplog.at_level("INFO", logger="experiments.simulate"):
+        metrics = simulate.run(compose_config(SIM_SMALL), tmp_path / "run")
+    said = [r.getMessage() for r in caplog.records if r.name == "experiments.simulate"]
+    line = f"simulated {metrics['num_steps']} steps in "
+    assert any(m.startswith(line) and m.endswith(f"the tables to {tmp_path / 'run'}")
+               for m in said), said  # fmt: skip

@@ -6,6 +6,9 @@ runs index and the end-of-run table.
   exits with status 2, no traceback, when the process is a command line
   (:func:`main_with_checks`); ``HYDRA_FULL_ERROR=1`` re-raises it instead, and so does a
   job launched from Python.
+- A result file that cannot be written (:class:`~experiments.lib.results.WriteError`: a
+  full disk) is one line naming it on stderr, exit status 1; its traceback in ``error.txt``
+  where that can still be written.
 - Any other exception is a runtime failure: its traceback goes to ``error.txt`` in the run
   directory and it propagates (Hydra prints it; exit status 1).
 - Ctrl-C marks the run directory as partial (``error.txt``, index status ``interrupted``)
@@ -49,6 +52,7 @@ from experiments.lib.compose import (
 )
 from experiments.lib.results import (
     INDEX_COLUMNS,
+    WriteError,
     append_index,
     clear_run,
     index_header_columns,
@@ -366,6 +370,19 @@ def run_app(
                   file=sys.stderr)  # fmt: skip
             sys.exit(_interrupted_status(exc))
         metrics, interrupted = whole, exc  # it came once the run's files were whole
+    except WriteError as exc:  # a full disk, say: one line, as for a config error
+        line = f"cannot write {exc.filename} ({exc.strerror}): the run's results are not saved"
+        with contextlib.suppress(OSError):  # the same full disk may refuse these too
+            write_error(out_dir, traceback.format_exc())
+        with contextlib.suppress(OSError):
+            record("failed", error=line)
+        if sweep_job:
+            print(f"job {out_dir.name} failed: {line}", file=sys.stderr)
+            return {"status": "failed", "error": line}
+        if not _COMMAND_LINE or full_errors():
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        sys.exit(1)
     except Exception as exc:
         write_error(out_dir, traceback.format_exc())
         line = f"{type(exc).__name__}: {exc}".splitlines()[0]

@@ -80,21 +80,27 @@ def _read_umask() -> int:
 _UMASK = _read_umask()  # once, at import: reading it sets it for a moment
 
 
+class WriteError(OSError):
+    """A result file could not be written (a full disk, a quota, a folder made read-only):
+    its ``filename`` is the file meant, never the temporary file beside it, and its
+    ``strerror`` the system's reason."""
+
+
 def write_atomic(path: Path, write: str | Callable[[Path], Any]) -> None:
     """Write ``path`` (text, or a function that writes a given path) so that a reader sees
     the old file or the whole new one, never a part: a temporary file in the same
-    directory, fsync, rename. The directory is made if missing; one that cannot be is an
-    ``OSError`` naming ``path``."""
+    directory, fsync, rename. The directory is made if missing; one that cannot be, and a
+    write that fails midway (a full disk), is a :class:`WriteError` naming ``path``."""
     path = Path(path)
     if path.is_dir():
-        raise OSError(errno.EISDIR, "is a folder, not a file", str(path))
+        raise WriteError(errno.EISDIR, "is a folder, not a file", str(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
         blocker = next((a for a in path.parents if a.exists() and not a.is_dir()), None)
         why = f"{blocker} is a file, not a folder" if blocker else exc.strerror
-        raise OSError(exc.errno, f"cannot write here ({why})", str(path)) from None
+        raise WriteError(exc.errno, f"cannot write here ({why})", str(path)) from None
     os.close(fd)
     tmp = Path(name)
     try:
@@ -106,8 +112,11 @@ def write_atomic(path: Path, write: str | Callable[[Path], Any]) -> None:
         with tmp.open("rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and not isinstance(exc, WriteError):
+            # a write's own error (ENOSPC) names no file, or the temporary one
+            raise WriteError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
 
 
