@@ -572,3 +572,19 @@ def test_greedy_parallel_samples_are_refused_before_the_engine_is_built(
     assert status == 2 and not built
     assert err.strip().startswith("error: workload.temperature: n=4 parallel samples")
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_serve_runs_config_given_to_simulate_says_so(tmp_path: Path) -> None:
+    # simulate --config-dir <a serve run> crashed with KeyError: 'cost' (a traceback)
+    from omegaconf import OmegaConf
+
+    from experiments.lib.compose import compose_config
+
+    folder = tmp_path / "serve_run"
+    folder.mkdir()
+    OmegaConf.save(compose_config("serve", SERVE_SMALL), folder / "config.yaml")
+    args = ["--config-dir", str(folder), "--config-name", "config"]
+    status, _, err = run_cli(simulate, args, tmp_path)
+    assert status == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: cost: the simulator's cost model is missing")
+    assert "run it again with python -m experiments.serve" in err

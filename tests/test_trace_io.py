@@ -489,3 +489,15 @@ def test_a_quoted_line_break_is_refused_on_its_line(
 def test_a_quoted_field_on_one_line_is_read(tmp_path: Path) -> None:
     path = _azure(tmp_path, '"2023-11-16 18:15:46.1","374",44\n')
     assert [(r.prompt_len, r.output_len) for r in read_azure_trace(path)] == [(374, 44)]
+
+
+def test_a_native_row_of_a_long_prompts_token_ids_reads_back(tmp_path: Path) -> None:
+    """A prompt of 30,000 token ids writes a field longer than the csv module's default
+    limit (131,072 characters): it reads back, whole, as write_trace wrote it (it raised
+    the csv module's 'field larger than field limit', a traceback)."""
+    ids = tuple(range(10_000, 40_000))
+    reqs = [Request(0, 0.0, len(ids), 5, SamplingParams(), ids)]
+    path = tmp_path / "long.csv"
+    write_trace(path, reqs)
+    assert path.stat().st_size > 131_072
+    assert read_trace(path) == reqs

@@ -153,11 +153,18 @@ def jsonl_objects(path: PathLike, lines: Iterable[str]) -> Iterator[tuple[int, d
 
 
 def _csv_fields(path: PathLike, line: int, text: str) -> list[str]:
-    """The fields of one CSV line ``text`` (line ``line``); a quoted field still open at its
-    end (a line break inside quotes: the rows are read line by line) is a
-    :class:`TraceFormatError` saying so."""
-    reader = csv.reader([text, ""])
-    fields = next(reader)
+    """The fields of one CSV line ``text`` (line ``line``), a field as long as the line may
+    be (a native row's ``prompt_token_ids`` of a long prompt outgrows the csv module's
+    default field limit of 131,072 characters); a quoted field still open at its end (a line
+    break inside quotes: the rows are read line by line) is a :class:`TraceFormatError`
+    saying so."""
+    limit = csv.field_size_limit()
+    csv.field_size_limit(max(limit, len(text)))
+    try:
+        reader = csv.reader([text, ""])
+        fields = next(reader)
+    finally:
+        csv.field_size_limit(limit)
     if reader.line_num > 1:  # the open quote read on into the next line
         raise TraceFormatError(
             path, line, "a quoted field is not closed on this line: quoted line breaks are not "

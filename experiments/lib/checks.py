@@ -936,10 +936,23 @@ def check_cost_keys(kind: str, cost_cfg: Mapping[str, Any]) -> None:
 
 
 def check_cost_group(c: Mapping[str, Any], app: str, facts: Facts) -> None:
-    """The simulator's ``cost`` group holds only keys its kind reads (:func:`check_cost_keys`)."""
+    """The simulator's ``cost`` group is there and holds only keys its kind reads
+    (:func:`check_cost_keys`). A config without one that holds the engine's keys is a
+    ``serve`` run's (its ``config.yaml`` given to ``simulate``), and is said to be."""
+    if app != "simulate":
+        return
     cost = c.get("cost")
-    if app == "simulate" and isinstance(cost, Mapping):
+    if isinstance(cost, Mapping):
         check_cost_keys(str(cost.get("kind", "roofline")), cost)
+        return
+    serve_keys = [k for k in ("device", "dtype", "backend", "step_timer") if k in c]
+    cure = "cost=roofline (or another cost option)"
+    if serve_keys:
+        cure = (
+            "a config of experiments.simulate: this one is experiments.serve's (it has "
+            f"{', '.join(serve_keys)}); run it again with python -m experiments.serve"
+        )
+    raise ConfigError("cost", "the simulator's cost model is missing", cost, cure)
 
 
 def check_swap_pool(system: Mapping[str, Any], cpu_blocks: int, swap_gb: Any) -> None:
