@@ -71,3 +71,26 @@ def test_a_full_disk_while_capacity_writes_is_one_line(
     assert err.strip().splitlines()[-1] == (
         f"error: cannot write {out / 'runs.csv'} (No space left on device)"
     )
+
+
+def test_a_folder_where_a_run_file_goes_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # clearing the earlier run's files met a folder named steps.csv: a traceback
+    import experiments.simulate as app
+
+    run_dir = tmp_path / "run"
+    (run_dir / "steps.csv").mkdir(parents=True)
+    argv = [
+        "simulate", "workload.num_requests=3", f"hydra.run.dir={run_dir}", "index=null",
+        "hydra/job_logging=disabled", "hydra/hydra_logging=disabled",
+    ]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as caught:
+        app.main_with_checks(app.main, config_name="simulate")
+    assert caught.value.code == 1
+    assert err.getvalue().strip().splitlines() == [
+        f"error: cannot write {run_dir / 'steps.csv'} (is a folder, not a file): "
+        "the run's results are not saved"
+    ]

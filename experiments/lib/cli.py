@@ -334,11 +334,13 @@ def run_app(
 
     index_writable = True
     interrupted: KeyboardInterrupt | None = None
-    # this directory's earlier result or error, if any, is not this run's (a rerun job)
-    clear_run(out_dir)
     # its log gets its own warnings, though an earlier job in this process logged them
     forget_warnings()
     try:
+        # this directory's earlier result or error, if any, is not this run's (a rerun job);
+        # cleared whole before an interrupt could take the earlier run for this one
+        with interrupts_deferred():
+            clear_run(out_dir)
         if index is not None:
             index_writable = False
             check_index_writable(index)

@@ -216,9 +216,15 @@ RUN_FILES = (
 def clear_run(run_dir: Path) -> None:
     """Remove an earlier run's :data:`RUN_FILES` from ``run_dir`` (``metrics.json`` first,
     so a folder is never complete with another run's tables) and the temporary files of
-    its killed writes, leaving other files."""
+    its killed writes, leaving other files. One that cannot be removed (a folder of that
+    name, say) is a :class:`WriteError` naming it."""
     for name in RUN_FILES:
-        (Path(run_dir) / name).unlink(missing_ok=True)
+        path = Path(run_dir) / name
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            why = "is a folder, not a file" if path.is_dir() else (exc.strerror or str(exc))
+            raise WriteError(exc.errno, why, str(path)) from None
     remove_stale_temps(Path(run_dir))
 
 
