@@ -364,6 +364,9 @@ class ParentRequest:
       admitted (its siblings' hits on each other's blocks are the sharing, counted in the
       steps' physical and logical blocks, not here);
     - ``num_preemptions``, ``readmit_cached_tokens``: summed over the children;
+    - the time per output token (:meth:`tpot_s`): the children's mean, each child's from its
+      own first token to its finish (vLLM V1 observes each child's), not from the earliest
+      first token to the last finish, which would count a later child's wait for a seat;
     - ``reject_reason``: the first child's that has one (a rejected request is rejected
       whole at intake: its children are the same request).
     """
@@ -445,6 +448,19 @@ class ParentRequest:
     @property
     def readmit_cached_tokens(self) -> int:
         return sum(c.readmit_cached_tokens for c in self.children)
+
+    def tpot_s(self) -> float | None:
+        """The children's mean time per output token once all finished (s); None for one
+        output token. Each child's is computed as a group's row is (from the arrival)."""
+        r = self.request
+        if r.output_len < 2:
+            return None
+        per_child = []
+        for c in self.children:
+            assert c.finish_time is not None and c.first_token_time is not None
+            ttft = c.first_token_time - r.arrival_time
+            per_child.append((c.finish_time - r.arrival_time - ttft) / (r.output_len - 1))
+        return sum(per_child) / len(per_child)
 
     def token_streams(self) -> list[list[float]]:
         """Each child's token timestamps: inter-token gaps are taken within a child."""

@@ -75,9 +75,9 @@ def test_v1_samples_share_full_prompt_blocks_only_through_the_prefix_cache(
 
 
 def test_a_v1_parent_is_one_row_of_its_childrens_times() -> None:
-    """Two samples of different lengths' fate: a seat limit of one sequence admits the
-    second sample after the first finishes, so the row's first token is the first child's
-    and its finish the second's; the ITL gaps are taken within each child."""
+    """Two samples under a seat limit of one sequence: the second is admitted after the
+    first finishes, so the row's first token is the first child's, its finish the second's
+    and its TPOT the children's own, averaged; the ITL gaps are taken within each child."""
     config = dataclasses.replace(CONFIG, max_num_seqs=1, max_num_batched_tokens=64)
     sched = build_scheduler("vllm_v1", 40 * BLOCK, config, block_size=BLOCK, watermark=0.0)
     recorder = Recorder()
@@ -91,6 +91,9 @@ def test_a_v1_parent_is_one_row_of_its_childrens_times() -> None:
     assert row["first_token_s"] == pytest.approx(0.01)  # the first child's prompt step
     assert row["finish_s"] == pytest.approx(0.06)  # the second child, after the first's 3
     assert row["first_token_step"] == 0 and row["finish_step"] == 5
+    # each child's own (0.03 - 0.01) / 2 and (0.06 - 0.04) / 2, not (0.06 - 0.01) / 2, which
+    # counts the second child's wait for the seat
+    assert row["tpot_s"] == pytest.approx(0.01)
     assert recorder.inter_token_latencies() == pytest.approx([0.01] * 4)  # none across
     assert recorder.max_itl_by_request() == {0: pytest.approx(0.01)}
 

@@ -193,7 +193,10 @@ class Recorder:
             return
         ttft = group.first_token_time - r.arrival_time
         e2el = group.finish_time - r.arrival_time
-        tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else None
+        if isinstance(group, ParentRequest):  # its children's mean, each from its own first
+            tpot = group.tpot_s()
+        else:
+            tpot = (e2el - ttft) / (r.output_len - 1) if r.output_len > 1 else None
         self._requests.append(
             (r.request_id, r.arrival_time, r.prompt_len, r.output_len, r.sampling.num_seqs,
              group.first_scheduled_time, group.first_token_time, group.finish_time,
