@@ -28,25 +28,31 @@ def test_a_write_that_fails_midway_names_the_file_meant(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())  # no temporary file left
 
 
-def test_a_full_disk_while_simulate_writes_is_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _simulate_cli(monkeypatch: pytest.MonkeyPatch, run_dir: Path, index: str) -> tuple[int, str]:
+    """``python -m experiments.simulate`` of 5 requests into ``run_dir``, in this process:
+    its exit status and stderr."""
     import experiments.simulate as app
 
-    monkeypatch.setattr(results, "_rows_to_csv", _disk_full)  # steps.csv's writer
-    run_dir = tmp_path / "run"
     argv = [
-        "simulate", "workload.num_requests=5", f"hydra.run.dir={run_dir}",
-        f"index={tmp_path / 'index.csv'}", "hydra/job_logging=disabled",
-        "hydra/hydra_logging=disabled",
+        "simulate", "workload.num_requests=5", f"hydra.run.dir={run_dir}", f"index={index}",
+        "hydra/job_logging=disabled", "hydra/hydra_logging=disabled",
     ]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     err = io.StringIO()
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as caught:
         app.main_with_checks(app.main, config_name="simulate")
-    assert caught.value.code == 1
-    assert "Traceback" not in err.getvalue()
-    assert err.getvalue().strip().splitlines() == [
+    return int(caught.value.code or 0), err.getvalue()
+
+
+def test_a_full_disk_while_simulate_writes_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(results, "_rows_to_csv", _disk_full)  # steps.csv's writer
+    run_dir = tmp_path / "run"
+    status, err = _simulate_cli(monkeypatch, run_dir, str(tmp_path / "index.csv"))
+    assert status == 1
+    assert "Traceback" not in err
+    assert err.strip().splitlines() == [
         f"error: cannot write {run_dir / 'steps.csv'} (No space left on device): "
         "the run's results are not saved"
     ]
@@ -77,20 +83,11 @@ def test_a_folder_where_a_run_file_goes_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # clearing the earlier run's files met a folder named steps.csv: a traceback
-    import experiments.simulate as app
-
     run_dir = tmp_path / "run"
     (run_dir / "steps.csv").mkdir(parents=True)
-    argv = [
-        "simulate", "workload.num_requests=3", f"hydra.run.dir={run_dir}", "index=null",
-        "hydra/job_logging=disabled", "hydra/hydra_logging=disabled",
-    ]  # fmt: skip
-    monkeypatch.setattr(sys, "argv", argv)
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as caught:
-        app.main_with_checks(app.main, config_name="simulate")
-    assert caught.value.code == 1
-    assert err.getvalue().strip().splitlines() == [
+    status, err = _simulate_cli(monkeypatch, run_dir, "null")
+    assert status == 1
+    assert err.strip().splitlines() == [
         f"error: cannot write {run_dir / 'steps.csv'} (is a folder, not a file): "
         "the run's results are not saved"
     ]
