@@ -367,8 +367,9 @@ class ParentRequest:
     - the time per output token (:meth:`tpot_s`): the children's mean, each child's from its
       own first token to its finish (vLLM V1 observes each child's), not from the earliest
       first token to the last finish, which would count a later child's wait for a seat;
-    - ``reject_reason``: the first child's that has one (a rejected request is rejected
-      whole at intake: its children are the same request).
+    - ``reject_reason``: the first child's that has one, saying that it is each sample's (a
+      rejected request is rejected whole at intake: its children are the same request, so a
+      child's "1 sequence(s)" is each of the ``n``).
     """
 
     __slots__ = ("children", "num_ended", "request")
@@ -401,7 +402,11 @@ class ParentRequest:
 
     @property
     def reject_reason(self) -> str | None:
-        return next((c.reject_reason for c in self.children if c.reject_reason), None)
+        why = next((c.reject_reason for c in self.children if c.reject_reason), None)
+        if why is None:
+            return None
+        n = self.request.sampling.n
+        return f"each of its n={n} samples, served as a request of one sample (vLLM V1): {why}"
 
     @property
     def is_finished(self) -> bool:

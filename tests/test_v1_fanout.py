@@ -110,6 +110,18 @@ def test_a_v1_request_too_long_is_rejected_whole_once() -> None:
     assert recorder.requests_frame()["status"].tolist() == ["rejected"]
 
 
+def test_a_v1_rejection_says_it_is_each_samples_need() -> None:
+    """A child's reason counts its own one sequence; the parent's says it is each of n."""
+    sched = build_scheduler("vllm_v1", 8 * BLOCK, CONFIG, block_size=BLOCK, watermark=0.0)
+    recorder = Recorder()
+    loop = StepLoop(sched, _FixedStep(), recorder)
+    parent = loop.add(Request(0, 0.0, 40, 10, SamplingParams(n=3)), 0.0)
+    why = str(parent.reject_reason)
+    assert why.startswith("each of its n=3 samples, served as a request of one sample")
+    assert "KV-cache memory" in why and "1 sequence(s)" in why
+    assert recorder.requests_frame()["reject_reason"].tolist() == [why]
+
+
 def test_child_requests_take_one_sample_and_vllms_seed_offsets() -> None:
     parent = Request(4, 1.0, 5, 2, SamplingParams(n=3, seed=10), (1, 2, 3, 4, 5))
     kids = [child_request(parent, i) for i in range(3)]
