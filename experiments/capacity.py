@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> Path:
     except WriteError as err:
         if full_errors():
             raise
-        print(f"error: cannot write {err.filename} ({err.strerror})", file=sys.stderr)
+        print(f"error: {err.line()}", file=sys.stderr)
         sys.exit(1)
 
 

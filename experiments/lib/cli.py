@@ -373,7 +373,7 @@ def run_app(
             sys.exit(_interrupted_status(exc))
         metrics, interrupted = whole, exc  # it came once the run's files were whole
     except WriteError as exc:  # a full disk, say: one line, as for a config error
-        line = f"cannot write {exc.filename} ({exc.strerror}): the run's results are not saved"
+        line = f"{exc.line()}: the run's results are not saved"
         with contextlib.suppress(OSError):  # the same full disk may refuse these too
             write_error(out_dir, traceback.format_exc())
         with contextlib.suppress(OSError):

@@ -85,6 +85,10 @@ class WriteError(OSError):
     its ``filename`` is the file meant, never the temporary file beside it, and its
     ``strerror`` the system's reason."""
 
+    def line(self) -> str:
+        """What went wrong in words: the file meant and the system's reason."""
+        return f"cannot write {self.filename} ({self.strerror})"
+
 
 def write_atomic(path: Path, write: str | Callable[[Path], Any]) -> None:
     """Write ``path`` (text, or a function that writes a given path) so that a reader sees
