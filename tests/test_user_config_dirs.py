@@ -204,3 +204,37 @@ def test_an_option_in_a_config_dir_folder_runs(tmp_path: Path, flag: list[str]) 
     assert status == 0, err
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["hardware"] == "my-gpu"
+
+
+def _package(root: Path, name: str) -> None:
+    """A package ``name`` under ``root`` holding ``system/nopc.yaml`` (vllm_v1 without prefix
+    caching): configs shipped in a Python package, for ``hydra.searchpath=[pkg://...]``."""
+    folder = root.joinpath(*name.split("."))
+    (folder / "system").mkdir(parents=True)
+    for level in range(len(name.split("."))):
+        (root.joinpath(*name.split(".")[: level + 1]) / "__init__.py").write_text("")
+    (folder / "system" / "nopc.yaml").write_text(
+        "defaults:\n  - vllm_v1\n  - _self_\n\nname: vllm_v1\nenable_prefix_caching: false\n"
+    )
+
+
+def test_a_package_on_the_search_path_is_listed_and_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a pkg:// entry was left to Hydra: an unknown system was its multi-line error, status 1
+    _package(tmp_path / "src", "my_kvlab_conf.configs")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    search = "hydra.searchpath=[pkg://my_kvlab_conf/configs]"
+    status, _, err = run_cli(simulate, [*SIM_SMALL, search, "system=other"], tmp_path / "a")
+    _refused(status, err, "error: system: unknown system (got 'other'; expected one of ")
+    assert "nopc" in err
+    status, _, err = run_cli(simulate, [*SIM_SMALL, search, "system=nopc"], tmp_path / "b")
+    assert status == 0, err
+    metrics = json.loads((tmp_path / "b" / "run" / "metrics.json").read_text())
+    assert metrics["system"] == "vllm_v1"
+
+
+def test_a_package_that_is_not_there_is_searched_without(tmp_path: Path) -> None:
+    search = "hydra.searchpath=[pkg://no_such_kvlab_package.conf]"  # Hydra warns and goes on
+    status, _, err = run_cli(simulate, [*SIM_SMALL, search, "system=other"], tmp_path / "a")
+    _refused(status, err, "error: system: unknown system (got 'other'")

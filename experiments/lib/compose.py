@@ -9,6 +9,7 @@ value span several lines; the checks here raise a one-line
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -42,9 +43,10 @@ CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 
 def search_dirs(argv: Sequence[str]) -> list[Path] | None:
     """The folders on Hydra's search path, where a user's own ``<group>/<option>.yaml``
-    live: the ``file://`` entries of a ``hydra.searchpath=[...]`` argument and a
-    ``--config-dir``/``-cd`` flag's folder (which Hydra adds too); None when an entry is not
-    a folder (``pkg://``), whose options this check cannot list."""
+    live: the ``file://`` entries of a ``hydra.searchpath=[...]`` argument, the folders of
+    its ``pkg://`` entries' packages (:func:`_package_dirs`) and a ``--config-dir``/``-cd``
+    flag's folder (which Hydra adds too); None when an entry's options this check cannot
+    list (another scheme, a package inside a zip file)."""
     dirs: list[Path] = []
     for i, arg in enumerate(argv):
         flag, eq, given = arg.partition("=")
@@ -60,10 +62,32 @@ def search_dirs(argv: Sequence[str]) -> list[Path] | None:
             entry = entry.strip().strip("'\"")
             if not entry:
                 continue
-            if not entry.startswith("file://"):
+            if entry.startswith("file://"):
+                dirs.append(Path(entry.removeprefix("file://")))
+                continue
+            package = _package_dirs(entry.removeprefix("pkg://"))
+            if not entry.startswith("pkg://") or package is None:
                 return None
-            dirs.append(Path(entry.removeprefix("file://")))
+            dirs += package
     return dirs
+
+
+def _package_dirs(name: str) -> list[Path] | None:
+    """The folders of the package a ``pkg://<name>`` search path entry names (``a.b`` or
+    ``a/b``, as Hydra reads it); none for a package that cannot be found (Hydra warns that
+    it is not available and searches on without it); None for one whose files are not in
+    folders (a zip) or a module that is no package."""
+    name = name.replace("/", ".").rstrip(".")
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a parent package missing, or an empty name
+        return []
+    if spec is None:
+        return []
+    folders = [Path(f) for f in spec.submodule_search_locations or []]
+    if not folders or not all(f.is_dir() for f in folders):
+        return None
+    return folders
 
 
 def override_args(argv: Sequence[str]) -> list[str]:
