@@ -31,10 +31,12 @@ rule named ``slo``. ``--threshold`` stays the latency rule: ``--threshold inf`` 
 ``--slo-attainment``) judges a rate by the SLO, completion and backlog alone.
 
 Writes into ``--out`` (an earlier search there is replaced): ``capacity.csv`` (per system:
-the sustainable rate, its interval over seeds, the lowest failing rate and the rules failed
-there, ``first_failing_rules``, its rate over the first system's, and the metrics of its
-runs at that rate, averaged over seeds), ``runs.csv`` (every run; ``fails_on``: the rules it
-failed; ``trace_s``: the replayed trace's length, empty where a request count ends it),
+its setting (:data:`SETTING_COLUMNS`: model, hardware, tp, cost, cost_stack), the sustainable
+rate, its interval over seeds, the lowest failing rate and the rules failed there,
+``first_failing_rules``, its rate over the first system's, and the metrics of its runs at
+that rate, averaged over seeds), ``runs.csv`` (every run, after its system its setting;
+``fails_on``: the rules it failed; ``trace_s``: the replayed trace's length, empty where a
+request count ends it),
 ``curves.csv`` (normalized latency per rate, mean/min/max over seeds),
 ``capacity.png/.pdf``, ``runs/<label>/config.yaml`` and ``metrics.json`` (``simulate`` runs
 a run again from its ``config.yaml``, with every table), and first ``provenance.json`` (the
@@ -58,7 +60,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -122,6 +124,11 @@ AT_RATE = (
     "kv_token_states_pct", "kv_reserved_pct", "kv_internal_frag_pct", "kv_external_frag_pct",
     "kv_free_at_limit_pct", "kv_free_pct", "num_requests", "slo_attainment",
 )  # fmt: skip
+# the setting of a system's runs, after ``system`` in capacity.csv and runs.csv, so that the
+# tables of searches on other GPUs, models or clocks can be concatenated: the model, the GPU
+# and its count (``metrics.json``'s names), the cost model's kind and the serving stack it
+# prices steps in (``metrics.json``'s ``cost_stack``; empty where it has none of its own)
+SETTING_COLUMNS = ("model", "hardware", "tp", "cost", "cost_stack")
 
 
 def _numbers(flag: str, text: str) -> tuple[float, ...]:
@@ -177,8 +184,10 @@ class Plan:
     another rate than named); ``setting``: the setting in words; ``slo_ms``: the runs' SLO
     limits (ms per key), if any; ``requests``: a trace file's requests in its window;
     ``duration_s``: a drawn workload's fixed length (None where a count of requests ends it);
-    ``config``: the first system's resolved config at the grid's first rate, and
-    ``cost_text``: its cost model's constants with their sources (``provenance.json``)."""
+    ``config``: the first system's resolved config at the grid's first rate,
+    ``cost_text``: its cost model's constants with their sources (``provenance.json``), and
+    ``columns``: per system, its :data:`SETTING_COLUMNS` as its runs' ``metrics.json``
+    names them."""
 
     setting: str
     trace_rate: float | None = None
@@ -189,6 +198,7 @@ class Plan:
     duration_s: float | None = None
     config: dict[str, Any] | None = None
     cost_text: str = ""
+    columns: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def trace_s(self, rate: float) -> float | None:
         """The replayed trace's length (s) at ``rate``: a trace file's window, scaled, holds
@@ -232,9 +242,11 @@ def check_configs(overrides: Sequence[str], systems: Sequence[str], rate: float)
     from experiments.lib.checks import check_config
     from experiments.lib.setup import as_dict, build_setup, resolve_aliases
     from experiments.reproduce import compose_config
+    from experiments.simulate import setting_metrics
 
     first = None
     stacks: dict[str, str] = {}  # each system's clock stack (cost=profiled picks it by system)
+    columns: dict[str, dict[str, Any]] = {}
     for system in systems:
         cfg = compose_config([*overrides, f"system={system}"])
         kind = str(cfg.workload.kind)
@@ -251,13 +263,15 @@ def check_configs(overrides: Sequence[str], systems: Sequence[str], rate: float)
         check_config(c, "simulate")
         setup = build_setup(c)
         stacks[system] = _stack_name(setup)
+        named = setting_metrics(c, setup) | {"cost": c["cost"].get("kind")}
+        columns[system] = {k: named[k] for k in SETTING_COLUMNS}
         if first is None:
             slo = tuple((str(k), float(v)) for k, v in (c.get("slo_ms") or {}).items())
             first = (cfg, setup, slo, c)
     assert first is not None
     cfg, setup, slo, c = first
     return replace(_plan(cfg, setup, stacks), slo_ms=slo, config=c,
-                   cost_text=setup.cost_model.describe())  # fmt: skip
+                   cost_text=setup.cost_model.describe(), columns=columns)  # fmt: skip
 
 
 def _stack_name(setup: Any) -> str:
@@ -402,7 +416,8 @@ def searches(
 
 def capacity_frame(rows: Sequence[dict[str, Any]], systems: Sequence[str]) -> pd.DataFrame:
     """``capacity.csv``: per system (``systems``' order) the search's columns
-    (:func:`capacity_table`; its vLLM-ratio columns left out), ``first_failing_rules``: the
+    (:func:`capacity_table`; its vLLM-ratio columns left out), after ``system`` the
+    :data:`SETTING_COLUMNS` its rows hold, ``first_failing_rules``: the
     rules its runs failed at ``first_failing_rate``, the union over seeds joined by "+"
     (:func:`rules_failed_at`; "" when no rate failed), ``over_<first>``: its rate
     over the first system's (a bound where either is), and the mean of :data:`AT_RATE`
@@ -410,6 +425,10 @@ def capacity_frame(rows: Sequence[dict[str, Any]], systems: Sequence[str]) -> pd
     table = pd.DataFrame(capacity_table(rows, systems[0])).set_index("system")
     table = table.drop(columns=[c for c in table.columns if c.startswith(("vllm_", "ratio_"))])
     table = table.loc[list(systems)].reset_index().drop(columns=["setting"])
+    named = [k for k in SETTING_COLUMNS if any(k in r for r in rows)]
+    for where, key in enumerate(named, start=1):  # after system, as runs.csv has them
+        table.insert(where, key, [next((r[key] for r in rows if r["system"] == s), None)
+                                  for s in table["system"]])  # fmt: skip
     failing = [
         rules_failed_at([r for r in rows if r["system"] == s], f)
         for s, f in zip(table["system"], table["first_failing_rate"], strict=True)
@@ -632,7 +651,8 @@ def _main(argv: list[str] | None) -> Path:
                     "--rates", f"{search.system}'s traces held no request at any rate tried",
                     args.rates, "rates (or a workload.duration_s) that bring requests",
                 ))  # fmt: skip
-            rows += [r | {"trace_s": plan.trace_s(r["rate"])} for r in found]
+            named = {"setting": None, "system": None, **plan.columns.get(search.system, {})}
+            rows += [named | r | {"trace_s": plan.trace_s(r["rate"])} for r in found]
             rejected = max((r.get("rejected") or 0 for r in found), default=0)
             if rejected:
                 log.warning(
