@@ -30,19 +30,22 @@ override (e.g. ``'slo_ms={ttft: 2000, tpot: 200}'``; a rejected request misses t
 rule named ``slo``. ``--threshold`` stays the latency rule: ``--threshold inf`` (only with
 ``--slo-attainment``) judges a rate by the SLO, completion and backlog alone.
 
-Writes into ``--out`` (an earlier search there is replaced): ``capacity.csv`` (per system:
-its setting (:data:`SETTING_COLUMNS`: model, hardware, tp, cost, cost_stack), the sustainable
-rate, its interval over seeds, the lowest failing rate and the rules failed there,
-``first_failing_rules``, its rate over the first system's, and the metrics of its runs at
-that rate, averaged over seeds), ``runs.csv`` (every run, after its system its setting;
-``fails_on``: the rules it failed; ``trace_s``: the replayed trace's length, empty where a
-request count ends it),
-``curves.csv`` (normalized latency per rate, mean/min/max over seeds),
-``capacity.png/.pdf``, ``runs/<label>/config.yaml`` and ``metrics.json`` (``simulate`` runs
-a run again from its ``config.yaml``, with every table), and first ``provenance.json`` (the
+Writes into ``--out`` (an earlier search there is replaced, unless ``--resume``):
+``capacity.csv`` (per system: its setting (:data:`SETTING_COLUMNS`: model, hardware, tp, cost,
+cost_stack), the sustainable rate, its interval over seeds, the lowest failing rate and the
+rules failed there, ``first_failing_rules``, its rate over the first system's, and the
+metrics of its runs at that rate, averaged over seeds), ``runs.csv`` (every run, after its
+system its setting; ``fails_on``: the rules it failed; ``trace_s``: the replayed trace's
+length, empty where a request count ends it), ``curves.csv`` (normalized latency per rate,
+mean/min/max over seeds), ``capacity.png/.pdf``, ``runs/<label>/config.yaml``,
+``inputs.json`` and ``metrics.json`` (``simulate`` runs a run again from its
+``config.yaml``, with every table), and first ``provenance.json`` (the
 command, its options, the setting, the first system's resolved config and cost model, the
 code's git commit and the input files' digests: :func:`search_provenance`); every file
 whole or not at all.
+With ``--resume`` the runs of an earlier (stopped) search in ``--out`` stay, and each
+finished one of the same config on inputs and code unchanged is read back, not run
+(:func:`run_kept`, a resumed sweep's rule); the tables are those of a search never stopped.
 It prints the table (its "fails at" column: the lowest failing rate and its rules), and a
 warning for a system whose lowest failing rate failed on the backlog rule alone at a
 normalized latency well under the threshold (the trace may end in a burst of arrivals).
@@ -51,15 +54,17 @@ normalized latency well under the threshold (the trace may end in a burst of arr
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -381,21 +386,104 @@ def burst_warnings(
 OUTPUT_FILES = ("runs.csv", "curves.csv", "capacity.csv", "capacity.png", "capacity.pdf")
 
 
-RECORDED = {"config.yaml", "metrics.json"}  # what a search keeps of each run (run_recorded)
+# what a search keeps of each run (run_kept; a search of older code kept no inputs.json)
+RECORDED = {"config.yaml", "inputs.json", "metrics.json"}
 
 
-def clear_earlier_runs(runs_dir: Path) -> int:
+def clear_earlier_runs(runs_dir: Path, keep: Collection[str] = ()) -> int:
     """Remove the runs an earlier search left in ``runs_dir`` (``capacity_*`` folders that
-    hold only :data:`RECORDED` files), so that the folder holds this search's runs alone, and
-    the :data:`OUTPUT_FILES` made from them beside ``runs_dir`` (a search stopped
-    midway left them describing runs that were gone); how many runs were removed."""
+    hold only :data:`RECORDED` files), those named in ``keep`` aside, so that the folder
+    holds this search's runs alone, and the :data:`OUTPUT_FILES` made from them beside
+    ``runs_dir`` (a search stopped midway left them describing runs that were gone); how
+    many runs were removed."""
     stale = [d for d in runs_dir.glob("capacity_*")
-             if d.is_dir() and {f.name for f in d.iterdir()} <= RECORDED]  # fmt: skip
+             if d.name not in keep and d.is_dir()
+             and {f.name for f in d.iterdir()} <= RECORDED]  # fmt: skip
     for run in stale:
         shutil.rmtree(run)
     for name in OUTPUT_FILES:
         (runs_dir.parent / name).unlink(missing_ok=True)
     return len(stale)
+
+
+def run_kept(runs_dir: Path, resume: bool, label: str, overrides: list[str]) -> dict[str, Any]:
+    """One run of the search, kept in ``runs_dir/<label>/``: its resolved ``config.yaml``
+    (``simulate`` runs it again from there with every table) and ``inputs.json`` (the
+    stamps of its input files and code), written first, and its ``metrics.json``, last;
+    returns the metrics as ``metrics.json`` holds them (a NaN as None), with ``label``.
+    With ``resume``, a folder that holds a finished run of the same config on inputs and
+    code unchanged (:func:`experiments.lib.results.finished_metrics`, the rule of a resumed
+    sweep) is read back, not run; any other run there (another config's, of inputs or code
+    changed since, unfinished or damaged) is removed first."""
+    from experiments.lib.input_stamps import input_stamps
+    from experiments.lib.results import clear_run, finished_metrics, read_metrics, write_config
+    from experiments.lib.setup import as_dict, resolve_aliases
+    from experiments.reproduce import compose_config
+    from experiments.simulate import run
+
+    folder = runs_dir / label
+    cfg = compose_config(overrides)
+    resolved = resolve_aliases(as_dict(cfg))
+    if resume:
+        done = finished_metrics(folder, resolved)
+        if done is not None:
+            return {**done, "label": label}
+        clear_run(folder)  # metrics.json first: never a folder complete with another's files
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "inputs.json", input_stamps(write_config(folder, resolved)))
+    write_json(folder / "metrics.json", run(cfg, None))
+    return {**read_metrics(folder), "label": label}  # as a resumed search reads it
+
+
+def finished_before(runs_dir: Path) -> dict[str, tuple[int, int]]:
+    """Per run folder in ``runs_dir``, the identity of its ``metrics.json`` (inode, time):
+    a run whose file is the same after the search was reused, not run."""
+    out = {}
+    for path in runs_dir.glob("capacity_*/metrics.json"):
+        with suppress(OSError):
+            st = path.stat()
+            out[path.parent.name] = (st.st_ino, st.st_mtime_ns)
+    return out
+
+
+def reused_runs(
+    runs_dir: Path, before: dict[str, tuple[int, int]], rows: Sequence[dict[str, Any]]
+) -> int:
+    """How many runs of ``rows`` kept the ``metrics.json`` they had before the search
+    (:func:`finished_before`): read back, not run again."""
+    after = finished_before(runs_dir)
+    labels = {r["label"] for r in rows}
+    return sum(1 for label in labels if label in before and after.get(label) == before[label])
+
+
+@contextmanager
+def resume_hint(out: Path) -> Iterator[None]:
+    """A warning, on Ctrl-C or SIGTERM in the block, that the runs finished so far stay in
+    ``out/runs`` and how to reuse them; the interrupt goes on."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        log.warning("the runs finished so far stay in %s: run the same command with --resume "
+                    "to reuse them", out / "runs")  # fmt: skip
+        raise
+
+
+def earlier_options(path: Path, options: dict[str, Any]) -> list[str]:
+    """The options of the earlier search whose ``provenance.json`` is at ``path`` that
+    differ from ``options`` (those that define the search: not ``--workers``, ``--out`` nor
+    ``--resume``; an inf is compared as the file holds it, null); empty without a readable
+    one."""
+    try:
+        theirs = json.loads(path.read_text())["options"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if not isinstance(theirs, dict):
+        return []
+    ours = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in options.items()}  # fmt: skip
+    ignored = {"workers", "out", "resume"}
+    keys = dict.fromkeys([*ours, *theirs])
+    return [k for k in keys if k not in ignored and ours.get(k) != theirs.get(k)]
 
 
 def searches(
@@ -588,7 +676,12 @@ def _main(argv: list[str] | None) -> Path:
                    f"(default: the cores, {os.cpu_count() or 1} here)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("results/capacity"),
                    help="the folder written (default results/capacity); an earlier search "
-                   "there is replaced: its runs and outputs are removed first")  # fmt: skip
+                   "there is replaced: its runs and outputs are removed first, unless "
+                   "--resume")  # fmt: skip
+    p.add_argument("--resume", action="store_true",
+                   help="keep the runs of an earlier (e.g. interrupted) search in --out and "
+                   "reuse each finished one of the same config on inputs and code unchanged, "
+                   "as a resumed sweep does; the rest run again")  # fmt: skip
     args = p.parse_intermixed_args(argv)  # overrides may follow the options too
     from experiments.reproduce import check_run_numbers
 
@@ -624,12 +717,23 @@ def _main(argv: list[str] | None) -> Path:
         seeds = seeds[:1]
     runs_dir = args.out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    stale = clear_earlier_runs(runs_dir)
-    if stale:
-        log.info("removed the %d runs of an earlier search from %s", stale, runs_dir)
+    before = finished_before(runs_dir) if args.resume else {}
+    if args.resume:
+        for name in OUTPUT_FILES:  # made from runs this search may run again
+            (args.out / name).unlink(missing_ok=True)
+        changed = earlier_options(args.out / "provenance.json", options_of(args))
+        if changed:
+            log.info("the earlier search in %s had other options (%s): of its runs, only "
+                     "those of the same config on inputs and code unchanged are reused",
+                     args.out, ", ".join(f"--{k.replace('_', '-')}" if k != "overrides"
+                                         else k for k in changed))  # fmt: skip
+    else:
+        stale = clear_earlier_runs(runs_dir)
+        if stale:
+            log.info("removed the %d runs of an earlier search from %s", stale, runs_dir)
     write_json(args.out / "provenance.json",
                search_provenance(sys.argv[1:] if argv is None else argv, args, plan))  # fmt: skip
-    from experiments.reproduce import run_recorded, unmeasured_run
+    from experiments.reproduce import unmeasured_run
 
     t0 = time.perf_counter()
     todo = searches(args.overrides, systems, rates, seeds, args.bisect_evals, args.rate_tol, plan,
@@ -638,9 +742,9 @@ def _main(argv: list[str] | None) -> Path:
     log.info("%s", plan.setting)
     log.info("searching %d system(s) on %d seed(s) each: %s", len(todo), len(seeds),
              ", ".join(systems))  # fmt: skip
-    with worker_pool(min(args.workers, len(todo))) as pool:
-        jobs = [pool.submit(run_search, partial(run_recorded, runs_dir, []), s, args.threshold)
-                for s in todo]  # fmt: skip
+    with resume_hint(args.out), worker_pool(min(args.workers, len(todo))) as pool:
+        runner = partial(run_kept, runs_dir, args.resume)
+        jobs = [pool.submit(run_search, runner, s, args.threshold) for s in todo]
         for search, job in zip(todo, jobs, strict=True):
             try:
                 found = _result_with_heartbeat(job, runs_dir, t0)
@@ -676,6 +780,13 @@ def _main(argv: list[str] | None) -> Path:
                 )
             log.info("%s: %.3g req/s%s after %d runs (%.0f s)", search.system, best["max_rate"],
                      note, len(found), time.perf_counter() - t0)  # fmt: skip
+    if args.resume:
+        log.info("reused %d of the %d runs from the earlier search in %s",
+                 reused_runs(runs_dir, before, rows), len(rows), runs_dir)  # fmt: skip
+        unused = clear_earlier_runs(runs_dir, keep={r["label"] for r in rows})
+        if unused:
+            log.info("removed the %d runs of the earlier search that this one does not "
+                     "hold from %s", unused, runs_dir)  # fmt: skip
     return write_outputs(rows, systems, args.threshold, args.out, plan.setting, slo)
 
 

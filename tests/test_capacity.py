@@ -413,7 +413,7 @@ def test_each_run_of_a_search_runs_again_from_its_config_yaml(tmp_path: Path) ->
     runs = pd.read_csv(out / "runs.csv")
     label = runs.loc[runs["rate"] == 4.0, "label"].item()
     folder = out / "runs" / label
-    assert {p.name for p in folder.iterdir()} == {"config.yaml", "metrics.json"}
+    assert {p.name for p in folder.iterdir()} == {"config.yaml", "inputs.json", "metrics.json"}
     again = run(OmegaConf.load(folder / "config.yaml"), tmp_path / "again")
     kept = json.loads((folder / "metrics.json").read_text())
     machine = {"wall_s", "sim_steps_per_s", "label"}
