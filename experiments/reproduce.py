@@ -109,6 +109,8 @@ BLOCK_STUDY_RATES = {"sharegpt": 2.0, "alpaca": 25.0}
 def compose_config(overrides: list[str]) -> Any:
     """The simulate config with ``overrides``, as the command line would make it (giving
     ``workload.num_requests`` nulls ``workload.duration_s`` and vice versa)."""
+    if isinstance(overrides, str):  # Hydra would parse its characters as overrides
+        raise TypeError(f"overrides must be a list of strings, got the string {overrides!r}")
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="simulate", overrides=overrides)
     settle_run_config(cfg, overrides)

@@ -64,14 +64,14 @@ log = logging.getLogger(__name__)
 _PROGRESS_WHEN_UNSET = False
 
 
-def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | None = None) -> dict[str, Any]:
-    """Simulate the configured run; write result files when ``out_dir`` is given.
-    Returns the metrics dict (plus ``wall_s`` and the KV capacity used). A config that
-    cannot run raises ``ConfigError`` before any simulation."""
+def run(cfg: DictConfig | Mapping[str, Any], out_dir: Path | str | None = None) -> dict[str, Any]:
+    """Simulate the configured run; write result files when ``out_dir`` (a path or a string)
+    is given. Returns the metrics dict (plus ``wall_s`` and the KV capacity used). A config
+    that cannot run raises ``ConfigError`` before any simulation."""
     c = resolve_aliases(as_dict(cfg))
     check_config(c, "simulate")
     with no_cyclic_gc():  # the run's objects live until its files are written
-        return _run(c, out_dir)
+        return _run(c, None if out_dir is None else Path(out_dir))
 
 
 @dataclass
@@ -94,6 +94,8 @@ def simulate_requests(requests: Sequence[Request], overrides: Sequence[str] = ()
     raises ConfigError before any step."""
     from experiments.reproduce import compose_config
 
+    if isinstance(overrides, str):  # its characters would be read as overrides, one by one
+        raise TypeError(f"overrides must be a list of strings, got the string {overrides!r}")
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0]
         if key.split(".", 1)[0] == "workload":
@@ -105,10 +107,7 @@ def simulate_requests(requests: Sequence[Request], overrides: Sequence[str] = ()
     c = resolve_aliases(as_dict(compose_config(list(overrides))))
     check_config(c, "simulate")
     setup = build_setup(c, requests=own)
-    result = simulate(
-        own, setup.make_scheduler, setup.cost_model, num_replicas=int(c.get("num_replicas", 1)),
-        seed=int(c.get("seed", 0)), vocab_size=setup.model.vocab_size,
-    )  # fmt: skip
+    result = _simulate(c, setup, own)
     rec = result.recorder
     frame = rec.requests_frame()
     metrics = summarize_recorder(rec, c.get("slo_ms"))
@@ -137,24 +136,7 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
     if note is not None:
         log.info("%s", note)
     t0 = time.perf_counter()
-    try:
-        result = simulate(
-            setup.requests,
-            setup.make_scheduler,
-            setup.cost_model,
-            num_replicas=int(c.get("num_replicas", 1)),
-            seed=int(c.get("seed", 0)),
-            progress=_PROGRESS_WHEN_UNSET if c.get("progress") is None else bool(c["progress"]),
-            check_integrity_every=int(c.get("check_integrity_every") or 0),
-            vocab_size=setup.model.vocab_size,
-        )
-    except StepPriceError as err:
-        raise ConfigError("cost", str(err)) from None
-    except SimulationError as err:
-        line = plugin_failure(err, c)
-        if line is None:
-            raise
-        raise line from None
+    result = _simulate(c, setup, setup.requests)
     wall = time.perf_counter() - t0
     if out_dir is not None:  # the bar ends here; on a long run the tables take as long again
         log.info("simulated %d steps in %.0f s; summarizing them and writing the tables to %s",
@@ -173,6 +155,30 @@ def _run(c: dict[str, Any], out_dir: Path | None) -> dict[str, Any]:
         doc = _cost_doc(setup.cost_model)
         write_run(out_dir, c, metrics, requests, steps, extra={"cost_model": doc})
     return metrics
+
+
+def _simulate(c: dict[str, Any], setup: Any, requests: Sequence[Request]) -> Any:
+    """``requests`` simulated on ``setup`` (:class:`~experiments.lib.setup.RunSetup`) with
+    the config's ``num_replicas``, ``seed``, ``progress`` and ``check_integrity_every``; a
+    step priced out of range, or a plugin's broken contract, is one ConfigError line."""
+    try:
+        return simulate(
+            requests,
+            setup.make_scheduler,
+            setup.cost_model,
+            num_replicas=int(c.get("num_replicas", 1)),
+            seed=int(c.get("seed", 0)),
+            progress=_PROGRESS_WHEN_UNSET if c.get("progress") is None else bool(c["progress"]),
+            check_integrity_every=int(c.get("check_integrity_every") or 0),
+            vocab_size=setup.model.vocab_size,
+        )
+    except StepPriceError as err:
+        raise ConfigError("cost", str(err)) from None
+    except SimulationError as err:
+        line = plugin_failure(err, c)
+        if line is None:
+            raise
+        raise line from None
 
 
 def setting_metrics(c: Mapping[str, Any], setup: Any) -> dict[str, Any]:

@@ -3,6 +3,8 @@ model, GPU, system and clock, as a workload's would run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from core.request import Request
@@ -55,3 +57,40 @@ def test_requests_given_as_an_iterator_all_run() -> None:
     requests = [Request(i, 0.05 * i, 100, 20) for i in range(10)]
     run_ = simulate_requests(iter(requests), ["model=opt-125m"])
     assert len(run_.requests) == 10 and run_.metrics["completed"] == 10
+
+
+def test_check_integrity_every_reaches_the_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    # simulate's override was taken and ignored: the run checked no invariant
+    import experiments.simulate as app
+
+    seen: dict[str, object] = {}
+    real = app.simulate
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.update(kwargs)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(app, "simulate", spy)
+    simulate_requests([Request(0, 0.0, 10, 10)], ["model=opt-125m", "check_integrity_every=2"])
+    assert seen["check_integrity_every"] == 2
+
+
+def test_a_step_priced_out_of_range_is_one_config_line() -> None:
+    # as run() says it: a StepPriceError escaped instead of the line naming cost
+    with pytest.raises(ConfigError, match=r"^error: cost: the simulated clock overflowed"):
+        simulate_requests([Request(0, 0.0, 10, 10)], ["cost.per_step_overhead_s=1e308"])
+
+
+def test_overrides_given_as_one_string_are_refused() -> None:
+    # its characters were read as overrides: "Error parsing override 's'"
+    with pytest.raises(TypeError, match="list of strings, got the string 'system=vllm'"):
+        simulate_requests([Request(0, 0.0, 10, 10)], "system=vllm")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="list of strings"):
+        compose_config("system=vllm")  # type: ignore[arg-type]
+
+
+def test_run_writes_into_an_out_dir_given_as_a_string(tmp_path: Path) -> None:
+    # the whole run was simulated, then str.mkdir raised AttributeError at the write
+    out = tmp_path / "run"
+    metrics = run(compose_config(["model=opt-125m", "workload.num_requests=5"]), str(out))
+    assert (out / "metrics.json").is_file() and metrics["num_requests"] == 5
