@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 import operator
 from dataclasses import dataclass, field, replace
 
@@ -59,6 +60,11 @@ GREEDY_BELOW = 1e-5
 SAMPLED_TEMPERATURE = 1.0
 
 
+def _whole(value: object) -> bool:
+    """Whether ``value`` is an integer (a Python or NumPy int; not a bool, not a float)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How a request samples. ``n`` parallel samples or beam search of ``beam_width``.
@@ -81,6 +87,11 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("n", "beam_width"):
+            if not _whole(getattr(self, name)):
+                raise RequestError(
+                    f"SamplingParams.{name} must be a whole number, got {getattr(self, name)!r}"
+                )
         if self.temperature is None:
             default = SAMPLED_TEMPERATURE if self.n > 1 else 0.0
             object.__setattr__(self, "temperature", default)
@@ -143,6 +154,12 @@ class Request:
     prompt_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        for name in ("prompt_len", "output_len"):
+            if not _whole(getattr(self, name)):
+                raise RequestError(
+                    f"request {self.request_id}: {name} must be a whole number, "
+                    f"got {getattr(self, name)!r}"
+                )
         if not math.isfinite(self.arrival_time) or self.arrival_time < 0:
             raise RequestError(
                 f"request {self.request_id}: arrival_time must be finite and >= 0, "
