@@ -104,6 +104,12 @@ def simulate_requests(requests: Sequence[Request], overrides: Sequence[str] = ()
                 "would change nothing", override, "the requests' own arrivals and lengths",
             )  # fmt: skip
     own = list(requests)  # read once: an iterator would reach the run empty
+    if not own:
+        raise ValueError("requests: none given (a run of no requests has no metrics)")
+    wrong = next((i for i, r in enumerate(own) if not isinstance(r, Request)), None)
+    if wrong is not None:
+        raise TypeError(f"requests[{wrong}] is a {type(own[wrong]).__name__}, not a "
+                        "core.request.Request")  # fmt: skip
     c = resolve_aliases(as_dict(compose_config(list(overrides))))
     check_config(c, "simulate")
     setup = build_setup(c, requests=own)

@@ -94,3 +94,11 @@ def test_run_writes_into_an_out_dir_given_as_a_string(tmp_path: Path) -> None:
     out = tmp_path / "run"
     metrics = run(compose_config(["model=opt-125m", "workload.num_requests=5"]), str(out))
     assert (out / "metrics.json").is_file() and metrics["num_requests"] == 5
+
+
+def test_no_requests_or_an_item_that_is_no_request_is_refused() -> None:
+    # none gave a run of NaN metrics; a tuple in the list an AttributeError deep in intake
+    with pytest.raises(ValueError, match=r"^requests: none given"):
+        simulate_requests([], ["model=opt-125m"])
+    with pytest.raises(TypeError, match=r"^requests\[1\] is a tuple, not a core.request.Request"):
+        simulate_requests([Request(0, 0.0, 10, 10), (1, 0.0, 10, 10)], ["model=opt-125m"])  # type: ignore[list-item]
