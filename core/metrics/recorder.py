@@ -8,15 +8,19 @@ reason it was rejected. ``steps_frame()`` / ``requests_frame()`` give the tables
 ``steps.csv`` / ``requests.csv``; :mod:`core.metrics.summary` turns them into metrics.
 
 Rows are kept as tuples (cheap on the hot path), packed every :data:`STEP_BLOCK_ROWS` step
-rows into a float64 array (200 bytes a row, under half a row of Python objects: long
-replays hold hundreds of thousands of steps), and become DataFrames only at the end.
+rows into one array a column (:func:`_pack`: the times float64, each count in the narrowest
+integer type that holds its block's values, about 50 bytes a row where a row of Python
+objects takes over 400: long replays hold millions of steps), and become DataFrames only at
+the end. The summary reads them a column at a time (:meth:`Recorder.steps_view`), and
+``steps.csv`` is written from them a block at a time (:meth:`Recorder.step_table`).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterator
-from itertools import chain
-from operator import attrgetter
+from itertools import chain, islice
+from operator import attrgetter, sub
 from typing import Any
 
 import numpy as np
@@ -61,6 +65,9 @@ _STEP_DTYPE = np.dtype(
 )
 
 STEP_BLOCK_ROWS = 1 << 15  # step rows kept as tuples before they are packed into an array
+_TIME_COLUMNS = frozenset(i for i, n in enumerate(STEP_COLUMNS) if _STEP_DTYPE[n].kind == "f")
+# a packed count column's types, narrowest first (_narrowest)
+_COUNT_TYPES = tuple(np.iinfo(t) for t in (np.int8, np.int16, np.int32, np.int64))
 
 REQUEST_COLUMNS = (
     "request_id",
@@ -94,20 +101,23 @@ class Recorder:
 
     def __init__(self, keep_token_times: bool = True, num_replicas: int = 1) -> None:
         self._steps: list[tuple] = []  # the newest step rows, not yet packed
-        # earlier step rows, STEP_BLOCK_ROWS a block, as float64 (rows, columns) arrays: the
-        # counts are far below 2**53 and the times are floats, so every value comes back exact
-        self._packed: list[np.ndarray] = []
+        # earlier step rows, STEP_BLOCK_ROWS a block, as one array a column (_pack)
+        self._packed: list[tuple[np.ndarray, ...]] = []
         self._packed_rows = 0
         self._step_replicas: list[int] | None = [] if num_replicas > 1 else None
         self._requests: list[tuple] = []
         self._request_replicas: list[int] | None = [] if num_replicas > 1 else None
-        # (request id, token times) of finished requests with two tokens or more; the gaps
-        # are taken in one vectorized pass at the end, not one NumPy call per request
-        self._token_times: list[tuple[int, list[float]]] = []
+        # the inter-token gaps of finished requests' token streams (a request's, or each
+        # child's of a ParentRequest) of two tokens or more, stream after stream, as doubles
+        # (8 bytes a gap, no object a stream: no list of times, whose floats would keep
+        # every step's end time alive), and each stream's request id and number of gaps
+        self._gaps_s = array("d")
+        self._stream_ids = array("q")
+        self._stream_gaps = array("q")
         self.keep_token_times = keep_token_times
-        # The requests table and the token gaps, built at the end and kept while no row is
-        # added (an app asks for them twice: for its metrics and for its files); keyed by the
-        # row count they were built from.
+        # The requests table, built at the end and kept while no row is added (an app asks
+        # for it twice: for its metrics and for its files); keyed by the row count it was
+        # built from.
         self._built: dict[str, tuple[int, Any]] = {}
 
     def record_step(
@@ -175,7 +185,7 @@ class Recorder:
             )
         )
         if len(self._steps) >= STEP_BLOCK_ROWS:
-            self._packed.append(_as_array(self._steps))
+            self._packed.append(_pack(self._steps))
             self._packed_rows += len(self._steps)
             self._steps = []
 
@@ -206,8 +216,10 @@ class Recorder:
         )  # fmt: skip
         if self.keep_token_times:
             for times in group.token_streams():  # a ParentRequest's: each child's
-                if len(times) > 1:
-                    self._token_times.append((r.request_id, times))  # final once finished
+                if len(times) > 1:  # each later time less the one before, as np.diff
+                    self._gaps_s.extend(map(sub, islice(times, 1, None), times))
+                    self._stream_ids.append(r.request_id)
+                    self._stream_gaps.append(len(times) - 1)
 
     def for_replica(self, replica: int) -> ReplicaRecorder:
         """What replica ``replica``'s step loop records through."""
@@ -235,9 +247,8 @@ class Recorder:
     def iter_step_rows(self) -> Iterator[tuple]:
         """:meth:`step_rows` one at a time, without a list of them all (a packed block's rows
         are made again as tuples one block at a time)."""
-        for block in self._packed:
-            columns = [block[:, i].astype(_STEP_DTYPE[n]) for i, n in enumerate(STEP_COLUMNS)]
-            yield from zip(*(column.tolist() for column in columns), strict=True)
+        for block in self._packed:  # tolist: Python ints and floats, whatever the array's type
+            yield from zip(*(column.tolist() for column in block), strict=True)
         yield from self._steps
 
     def step_table(self) -> tuple[tuple[str, ...], Iterator[tuple]]:
@@ -259,18 +270,17 @@ class Recorder:
             if self._step_replicas is not None:
                 columns.insert(1, "replica")
             return pd.DataFrame.from_records([], columns=columns)
-        # float64 blocks, then each column in its dtype, a column at a time (faster than a
-        # record array; no copy of the whole table beside the frame)
-        blocks = [*self._packed, _as_array(self._steps)] if self._steps else self._packed
-        frame = pd.DataFrame(
-            {
-                name: np.concatenate([b[:, i] for b in blocks]).astype(_STEP_DTYPE[name])
-                for i, name in enumerate(STEP_COLUMNS)
-            }
-        )
-        if self._step_replicas is not None:
-            frame.insert(1, "replica", np.array(self._step_replicas, dtype=np.int64))
-        return frame
+        view = self.steps_view()
+        if not self.num_steps:
+            return pd.DataFrame.from_records([], columns=list(view.columns))
+        return pd.DataFrame({name: view.column(name) for name in view.columns})
+
+    def steps_view(self) -> StepsView:
+        """The steps table as :meth:`steps_frame` has it, read a column at a time (the rows
+        recorded so far; later rows are not in it)."""
+        blocks = [*self._packed, _pack(self._steps)] if self._steps else list(self._packed)
+        replicas = None if self._step_replicas is None else list(self._step_replicas)
+        return StepsView(blocks, self.num_steps, replicas)
 
     def requests_frame(self) -> pd.DataFrame:
         """One row per request, by request id; a new frame on each call."""
@@ -286,40 +296,90 @@ class Recorder:
         """Each finished request's longest inter-token gap (s), by request id (requests
         with one output token have none; a :class:`ParentRequest`'s is its children's
         longest); what an ITL SLO is checked against."""
-        if not self._token_times:
+        if not self._stream_ids:
             return {}
-        gaps, counts = self._gaps()
+        counts = np.array(self._stream_gaps, dtype=np.int64)
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        peaks = np.maximum.reduceat(gaps, starts)
+        peaks = np.maximum.reduceat(self.inter_token_latencies(copy=False), starts)
         out: dict[int, float] = {}
-        for (rid, _), peak in zip(self._token_times, peaks, strict=True):
+        for rid, peak in zip(self._stream_ids, peaks, strict=True):
             out[rid] = max(float(peak), out.get(rid, 0.0))
         return out
 
-    def inter_token_latencies(self) -> np.ndarray:
+    def inter_token_latencies(self, copy: bool = True) -> np.ndarray:
         """Every gap between two consecutive tokens of a request, request by request in
-        the order they finished."""
-        if not self._token_times:
+        the order they finished: a new array; ``copy=False``: a read-only view of the
+        recorder's own (no second array of every gap), to let go before the next request
+        is recorded (the recorder cannot grow it while a view lives: a BufferError)."""
+        if not self._stream_ids:
             return np.empty(0)
-        return self._gaps()[0].copy()
-
-    def _gaps(self) -> tuple[np.ndarray, np.ndarray]:
-        """All requests' token gaps, concatenated, and how many each request has."""
-        return self._cached("gaps", len(self._token_times), self._build_gaps)
-
-    def _build_gaps(self) -> tuple[np.ndarray, np.ndarray]:
-        lists = [times for _, times in self._token_times]
-        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
-        ends = np.cumsum(lengths)
-        times = np.fromiter(chain.from_iterable(lists), dtype=np.float64, count=int(ends[-1]))
-        return np.delete(np.diff(times), ends[:-1] - 1), lengths - 1  # no gaps across requests
+        if copy:
+            return np.array(self._gaps_s, dtype=np.float64)
+        view = np.frombuffer(self._gaps_s, dtype=np.float64)
+        view.flags.writeable = False
+        return view
 
 
-def _as_array(rows: list[tuple]) -> np.ndarray:
-    """Step rows as one float64 (rows, columns) array, in one pass over every value."""
+def _pack(rows: list[tuple]) -> tuple[np.ndarray, ...]:
+    """Step rows (at least one) as one array a column of :data:`STEP_COLUMNS`: the times
+    float64, each count in the narrowest of int8, int16, int32 and int64 that holds every
+    value of its column in these rows (a count past int32's range widens its block's column,
+    never wraps). The rows pass through one float64 array (one pass over every value), so a
+    count comes back exact below 2**53 in magnitude."""
     width = len(STEP_COLUMNS)
     flat = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=len(rows) * width)
-    return flat.reshape(len(rows), width)
+    flat = flat.reshape(len(rows), width)
+    lows, highs = flat.min(axis=0), flat.max(axis=0)
+    return tuple(
+        flat[:, i].copy() if i in _TIME_COLUMNS else flat[:, i].astype(_narrowest(lo, hi))
+        for i, (lo, hi) in enumerate(zip(lows, highs, strict=True))
+    )
+
+
+def _narrowest(lo: float, hi: float) -> np.dtype:
+    """The narrowest signed integer type holding every whole number from ``lo`` to ``hi``."""
+    return next((t for t in _COUNT_TYPES if t.min <= lo and hi <= t.max), _COUNT_TYPES[-1]).dtype
+
+
+class StepsView:
+    """A recorder's steps table read a column at a time, as :func:`core.metrics.summary`
+    reads a frame: ``view[name]`` is the column :meth:`Recorder.steps_frame` would hold (a
+    Series in its dtype, made on each read and not kept), ``name in view``, ``len(view)``,
+    ``view.empty`` and ``view.columns`` as a frame's. A long run's frame holds every column
+    at once, several times the packed rows; this holds the packed blocks, not copies."""
+
+    def __init__(
+        self, blocks: list[tuple[np.ndarray, ...]], num_rows: int, replicas: list[int] | None
+    ) -> None:
+        self._blocks, self._num_rows, self._replicas = blocks, num_rows, replicas
+        names = list(STEP_COLUMNS)
+        if replicas is not None:
+            names.insert(1, "replica")
+        self.columns: tuple[str, ...] = tuple(names)
+
+    def column(self, name: str) -> np.ndarray:
+        """Column ``name`` as a new array in the frame's dtype (a KeyError for no column)."""
+        if name not in self.columns:
+            raise KeyError(name)
+        if not self._num_rows:  # an empty frame's columns are of no type: object
+            return np.empty(0, dtype=object)
+        if name == "replica":
+            return np.array(self._replicas, dtype=np.int64)
+        i = STEP_COLUMNS.index(name)
+        return np.concatenate([b[i] for b in self._blocks]).astype(_STEP_DTYPE[name], copy=False)
+
+    def __getitem__(self, name: str) -> pd.Series:
+        return pd.Series(self.column(name), name=name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.columns
+
+    def __len__(self) -> int:
+        return self._num_rows
+
+    @property
+    def empty(self) -> bool:
+        return not self._num_rows
 
 
 class ReplicaRecorder:

@@ -72,13 +72,16 @@ Throughput duration is from the first arrival to the last finish.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from core.plan import HELD_BY_KEY, HELD_BY_MEMORY
+
+if TYPE_CHECKING:  # a recorder's steps, read as a frame's columns (summarize_recorder)
+    from core.metrics.recorder import StepsView
 
 # the metrics splitting ``kv_free_at_limit_pct``, in ``HELD_BY_KEY``'s order
 FREE_AT_LIMIT_KEYS = tuple(f"kv_free_at_{name}_pct" for name in HELD_BY_KEY.values())
@@ -88,60 +91,70 @@ def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
     if values_s.size == 0:
         nan = math.nan
         return {f"mean_{prefix}_ms": nan, f"median_{prefix}_ms": nan, f"p99_{prefix}_ms": nan}
-    ms = values_s * 1000.0
+    ms = values_s * 1000.0  # a new array: the median and percentile reorder it in place,
+    mean = float(np.mean(ms))  # after the mean, whose sum goes in its order
     return {
-        f"mean_{prefix}_ms": float(np.mean(ms)),
-        f"median_{prefix}_ms": float(np.median(ms)),
-        f"p99_{prefix}_ms": float(np.percentile(ms, 99)),
+        f"mean_{prefix}_ms": mean,
+        f"median_{prefix}_ms": float(np.median(ms, overwrite_input=True)),
+        f"p99_{prefix}_ms": float(np.percentile(ms, 99, overwrite_input=True)),
     }
 
 
-def _parts(steps: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Per step: each part of the KV breakdown in slots (the six of :func:`memory_shares`,
-    then the free slots at each of ``HELD_BY_KEY``'s limits), and the slots of the six."""
+# the six parts of the breakdown, which sum to the KV slots (memory_shares), in that order
+_SIX = ("token_states", "reserved", "internal_frag", "external_frag", "free_at_limit", "free")
+
+
+def _parts(
+    steps: pd.DataFrame | StepsView,
+) -> tuple[Callable[[str], np.ndarray], np.ndarray]:
+    """A function giving each part of the KV breakdown per step in slots (the six of
+    :func:`memory_shares`, then ``free_at_<name>`` for each limit of ``HELD_BY_KEY``), made
+    anew on each call (a long run's parts are not all held at once), and the slots of the
+    six."""
     # a request swapped out waits as much as one waiting for admission
     waiting = (steps["num_waiting"].to_numpy() > 0) | (steps["num_swapped"].to_numpy() > 0)
     # tables written before the column: every wait counted as one on memory
     held = steps["queue_held_by"].to_numpy() if "queue_held_by" in steps else 0
     at_limit = waiting & (held != HELD_BY_MEMORY)
     free = steps["kv_free"].to_numpy(dtype=float)
-    parts = {
-        "token_states": steps["kv_token_states"].to_numpy(dtype=float),
-        "reserved": steps["kv_reserved"].to_numpy(dtype=float),
-        "internal_frag": steps["kv_internal_frag"].to_numpy(dtype=float),
-        "external_frag": steps["kv_allocator_padding"].to_numpy(dtype=float)
-        + np.where(waiting & ~at_limit, free, 0.0),
-        "free_at_limit": np.where(at_limit, free, 0.0),
-        "free": np.where(waiting, 0.0, free),
-    }
-    total = sum(parts.values())
-    for code, name in HELD_BY_KEY.items():
-        parts[f"free_at_{name}"] = np.where(waiting & (held == code), free, 0.0)
-    return parts, total
+    limits = {f"free_at_{name}": code for code, name in HELD_BY_KEY.items()}
+
+    def part(name: str) -> np.ndarray:
+        if name in ("token_states", "reserved", "internal_frag"):
+            return steps[f"kv_{name}"].to_numpy(dtype=float)
+        if name == "external_frag":
+            padding = steps["kv_allocator_padding"].to_numpy(dtype=float)
+            return padding + np.where(waiting & ~at_limit, free, 0.0)
+        if name == "free_at_limit":
+            return np.where(at_limit, free, 0.0)
+        if name == "free":
+            return np.where(waiting, 0.0, free)
+        return np.where(waiting & (held == limits[name]), free, 0.0)
+
+    return part, sum(map(part, _SIX))  # 0 + the first + the second ..., one part at a time
 
 
-def _weighted_pct(steps: pd.DataFrame, names: list[str]) -> dict[str, float]:
+def _weighted_pct(steps: pd.DataFrame | StepsView, names: list[str]) -> dict[str, float]:
     if steps.empty or steps["duration_s"].sum() <= 0:
         return {f"kv_{k}_pct": math.nan for k in names}
     w = steps["duration_s"].to_numpy()
-    parts, total = _parts(steps)
-    return {f"kv_{k}_pct": float(100.0 * np.sum(w * parts[k] / total) / np.sum(w)) for k in names}
+    part, total = _parts(steps)
+    return {f"kv_{k}_pct": float(100.0 * np.sum(w * part(k) / total) / np.sum(w)) for k in names}
 
 
-def memory_shares(steps: pd.DataFrame) -> dict[str, float]:
+def memory_shares(steps: pd.DataFrame | StepsView) -> dict[str, float]:
     """Time-weighted KV breakdown in percent (see module doc)."""
-    keys = ["token_states", "reserved", "internal_frag", "external_frag", "free_at_limit", "free"]
-    return _weighted_pct(steps, keys)
+    return _weighted_pct(steps, list(_SIX))
 
 
-def free_at_limit_shares(steps: pd.DataFrame) -> dict[str, float]:
+def free_at_limit_shares(steps: pd.DataFrame | StepsView) -> dict[str, float]:
     """``kv_free_at_limit_pct`` split by the limit holding the queue's head
     (``kv_free_at_<name>_pct`` for each name of ``core.plan.HELD_BY_KEY``), weighted as
     :func:`memory_shares` weighs, so they sum to it; NaN where it is NaN."""
     return _weighted_pct(steps, [f"free_at_{name}" for name in HELD_BY_KEY.values()])
 
 
-def sharing_saving_pct(steps: pd.DataFrame) -> float:
+def sharing_saving_pct(steps: pd.DataFrame | StepsView) -> float:
     """Time-weighted memory saving from block sharing in percent (see module doc); NaN when
     no step held a block."""
     if steps.empty:
@@ -167,7 +180,7 @@ def offered_rate(arrivals_s: np.ndarray, window_s: float | None = None) -> float
 
 def summarize(
     requests: pd.DataFrame,
-    steps: pd.DataFrame,
+    steps: pd.DataFrame | StepsView,
     itl_s: np.ndarray | None = None,
     slo_ms: Mapping[str, float] | None = None,
     max_itl_s: Mapping[int, float] | None = None,
@@ -179,7 +192,8 @@ def summarize(
     request's longest inter-token gap, from ``max_itl_s`` (request id -> seconds; a
     request with one output token has no gap and meets it). ``arrival_window_s``: the
     workload's configured arrival window (:class:`core.workload.spec.Workload`), which
-    ``offered_rate`` is over; None: the span to the last arrival."""
+    ``offered_rate`` is over; None: the span to the last arrival. ``steps``: the steps
+    table, a frame or a recorder's :class:`~core.metrics.recorder.StepsView`."""
     done = requests[requests["status"] == "finished"]
     out: dict[str, float] = {
         "num_requests": len(requests),
@@ -245,7 +259,7 @@ def prefix_cache_hits(done: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def block_moves(steps: pd.DataFrame) -> dict[str, float]:
+def block_moves(steps: pd.DataFrame | StepsView) -> dict[str, float]:
     """``total_copy_blocks``, ``total_swap_out_blocks`` and ``total_swap_in_blocks``: the
     steps' ``copy_blocks`` (device block copies: copy-on-write, or a contiguous fork's),
     ``swap_out_blocks`` and ``swap_in_blocks`` (to and from the CPU pool), summed; NaN
@@ -256,7 +270,7 @@ def block_moves(steps: pd.DataFrame) -> dict[str, float]:
     }
 
 
-def _batch_stats(steps: pd.DataFrame) -> dict[str, float]:
+def _batch_stats(steps: pd.DataFrame | StepsView) -> dict[str, float]:
     if steps.empty:
         return {"num_steps": 0, "mean_batch_size": math.nan, "mean_step_batch": math.nan,
                 "busy_time_s": 0.0}  # fmt: skip
@@ -301,14 +315,15 @@ def summarize_recorder(
     """:func:`summarize` of a :class:`core.metrics.recorder.Recorder`'s tables plus
     :func:`rejection_counts`: what both bodies' apps report. An ``itl`` SLO needs the
     recorder's token times (a ValueError without them: every request would meet it);
-    ``arrival_window_s``: :func:`summarize`'s."""
+    ``arrival_window_s``: :func:`summarize`'s. The steps are read a column at a time
+    (``Recorder.steps_view``), never as one frame of them all."""
     if slo_ms and "itl" in slo_ms and not getattr(recorder, "keep_token_times", True):
         raise ValueError("an itl SLO needs token times: record with keep_token_times=True")
     requests = recorder.requests_frame()
     out: dict[str, Any] = summarize(
         requests,
-        recorder.steps_frame(),
-        recorder.inter_token_latencies(),
+        recorder.steps_view(),
+        recorder.inter_token_latencies(copy=False),
         slo_ms,
         recorder.max_itl_by_request(),
         arrival_window_s,
