@@ -63,7 +63,11 @@ def test_serve_warms_up_when_asked_and_rejects_a_non_boolean(tmp_path: Path, mon
     warm_ups: list[int] = []
     real = LLMEngine.warm_up
     monkeypatch.setattr(LLMEngine, "warm_up", lambda self: warm_ups.append(real(self)) or 0)
-    base = ["model=tiny-opt", "workload.num_requests=3", "kv_cache_gb=0.002", "progress=false"]
+    # offline: every request at t = 0, so the steps do not hang on how long each one took
+    # (online, arrivals fall between steps as the machine's load times them: 296 against 330
+    # steps in one loaded run)
+    base = ["model=tiny-opt", "workload.num_requests=3", "kv_cache_gb=0.002", "progress=false",
+            "mode=offline"]  # fmt: skip
     plain = pd.read_csv(serve_run(tmp_path / "a", base) / "steps.csv")
     assert warm_ups == []  # unset: on CUDA only
     warmed = pd.read_csv(serve_run(tmp_path / "b", [*base, "warmup=true"]) / "steps.csv")
