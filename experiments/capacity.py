@@ -390,15 +390,24 @@ OUTPUT_FILES = ("runs.csv", "curves.csv", "capacity.csv", "capacity.png", "capac
 RECORDED = {"config.yaml", "inputs.json", "metrics.json"}
 
 
+def _recorded(name: str) -> bool:
+    """Whether a file of a run folder is one a search keeps (:data:`RECORDED`) or the
+    temporary file of a killed write of one (``write_atomic``'s ``.<name>.*.tmp``)."""
+    return name in RECORDED or any(
+        name.startswith(f".{kept}.") and name.endswith(".tmp") for kept in RECORDED
+    )
+
+
 def clear_earlier_runs(runs_dir: Path, keep: Collection[str] = ()) -> int:
     """Remove the runs an earlier search left in ``runs_dir`` (``capacity_*`` folders that
-    hold only :data:`RECORDED` files), those named in ``keep`` aside, so that the folder
-    holds this search's runs alone, and the :data:`OUTPUT_FILES` made from them beside
-    ``runs_dir`` (a search stopped midway left them describing runs that were gone); how
-    many runs were removed."""
+    hold only :data:`RECORDED` files and the temporary files of their killed writes:
+    :func:`_recorded`), those named in ``keep`` aside, so that the folder holds this
+    search's runs alone, and the :data:`OUTPUT_FILES` made from them beside ``runs_dir``
+    (a search stopped midway left them describing runs that were gone); how many runs
+    were removed."""
     stale = [d for d in runs_dir.glob("capacity_*")
              if d.name not in keep and d.is_dir()
-             and {f.name for f in d.iterdir()} <= RECORDED]  # fmt: skip
+             and all(_recorded(f.name) for f in d.iterdir())]  # fmt: skip
     for run in stale:
         shutil.rmtree(run)
     for name in OUTPUT_FILES:
@@ -747,7 +756,7 @@ def _main(argv: list[str] | None) -> Path:
         jobs = [pool.submit(run_search, runner, s, args.threshold) for s in todo]
         for search, job in zip(todo, jobs, strict=True):
             try:
-                found = _result_with_heartbeat(job, runs_dir, t0)
+                found = _result_with_heartbeat(job, runs_dir, t0, before)
             except ConfigError as err:  # a rate's run cannot run (a step priced out of range)
                 report_config_error(err)
             if unmeasured_run([], [found]):
@@ -780,14 +789,15 @@ def _main(argv: list[str] | None) -> Path:
                 )
             log.info("%s: %.3g req/s%s after %d runs (%.0f s)", search.system, best["max_rate"],
                      note, len(found), time.perf_counter() - t0)  # fmt: skip
-    if args.resume:
-        log.info("reused %d of the %d runs from the earlier search in %s",
-                 reused_runs(runs_dir, before, rows), len(rows), runs_dir)  # fmt: skip
-        unused = clear_earlier_runs(runs_dir, keep={r["label"] for r in rows})
-        if unused:
-            log.info("removed the %d runs of the earlier search that this one does not "
-                     "hold from %s", unused, runs_dir)  # fmt: skip
-    return write_outputs(rows, systems, args.threshold, args.out, plan.setting, slo)
+    with resume_hint(args.out):  # the tables take a while: every run is kept meanwhile
+        if args.resume:
+            log.info("reused %d of the %d runs from the earlier search in %s",
+                     reused_runs(runs_dir, before, rows), len(rows), runs_dir)  # fmt: skip
+            unused = clear_earlier_runs(runs_dir, keep={r["label"] for r in rows})
+            if unused:
+                log.info("removed the %d runs of the earlier search that this one does not "
+                         "hold from %s", unused, runs_dir)  # fmt: skip
+        return write_outputs(rows, systems, args.threshold, args.out, plan.setting, slo)
 
 
 def search_provenance(argv: Sequence[str], args: argparse.Namespace, plan: Plan) -> dict:
@@ -810,15 +820,25 @@ def search_provenance(argv: Sequence[str], args: argparse.Namespace, plan: Plan)
 HEARTBEAT_S = 30.0  # a line at least this often while a search runs
 
 
-def _result_with_heartbeat(job: Future, runs_dir: Path, t0: float) -> Any:
+def _result_with_heartbeat(
+    job: Future, runs_dir: Path, t0: float, before: dict[str, tuple[int, int]] | None = None
+) -> Any:
     """``job.result()``, logging every :data:`HEARTBEAT_S` while it runs how many runs
-    of the search (every system's) have written their ``metrics.json`` so far."""
+    of the search (every system's) have written their ``metrics.json`` so far; with
+    ``--resume`` (``before``: :func:`finished_before`) not those the earlier search left,
+    which this one may reuse or run again (they were counted as done at its start)."""
     while True:
         try:
             return job.result(timeout=HEARTBEAT_S)
         except FuturesTimeout:
-            done = sum(1 for _ in runs_dir.glob("*/metrics.json"))
-            log.info("... %d run(s) done so far (%.0f s)", done, time.perf_counter() - t0)
+            done = 0
+            for path in runs_dir.glob("*/metrics.json"):
+                with suppress(OSError):  # a run's file replaced meanwhile
+                    st = path.stat()
+                    done += (before or {}).get(path.parent.name) != (st.st_ino, st.st_mtime_ns)
+            note = " (the earlier search's runs aside)" if before else ""
+            log.info("... %d run(s) done so far%s (%.0f s)", done, note,
+                     time.perf_counter() - t0)  # fmt: skip
 
 
 def write_outputs(

@@ -49,3 +49,16 @@ def test_capacity_csv_takes_each_systems_setting_from_its_rows() -> None:
     assert list(cap["cost_stack"]) == ["vllm-v1", "vllm-2023"]
     bare = [{k: v for k, v in r.items() if k not in capacity.SETTING_COLUMNS} for r in rows]
     assert not set(capacity.SETTING_COLUMNS) & set(capacity.capacity_frame(bare, ["vllm"]))
+
+
+def test_each_systems_rows_name_its_own_clock_stack(tmp_path: Path) -> None:
+    """``cost=profiled`` prices each system in its own stack: every system's rows name
+    theirs (and the cost model's kind), not the first system's."""
+    out = capacity.main(["workload.duration_s=5", "cost=profiled", "--systems", "vllm,vllm_v1",
+                         "--seeds", "1", "--rates", "20", "--bisect-evals", "1", "--workers",
+                         "1", "--out", str(tmp_path / "out")])  # fmt: skip
+    for name in ("capacity.csv", "runs.csv"):
+        table = pd.read_csv(out / name, keep_default_na=False)
+        stacks = dict(zip(table["system"], table["cost_stack"], strict=True))
+        assert stacks == {"vllm": "vllm-2023", "vllm_v1": "vllm-v1"}, name
+        assert set(table["cost"]) == {"profiled"}, name

@@ -133,3 +133,99 @@ def test_the_earlier_options_named_are_those_that_define_the_search(tmp_path: Pa
     assert capacity.earlier_options(path, mine) == ["seeds", "overrides"]
     path.write_text("{")
     assert capacity.earlier_options(path, mine) == []
+
+
+def test_a_resumed_search_stopped_before_its_tables_leaves_none_of_the_earlier_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The earlier search's tables describe runs that this one may run again: they go before
+    any run, so a resumed search stopped midway leaves no tables but its runs."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in capacity.OUTPUT_FILES:
+        (out / name).write_text("earlier")
+
+    def stopped(*_args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(capacity, "_result_with_heartbeat", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        capacity.main([*SMALL, "--out", str(out), "--resume"])
+    assert not [name for name in capacity.OUTPUT_FILES if (out / name).exists()]
+
+
+def test_a_finished_run_is_read_back_only_with_resume(tmp_path: Path) -> None:
+    overrides = ["model=opt-125m", "workload.num_requests=3"]
+    first = capacity.run_kept(tmp_path, False, "capacity_x", overrides)
+    metrics = tmp_path / "capacity_x" / "metrics.json"
+    was = _identity(metrics)
+    assert capacity.run_kept(tmp_path, True, "capacity_x", overrides) == first
+    assert _identity(metrics) == was  # read back
+    capacity.run_kept(tmp_path, False, "capacity_x", overrides)
+    assert _identity(metrics) != was  # run again
+
+
+def test_the_earlier_options_of_a_damaged_provenance_are_none(tmp_path: Path) -> None:
+    path = tmp_path / "provenance.json"
+    for doc in ({"options": ["--seeds", "1"]}, ["options"], {"options": None}):
+        path.write_text(json.dumps(doc))
+        assert capacity.earlier_options(path, {"seeds": 1}) == []
+
+
+@pytest.mark.parametrize("keep", [(), ("capacity_other",)])
+def test_a_run_killed_while_writing_is_an_earlier_run(tmp_path: Path, keep: tuple[str]) -> None:
+    """A run killed (SIGKILL) while it wrote ``metrics.json`` leaves the temporary file of
+    that write beside its ``config.yaml``: the run is removed as any earlier one (it stayed,
+    with or without ``--resume``, in a ``runs/`` then holding a run ``runs.csv`` did not);
+    a folder holding a file of another name stays."""
+    killed, mine = tmp_path / "capacity_killed", tmp_path / "capacity_mine"
+    for folder in (killed, mine):
+        folder.mkdir()
+        (folder / "config.yaml").write_text("seed: 0\n")
+        (folder / ".metrics.json.k9x.tmp").write_text('{"normalized')
+    (mine / "notes.txt").write_text("mine")
+    assert capacity.clear_earlier_runs(tmp_path, keep=keep) == 1
+    assert not killed.exists() and mine.is_dir()
+
+
+def test_a_resumed_search_counts_the_runs_it_did_as_done(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The heartbeat counted the earlier search's runs as done at the start of a resumed
+    search, runs it would then run again too."""
+    from concurrent.futures import TimeoutError as FuturesTimeout
+
+    for label in ("capacity_a", "capacity_b"):
+        (tmp_path / label).mkdir()
+        (tmp_path / label / "metrics.json").write_text("{}")
+    before = capacity.finished_before(tmp_path)
+
+    class SlowJob:
+        waits = 0
+
+        def result(self, timeout: float | None = None) -> list:
+            self.waits += 1
+            if self.waits == 1:
+                (tmp_path / "capacity_c").mkdir()
+                (tmp_path / "capacity_c" / "metrics.json").write_text("{}")
+                raise FuturesTimeout
+            return ["found"]
+
+    with caplog.at_level(logging.INFO, logger=capacity.log.name):
+        assert capacity._result_with_heartbeat(SlowJob(), tmp_path, 0.0, before) == ["found"]
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["... 1 run(s) done so far"]
+
+
+def test_a_search_stopped_while_it_writes_its_tables_says_how_to_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every run is done when the tables are written (the figure takes seconds): a Ctrl-C
+    there said nothing of --resume."""
+
+    def stopped(*_args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(capacity, "write_outputs", stopped)
+    with pytest.raises(KeyboardInterrupt), caplog.at_level(logging.INFO):
+        capacity.main([*SMALL, "--out", str(tmp_path / "out")])
+    assert _said(caplog, "run the same command with --resume")

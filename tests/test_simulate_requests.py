@@ -71,8 +71,9 @@ def test_check_integrity_every_reaches_the_simulation(monkeypatch: pytest.Monkey
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(app, "simulate", spy)
-    simulate_requests([Request(0, 0.0, 10, 10)], ["model=opt-125m", "check_integrity_every=2"])
-    assert seen["check_integrity_every"] == 2
+    simulate_requests([Request(0, 0.0, 10, 10)],
+                      ["model=opt-125m", "check_integrity_every=2", "progress=true"])  # fmt: skip
+    assert seen["check_integrity_every"] == 2 and seen["progress"] is True
 
 
 def test_a_step_priced_out_of_range_is_one_config_line() -> None:

@@ -6,6 +6,7 @@ GPU or model by that name alone)."""
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,24 @@ def test_a_package_that_is_not_there_is_searched_without(tmp_path: Path) -> None
     search = "hydra.searchpath=[pkg://no_such_kvlab_package.conf]"  # Hydra warns and goes on
     status, _, err = run_cli(simulate, [*SIM_SMALL, search, "system=other"], tmp_path / "a")
     _refused(status, err, "error: system: unknown system (got 'other'")
+
+
+def test_the_search_dirs_of_package_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``pkg://`` entry is its package's folder (a trailing ``/`` as Hydra reads it), none
+    for a package that is not there (a top-level name too: Hydra searches on without it);
+    None (the options left to Hydra) for an entry of another form and a package in a zip."""
+    from experiments.lib.compose import search_dirs
+
+    _package(tmp_path / "src", "my_kvlab_dirs.configs")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    folder = tmp_path / "src" / "my_kvlab_dirs" / "configs"
+    assert search_dirs(["hydra.searchpath=[pkg://my_kvlab_dirs/configs/]"]) == [folder]
+    assert search_dirs(["hydra.searchpath=[pkg://no_such_kvlab_top_package]"]) == []
+    assert search_dirs([f"hydra.searchpath=[{tmp_path}]"]) is None  # no scheme
+    with zipfile.ZipFile(tmp_path / "conf.zip", "w") as z:
+        z.writestr("my_kvlab_zipped/__init__.py", "")
+        z.writestr("my_kvlab_zipped/system/nopc.yaml", "name: vllm_v1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "conf.zip"))
+    assert search_dirs(["hydra.searchpath=[pkg://my_kvlab_zipped]"]) is None
