@@ -132,7 +132,8 @@ AT_RATE = (
 # the setting of a system's runs, after ``system`` in capacity.csv and runs.csv, so that the
 # tables of searches on other GPUs, models or clocks can be concatenated: the model, the GPU
 # and its count (``metrics.json``'s names), the cost model's kind and the serving stack it
-# prices steps in (``metrics.json``'s ``cost_stack``; empty where it has none of its own)
+# prices steps in (``metrics.json``'s ``cost_stack``: none for bare operators, null under
+# cost=calibrated)
 SETTING_COLUMNS = ("model", "hardware", "tp", "cost", "cost_stack")
 
 
