@@ -260,3 +260,17 @@ def test_the_search_dirs_of_package_entries(
         z.writestr("my_kvlab_zipped/system/nopc.yaml", "name: vllm_v1\n")
     monkeypatch.syspath_prepend(str(tmp_path / "conf.zip"))
     assert search_dirs(["hydra.searchpath=[pkg://my_kvlab_zipped]"]) is None
+
+
+def test_an_entry_of_no_scheme_imports_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it was looked up as a package too: a/b imported a (its answer, None, the same)
+    import sys
+
+    from experiments.lib.compose import search_dirs
+
+    _package(tmp_path / "src", "my_kvlab_noscheme.configs")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    assert search_dirs(["hydra.searchpath=[my_kvlab_noscheme/configs]"]) is None
+    assert "my_kvlab_noscheme" not in sys.modules

@@ -65,8 +65,10 @@ def search_dirs(argv: Sequence[str]) -> list[Path] | None:
             if entry.startswith("file://"):
                 dirs.append(Path(entry.removeprefix("file://")))
                 continue
+            if not entry.startswith("pkg://"):  # another scheme: left to Hydra, unimported
+                return None
             package = _package_dirs(entry.removeprefix("pkg://"))
-            if not entry.startswith("pkg://") or package is None:
+            if package is None:
                 return None
             dirs += package
     return dirs
