@@ -66,6 +66,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,7 @@ from experiments.lib.compose import (
 )
 from experiments.lib.pool import worker_pool
 from experiments.lib.provenance import command_line, options_of, provenance
-from experiments.lib.results import WriteError, write_csv, write_json
+from experiments.lib.results import WriteError, temp_pattern, write_csv, write_json
 from experiments.report.rate_search import (
     BACKLOG_MIN_REQUESTS,
     RATE_TOL,
@@ -394,9 +395,7 @@ RECORDED = {"config.yaml", "inputs.json", "metrics.json"}
 def _recorded(name: str) -> bool:
     """Whether a file of a run folder is one a search keeps (:data:`RECORDED`) or the
     temporary file of a killed write of one (``write_atomic``'s ``.<name>.*.tmp``)."""
-    return name in RECORDED or any(
-        name.startswith(f".{kept}.") and name.endswith(".tmp") for kept in RECORDED
-    )
+    return name in RECORDED or any(fnmatchcase(name, temp_pattern(kept)) for kept in RECORDED)
 
 
 def clear_earlier_runs(runs_dir: Path, keep: Collection[str] = ()) -> int:

@@ -232,11 +232,16 @@ def clear_run(run_dir: Path) -> None:
     remove_stale_temps(Path(run_dir))
 
 
+def temp_pattern(name: str) -> str:
+    """The glob of the temporary files :func:`write_atomic` makes beside a file ``name``."""
+    return f".{name}.*.tmp"
+
+
 def remove_stale_temps(run_dir: Path) -> None:
     """Remove the temporary files a killed :func:`write_atomic` of a :data:`RUN_FILES` file
     left in ``run_dir`` (one run writes a folder at a time, so none is in use)."""
     for name in RUN_FILES:
-        for temp in run_dir.glob(f".{name}.*.tmp"):
+        for temp in run_dir.glob(temp_pattern(name)):
             temp.unlink(missing_ok=True)
 
 
